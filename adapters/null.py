@@ -1,0 +1,29 @@
+"""The null adapter: accepts every request, optionally after a delay.
+
+It goes through the same claim, attempt and outcome path as a real provider, so
+``EVQ_ADAPTER=null`` measures evq itself (the benchmark's drain and latency modes).
+It sends nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from worker.outcomes import Accepted, Outcome
+from worker.ports import SendRequest
+
+
+class NullProvider:
+    name = "null"
+    dedupe_window: float | None = None
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+
+    async def send(self, request: SendRequest) -> Outcome:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return Accepted(provider_message_id=f"null-{request.step_id}-{request.attempt}")
+
+    async def close(self) -> None:
+        return None

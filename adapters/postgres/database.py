@@ -1,0 +1,175 @@
+"""Where the database is, whether its schema is current, and how its errors read.
+
+- :func:`resolve_url`: EVQ_DATABASE_URL, or an embedded PostgreSQL in the data dir.
+- :func:`upgrade` / :func:`check_at_head`: Alembic, configured in code so an
+  installed evq needs no alembic.ini.
+- :func:`translate`: driver exceptions become evq errors at this boundary, by
+  SQLSTATE and constraint name, never by matching message text.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+from psycopg import errors as pgerr
+
+from worker.errors import (
+    DatabaseUnavailable,
+    EvqError,
+    IdempotencyConflict,
+    ReadOnlyDatabase,
+    SchemaMismatch,
+)
+
+UPGRADE_HINT = "run `evq db upgrade` (same EVQ_DATABASE_URL) to migrate it"
+
+
+def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
+    """The configured URL, or the URL of an embedded server started on demand."""
+    if database_url:
+        return database_url
+    from adapters.postgres.embedded import embedded_url
+
+    return embedded_url(data_dir)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy form of a libpq URL or key=value DSN (for Alembic)."""
+    from sqlalchemy.engine import URL
+
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url.replace("postgresql+psycopg://", "postgresql://", 1))
+    except psycopg.ProgrammingError as exc:
+        raise DatabaseUnavailable(
+            f"EVQ_DATABASE_URL is not a PostgreSQL URL ({type(exc).__name__})",
+            hint="e.g. postgresql://user:pass@host:5432/evq",
+        ) from None
+    user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
+    # Everything else (host, port, sslmode, a socket directory as host) goes through as a query parameter.
+    query = {k: str(v) for k, v in params.items()}
+    return URL.create("postgresql+psycopg", username=user, password=password, database=dbname, query=query).render_as_string(
+        hide_password=False
+    )
+
+
+def alembic_config(url: str) -> Any:
+    # Alembic (and SQLAlchemy under it) is imported only by the commands that
+    # migrate or check the schema: it is most of a short command's start-up time.
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("migrations")))
+    # ConfigParser treats % as interpolation; URLs may hold %-escapes.
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
+    head = script.get_current_head()
+    assert head is not None
+    return head
+
+
+def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
+    """Migrate; return (revision before, revision after)."""
+    from alembic import command
+
+    before = current_revision(url)
+    with translated():
+        command.upgrade(alembic_config(url), revision)
+    return before, current_revision(url) or ""
+
+
+def current_revision(url: str) -> str | None:
+    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+        try:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        except pgerr.UndefinedTable:
+            return None
+        return row[0] if row else None
+
+
+def check_at_head(url: str) -> str:
+    """Raise SchemaMismatch unless the database is at this evq's head revision."""
+    head = head_revision()
+    current = current_revision(url)
+    if current != head:
+        state = "has no evq schema" if current is None else f"is at revision {current}"
+        raise SchemaMismatch(
+            f"the database {state}; this evq needs revision {head}",
+            hint=UPGRADE_HINT,
+            context={"current": current, "expected": head},
+        )
+    return head
+
+
+def connect_kwargs() -> dict[str, Any]:
+    return {"connect_timeout": 10, "application_name": "evq"}
+
+
+# SQLSTATEs that mean "cannot reach or use the server right now": retry later.
+_UNAVAILABLE = (pgerr.OperationalError, pgerr.AdminShutdown, pgerr.CannotConnectNow, pgerr.CrashShutdown)
+
+
+def translate(exc: BaseException) -> EvqError | None:
+    """The evq error for a driver exception, or None when it is a bug to re-raise."""
+    if isinstance(exc, EvqError):
+        return exc
+    if isinstance(exc, pgerr.ReadOnlySqlTransaction):
+        return ReadOnlyDatabase(
+            "the database is read-only: nothing was written",
+            hint="check default_transaction_read_only, or whether this is a standby",
+        )
+    if isinstance(exc, pgerr.DiskFull):
+        return DatabaseUnavailable("the database's disk is full: nothing was written", hint="free space on the server")
+    if isinstance(exc, pgerr.UndefinedTable):
+        return SchemaMismatch("the database has no evq schema", hint=UPGRADE_HINT)
+    if isinstance(exc, pgerr.UniqueViolation):
+        constraint = getattr(exc.diag, "constraint_name", None) or ""
+        if constraint.startswith("uq_email_steps"):
+            return IdempotencyConflict(
+                "a step with this key, Message-ID or run_id/step_id already exists", context={"constraint": constraint}
+            )
+        return None
+    if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
+        return DatabaseUnavailable(f"the database did not answer in time ({type(exc).__name__})")
+    if isinstance(exc, _UNAVAILABLE) or isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(
+            f"cannot reach the database: {_first_line(exc)}",
+            hint="check EVQ_DATABASE_URL and that PostgreSQL is running",
+        )
+    return None
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        mapped = translate(exc) or _sqlalchemy_translate(exc)
+        if mapped is None or mapped is exc:
+            raise
+        raise mapped from exc
+
+
+def _sqlalchemy_translate(exc: BaseException) -> EvqError | None:
+    orig = getattr(exc, "orig", None)
+    return translate(orig) if isinstance(orig, BaseException) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("evq", appauthor=False))

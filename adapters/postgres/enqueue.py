@@ -1,0 +1,178 @@
+"""The Python enqueue API: inside the caller's transaction, or in its own.
+
+    from adapters.postgres.enqueue import enqueue
+    with psycopg.connect(url) as conn:          # or a SQLAlchemy Connection
+        with conn.transaction():
+            ...  # the caller's own writes
+            step = enqueue(conn, {"run_id": ..., "step_id": ..., ...})
+
+Decision and step are written by one statement, so they commit or roll back with
+the caller's transaction. The operation is written once as a generator of
+(statement, params) that receives rows; :func:`run_sync` and :func:`run_async`
+drive it, so sync and async callers share every line of logic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Mapping
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from adapters.postgres.database import translated
+from adapters.postgres.queries import Q
+from worker import metrics
+from worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
+from worker.errors import Conflict, InvalidRequest
+from worker.records import EnqueueResult
+from worker.request import Policy, ValidRequest
+
+Rows = list[dict[str, Any]]
+Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
+
+
+def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[str, Any]:
+    d = request.decision
+    return {
+        "now": now,
+        "run_id": request.run_id,
+        "step_id": request.step_id,
+        "idempotency_key": request.idempotency_key,
+        "message_id": new_message_id(request),
+        "provider": request.provider,
+        "payload": request.payload_json,
+        "payload_sha256": request.payload_sha256,
+        "max_attempts": request.max_attempts,
+        "notify": request.notify,
+        "intent": d.intent,
+        "instruction_version": d.instruction_version,
+        "prompt_version": d.prompt_version,
+        "model": d.model,
+        "tool": d.tool,
+        "rationale": None if d.rationale is None else json.dumps(d.rationale, ensure_ascii=False),
+        "decided_at": d.decided_at,
+    }
+
+
+def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
+    rows = yield Q["step_enqueue"], enqueue_params(request, now)
+    if not rows:
+        # A concurrent enqueue of the same key committed after this statement's
+        # snapshot: ON CONFLICT skipped our insert, and only a new snapshot sees theirs.
+        rows = yield Q["step_get_by_key"], {
+            "idempotency_key": request.idempotency_key,
+            "run_id": request.run_id,
+            "step_id": request.step_id,
+        }
+        if not rows:
+            raise Conflict("a concurrent enqueue holds this key; retry", context={"key": request.idempotency_key})
+    row = rows[0]
+    if row["created"]:
+        metrics.ENQUEUED.inc()
+        return result_from_row(row)
+    return existing_or_conflict(row, request)
+
+
+def run_sync(conn: psycopg.Connection, op: Op) -> Any:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
+        try:
+            statement, params = next(op)
+            while True:
+                cur.execute(statement, params)
+                statement, params = op.send(cur.fetchall() if cur.description else [])
+        except StopIteration as done:
+            return done.value
+
+
+async def run_async(conn: psycopg.AsyncConnection, op: Op) -> Any:
+    with translated():
+        async with conn.cursor(row_factory=dict_row) as cur:
+            try:
+                statement, params = next(op)
+                while True:
+                    await cur.execute(statement, params)
+                    statement, params = op.send(await cur.fetchall() if cur.description else [])
+            except StopIteration as done:
+                return done.value
+
+
+def _driver_connection(conn: Any) -> Any:
+    """The psycopg connection behind a psycopg or SQLAlchemy connection."""
+    if isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
+        return conn
+    raw = getattr(conn, "connection", None)  # sqlalchemy.Connection -> pool proxy
+    driver = getattr(raw, "driver_connection", None)
+    if isinstance(driver, psycopg.Connection):
+        return driver
+    raise TypeError(
+        f"enqueue needs a psycopg connection or a SQLAlchemy connection using psycopg, got {type(conn).__name__}"
+    )
+
+
+def enqueue(
+    conn: Any,
+    request: Mapping[str, Any] | ValidRequest,
+    *,
+    policy: Policy = Policy(),
+    now: datetime | None = None,
+) -> EnqueueResult:
+    """Enqueue one send inside ``conn``'s current transaction (psycopg or SQLAlchemy, sync).
+
+    Raises InvalidRequest before anything is written, IdempotencyConflict when the
+    key is taken by a different request. Commit is the caller's.
+    """
+    valid = validate(request, policy)
+    return run_sync(_driver_connection(conn), enqueue_op(valid, now))
+
+
+async def enqueue_async(
+    conn: Any,
+    request: Mapping[str, Any] | ValidRequest,
+    *,
+    policy: Policy = Policy(),
+    now: datetime | None = None,
+) -> EnqueueResult:
+    """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
+    valid = validate(request, policy)
+    if not isinstance(conn, psycopg.AsyncConnection):
+        raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
+        conn = raw.driver_connection
+    return await run_async(conn, enqueue_op(valid, now))
+
+
+def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy()) -> EnqueueResult:
+    """Enqueue in a transaction of its own (opens and closes one connection)."""
+    from adapters.postgres.database import connect_kwargs
+
+    valid = validate(request, policy)
+    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+        result = run_sync(conn, enqueue_op(valid))
+        conn.commit()
+        return result
+
+
+def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:
+    """Validate every request first, so one bad line writes nothing at all."""
+    valid, errors = [], []
+    for index, request in enumerate(requests):
+        try:
+            valid.append(validate(request, policy))
+        except InvalidRequest as exc:
+            errors += [{"field": f"[{index}].{e['field']}", "message": e["message"]} for e in exc.errors]
+    if errors:
+        raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
+    return valid
+
+
+def enqueue_many_own(url: str, requests: list[Any], *, policy: Policy = Policy()) -> list[EnqueueResult]:
+    """Enqueue many requests in one transaction of its own: all of them or none."""
+    from adapters.postgres.database import connect_kwargs
+
+    valid = validate_many(requests, policy)
+    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+        results = [run_sync(conn, enqueue_op(v)) for v in valid]
+        conn.commit()
+        return results

@@ -1,0 +1,386 @@
+-- Every runtime statement evq runs, one named block each (`-- name: noun_verb`),
+-- loaded by adapters/postgres/queries.py. Transitions are guarded by the state
+-- (and the lease) they expect; zero rows back means a race was lost, never an error.
+-- Every statement takes %(now)s: NULL means the database clock, which is the one
+-- clock all workers on all hosts share; tests pass a fixed time.
+
+
+-- name: step_enqueue
+-- Decision and step in one statement. The step goes first (ON CONFLICT DO NOTHING
+-- on any of its unique keys) and the decision is written only if the step was,
+-- so a repeated enqueue leaves no orphan decision. The decision id is taken from
+-- the sequence up front; the foreign key is checked at the end of the statement.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), ids AS (
+    SELECT nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+), step AS (
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+    )
+    SELECT %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
+           %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s, t.now, t.now, t.now
+    FROM ids, t
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+), decision AS (
+    INSERT INTO decisions (
+        id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
+        rationale, decided_at, created_at
+    )
+    SELECT step.decision_id, %(run_id)s, %(step_id)s, %(intent)s, %(instruction_version)s, %(prompt_version)s,
+           %(model)s, %(tool)s, %(rationale)s::jsonb, %(decided_at)s, t.now
+    FROM step, t
+    RETURNING id
+)
+SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
+       step.payload_sha256, true AS created
+FROM step
+CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
+UNION ALL
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, false
+FROM email_steps s
+WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
+
+
+-- name: step_get_by_key
+SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, false AS created
+FROM email_steps
+WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
+ORDER BY (idempotency_key = %(idempotency_key)s) DESC
+LIMIT 1;
+
+
+-- name: step_claim
+-- One statement: pick claimable rows (SKIP LOCKED keeps concurrent workers apart),
+-- start their attempt (attempts+1, a fresh lease token, the dedupe deadline fixed at
+-- the first attempt) and write the attempt_started evidence. When it commits, the
+-- attempt is on record before any adapter is called (invariant 2).
+-- A row that may already have been delivered is only retried while the provider's
+-- dedupe window still covers the whole lease; otherwise the rescuer makes it unknown.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT s.id, s.status AS from_status
+    FROM email_steps s
+    WHERE s.status IN ('pending', 'retryable')
+      AND s.next_attempt_at <= (SELECT now FROM t)
+      AND s.provider = ANY(%(providers)s::text[])
+      AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= (SELECT now FROM t)
+               + make_interval(secs => %(lease_seconds)s), true))
+    ORDER BY s.next_attempt_at, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), claimed AS (
+    UPDATE email_steps s
+    SET status = 'in_flight',
+        attempts = s.attempts + 1,
+        lease_owner = %(owner)s,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = t.now + make_interval(secs => %(lease_seconds)s),
+        first_attempt_at = coalesce(s.first_attempt_at, t.now),
+        dedupe_until = coalesce(
+            s.dedupe_until,
+            t.now + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
+        ),
+        updated_at = t.now
+    FROM picked, t
+    WHERE s.id = picked.id
+    RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload,
+              s.attempts, s.max_attempts, s.lease_token, s.dedupe_until, s.maybe_delivered,
+              s.created_at, picked.from_status, t.now AS claimed_at
+), started AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'attempt_started', %(owner)s, c.from_status, 'in_flight', c.lease_token,
+           c.claimed_at
+    FROM claimed c
+)
+SELECT id, run_id, step_id, idempotency_key, message_id, provider, payload, attempts, max_attempts,
+       lease_token, %(lease_seconds)s::float8 AS lease_seconds,
+       extract(epoch FROM dedupe_until - claimed_at)::float8 AS dedupe_remaining,
+       maybe_delivered, created_at
+FROM claimed
+ORDER BY id;
+
+
+-- name: step_record
+-- The fenced completion (invariant 3): a row changes only if it is still in flight
+-- under the lease this attempt was given. Outcomes of many sends are applied in one
+-- statement (group commit); rows that do not match are handed to step_record_late.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), o AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[], %(to_statuses)s::text[],
+        %(reasons)s::text[], %(outcomes)s::text[], %(provider_message_ids)s::text[], %(retry_delays)s::float8[],
+        %(maybe_delivered)s::bool[], %(latencies)s::float8[], %(details)s::jsonb[], %(messages)s::text[]
+    ) AS o(id, lease_token, attempt, to_status, reason, outcome, provider_message_id, retry_delay,
+           maybe_delivered, latency_ms, detail, message)
+), applied AS (
+    UPDATE email_steps s
+    SET status = o.to_status,
+        reason = o.reason,
+        detail = o.message,
+        provider_message_id = coalesce(o.provider_message_id, s.provider_message_id),
+        maybe_delivered = o.maybe_delivered,
+        next_attempt_at = CASE WHEN o.to_status = 'retryable'
+                               THEN t.now + make_interval(secs => o.retry_delay)
+                               ELSE s.next_attempt_at END,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        unknown_since = CASE WHEN o.to_status = 'unknown' THEN t.now END,
+        closed_at = CASE WHEN o.to_status IN ('accepted', 'rejected') THEN t.now END,
+        updated_at = t.now
+    FROM o, t
+    WHERE s.id = o.id
+      AND s.status = 'in_flight'
+      AND s.lease_token = o.lease_token
+      AND s.attempts = o.attempt
+    RETURNING s.id, s.run_id
+), answered AS (
+    INSERT INTO evidence (
+        step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
+        provider_message_id, lease_token, latency_ms, detail, created_at
+    )
+    SELECT o.id, a.run_id, o.attempt, 'provider_response', %(actor)s, 'in_flight', o.to_status, o.outcome,
+           o.reason, o.provider_message_id, o.lease_token, o.latency_ms, o.detail, t.now
+    FROM o JOIN applied a ON a.id = o.id, t
+)
+SELECT o.id, a.id IS NOT NULL AS applied
+FROM o LEFT JOIN applied a ON a.id = o.id;
+
+
+-- name: step_record_late
+-- Answers that lost their lease (a zombie worker, a commit retried after the
+-- database came back). The answer is always kept as evidence; it changes the row
+-- only when it is definite (accepted or rejected), the row was left waiting
+-- (unknown, or retryable after a rescue) and no later attempt has started: then
+-- the answer is the best knowledge there is and closes the row. The unique index
+-- on the lease token makes a repeated recording of the same answer a no-op.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), o AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[], %(to_statuses)s::text[],
+        %(reasons)s::text[], %(outcomes)s::text[], %(provider_message_ids)s::text[],
+        %(latencies)s::float8[], %(details)s::jsonb[], %(messages)s::text[]
+    ) AS o(id, lease_token, attempt, to_status, reason, outcome, provider_message_id, latency_ms, detail, message)
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.attempts,
+           (o.outcome IN ('accepted', 'rejected')
+            AND s.status IN ('unknown', 'retryable')
+            AND s.attempts = o.attempt
+            AND NOT EXISTS (SELECT 1 FROM evidence e
+                            WHERE e.lease_token = o.lease_token
+                              AND e.kind IN ('provider_response', 'late_response'))) AS settles
+    FROM email_steps s JOIN o ON o.id = s.id
+    FOR UPDATE OF s
+), late AS (
+    INSERT INTO evidence (
+        step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
+        provider_message_id, lease_token, latency_ms, detail, created_at
+    )
+    SELECT o.id, cur.run_id, o.attempt, 'late_response', %(actor)s, cur.status,
+           CASE WHEN cur.settles THEN o.outcome END, o.outcome,
+           CASE WHEN cur.settles THEN 'late_answer' ELSE o.reason END,
+           o.provider_message_id, o.lease_token, o.latency_ms,
+           o.detail || jsonb_build_object('fenced', true, 'row_attempts', cur.attempts, 'settled', cur.settles),
+           t.now
+    FROM o JOIN cur ON cur.id = o.id, t
+    ON CONFLICT (lease_token) WHERE kind IN ('provider_response', 'late_response') DO NOTHING
+    RETURNING step_id, to_status
+), settled AS (
+    UPDATE email_steps s
+    SET status = late.to_status,
+        reason = 'late_answer',
+        detail = o.message,
+        provider_message_id = coalesce(o.provider_message_id, s.provider_message_id),
+        unknown_since = NULL,
+        closed_at = t.now,
+        updated_at = t.now
+    FROM late JOIN o ON o.id = late.step_id, t
+    WHERE s.id = late.step_id AND late.to_status IS NOT NULL
+    RETURNING s.id
+)
+SELECT o.id, late.step_id IS NOT NULL AS recorded, settled.id IS NOT NULL AS settled
+FROM o
+LEFT JOIN late ON late.step_id = o.id
+LEFT JOIN settled ON settled.id = o.id;
+
+
+-- name: step_release
+-- Hand back rows claimed but never sent (graceful shutdown). The attempt is
+-- uncounted because the adapter was never called; evidence says so.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), o AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[])
+        AS o(id, lease_token, attempt)
+), released AS (
+    UPDATE email_steps s
+    SET status = CASE WHEN s.attempts = 1 THEN 'pending' ELSE 'retryable' END,
+        attempts = s.attempts - 1,
+        first_attempt_at = CASE WHEN s.attempts = 1 THEN NULL ELSE s.first_attempt_at END,
+        dedupe_until = CASE WHEN s.attempts = 1 THEN NULL ELSE s.dedupe_until END,
+        reason = 'released',
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        next_attempt_at = t.now,
+        updated_at = t.now
+    FROM o, t
+    WHERE s.id = o.id AND s.status = 'in_flight' AND s.lease_token = o.lease_token AND s.attempts = o.attempt
+    RETURNING s.id, s.run_id, s.status, s.provider, o.attempt, o.lease_token, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, lease_token, created_at)
+    SELECT r.id, r.run_id, r.attempt, 'attempt_released', %(actor)s, 'in_flight', r.status, 'released',
+           r.lease_token, r.at
+    FROM released r
+)
+SELECT r.id, pg_notify('evq_steps', r.provider)::text IS NULL AS woke
+FROM released r;
+
+
+-- name: step_orphan_claims
+-- After a claim whose answer was lost (the connection dropped as it committed),
+-- rows can be in flight under this worker's name that it never received, so never
+-- sent. Owner names are unique per process: any such row the worker does not hold
+-- is safe to hand back through step_release (which re-checks the lease).
+SELECT id, lease_token, attempts
+FROM email_steps
+WHERE status = 'in_flight' AND lease_owner = %(owner)s AND NOT (lease_token = ANY(%(held)s::uuid[]));
+
+
+-- name: step_rescue
+-- Rows whose lease expired while in flight: the worker died or stalled, and the
+-- attempt may have reached the provider (invariant 4). They become unknown, or
+-- retryable only while the provider's dedupe window covers another whole lease.
+-- SKIP LOCKED lets every worker run the rescuer without doing the same row twice.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), expired AS (
+    SELECT s.id, s.lease_token, s.lease_owner, s.lease_expires_at,
+           CASE WHEN s.dedupe_until > (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s)
+                     AND s.attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
+                THEN 'retryable' ELSE 'unknown' END AS to_status
+    FROM email_steps s
+    WHERE s.status = 'in_flight' AND s.lease_expires_at < (SELECT now FROM t)
+    ORDER BY s.lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), rescued AS (
+    UPDATE email_steps s
+    SET status = e.to_status,
+        reason = 'lease_expired',
+        detail = 'lease held by ' || e.lease_owner || ' expired during attempt ' || s.attempts,
+        maybe_delivered = true,
+        lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        unknown_since = CASE WHEN e.to_status = 'unknown' THEN t.now END,
+        next_attempt_at = t.now,
+        updated_at = t.now
+    FROM expired e, t
+    WHERE s.id = e.id
+    RETURNING s.id, s.run_id, s.attempts, s.status, e.lease_token, e.lease_owner, e.lease_expires_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, lease_token, detail, created_at)
+    SELECT r.id, r.run_id, r.attempts, 'lease_expired', %(actor)s, 'in_flight', r.status, 'lease_expired',
+           r.lease_token,
+           jsonb_build_object('lease_owner', r.lease_owner, 'lease_expired_at', r.lease_expires_at),
+           r.at
+    FROM rescued r
+)
+SELECT status, count(*)::int AS n FROM rescued GROUP BY status;
+
+
+-- name: step_close_windows
+-- Retryable rows that may already have been delivered, whose provider no longer
+-- dedupes our key for a whole lease: another request could send a second copy,
+-- so they wait for reconciliation or an operator as unknown.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), closing AS (
+    SELECT s.id
+    FROM email_steps s
+    WHERE s.status = 'retryable' AND s.maybe_delivered
+      AND coalesce(s.dedupe_until <= (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s), true)
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), closed AS (
+    UPDATE email_steps s
+    SET status = 'unknown',
+        reason = 'dedupe_window_closed',
+        detail = 'the provider no longer deduplicates this key; another attempt could send a second copy',
+        unknown_since = t.now,
+        updated_at = t.now
+    FROM closing c, t
+    WHERE s.id = c.id
+    RETURNING s.id, s.run_id, s.attempts, s.dedupe_until, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'window_closed', %(actor)s, 'retryable', 'unknown', 'dedupe_window_closed',
+           jsonb_build_object('dedupe_until', c.dedupe_until), c.at
+    FROM closed c
+)
+SELECT count(*)::int AS n FROM closed;
+
+
+-- name: step_claimable_exists
+SELECT EXISTS (
+    SELECT 1 FROM email_steps s
+    WHERE s.status IN ('pending', 'retryable')
+      AND s.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+      AND s.provider = ANY(%(providers)s::text[])
+      AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= coalesce(%(now)s::timestamptz, now())
+               + make_interval(secs => %(lease_seconds)s), true))
+) AS claimable;
+
+
+-- name: step_get
+SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
+FROM email_steps s
+WHERE s.id = %(id)s;
+
+
+-- name: decision_get
+SELECT * FROM decisions WHERE id = %(id)s;
+
+
+-- name: evidence_for_step
+SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
+
+
+-- name: step_list
+-- Filters are optional: a NULL parameter disables its condition. Unknown rows
+-- sort oldest first (the operator's queue); everything else newest first.
+SELECT s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
+       ARRAY(SELECT r ->> 'email'
+             FROM jsonb_array_elements(s.payload -> 'to') r
+             UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'cc') r
+             UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'bcc') r) AS recipients,
+       s.payload ->> 'subject' AS subject,
+       s.created_at, s.updated_at, s.unknown_since, s.closed_at,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - coalesce(s.unknown_since, s.created_at))::float8
+           AS age_seconds,
+       count(*) OVER () AS total
+FROM email_steps s
+WHERE (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+  AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
+  AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
+  AND (%(created_before)s::timestamptz IS NULL
+       OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
+  AND (%(recipient_domain)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
+        WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
+         s.created_at DESC, s.id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+
+-- name: schema_revision
+SELECT version_num FROM alembic_version;

@@ -1,0 +1,194 @@
+"""The tables as SQLAlchemy Core metadata: the model that `alembic check` compares
+the migrations against, so the two cannot drift. Runtime SQL lives in queries.sql.
+
+Invariants are CHECK constraints here, not code paths: a bug in any writer (or a
+hand-written UPDATE) cannot produce a closed row without closed_at, an in-flight
+row without a lease, or a second step with the same key.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+STATUSES = ("pending", "in_flight", "retryable", "unknown", "accepted", "rejected")
+OUTCOMES = ("accepted", "rejected", "retryable", "unknown")
+EVIDENCE_KINDS = (
+    "attempt_started",
+    "provider_response",
+    "late_response",
+    "attempt_released",
+    "lease_expired",
+    "window_closed",
+    "reconciled",
+    "operator_resolved",
+    "notice_enqueued",
+)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+TZ = TIMESTAMP(timezone=True)
+NOW = text("now()")
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run_id", Text, nullable=False),
+    Column("step_id", Text, nullable=False),
+    Column("intent", Text),
+    Column("instruction_version", Text),
+    Column("prompt_version", Text),
+    Column("model", Text),
+    Column("tool", Text),
+    Column("rationale", JSONB),
+    Column("decided_at", TZ),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    Index(None, "run_id", "created_at"),
+)
+
+email_steps = Table(
+    "email_steps",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run_id", Text, nullable=False),
+    Column("step_id", Text, nullable=False),
+    Column("decision_id", BigInteger, ForeignKey("decisions.id"), nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("payload_sha256", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("reason", Text),
+    Column("detail", Text),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    # NULL: the worker's EVQ_MAX_ATTEMPTS decides.
+    Column("max_attempts", Integer),
+    Column("next_attempt_at", TZ, nullable=False, server_default=NOW),
+    Column("lease_owner", Text),
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("lease_expires_at", TZ),
+    # Until when the provider dedupes our key (first attempt + its window); NULL: never.
+    Column("dedupe_until", TZ),
+    # An earlier attempt may have reached the provider (an ambiguous answer retried under dedupe).
+    Column("maybe_delivered", Boolean, nullable=False, server_default=text("false")),
+    Column("provider_message_id", Text),
+    Column("notify", Text),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    Column("first_attempt_at", TZ),
+    Column("unknown_since", TZ),
+    Column("closed_at", TZ),
+    UniqueConstraint("idempotency_key"),
+    UniqueConstraint("message_id"),
+    UniqueConstraint("run_id", "step_id"),
+    CheckConstraint(_in("status", STATUSES), name="status"),
+    CheckConstraint("(status IN ('accepted', 'rejected')) = (closed_at IS NOT NULL)", name="closed_iff_terminal"),
+    CheckConstraint(
+        "(status = 'in_flight') = (lease_token IS NOT NULL AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="lease_iff_in_flight",
+    ),
+    CheckConstraint("(status = 'unknown') = (unknown_since IS NOT NULL)", name="unknown_since_iff_unknown"),
+    CheckConstraint("status <> 'in_flight' OR attempts >= 1", name="in_flight_counts_attempt"),
+    CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+    CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint("(attempts = 0) = (first_attempt_at IS NULL)", name="first_attempt_iff_attempted"),
+    CheckConstraint("payload_sha256 ~ '^[0-9a-f]{64}$'", name="payload_sha256_hex"),
+    CheckConstraint("jsonb_typeof(payload) = 'object'", name="payload_object"),
+    CheckConstraint("length(idempotency_key) BETWEEN 1 AND 512", name="idempotency_key_length"),
+    CheckConstraint("message_id ~ '^<[^<>@[:space:]]+@[^<>@[:space:]]+>$'", name="message_id_format"),
+    CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
+)
+
+# The claim's index: its predicate and order are exactly the claim query's, so
+# terminal rows (the vast majority, eventually) never enter it.
+Index(
+    "ix_email_steps_claimable",
+    email_steps.c.next_attempt_at,
+    email_steps.c.id,
+    postgresql_where=text("status IN ('pending', 'retryable')"),
+)
+# The rescuer's index: only in-flight rows, by lease expiry.
+Index(
+    "ix_email_steps_lease_expiry",
+    email_steps.c.lease_expires_at,
+    postgresql_where=text("status = 'in_flight'"),
+)
+# Operators and the age metric: unknown rows, oldest first.
+Index(
+    "ix_email_steps_unknown_since",
+    email_steps.c.unknown_since,
+    email_steps.c.id,
+    postgresql_where=text("status = 'unknown'"),
+)
+Index("ix_email_steps_decision_id", email_steps.c.decision_id)
+Index("ix_email_steps_status_created_at", email_steps.c.status, email_steps.c.created_at)
+
+evidence = Table(
+    "evidence",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("step_id", BigInteger, ForeignKey("email_steps.id"), nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("attempt", Integer),
+    Column("kind", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("from_status", Text),
+    Column("to_status", Text),
+    Column("outcome", Text),
+    Column("reason", Text),
+    Column("provider_message_id", Text),
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("latency_ms", Float),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(_in("kind", EVIDENCE_KINDS), name="kind"),
+    CheckConstraint(f"outcome IS NULL OR {_in('outcome', OUTCOMES)}", name="outcome"),
+    CheckConstraint(f"from_status IS NULL OR {_in('from_status', STATUSES)}", name="from_status"),
+    CheckConstraint(f"to_status IS NULL OR {_in('to_status', STATUSES)}", name="to_status"),
+    CheckConstraint(
+        "kind NOT IN ('attempt_started', 'provider_response', 'late_response') "
+        "OR (attempt IS NOT NULL AND lease_token IS NOT NULL)",
+        name="attempt_rows_carry_lease",
+    ),
+    Index(None, "step_id", "id"),
+    Index(None, "run_id", "id"),
+)
+
+# One answer per attempt, whether it landed (provider_response) or was fenced out
+# (late_response): a retried commit of the same outcome becomes a no-op, not a
+# second answer.
+Index(
+    "uq_evidence_answer_per_lease",
+    evidence.c.lease_token,
+    unique=True,
+    postgresql_where=text("kind IN ('provider_response', 'late_response')"),
+)

@@ -1,0 +1,256 @@
+"""The PostgreSQL store: the core's Store port over a psycopg async pool.
+
+Every call passes one chokepoint (:meth:`PostgresStore._op`): it times the call
+into a histogram by operation and outcome, logs it with the step identifiers bound,
+and translates driver errors into evq errors. Pool connections run in autocommit:
+every operation is one statement, atomic on its own, which saves the BEGIN/COMMIT
+round trips that would otherwise double the cost of a small transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from adapters.postgres.database import connect_kwargs, translate
+from adapters.postgres.enqueue import enqueue_op, run_async
+from adapters.postgres.queries import Q
+from worker import metrics
+from worker.errors import NotFound
+from worker.logs import get_logger
+from worker.ports import StepFilter
+from worker.records import (
+    ClaimedStep,
+    EnqueueResult,
+    RecordResult,
+    RescueCounts,
+    StepDetail,
+    StepSummary,
+    Transition,
+)
+from worker.request import ValidRequest
+
+log = get_logger("evq.store")
+
+
+class PostgresStore:
+    def __init__(self, pool: AsyncConnectionPool):
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 4, prepare: bool = True) -> PostgresStore:
+        kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
+        if not prepare:
+            # PgBouncer in transaction mode cannot keep server-side prepared statements.
+            kwargs["prepare_threshold"] = None
+        pool = AsyncConnectionPool(
+            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=30
+        )
+        try:
+            await pool.open(wait=True, timeout=15)
+        except Exception as exc:
+            await pool.close()
+            raise translate(exc) or exc from exc
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def _op(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except BaseException as exc:
+            outcome = "error"
+            mapped = translate(exc) if isinstance(exc, Exception) else None
+            if mapped is not None and mapped is not exc:
+                raise mapped from exc
+            raise
+        finally:
+            metrics.STORE_SECONDS.labels(operation=name, outcome=outcome).observe(time.perf_counter() - started)
+
+    async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        async with self._op(name) as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    # -- enqueue -------------------------------------------------------------
+
+    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult:
+        async with self._op("enqueue") as conn:
+            return await run_async(conn, enqueue_op(request, now))
+
+    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
+        # One statement per request inside one transaction: all or nothing.
+        async with self._op("enqueue_many") as conn, conn.transaction():
+            return [await run_async(conn, enqueue_op(r)) for r in requests]
+
+    # -- the worker's transitions ---------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        owner: str,
+        providers: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        dedupe_windows: Mapping[str, float],
+        now: datetime | None = None,
+    ) -> list[ClaimedStep]:
+        rows = await self._fetch(
+            "claim",
+            Q["step_claim"],
+            {
+                "now": now,
+                "owner": owner,
+                "providers": list(providers),
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "dedupe_windows": json.dumps(dict(dedupe_windows)),
+            },
+        )
+        return [ClaimedStep.from_row(r) for r in rows]
+
+    async def record(
+        self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
+    ) -> list[RecordResult]:
+        if not transitions:
+            return []
+        params = _transition_arrays(transitions)
+        rows = await self._fetch("record", Q["step_record"], {**params, "actor": actor, "now": now})
+        applied = {r["id"] for r in rows if r["applied"]}
+        results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id in applied]
+        fenced = [t for t in transitions if t.step_id not in applied]
+        if fenced:
+            late_params = _transition_arrays(fenced)
+            for key in ("retry_delays", "maybe_delivered"):
+                late_params.pop(key)
+            late = await self._fetch("record_late", Q["step_record_late"], {**late_params, "actor": actor, "now": now})
+            by_id = {r["id"]: r for r in late}
+            for t in fenced:
+                row = by_id.get(t.step_id, {"recorded": False, "settled": False})
+                results.append(
+                    RecordResult(
+                        step_id=t.step_id, applied=False, settled=row["settled"], duplicate=not row["recorded"]
+                    )
+                )
+        return results
+
+    async def release(self, steps: Sequence[ClaimedStep], *, actor: str, now: datetime | None = None) -> int:
+        return await self._release([(s.id, s.lease_token, s.attempt) for s in steps], actor=actor, now=now)
+
+    async def release_orphans(self, *, owner: str, held: Sequence[Any], now: datetime | None = None) -> int:
+        """Release rows this worker claimed but never learned of (the claim's answer was lost)."""
+        rows = await self._fetch("orphan_claims", Q["step_orphan_claims"], {"owner": owner, "held": list(held)})
+        return await self._release([(r["id"], r["lease_token"], r["attempts"]) for r in rows], actor=owner, now=now)
+
+    async def _release(self, held: Sequence[tuple[int, Any, int]], *, actor: str, now: datetime | None) -> int:
+        if not held:
+            return 0
+        ids, tokens, attempts = (list(column) for column in zip(*held))
+        rows = await self._fetch(
+            "release",
+            Q["step_release"],
+            {"now": now, "actor": actor, "ids": ids, "lease_tokens": tokens, "attempts": attempts},
+        )
+        return len(rows)
+
+    async def rescue(
+        self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
+    ) -> RescueCounts:
+        rows = await self._fetch(
+            "rescue",
+            Q["step_rescue"],
+            {
+                "now": now,
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+                "default_max_attempts": default_max_attempts,
+                "actor": actor,
+            },
+        )
+        counts = {r["status"]: r["n"] for r in rows}
+        closed = await self._fetch(
+            "close_windows",
+            Q["step_close_windows"],
+            {"now": now, "limit": limit, "lease_seconds": lease_seconds, "actor": actor},
+        )
+        return RescueCounts(
+            unknown=counts.get("unknown", 0), retryable=counts.get("retryable", 0), window_closed=closed[0]["n"]
+        )
+
+    async def claimable_exists(
+        self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
+    ) -> bool:
+        rows = await self._fetch(
+            "claimable_exists",
+            Q["step_claimable_exists"],
+            {"providers": list(providers), "lease_seconds": lease_seconds, "now": now},
+        )
+        return bool(rows[0]["claimable"])
+
+    # -- reading back -----------------------------------------------------------
+
+    async def get_step(self, step_id: int) -> StepDetail:
+        rows = await self._fetch("get_step", Q["step_get"], {"id": step_id})
+        if not rows:
+            raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+        step = rows[0]
+        decision = await self._fetch("get_decision", Q["decision_get"], {"id": step["decision_id"]})
+        evidence = await self._fetch("get_evidence", Q["evidence_for_step"], {"id": step_id})
+        return StepDetail(step=step, decision=decision[0] if decision else None, evidence=evidence)
+
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
+        rows = await self._fetch(
+            "list_steps",
+            Q["step_list"],
+            {
+                "now": now,
+                "statuses": [str(s) for s in where.statuses] or None,
+                "run_id": where.run_id,
+                "provider": where.provider,
+                "created_before": where.created_before,
+                "recipient_domain": where.recipient_domain,
+                "limit": where.limit,
+                "offset": where.offset,
+            },
+        )
+        total = rows[0]["total"] if rows else 0
+        return [StepSummary.from_row(r) for r in rows], total
+
+    async def schema_revision(self) -> str | None:
+        rows = await self._fetch("schema_revision", Q["schema_revision"], {})
+        return rows[0]["version_num"] if rows else None
+
+
+def _transition_arrays(transitions: Sequence[Transition]) -> dict[str, list[Any]]:
+    return {
+        "ids": [t.step_id for t in transitions],
+        "lease_tokens": [t.lease_token for t in transitions],
+        "attempts": [t.attempt for t in transitions],
+        "to_statuses": [str(t.to_status) for t in transitions],
+        "reasons": [str(t.reason) for t in transitions],
+        "outcomes": [t.outcome for t in transitions],
+        "provider_message_ids": [t.provider_message_id for t in transitions],
+        "retry_delays": [t.retry_delay for t in transitions],
+        "maybe_delivered": [t.maybe_delivered for t in transitions],
+        "latencies": [t.latency_ms for t in transitions],
+        "details": [json.dumps(t.detail, ensure_ascii=False, default=str) for t in transitions],
+        "messages": [_message(t) for t in transitions],
+    }
+
+
+def _message(t: Transition) -> str | None:
+    message = t.detail.get("message")
+    return str(message)[:1000] if message is not None else None

@@ -1,0 +1,633 @@
+"""SMTP provider adapter: one conversation per attempt, classified by the phase it stopped in.
+
+Why phase by phase instead of ``smtplib.SMTP.send_message``: the classification in
+DESIGN.md ("Adapters", RFC 1047) depends on *where* a failure happened. Anything
+before the final "." has been written cannot have been delivered, so it is safe to
+retry; a lost connection or a timeout *after* it may mean the server queued the
+message, so it is ``Unknown`` and never retried automatically.
+
+smtplib is blocking, so each conversation runs in this adapter's own thread pool
+(not the loop's default executor, which other code shares). Every socket operation
+is bounded by ``timeout``. The SMTP password is never put in an outcome, a log line
+or a reason: replies and error texts are scrubbed of it (and of its base64 forms)
+before they leave the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import smtplib
+import socket
+import ssl
+from collections.abc import Container, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email import policy as email_policy
+from email.header import Header
+from email.message import EmailMessage
+from email.parser import BytesParser, Parser
+from email.utils import format_datetime
+from functools import cache
+from typing import Any
+
+from email_validator import EmailNotValidError, validate_email
+
+from worker.logs import get_logger, register_secrets
+from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
+from worker.ports import SendRequest
+from worker.request import ALLOWED_HEADERS, Policy, check_payload
+
+log = get_logger("evq.adapters.smtp")
+
+TLS_MODES = ("none", "starttls", "ssl")
+MAX_REPLY = 500
+IDEMPOTENCY_HEADER = "X-Evq-Idempotency-Key"
+
+_POLICY_7BIT = email_policy.SMTP.clone(cte_type="7bit")
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MESSAGE_ID = re.compile(r"^<[!-;=?-~]+@[!-;=?-~]+>$")  # printable ASCII, no <, >, space
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\u0080-\U0010ffff-]+"
+_DOT_ATOM = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*$")
+_PHRASE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?: [A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
+# Queue ids as the common MTAs phrase them: Postfix "queued as X", Exim "id=X",
+# Sendmail "X Message accepted for delivery", Amazon SES "Ok <id>".
+_QUEUE_ID = (
+    re.compile(r"queued as\s+<?([A-Za-z0-9][A-Za-z0-9._:+/=@-]{0,127})", re.I),
+    re.compile(r"\bid=<?([A-Za-z0-9][A-Za-z0-9._:+/=@-]{0,127})", re.I),
+    re.compile(r"^(?:\d\.\d{1,3}\.\d{1,3}\s+)?([A-Za-z0-9]{8,64})\s+Message accepted for delivery", re.I),
+    re.compile(r"^(?:\d\.\d{1,3}\.\d{1,3}\s+)?Ok\s+([0-9A-Za-z-]{20,128})\s*$", re.I),
+)
+# 5yz replies that mean "our configuration is wrong", not "this message is refused":
+# authentication required / encryption required. Retrying after the operator fixes
+# the settings sends the message; rejecting it would lose it.
+_CONFIG_CODES = frozenset({530, 538})
+_2YZ = range(200, 300)
+
+
+# -- message -----------------------------------------------------------------
+
+
+class BuildError(ValueError):
+    """The payload cannot be rendered as a safe message; nothing was sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    sender: str
+    recipients: tuple[str, ...]
+    data: bytes
+    smtputf8: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Addr:
+    name: str
+    local: str
+    domain: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.local}@{self.domain}"
+
+    @property
+    def needs_utf8(self) -> bool:
+        return not self.local.isascii()
+
+
+def build_message(request: SendRequest, *, now: datetime | None = None) -> Envelope:
+    """Render the normalized payload as RFC 5322 bytes plus the SMTP envelope.
+
+    Bcc recipients exist only in the envelope. The Message-ID is the step's, so every
+    attempt carries the same one (invariant 1): a recipient's MTA can then discard a
+    duplicate, and an operator can find the message by it.
+
+    The header block is rendered here, not by ``email.message``: its folding drops
+    the quotes around a long display name (``"Doe, John" <a@b>`` becomes two
+    addresses) and writes RFC 2047 words it decoded back raw (CVE-2024-6923). The
+    email package only renders the MIME body, whose headers are all ours.
+    """
+    payload = request.payload
+    if not _MESSAGE_ID.match(request.message_id or ""):
+        raise BuildError(f"step Message-ID {request.message_id!r} is not of the form <left@right>")
+    sender = _addr(payload["from"])
+    groups = {key: [_addr(a) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")}
+    smtputf8 = any(a.needs_utf8 for a in (sender, *(a for group in groups.values() for a in group)))
+
+    headers = [("From", _addresses([sender])), ("To", _addresses(groups["to"]))]
+    if groups["cc"]:
+        headers.append(("Cc", _addresses(groups["cc"])))
+    if groups["reply_to"]:
+        headers.append(("Reply-To", _addresses(groups["reply_to"])))
+    headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
+    headers.append(("Date", format_datetime(now or datetime.now(timezone.utc))))
+    headers.append(("Message-ID", request.message_id))
+    ours = {name.lower() for name, _ in headers} | {IDEMPOTENCY_HEADER.lower()}
+    for name, value in (payload.get("headers") or {}).items():
+        canonical = ALLOWED_HEADERS.get(str(name).lower())
+        if canonical is not None and canonical.lower() not in ours:
+            headers.append((canonical, _unstructured(canonical, str(value))))
+    headers.append((IDEMPOTENCY_HEADER, _unstructured(IDEMPOTENCY_HEADER, request.idempotency_key)))
+
+    body = _body(payload.get("text"), payload.get("html"))
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    try:
+        data = head.encode("utf-8" if smtputf8 else "ascii") + body.as_bytes()
+    except UnicodeEncodeError as exc:
+        raise BuildError("a header would need SMTPUTF8 although no address does") from exc
+    _verify_rendered(data, smtputf8, [name for name, _ in headers] + list(body.keys()), groups, sender)
+
+    recipients: list[str] = []
+    seen: set[str] = set()
+    for a in (*groups["to"], *groups["cc"], *groups["bcc"]):
+        if a.spec.lower() not in seen:
+            seen.add(a.spec.lower())
+            recipients.append(a.spec)
+    return Envelope(sender=sender.spec, recipients=tuple(recipients), data=data, smtputf8=smtputf8)
+
+
+def _addr(entry: Mapping[str, Any]) -> _Addr:
+    try:
+        valid = validate_email(entry["email"], check_deliverability=False)
+    except (EmailNotValidError, KeyError, TypeError, UnicodeError) as exc:
+        raise BuildError(f"not a valid address: {entry.get('email')!r}") from exc
+    # The ASCII (IDNA) domain works everywhere; only a non-ASCII local part needs SMTPUTF8.
+    return _Addr(name=_one_line(entry.get("name") or ""), local=valid.local_part, domain=valid.ascii_domain)
+
+
+def _one_line(value: str) -> str:
+    # The validator already refuses control characters; this is the second line of
+    # defence for rows written by something else: a CR/LF never reaches a header.
+    return _CONTROL.sub(" ", value).strip()
+
+
+def _addresses(addrs: list[_Addr]) -> str:
+    # One address per line, so no folding decision can ever split inside one.
+    return ",\r\n ".join(_address(a) for a in addrs)
+
+
+def _address(a: _Addr) -> str:
+    local = a.local if _DOT_ATOM.match(a.local) else _quoted(a.local)
+    if not a.name:
+        return f"{local}@{a.domain}"
+    if _PHRASE.match(a.name) and "=?" not in a.name:
+        phrase = a.name
+    elif a.name.isascii():
+        # A quoted-string: commas, angle brackets, quotes and "Bcc:" stay text.
+        phrase = _quoted(a.name)
+    else:
+        phrase = _encoded_words(a.name)
+    return f"{phrase} <{local}@{a.domain}>"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _unstructured(name: str, value: str) -> str:
+    value = _one_line(value)
+    # ASCII folds at spaces; anything else (or an unbreakable run that would pass the
+    # 998-octet line limit) goes as RFC 2047 words, which fold anywhere.
+    if value.isascii() and all(len(word) < 900 for word in value.split()):
+        return Header(value, "us-ascii", header_name=name).encode(splitchars=" ", linesep="\r\n")
+    return _encoded_words(value)
+
+
+def _encoded_words(text: str) -> str:
+    """RFC 2047 base64 words of at most 75 characters, one per line.
+
+    Written here because ``email.header.Header`` doubles the space where it splits a
+    long value. RFC 2047 decoders ignore the folding between adjacent words, so these
+    concatenate back to exactly ``text``; splitting just after a space, where one is
+    near, keeps words whole for the decoders (Python's among them, in a display name)
+    that show that folding as a space.
+    """
+    chunks, chunk = [], ""
+    for char in text:
+        if len((chunk + char).encode()) > 45:  # 45 octets -> 60 base64 characters + 12 of syntax
+            cut = chunk.rfind(" ") + 1
+            if cut <= len(chunk) // 2:
+                cut = len(chunk)
+            chunks.append(chunk[:cut])
+            chunk = chunk[cut:]
+        chunk += char
+    chunks.append(chunk)
+    return "\r\n ".join(f"=?utf-8?b?{base64.b64encode(c.encode()).decode()}?=" for c in chunks)
+
+
+def _body(text: str | None, html: str | None) -> EmailMessage:
+    # Quoted-printable/base64 so no server needs 8BITMIME for the body.
+    body = EmailMessage(policy=_POLICY_7BIT)
+    if text is not None:
+        body.set_content(text)
+        if html is not None:
+            body.add_alternative(html, subtype="html")
+    elif html is not None:
+        body.set_content(html, subtype="html")
+    else:
+        raise BuildError("a text or html body is required")
+    return body
+
+
+def _verify_rendered(
+    data: bytes, smtputf8: bool, names: list[str], groups: dict[str, list[_Addr]], sender: _Addr
+) -> None:
+    """Parse what we are about to send and insist it says what we meant.
+
+    A second, independent check on the rendering above: the same header names in the
+    same order, the same addresses in From/To/Cc/Reply-To, no Bcc, and no control
+    character in any header even after RFC 2047 decoding (a recipient's software may
+    decode ``=?utf-8?q?=0D=0ABcc:...?=`` and re-serialize it as a real header).
+    """
+    try:
+        if smtputf8:
+            parsed = Parser(policy=email_policy.default).parsestr(data.decode("utf-8"), headersonly=True)
+        else:
+            parsed = BytesParser(policy=email_policy.default).parsebytes(data, headersonly=True)
+        if [k.lower() for k in parsed.keys()] != [k.lower() for k in names]:
+            raise BuildError("a display name, subject or header value would add or hide a header")
+        expected = {"from": [sender], "to": groups["to"], "cc": groups["cc"], "reply-to": groups["reply_to"]}
+        for header, addrs in expected.items():
+            rendered = parsed[header].addresses if header in parsed else ()
+            got = [(a.username, a.domain.lower()) for a in rendered]
+            if got != [(a.local, a.domain.lower()) for a in addrs]:
+                raise BuildError(f"a display name would change the {header} addresses")
+        for name, value in parsed.items():
+            if _CONTROL.search(str(value)):
+                raise BuildError(f"the {name} header would carry control characters once decoded")
+    except BuildError:
+        raise
+    except (ValueError, TypeError, UnicodeError) as exc:
+        # The parser itself refuses, e.g. a display name that decodes to CR/LF.
+        raise BuildError("a header would carry control characters once decoded") from exc
+
+
+def queue_id(reply: str) -> str | None:
+    """The server's queue id from a 2yz reply to the final ".", if it names one."""
+    for line in reply.splitlines():
+        for pattern in _QUEUE_ID:
+            match = pattern.search(line.strip())
+            if match:
+                return match.group(1)
+    return None
+
+
+# -- conversation ------------------------------------------------------------
+
+
+class _Secrets:
+    """The password and the encodings in which an AUTH exchange would carry it."""
+
+    def __init__(self, username: str | None, password: str | None):
+        forms: set[str] = set()
+        if password:
+            raw = password.encode()
+            user = (username or "").encode()
+            forms.add(password)
+            for blob in (raw, b"\0" + user + b"\0" + raw, user + b"\0" + raw):
+                forms.add(base64.b64encode(blob).decode())
+        # Longest first, so a base64 form is replaced whole before a substring of it.
+        self._forms = sorted((f for f in forms if len(f) >= 4), key=len, reverse=True)
+
+    def scrub(self, text: str) -> str:
+        for form in self._forms:
+            text = text.replace(form, "***")
+        return text
+
+
+class _Stop(Exception):
+    """Ends a conversation early with a decided outcome (raised inside the worker thread)."""
+
+    def __init__(self, outcome: Outcome):
+        self.outcome = outcome
+
+
+@cache
+def _default_helo() -> str:
+    # smtplib would call getfqdn() (possibly a slow reverse lookup) on every connection.
+    fqdn = socket.getfqdn()
+    return fqdn if "." in fqdn else "localhost"
+
+
+class _Conversation:
+    """One attempt: connect, EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA, body, final reply."""
+
+    def __init__(self, provider: SmtpProvider, envelope: Envelope):
+        self.p = provider
+        self.envelope = envelope
+        self.phase = "connect"
+        self.refused: dict[str, dict[str, Any]] = {}
+        self.conn: smtplib.SMTP | None = None
+
+    def run(self) -> Outcome:
+        try:
+            outcome = self._talk()
+        except _Stop as stop:
+            outcome = stop.outcome
+        except Exception as exc:  # noqa: BLE001 - every failure must become one outcome
+            outcome = self._failed(exc)
+        self._hang_up(polite=not isinstance(outcome, Unknown))
+        return outcome
+
+    def _talk(self) -> Outcome:
+        p, env = self.p, self.envelope
+        helo = p.helo_name or _default_helo()
+        # Connecting through the constructor (not .connect()) is what makes smtplib
+        # remember the host for certificate checks on STARTTLS and implicit TLS.
+        try:
+            if p.tls == "ssl":
+                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo, timeout=p.timeout, context=p.ssl_context)
+            else:
+                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo, timeout=p.timeout)
+        except smtplib.SMTPConnectError as exc:  # a greeting other than 220
+            self._expect((exc.smtp_code, exc.smtp_error), (220,))
+            raise
+        self.conn = conn
+
+        self.phase = "ehlo"
+        self._ehlo()
+        if p.tls == "starttls":
+            self.phase = "starttls"
+            if not conn.has_extn("starttls"):
+                # Never fall back to plain text when TLS was asked for.
+                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply=""))
+            try:
+                conn.starttls(context=p.ssl_context)
+            except smtplib.SMTPResponseException as exc:
+                self._expect((exc.smtp_code, exc.smtp_error), (220,))
+            self.phase = "ehlo"
+            self._ehlo()
+        if p.username is not None:
+            self.phase = "auth"
+            if not conn.has_extn("auth"):
+                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply=""))
+            try:
+                conn.login(p.username, p._password or "")
+            except smtplib.SMTPAuthenticationError as exc:
+                reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
+                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error)) from None
+
+        self.phase = "mail"
+        if env.smtputf8 and not conn.has_extn("smtputf8"):
+            return Rejected(
+                "an address needs SMTPUTF8 (non-ASCII local part), which the server does not offer",
+                response=self._evidence(None, ""),
+                before_send=True,
+            )
+        options = []
+        if env.smtputf8:
+            options.append("SMTPUTF8")
+            if conn.has_extn("8bitmime"):
+                options.append("BODY=8BITMIME")
+        if conn.has_extn("size"):
+            options.append(f"SIZE={len(env.data)}")
+        self._expect(conn.mail(env.sender, options), _2YZ)
+
+        self.phase = "rcpt"
+        accepted = self._recipients()
+
+        self.phase = "data"
+        self._expect(conn.docmd("DATA"), (354,))
+
+        # Once the final "." is written the server may queue the message at any
+        # moment, so from here a missing answer is Unknown, not Retryable.
+        self.phase = "body"
+        assert conn.sock is not None
+        conn.sock.sendall(_dot_stuff(env.data) + b".\r\n")
+        self.phase = "final"
+        code, raw = conn.getreply()
+        reply = self._text(raw)
+        if 200 <= code < 300:
+            response = self._evidence(code, reply, accepted=len(accepted))
+            return Accepted(provider_message_id=queue_id(reply), response=response)
+        if 400 <= code < 500:
+            return Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+        if 500 <= code < 600:
+            return Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+        return Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply))
+
+    def _ehlo(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        code, raw = conn.ehlo()
+        if not 200 <= code < 300:
+            code, raw = conn.helo()
+        self._expect((code, raw), _2YZ)
+
+    def _recipients(self) -> list[str]:
+        conn = self.conn
+        assert conn is not None
+        accepted: list[str] = []
+        temporary = False
+        for rcpt in self.envelope.recipients:
+            code, raw = conn.rcpt(rcpt)
+            if 200 <= code < 300:
+                accepted.append(rcpt)
+                continue
+            self.refused[rcpt] = {"code": code, "reply": self._text(raw)[:200]}
+            temporary = temporary or _temporary(code)
+        if temporary:
+            # RSET so the recipients already accepted in this transaction get nothing;
+            # the retry sends to every recipient once.
+            _quietly(conn.rset)
+            first = next(a for a, r in self.refused.items() if _temporary(r["code"]))
+            bad = self.refused[first]
+            raise _Stop(self._retry(f"smtp {bad['code']} at rcpt for {first}", code=bad["code"], reply=bad["reply"]))
+        if not accepted:
+            _quietly(conn.rset)
+            first, bad = next(iter(self.refused.items()))
+            raise _Stop(
+                Rejected(
+                    f"every recipient refused, e.g. {first}: smtp {bad['code']} {_short(bad['reply'])}",
+                    response=self._evidence(bad["code"], bad["reply"]),
+                )
+            )
+        return accepted
+
+    def _expect(self, answer: tuple[int, bytes | str], ok: Container[int]) -> None:
+        code, raw = answer
+        if code in ok:
+            return
+        reply = self._text(raw)
+        permanent = 500 <= code < 600
+        message_phase = self.phase in ("mail", "data")
+        if permanent and message_phase and code not in _CONFIG_CODES:
+            raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
+        # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
+        # AUTH): a fault of the server or of our settings, not of this message.
+        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply))
+
+    def _retry(self, reason: str, *, code: int | None, reply: bytes | str) -> Retryable:
+        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(code, self._text(reply)))
+
+    def _failed(self, exc: BaseException) -> Outcome:
+        error_class = _root_class(exc)
+        detail = self._text(str(exc))
+        if self.phase == "final":
+            return Unknown(
+                f"no answer after the final '.' ({error_class}); the server may have accepted the message",
+                response=self._evidence(None, detail, error_class=error_class),
+            )
+        if isinstance(exc, TimeoutError) or error_class == "TimeoutError":
+            reason = f"timed out at {self.phase} after {self.p.timeout:g}s"
+        elif isinstance(exc, ssl.SSLError) or error_class.startswith("SSL"):
+            reason = f"tls failed at {self.phase}: {error_class}"
+        else:
+            reason = f"{error_class} at {self.phase}: {_short(detail)}"
+        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(None, detail, error_class=error_class))
+
+    def _evidence(self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "code": code,
+            "reply": reply[:MAX_REPLY],
+            "error_class": error_class,
+            "refused": dict(self.refused),
+            **extra,
+        }
+
+    def _text(self, raw: bytes | str) -> str:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        return self.p.secrets.scrub(text)
+
+    def _hang_up(self, *, polite: bool) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        if polite and conn.sock is not None:
+            # The outcome is decided; a server slow to say goodbye must not delay it long.
+            _quietly(lambda: conn.sock.settimeout(min(self.p.timeout, 2.0)))
+            _quietly(conn.quit)
+        _quietly(conn.close)
+
+
+def _temporary(code: int) -> bool:
+    return not 500 <= code < 600 or code in _CONFIG_CODES
+
+
+def _dot_stuff(data: bytes) -> bytes:
+    data = re.sub(rb"\r\n|\r|\n", b"\r\n", data)
+    data = re.sub(rb"(?m)^\.", b"..", data)
+    return data if data.endswith(b"\r\n") else data + b"\r\n"
+
+
+def _quietly(call: Any) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - the outcome is already decided
+        pass
+
+
+def _root_class(exc: BaseException) -> str:
+    # smtplib wraps socket errors in SMTPServerDisconnected; the evidence should say
+    # "TimeoutError" or "ConnectionResetError", which is what an operator acts on.
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and not isinstance(seen, smtplib.SMTPException):
+            return type(seen).__name__
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- provider ----------------------------------------------------------------
+
+
+class SmtpProvider:
+    """The SMTP adapter: satisfies :class:`worker.ports.Provider`."""
+
+    name = "smtp"
+    # SMTP has no idempotency key a server honours, so an ambiguous send is Unknown.
+    dedupe_window: float | None = None
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        username: str | None = None,
+        password: str | None = None,
+        tls: str = "none",
+        timeout: float = 30.0,
+        policy: Policy = Policy(),
+        max_workers: int = 16,
+        helo_name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
+        if tls not in TLS_MODES:
+            raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
+        if username is not None and password is None:
+            raise ValueError("an SMTP username needs a password")
+        if timeout <= 0 or max_workers < 1:
+            raise ValueError("timeout must be positive and max_workers at least 1")
+        self.host, self.port, self.tls, self.timeout = host, port, tls, timeout
+        self.username = username
+        self._password = password  # kept off repr() and out of every outcome
+        self.helo_name = helo_name
+        self.policy = policy
+        self.ssl_context = ssl_context or ssl.create_default_context()
+        self.secrets = _Secrets(username, password)
+        register_secrets([password])
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="evq-smtp")
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SmtpProvider(host={self.host!r}, port={self.port}, tls={self.tls!r}, user={self.username!r})"
+
+    async def send(self, request: SendRequest) -> Outcome:
+        # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
+        refusal = check_payload(request.payload, self.policy)
+        if refusal is not None:
+            outcome: Outcome = Rejected(refusal, response=_bare("policy"), before_send=True)
+        elif self._closed:
+            outcome = Retryable("the smtp adapter is closed", response=_bare("closed"))
+        else:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self._executor, self._attempt, request)
+        self._log(request, outcome)
+        return outcome
+
+    async def close(self) -> None:
+        self._closed = True
+        # Wait (off the loop) for conversations in flight: their outcomes still matter.
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    def _attempt(self, request: SendRequest) -> Outcome:
+        # Rendering a large message is CPU work too, so it happens here, off the loop.
+        try:
+            envelope = build_message(request)
+        except BuildError as exc:
+            return Rejected(str(exc), response=_bare("build"), before_send=True)
+        return _Conversation(self, envelope).run()
+
+    def _log(self, request: SendRequest, outcome: Outcome) -> None:
+        # Logged here on the loop, not in the worker thread, so the caller's bound
+        # context (run_id, step_id) is present.
+        r = outcome.response
+        fields = dict(
+            step=request.step_id,
+            attempt=request.attempt,
+            outcome=outcome.kind,
+            phase=r.get("phase"),
+            code=r.get("code"),
+            error_class=r.get("error_class"),
+            host=self.host,
+            port=self.port,
+        )
+        if isinstance(outcome, Retryable) and (r.get("phase") in ("starttls", "auth") or r.get("code") in _CONFIG_CODES):
+            # Retried, but no retry succeeds until someone fixes the settings.
+            log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)
+        else:
+            log.debug("smtp_send_finished", **fields)
+
+
+def _bare(phase: str) -> dict[str, Any]:
+    return {"phase": phase, "code": None, "reply": "", "error_class": None, "refused": {}}
+

@@ -1,0 +1,42 @@
+"""Alembic environment. Revisions never import application code; this file may,
+because autogenerate and `alembic check` compare the model (adapters/postgres/schema.py)
+with what the revisions build."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from adapters.postgres.schema import metadata
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url")
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=url, target_metadata=metadata, literal_binds=True, compare_server_default=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        _run(connection)
+    engine.dispose()
+
+
+def _run(connection) -> None:
+    context.configure(connection=connection, target_metadata=metadata, compare_server_default=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,73 @@
+"""The `evq` command line: `evq <noun> <verb>`, human tables by default, `-o json` for agents."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+from ops.cli.db import db
+from ops.cli.demo import demo
+from ops.cli.enqueue import enqueue_cmd
+from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from ops.cli.steps import steps
+from ops.cli.worker import worker_group
+from worker.errors import InvalidRequest
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="evq", prog_name="evq")
+def cli() -> None:
+    """evq: an evidence queue for email sends decided by AI agents.
+
+    Every send is recorded once, sent at most once, and provable afterwards: the
+    decision, the request, each attempt and the provider's answer are rows in
+    PostgreSQL. A send whose outcome nobody can know becomes `unknown` and waits
+    for an operator instead of being sent twice.
+
+    \b
+    Start here:   evq demo
+    Set up:       evq db upgrade
+    Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
+    Work:         evq worker run
+    Look:         evq steps list --status unknown ; evq steps show ID
+
+    Configuration is EVQ_* environment variables (see `evq worker run --help`);
+    EVQ_DATABASE_URL unset means an embedded PostgreSQL in your user data folder.
+    """
+
+
+cli.add_command(db)
+cli.add_command(enqueue_cmd)
+cli.add_command(worker_group)
+cli.add_command(steps)
+cli.add_command(demo)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = cli.main(args=args, prog_name="evq", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.UsageError as exc:
+        if json_requested(args):
+            code = Output("json").error(InvalidRequest([{"field": _param_name(exc), "message": exc.format_message()}]))
+        else:
+            exc.show()
+            code = EXIT_CODES["E_INVALID_ARG"]
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _param_name(exc: click.UsageError) -> str:
+    param = getattr(exc, "param", None)
+    if param is not None and getattr(param, "opts", None):
+        return param.opts[0]
+    return "$args"

@@ -1,0 +1,74 @@
+"""What every command shares: the output option, settings, and one error boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from ops.cli.output import EXIT_INTERRUPTED, Output
+from ops.wiring import setup_logging
+from worker.errors import EvqError
+from worker.logs import get_logger
+from worker.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+log = get_logger("evq.cli")
+
+
+def output_option(fn: F) -> F:
+    return click.option(
+        "-o",
+        "--output",
+        "output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="table for people; json for scripts and agents (one object on stdout).",
+    )(fn)
+
+
+def database_option(fn: F) -> F:
+    return click.option(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="PostgreSQL URL [env: EVQ_DATABASE_URL; unset: the embedded server].",
+    )(fn)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    settings = Settings.load(**overrides)
+    setup_logging(settings)
+    return settings
+
+
+def command(fn: F) -> F:
+    """Run a command body with an Output; turn every error into the contract's shape.
+
+    The body receives ``out`` and returns nothing (it printed) or an exit code.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, output: str = "table", **kwargs: Any) -> None:
+        out = Output(output)
+        ctx = click.get_current_context()
+        try:
+            code = fn(out, *args, **kwargs)
+        except EvqError as exc:
+            ctx.exit(out.error(exc))
+        except KeyboardInterrupt:
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            log.exception("internal_error", command=ctx.command_path)
+            ctx.exit(out.error(EvqError(f"internal error ({type(exc).__name__}); see the log on stderr")))
+        ctx.exit(code or 0)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)

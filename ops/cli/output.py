@@ -1,0 +1,146 @@
+"""The command-line contract: one JSON object on stdout with ``-o json``, a table
+for people otherwise, and fixed exit codes for every error code.
+
+    {"status": "success" | "error" | "partial_failure", "schema_version": 1,
+     "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
+
+Logs never go to stdout. Times are ISO 8601 with a zone, numbers are numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+
+from worker.errors import EvqError
+
+SCHEMA_VERSION = 1
+
+# Fixed from now on; documented in docs/cli-schema/error-codes.md.
+EXIT_CODES: dict[str, int] = {
+    "E_NOT_FOUND": 1,
+    "E_INTERNAL": 1,
+    "E_INVALID_ARG": 2,
+    "E_CONFLICT": 3,
+    "E_AUTH_FAILED": 4,
+    "E_SCHEMA_MISMATCH": 5,
+    "E_PARTIAL_FAILURE": 6,
+    "E_ABORTED": 7,
+    "E_MAX_FAILURES": 8,
+    "E_DB_UNAVAILABLE": 9,
+}
+EXIT_INTERRUPTED = 130
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, default=_default, ensure_ascii=False)
+
+
+class Output:
+    """What one command prints, in the format asked for."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.started = time.perf_counter()
+
+    @property
+    def json(self) -> bool:
+        return self.fmt == "json"
+
+    def meta(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {"duration_ms": round((time.perf_counter() - self.started) * 1000, 3), **(extra or {})}
+
+    def success(
+        self,
+        data: Any,
+        *,
+        human: Callable[[Any], str] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        status: str = "success",
+    ) -> None:
+        if self.json:
+            click.echo(to_json({"status": status, "schema_version": SCHEMA_VERSION, "data": data, "meta": self.meta(meta)}))
+        else:
+            click.echo(human(data) if human else to_json(data))
+
+    def error(self, exc: EvqError) -> int:
+        if self.json:
+            click.echo(
+                to_json({"status": "error", "schema_version": SCHEMA_VERSION, "error": exc.to_dict(), "meta": self.meta()})
+            )
+        else:
+            click.echo(f"error: {exc.message}", err=True)
+            fields = exc.context.get("fields") if exc.context else None
+            if fields:
+                for item in fields:
+                    click.echo(f"  {item['field']}: {item['message']}", err=True)
+            if exc.hint:
+                click.echo(f"hint: {exc.hint}", err=True)
+        return EXIT_CODES.get(exc.code, 1)
+
+
+def json_requested(argv: Sequence[str]) -> bool:
+    """Whether -o json was asked for, even when the rest of the line does not parse."""
+    for i, arg in enumerate(argv):
+        if arg in ("-o", "--output") and i + 1 < len(argv) and argv[i + 1] == "json":
+            return True
+        if arg in ("-ojson", "--output=json"):
+            return True
+    return False
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], *, empty: str = "(none)") -> str:
+    """A plain aligned table; ``columns`` are (key, heading)."""
+    if not rows:
+        return empty
+    cells = [[_cell(row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(columns)]
+    lines = ["  ".join(h.upper().ljust(w) for (_, h), w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S%z")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def age(seconds: float | None) -> str:
+    """A short human age: 42s, 5m, 2h05m, 3d04h."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"

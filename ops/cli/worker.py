@@ -1,0 +1,52 @@
+"""evq worker run: every setting is a flag here and an EVQ_* variable everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ops import wiring
+from ops.cli.common import command, load_settings, output_option, run
+from ops.cli.output import Output
+from worker.settings import OPTIONS
+
+
+def _setting_options(fn: Any) -> Any:
+    for option in reversed(OPTIONS):
+        default = option.default
+        if isinstance(default, tuple):
+            default = ",".join(default) or "(none)"
+        shown = "(secret)" if option.secret else default
+        fn = click.option(
+            option.flag,
+            option.name,
+            default=None,
+            metavar=option.choices and "|".join(option.choices) or option.parse.__name__.upper().replace("_CSV", "LIST"),
+            help=f"{option.help} [env: {option.env}; default: {shown}]",
+        )(fn)
+    return fn
+
+
+@click.group("worker")
+def worker_group() -> None:
+    """Run the worker that sends queued email."""
+
+
+@worker_group.command("run")
+@_setting_options
+@click.option("--drain", is_flag=True, help="Exit 0 once nothing is claimable now and nothing is in flight.")
+@output_option
+@command
+def worker_run(out: Output, drain: bool, **settings_flags: Any) -> int:
+    """Claim queued sends, send them through the adapter, record every outcome.
+
+    The first SIGTERM or Ctrl-C stops claiming, hands back claimed rows not yet
+    sent, and waits up to --shutdown-grace for sends in flight; a second one exits
+    130 at once (rows in flight are then left to the rescuer, as after a crash).
+    """
+    settings = load_settings(**settings_flags)
+    code = run(wiring.run_worker(settings, drain=drain))
+    if out.json:
+        out.success({"exit_code": code, "drain": drain})
+    return code

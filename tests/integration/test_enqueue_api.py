@@ -1,0 +1,80 @@
+"""The Python enqueue API inside the caller's own transaction (psycopg and SQLAlchemy)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from adapters.postgres.database import sqlalchemy_url
+from adapters.postgres.enqueue import enqueue, enqueue_async, enqueue_own
+from tests.support import POLICY, request, rows
+from worker.errors import IdempotencyConflict, InvalidRequest
+
+
+def count(url: str) -> tuple[int, int]:
+    r = rows(url, "SELECT (SELECT count(*) FROM email_steps) AS s, (SELECT count(*) FROM decisions) AS d")[0]
+    return r["s"], r["d"]
+
+
+def test_psycopg_transaction_commits_and_rolls_back_with_the_caller(db_url):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.commit()
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            step = enqueue(conn, request(step_id="kept"), policy=POLICY)
+            assert step.created
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (2)")
+            enqueue(conn, request(step_id="rolled-back"), policy=POLICY)
+            raise RuntimeError("the caller's own work failed")
+    assert count(db_url) == (1, 1)
+    assert rows(db_url, "SELECT step_id FROM email_steps") == [{"step_id": "kept"}]
+    assert rows(db_url, "SELECT id FROM orders") == [{"id": 1}]
+
+
+def test_sqlalchemy_connection(db_url):
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("SELECT 1"))
+            first = enqueue(conn, request(step_id="sa"), policy=POLICY)
+        with pytest.raises(RuntimeError), engine.begin() as conn:
+            enqueue(conn, request(step_id="sa-2"), policy=POLICY)
+            raise RuntimeError("rollback")
+    finally:
+        engine.dispose()
+    assert first.created and count(db_url) == (1, 1)
+
+
+async def test_async_psycopg_and_sqlalchemy(db_url):
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            a = await enqueue_async(conn, request(step_id="async"), policy=POLICY)
+    engine = create_async_engine(sqlalchemy_url(db_url))
+    try:
+        async with engine.begin() as conn:
+            b = await enqueue_async(conn, request(step_id="async-sa"), policy=POLICY)
+    finally:
+        await engine.dispose()
+    assert a.created and b.created and count(db_url) == (2, 2)
+
+
+def test_invalid_and_conflicting_requests_write_nothing_in_the_callers_transaction(db_url):
+    req = request(step_id="x")
+    enqueue_own(db_url, req, policy=POLICY)
+    with psycopg.connect(db_url) as conn:
+        with pytest.raises(InvalidRequest):
+            enqueue(conn, {**req, "to": []}, policy=POLICY)
+        with pytest.raises(IdempotencyConflict):
+            enqueue(conn, {**req, "text": "different"}, policy=POLICY)
+        assert enqueue(conn, req, policy=POLICY).created is False
+        conn.commit()
+    assert count(db_url) == (1, 1)
+
+
+def test_rejects_connections_it_cannot_use(db_url):
+    with pytest.raises(TypeError, match="psycopg"):
+        enqueue(object(), request(), policy=POLICY)

@@ -1,0 +1,159 @@
+"""The worker loop against a real database, with scripted providers."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import psycopg
+
+from adapters.postgres.store import PostgresStore
+from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
+from worker.outcomes import Retryable, Unknown
+from worker.runner import Worker
+from worker.settings import Settings
+
+SETTINGS = Settings(
+    adapter=("smtp",), concurrency=20, batch_size=10, lease_seconds=30, poll_interval=0.05,
+    retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5, smtp_timeout=5,
+)
+
+
+async def enqueue(store: PostgresStore, n: int, **kw) -> list[int]:
+    return [(await store.enqueue(valid(**kw))).id for _ in range(n)]
+
+
+async def test_many_workers_send_every_row_exactly_once(store: PostgresStore, db_url: str):
+    ids = await enqueue(store, 300)
+    provider = ScriptedProvider(delay=0.001)
+    stores = [await PostgresStore.open(db_url, max_size=3) for _ in range(4)]
+    try:
+        workers = [Worker(s, {"smtp": provider}, SETTINGS) for s in stores]
+        codes = await asyncio.gather(*(w.run(drain=True, install_signals=False) for w in workers))
+    finally:
+        for s in stores:
+            await s.close()
+    assert codes == [0, 0, 0, 0]
+    assert len(provider.calls) == 300 and set(provider.sent.values()) == {1}
+    assert sum(w.stats.claimed for w in workers) == 300
+    assert all(w.stats.claimed > 0 for w in workers), [w.stats.claimed for w in workers]
+    counts = rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status")
+    assert counts == [{"status": "accepted", "n": 300}]
+    # Every step: one attempt started, one answer.
+    per_step = rows(db_url, "SELECT step_id, count(*) AS n FROM evidence GROUP BY step_id HAVING count(*) <> 2")
+    assert per_step == [] and len(ids) == 300
+
+
+async def test_lost_response_ends_unknown_and_is_never_resent(store, db_url):
+    [i] = await enqueue(store, 1, step_id="lost")
+    provider = ScriptedProvider(script={"run-1/lost": [Unknown("connection reset after the final dot")]})
+    assert await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert step_row(db_url, i)["status"] == "unknown"
+    # A second worker finds nothing to do: the ambiguous send waits for a person.
+    assert await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert len(provider.calls) == 1
+    assert evidence_kinds(db_url, i) == ["attempt_started", "provider_response"]
+
+
+async def test_temporary_failures_retry_with_the_same_key_and_message_id(store, db_url):
+    [i] = await enqueue(store, 1, step_id="flaky")
+    provider = ScriptedProvider(script={"run-1/flaky": [Retryable("451 busy"), Retryable("421 closing")]})
+    assert await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    row = step_row(db_url, i)
+    assert row["status"] == "accepted" and row["attempts"] == 3
+    assert {c.message_id for c in provider.calls} == {row["message_id"]}
+    assert {c.idempotency_key for c in provider.calls} == {"run-1:flaky"}
+    assert [c.attempt for c in provider.calls] == [1, 2, 3]
+
+
+async def test_graceful_stop_finishes_in_flight_sends(store, db_url):
+    ids = await enqueue(store, 5)
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)
+    worker = Worker(store, {"smtp": provider}, SETTINGS)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    while provider.in_send < 5:
+        await asyncio.sleep(0.01)
+    worker.request_stop()
+    await asyncio.sleep(0.1)
+    assert not task.done()  # still waiting for the sends in flight
+    gate.set()
+    assert await asyncio.wait_for(task, 5) == 0
+    assert {step_row(db_url, i)["status"] for i in ids} == {"accepted"}
+
+
+async def test_stop_releases_claims_not_yet_sent(store, db_url):
+    ids = await enqueue(store, 4)
+    provider = ScriptedProvider()
+
+    class StopAfterClaim:
+        """Asks the worker to stop the moment its claim returns, before any send begins."""
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        async def claim(self, **kw):
+            claimed = await store.claim(**kw)
+            worker.request_stop()
+            return claimed
+
+    worker = Worker(StopAfterClaim(), {"smtp": provider}, replace(SETTINGS, batch_size=4))
+    assert await worker.run(install_signals=False) == 0
+    assert provider.calls == [] and worker.stats.released == 4
+    for i in ids:
+        row = step_row(db_url, i)
+        assert row["status"] == "pending" and row["attempts"] == 0
+        assert evidence_kinds(db_url, i) == ["attempt_started", "attempt_released"]
+
+
+async def test_grace_expiry_leaves_the_row_to_the_rescuer(store, db_url):
+    [i] = await enqueue(store, 1)
+    provider = ScriptedProvider(gate=asyncio.Event())  # never opens
+    worker = Worker(store, {"smtp": provider}, replace(SETTINGS, shutdown_grace=0.2))
+    task = asyncio.create_task(worker.run(install_signals=False))
+    while provider.in_send < 1:
+        await asyncio.sleep(0.01)
+    worker.request_stop()
+    assert await asyncio.wait_for(task, 5) == 1
+    assert step_row(db_url, i)["status"] == "in_flight"  # the rescuer's, after the lease
+
+
+async def test_worker_survives_its_connections_being_killed(store, db_url):
+    ids = await enqueue(store, 200)
+    provider = ScriptedProvider(delay=0.005)
+    own = await PostgresStore.open(db_url, max_size=2)
+    worker = Worker(own, {"smtp": provider}, replace(SETTINGS, concurrency=10, batch_size=5))
+    task = asyncio.create_task(worker.run(drain=True, install_signals=False))
+    killed = 0
+    for _ in range(3):
+        await asyncio.sleep(0.15)
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
+            cur = await admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'evq' AND pid <> pg_backend_pid()"
+            )
+            killed += (await cur.fetchone())[0]
+    code = await asyncio.wait_for(task, 60)
+    await own.close()
+    assert killed > 0 and code == 0
+    statuses = rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status ORDER BY status")
+    assert sum(r["n"] for r in statuses) == 200
+    # Nothing sent twice, nothing lost: outcomes that met a dead connection were
+    # retried and recorded once the worker reconnected.
+    assert set(provider.sent.values()) == {1} and len(provider.sent) == len(ids)
+    assert statuses == [{"status": "accepted", "n": 200}]
+    assert rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'provider_response'")[0]["n"] == 200
+
+
+async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url):
+    import structlog
+
+    [i] = await enqueue(store, 1, step_id="logged", run_id="run-log")
+    provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False)
+    sends = [e for e in logs if e["event"] == "send_recorded"]
+    assert len(sends) == 2
+    for event in sends:
+        assert event["run_id"] == "run-log" and event["step_id"] == "logged" and event["step"] == i
+        assert event["idempotency_key"] == "run-log:logged" and event["attempt"] in (1, 2)

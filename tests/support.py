@@ -1,0 +1,96 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from worker.request import Policy, ValidRequest, parse
+
+_seq = itertools.count(1)
+POLICY = Policy(providers=("smtp", "null"), default_provider="smtp")
+
+
+def request(**overrides: Any) -> dict[str, Any]:
+    n = next(_seq)
+    base: dict[str, Any] = {
+        "run_id": "run-1",
+        "step_id": f"step-{n}",
+        "to": [f"user{n}@example.com"],
+        "from": "agent@example.org",
+        "subject": f"Subject {n}",
+        "text": f"Body {n}",
+        "intent": "tell the user",
+        "decision": {"model": "m-1", "tool": "send_email", "instruction_version": "v1", "rationale": "asked"},
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def valid(**overrides: Any) -> ValidRequest:
+    return parse(request(**overrides), POLICY)
+
+
+def rows(url: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def step_row(url: str, step_id: int) -> dict[str, Any]:
+    return rows(url, "SELECT * FROM email_steps WHERE id = %s", (step_id,))[0]
+
+
+def evidence_kinds(url: str, step_id: int) -> list[str]:
+    return [r["kind"] for r in rows(url, "SELECT kind FROM evidence WHERE step_id = %s ORDER BY id", (step_id,))]
+
+
+class ScriptedProvider:
+    """A provider for worker tests: records every call; answers from a script per step.
+
+    ``script`` maps a step_id (the agent's) to a list of outcomes, one per attempt;
+    anything unscripted is accepted. ``gate``, when set, holds every send until it opens.
+    """
+
+    name = "smtp"
+    dedupe_window = None
+
+    def __init__(self, script=None, gate=None, delay: float = 0.0):
+        import asyncio
+        import collections
+
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+        self.gate = gate
+        self.delay = delay
+        self.calls: list[Any] = []
+        self.sent = collections.Counter()
+        self.in_send = 0
+
+    async def send(self, request):
+        import asyncio
+
+        from worker.outcomes import Accepted
+
+        self.calls.append(request)
+        self.in_send += 1
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            plan = self.script.get(request.run_id + "/" + _step_of(request), [])
+            outcome = plan.pop(0) if plan else Accepted(f"pm-{request.step_id}-{request.attempt}")
+            if outcome.kind == "accepted":
+                self.sent[request.message_id] += 1
+            return outcome
+        finally:
+            self.in_send -= 1
+
+    async def close(self) -> None:
+        return None
+
+
+def _step_of(request) -> str:
+    return request.idempotency_key.split(":", 1)[1]

@@ -1,0 +1,112 @@
+"""The request validator: every rule refuses with a clear, field-named error."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import POLICY, request
+from worker.errors import InvalidRequest
+from worker.request import Policy, check_payload, parse
+
+
+def errors_of(data, policy=POLICY) -> dict[str, str]:
+    with pytest.raises(InvalidRequest) as err:
+        parse(data, policy)
+    assert err.value.code == "E_INVALID_ARG"
+    return {e["field"]: e["message"] for e in err.value.context["fields"]}
+
+
+def test_a_good_request_is_normalized_and_hashed():
+    data = request(run_id="r", step_id="s", to=["Bob Smith <BOB@Example.COM>"], cc="c@example.com")
+    v = parse(data, POLICY)
+    assert v.idempotency_key == "r:s"
+    assert v.payload["to"] == [{"email": "BOB@example.com", "name": "Bob Smith"}]
+    assert v.payload["cc"] == [{"email": "c@example.com", "name": None}]
+    assert len(v.payload_sha256) == 64
+    # The same request hashes the same, whatever the key order.
+    again = parse(dict(reversed(list(data.items()))), POLICY)
+    assert again.payload_sha256 == v.payload_sha256
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"to": []}, "to", "at least one recipient"),
+        ({"to": ["not-an-address"]}, "to[0]", "not a valid address"),
+        ({"to": ["a@example.com, b@example.com"]}, "to[0]", "not a valid address"),
+        ({"to": ["x <a@example.com> <b@example.com>"]}, "to[0]", "not a valid address"),
+        ({"to": [{"email": "a@example.com", "name": "Eve\r\nBcc: x@evil.example"}]}, "to[0]", "control"),
+        ({"to": "a@example.com", "cc": [42]}, "cc[0]", "must be an address"),
+        ({"subject": "hi\r\nBcc: evil@example.com"}, "subject", "one line"),
+        ({"subject": "   "}, "subject", "must not be empty"),
+        ({"subject": "=?utf-8?q?x=0D=0ABcc:_evil@example.net?="}, "subject", "encoded words"),
+        ({"to": ["=?utf-8?q?a=0D=0ABcc:_e@example.net?= <a@example.com>"]}, "to[0]", "encoded words"),
+        ({"subject": None}, "subject", "required"),
+        ({"text": None, "html": None}, "text", "text or html body"),
+        ({"text": 5}, "text", "must be a string"),
+        ({"run_id": None}, "run_id", "required"),
+        ({"step_id": "a\x00b"}, "step_id", "control"),
+        ({"step_id": "x" * 201}, "step_id", "longer than 200"),
+        ({"step_id": " padded"}, "step_id", "leading or trailing"),
+        ({"from": None}, "from", "required"),
+        ({"headers": {"X-Mailer": "me"}}, "headers.X-Mailer", "not allowed"),
+        ({"headers": {"In-Reply-To": "<a@b>\r\nBcc: x@y.com"}}, "headers.In-Reply-To", "CR, LF"),
+        ({"decision": {"model": "m", "mood": "happy"}}, "decision.mood", "unknown field"),
+        ({"decision": {"decided_at": "yesterday"}}, "decision.decided_at", "ISO 8601"),
+        ({"decision": {"decided_at": "2026-01-01T10:00:00"}}, "decision.decided_at", "time zone"),
+        ({"decision": "because"}, "decision", "must be an object"),
+        ({"max_attempts": 0}, "max_attempts", "1 to 100"),
+        ({"max_attempts": True}, "max_attempts", "1 to 100"),
+        ({"provider": "carrier-pigeon"}, "provider", "unknown provider"),
+        ({"surprise": 1}, "surprise", "unknown field"),
+    ],
+)
+def test_each_rule_names_its_field(change, field, words):
+    data = {k: v for k, v in {**request(), **change}.items() if v is not None}
+    found = errors_of(data)
+    assert field in found, found
+    assert words in found[field]
+
+
+def test_not_an_object():
+    assert "$" in errors_of(["a list"])
+
+
+def test_every_error_is_reported_at_once():
+    found = errors_of({"run_id": "r", "to": [], "subject": "a\nb", "zzz": 1})
+    assert {"step_id", "to", "subject", "zzz", "from", "text"} <= set(found)
+
+
+def test_domains_allowed_and_blocked():
+    policy = Policy(allowed_domains=("example.com",), blocked_domains=("bad.example.com",))
+    assert parse(request(to=["a@example.com", "b@sub.example.com"]), policy)
+    assert "not in the allowed" in errors_of(request(to=["a@example.org"]), policy)["to[0]"]
+    assert "blocked" in errors_of(request(to=["a@bad.example.com"]), policy)["to[0]"]
+    assert "blocked" in errors_of(request(to=["a@example.com"], bcc=["z@x.bad.example.com"]), policy)["bcc[0]"]
+
+
+def test_idna_domains_are_compared_in_ascii():
+    policy = Policy(blocked_domains=("xn--bcher-kva.example",))
+    assert "blocked" in errors_of(request(to=["a@bücher.example"]), policy)["to[0]"]
+
+
+def test_size_and_recipient_limits():
+    assert "over the limit" in errors_of(request(text="x" * 5000), Policy(max_message_bytes=4096))["text"]
+    many = [f"u{i}@example.com" for i in range(3)]
+    assert "exceed the limit" in errors_of(request(to=many), Policy(max_recipients=2))["to"]
+
+
+def test_reserved_sender_is_refused():
+    policy = Policy(reserved_senders=("evq@example.org",))
+    assert "reserved" in errors_of(request(**{"from": "EVQ@example.org"}), policy)["from"]
+
+
+def test_display_names_stay_data():
+    v = parse(request(to=['"Doe, John" <john@example.com>']), POLICY)
+    assert v.payload["to"] == [{"email": "john@example.com", "name": "Doe, John"}]
+
+
+def test_check_payload_rechecks_todays_policy():
+    v = parse(request(to=["a@example.com"]), POLICY)
+    assert check_payload(v.payload, POLICY) is None
+    assert "blocked" in check_payload(v.payload, Policy(blocked_domains=("example.com",)))

@@ -1,0 +1,62 @@
+"""From an attempt's outcome to the next state (DESIGN.md "States", invariant 4)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from worker.backoff import Backoff
+from worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from worker.records import ClaimedStep
+from worker.states import TRANSITIONS, Reason, Status
+from worker.transitions import decide
+
+
+def step(attempt=1, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
+    return ClaimedStep(
+        id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="smtp", payload={},
+        attempt=attempt, max_attempts=max_attempts, lease_token=uuid.uuid4(), lease_seconds=60,
+        dedupe_remaining=None, maybe_delivered=maybe_delivered, created_at=datetime.now(timezone.utc),
+    )
+
+
+def go(s, outcome, window=False):
+    return decide(s, outcome, default_max_attempts=3, backoff=Backoff(10, 100), dedupe_window_open=window)
+
+
+def test_accepted_and_rejected_are_terminal():
+    t = go(step(), Accepted("q1"))
+    assert (t.to_status, t.reason, t.provider_message_id) == (Status.ACCEPTED, Reason.PROVIDER_ACCEPTED, "q1")
+    assert go(step(), Rejected("550")).to_status is Status.REJECTED
+    assert go(step(), Rejected("blocked", before_send=True)).reason is Reason.POLICY_REFUSED
+
+
+def test_retryable_backs_off_then_exhausts():
+    t = go(step(attempt=1), Retryable("451"))
+    assert t.to_status is Status.RETRYABLE and 10 <= t.retry_delay <= 20
+    assert go(step(attempt=2), Retryable("451", retry_after=500)).retry_delay == 500
+    t = go(step(attempt=3), Retryable("451"))
+    assert (t.to_status, t.reason) == (Status.REJECTED, Reason.ATTEMPTS_EXHAUSTED)
+    assert go(step(attempt=3, max_attempts=5), Retryable("451")).to_status is Status.RETRYABLE
+
+
+def test_exhausted_after_a_possible_delivery_is_unknown_not_rejected():
+    t = go(step(attempt=3, maybe_delivered=True), Retryable("503"))
+    assert (t.to_status, t.reason) == (Status.UNKNOWN, Reason.ATTEMPTS_EXHAUSTED)
+
+
+def test_ambiguous_is_unknown_unless_the_provider_dedupes():
+    t = go(step(), Unknown("reset after the final dot"))
+    assert (t.to_status, t.reason, t.maybe_delivered) == (Status.UNKNOWN, Reason.AMBIGUOUS_RESPONSE, True)
+    t = go(step(), Unknown("timeout"), window=True)
+    assert (t.to_status, t.reason, t.maybe_delivered) == (Status.RETRYABLE, Reason.AMBIGUOUS_DEDUPED, True)
+    assert go(step(attempt=3), Unknown("timeout"), window=True).to_status is Status.UNKNOWN
+
+
+@pytest.mark.parametrize("outcome", [Accepted("q"), Rejected("x"), Retryable("y"), Unknown("z")])
+def test_every_decision_is_a_legal_transition(outcome):
+    for s in (step(1), step(3), step(3, maybe_delivered=True)):
+        for window in (False, True):
+            assert go(s, outcome, window).to_status in TRANSITIONS[Status.IN_FLIGHT]

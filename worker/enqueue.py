@@ -1,0 +1,76 @@
+"""Enqueue rules that do not depend on the database: validation with its counter,
+the step's Message-ID, and what a repeated key means.
+
+The SQL that writes decision and step lives in adapters/postgres; the Python API
+for callers (inside their own transaction or not) is adapters/postgres/enqueue.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from worker import metrics
+from worker.errors import IdempotencyConflict, InvalidRequest
+from worker.records import EnqueueResult
+from worker.request import Policy, ValidRequest, ascii_domain, parse
+from worker.states import Status
+
+
+def validate(request: Mapping[str, Any] | ValidRequest, policy: Policy) -> ValidRequest:
+    if isinstance(request, ValidRequest):
+        return request
+    try:
+        return parse(request, policy)
+    except InvalidRequest as exc:
+        for reason in {_reason(e["field"]) for e in exc.errors}:
+            metrics.VALIDATION_ERRORS.labels(reason=reason).inc()
+        raise
+
+
+def _reason(field: str) -> str:
+    root = field.split("[", 1)[0].split(".", 1)[0]
+    return root if root in _REASONS else "unknown_field"
+
+
+_REASONS = frozenset(
+    ("run_id", "step_id", "to", "cc", "bcc", "from", "reply_to", "subject", "text", "html", "headers",
+     "intent", "decision", "notify", "idempotency_key", "provider", "max_attempts", "$")
+)
+
+
+def new_message_id(request: ValidRequest) -> str:
+    """RFC 5322 Message-ID, fixed at enqueue and reused by every attempt (invariant 1)."""
+    domain = ascii_domain("x@" + request.sender_domain)
+    return f"<evq.{uuid.uuid4().hex}@{domain}>"
+
+
+def existing_or_conflict(row: Mapping[str, Any], request: ValidRequest) -> EnqueueResult:
+    """A row already holds this key: the same request gets it back, a different one is refused."""
+    same = (
+        row["payload_sha256"] == request.payload_sha256
+        and row["run_id"] == request.run_id
+        and row["step_id"] == request.step_id
+        and row["idempotency_key"] == request.idempotency_key
+    )
+    if not same:
+        raise IdempotencyConflict(
+            f"idempotency key {request.idempotency_key!r} (run {request.run_id!r}, step {request.step_id!r}) "
+            "is already used by a different request; nothing was written",
+            hint="a retry must send exactly the same request; a new email needs a new step_id",
+            context={"existing_id": row["id"], "idempotency_key": request.idempotency_key},
+        )
+    return result_from_row(row)
+
+
+def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
+    return EnqueueResult(
+        id=row["id"],
+        run_id=row["run_id"],
+        step_id=row["step_id"],
+        idempotency_key=row["idempotency_key"],
+        message_id=row["message_id"],
+        status=Status(row["status"]),
+        created=bool(row["created"]),
+    )

@@ -1,0 +1,81 @@
+"""Errors that cross an interface boundary.
+
+Every error a caller can act on carries a stable machine code (``E_*``). The CLI
+maps the code to a fixed exit code (ops/cli/contract.py); the HTTP API maps it to
+a status. Nothing here ever carries a secret: messages are built from request
+fields and identifiers only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EvqError(Exception):
+    code = "E_INTERNAL"
+
+    def __init__(self, message: str, *, hint: str | None = None, context: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.context = context or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        if self.context:
+            out["context"] = self.context
+        return out
+
+
+class InvalidRequest(EvqError):
+    """The request (or a flag) is malformed; ``context["fields"]`` names each failing field."""
+
+    code = "E_INVALID_ARG"
+
+    def __init__(self, errors: list[dict[str, str]], *, hint: str | None = None):
+        self.errors = errors
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(
+            f"invalid request: {first['field']}: {first['message']}{more}",
+            hint=hint,
+            context={"fields": errors},
+        )
+
+
+class Conflict(EvqError):
+    code = "E_CONFLICT"
+
+
+class IdempotencyConflict(Conflict):
+    """The idempotency key is taken by a request with a different payload."""
+
+
+class StateConflict(Conflict):
+    """The row is not in the state the operation requires (or someone else changed it first)."""
+
+
+class NotFound(EvqError):
+    code = "E_NOT_FOUND"
+
+
+class AuthFailed(EvqError):
+    code = "E_AUTH_FAILED"
+
+
+class SchemaMismatch(EvqError):
+    code = "E_SCHEMA_MISMATCH"
+
+
+class DatabaseUnavailable(EvqError):
+    code = "E_DB_UNAVAILABLE"
+
+
+class ReadOnlyDatabase(DatabaseUnavailable):
+    """The database refuses writes (read-only transaction, hot standby, disk full)."""
+
+
+class ConfigError(EvqError):
+    code = "E_INVALID_ARG"

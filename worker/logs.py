@@ -1,0 +1,69 @@
+"""structlog setup: JSON when stderr is not a terminal, readable when it is.
+
+Logs always go to stderr; stdout belongs to command output (the JSON contract).
+A redaction processor replaces every registered secret (SMTP password, API keys,
+the database password) wherever it appears in an event, so a secret that leaks
+into an exception message still never reaches a log line (invariant 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+REDACTED = "***"
+_secrets: set[str] = set()
+
+
+def register_secrets(values: Iterable[str | None]) -> None:
+    # Very short values would redact ordinary words; real secrets are longer.
+    _secrets.update(v for v in values if v and len(v) >= 4)
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, str):
+        for secret in _secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v) for v in value)
+    return value
+
+
+def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    if not _secrets:
+        return event
+    return {k: redact(v) for k, v in event.items()}
+
+
+def configure(fmt: str = "auto", level: str = "info") -> None:
+    renderer: Any
+    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    if use_console:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    else:
+        renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            _redact_processor,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(name)

@@ -1,0 +1,50 @@
+"""What a provider adapter answers for one attempt (DESIGN.md, "Adapters").
+
+Exactly one of these per attempt. The adapter decides which, because only it
+knows where in its protocol the failure happened; the core then decides the
+step's next state from it (worker/transitions.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    provider_message_id: str | None
+    response: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["accepted"] = "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+    response: dict[str, Any] = field(default_factory=dict)
+    # True when our own re-check refused the request before it was sent (policy), so
+    # the evidence can say the provider never saw it.
+    before_send: bool = False
+    kind: Literal["rejected"] = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Retryable:
+    """Failed before the provider could have acted on the request."""
+
+    reason: str
+    retry_after: float | None = None
+    response: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["retryable"] = "retryable"
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The provider may have acted: the request could have been accepted and the answer lost."""
+
+    reason: str
+    response: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["unknown"] = "unknown"
+
+
+Outcome: TypeAlias = Accepted | Rejected | Retryable | Unknown

@@ -1,0 +1,101 @@
+"""The core's ports. Adapters implement them; the core never imports an adapter.
+
+Both the PostgreSQL store and the in-memory fake satisfy :class:`Store`; the
+conformance suite (tests/conformance) runs one set of tests against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from worker.outcomes import Outcome
+from worker.records import (
+    ClaimedStep,
+    EnqueueResult,
+    RecordResult,
+    RescueCounts,
+    StepDetail,
+    StepSummary,
+    Transition,
+)
+from worker.request import ValidRequest
+from worker.states import Status
+
+
+@dataclass(frozen=True, slots=True)
+class StepFilter:
+    statuses: tuple[Status, ...] = ()
+    run_id: str | None = None
+    provider: str | None = None
+    created_before: datetime | None = None
+    recipient_domain: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Every transition is guarded by the state (and lease) it expects; see queries.sql."""
+
+    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult: ...
+
+    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]: ...
+
+    async def claim(
+        self,
+        *,
+        owner: str,
+        providers: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        dedupe_windows: Mapping[str, float],
+        now: datetime | None = None,
+    ) -> list[ClaimedStep]: ...
+
+    async def record(
+        self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
+    ) -> list[RecordResult]: ...
+
+    async def release(self, steps: Sequence[ClaimedStep], *, actor: str, now: datetime | None = None) -> int: ...
+
+    async def release_orphans(self, *, owner: str, held: Sequence[Any], now: datetime | None = None) -> int: ...
+
+    async def rescue(
+        self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
+    ) -> RescueCounts: ...
+
+    async def claimable_exists(
+        self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
+    ) -> bool: ...
+
+    async def get_step(self, step_id: int) -> StepDetail: ...
+
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    """Everything an adapter may use for one attempt. Key and Message-ID never change."""
+
+    step_id: int
+    run_id: str
+    idempotency_key: str
+    message_id: str
+    attempt: int
+    payload: Mapping[str, Any]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """An email provider adapter: one request in, exactly one outcome out."""
+
+    name: str
+    # How long the provider honours our idempotency key, in seconds; None when it does not.
+    dedupe_window: float | None
+
+    async def send(self, request: SendRequest) -> Outcome: ...
+
+    async def close(self) -> None: ...

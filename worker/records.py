@@ -1,0 +1,142 @@
+"""Frozen records that cross the store port. Built from rows with ``from_row``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from worker.states import Reason, Status
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    id: int
+    run_id: str
+    step_id: str
+    idempotency_key: str
+    message_id: str
+    status: Status
+    created: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "idempotency_key": self.idempotency_key,
+            "message_id": self.message_id,
+            "status": str(self.status),
+            "created": self.created,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedStep:
+    """A step this worker holds the lease of, for one attempt."""
+
+    id: int
+    run_id: str
+    step_id: str
+    idempotency_key: str
+    message_id: str
+    provider: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int | None
+    lease_token: UUID
+    lease_seconds: float
+    # Seconds left, at claim time, in which the provider still dedupes our key; None: it never does.
+    dedupe_remaining: float | None
+    maybe_delivered: bool
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
+        return cls(
+            id=row["id"],
+            run_id=row["run_id"],
+            step_id=row["step_id"],
+            idempotency_key=row["idempotency_key"],
+            message_id=row["message_id"],
+            provider=row["provider"],
+            payload=row["payload"],
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            lease_token=row["lease_token"],
+            lease_seconds=float(row["lease_seconds"]),
+            dedupe_remaining=None if row["dedupe_remaining"] is None else float(row["dedupe_remaining"]),
+            maybe_delivered=row["maybe_delivered"],
+            created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The outcome of one attempt and the state it moves the step to, fenced by the lease."""
+
+    step_id: int
+    lease_token: UUID
+    attempt: int
+    to_status: Status
+    reason: Reason
+    outcome: str  # the adapter's answer: accepted | rejected | retryable | unknown
+    provider_message_id: str | None = None
+    retry_delay: float | None = None  # seconds until the next attempt, for to_status=retryable
+    maybe_delivered: bool = False
+    latency_ms: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def definite(self) -> bool:
+        """A definite answer may settle a row rescued to ``unknown`` after the fact."""
+        return self.outcome in ("accepted", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    step_id: int
+    applied: bool  # the fenced transition took effect
+    settled: bool = False  # fenced out, but a definite answer closed the rescued row
+    duplicate: bool = False  # this attempt's outcome was already recorded (a retried commit)
+
+
+@dataclass(frozen=True, slots=True)
+class RescueCounts:
+    unknown: int = 0
+    retryable: int = 0
+    window_closed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.unknown + self.retryable + self.window_closed
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    id: int
+    run_id: str
+    step_id: str
+    status: Status
+    reason: str | None
+    provider: str
+    attempts: int
+    recipients: list[str]
+    subject: str
+    created_at: datetime
+    updated_at: datetime
+    unknown_since: datetime | None
+    closed_at: datetime | None
+    age_seconds: float
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StepSummary:
+        return cls(**{k: row[k] for k in cls.__slots__})  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class StepDetail:
+    step: dict[str, Any]
+    decision: dict[str, Any] | None
+    evidence: list[dict[str, Any]]

@@ -1,0 +1,526 @@
+"""The send request: one parser and validator for every interface.
+
+Python, CLI, HTTP and MCP all hand a plain mapping to :func:`parse`, which either
+returns a :class:`ValidRequest` (normalized, canonical, hashed) or raises
+:class:`~worker.errors.InvalidRequest` listing every failing field. Nothing is
+written before this succeeds (invariant 6), and the provider adapter re-checks the
+normalized payload with :func:`check_payload` before it sends.
+
+Addresses are parsed strictly: a list entry is one address, either ``addr@domain``,
+``Name <addr@domain>`` or ``{"email": ..., "name": ...}``. A display name is kept
+as data and quoted when the message is rendered, so commas, angle brackets and
+CR/LF in it can never smuggle a recipient or a header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from email_validator import EmailNotValidError, validate_email
+
+from worker.errors import InvalidRequest
+
+REQUEST_FIELDS = (
+    "run_id",
+    "step_id",
+    "to",
+    "cc",
+    "bcc",
+    "from",
+    "reply_to",
+    "subject",
+    "text",
+    "html",
+    "headers",
+    "intent",
+    "decision",
+    "notify",
+    "idempotency_key",
+    "provider",
+    "max_attempts",
+)
+DECISION_FIELDS = ("instruction_version", "prompt_version", "model", "tool", "rationale", "decided_at")
+
+# Headers a caller may set. Everything that shapes delivery (From, To, Subject,
+# Message-ID, Date, MIME structure) is ours; these only thread or label a message.
+ALLOWED_HEADERS = {
+    name.lower(): name
+    for name in (
+        "In-Reply-To",
+        "References",
+        "List-Unsubscribe",
+        "List-Unsubscribe-Post",
+        "Auto-Submitted",
+        "Keywords",
+        "Comments",
+    )
+}
+
+MAX_IDENTIFIER = 200
+MAX_SUBJECT = 998  # RFC 5322 line limit
+MAX_HEADER_VALUE = 998
+MAX_NAME = 200
+MAX_INTENT = 2_000
+MAX_DECISION_TEXT = 200
+MAX_RATIONALE_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 16
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # tab allowed
+_CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# An RFC 2047 encoded word. Adapters encode text themselves; a caller's own encoded
+# word could decode to CR/LF in a recipient's software (CVE-2024-6923), so refuse it.
+_ENCODED_WORD = re.compile(r"=\?[^?\s]+\?[bBqQ]\?[^?\s]*\?=")
+_PROVIDER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_ANGLE_FORM = re.compile(r"^(?P<name>[^<>]*)<(?P<addr>[^<>]+)>$")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What this installation accepts; built from settings (EVQ_ALLOWED_DOMAINS, ...)."""
+
+    max_message_bytes: int = 1024 * 1024
+    max_recipients: int = 50
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+    default_from: str | None = None
+    default_provider: str = "smtp"
+    providers: tuple[str, ...] = ("smtp",)
+    # Addresses only evq itself may send from (failure notices); outside callers are refused.
+    reserved_senders: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    intent: str | None = None
+    instruction_version: str | None = None
+    prompt_version: str | None = None
+    model: str | None = None
+    tool: str | None = None
+    rationale: Any = None
+    decided_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRequest:
+    run_id: str
+    step_id: str
+    idempotency_key: str
+    provider: str
+    payload: dict[str, Any]
+    payload_json: str
+    payload_sha256: str
+    decision: Decision
+    notify: str | None = None
+    max_attempts: int | None = None
+    sender_domain: str = field(default="localhost")
+
+    @property
+    def recipients(self) -> list[str]:
+        return [a["email"] for key in ("to", "cc", "bcc") for a in self.payload[key]]
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_digest(payload: Mapping[str, Any]) -> tuple[str, str]:
+    text = canonical_json(payload)
+    return text, hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_idempotency_key(run_id: str, step_id: str) -> str:
+    return f"{run_id}:{step_id}"
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, field_name: str, message: str) -> None:
+        self.items.append({"field": field_name, "message": message})
+
+
+def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
+    """Validate and normalize one request; raise InvalidRequest naming every bad field."""
+    errors = _Errors()
+    if not isinstance(data, Mapping):
+        raise InvalidRequest([{"field": "$", "message": f"expected a JSON object, got {_type_name(data)}"}])
+    for key in data:
+        if key not in REQUEST_FIELDS:
+            errors.add(str(key)[:100], "unknown field")
+
+    run_id = _identifier(data, "run_id", errors, required=True)
+    step_id = _identifier(data, "step_id", errors, required=True)
+    key = _identifier(data, "idempotency_key", errors, required=False)
+    if key is None and run_id and step_id:
+        key = default_idempotency_key(run_id, step_id)
+
+    sender = _single_address(data, "from", errors, default=policy.default_from)
+    if sender and sender["email"].lower() in {s.lower() for s in policy.reserved_senders}:
+        errors.add("from", "this sender is reserved for evq's own notices")
+    to = _address_list(data, "to", errors)
+    cc = _address_list(data, "cc", errors)
+    bcc = _address_list(data, "bcc", errors)
+    reply_to = _address_list(data, "reply_to", errors)
+    notify_addr = _single_address(data, "notify", errors, default=None)
+    recipients = to + cc + bcc
+    if not to and not any(e["field"].startswith("to") for e in errors.items):
+        errors.add("to", "at least one recipient is required")
+    if len(recipients) > policy.max_recipients:
+        errors.add("to", f"{len(recipients)} recipients exceed the limit of {policy.max_recipients}")
+    for where, addr in _each_recipient(to, cc, bcc):
+        refusal = _domain_refusal(addr["email"], policy)
+        if refusal:
+            errors.add(where, refusal)
+
+    subject = _text(data, "subject", errors, required=True, limit=MAX_SUBJECT, single_line=True)
+    text = _text(data, "text", errors, required=False, limit=None, single_line=False)
+    html = _text(data, "html", errors, required=False, limit=None, single_line=False)
+    if not text and not html and not any(e["field"] in ("text", "html") for e in errors.items):
+        errors.add("text", "a text or html body is required")
+    headers = _headers(data.get("headers"), errors)
+
+    provider = data.get("provider", policy.default_provider)
+    if not isinstance(provider, str) or not _PROVIDER.match(provider):
+        errors.add("provider", "must be a provider name such as 'smtp'")
+    elif provider not in policy.providers:
+        errors.add("provider", f"unknown provider {provider!r}; configured: {', '.join(policy.providers)}")
+
+    max_attempts = data.get("max_attempts")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 100
+    ):
+        errors.add("max_attempts", "must be an integer from 1 to 100")
+
+    decision = _decision(data, errors)
+
+    payload = {
+        "from": sender,
+        "to": to,
+        "cc": cc,
+        "bcc": bcc,
+        "reply_to": reply_to,
+        "subject": subject,
+        "text": text,
+        "html": html,
+        "headers": headers,
+    }
+    payload_json, digest = payload_digest(payload)
+    if len(payload_json.encode()) > policy.max_message_bytes:
+        errors.add("text", f"message is {len(payload_json.encode())} bytes, over the limit of {policy.max_message_bytes}")
+    if errors.items:
+        raise InvalidRequest(errors.items)
+    assert run_id and step_id and key and sender and subject is not None
+    return ValidRequest(
+        run_id=run_id,
+        step_id=step_id,
+        idempotency_key=key,
+        provider=provider,
+        payload=payload,
+        payload_json=payload_json,
+        payload_sha256=digest,
+        decision=decision,
+        notify=notify_addr["email"] if notify_addr else None,
+        max_attempts=max_attempts,
+        sender_domain=sender["email"].rsplit("@", 1)[1],
+    )
+
+
+def check_payload(payload: Mapping[str, Any], policy: Policy = Policy()) -> str | None:
+    """The adapter's re-check of a stored payload at send time; returns a refusal or None.
+
+    Policy may have changed since enqueue (a domain newly blocked), and a row may have
+    been written by something other than :func:`parse`; either way nothing leaves
+    unless it passes today's rules.
+    """
+    request = {k: v for k, v in payload.items() if k in REQUEST_FIELDS}
+    request.update(run_id="recheck", step_id="recheck")
+    try:
+        parse(request, policy)
+    except InvalidRequest as exc:
+        return exc.message
+    return None
+
+
+# -- fields ------------------------------------------------------------------
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__
+    )
+
+
+def _string(data: Mapping[str, Any], name: str, errors: _Errors, *, required: bool) -> str | None:
+    """The field as a string; None (with an error where due) when absent or not a string."""
+    value = data.get(name)
+    if value is None:
+        if required:
+            errors.add(name, "required")
+        return None
+    if not isinstance(value, str):
+        errors.add(name, f"must be a string, got {_type_name(value)}")
+        return None
+    return value
+
+
+def _identifier(data: Mapping[str, Any], name: str, errors: _Errors, *, required: bool) -> str | None:
+    value = _string(data, name, errors, required=required)
+    if value is None:
+        return None
+    if not value or value != value.strip():
+        errors.add(name, "must be non-empty without leading or trailing spaces")
+        return None
+    if len(value) > MAX_IDENTIFIER:
+        errors.add(name, f"longer than {MAX_IDENTIFIER} characters")
+        return None
+    if _CONTROL_OR_TAB.search(value) or not value.isprintable():
+        errors.add(name, "contains control or unprintable characters")
+        return None
+    return unicodedata.normalize("NFC", value)
+
+
+def _text(
+    data: Mapping[str, Any], name: str, errors: _Errors, *, required: bool, limit: int | None, single_line: bool
+) -> str | None:
+    value = _string(data, name, errors, required=required)
+    if value is None:
+        return None
+    if "\x00" in value:
+        errors.add(name, "contains a NUL character")
+        return None
+    if single_line and _CONTROL.search(value):
+        errors.add(name, "must be one line: CR, LF and control characters are not allowed")
+        return None
+    if single_line and _ENCODED_WORD.search(value):
+        errors.add(name, "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself")
+        return None
+    if limit is not None and len(value) > limit:
+        errors.add(name, f"longer than {limit} characters")
+        return None
+    if required and not value.strip():
+        errors.add(name, "must not be empty")
+        return None
+    if not _encodable(value):
+        errors.add(name, "contains an unpaired surrogate")
+        return None
+    return unicodedata.normalize("NFC", value)
+
+
+def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | None:
+    name: Any = None
+    if isinstance(raw, Mapping):
+        extra = set(raw) - {"email", "name"}
+        if extra:
+            errors.add(where, f"unknown field(s) {sorted(map(str, extra))}")
+            return None
+        addr, name = raw.get("email"), raw.get("name")
+        if not isinstance(addr, str):
+            errors.add(where, "email must be a string")
+            return None
+        if name is not None and not isinstance(name, str):
+            errors.add(where, "name must be a string")
+            return None
+    elif isinstance(raw, str):
+        match = _ANGLE_FORM.match(raw.strip())
+        if match:
+            name = match["name"].strip()
+            if len(name) >= 2 and name[0] == name[-1] == '"':
+                name = name[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            addr = match["addr"].strip()
+        else:
+            addr = raw.strip()
+    else:
+        errors.add(where, f"must be an address string or {{email, name}} object, got {_type_name(raw)}")
+        return None
+    if name is not None:
+        if _CONTROL_OR_TAB.search(name) or not _encodable(name):
+            errors.add(where, "display name contains control characters or unpaired surrogates")
+            return None
+        if _ENCODED_WORD.search(name):
+            errors.add(where, "RFC 2047 encoded words are not allowed in a display name; send the text itself")
+            return None
+        if len(name) > MAX_NAME:
+            errors.add(where, f"display name longer than {MAX_NAME} characters")
+            return None
+        name = unicodedata.normalize("NFC", name.strip()) or None
+    try:
+        valid = validate_email(addr, check_deliverability=False)
+    except (EmailNotValidError, UnicodeError, ValueError) as exc:
+        errors.add(where, f"not a valid address: {exc}")
+        return None
+    return {"email": valid.normalized, "name": name}
+
+
+def _address_list(data: Mapping[str, Any], name: str, errors: _Errors) -> list[dict[str, str | None]]:
+    value = data.get(name)
+    if value is None:
+        return []
+    if isinstance(value, (str, Mapping)):
+        value = [value]
+    if not isinstance(value, list):
+        errors.add(name, f"must be a list of addresses, got {_type_name(value)}")
+        return []
+    out = []
+    for i, raw in enumerate(value[:1000]):
+        addr = _address(raw, f"{name}[{i}]", errors)
+        if addr is not None:
+            out.append(addr)
+    if len(value) > 1000:
+        errors.add(name, "too many addresses")
+    return out
+
+
+def _single_address(
+    data: Mapping[str, Any], name: str, errors: _Errors, *, default: str | None
+) -> dict[str, str | None] | None:
+    raw = data.get(name, default)
+    if raw is None:
+        if name == "from":
+            errors.add("from", "required (or configure a default sender with EVQ_DEFAULT_FROM)")
+        return None
+    return _address(raw, name, errors)
+
+
+def _each_recipient(*lists: list[dict[str, Any]]):
+    for list_name, items in zip(("to", "cc", "bcc"), lists):
+        for i, addr in enumerate(items):
+            yield f"{list_name}[{i}]", addr
+
+
+def ascii_domain(email: str) -> str:
+    domain = email.rsplit("@", 1)[1]
+    try:
+        return domain.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        return domain.lower()
+
+
+def _domain_matches(domain: str, rule: str) -> bool:
+    rule = rule.lower().lstrip(".")
+    return domain == rule or domain.endswith("." + rule)
+
+
+def _domain_refusal(email: str, policy: Policy) -> str | None:
+    domain = ascii_domain(email)
+    if any(_domain_matches(domain, rule) for rule in policy.blocked_domains):
+        return f"recipient domain {domain} is blocked"
+    if policy.allowed_domains and not any(_domain_matches(domain, rule) for rule in policy.allowed_domains):
+        return f"recipient domain {domain} is not in the allowed domains"
+    return None
+
+
+def _headers(value: Any, errors: _Errors) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        errors.add("headers", f"must be an object of header name to value, got {_type_name(value)}")
+        return {}
+    out: dict[str, str] = {}
+    for raw_name, raw_value in value.items():
+        canonical = ALLOWED_HEADERS.get(str(raw_name).lower())
+        where = f"headers.{str(raw_name)[:60]}"
+        if canonical is None:
+            errors.add(where, f"header not allowed; allowed: {', '.join(sorted(ALLOWED_HEADERS.values()))}")
+            continue
+        if not isinstance(raw_value, str):
+            errors.add(where, f"must be a string, got {_type_name(raw_value)}")
+            continue
+        if _CONTROL.search(raw_value):
+            errors.add(where, "CR, LF and control characters are not allowed in a header")
+            continue
+        if len(raw_value) > MAX_HEADER_VALUE:
+            errors.add(where, f"longer than {MAX_HEADER_VALUE} characters")
+            continue
+        out[canonical] = raw_value
+    return out
+
+
+def _json_depth(value: Any, depth: int = 0) -> int:
+    if depth > MAX_JSON_DEPTH:
+        return depth
+    if isinstance(value, Mapping):
+        return max((_json_depth(v, depth + 1) for v in value.values()), default=depth + 1)
+    if isinstance(value, list):
+        return max((_json_depth(v, depth + 1) for v in value), default=depth + 1)
+    return depth
+
+
+def _decision(data: Mapping[str, Any], errors: _Errors) -> Decision:
+    intent = _text(data, "intent", errors, required=False, limit=MAX_INTENT, single_line=False)
+    raw = data.get("decision")
+    if raw is None:
+        return Decision(intent=intent)
+    if not isinstance(raw, Mapping):
+        errors.add("decision", f"must be an object, got {_type_name(raw)}")
+        return Decision(intent=intent)
+    for key in raw:
+        if key not in DECISION_FIELDS:
+            errors.add(f"decision.{str(key)[:60]}", "unknown field")
+    short = {
+        key: _text(raw, key, _Prefixed(errors, "decision."), required=False, limit=MAX_DECISION_TEXT, single_line=True)
+        for key in ("instruction_version", "prompt_version", "model", "tool")
+    }
+    rationale = raw.get("rationale")
+    if rationale is not None:
+        if not isinstance(rationale, (str, Mapping, list)):
+            errors.add("decision.rationale", "must be text or a JSON object/array")
+            rationale = None
+        elif _json_depth(rationale) > MAX_JSON_DEPTH:
+            errors.add("decision.rationale", f"nested deeper than {MAX_JSON_DEPTH} levels")
+            rationale = None
+        else:
+            try:
+                size = len(canonical_json(rationale).encode())
+            except (TypeError, ValueError, UnicodeEncodeError):
+                errors.add("decision.rationale", "is not JSON-serializable text")
+                rationale = None
+            else:
+                if size > MAX_RATIONALE_BYTES:
+                    errors.add("decision.rationale", f"larger than {MAX_RATIONALE_BYTES} bytes")
+                    rationale = None
+                elif "\\u0000" in canonical_json(rationale):
+                    errors.add("decision.rationale", "contains a NUL character")
+                    rationale = None
+    decided_at = raw.get("decided_at")
+    parsed_at = None
+    if decided_at is not None:
+        parsed_at = _timestamp(decided_at)
+        if parsed_at is None:
+            errors.add("decision.decided_at", "must be an ISO 8601 timestamp with a time zone")
+    return Decision(intent=intent, rationale=rationale, decided_at=parsed_at, **short)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+class _Prefixed(_Errors):
+    """Adds a prefix to field names so nested objects report ``decision.model``."""
+
+    def __init__(self, inner: _Errors, prefix: str):
+        self.inner, self.prefix = inner, prefix
+
+    def add(self, field_name: str, message: str) -> None:
+        self.inner.add(self.prefix + field_name, message)

@@ -1,0 +1,369 @@
+"""The worker: claim in batches, send concurrently, record outcomes, rescue, stop cleanly.
+
+Life of one step here: the claim statement commits the attempt (invariant 2); a
+task calls the adapter; the decision (worker/transitions.py) becomes a fenced
+transition that the recorder group-commits (invariant 3). Rows are claimed only
+for free concurrency slots, so a claimed row starts at once and a shutdown has
+little to hand back.
+
+Signals: the first SIGTERM/SIGINT stops claiming, releases claimed rows whose send
+has not begun, lets in-flight sends finish and record within ``shutdown_grace``,
+and returns 0. A second signal exits 130 at once; rows left in flight are the
+rescuer's, which is exactly what a crash would leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from worker import executor, metrics
+from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
+from worker.logs import get_logger
+from worker.ports import Provider, SendRequest
+from worker.records import ClaimedStep
+from worker.recorder import Recorder
+from worker.rescuer import Rescuer, RescuerConfig
+from worker.service import run_periodically
+from worker.settings import Settings
+from worker.backoff import Backoff, reconnect_delay
+from worker.transitions import decide
+
+log = get_logger("evq.worker")
+
+
+class Wakeup(Protocol):
+    """Tells the claim loop that work may have arrived (LISTEN/NOTIFY); polling is the fallback."""
+
+    async def wait(self, timeout: float) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class PollOnly:
+    async def wait(self, timeout: float) -> bool:
+        await asyncio.sleep(timeout)
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+def new_owner() -> str:
+    """Unique per process: a restarted worker never mistakes an old lease for its own."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass
+class _Held:
+    step: ClaimedStep
+    claimed_at: float  # monotonic
+    started: bool = False
+    released: bool = False
+
+
+@dataclass
+class RunStats:
+    claimed: int = 0
+    sent: int = 0
+    released: int = 0
+    fenced: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Any,
+        providers: Mapping[str, Provider],
+        settings: Settings,
+        *,
+        wakeup: Wakeup | None = None,
+        owner: str | None = None,
+    ):
+        self.store = store
+        self.providers = dict(providers)
+        self.settings = settings
+        self.wakeup = wakeup or PollOnly()
+        self.owner = owner or new_owner()
+        self.backoff = Backoff(settings.retry_base, settings.retry_max)
+        self.recorder = Recorder(store, actor=self.owner)
+        self.rescuer = Rescuer(
+            store,
+            RescuerConfig(
+                interval=settings.rescue_interval,
+                lease_seconds=settings.lease_seconds,
+                default_max_attempts=settings.max_attempts,
+            ),
+            actor=f"rescuer@{self.owner}",
+        )
+        self.dedupe_windows = {
+            name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
+        }
+        self.stats = RunStats()
+        self._held: dict[int, _Held] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._signals = 0
+
+    # -- control ------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._slot_freed.set()
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("shutdown_requested", signal=signal.Signals(signum).name, in_flight=len(self._held))
+            self.request_stop()
+        else:
+            log.warning("shutdown_forced", in_flight=len(self._held))
+            os._exit(130)
+
+    # -- main loop ----------------------------------------------------------------
+
+    async def run(self, *, drain: bool = False, install_signals: bool = True) -> int:
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        self.recorder.start()
+        # One rescue pass before claiming: a worker restarted after a crash settles
+        # what the crash left in flight before it does anything else.
+        await self._rescue_once()
+        rescuer_task = asyncio.create_task(
+            run_periodically(self.rescuer, self._stopping, delay_first=True), name="evq-rescuer"
+        )
+        log.info(
+            "worker_started",
+            owner=self.owner,
+            providers=sorted(self.providers),
+            concurrency=self.settings.concurrency,
+            drain=drain,
+        )
+        try:
+            await self._claim_loop(drain=drain)
+            clean = await self._shutdown()
+        finally:
+            self._stopping.set()
+            await rescuer_task
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        log.info("worker_stopped", owner=self.owner, **self.stats.__dict__, clean=clean)
+        return 0 if clean else 1
+
+    async def _claim_loop(self, *, drain: bool) -> None:
+        s = self.settings
+        failures = 0
+        need_orphan_check = False
+        while not self._stopping.is_set():
+            free = s.concurrency - len(self._held)
+            # Claiming one row per freed slot would cost a statement per row; wait
+            # until a useful batch fits, unless nothing at all is running.
+            if free <= 0 or (self._held and free < max(1, min(s.batch_size, s.concurrency) // 4)):
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            limit = min(s.batch_size, free)
+            try:
+                if need_orphan_check:
+                    released = await self.store.release_orphans(
+                        owner=self.owner, held=[h.step.lease_token for h in self._held.values()]
+                    )
+                    if released:
+                        log.warning("orphan_claims_released", count=released)
+                    need_orphan_check = False
+                claimed = await self.store.claim(
+                    owner=self.owner,
+                    providers=list(self.providers),
+                    limit=limit,
+                    lease_seconds=s.lease_seconds,
+                    dedupe_windows=self.dedupe_windows,
+                )
+                failures = 0
+            except DatabaseUnavailable as exc:
+                failures += 1
+                # The claim may have committed with its answer lost: look for rows
+                # claimed in our name that we never received once the database answers.
+                need_orphan_check = not isinstance(exc, ReadOnlyDatabase)
+                delay = reconnect_delay(failures)
+                log.warning(
+                    "claim_failed",
+                    error=exc.message,
+                    read_only=isinstance(exc, ReadOnlyDatabase),
+                    retry_in=round(delay, 2),
+                    note="not claiming until the database accepts writes" if isinstance(exc, ReadOnlyDatabase) else None,
+                )
+                await self._sleep(delay)
+                continue
+            now = time.monotonic()
+            for step in claimed:
+                self._held[step.id] = _Held(step, now)
+                task = asyncio.create_task(self._send(self._held[step.id]), name=f"evq-send-{step.id}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self.stats.claimed += len(claimed)
+            if len(claimed) == limit:
+                await asyncio.sleep(0)  # let the new sends start before claiming more
+                continue
+            if drain and not claimed and not self._held:
+                try:
+                    if not await self.store.claimable_exists(
+                        providers=list(self.providers), lease_seconds=s.lease_seconds
+                    ):
+                        log.info("drained", **self.stats.__dict__)
+                        return
+                except DatabaseUnavailable as exc:
+                    log.warning("drain_check_failed", error=exc.message)
+                    await self._sleep(reconnect_delay(1))
+                continue
+            await self._idle(s.poll_interval)
+
+    async def _rescue_once(self) -> None:
+        try:
+            counts = await self.rescuer.run_once()
+        except DatabaseUnavailable as exc:
+            log.warning("rescuer_db_unavailable", error=exc.message)
+            return
+        if counts.total:
+            log.info("rescuer_pass", unknown=counts.unknown, retryable=counts.retryable, window_closed=counts.window_closed)
+
+    async def _idle(self, timeout: float) -> None:
+        """Wait for a notification, a freed slot, a stop, or the poll interval."""
+        self._slot_freed.clear()
+        waiters = [
+            asyncio.create_task(self.wakeup.wait(timeout)),
+            asyncio.create_task(self._stopping.wait()),
+        ]
+        if self._held:
+            waiters.append(asyncio.create_task(self._slot_freed.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    # -- one send -----------------------------------------------------------------
+
+    async def _send(self, held: _Held) -> None:
+        step = held.step
+        # Bound in this task's own context, so every line logged during the send (the
+        # adapter's included) carries the step's identity.
+        with structlog.contextvars.bound_contextvars(
+            run_id=step.run_id,
+            step_id=step.step_id,
+            step=step.id,
+            attempt=step.attempt,
+            idempotency_key=step.idempotency_key,
+            provider=step.provider,
+        ):
+            await self._send_bound(held)
+
+    async def _send_bound(self, held: _Held) -> None:
+        step = held.step
+        try:
+            await asyncio.sleep(0)
+            if held.released:
+                return
+            held.started = True
+            provider = self.providers[step.provider]
+            request = SendRequest(
+                step_id=step.id,
+                run_id=step.run_id,
+                idempotency_key=step.idempotency_key,
+                message_id=step.message_id,
+                attempt=step.attempt,
+                payload=step.payload,
+            )
+            log.debug("send_started")
+            outcome, latency_ms = await executor.attempt(provider, request, deadline=self.settings.send_deadline)
+            window_open = step.dedupe_remaining is not None and (
+                held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
+            )
+            transition = decide(
+                step,
+                outcome,
+                default_max_attempts=self.settings.max_attempts,
+                backoff=self.backoff,
+                dedupe_window_open=window_open,
+                latency_ms=latency_ms,
+            )
+            self.stats.sent += 1
+            self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
+            result = await self.recorder.submit(transition)
+            if result.applied:
+                log.info(
+                    "send_recorded",
+                    outcome=outcome.kind,
+                    status=str(transition.to_status),
+                    reason=str(transition.reason),
+                    provider_message_id=transition.provider_message_id,
+                    latency_ms=round(latency_ms, 1),
+                )
+            else:
+                self.stats.fenced += 1
+                metrics.FENCE_REJECTIONS.inc()
+                if result.settled:
+                    metrics.LATE_SETTLEMENTS.inc()
+                log.warning(
+                    "late_answer",
+                    outcome=outcome.kind,
+                    settled=result.settled,
+                    duplicate=result.duplicate,
+                    note="the lease was lost before the answer was recorded; kept as evidence",
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Recording failed for a reason other than the database being away:
+            # the row stays in flight and the rescuer takes it; say so loudly.
+            log.exception("send_not_recorded")
+        finally:
+            self._held.pop(step.id, None)
+            self._slot_freed.set()
+
+    # -- shutdown -------------------------------------------------------------------
+
+    async def _shutdown(self) -> bool:
+        unstarted = [h for h in self._held.values() if not h.started]
+        for h in unstarted:
+            h.released = True
+        clean = True
+        if unstarted:
+            try:
+                n = await self.store.release([h.step for h in unstarted], actor=self.owner)
+                self.stats.released += n
+                log.info("claims_released", count=n)
+            except DatabaseUnavailable as exc:
+                log.warning("release_failed", count=len(unstarted), error=exc.message)
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)
+            done, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace)
+            if still:
+                clean = False
+                log.warning("grace_expired", left_in_flight=len(still))
+                for task in still:
+                    task.cancel()
+                await asyncio.gather(*still, return_exceptions=True)
+        await self.recorder.stop()
+        await self.wakeup.close()
+        return clean

@@ -1,0 +1,209 @@
+"""Settings: every one an ``EVQ_*`` environment variable and a flag of ``evq worker run``.
+
+One declarative table (:data:`OPTIONS`) is the single source for the flags, the
+environment names, the defaults, the README's settings table (a test compares them)
+and the validation messages, so none of them can drift from the others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from worker.errors import ConfigError
+from worker.request import Policy
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    secret: bool = False
+    minimum: float | None = None
+
+    @property
+    def env(self) -> str:
+        return "EVQ_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
+    Option("data_dir", str, None, "Folder for the embedded PostgreSQL (default: the user data dir, e.g. ~/.local/share/evq)."),
+    Option("adapter", _csv, ("smtp",), "Provider adapter(s) this worker sends through, comma-separated: smtp, null."),
+    Option("concurrency", int, 10, "Sends in flight at once per worker process.", minimum=1),
+    Option("batch_size", int, 100, "Most rows claimed by one claim statement.", minimum=1),
+    Option("lease_seconds", float, 120.0, "How long a claim is held; must exceed the adapter timeout.", minimum=1),
+    Option("max_attempts", int, 5, "Attempts before a step that keeps failing temporarily is rejected.", minimum=1),
+    Option("poll_interval", float, 1.0, "Seconds between claims when idle (LISTEN/NOTIFY wakes it sooner).", minimum=0.01),
+    Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
+    Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
+    Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
+    Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
+    Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
+    Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
+    Option("blocked_domains", _csv, (), "Comma-separated recipient domains refused. Subdomains match."),
+    Option("max_message_bytes", int, 1024 * 1024, "Largest normalized request, in bytes.", minimum=1024),
+    Option("max_recipients", int, 50, "Most recipients (to + cc + bcc) per message.", minimum=1),
+    Option("default_from", str, None, "Sender used when a request has no 'from'."),
+    Option("smtp_host", str, "localhost", "SMTP server host."),
+    Option("smtp_port", int, 25, "SMTP server port.", minimum=1),
+    Option("smtp_username", str, None, "SMTP AUTH user (optional)."),
+    Option("smtp_password", str, None, "SMTP AUTH password (never logged).", secret=True),
+    Option("smtp_tls", str, "none", "SMTP transport security: none, starttls, ssl.", choices=("none", "starttls", "ssl")),
+    Option("smtp_timeout", float, 30.0, "Seconds for each SMTP network operation.", minimum=0.1),
+    Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
+    Option("log_format", str, "auto", "Log format: auto (console on a terminal, else JSON), json, console.", choices=("auto", "json", "console")),
+    Option("log_level", str, "info", "Log level: debug, info, warning, error.", choices=("debug", "info", "warning", "error")),
+)
+
+OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str | None = None
+    data_dir: str | None = None
+    adapter: tuple[str, ...] = ("smtp",)
+    concurrency: int = 10
+    batch_size: int = 100
+    lease_seconds: float = 120.0
+    max_attempts: int = 5
+    poll_interval: float = 1.0
+    retry_base: float = 5.0
+    retry_max: float = 900.0
+    listen: str = "auto"
+    rescue_interval: float = 15.0
+    shutdown_grace: float = 30.0
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+    max_message_bytes: int = 1024 * 1024
+    max_recipients: int = 50
+    default_from: str | None = None
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_tls: str = "none"
+    smtp_timeout: float = 30.0
+    null_delay: float = 0.0
+    log_format: str = "auto"
+    log_level: str = "info"
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Environment first, then explicit overrides (flags); every value validated."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for option in OPTIONS:
+            raw = env.get(option.env)
+            if raw is not None and raw != "":
+                values[option.name] = _parse(option, raw, source=option.env)
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            option = OPTION_BY_NAME[name]
+            values[name] = _parse(option, value, source=option.flag) if isinstance(value, str) else value
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for option in OPTIONS:
+            value = getattr(self, option.name)
+            if option.minimum is not None and value is not None and value < option.minimum:
+                raise _bad(option, f"must be at least {option.minimum:g}, got {value}")
+            if option.choices and value not in option.choices:
+                raise _bad(option, f"must be one of {', '.join(option.choices)}, got {value!r}")
+        for name in self.adapter:
+            if name not in ADAPTERS:
+                raise _bad(OPTION_BY_NAME["adapter"], f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
+        if not self.adapter:
+            raise _bad(OPTION_BY_NAME["adapter"], "name at least one adapter")
+        if "smtp" in self.adapter and self.lease_seconds <= self.smtp_timeout * 3:
+            # One SMTP send is several network operations, each bounded by smtp_timeout;
+            # a lease shorter than that would let the rescuer act on a send still talking.
+            raise _bad(
+                OPTION_BY_NAME["lease_seconds"],
+                f"must exceed 3 x EVQ_SMTP_TIMEOUT ({self.smtp_timeout * 3:g}s) so a live send is never rescued",
+            )
+        if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
+            raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
+        if self.retry_max < self.retry_base:
+            raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
+
+    @property
+    def send_deadline(self) -> float:
+        """Hard ceiling on one adapter call; the adapter's own timeouts should fire first."""
+        return self.lease_seconds * 0.75
+
+    def policy(self) -> Policy:
+        return Policy(
+            max_message_bytes=self.max_message_bytes,
+            max_recipients=self.max_recipients,
+            allowed_domains=self.allowed_domains,
+            blocked_domains=self.blocked_domains,
+            default_from=self.default_from,
+            default_provider=self.adapter[0],
+            providers=tuple(ADAPTERS),
+        )
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in a log line, an evidence row or an error."""
+        out = [getattr(self, o.name) for o in OPTIONS if o.secret and getattr(self, o.name)]
+        if self.database_url:
+            try:
+                password = urlsplit(self.database_url).password
+            except ValueError:
+                password = None
+            if password:
+                out.append(password)
+        return out
+
+    def as_public_dict(self) -> dict[str, Any]:
+        return {
+            f.name: ("***" if OPTION_BY_NAME[f.name].secret and getattr(self, f.name) else getattr(self, f.name))
+            for f in fields(self)
+        }
+
+
+# The provider names a step may name. Which of them a given worker sends through is EVQ_ADAPTER.
+ADAPTERS = ("smtp", "null")
+
+
+def _parse(option: Option, raw: str, *, source: str) -> Any:
+    try:
+        return option.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{source}: cannot read {raw if not option.secret else '***'!r}: {exc}",
+            hint=f"{option.env} / {option.flag}: {option.help}",
+        ) from None
+
+
+def _bad(option: Option, message: str) -> ConfigError:
+    return ConfigError(f"{option.env} ({option.flag}) {message}", hint=option.help)
+
+
+def markdown_table() -> str:
+    """The README's settings table (a test keeps the README equal to this)."""
+    lines = ["| variable | flag of `evq worker run` | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        default = o.default
+        if isinstance(default, tuple):
+            default = ",".join(default) or "(none)"
+        lines.append(f"| `{o.env}` | `{o.flag}` | `{'(unset)' if default is None else default}` | {o.help} |")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""Step states and the transitions between them (DESIGN.md, "States").
+
+The database enforces the same rules with CHECK constraints and guarded UPDATEs;
+this module is the vocabulary both the core and the in-memory store share.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    RETRYABLE = "retryable"
+    UNKNOWN = "unknown"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+CLAIMABLE = frozenset({Status.PENDING, Status.RETRYABLE})
+TERMINAL = frozenset({Status.ACCEPTED, Status.REJECTED})
+
+# Which states a step may move to from each state. Anything else is a bug.
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.IN_FLIGHT, Status.REJECTED}),
+    Status.RETRYABLE: frozenset({Status.IN_FLIGHT, Status.UNKNOWN, Status.REJECTED, Status.ACCEPTED}),
+    Status.IN_FLIGHT: frozenset(
+        {Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE, Status.UNKNOWN, Status.PENDING}
+    ),
+    Status.UNKNOWN: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE}),
+    Status.ACCEPTED: frozenset(),
+    Status.REJECTED: frozenset(),
+}
+
+
+class Reason(StrEnum):
+    """Machine keys for why a step is where it is (``email_steps.reason``, ``evidence.reason``)."""
+
+    PROVIDER_ACCEPTED = "provider_accepted"
+    PROVIDER_REJECTED = "provider_rejected"
+    PROVIDER_TEMPORARY = "provider_temporary"  # failed before the provider could have acted
+    POLICY_REFUSED = "policy_refused"  # the adapter's re-check refused the request
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    AMBIGUOUS_RESPONSE = "ambiguous_response"  # the provider may have acted; we cannot tell
+    AMBIGUOUS_DEDUPED = "ambiguous_deduped"  # ambiguous, but the provider dedupes our key: safe to retry
+    LEASE_EXPIRED = "lease_expired"  # a worker died or stalled while the attempt may have reached the provider
+    DEDUPE_WINDOW_CLOSED = "dedupe_window_closed"
+    RELEASED = "released"  # claimed, handed back at shutdown before the adapter was called
+    LATE_ANSWER = "late_answer"  # settled by a fenced answer that arrived after the rescue
+    OPERATOR = "operator"
+    RECONCILED = "reconciled"

@@ -1,0 +1,87 @@
+"""From one attempt's outcome to the step's next state: pure, so it is tested without I/O.
+
+The rules (DESIGN.md, "States", and invariant 4):
+- Accepted -> accepted; Rejected -> rejected.
+- Retryable -> retryable after a backoff, or rejected once attempts are spent;
+  but if any earlier attempt may have reached the provider, spent attempts end
+  ``unknown``, never ``rejected``: a rejection would tell the sender it did not go out.
+- Unknown -> unknown; unless the provider dedupes our key and its window is still
+  open, then retryable (the next attempt reuses the key, the provider sends once).
+"""
+
+from __future__ import annotations
+
+from worker.backoff import Backoff
+from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
+from worker.records import ClaimedStep, Transition
+from worker.states import Reason, Status
+
+
+def decide(
+    step: ClaimedStep,
+    outcome: Outcome,
+    *,
+    default_max_attempts: int,
+    backoff: Backoff,
+    dedupe_window_open: bool,
+    latency_ms: float | None = None,
+) -> Transition:
+    max_attempts = step.max_attempts or default_max_attempts
+    attempts_left = step.attempt < max_attempts
+    common = dict(
+        step_id=step.id,
+        lease_token=step.lease_token,
+        attempt=step.attempt,
+        outcome=outcome.kind,
+        latency_ms=latency_ms,
+        maybe_delivered=step.maybe_delivered,
+    )
+    detail = dict(outcome.response)
+    match outcome:
+        case Accepted(provider_message_id=pmid):
+            return Transition(
+                to_status=Status.ACCEPTED,
+                reason=Reason.PROVIDER_ACCEPTED,
+                provider_message_id=pmid,
+                detail=detail,
+                **common,
+            )
+        case Rejected(reason=why, before_send=before_send):
+            detail["message"] = why
+            reason = Reason.POLICY_REFUSED if before_send else Reason.PROVIDER_REJECTED
+            return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, **common)
+        case Retryable(reason=why, retry_after=retry_after):
+            detail["message"] = why
+            if attempts_left:
+                delay = backoff.delay(step.attempt)
+                if retry_after is not None:
+                    delay = max(delay, retry_after)
+                return Transition(
+                    to_status=Status.RETRYABLE,
+                    reason=Reason.PROVIDER_TEMPORARY,
+                    retry_delay=delay,
+                    detail=detail,
+                    **common,
+                )
+            detail["attempts"] = f"{step.attempt} of {max_attempts}"
+            if step.maybe_delivered:
+                return Transition(to_status=Status.UNKNOWN, reason=Reason.ATTEMPTS_EXHAUSTED, detail=detail, **common)
+            return Transition(to_status=Status.REJECTED, reason=Reason.ATTEMPTS_EXHAUSTED, detail=detail, **common)
+        case Unknown(reason=why):
+            detail["message"] = why
+            if dedupe_window_open and attempts_left:
+                common["maybe_delivered"] = True
+                return Transition(
+                    to_status=Status.RETRYABLE,
+                    reason=Reason.AMBIGUOUS_DEDUPED,
+                    retry_delay=backoff.delay(step.attempt),
+                    detail=detail,
+                    **common,
+                )
+            return Transition(
+                to_status=Status.UNKNOWN,
+                reason=Reason.AMBIGUOUS_RESPONSE,
+                detail=detail,
+                **{**common, "maybe_delivered": True},
+            )
+    raise TypeError(f"not an outcome: {outcome!r}")
