@@ -57,20 +57,29 @@ async def open_store(settings: Settings, *, url: str | None = None, max_size: in
         await store.close()
 
 
-async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
-    """Check the schema, wire store, providers and wakeup, run until stopped; the exit code."""
-    url = database_url(settings)
+@asynccontextmanager
+async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
+    """A worker with its schema checked and its store, providers and wakeup open, not yet running.
+
+    The benchmark starts its clock only once this is ready; `run_worker` runs it at once.
+    """
+    url = url or database_url(settings)
     check_at_head(url)
     providers = build_providers(settings)
     wakeup = None
-    if settings.listen != "off":
-        wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     try:
+        if settings.listen != "off":
+            wakeup = await PostgresWakeup.start(url, mode=settings.listen)
         async with open_store(settings, url=url) as store:
-            worker = Worker(store, providers, settings, wakeup=wakeup)
-            return await worker.run(drain=drain, install_signals=install_signals)
+            yield Worker(store, providers, settings, wakeup=wakeup)
     finally:
         for provider in providers.values():
             await provider.close()
         if wakeup is not None:
             await wakeup.close()
+
+
+async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
+    """Check the schema, wire store, providers and wakeup, run until stopped; the exit code."""
+    async with prepared_worker(settings) as worker:
+        return await worker.run(drain=drain, install_signals=install_signals)

@@ -44,6 +44,60 @@ FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
 
+-- name: step_enqueue_many
+-- Many decisions and steps in one statement (batch enqueue), the same rules as
+-- step_enqueue: steps first with ON CONFLICT DO NOTHING, a decision only for each
+-- step written, one notification per provider. `existing` reads the statement's
+-- snapshot, so it finds rows that held a key before this statement; a request
+-- that neither inserted nor found its key (a duplicate inside the batch, a taken
+-- run_id/step_id, a concurrent insert) comes back with id NULL and the caller
+-- settles it with step_enqueue, which sees everything the transaction wrote.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), r AS (
+    SELECT r.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    FROM unnest(
+        %(run_ids)s::text[], %(step_ids)s::text[], %(idempotency_keys)s::text[], %(message_ids)s::text[],
+        %(providers)s::text[], %(payloads)s::jsonb[], %(payload_sha256s)s::text[], %(max_attempts)s::int[],
+        %(notifies)s::text[], %(intents)s::text[], %(instruction_versions)s::text[], %(prompt_versions)s::text[],
+        %(models)s::text[], %(tools)s::text[], %(rationales)s::jsonb[], %(decided_ats)s::timestamptz[]
+    ) WITH ORDINALITY AS r(run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
+                          max_attempts, notify, intent, instruction_version, prompt_version, model, tool,
+                          rationale, decided_at, ord)
+), step AS (
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+    )
+    SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
+           r.payload_sha256, r.max_attempts, r.notify, t.now, t.now, t.now
+    FROM r, t
+    ORDER BY r.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+), decision AS (
+    INSERT INTO decisions (
+        id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
+        rationale, decided_at, created_at
+    )
+    SELECT r.decision_id, r.run_id, r.step_id, r.intent, r.instruction_version, r.prompt_version, r.model, r.tool,
+           r.rationale, r.decided_at, t.now
+    FROM step JOIN r ON r.decision_id = step.decision_id, t
+), wake AS (
+    SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
+)
+SELECT r.ord, coalesce(step.id, s.id) AS id,
+       coalesce(step.run_id, s.run_id) AS run_id, coalesce(step.step_id, s.step_id) AS step_id,
+       coalesce(step.idempotency_key, s.idempotency_key) AS idempotency_key,
+       coalesce(step.message_id, s.message_id) AS message_id, coalesce(step.status, s.status) AS status,
+       coalesce(step.payload_sha256, s.payload_sha256) AS payload_sha256, step.id IS NOT NULL AS created,
+       (SELECT count(*) FROM wake) AS woke
+FROM r
+LEFT JOIN step ON step.decision_id = r.decision_id
+LEFT JOIN email_steps s ON step.id IS NULL AND s.idempotency_key = r.idempotency_key
+ORDER BY r.ord;
+
+
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, false AS created
 FROM email_steps

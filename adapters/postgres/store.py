@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from adapters.postgres.database import connect_kwargs, translate
-from adapters.postgres.enqueue import enqueue_op, run_async
+from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
 from adapters.postgres.queries import Q
 from worker import metrics
 from worker.errors import NotFound
@@ -92,9 +92,9 @@ class PostgresStore:
             return await run_async(conn, enqueue_op(request, now))
 
     async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
-        # One statement per request inside one transaction: all or nothing.
+        # Multi-row statements inside one transaction: all or nothing.
         async with self._op("enqueue_many") as conn, conn.transaction():
-            return [await run_async(conn, enqueue_op(r)) for r in requests]
+            return await run_async(conn, enqueue_many_op(requests))
 
     # -- the worker's transitions ---------------------------------------------
 

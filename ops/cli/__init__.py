@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import click
 
+from ops.cli.bench import bench_cmd
 from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
@@ -43,6 +44,7 @@ cli.add_command(enqueue_cmd)
 cli.add_command(worker_group)
 cli.add_command(steps)
 cli.add_command(demo)
+cli.add_command(bench_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
