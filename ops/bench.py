@@ -959,6 +959,11 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def _wait_go() -> float:
     print("ready", flush=True)
     line = await asyncio.to_thread(sys.stdin.readline)
@@ -975,10 +980,13 @@ async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
     wiring.setup_logging(settings)
     async with wiring.prepared_worker(settings) as worker:
         started = await _wait_go()
+        cpu = _cpu_seconds()
         code = await worker.run(drain=spec["drain"], install_signals=not spec["drain"])
         finished = time.time()
+        cpu = _cpu_seconds() - cpu
     return {"started": started, "finished": finished, "rss_mb": _rss_mb(),
-            "detail": {"exit_code": code, "claimed": worker.stats.claimed, "flushes": worker.recorder.flushes}}
+            "detail": {"exit_code": code, "claimed": worker.stats.claimed, "flushes": worker.recorder.flushes,
+                       "cpu_seconds": round(cpu, 3)}}
 
 
 async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:

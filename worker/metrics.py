@@ -8,7 +8,18 @@ at scrape time by ops/metrics.py, not counted here.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any
+
 from prometheus_client import Counter, Histogram
+
+
+@lru_cache(maxsize=4096)
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, looked up once: label sets come from small fixed
+    sets, and the lookup (a lock and a dict) is a real share of a send's cost."""
+    return metric.labels(*values)
+
 
 STORE_SECONDS = Histogram(
     "evq_store_operation_duration_seconds",

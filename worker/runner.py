@@ -265,17 +265,18 @@ class Worker:
 
     async def _send(self, held: _Held) -> None:
         step = held.step
-        # Bound in this task's own context, so every line logged during the send (the
-        # adapter's included) carries the step's identity.
-        with structlog.contextvars.bound_contextvars(
+        # Bound in this task's own context (a copy made when the task was created, gone
+        # with it, so nothing needs unbinding): every line logged during the send, the
+        # adapter's included, carries the step's identity.
+        structlog.contextvars.bind_contextvars(
             run_id=step.run_id,
             step_id=step.step_id,
             step=step.id,
             attempt=step.attempt,
             idempotency_key=step.idempotency_key,
             provider=step.provider,
-        ):
-            await self._send_bound(held)
+        )
+        await self._send_bound(held)
 
     async def _send_bound(self, held: _Held) -> None:
         step = held.step

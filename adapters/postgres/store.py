@@ -78,7 +78,7 @@ class PostgresStore:
                 raise mapped from exc
             raise
         finally:
-            metrics.STORE_SECONDS.labels(operation=name, outcome=outcome).observe(time.perf_counter() - started)
+            metrics.labelled(metrics.STORE_SECONDS, name, outcome).observe(time.perf_counter() - started)
 
     async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         async with self._op(name) as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -127,16 +127,18 @@ class PostgresStore:
     ) -> list[RecordResult]:
         if not transitions:
             return []
-        params = _transition_arrays(transitions)
-        rows = await self._fetch("record", Q["step_record"], {**params, "actor": actor, "now": now})
+        rows = await self._fetch(
+            "record", Q["step_record"], {"transitions": _transitions_json(transitions), "actor": actor, "now": now}
+        )
         applied = {r["id"] for r in rows if r["applied"]}
         results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id in applied]
         fenced = [t for t in transitions if t.step_id not in applied]
         if fenced:
-            late_params = _transition_arrays(fenced)
-            for key in ("retry_delays", "maybe_delivered"):
-                late_params.pop(key)
-            late = await self._fetch("record_late", Q["step_record_late"], {**late_params, "actor": actor, "now": now})
+            late = await self._fetch(
+                "record_late",
+                Q["step_record_late"],
+                {"transitions": _transitions_json(fenced), "actor": actor, "now": now},
+            )
             by_id = {r["id"]: r for r in late}
             for t in fenced:
                 row = by_id.get(t.step_id, {"recorded": False, "settled": False})
@@ -234,21 +236,28 @@ class PostgresStore:
         return rows[0]["version_num"] if rows else None
 
 
-def _transition_arrays(transitions: Sequence[Transition]) -> dict[str, list[Any]]:
-    return {
-        "ids": [t.step_id for t in transitions],
-        "lease_tokens": [t.lease_token for t in transitions],
-        "attempts": [t.attempt for t in transitions],
-        "to_statuses": [str(t.to_status) for t in transitions],
-        "reasons": [str(t.reason) for t in transitions],
-        "outcomes": [t.outcome for t in transitions],
-        "provider_message_ids": [t.provider_message_id for t in transitions],
-        "retry_delays": [t.retry_delay for t in transitions],
-        "maybe_delivered": [t.maybe_delivered for t in transitions],
-        "latencies": [t.latency_ms for t in transitions],
-        "details": [json.dumps(t.detail, ensure_ascii=False, default=str) for t in transitions],
-        "messages": [_message(t) for t in transitions],
-    }
+def _transitions_json(transitions: Sequence[Transition]) -> str:
+    return json.dumps(
+        [
+            {
+                "id": t.step_id,
+                "lease_token": str(t.lease_token),
+                "attempt": t.attempt,
+                "to_status": str(t.to_status),
+                "reason": str(t.reason),
+                "outcome": t.outcome,
+                "provider_message_id": t.provider_message_id,
+                "retry_delay": t.retry_delay,
+                "maybe_delivered": t.maybe_delivered,
+                "latency_ms": t.latency_ms,
+                "detail": t.detail,
+                "message": _message(t),
+            }
+            for t in transitions
+        ],
+        ensure_ascii=False,
+        default=str,
+    )
 
 
 def _message(t: Transition) -> str | None:
