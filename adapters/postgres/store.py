@@ -27,6 +27,7 @@ from worker import metrics
 from worker.errors import NotFound
 from worker.logs import get_logger
 from worker.ports import StepFilter
+from worker.pruner import PruneCounts
 from worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -201,6 +202,26 @@ class PostgresStore:
             {"providers": list(providers), "lease_seconds": lease_seconds, "now": now},
         )
         return bool(rows[0]["claimable"])
+
+    # -- retention (evq prune: an administrator's write) ---------------------------
+
+    async def prune_batch(
+        self, *, cutoff: datetime, limit: int, actor: str, run: Any, batch: int, now: datetime | None = None
+    ) -> PruneCounts:
+        """One batch in one transaction: the deletes, and the prune_log row that records them."""
+        async with self._op("prune") as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(Q["prune_allow"])
+            await cur.execute(
+                Q["steps_prune"],
+                {"cutoff": cutoff, "limit": limit, "actor": actor, "run": run, "batch": batch, "now": now},
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return PruneCounts(steps=row["steps"], evidence=row["evidence"], decisions=row["decisions"], batches=1)
+
+    async def prune_count(self, *, cutoff: datetime) -> PruneCounts:
+        rows = await self._fetch("prune_count", Q["steps_prune_count"], {"cutoff": cutoff})
+        return PruneCounts(steps=rows[0]["steps"], evidence=rows[0]["evidence"], decisions=rows[0]["decisions"])
 
     # -- reading back -----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from ops.cli.prune import prune_cmd
 from ops.cli.steps import steps
 from ops.cli.worker import worker_group
 from worker.errors import InvalidRequest
@@ -45,6 +46,7 @@ cli.add_command(worker_group)
 cli.add_command(steps)
 cli.add_command(demo)
 cli.add_command(bench_cmd)
+cli.add_command(prune_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
