@@ -956,6 +956,15 @@ def git_revision() -> str:
 
 
 def _rss_mb() -> float:
+    """Peak RSS of this process image. VmHWM, not ru_maxrss: a child forked from a
+    large parent inherits the parent's high-water mark in ru_maxrss, even across exec."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 

@@ -307,3 +307,17 @@ def test_claim_uses_its_partial_index(db_url):
 async def rows_exec(url: str, sql: str, params) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(sql, params)
+
+
+def test_the_metrics_collector_query_reads_partial_indexes_only(db_url):
+    """The collector's query (ops.metrics.COLLECTOR_SQL, or the benchmark's expected one until it exists)
+    never scans the history: with many terminal rows, only the partial indexes are read."""
+    from ops.bench import collector_query, fill_terminal
+
+    fill_terminal(db_url, 20_000)
+    sql, _ = collector_query()
+    with psycopg.connect(db_url) as conn:
+        plan = str(conn.execute("EXPLAIN (FORMAT JSON) " + sql).fetchone()[0])
+    assert "Seq Scan" not in plan
+    for index in ("ix_email_steps_claimable", "ix_email_steps_lease_expiry", "ix_email_steps_unknown_since"):
+        assert index in plan
