@@ -69,6 +69,7 @@ class _Held:
     claimed_at: float  # monotonic
     started: bool = False
     released: bool = False
+    answered: bool = False  # the adapter has answered; the outcome waits for the recorder
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Worker:
         }
         self.stats = RunStats()
         self._held: dict[int, _Held] = {}
+        self._answered = 0  # held rows whose outcome waits for the recorder
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -169,7 +171,11 @@ class Worker:
         failures = 0
         need_orphan_check = False
         while not self._stopping.is_set():
-            free = s.concurrency - len(self._held)
+            # A slot is a send at the provider: it frees when the adapter answers, not
+            # when the outcome is written, so sends never wait for a commit. Rows held
+            # in all (their outcomes waiting in memory included) stay under twice the
+            # concurrency, so a slow database slows claiming instead of piling up.
+            free = min(s.concurrency - (len(self._held) - self._answered), 2 * s.concurrency - len(self._held))
             # Claiming one row per freed slot would cost a statement per row; wait
             # until a useful batch fits, unless nothing at all is running.
             if free <= 0 or (self._held and free < max(1, min(s.batch_size, s.concurrency) // 4)):
@@ -309,6 +315,9 @@ class Worker:
             )
             self.stats.sent += 1
             self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
+            held.answered = True
+            self._answered += 1
+            self._slot_freed.set()
             result = await self.recorder.submit(transition)
             if result.applied:
                 log.info(
@@ -338,7 +347,10 @@ class Worker:
             # the row stays in flight and the rescuer takes it; say so loudly.
             log.exception("send_not_recorded")
         finally:
-            self._held.pop(step.id, None)
+            # Held until recorded: the orphan check must never hand back a row
+            # whose answer is still waiting to be written.
+            if self._held.pop(step.id, None) is not None and held.answered:
+                self._answered -= 1
             self._slot_freed.set()
 
     # -- shutdown -------------------------------------------------------------------
