@@ -99,6 +99,8 @@ class BenchConfig:
             problems.append("--steps must be at least 100")
         if self.runs < 1:
             problems.append("--runs must be at least 1")
+        if not self.drain_processes or not all(1 <= p <= 64 for p in self.drain_processes):
+            problems.append("--processes must be between 1 and 64")
         if unknown := set(self.modes) - set(MODES):
             problems.append(f"unknown mode(s) {', '.join(sorted(unknown))}; known: {', '.join(MODES)}")
         if self.peer not in ("auto", "on", "off"):

@@ -50,7 +50,9 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 @asynccontextmanager
 async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url or database_url(settings), max_size=max_size)
+    store = await PostgresStore.open(
+        url or database_url(settings), max_size=max_size, prepare=settings.prepared_statements == "on"
+    )
     try:
         yield store
     finally:

@@ -52,6 +52,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
     Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
     Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
+    Option("prepared_statements", str, "on", "Server-side prepared statements: off behind PgBouncer in transaction mode (before 1.21).", choices=("on", "off")),
     Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
     Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
@@ -86,6 +87,7 @@ class Settings:
     retry_base: float = 5.0
     retry_max: float = 900.0
     listen: str = "auto"
+    prepared_statements: str = "on"
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0
     allowed_domains: tuple[str, ...] = ()

@@ -321,3 +321,19 @@ def test_the_metrics_collector_query_reads_partial_indexes_only(db_url):
     assert "Seq Scan" not in plan
     for index in ("ix_email_steps_claimable", "ix_email_steps_lease_expiry", "ix_email_steps_unknown_since"):
         assert index in plan
+
+
+async def test_prepared_statements_can_be_turned_off_for_pgbouncer(db_url):
+    """Behind PgBouncer in transaction mode a server-side prepared statement lives on a
+    server connection the next transaction may not get: EVQ_PREPARED_STATEMENTS=off makes none."""
+    from ops.wiring import open_store
+    from worker.settings import Settings
+
+    for setting, expect_some in (("on", True), ("off", False)):
+        async with open_store(Settings(prepared_statements=setting), url=db_url, max_size=1) as s:
+            for _ in range(8):  # psycopg prepares a statement from its 5th execution
+                await s.claimable_exists(providers=["smtp"], lease_seconds=LEASE)
+            async with s._op("test") as conn:
+                cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+                (count,) = await cur.fetchone()
+        assert (count > 0) == expect_some
