@@ -194,6 +194,7 @@ class Worker:
                     if released:
                         log.warning("orphan_claims_released", count=released)
                     need_orphan_check = False
+                claim_started = time.monotonic()
                 claimed = await self.store.claim(
                     owner=self.owner,
                     providers=list(self.providers),
@@ -238,7 +239,9 @@ class Worker:
                     log.warning("drain_check_failed", error=exc.message)
                     await self._sleep(reconnect_delay(1))
                 continue
-            await self._idle(s.poll_interval)
+            # The poll interval is the period between claims, not the pause after one,
+            # so a step enqueued at any moment is claimed within one interval.
+            await self._idle(max(0.0, s.poll_interval - (time.monotonic() - claim_started)))
 
     async def _rescue_once(self) -> None:
         try:

@@ -82,27 +82,26 @@ MANY_CHUNK = 5000
 
 
 def enqueue_many_params(requests: Sequence[ValidRequest], now: datetime | None = None) -> dict[str, Any]:
-    columns: dict[str, list[Any]] = {name: [] for name in _MANY_COLUMNS}
+    rows = []
     for request in requests:
-        for name, value in zip(_MANY_COLUMNS, _many_row(request)):
-            columns[name].append(value)
-    return {"now": now, **columns}
+        p = enqueue_params(request)
+        d = request.decision
+        rows.append(
+            {
+                **{k: p[k] for k in _MANY_FIELDS},
+                # Already JSON text: embedded as JSON values, not as strings of JSON.
+                "payload": request.payload,
+                "rationale": d.rationale,
+                "decided_at": None if d.decided_at is None else d.decided_at.isoformat(),
+            }
+        )
+    return {"now": now, "requests": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
 
 
-_MANY_COLUMNS = (
-    "run_ids", "step_ids", "idempotency_keys", "message_ids", "providers", "payloads", "payload_sha256s",
-    "max_attempts", "notifies", "intents", "instruction_versions", "prompt_versions", "models", "tools",
-    "rationales", "decided_ats",
+_MANY_FIELDS = (
+    "run_id", "step_id", "idempotency_key", "message_id", "provider", "payload_sha256", "max_attempts",
+    "notify", "intent", "instruction_version", "prompt_version", "model", "tool",
 )
-
-
-def _many_row(request: ValidRequest) -> tuple[Any, ...]:
-    p = enqueue_params(request)
-    return (
-        p["run_id"], p["step_id"], p["idempotency_key"], p["message_id"], p["provider"], p["payload"],
-        p["payload_sha256"], p["max_attempts"], p["notify"], p["intent"], p["instruction_version"],
-        p["prompt_version"], p["model"], p["tool"], p["rationale"], p["decided_at"],
-    )
 
 
 def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = None) -> Op:

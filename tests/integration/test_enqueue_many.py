@@ -34,6 +34,11 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     )
     assert mismatched == []
     assert len({r.message_id for r in results}) == 50
+    # The stored request is exactly the validated one (the digest was made from it).
+    from worker.request import parse
+
+    stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM email_steps")}
+    assert all(stored[q["step_id"]] == parse(q, POLICY).payload for q in reqs)
 
 
 def test_repeats_return_the_existing_step_and_write_no_decision(db_url):
