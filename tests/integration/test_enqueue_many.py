@@ -111,3 +111,16 @@ async def test_the_store_enqueues_many_in_one_transaction(store, db_url):
     assert done and all(not isinstance(o, BaseException) or isinstance(o, Conflict) for o in outs)
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE run_id = 'race'")[0]["n"] == 20
     assert sum(r.created for o in done for r in o) == 20
+
+
+def test_a_batch_writes_the_same_decision_as_a_single_enqueue(db_url):
+    decision = {"model": "m-2", "tool": "send_email", "instruction_version": "v9", "prompt_version": "p3",
+                "rationale": {"why": "asked", "score": 0.9}, "decided_at": "2026-01-01T09:00:00+02:00"}
+    enqueue_own(db_url, request(run_id="one", step_id="x", decision=decision, notify="ops@example.org"), policy=POLICY)
+    enqueue_many_own(db_url, [request(run_id="many", step_id="x", decision=decision, notify="ops@example.org")],
+                     policy=POLICY)
+    columns = "intent, instruction_version, prompt_version, model, tool, rationale, decided_at"
+    one, many = (rows(db_url, f"SELECT {columns} FROM decisions WHERE run_id = %s", (r,))[0] for r in ("one", "many"))
+    assert one == many and many["rationale"] == {"why": "asked", "score": 0.9}
+    notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM email_steps")
+    assert notify == [{"notify": "ops@example.org", "max_attempts": None}]
