@@ -39,12 +39,14 @@ def notice_op(step_ids: Sequence[int], config: NoticeConfig, *, actor: str, now:
     rows = yield Q["notice_candidates"], {"ids": list(step_ids), "statuses": [str(s) for s in config.statuses]}
     notices: list[tuple[int, ValidRequest]] = []
     for row in rows:
+        # The transition itself must still commit (with the rest of its batch): a notice
+        # that cannot be built is logged loudly, never allowed to undo the outcome it is about.
         try:
             notices.append((row["id"], build_notice(row, config)))
         except InvalidRequest as exc:
-            # The transition itself must still commit: a notice that cannot be built
-            # is logged loudly, never allowed to undo the outcome it is about.
             log.error("notice_not_built", step=row["id"], error=exc.message, fields=exc.errors)
+        except Exception:
+            log.exception("notice_not_built", step=row["id"])
     if not notices:
         return []
     created = yield Q["notice_enqueue"], _params(notices, actor=actor, now=now)

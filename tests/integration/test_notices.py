@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from email import message_from_bytes
 
 import psycopg
+import structlog
 
 from adapters.http import HttpProvider
 from adapters.postgres.notices import enqueue_notices
@@ -230,3 +231,18 @@ async def test_a_batch_with_a_rejection_records_all_of_it(store, db_url):
     assert all(r.applied for r in results)
     assert [step_row(db_url, i)["status"] for i in ids] == ["accepted", "rejected", "retryable"]
     assert [n["notice_of"] for n in notices(db_url)] == [ids[1]]
+
+
+async def test_a_notice_that_cannot_be_built_never_holds_back_the_outcome(store, db_url):
+    """A row written by something other than the validator (no sender in its payload):
+    the rejection and the rest of its batch are recorded; the failure is logged."""
+    bad = await store.enqueue(valid(notify=NOTIFY), now=T0)
+    good = await store.enqueue(valid(notify=NOTIFY), now=T0)
+    rows(db_url, "UPDATE email_steps SET payload = payload - 'from' WHERE id = %s RETURNING id", (bad.id,))
+    steps = await store.claim(owner="w", providers=["smtp"], limit=2, lease_seconds=30, dedupe_windows={}, now=T0)
+    with structlog.testing.capture_logs() as logs:
+        results = await store.record([settle(s, Rejected("550")) for s in steps], actor="w", now=T0)
+    assert all(r.applied for r in results)
+    assert {step_row(db_url, i)["status"] for i in (bad.id, good.id)} == {"rejected"}
+    assert [n["notice_of"] for n in notices(db_url)] == [good.id]
+    assert [e["step"] for e in logs if e["event"] == "notice_not_built"] == [bad.id]
