@@ -43,6 +43,18 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 policy=settings.policy(),
                 max_workers=settings.concurrency,
             )
+        elif name == "http":
+            from adapters.http import HttpProvider
+
+            assert settings.http_api_key  # Settings.validate insists
+            providers[name] = HttpProvider(
+                base_url=settings.http_base_url,
+                api_key=settings.http_api_key,
+                timeout=settings.http_timeout,
+                dedupe_window=settings.http_dedupe_window,
+                policy=settings.policy(),
+                max_connections=settings.concurrency,
+            )
         elif name == "null":
             providers[name] = NullProvider(delay=settings.null_delay)
     return providers
@@ -50,7 +62,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 @asynccontextmanager
 async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url or database_url(settings), max_size=max_size)
+    store = await PostgresStore.open(url or database_url(settings), max_size=max_size, notices=settings.notices())
     try:
         yield store
     finally:

@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 from worker.request import Policy, ValidRequest, parse
 
 _seq = itertools.count(1)
-POLICY = Policy(providers=("smtp", "null"), default_provider="smtp")
+POLICY = Policy(providers=("smtp", "http", "null"), default_provider="smtp")
 
 
 def request(**overrides: Any) -> dict[str, Any]:

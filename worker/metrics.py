@@ -36,3 +36,9 @@ FENCE_REJECTIONS = Counter(
 LATE_SETTLEMENTS = Counter(
     "evq_late_settlements_total", "Rows closed by a definite answer that arrived after their rescue."
 )
+NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
+RECONCILED = Counter(
+    "evq_reconciler_lookups_total",
+    "Reconciler lookups of unknown rows, by what the provider said: found, absent, failed.",
+    ["answer"],
+)

@@ -7,7 +7,7 @@ conformance suite (tests/conformance) runs one set of tests against both.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,3 +99,29 @@ class Provider(Protocol):
     async def send(self, request: SendRequest) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """What the provider said when asked for the message a step may have sent."""
+
+    found: bool
+    provider_message_id: str | None = None
+    # The provider's answer, trimmed and free of secrets: kept as evidence either way.
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class LookupFailed(Exception):
+    """The provider could not be asked (network, 5xx, an unreadable answer): no answer at all."""
+
+
+@runtime_checkable
+class Lookup(Protocol):
+    """An optional capability of a Provider: find a message by our idempotency key or
+    Message-ID. The reconciler settles ``unknown`` rows of providers that have it.
+
+    ``found=False`` is the provider's word that it has no such message; the reconciler
+    keeps that as evidence but never takes it as proof the message was not sent.
+    """
+
+    async def lookup(self, idempotency_key: str, message_id: str) -> LookupResult: ...

@@ -90,8 +90,9 @@ class Transition:
 
     @property
     def definite(self) -> bool:
-        """A definite answer may settle a row rescued to ``unknown`` after the fact."""
-        return self.outcome in ("accepted", "rejected")
+        """A definite answer may settle a row rescued to ``unknown`` after the fact
+        (step_record_late): one that closes the step, accepted or rejected."""
+        return self.to_status in (Status.ACCEPTED, Status.REJECTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,35 @@ class RescueCounts:
     @property
     def total(self) -> int:
         return self.unknown + self.retryable + self.window_closed
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownStep:
+    """An unknown row the reconciler holds for one lookup (no lock, a short hold)."""
+
+    id: int
+    run_id: str
+    step_id: str
+    idempotency_key: str
+    message_id: str
+    provider: str
+    reconcile_checks: int  # lookups already made for this row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> UnknownStep:
+        return cls(**{k: row[k] for k in cls.__slots__})  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileCounts:
+    accepted: int = 0  # the provider has the message: closed as accepted
+    absent: int = 0  # the provider says it has no such message: still unknown
+    failed: int = 0  # the provider could not be asked; the row is tried again later
+    lost: int = 0  # the row left unknown while the provider was asked (an operator closed it)
+
+    @property
+    def total(self) -> int:
+        return self.accepted + self.absent + self.failed + self.lost
 
 
 @dataclass(frozen=True, slots=True)

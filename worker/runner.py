@@ -29,7 +29,8 @@ import structlog
 from worker import executor, metrics
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
-from worker.ports import Provider, SendRequest
+from worker.ports import Lookup, Provider, SendRequest
+from worker.reconciler import Reconciler, ReconcilerConfig
 from worker.records import ClaimedStep
 from worker.recorder import Recorder
 from worker.rescuer import Rescuer, RescuerConfig
@@ -106,6 +107,23 @@ class Worker:
             ),
             actor=f"rescuer@{self.owner}",
         )
+        lookups = {name: p for name, p in self.providers.items() if isinstance(p, Lookup)}
+        self.reconciler = (
+            Reconciler(
+                store,
+                lookups,
+                ReconcilerConfig(
+                    interval=settings.reconcile_interval,
+                    rate=settings.reconcile_rate,
+                    max_checks=settings.reconcile_checks,
+                    # Longer than one lookup can take (a lease outlasts an adapter call) and than the pacing.
+                    hold_seconds=max(settings.lease_seconds, 2 / settings.reconcile_rate),
+                ),
+                actor=f"reconciler@{self.owner}",
+            )
+            if lookups and settings.reconcile_checks
+            else None
+        )
         self.dedupe_windows = {
             name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
         }
@@ -141,10 +159,12 @@ class Worker:
         self.recorder.start()
         # One rescue pass before claiming: a worker restarted after a crash settles
         # what the crash left in flight before it does anything else.
-        await self._rescue_once()
-        rescuer_task = asyncio.create_task(
-            run_periodically(self.rescuer, self._stopping, delay_first=True), name="evq-rescuer"
-        )
+        await self._run_once(self.rescuer)
+        services = [
+            asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
+            for service in (self.rescuer, self.reconciler)
+            if service is not None
+        ]
         log.info(
             "worker_started",
             owner=self.owner,
@@ -157,7 +177,7 @@ class Worker:
             clean = await self._shutdown()
         finally:
             self._stopping.set()
-            await rescuer_task
+            await asyncio.gather(*services)
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -223,6 +243,8 @@ class Worker:
                     if not await self.store.claimable_exists(
                         providers=list(self.providers), lease_seconds=s.lease_seconds
                     ):
+                        # Drained means nothing left to do now, lookups of unknown rows included.
+                        await self._run_once(self.reconciler)
                         log.info("drained", **self.stats.__dict__)
                         return
                 except DatabaseUnavailable as exc:
@@ -231,14 +253,16 @@ class Worker:
                 continue
             await self._idle(s.poll_interval)
 
-    async def _rescue_once(self) -> None:
+    async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
+        if service is None:
+            return
         try:
-            counts = await self.rescuer.run_once()
+            counts = await service.run_once()
         except DatabaseUnavailable as exc:
-            log.warning("rescuer_db_unavailable", error=exc.message)
+            log.warning(f"{service.name}_db_unavailable", error=exc.message)
             return
         if counts.total:
-            log.info("rescuer_pass", unknown=counts.unknown, retryable=counts.retryable, window_closed=counts.window_closed)
+            log.info(f"{service.name}_pass", **{name: getattr(counts, name) for name in counts.__slots__})
 
     async def _idle(self, timeout: float) -> None:
         """Wait for a notification, a freed slot, a stop, or the poll interval."""
@@ -295,8 +319,10 @@ class Worker:
             )
             log.debug("send_started")
             outcome, latency_ms = await executor.attempt(provider, request, deadline=self.settings.send_deadline)
-            window_open = step.dedupe_remaining is not None and (
-                held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
+            window_open = (
+                provider.dedupe_window is not None
+                and step.dedupe_remaining is not None
+                and held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
             )
             transition = decide(
                 step,

@@ -54,8 +54,8 @@ LIMIT 1;
 
 -- name: step_claim
 -- One statement: pick claimable rows (SKIP LOCKED keeps concurrent workers apart),
--- start their attempt (attempts+1, a fresh lease token, the dedupe deadline fixed at
--- the first attempt) and write the attempt_started evidence. When it commits, the
+-- start their attempt (attempts+1, a fresh lease token, the dedupe deadline counted
+-- from the first attempt) and write the attempt_started evidence. When it commits, the
 -- attempt is on record before any adapter is called (invariant 2).
 -- A row that may already have been delivered is only retried while the provider's
 -- dedupe window still covers the whole lease; otherwise the rescuer makes it unknown.
@@ -80,9 +80,15 @@ WITH t AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = t.now + make_interval(secs => %(lease_seconds)s),
         first_attempt_at = coalesce(s.first_attempt_at, t.now),
-        dedupe_until = coalesce(
+        -- The provider counts its window from the first request it saw with our key,
+        -- which is no earlier than our first attempt: counting from there is safe even
+        -- if the first attempts never reached it. least() ignores NULL, so a window
+        -- learnt only at a later attempt is still counted from the first, and a
+        -- window that shrinks in the configuration shrinks here; it never grows.
+        dedupe_until = least(
             s.dedupe_until,
-            t.now + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
+            coalesce(s.first_attempt_at, t.now)
+                + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
         ),
         updated_at = t.now
     FROM picked, t
@@ -156,7 +162,8 @@ FROM o LEFT JOIN applied a ON a.id = o.id;
 -- name: step_record_late
 -- Answers that lost their lease (a zombie worker, a commit retried after the
 -- database came back). The answer is always kept as evidence; it changes the row
--- only when it is definite (accepted or rejected), the row was left waiting
+-- only when it is definite (its transition closes the step: accepted, or rejected
+-- with no earlier attempt that may have been delivered), the row was left waiting
 -- (unknown, or retryable after a rescue) and no later attempt has started: then
 -- the answer is the best knowledge there is and closes the row. The unique index
 -- on the lease token makes a repeated recording of the same answer a no-op.
@@ -171,7 +178,7 @@ WITH t AS (
     ) AS o(id, lease_token, attempt, to_status, reason, outcome, provider_message_id, latency_ms, detail, message)
 ), cur AS (
     SELECT s.id, s.run_id, s.status, s.attempts,
-           (o.outcome IN ('accepted', 'rejected')
+           (o.to_status IN ('accepted', 'rejected')
             AND s.status IN ('unknown', 'retryable')
             AND s.attempts = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
@@ -185,7 +192,7 @@ WITH t AS (
         provider_message_id, lease_token, latency_ms, detail, created_at
     )
     SELECT o.id, cur.run_id, o.attempt, 'late_response', %(actor)s, cur.status,
-           CASE WHEN cur.settles THEN o.outcome END, o.outcome,
+           CASE WHEN cur.settles THEN o.to_status END, o.outcome,
            CASE WHEN cur.settles THEN 'late_answer' ELSE o.reason END,
            o.provider_message_id, o.lease_token, o.latency_ms,
            o.detail || jsonb_build_object('fenced', true, 'row_attempts', cur.attempts, 'settled', cur.settles),
@@ -295,7 +302,7 @@ WITH t AS (
            r.at
     FROM rescued r
 )
-SELECT status, count(*)::int AS n FROM rescued GROUP BY status;
+SELECT id, status FROM rescued;
 
 
 -- name: step_close_windows
@@ -327,7 +334,7 @@ WITH t AS (
            jsonb_build_object('dedupe_until', c.dedupe_until), c.at
     FROM closed c
 )
-SELECT count(*)::int AS n FROM closed;
+SELECT id FROM closed;
 
 
 -- name: step_claimable_exists
@@ -339,6 +346,147 @@ SELECT EXISTS (
       AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= coalesce(%(now)s::timestamptz, now())
                + make_interval(secs => %(lease_seconds)s), true))
 ) AS claimable;
+
+
+-- name: notice_candidates
+-- Steps just moved to a state that owes a notice (rejected; unknown when so
+-- configured) whose caller named an address to tell. Run in the transaction of the
+-- transition itself, on rows it has just changed (so already locked). A notice never
+-- owes a notice: it has notice_of set and no notify.
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
+       s.reason, s.detail, s.attempts, s.notify
+FROM email_steps s
+WHERE s.id = ANY(%(ids)s::bigint[])
+  AND s.status = ANY(%(statuses)s::text[])
+  AND s.notify IS NOT NULL
+  AND s.notice_of IS NULL
+ORDER BY s.id;
+
+
+-- name: notice_enqueue
+-- The notices as email steps, each with its decision, and notice_enqueued evidence
+-- on the step it tells about, in one statement. A notice's key is derived from its
+-- step's, so a transition recorded twice (a commit retried after its acknowledgement
+-- was lost) meets ON CONFLICT and writes nothing the second time.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), n AS (
+    SELECT n.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    FROM unnest(
+        %(notice_of)s::bigint[], %(kinds)s::text[], %(run_ids)s::text[], %(step_ids)s::text[], %(keys)s::text[],
+        %(message_ids)s::text[], %(providers)s::text[], %(payloads)s::jsonb[], %(digests)s::text[],
+        %(intents)s::text[], %(rationales)s::jsonb[]
+    ) AS n(notice_of, kind, run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
+           intent, rationale)
+), step AS (
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
+        notice_of, next_attempt_at, created_at, updated_at
+    )
+    SELECT n.run_id, n.step_id, n.decision_id, n.idempotency_key, n.message_id, n.provider, n.payload,
+           n.payload_sha256, n.notice_of, t.now, t.now, t.now
+    FROM n, t
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload
+), decision AS (
+    INSERT INTO decisions (id, run_id, step_id, intent, tool, rationale, decided_at, created_at)
+    SELECT step.decision_id, step.run_id, step.step_id, n.intent, 'evq-notice', n.rationale, t.now, t.now
+    FROM step JOIN n ON n.decision_id = step.decision_id, t
+), told AS (
+    INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
+    SELECT step.notice_of, step.run_id, 'notice_enqueued', %(actor)s, n.kind,
+           jsonb_build_object(
+               'notice_step', step.id,
+               'notice_key', step.idempotency_key,
+               'to', step.payload -> 'to' -> 0 ->> 'email',
+               'message', 'notice of ' || n.kind || ' queued as step ' || step.id || ' to '
+                          || (step.payload -> 'to' -> 0 ->> 'email')),
+           t.now
+    FROM step JOIN n ON n.decision_id = step.decision_id, t
+)
+SELECT step.id, step.notice_of
+FROM step
+CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
+ORDER BY step.id;
+
+
+-- name: step_reconcile_claim
+-- The next unknown row the reconciler may ask its provider about. No lock is held
+-- while the provider answers: the claim only moves reconcile_after forward (a hold
+-- of about a lease), so other workers' reconcilers skip the row meanwhile and take
+-- it again if this one dies. SKIP LOCKED keeps concurrent claims apart.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT s.id
+    FROM email_steps s
+    WHERE s.status = 'unknown'
+      AND s.provider = ANY(%(providers)s::text[])
+      AND coalesce(s.reconcile_after, '-infinity') <= (SELECT now FROM t)
+      AND s.reconcile_checks < %(max_checks)s
+    ORDER BY s.reconcile_after NULLS FIRST, s.unknown_since, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE email_steps s
+SET reconcile_after = t.now + make_interval(secs => %(hold_seconds)s)
+FROM picked, t
+WHERE s.id = picked.id
+RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.reconcile_checks;
+
+
+-- name: step_reconcile_found
+-- The provider has the message: the row, if still unknown (an operator may have
+-- closed it meanwhile), is closed as accepted with the provider's id and the lookup
+-- as evidence.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), closed AS (
+    UPDATE email_steps s
+    SET status = 'accepted',
+        reason = 'reconciled',
+        detail = %(message)s,
+        provider_message_id = coalesce(%(provider_message_id)s, s.provider_message_id),
+        unknown_since = NULL,
+        closed_at = t.now,
+        reconcile_after = NULL,
+        reconcile_checks = s.reconcile_checks + 1,
+        updated_at = t.now
+    FROM t
+    WHERE s.id = %(id)s AND s.status = 'unknown'
+    RETURNING s.id, s.run_id, s.attempts, t.now AS at
+), ev AS (
+    INSERT INTO evidence (
+        step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
+        provider_message_id, detail, created_at
+    )
+    SELECT c.id, c.run_id, c.attempts, 'reconciled', %(actor)s, 'unknown', 'accepted', 'accepted', 'reconciled',
+           %(provider_message_id)s, %(detail)s::jsonb, c.at
+    FROM closed c
+)
+SELECT count(*)::int AS n FROM closed;
+
+
+-- name: step_reconcile_absent
+-- The provider says it has no such message. Absence is not proof (it may not have
+-- indexed the message yet, or may keep no record of it): the row stays unknown, the
+-- answer is kept as evidence for the operator, and the next lookup waits longer.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), checked AS (
+    UPDATE email_steps s
+    SET reconcile_checks = s.reconcile_checks + 1,
+        reconcile_after = t.now + make_interval(secs => %(next_check)s)
+    FROM t
+    WHERE s.id = %(id)s AND s.status = 'unknown'
+    RETURNING s.id, s.run_id, s.attempts, s.reconcile_checks, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, reason, detail, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'reconciled', %(actor)s, 'unknown', 'reconcile_absent',
+           %(detail)s::jsonb, c.at
+    FROM checked c
+)
+SELECT count(*)::int AS n FROM checked;
 
 
 -- name: step_get

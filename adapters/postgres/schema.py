@@ -102,6 +102,12 @@ email_steps = Table(
     Column("maybe_delivered", Boolean, nullable=False, server_default=text("false")),
     Column("provider_message_id", Text),
     Column("notify", Text),
+    # Set on a failure notice: the step it tells about. A notice never asks for a notice.
+    Column("notice_of", BigInteger, ForeignKey("email_steps.id")),
+    # When the reconciler may next ask the provider about this unknown row (NULL: now),
+    # and how often it has asked; both only bookkeeping for the reconciler.
+    Column("reconcile_after", TZ),
+    Column("reconcile_checks", Integer, nullable=False, server_default="0"),
     Column("created_at", TZ, nullable=False, server_default=NOW),
     Column("updated_at", TZ, nullable=False, server_default=NOW),
     Column("first_attempt_at", TZ),
@@ -126,6 +132,8 @@ email_steps = Table(
     CheckConstraint("length(idempotency_key) BETWEEN 1 AND 512", name="idempotency_key_length"),
     CheckConstraint("message_id ~ '^<[^<>@[:space:]]+@[^<>@[:space:]]+>$'", name="message_id_format"),
     CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
+    CheckConstraint("notice_of IS NULL OR notify IS NULL", name="notice_never_notifies"),
+    CheckConstraint("reconcile_checks >= 0", name="reconcile_checks_nonnegative"),
 )
 
 # The claim's index: its predicate and order are exactly the claim query's, so

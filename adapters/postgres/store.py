@@ -4,7 +4,10 @@ Every call passes one chokepoint (:meth:`PostgresStore._op`): it times the call
 into a histogram by operation and outcome, logs it with the step identifiers bound,
 and translates driver errors into evq errors. Pool connections run in autocommit:
 every operation is one statement, atomic on its own, which saves the BEGIN/COMMIT
-round trips that would otherwise double the cost of a small transaction.
+round trips that would otherwise double the cost of a small transaction. The few
+that need more than one statement (a transition that owes a failure notice) run
+inside :meth:`PostgresStore.transaction`, which pins one connection for every store
+call made within it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -22,10 +26,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from adapters.postgres.database import connect_kwargs, translate
 from adapters.postgres.enqueue import enqueue_op, run_async
+from adapters.postgres.notices import notice_op
 from adapters.postgres.queries import Q
 from worker import metrics
 from worker.errors import NotFound
 from worker.logs import get_logger
+from worker.notices import NoticeConfig
 from worker.ports import StepFilter
 from worker.records import (
     ClaimedStep,
@@ -35,18 +41,32 @@ from worker.records import (
     StepDetail,
     StepSummary,
     Transition,
+    UnknownStep,
 )
 from worker.request import ValidRequest
+from worker.states import Status
 
 log = get_logger("evq.store")
 
+# The connection of the store transaction the current task is inside, if any.
+_PINNED: ContextVar[tuple[PostgresStore, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
+
 
 class PostgresStore:
-    def __init__(self, pool: AsyncConnectionPool):
+    def __init__(self, pool: AsyncConnectionPool, *, notices: NoticeConfig = NoticeConfig()):
         self.pool = pool
+        self.notices = notices
 
     @classmethod
-    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 4, prepare: bool = True) -> PostgresStore:
+    async def open(
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        prepare: bool = True,
+        notices: NoticeConfig = NoticeConfig(),
+    ) -> PostgresStore:
         kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
         if not prepare:
             # PgBouncer in transaction mode cannot keep server-side prepared statements.
@@ -59,7 +79,7 @@ class PostgresStore:
         except Exception as exc:
             await pool.close()
             raise translate(exc) or exc from exc
-        return cls(pool)
+        return cls(pool, notices=notices)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -68,9 +88,13 @@ class PostgresStore:
     async def _op(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
         started = time.perf_counter()
         outcome = "ok"
+        pinned = _PINNED.get()
         try:
-            async with self.pool.connection() as conn:
-                yield conn
+            if pinned is not None and pinned[0] is self:
+                yield pinned[1]
+            else:
+                async with self.pool.connection() as conn:
+                    yield conn
         except BaseException as exc:
             outcome = "error"
             mapped = translate(exc) if isinstance(exc, Exception) else None
@@ -79,6 +103,16 @@ class PostgresStore:
             raise
         finally:
             metrics.STORE_SECONDS.labels(operation=name, outcome=outcome).observe(time.perf_counter() - started)
+
+    @asynccontextmanager
+    async def transaction(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
+        """One transaction: every call on this store inside it (in this task) runs in it."""
+        async with self._op(name) as conn, conn.transaction():
+            token = _PINNED.set((self, conn))
+            try:
+                yield conn
+            finally:
+                _PINNED.reset(token)
 
     async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         async with self._op(name) as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -125,6 +159,17 @@ class PostgresStore:
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
     ) -> list[RecordResult]:
+        if not self.notices.due([t.to_status for t in transitions]):
+            return await self._record(transitions, actor=actor, now=now)
+        # The rare batch that rejects a step: its notice is enqueued in the same transaction.
+        async with self.transaction("record_with_notices"):
+            results = await self._record(transitions, actor=actor, now=now)
+            await self.enqueue_notices([r.step_id for r in results if r.applied or r.settled], actor=actor, now=now)
+        return results
+
+    async def _record(
+        self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
+    ) -> list[RecordResult]:
         if not transitions:
             return []
         params = _transition_arrays(transitions)
@@ -166,9 +211,31 @@ class PostgresStore:
         )
         return len(rows)
 
+    async def enqueue_notices(
+        self, step_ids: Sequence[int], *, actor: str, now: datetime | None = None
+    ) -> list[tuple[int, int]]:
+        """Failure notices for those of ``step_ids`` that owe one: [(notice id, step id)].
+
+        Call it inside :meth:`transaction`, with the statement that closed the steps,
+        so transition and notice commit together. Repeating it is a no-op.
+        """
+        async with self._op("notices") as conn:
+            return await run_async(conn, notice_op(step_ids, self.notices, actor=actor, now=now))
+
     async def rescue(
         self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
     ) -> RescueCounts:
+        if Status.UNKNOWN not in self.notices.statuses:
+            counts, _ = await self._rescue(limit, lease_seconds, default_max_attempts, actor, now)
+            return counts
+        async with self.transaction("rescue_with_notices"):
+            counts, unknown = await self._rescue(limit, lease_seconds, default_max_attempts, actor, now)
+            await self.enqueue_notices(unknown, actor=actor, now=now)
+        return counts
+
+    async def _rescue(
+        self, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None
+    ) -> tuple[RescueCounts, list[int]]:
         rows = await self._fetch(
             "rescue",
             Q["step_rescue"],
@@ -180,15 +247,14 @@ class PostgresStore:
                 "actor": actor,
             },
         )
-        counts = {r["status"]: r["n"] for r in rows}
         closed = await self._fetch(
             "close_windows",
             Q["step_close_windows"],
             {"now": now, "limit": limit, "lease_seconds": lease_seconds, "actor": actor},
         )
-        return RescueCounts(
-            unknown=counts.get("unknown", 0), retryable=counts.get("retryable", 0), window_closed=closed[0]["n"]
-        )
+        unknown = [r["id"] for r in rows if r["status"] == "unknown"]
+        counts = RescueCounts(unknown=len(unknown), retryable=len(rows) - len(unknown), window_closed=len(closed))
+        return counts, unknown + [r["id"] for r in closed]
 
     async def claimable_exists(
         self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
@@ -199,6 +265,64 @@ class PostgresStore:
             {"providers": list(providers), "lease_seconds": lease_seconds, "now": now},
         )
         return bool(rows[0]["claimable"])
+
+    # -- the reconciler -------------------------------------------------------------
+
+    async def reconcile_claim(
+        self, *, providers: Sequence[str], max_checks: int, hold_seconds: float, now: datetime | None = None
+    ) -> UnknownStep | None:
+        rows = await self._fetch(
+            "reconcile_claim",
+            Q["step_reconcile_claim"],
+            {
+                "now": now,
+                "providers": list(providers),
+                "max_checks": max_checks,
+                "hold_seconds": hold_seconds,
+                "limit": 1,
+            },
+        )
+        return UnknownStep.from_row(rows[0]) if rows else None
+
+    async def reconcile_found(
+        self,
+        step_id: int,
+        *,
+        provider_message_id: str | None,
+        message: str,
+        detail: Mapping[str, Any],
+        actor: str,
+        now: datetime | None = None,
+    ) -> bool:
+        rows = await self._fetch(
+            "reconcile_found",
+            Q["step_reconcile_found"],
+            {
+                "now": now,
+                "id": step_id,
+                "provider_message_id": provider_message_id,
+                "message": message,
+                "detail": _json(detail),
+                "actor": actor,
+            },
+        )
+        return bool(rows[0]["n"])
+
+    async def reconcile_absent(
+        self,
+        step_id: int,
+        *,
+        next_check: float,
+        detail: Mapping[str, Any],
+        actor: str,
+        now: datetime | None = None,
+    ) -> bool:
+        rows = await self._fetch(
+            "reconcile_absent",
+            Q["step_reconcile_absent"],
+            {"now": now, "id": step_id, "next_check": next_check, "detail": _json(detail), "actor": actor},
+        )
+        return bool(rows[0]["n"])
 
     # -- reading back -----------------------------------------------------------
 
@@ -246,9 +370,13 @@ def _transition_arrays(transitions: Sequence[Transition]) -> dict[str, list[Any]
         "retry_delays": [t.retry_delay for t in transitions],
         "maybe_delivered": [t.maybe_delivered for t in transitions],
         "latencies": [t.latency_ms for t in transitions],
-        "details": [json.dumps(t.detail, ensure_ascii=False, default=str) for t in transitions],
+        "details": [_json(t.detail) for t in transitions],
         "messages": [_message(t) for t in transitions],
     }
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _message(t: Transition) -> str | None:

@@ -174,4 +174,11 @@ def _human_detail(d: dict[str, Any]) -> str:
             "\nThis send may or may not have reached the provider. Check the provider's logs or the "
             f"recipient's mailbox for Message-ID {s['message_id']}, then close it with an audited verdict."
         )
+        lookups = [e for e in d["evidence"] if e["kind"] == "reconciled" and not (e["detail"] or {}).get("found")]
+        if lookups:
+            last = lookups[-1]
+            lines.append(
+                f"The reconciler asked the provider {len(lookups)} time(s), last at {last['created_at']}: it has no "
+                "message with this step's key. Absence is not proof that it was not sent."
+            )
     return "\n".join(lines)

@@ -17,6 +17,8 @@ def _setting_options(fn: Any) -> Any:
         default = option.default
         if isinstance(default, tuple):
             default = ",".join(default) or "(none)"
+        elif isinstance(default, bool):
+            default = str(default).lower()
         shown = "(secret)" if option.secret else default
         fn = click.option(
             option.flag,
