@@ -94,3 +94,50 @@ class ScriptedProvider:
 
 def _step_of(request) -> str:
     return request.idempotency_key.split(":", 1)[1]
+
+
+def execute(url: str, sql: str, params: Any = None) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(sql, params)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_binary(name: str) -> str:
+    """The path of a tool the test needs: missing fails under CI (CI=true), skips elsewhere."""
+    import os
+    import shutil
+
+    import pytest
+
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is not installed: .ci/run installs Debian's prometheus package", pytrace=False)
+    pytest.skip(f"{name} is not installed (apt-get install prometheus); under CI this fails instead")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET a /metrics page over HTTP: {(sample name, sorted labels): value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(page: dict, name: str, **labels: str) -> float | None:
+    return page.get((name, tuple(sorted(labels.items()))))

@@ -143,12 +143,12 @@ class Reconciler:
                 timeout=self.config.hold_seconds / 2,
             )
         except (LookupFailed, TimeoutError) as exc:
-            metrics.RECONCILED.labels(answer="failed").inc()
+            metrics.RECONCILED.labels(result="error").inc()
             log.warning("reconcile_lookup_failed", provider=step.provider, error=str(exc) or type(exc).__name__)
             return "failed"
         except Exception:
             # A bug in one adapter's lookup must not stop the pass; the row is asked again after its hold.
-            metrics.RECONCILED.labels(answer="failed").inc()
+            metrics.RECONCILED.labels(result="error").inc()
             log.exception("reconcile_lookup_raised", provider=step.provider)
             return "failed"
         if result.found:
@@ -156,7 +156,7 @@ class Reconciler:
         return await self._absent(step, result, now)
 
     async def _found(self, step: UnknownStep, result: LookupResult, now: datetime | None) -> str:
-        metrics.RECONCILED.labels(answer="found").inc()
+        metrics.RECONCILED.labels(result="accepted").inc()
         message = (
             f"the {step.provider} provider has this message (id {result.provider_message_id}), "
             "found by the step's key: reconciled as accepted"
@@ -173,7 +173,7 @@ class Reconciler:
         return "accepted" if closed else "lost"
 
     async def _absent(self, step: UnknownStep, result: LookupResult, now: datetime | None) -> str:
-        metrics.RECONCILED.labels(answer="absent").inc()
+        metrics.RECONCILED.labels(result="not_found").inc()
         check = step.reconcile_checks + 1
         delay = self.config.next_check(check)
         later = (

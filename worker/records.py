@@ -170,3 +170,18 @@ class StepDetail:
     step: dict[str, Any]
     decision: dict[str, Any] | None
     evidence: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What the database says about the queue right now (read at scrape time for /metrics)."""
+
+    steps: dict[str, int]  # every status, 0 when none
+    unknown_oldest_age: float  # seconds; 0 when no row is unknown
+    unknown_age_sum: float
+    # Cumulative (le, rows aged at most le seconds), ascending, without +Inf (that is steps["unknown"]).
+    unknown_buckets: tuple[tuple[float, int], ...]
+    pending_oldest_age: float  # seconds the oldest row claimable now has waited since it became claimable
+    in_flight_expired: int
+    # Statuses whose count is the planner's estimate rather than an exact count.
+    estimated: tuple[str, ...] = ()

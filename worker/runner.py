@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import structlog
@@ -36,6 +37,7 @@ from worker.recorder import Recorder
 from worker.rescuer import Rescuer, RescuerConfig
 from worker.service import run_periodically
 from worker.settings import Settings
+from worker.states import TERMINAL
 from worker.backoff import Backoff, reconnect_delay
 from worker.transitions import decide
 
@@ -127,6 +129,8 @@ class Worker:
         self.dedupe_windows = {
             name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
         }
+        for name in self.providers:
+            metrics.init_provider(name)
         self.stats = RunStats()
         self._held: dict[int, _Held] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -335,6 +339,9 @@ class Worker:
             self.stats.sent += 1
             self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
             result = await self.recorder.submit(transition)
+            if (result.applied and transition.to_status in TERMINAL) or result.settled:
+                # created_at is the database's clock and now is this host's: only NTP-sized skew.
+                metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
             if result.applied:
                 log.info(
                     "send_recorded",

@@ -89,6 +89,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
     Option("log_format", str, "auto", "Log format: auto (console on a terminal, else JSON), json, console.", choices=("auto", "json", "console")),
     Option("log_level", str, "info", "Log level: debug, info, warning, error.", choices=("debug", "info", "warning", "error")),
+    Option("metrics_port", int, None, "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).", minimum=0),
+    Option("metrics_host", str, "127.0.0.1", "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it)."),
+    Option("metrics_queue", str, "on", "Also export the queue gauges read from the database at scrape time: on, off.", choices=("on", "off")),
 )
 
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
@@ -132,6 +135,9 @@ class Settings:
     null_delay: float = 0.0
     log_format: str = "auto"
     log_level: str = "info"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_queue: str = "on"
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -174,6 +180,8 @@ class Settings:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.retry_max < self.retry_base:
             raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
+        if self.metrics_port is not None and self.metrics_port > 65535:
+            raise _bad(OPTION_BY_NAME["metrics_port"], f"must be a TCP port (at most 65535), got {self.metrics_port}")
         if "http" in self.adapter:
             self._validate_http()
         if self.notice_from is not None:

@@ -72,6 +72,7 @@ def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
     row = rows[0]
     if row["created"]:
         metrics.ENQUEUED.inc()
+        metrics.observe_decision_to_enqueue(request.decision.decided_at, row["created_at"])
         return result_from_row(row)
     return existing_or_conflict(row, request)
 

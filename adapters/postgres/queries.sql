@@ -23,7 +23,8 @@ WITH t AS (
            %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s, t.now, t.now, t.now
     FROM ids, t
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
+              created_at
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -35,17 +36,17 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, true AS created
+       step.payload_sha256, step.created_at, true AS created
 FROM step
 CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
 UNION ALL
-SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, false
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.created_at, false
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, false AS created
+SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, created_at, false AS created
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
@@ -532,3 +533,80 @@ LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: schema_revision
 SELECT version_num FROM alembic_version;
+
+
+-- name: queue_stats_timeout
+-- Bounds the next statement of this transaction only (SET LOCAL), so it works
+-- behind PgBouncer in transaction mode, where startup options do not.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
+
+
+-- name: queue_stats
+-- The metrics collector's one read at scrape time; each part is read from an index
+-- whose size follows the live backlog, never the terminal history:
+-- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable);
+-- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
+-- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
+-- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only.
+-- Terminal states are counted the same way while the planner's estimate for them is
+-- under %(exact_limit)s rows; above it the estimate is the answer (Oban Met's
+-- estimate_limit), because an exact count of a million accepted rows would read a
+-- million index entries on every scrape. The estimate is the one the planner makes
+-- for `status = 'accepted'`: the value's frequency in pg_stats times reltuples,
+-- scaled to the table's current size.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), lag AS (
+    SELECT min(s.next_attempt_at) AS oldest_due
+    FROM email_steps s
+    WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= (SELECT now FROM t)
+), in_flight AS (
+    SELECT count(*) AS n, count(*) FILTER (WHERE s.lease_expires_at < (SELECT now FROM t)) AS expired
+    FROM email_steps s
+    WHERE s.status = 'in_flight'
+), unknown AS MATERIALIZED (
+    SELECT extract(epoch FROM (SELECT now FROM t) - s.unknown_since)::float8 AS age
+    FROM email_steps s
+    WHERE s.status = 'unknown'
+), unknown_buckets AS (
+    -- Cumulative, as Prometheus buckets are: rows aged at most `le` seconds.
+    SELECT array_agg(b.n ORDER BY b.le) AS counts
+    FROM (
+        SELECT le.le, count(u.age) AS n
+        FROM unnest(%(buckets)s::float8[]) AS le(le)
+        LEFT JOIN unknown u ON u.age <= le.le
+        GROUP BY le.le
+    ) b
+), planner AS (
+    SELECT v.status,
+           coalesce((SELECT f.freq
+                     FROM pg_stats ps,
+                          unnest(ps.most_common_vals::text::text[], ps.most_common_freqs) AS f(val, freq)
+                     WHERE ps.schemaname = n.nspname AND ps.tablename = c.relname AND ps.attname = 'status'
+                       AND f.val = v.status), 0)
+           * CASE WHEN c.relpages > 0 AND c.reltuples > 0
+                  THEN c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+                  ELSE 0 END AS rows
+    FROM (VALUES ('accepted'), ('rejected')) AS v(status)
+    CROSS JOIN pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = 'email_steps'::regclass
+), terminal AS (
+    SELECT p.status,
+           p.rows >= %(exact_limit)s AS estimated,
+           CASE WHEN p.rows >= %(exact_limit)s THEN round(p.rows)::bigint
+                ELSE (SELECT count(*) FROM email_steps s WHERE s.status = p.status) END AS n
+    FROM planner p
+)
+SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,
+       (SELECT count(*) FROM email_steps s WHERE s.status = 'retryable') AS retryable,
+       f.n AS in_flight, f.expired AS in_flight_expired,
+       (SELECT count(*) FROM unknown) AS unknown,
+       coalesce((SELECT max(age) FROM unknown), 0) AS unknown_oldest_age,
+       coalesce((SELECT sum(age) FROM unknown), 0) AS unknown_age_sum,
+       (SELECT counts FROM unknown_buckets) AS unknown_buckets,
+       coalesce(extract(epoch FROM (SELECT now FROM t) - l.oldest_due)::float8, 0) AS pending_oldest_age,
+       (SELECT n FROM terminal WHERE status = 'accepted') AS accepted,
+       (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
+       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated
+FROM lag l, in_flight f;
