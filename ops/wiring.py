@@ -12,10 +12,12 @@ from adapters.null import NullProvider
 from adapters.postgres.database import check_at_head, resolve_url
 from adapters.postgres.listen import PostgresWakeup
 from adapters.postgres.store import PostgresStore
-from worker.logs import configure, register_secrets
+from worker.logs import configure, get_logger, register_secrets
 from worker.ports import Provider
 from worker.runner import Worker
 from worker.settings import Settings
+
+log = get_logger("evq.wiring")
 
 
 def setup_logging(settings: Settings) -> None:
@@ -50,7 +52,9 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 @asynccontextmanager
 async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url or database_url(settings), max_size=max_size)
+    # Behind a transaction-mode pooler a server-side prepared statement may be gone
+    # (another client's connection) by the next execution.
+    store = await PostgresStore.open(url or database_url(settings), max_size=max_size, prepare=settings.pooler == "none")
     try:
         yield store
     finally:
@@ -63,7 +67,13 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
     check_at_head(url)
     providers = build_providers(settings)
     wakeup = None
-    if settings.listen != "off":
+    if settings.pooler == "transaction":
+        log.warning(
+            "listen_disabled",
+            note="EVQ_POOLER=transaction: LISTEN/NOTIFY does not work through a transaction-mode pooler; "
+            "polling every EVQ_POLL_INTERVAL instead",
+        )
+    elif settings.listen != "off":
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     try:
         async with open_store(settings, url=url) as store:

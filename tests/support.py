@@ -94,3 +94,16 @@ class ScriptedProvider:
 
 def _step_of(request) -> str:
     return request.idempotency_key.split(":", 1)[1]
+
+
+def wait_until(predicate, timeout: float = 20, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
