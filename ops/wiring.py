@@ -70,7 +70,11 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 @asynccontextmanager
 async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url or database_url(settings), max_size=max_size, notices=settings.notices())
+    # Behind a transaction-mode pooler a server-side prepared statement may be gone
+    # (another client's connection) by the next execution.
+    store = await PostgresStore.open(
+        url or database_url(settings), max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none"
+    )
     try:
         yield store
     finally:
@@ -121,7 +125,13 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
     check_at_head(url)
     providers = build_providers(settings)
     wakeup = None
-    if settings.listen != "off":
+    if settings.pooler == "transaction":
+        log.warning(
+            "listen_disabled",
+            note="EVQ_POOLER=transaction: LISTEN/NOTIFY does not work through a transaction-mode pooler; "
+            "polling every EVQ_POLL_INTERVAL instead",
+        )
+    elif settings.listen != "off":
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     try:
         with metrics_endpoint(settings, url):

@@ -109,19 +109,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def require_binary(name: str) -> str:
+def require_binary(name: str, package: str = "prometheus") -> str:
     """The path of a tool the test needs: missing fails under CI (CI=true), skips elsewhere."""
     import os
     import shutil
 
     import pytest
 
-    path = shutil.which(name)
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
     if path:
         return path
     if os.environ.get("CI") == "true":
-        pytest.fail(f"{name} is not installed: .ci/run installs Debian's prometheus package", pytrace=False)
-    pytest.skip(f"{name} is not installed (apt-get install prometheus); under CI this fails instead")
+        pytest.fail(f"{name} is not installed: .ci/run installs Debian's {package} package", pytrace=False)
+    pytest.skip(f"{name} is not installed (apt-get install {package}); under CI this fails instead")
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -141,3 +141,16 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def sample(page: dict, name: str, **labels: str) -> float | None:
     return page.get((name, tuple(sorted(labels.items()))))
+
+
+def wait_until(predicate, timeout: float = 20, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -64,6 +64,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
     Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
     Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
+    Option(
+        "pooler",
+        str,
+        "none",
+        "A pooler between evq and PostgreSQL: none, or transaction (PgBouncer in transaction mode: "
+        "no prepared statements, no LISTEN; polling instead).",
+        choices=("none", "transaction"),
+    ),
     Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
     Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
@@ -110,6 +118,7 @@ class Settings:
     retry_base: float = 5.0
     retry_max: float = 900.0
     listen: str = "auto"
+    pooler: str = "none"
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0
     allowed_domains: tuple[str, ...] = ()
@@ -176,6 +185,8 @@ class Settings:
                 OPTION_BY_NAME["lease_seconds"],
                 f"must exceed 3 x EVQ_SMTP_TIMEOUT ({self.smtp_timeout * 3:g}s) so a live send is never rescued",
             )
+        if self.pooler == "transaction" and self.listen == "on":
+            raise _bad(OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)")
         if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.retry_max < self.retry_base:

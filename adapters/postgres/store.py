@@ -72,7 +72,9 @@ class PostgresStore:
             # PgBouncer in transaction mode cannot keep server-side prepared statements.
             kwargs["prepare_threshold"] = None
         pool = AsyncConnectionPool(
-            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=30
+            # A short wait for a connection: when the database is out of reach the caller
+            # hears about it (and logs it) within seconds, instead of hanging silently.
+            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=10
         )
         try:
             await pool.open(wait=True, timeout=15)

@@ -95,5 +95,6 @@ def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(monkeypatch):
 
 def test_ci_installs_prometheus_without_leaving_a_daemon():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "apt-get install -y -qq --no-install-recommends prometheus" in ci
-    assert "policy-rc.d" in ci and "command -v promtool" in ci
+    assert "need+=(prometheus)" in ci and "need+=(pgbouncer)" in ci
+    assert 'apt-get install -y -qq --no-install-recommends "${need[@]}"' in ci
+    assert "policy-rc.d" in ci and "have promtool" in ci
