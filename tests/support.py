@@ -94,3 +94,55 @@ class ScriptedProvider:
 
 def _step_of(request) -> str:
     return request.idempotency_key.split(":", 1)[1]
+
+
+async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides: Any) -> list[Any]:
+    """``n`` steps taken to ``unknown`` the way the worker does it: enqueue, claim, an ambiguous answer."""
+    from worker.backoff import Backoff
+    from worker.outcomes import Unknown
+    from worker.transitions import decide
+
+    made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
+    claimed = await store.claim(
+        owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=now
+    )
+    settled = [
+        decide(c, Unknown("connection lost after the final dot"), default_max_attempts=3, backoff=Backoff(1, 1),
+               dedupe_window_open=False)
+        for c in claimed
+    ]
+    await store.record(settled, actor="w-test", now=now)
+    return made
+
+
+def wait_for_lock_waiters(url: str, n: int, timeout: float = 20) -> None:
+    """Block until ``n`` evq sessions wait on a row or advisory lock (a deterministic point in a race)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = rows(
+            url,
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND application_name = 'evq'",
+        )[0]["n"]
+        if waiting >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} evq session(s) waiting on a lock after {timeout}s")
+
+
+def with_store(url: str, use: Any) -> Any:
+    """Run ``await use(store)`` on a store of its own, from synchronous code (acceptance tests)."""
+    import asyncio
+
+    from adapters.postgres.store import PostgresStore
+
+    async def go() -> Any:
+        store = await PostgresStore.open(url, max_size=1)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())

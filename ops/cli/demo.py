@@ -44,9 +44,12 @@ def _human(d: dict) -> str:
                 "",
                 f"Step {step['id']} ({step['step_id']}) is UNKNOWN: the server took the message and the connection",
                 "dropped before its reply, so nobody can tell whether it was accepted. evq will not send it again",
-                "on its own. An operator checks the provider's logs or the mailbox for its Message-ID and closes it:",
+                "on its own. An operator checks the provider's logs or the mailbox for its Message-ID and closes it",
+                "with an audited verdict (closing needs an operator key: see `evq keys create --help`):",
+                "    evq steps list --status unknown",
                 f"    evq steps show {step['id']}",
-                f"    evq steps list --status unknown",
+                f"    evq runs show {d['run_id']}",
+                f"    evq steps resolve {step['id']} --as accepted|rejected|retry --note 'what you checked and found'",
             ]
         if step["status"] == "rejected":
             lines += ["", f"Step {step['id']} ({step['step_id']}) was REJECTED by the server (550): a definite no."]
