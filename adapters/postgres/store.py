@@ -267,8 +267,7 @@ class PostgresStore:
         """Close one unknown row with an operator's verdict and its evidence, atomically.
 
         Raises NotFound, or StateConflict when the row is not unknown (someone
-        closed it first, or it never was). The transaction is the place for
-        anything else that must commit with the close.
+        closed it first, or it never was).
         """
         params = {
             "now": now,
@@ -284,6 +283,8 @@ class PostgresStore:
         }
         async with self._op("resolve") as conn, conn.transaction():
             rows = await _rows(conn, Q["step_resolve"], params)
+            # Whatever must commit with the close (e.g. a failure notice when the row
+            # ends rejected: rows[0]["to_status"]) is written here, on `conn`.
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
         row = rows[0]

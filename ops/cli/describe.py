@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
-from importlib.abc import Traversable
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import click
@@ -65,7 +65,7 @@ def summary(cmd: click.Command) -> str:
     return cmd.get_short_help_str(limit=200)
 
 
-def describe_command(root: click.Group, path: str, cmd: click.Command) -> dict[str, Any]:
+def describe_command(path: str, cmd: click.Command) -> dict[str, Any]:
     words = path.replace(".", " ")
     with click.Context(cmd, info_name=f"evq {words}") as ctx:
         usage = f"evq {words} " + " ".join(cmd.collect_usage_pieces(ctx))

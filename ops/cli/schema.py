@@ -39,7 +39,7 @@ def schema(out: Output, name: tuple[str, ...], everything: bool) -> None:
     assert isinstance(root, click.Group)
     path = ".".join(part for word in name for part in word.replace(".", " ").split())
     if everything:
-        commands = [describe_command(root, p, c) for p, c in leaf_commands(root)]
+        commands = [describe_command(p, c) for p, c in leaf_commands(root)]
         out.success({"level": "all", "commands": commands, "exit_codes": _exit_codes()}, human=_human_all)
         return
     if not path:
@@ -60,7 +60,7 @@ def schema(out: Output, name: tuple[str, ...], everything: bool) -> None:
             human=_human_group,
         )
         return
-    out.success({"level": "command", **describe_command(root, path, cmd)}, human=_human_command)
+    out.success({"level": "command", **describe_command(path, cmd)}, human=_human_command)
 
 
 def _entry(path: str, cmd: click.Command) -> dict[str, Any]:

@@ -252,10 +252,9 @@ def steps_resolve(
     resolution = Resolution.parse(
         verdict, note, reason=reason, provider_message_id=provider_message_id, evidence_url=evidence_url
     )
-    bulk_flags = {**{k: v for k, v in filters.items() if v is not None}, "limit": limit, "max_failures": max_failures}
-    bulk_flags = {k: v for k, v in bulk_flags.items() if v is not None}
-    if step_id is not None and (statuses or bulk_flags):
-        given = ["--status"] * bool(statuses) + ["--" + k.replace("_", "-") for k in bulk_flags]
+    bulk_only = {**filters, "limit": limit, "max_failures": max_failures}
+    given = ["--status"] * bool(statuses) + ["--" + k.replace("_", "-") for k, v in bulk_only.items() if v is not None]
+    if step_id is not None and given:
         raise InvalidRequest([{"field": given[0], "message": "give a STEP_ID or bulk filters, not both"}])
     if step_id is None and not statuses:
         raise InvalidRequest(
