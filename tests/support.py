@@ -154,3 +154,48 @@ def wait_until(predicate, timeout: float = 20, what: str = "condition", interval
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides: Any) -> list[Any]:
+    """``n`` steps taken to ``unknown`` the way the worker does it: enqueue, claim, an ambiguous answer."""
+    from worker.backoff import Backoff
+    from worker.outcomes import Unknown
+    from worker.transitions import decide
+
+    made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
+    claimed = await store.claim(
+        owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=now
+    )
+    settled = [
+        decide(c, Unknown("connection lost after the final dot"), default_max_attempts=3, backoff=Backoff(1, 1),
+               dedupe_window_open=False)
+        for c in claimed
+    ]
+    await store.record(settled, actor="w-test", now=now)
+    return made
+
+
+def wait_for_lock_waiters(url: str, n: int, timeout: float = 20) -> None:
+    """Block until ``n`` evq sessions wait on a row or advisory lock (a deterministic point in a race)."""
+    query = (
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND application_name = 'evq'"
+    )
+    wait_until(lambda: rows(url, query)[0]["n"] >= n, timeout=timeout, interval=0.02,
+               what=f"{n} evq session(s) waiting on a lock")
+
+
+def with_store(url: str, use: Any) -> Any:
+    """Run ``await use(store)`` on a store of its own, from synchronous code (acceptance tests)."""
+    import asyncio
+
+    from adapters.postgres.store import PostgresStore
+
+    async def go() -> Any:
+        store = await PostgresStore.open(url, max_size=1)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())

@@ -17,22 +17,26 @@ from worker.records import (
     EnqueueResult,
     RecordResult,
     RescueCounts,
+    Resolved,
+    RunDetail,
     StepDetail,
     StepSummary,
     Transition,
 )
 from worker.request import ValidRequest
+from worker.resolution import Resolution
 from worker.states import Status
 
 
 @dataclass(frozen=True, slots=True)
 class StepFilter:
+    ids: tuple[int, ...] = ()
     statuses: tuple[Status, ...] = ()
     run_id: str | None = None
     provider: str | None = None
     created_before: datetime | None = None
     recipient_domain: str | None = None
-    limit: int = 50
+    limit: int | None = 50  # None: every matching row
     offset: int = 0
 
 
@@ -74,6 +78,18 @@ class Store(Protocol):
     async def get_step(self, step_id: int) -> StepDetail: ...
 
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
+
+    async def get_run(self, run_id: str) -> RunDetail: ...
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved: ...
 
 
 @dataclass(frozen=True, slots=True)

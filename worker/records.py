@@ -185,3 +185,38 @@ class QueueStats:
     in_flight_expired: int
     # Statuses whose count is the planner's estimate rather than an exact count.
     estimated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """An operator's close that took effect."""
+
+    step_id: int
+    run_id: str
+    to_status: Status
+    evidence_id: int
+    resolved_at: datetime
+    attempts: int
+    max_attempts_before: int | None
+    max_attempts_after: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.step_id,
+            "run_id": self.run_id,
+            "from_status": str(Status.UNKNOWN),
+            "to_status": str(self.to_status),
+            "evidence_id": self.evidence_id,
+            "resolved_at": self.resolved_at,
+            "attempts": self.attempts,
+            "max_attempts_raised": self.max_attempts_after != self.max_attempts_before,
+            "max_attempts": self.max_attempts_after,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    run_id: str
+    steps: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]
+    evidence: list[dict[str, Any]]

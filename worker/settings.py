@@ -263,11 +263,12 @@ def _parse(option: Option, raw: str, *, source: str) -> Any:
         raise ConfigError(
             f"{source}: cannot read {raw if not option.secret else '***'!r}: {exc}",
             hint=f"{option.env} / {option.flag}: {option.help}",
+            field=source,
         ) from None
 
 
 def _bad(option: Option, message: str) -> ConfigError:
-    return ConfigError(f"{option.env} ({option.flag}) {message}", hint=option.help)
+    return ConfigError(f"{option.env} ({option.flag}) {message}", hint=option.help, field=option.env)
 
 
 def markdown_table() -> str:

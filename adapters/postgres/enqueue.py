@@ -166,14 +166,3 @@ def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:
     if errors:
         raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
     return valid
-
-
-def enqueue_many_own(url: str, requests: list[Any], *, policy: Policy = Policy()) -> list[EnqueueResult]:
-    """Enqueue many requests in one transaction of its own: all of them or none."""
-    from adapters.postgres.database import connect_kwargs
-
-    valid = validate_many(requests, policy)
-    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
-        results = [run_sync(conn, enqueue_op(v)) for v in valid]
-        conn.commit()
-        return results

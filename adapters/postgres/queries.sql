@@ -507,28 +507,210 @@ SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
 -- name: step_list
 -- Filters are optional: a NULL parameter disables its condition. Unknown rows
 -- sort oldest first (the operator's queue); everything else newest first.
-SELECT s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
+-- The total is counted apart from the page, so it stays right when the offset
+-- runs past the end (then the one row back carries the total and no step).
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), matched AS (
+    SELECT s.id, s.status, s.unknown_since, s.created_at
+    FROM email_steps s
+    WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
+      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+      AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
+      AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
+      AND (%(recipient_domain)s::text IS NULL OR EXISTS (
+            SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
+            WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+), page AS (
+    SELECT m.id
+    FROM matched m
+    ORDER BY CASE WHEN m.status = 'unknown' THEN m.unknown_since END ASC NULLS LAST,
+             CASE WHEN m.status = 'unknown' THEN m.id END ASC, m.created_at DESC, m.id DESC
+    LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT total.n AS total,
+       s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
        ARRAY(SELECT r ->> 'email'
              FROM jsonb_array_elements(s.payload -> 'to') r
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'cc') r
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'bcc') r) AS recipients,
        s.payload ->> 'subject' AS subject,
        s.created_at, s.updated_at, s.unknown_since, s.closed_at,
-       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - coalesce(s.unknown_since, s.created_at))::float8
-           AS age_seconds,
-       count(*) OVER () AS total
-FROM email_steps s
-WHERE (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
-  AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
-  AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
-  AND (%(created_before)s::timestamptz IS NULL
-       OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
-  AND (%(recipient_domain)s::text IS NULL OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
-        WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+       extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
+FROM (SELECT count(*)::int AS n FROM matched) AS total
+CROSS JOIN t
+LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+-- The page's order again (a join does not keep it).
 ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
-         s.created_at DESC, s.id DESC
-LIMIT %(limit)s OFFSET %(offset)s;
+         CASE WHEN s.status = 'unknown' THEN s.id END ASC, s.created_at DESC, s.id DESC;
+
+
+-- name: step_resolve
+-- An operator's verdict on an unknown row: the close and its operator_resolved
+-- evidence (who, note, reason, reference, the state it replaced) in one statement,
+-- guarded by status = 'unknown'. FOR UPDATE reads the row as committed after any
+-- concurrent close: a second operator waits for the first, then finds the row no
+-- longer unknown, changes nothing and gets the state it is in (E_CONFLICT).
+-- 'retryable' is "verified not sent": the same key and Message-ID go out again;
+-- maybe_delivered is cleared (the operator checked), and a row whose attempts are
+-- spent is given one more (recorded in the evidence).
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.detail, s.attempts, s.max_attempts, s.unknown_since,
+           s.provider_message_id, s.closed_at, s.updated_at, s.created_at
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), closed AS (
+    UPDATE email_steps s
+    SET status = %(to_status)s,
+        reason = 'operator',
+        detail = %(note)s,
+        provider_message_id = CASE WHEN %(to_status)s = 'accepted'
+                                   THEN coalesce(%(provider_message_id)s, s.provider_message_id)
+                                   ELSE s.provider_message_id END,
+        maybe_delivered = CASE WHEN %(to_status)s = 'retryable' THEN false ELSE s.maybe_delivered END,
+        max_attempts = CASE WHEN %(to_status)s = 'retryable'
+                                 AND s.attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
+                            THEN s.attempts + 1 ELSE s.max_attempts END,
+        next_attempt_at = CASE WHEN %(to_status)s = 'retryable' THEN t.now ELSE s.next_attempt_at END,
+        unknown_since = NULL,
+        closed_at = CASE WHEN %(to_status)s IN ('accepted', 'rejected') THEN t.now END,
+        updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'unknown'
+    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.provider, s.closed_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
+                          provider_message_id, detail, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'operator_resolved', %(actor)s, cur.status, c.status,
+           coalesce(%(reason)s, 'operator'), %(provider_message_id)s,
+           jsonb_build_object(
+               'verdict', %(verdict)s::text,
+               'note', %(note)s::text,
+               'reference', jsonb_build_object('provider_message_id', %(provider_message_id)s::text,
+                                               'evidence_url', %(evidence_url)s::text),
+               'previous', jsonb_build_object('status', cur.status, 'reason', cur.reason, 'detail', cur.detail,
+                                              'unknown_since', cur.unknown_since, 'attempts', cur.attempts,
+                                              'max_attempts', cur.max_attempts,
+                                              'provider_message_id', cur.provider_message_id),
+               'max_attempts_raised', c.max_attempts IS DISTINCT FROM cur.max_attempts,
+               'max_attempts', c.max_attempts),
+           c.at
+    FROM closed c, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.reason AS current_reason,
+       cur.closed_at AS current_closed_at, closed.status AS to_status, closed.attempts,
+       cur.max_attempts AS max_attempts_before, closed.max_attempts AS max_attempts_after,
+       closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
+       CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
+            ELSE false END AS woke
+FROM cur
+LEFT JOIN closed ON true
+LEFT JOIN ev ON true;
+
+
+-- name: snapshot_read
+-- The statements after this one in the same transaction read one snapshot, so a
+-- run's steps, decisions and evidence agree with each other.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+
+-- name: run_steps
+SELECT s.*
+FROM email_steps s
+WHERE s.run_id = %(run_id)s
+ORDER BY s.created_at, s.id;
+
+
+-- name: run_decisions
+SELECT d.*
+FROM decisions d
+WHERE d.run_id = %(run_id)s
+ORDER BY d.created_at, d.id;
+
+
+-- name: run_evidence
+SELECT e.*
+FROM evidence e
+WHERE e.run_id = %(run_id)s
+ORDER BY e.id;
+
+
+-- name: api_key_lock
+-- Key changes are serialized: the bootstrap check ("no admin key yet") and the
+-- last-admin check then read a state nobody else is changing. Held to commit.
+SELECT pg_advisory_xact_lock(hashtext('evq.api_keys'));
+
+
+-- name: api_key_create
+-- A bootstrap create (no key presented) happens only while no active admin key
+-- exists; run after api_key_lock in the same transaction, so two bootstraps at
+-- once make one key. A name already taken (even by a revoked key) gives no row.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), guard AS (
+    SELECT NOT %(bootstrap)s
+           OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
+), created AS (
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s
+    FROM guard, t
+    WHERE guard.allowed
+    ON CONFLICT DO NOTHING
+    RETURNING name, role, key_id, created_at, created_by
+)
+SELECT guard.allowed, created.*
+FROM guard LEFT JOIN created ON true;
+
+
+-- name: api_key_revoke
+-- Takes effect at once: every check reads revoked_at. The last active admin key
+-- is never revoked (nobody could manage keys afterwards); make another one first.
+-- Run after api_key_lock. No row back: there is no key of that name.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), target AS (
+    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by
+    FROM api_keys k
+    WHERE k.name = %(name)s
+), other_admins AS (
+    SELECT count(*)::int AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL AND name <> %(name)s
+), revoked AS (
+    UPDATE api_keys k
+    SET revoked_at = t.now, revoked_by = %(actor)s
+    FROM target, other_admins, t
+    WHERE k.id = target.id AND k.revoked_at IS NULL
+      AND (k.role <> 'admin' OR other_admins.n > 0)
+    RETURNING k.revoked_at, k.revoked_by
+)
+SELECT target.name, target.role, target.key_id, target.created_at, target.created_by,
+       coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
+       coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
+       revoked.revoked_at IS NOT NULL AS changed,
+       target.revoked_at IS NOT NULL AS already_revoked,
+       other_admins.n AS other_admins
+FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
+
+
+-- name: api_key_by_id
+SELECT name, role, secret_hash, revoked_at FROM api_keys WHERE key_id = %(key_id)s;
+
+
+-- name: api_key_state
+-- What creating a key would meet (for --dry-run): is there an admin key, is the name taken.
+SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS admin_exists,
+       EXISTS (SELECT 1 FROM api_keys WHERE name = %(name)s) AS name_taken;
+
+
+-- name: api_key_list
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
+FROM api_keys
+ORDER BY created_at, id;
 
 
 -- name: schema_revision

@@ -200,3 +200,29 @@ Index(
     unique=True,
     postgresql_where=text("kind IN ('provider_response', 'late_response')"),
 )
+
+# API keys (worker/keys.py). A name is never reused, so an actor in evidence names
+# exactly one key for ever; rotating means a new name, then revoking the old one.
+ROLES = ("agent", "operator", "admin")
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    # The public part of the key, for a one-row lookup; the secret is only hashed.
+    Column("key_id", Text, nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    # NULL: the bootstrap key, made before any admin key existed.
+    Column("created_by", Text),
+    Column("revoked_at", TZ),
+    Column("revoked_by", Text),
+    UniqueConstraint("name"),
+    UniqueConstraint("key_id"),
+    CheckConstraint(_in("role", ROLES), name="role"),
+    CheckConstraint("key_id ~ '^[0-9a-f]{12}$'", name="key_id_format"),
+    CheckConstraint("secret_hash LIKE 'scrypt$%'", name="secret_hash_scheme"),
+    CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
+)

@@ -29,7 +29,8 @@ from adapters.postgres.enqueue import enqueue_op, run_async
 from adapters.postgres.notices import notice_op
 from adapters.postgres.queries import Q
 from worker import metrics
-from worker.errors import NotFound
+from worker.errors import AuthFailed, Conflict, NotFound, StateConflict
+from worker.keys import NewKey, Role, hash_secret
 from worker.logs import get_logger
 from worker.notices import NoticeConfig
 from worker.ports import StepFilter
@@ -38,12 +39,15 @@ from worker.records import (
     EnqueueResult,
     RecordResult,
     RescueCounts,
+    Resolved,
+    RunDetail,
     StepDetail,
     StepSummary,
     Transition,
     UnknownStep,
 )
 from worker.request import ValidRequest
+from worker.resolution import Resolution
 from worker.states import Status
 
 log = get_logger("evq.store")
@@ -117,9 +121,15 @@ class PostgresStore:
                 _PINNED.reset(token)
 
     async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        async with self._op(name) as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall() if cur.description else []
+        async with self._op(name) as conn:
+            return await _rows(conn, query, params)
+
+    @asynccontextmanager
+    async def _snapshot(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A read-only transaction whose statements all see one snapshot."""
+        async with self._op(name) as conn, conn.transaction():
+            await conn.execute(Q["snapshot_read"])
+            yield conn
 
     # -- enqueue -------------------------------------------------------------
 
@@ -329,13 +339,24 @@ class PostgresStore:
     # -- reading back -----------------------------------------------------------
 
     async def get_step(self, step_id: int) -> StepDetail:
-        rows = await self._fetch("get_step", Q["step_get"], {"id": step_id})
-        if not rows:
-            raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
-        step = rows[0]
-        decision = await self._fetch("get_decision", Q["decision_get"], {"id": step["decision_id"]})
-        evidence = await self._fetch("get_evidence", Q["evidence_for_step"], {"id": step_id})
+        async with self._snapshot("get_step") as conn:
+            rows = await _rows(conn, Q["step_get"], {"id": step_id})
+            if not rows:
+                raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+            step = rows[0]
+            decision = await _rows(conn, Q["decision_get"], {"id": step["decision_id"]})
+            evidence = await _rows(conn, Q["evidence_for_step"], {"id": step_id})
         return StepDetail(step=step, decision=decision[0] if decision else None, evidence=evidence)
+
+    async def get_run(self, run_id: str) -> RunDetail:
+        """One run's steps, decisions and evidence, read from one snapshot."""
+        async with self._snapshot("get_run") as conn:
+            steps = await _rows(conn, Q["run_steps"], {"run_id": run_id})
+            if not steps:
+                raise NotFound(f"no steps in run {run_id!r}", hint="`evq steps list` shows the run ids")
+            decisions = await _rows(conn, Q["run_decisions"], {"run_id": run_id})
+            evidence = await _rows(conn, Q["run_evidence"], {"run_id": run_id})
+        return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence)
 
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         rows = await self._fetch(
@@ -343,6 +364,7 @@ class PostgresStore:
             Q["step_list"],
             {
                 "now": now,
+                "ids": list(where.ids) or None,
                 "statuses": [str(s) for s in where.statuses] or None,
                 "run_id": where.run_id,
                 "provider": where.provider,
@@ -352,8 +374,136 @@ class PostgresStore:
                 "offset": where.offset,
             },
         )
+        # One row always comes back: it carries the total, and no step when the page is empty.
         total = rows[0]["total"] if rows else 0
-        return [StepSummary.from_row(r) for r in rows], total
+        return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
+
+    # -- operators ----------------------------------------------------------------
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved:
+        """Close one unknown row with an operator's verdict and its evidence, atomically.
+
+        Raises NotFound, or StateConflict when the row is not unknown (someone
+        closed it first, or it never was).
+        """
+        params = {
+            "now": now,
+            "id": step_id,
+            "to_status": str(resolution.verdict.to_status),
+            "verdict": str(resolution.verdict),
+            "note": resolution.note,
+            "reason": resolution.reason,
+            "provider_message_id": resolution.provider_message_id,
+            "evidence_url": resolution.evidence_url,
+            "actor": actor,
+            "default_max_attempts": default_max_attempts,
+        }
+        async with self._op("resolve") as conn, conn.transaction():
+            rows = await _rows(conn, Q["step_resolve"], params)
+            if rows and rows[0]["to_status"] == str(Status.REJECTED):
+                # The sender learns its email did not go out, in the transaction of the verdict.
+                await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
+        if not rows:
+            raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+        row = rows[0]
+        if row["to_status"] is None:
+            log.info("resolve_conflict", step=step_id, status=row["current_status"])
+            raise StateConflict(
+                f"step {step_id} is {row['current_status']}, not unknown: only unknown rows can be resolved",
+                hint=f"`evq steps show {step_id}` shows who changed it and when",
+                context={"id": step_id, "status": row["current_status"], "reason": row["current_reason"]},
+            )
+        metrics.RESOLUTIONS.labels(**{"as": str(resolution.verdict)}).inc()
+        if row["to_status"] in (str(Status.ACCEPTED), str(Status.REJECTED)):
+            metrics.observe_closed(row["created_at"], row["resolved_at"])
+        return Resolved(
+            step_id=row["id"],
+            run_id=row["run_id"],
+            to_status=Status(row["to_status"]),
+            evidence_id=row["evidence_id"],
+            resolved_at=row["resolved_at"],
+            attempts=row["attempts"],
+            max_attempts_before=row["max_attempts_before"],
+            max_attempts_after=row["max_attempts_after"],
+        )
+
+    # -- API keys -------------------------------------------------------------------
+
+    async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
+        rows = await self._fetch("key_by_id", Q["api_key_by_id"], {"key_id": key_id})
+        return rows[0] if rows else None
+
+    async def key_state(self, name: str) -> dict[str, Any]:
+        return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
+
+    async def create_key(
+        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
+        only while no active admin key exists."""
+        params = {
+            "now": now,
+            "name": name,
+            "role": str(role),
+            "key_id": key.key_id,
+            "secret_hash": hash_secret(key.secret),
+            "created_by": created_by,
+            "bootstrap": created_by is None,
+        }
+        async with self._op("create_key") as conn, conn.transaction():
+            await conn.execute(Q["api_key_lock"])
+            row = (await _rows(conn, Q["api_key_create"], params))[0]
+        if not row["allowed"]:
+            raise AuthFailed(
+                "an admin key exists now: creating a key needs one",
+                hint="set EVQ_API_KEY or pass --api-key (role admin)",
+            )
+        if row["name"] is None:
+            raise Conflict(
+                f"a key named {name!r} exists (names are never reused, even after a revoke)",
+                hint="choose another name; `evq keys list` shows the names",
+                context={"name": name},
+            )
+        return {k: v for k, v in row.items() if k != "allowed"}
+
+    async def revoke_key(
+        self, name: str, *, actor: str | None, dry_run: bool = False, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Revoke the key called ``name``; with ``dry_run`` the same statement runs and is rolled back."""
+        async with self._op("revoke_key") as conn:
+            async with conn.transaction(force_rollback=dry_run):
+                await conn.execute(Q["api_key_lock"])
+                rows = await _rows(conn, Q["api_key_revoke"], {"now": now, "name": name, "actor": actor})
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        row = rows[0]
+        if not row["changed"] and not row["already_revoked"]:
+            raise StateConflict(
+                f"{name!r} is the last active admin key: revoking it would leave nobody able to manage keys",
+                hint="create another admin key first (`evq keys create --name NAME --role admin`)",
+                context={"name": name},
+            )
+        return row
+
+    async def list_keys(self) -> list[dict[str, Any]]:
+        return await self._fetch("list_keys", Q["api_key_list"], {})
+
+    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
+        """The step holding this request's key (or its run and step ids), if any."""
+        rows = await self._fetch(
+            "find_by_key",
+            Q["step_get_by_key"],
+            {"idempotency_key": request.idempotency_key, "run_id": request.run_id, "step_id": request.step_id},
+        )
+        return rows[0] if rows else None
 
     async def schema_revision(self) -> str | None:
         rows = await self._fetch("schema_revision", Q["schema_revision"], {})
@@ -384,3 +534,9 @@ def _json(value: Mapping[str, Any]) -> str:
 def _message(t: Transition) -> str | None:
     message = t.detail.get("message")
     return str(message)[:1000] if message is not None else None
+
+
+async def _rows(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall() if cur.description else []

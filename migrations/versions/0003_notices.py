@@ -1,7 +1,7 @@
 """Failure notices and the reconciler's bookkeeping on email_steps.
 
 Revision ID: 0003_notices
-Revises: 0001
+Revises: 0002_api_keys
 Create Date: 2026-12-01
 
 - notice_of: a failure notice is itself an email step; this names the step it
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0003_notices'
-down_revision: Union[str, Sequence[str], None] = '0001'
+down_revision: Union[str, Sequence[str], None] = '0002_api_keys'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

@@ -50,9 +50,12 @@ def _human(d: dict) -> str:
                 "",
                 f"{name} is UNKNOWN: the SMTP server took the message and the connection dropped before its",
                 "reply, so nobody can tell whether it was accepted, and SMTP offers no way to ask. evq will not",
-                "send it again on its own. An operator checks the server's logs or the mailbox for its Message-ID:",
-                f"    evq steps show {step['id']}",
+                "send it again on its own. An operator checks the server's logs or the mailbox for its Message-ID",
+                "and closes it with an audited verdict (closing needs an operator key: see `evq keys create --help`):",
                 "    evq steps list --status unknown",
+                f"    evq steps show {step['id']}",
+                f"    evq runs show {d['run_id']}",
+                f"    evq steps resolve {step['id']} --as accepted|rejected|retry --note 'what you checked and found'",
             ]
         elif step["reason"] == "reconciled":
             lines += [

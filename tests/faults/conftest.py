@@ -11,20 +11,9 @@ import psycopg
 import pytest
 
 from adapters.postgres.database import upgrade
-from ops.devsmtp import DevSmtpServer
-from tests.acceptance.conftest import Evq
+# The `evq` (as the admin key), `admin_key` and `smtp` fixtures of the acceptance tests.
+from tests.acceptance.conftest import admin_key, evq, make_key, smtp  # noqa: F401
 from tests.faults.proxy import TcpProxy
-
-
-@pytest.fixture
-def evq(db_url: str) -> Evq:
-    return Evq(db_url)
-
-
-@pytest.fixture
-def smtp() -> Iterator[DevSmtpServer]:
-    with DevSmtpServer() as server:
-        yield server
 
 
 def with_port(url: str, host: str, port: int) -> str:
@@ -58,6 +47,7 @@ class PrivateServer:
             conn.execute('CREATE DATABASE "evq"')
         self.url = self.server.get_uri("evq")
         upgrade(self.url)
+        self.admin_key = make_key(self.url, "faults-admin", "admin", created_by=None)
 
     def restart(self, down_for: float) -> None:
         self.server.stop()

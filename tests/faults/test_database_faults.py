@@ -24,7 +24,7 @@ def request(step: str, to: str) -> str:
 def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp):
     """Row 2: workers reconnect with backoff instead of exiting; outcomes that could not be
     recorded while the server was down are recorded once it is back."""
-    evq = Evq(private_pg.url)
+    evq = Evq(private_pg.url, api_key=private_pg.admin_key)
     lines = "\n".join(request(f"r-{i}", "slow-0.02@example.com") for i in range(150))
     assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
     workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", **smtp_env(smtp)) for _ in range(2)]
@@ -45,13 +45,13 @@ def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp)
     assert answers == [{"n": 150}]
 
 
-def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp):
+def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp, admin_key):
     """Row 3: the send succeeds while the worker cannot reach the database. The rescuer
     (another worker, which can) makes the row unknown; when the first worker's answer
     finally lands it is fenced, kept as evidence, and — definite, and the only attempt —
     settles the row, with evidence saying so."""
     url, proxy = proxied_url
-    direct, cut_off = Evq(db_url), Evq(url)
+    direct, cut_off = Evq(db_url, api_key=admin_key), Evq(url, api_key=admin_key)
     step = direct.json("enqueue", "--file", "-", input=request("partitioned", "hold@example.com"))["data"]
     worker = cut_off.popen("worker", "run", **smtp_env(smtp))
     try:

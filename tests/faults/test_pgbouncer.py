@@ -71,8 +71,8 @@ def _answers(url: str) -> bool:
         return False
 
 
-def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: str, smtp):
-    evq = Evq(pgbouncer, EVQ_POOLER="transaction")
+def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: str, smtp, admin_key):
+    evq = Evq(pgbouncer, api_key=admin_key, EVQ_POOLER="transaction")
     lines = "\n".join(
         json.dumps({"run_id": "pgb", "step_id": f"s{i}", "to": ["ok@example.com"], "from": "a@example.org",
                     "subject": "s", "text": "t"})

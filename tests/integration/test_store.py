@@ -307,3 +307,22 @@ def test_claim_uses_its_partial_index(db_url):
 async def rows_exec(url: str, sql: str, params) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(sql, params)
+
+
+async def test_list_total_holds_past_the_last_page_and_unknown_rows_come_oldest_first(store, db_url):
+    from tests.support import unknown_steps
+
+    older = await unknown_steps(store, 2, now=T0)
+    newer = await unknown_steps(store, 1, now=T0 + timedelta(hours=1))
+    await store.enqueue(valid(), now=T0)
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2), now=T0 + timedelta(hours=3))
+    assert total == 3 and [f.id for f in found] == [s.id for s in older]
+    assert [f.age_seconds for f in found] == [3 * 3600.0, 3 * 3600.0]
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2, offset=2))
+    assert total == 3 and [f.id for f in found] == [newer[0].id]
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2, offset=50))
+    assert total == 3 and found == []
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=None))
+    assert total == 3 and len(found) == 3
+    found, total = await store.list_steps(StepFilter(run_id="nobody"))
+    assert total == 0 and found == []
