@@ -6,6 +6,8 @@ COPY worker ./worker
 COPY adapters ./adapters
 COPY migrations ./migrations
 COPY ops ./ops
+# ops/cli/schemas is a link to docs/cli-schema (the output schemas `evq schema` serves).
+COPY docs/cli-schema ./docs/cli-schema
 RUN pip install --no-cache-dir . && useradd --system evq
 USER evq
 ENTRYPOINT ["evq"]

@@ -36,7 +36,7 @@ from typing import Any
 from email_validator import EmailNotValidError, validate_email
 
 from worker.logs import get_logger, register_secrets
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
+from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import SendRequest
 from worker.request import ALLOWED_HEADERS, Policy, check_payload
 
@@ -611,16 +611,7 @@ class SmtpProvider:
         # Logged here on the loop, not in the worker thread, so the caller's bound
         # context (run_id, step_id) is present.
         r = outcome.response
-        fields = dict(
-            step=request.step_id,
-            attempt=request.attempt,
-            outcome=outcome.kind,
-            phase=r.get("phase"),
-            code=r.get("code"),
-            error_class=r.get("error_class"),
-            host=self.host,
-            port=self.port,
-        )
+        fields = log_fields(request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port)
         if isinstance(outcome, Retryable) and (r.get("phase") in ("starttls", "auth") or r.get("code") in _CONFIG_CODES):
             # Retried, but no retry succeeds until someone fixes the settings.
             log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)

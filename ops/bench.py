@@ -14,7 +14,7 @@ Modes (README, "Benchmark"):
 - pickup: an idle worker; steps enqueued one at a time; enqueue-to-claim p50/p99
   with LISTEN/NOTIFY and with polling only (both read from the rows' own times).
 - scale: the drain with 1,000,000 terminal rows already present, and the metrics
-  collector's query at that size.
+  collector's query at that size (the one /metrics runs, QueueStatsReader).
 - ceiling and peer: claim 100 rows with SKIP LOCKED and finish them with one
   batched UPDATE (and with one commit per row); pgqueuer (the optional ``bench``
   extra) draining the same number of no-op jobs, and its single and batch enqueue.
@@ -50,22 +50,6 @@ from worker.errors import ConfigError, EvqError
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
 
-# What the metrics collector (issue 5, ops/metrics.py) is expected to run at every
-# scrape. When ops.metrics exists and names its query COLLECTOR_SQL, that one is
-# timed instead (see collector_query). Every part reads one partial index, so its
-# cost follows the live rows, not the history kept for proof.
-EXPECTED_COLLECTOR_SQL = """
-SELECT
-    (SELECT count(*) FROM email_steps WHERE status IN ('pending', 'retryable')) AS waiting,
-    (SELECT min(next_attempt_at) FROM email_steps
-      WHERE status IN ('pending', 'retryable') AND next_attempt_at <= now()) AS oldest_claimable,
-    (SELECT count(*) FROM email_steps WHERE status = 'in_flight') AS in_flight,
-    (SELECT count(*) FROM email_steps WHERE status = 'in_flight' AND lease_expires_at < now()) AS expired,
-    (SELECT count(*) FROM email_steps WHERE status = 'unknown') AS unknown,
-    (SELECT min(unknown_since) FROM email_steps WHERE status = 'unknown') AS oldest_unknown
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
     server_url: str
@@ -99,6 +83,8 @@ class BenchConfig:
             problems.append("--steps must be at least 100")
         if self.runs < 1:
             problems.append("--runs must be at least 1")
+        if self.scale_rows < 1000:
+            problems.append("--scale-rows must be at least 1000")
         if not self.drain_processes or not all(1 <= p <= 64 for p in self.drain_processes):
             problems.append("--processes must be between 1 and 64")
         if unknown := set(self.modes) - set(MODES):
@@ -625,10 +611,9 @@ class Bench:
                                     "steps/s", values, rss))
             empty = self._find("drain", "evq drain, 1 process")
             drain.ratios["empty_table"] = drain.median / empty.median if empty else None
-            sql, source = collector_query()
-            timings = time_query(url, sql, repeat=max(5, 3 * c.runs))
+            timings = time_collector(url, repeat=max(5, 3 * c.runs))
             self.add(Figure("scale", "metrics collector query", "ms", timings,
-                            note=f"{source}; {c.scale_rows:,} terminal rows"))
+                            note=f"QueueStatsReader (ops/metrics.py's query); {c.scale_rows:,} terminal rows"))
         finally:
             self.db.drop(name)
 
@@ -718,27 +703,22 @@ def _percentile(values: Sequence[float], pct: float) -> float:
     return float(ordered[k])
 
 
-def collector_query() -> tuple[str, str]:
-    """The metrics collector's query: ops.metrics.COLLECTOR_SQL when it exists (issue 5), else ours."""
+def time_collector(url: str, *, repeat: int) -> list[float]:
+    """Milliseconds per read of the metrics collector's query (QueueStatsReader, as /metrics runs it)."""
+    from adapters.postgres.queue_stats import QueueStatsReader
+    from worker.metrics import UNKNOWN_AGE_BUCKETS
+
+    reader = QueueStatsReader(url)
     try:
-        from ops import metrics as collector  # type: ignore[attr-defined]
-    except ImportError:
-        return EXPECTED_COLLECTOR_SQL, "expected query (ops/metrics.py not present yet)"
-    sql = getattr(collector, "COLLECTOR_SQL", None)
-    if isinstance(sql, str):
-        return sql, "ops.metrics.COLLECTOR_SQL"
-    return EXPECTED_COLLECTOR_SQL, "expected query (ops.metrics has no COLLECTOR_SQL)"
-
-
-def time_query(url: str, sql: str, *, repeat: int) -> list[float]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql).fetchall()  # warm the plan and the cache, as a scrape every 15 s would
+        reader.read(UNKNOWN_AGE_BUCKETS)  # connect and warm the cache, as a scrape every 15 s would
         timings = []
         for _ in range(repeat):
             started = time.perf_counter()
-            conn.execute(sql).fetchall()
+            reader.read(UNKNOWN_AGE_BUCKETS)
             timings.append((time.perf_counter() - started) * 1000)
-    return timings
+        return timings
+    finally:
+        reader.close()
 
 
 def fill_terminal(url: str, rows: int) -> None:

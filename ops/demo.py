@@ -1,5 +1,13 @@
-"""The first-run demo: a real database, a real SMTP server on loopback, a handful of
-sends (one of them losing its reply), the worker, and what to do about the result."""
+"""The first-run demo: a real database, a real SMTP server and a real Resend-style
+HTTP API on loopback, a handful of sends, the worker, and what to do about the result.
+
+Three stories side by side:
+- a lost SMTP reply: nobody can tell whether it went out, so it waits for an operator;
+- a lost HTTP response: the provider's dedupe window is shorter than a lease here, so
+  evq does not risk a retry either, but the reconciler asks the provider by the step's
+  tag, finds the message, and closes the step as accepted on its own;
+- a refused send whose request named an address to tell: a failure notice goes there.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +18,16 @@ from typing import Any
 from adapters.postgres.database import upgrade
 from adapters.postgres.enqueue import enqueue_own
 from ops import wiring
+from ops.devhttp import DevHttpServer
 from ops.devsmtp import DevSmtpServer
 from worker.ports import StepFilter
 from worker.settings import Settings
+
+SENDER = "assistant@example.org"
+API_KEY = "demo-key"
+# Shorter than the lease: an ambiguous HTTP send cannot be retried safely, so it goes
+# to the reconciler (a real provider keeps keys far longer: Resend 24 h).
+DEDUPE_WINDOW = 2.0
 
 
 @dataclass
@@ -20,27 +35,29 @@ class DemoResult:
     database: str
     run_id: str
     steps: list[dict[str, Any]]
-    delivered: dict[str, int]
+    delivered: dict[str, int]  # Message-ID -> times received, by the SMTP server and the HTTP API together
     repeat_created: bool
     worker_exit: int
 
 
 def requests(run_id: str) -> list[dict[str, Any]]:
-    sender = "assistant@example.org"
-    base = {"run_id": run_id, "from": f"Demo Assistant <{sender}>", "decision": {
+    base = {"run_id": run_id, "from": f"Demo Assistant <{SENDER}>", "decision": {
         "model": "demo-model", "tool": "send_email", "instruction_version": "demo-v1",
         "rationale": "the user asked for this", "decided_at": "2026-01-01T09:00:00+00:00"}}
     return [
         {**base, "step_id": "welcome", "to": ["Ada <ada@example.com>"], "subject": "Welcome aboard",
          "text": "Hi Ada, welcome!", "intent": "welcome a new user"},
-        {**base, "step_id": "receipt", "to": ["grace@example.com"], "subject": "Your receipt",
+        {**base, "step_id": "receipt", "to": ["grace@example.com"], "subject": "Your receipt", "provider": "http",
          "text": "Thanks for your order.", "html": "<p>Thanks for your <b>order</b>.</p>", "intent": "send a receipt"},
         {**base, "step_id": "team-update", "to": ["alan@example.com"], "cc": ["edsger@example.com"],
          "subject": "Weekly update", "text": "All green.", "intent": "weekly status"},
         {**base, "step_id": "report", "to": ["lose-reply@example.com"], "subject": "Quarterly report",
-         "text": "The server will take this and drop the connection before answering.",
+         "text": "The SMTP server will take this and drop the connection before answering.",
          "intent": "deliver the quarterly report"},
-        {**base, "step_id": "invite", "to": ["reject@example.net"], "subject": "Invitation",
+        {**base, "step_id": "statement", "to": ["lose-reply@example.com"], "subject": "Monthly statement",
+         "provider": "http", "text": "The HTTP API will take this and reset the connection before answering.",
+         "intent": "deliver the monthly statement"},
+        {**base, "step_id": "invite", "to": ["reject@example.net"], "subject": "Invitation", "notify": SENDER,
          "text": "The server will refuse this recipient.", "intent": "invite a partner"},
     ]
 
@@ -49,10 +66,15 @@ async def _run(settings: Settings, url: str, run_id: str) -> tuple[int, list[dic
     code = await wiring.run_worker(settings, drain=True, install_signals=False)
     async with wiring.open_store(settings, url=url, max_size=1) as store:
         rows, _ = await store.list_steps(StepFilter(run_id=run_id, limit=100))
-    return code, [
-        {"id": r.id, "step_id": r.step_id, "status": str(r.status), "reason": r.reason, "to": r.recipients}
-        for r in sorted(rows, key=lambda r: r.id)
-    ]
+        steps = []
+        for r in sorted(rows, key=lambda r: r.id):
+            step = (await store.get_step(r.id)).step
+            steps.append({
+                "id": r.id, "step_id": r.step_id, "provider": r.provider, "status": str(r.status),
+                "reason": r.reason, "to": r.recipients, "subject": r.subject,
+                "provider_message_id": step["provider_message_id"], "notice_of": step["notice_of"],
+            })
+    return code, steps
 
 
 def run_demo(settings: Settings) -> DemoResult:
@@ -61,14 +83,18 @@ def run_demo(settings: Settings) -> DemoResult:
     url = wiring.database_url(settings)
     upgrade(url)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
-    with DevSmtpServer() as sink:
+    with DevSmtpServer() as sink, DevHttpServer(api_key=API_KEY, dedupe_window=DEDUPE_WINDOW) as api:
         settings = replace(
             settings,
-            adapter=("smtp",),
+            adapter=("smtp", "http"),
             smtp_host=sink.host,
             smtp_port=sink.port,
             smtp_tls="none",
             smtp_timeout=5.0,
+            http_base_url=api.url,
+            http_api_key=API_KEY,
+            http_timeout=5.0,
+            http_dedupe_window=DEDUPE_WINDOW,
             lease_seconds=30.0,
             poll_interval=0.2,
             listen="off",
@@ -80,7 +106,7 @@ def run_demo(settings: Settings) -> DemoResult:
             enqueue_own(url, req, policy=policy)
         repeat = enqueue_own(url, reqs[0], policy=policy)  # an agent retrying its call
         code, steps = asyncio.run(_run(settings, url, run_id))
-        delivered = sink.by_message_id()
+        delivered = {**sink.by_message_id(), **api.by_message_id()}
     return DemoResult(
         database="embedded" if not settings.database_url else "EVQ_DATABASE_URL",
         run_id=run_id,

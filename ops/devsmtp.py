@@ -29,16 +29,18 @@ import sys
 import threading
 import uuid
 import weakref
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.parser import BytesHeaderParser
 from ssl import SSLContext
-from typing import Any
+from typing import Any, ClassVar
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+
+from ops import devserver
 
 FAULTS: dict[str, str] = {
     "lose-reply": "store the message, then drop the connection instead of the final 250",
@@ -56,14 +58,10 @@ _SLOW_N = re.compile(r"^slow-(\d+(?:\.\d+)?)$")
 
 
 @dataclass(frozen=True, slots=True)
-class Fault:
-    mode: str
-    # For "slow" and "slow-ehlo"; None means the server's slow_seconds.
-    seconds: float | None = None
+class Fault(devserver.Fault):
+    """A fault of this server; ``seconds`` is for "slow" and "slow-ehlo"."""
 
-    def __post_init__(self) -> None:
-        if self.mode not in FAULTS:
-            raise ValueError(f"unknown fault {self.mode!r}; known: {', '.join(FAULTS)}")
+    KNOWN: ClassVar[Mapping[str, str]] = FAULTS
 
 
 def fault_for_address(address: str) -> Fault | None:
@@ -73,10 +71,6 @@ def fault_for_address(address: str) -> Fault | None:
         return Fault(local)
     match = _SLOW_N.match(local)
     return Fault("slow", float(match.group(1))) if match else None
-
-
-def _as_fault(value: Fault | str | None) -> Fault | None:
-    return Fault(value) if isinstance(value, str) else value
 
 
 class _Controller(Controller):
@@ -97,8 +91,10 @@ class _Controller(Controller):
         super()._trigger_server()
 
 
-class DevSmtpServer:
+class DevSmtpServer(devserver.FaultInjection):
     """A threaded SMTP sink on loopback with fault injection; a context manager."""
+
+    fault_type = Fault
 
     def __init__(
         self,
@@ -125,8 +121,7 @@ class DevSmtpServer:
         self._auth = auth
         self._lock = threading.Condition()
         self._messages: list[dict[str, Any]] = []
-        self._fault: Fault | None = None
-        self._queue: deque[Fault] = deque()
+        self._init_faults()
         self._session_faults: weakref.WeakKeyDictionary[Session, Fault | None] = weakref.WeakKeyDictionary()
         self._connections: weakref.WeakSet[SMTP] = weakref.WeakSet()
         self._held = 0
@@ -179,32 +174,7 @@ class DevSmtpServer:
         for _ in range(3):
             await asyncio.sleep(0)
 
-    def __enter__(self) -> DevSmtpServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # -- faults --------------------------------------------------------------
-
-    @property
-    def fault(self) -> Fault | None:
-        with self._lock:
-            return self._fault
-
-    @fault.setter
-    def fault(self, value: Fault | str | None) -> None:
-        with self._lock:
-            self._fault = _as_fault(value)
-
-    def queue_fault(self, mode: Fault | str, *, times: int = 1, seconds: float | None = None) -> None:
-        """Fail the next ``times`` connections (in order of arrival) with ``mode``."""
-        fault = _as_fault(mode)
-        assert fault is not None
-        if seconds is not None:
-            fault = Fault(fault.mode, seconds)
-        with self._lock:
-            self._queue.extend([fault] * times)
 
     def release(self) -> None:
         """Let every conversation stopped by "hold" send its final reply."""
@@ -226,7 +196,7 @@ class DevSmtpServer:
     def _session_fault(self, session: Session) -> Fault | None:
         with self._lock:
             if session not in self._session_faults:
-                self._session_faults[session] = self._queue.popleft() if self._queue else None
+                self._session_faults[session] = self._pop_queued()
             return self._session_faults[session] or self._fault
 
     def _seconds(self, fault: Fault) -> float:
@@ -370,14 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"received {record['message_id']} from {record['mail_from']} to {', '.join(record['rcpt_tos'])}", file=sys.stderr, flush=True)
 
     server = DevSmtpServer(args.host, args.port, slow_seconds=args.slow_seconds, on_message=show)
-    server.fault = args.fault
-    with server:
-        print(f"devsmtp listening on {server.host}:{server.port} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
-    return 0
+    return devserver.serve_until_interrupted(server, args.fault, lambda: f"{server.host}:{server.port}")
 
 
 if __name__ == "__main__":

@@ -5,17 +5,25 @@ constructors instead of patching anything.
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import AsyncIterator
+
+from prometheus_client import CollectorRegistry
 
 from adapters.null import NullProvider
 from adapters.postgres.database import check_at_head, resolve_url
 from adapters.postgres.listen import PostgresWakeup
+from adapters.postgres.queue_stats import QueueStatsReader
 from adapters.postgres.store import PostgresStore
-from worker.logs import configure, register_secrets
+from ops.metrics import MetricsServer, QueueCollector, build_registry, wsgi_app
+from worker.errors import ConfigError
+from worker.logs import configure, get_logger, register_secrets
 from worker.ports import Provider
 from worker.runner import Worker
-from worker.settings import Settings
+from worker.settings import OPTION_BY_NAME, Settings
+
+log = get_logger("evq.wiring")
 
 
 def setup_logging(settings: Settings) -> None:
@@ -43,6 +51,18 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 policy=settings.policy(),
                 max_workers=settings.concurrency,
             )
+        elif name == "http":
+            from adapters.http import HttpProvider
+
+            assert settings.http_api_key  # Settings.validate insists
+            providers[name] = HttpProvider(
+                base_url=settings.http_base_url,
+                api_key=settings.http_api_key,
+                timeout=settings.http_timeout,
+                dedupe_window=settings.http_dedupe_window,
+                policy=settings.policy(),
+                max_connections=settings.concurrency,
+            )
         elif name == "null":
             providers[name] = NullProvider(delay=settings.null_delay)
     return providers
@@ -50,8 +70,10 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 @asynccontextmanager
 async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
+    # Behind a transaction-mode pooler a server-side prepared statement may be gone
+    # (another client's connection) by the next execution.
     store = await PostgresStore.open(
-        url or database_url(settings), max_size=max_size, prepare=settings.prepared_statements == "on"
+        url or database_url(settings), max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none"
     )
     try:
         yield store
@@ -59,21 +81,64 @@ async def open_store(settings: Settings, *, url: str | None = None, max_size: in
         await store.close()
 
 
+@contextmanager
+def metrics_registry(settings: Settings, url: str) -> Iterator[CollectorRegistry]:
+    """Everything evq exports, for any process that serves /metrics (the worker, the ops server).
+
+    The queue gauges come from the database at scrape time unless EVQ_METRICS_QUEUE=off;
+    every process that exports them reports the same numbers, so a second one is harmless.
+    """
+    reader = QueueStatsReader(url) if settings.metrics_queue == "on" else None
+    try:
+        yield build_registry(QueueCollector(reader.read) if reader is not None else None)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+@contextmanager
+def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | None]:
+    """Serve /metrics and /healthz on EVQ_METRICS_PORT for as long as the block runs (unset: nothing)."""
+    if settings.metrics_port is None:
+        yield None
+        return
+    with metrics_registry(settings, url) as registry:
+        try:
+            server = MetricsServer(wsgi_app(registry), settings.metrics_host, settings.metrics_port)
+        except OSError as exc:
+            option = OPTION_BY_NAME["metrics_port"]
+            raise ConfigError(
+                f"{option.env} ({option.flag}): cannot listen on {settings.metrics_host}:{settings.metrics_port}: "
+                f"{exc.strerror or exc}",
+                hint="choose a free port (or unset EVQ_METRICS_PORT to serve no metrics)",
+            ) from None
+        log.info("metrics_listening", host=settings.metrics_host, port=server.port, queue_gauges=settings.metrics_queue)
+        try:
+            yield server
+        finally:
+            server.close()
+
+
 @asynccontextmanager
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
-    """A worker with its schema checked and its store, providers and wakeup open, not yet running.
-
-    The benchmark starts its clock only once this is ready; `run_worker` runs it at once.
-    """
+    """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
+    running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
     url = url or database_url(settings)
     check_at_head(url)
     providers = build_providers(settings)
     wakeup = None
+    if settings.pooler == "transaction":
+        log.warning(
+            "listen_disabled",
+            note="EVQ_POOLER=transaction: LISTEN/NOTIFY does not work through a transaction-mode pooler; "
+            "polling every EVQ_POLL_INTERVAL instead",
+        )
+    elif settings.listen != "off":
+        wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     try:
-        if settings.listen != "off":
-            wakeup = await PostgresWakeup.start(url, mode=settings.listen)
-        async with open_store(settings, url=url) as store:
-            yield Worker(store, providers, settings, wakeup=wakeup)
+        with metrics_endpoint(settings, url):
+            async with open_store(settings, url=url) as store:
+                yield Worker(store, providers, settings, wakeup=wakeup)
     finally:
         for provider in providers.values():
             await provider.close()
@@ -82,6 +147,6 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
 
 
 async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
-    """Check the schema, wire store, providers and wakeup, run until stopped; the exit code."""
+    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
     async with prepared_worker(settings) as worker:
         return await worker.run(drain=drain, install_signals=install_signals)

@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 from worker.request import Policy, ValidRequest, parse
 
 _seq = itertools.count(1)
-POLICY = Policy(providers=("smtp", "null"), default_provider="smtp")
+POLICY = Policy(providers=("smtp", "http", "null"), default_provider="smtp")
 
 
 def request(**overrides: Any) -> dict[str, Any]:
@@ -94,3 +94,108 @@ class ScriptedProvider:
 
 def _step_of(request) -> str:
     return request.idempotency_key.split(":", 1)[1]
+
+
+def execute(url: str, sql: str, params: Any = None) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(sql, params)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_binary(name: str, package: str = "prometheus") -> str:
+    """The path of a tool the test needs: missing fails under CI (CI=true), skips elsewhere."""
+    import os
+    import shutil
+
+    import pytest
+
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
+    if path:
+        return path
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is not installed: .ci/run installs Debian's {package} package", pytrace=False)
+    pytest.skip(f"{name} is not installed (apt-get install {package}); under CI this fails instead")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET a /metrics page over HTTP: {(sample name, sorted labels): value}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(page: dict, name: str, **labels: str) -> float | None:
+    return page.get((name, tuple(sorted(labels.items()))))
+
+
+def wait_until(predicate, timeout: float = 20, what: str = "condition", interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides: Any) -> list[Any]:
+    """``n`` steps taken to ``unknown`` the way the worker does it: enqueue, claim, an ambiguous answer."""
+    from worker.backoff import Backoff
+    from worker.outcomes import Unknown
+    from worker.transitions import decide
+
+    made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
+    claimed = await store.claim(
+        owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=now
+    )
+    settled = [
+        decide(c, Unknown("connection lost after the final dot"), default_max_attempts=3, backoff=Backoff(1, 1),
+               dedupe_window_open=False)
+        for c in claimed
+    ]
+    await store.record(settled, actor="w-test", now=now)
+    return made
+
+
+def wait_for_lock_waiters(url: str, n: int, timeout: float = 20) -> None:
+    """Block until ``n`` evq sessions wait on a row or advisory lock (a deterministic point in a race)."""
+    query = (
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND application_name = 'evq'"
+    )
+    wait_until(lambda: rows(url, query)[0]["n"] >= n, timeout=timeout, interval=0.02,
+               what=f"{n} evq session(s) waiting on a lock")
+
+
+def with_store(url: str, use: Any) -> Any:
+    """Run ``await use(store)`` on a store of its own, from synchronous code (acceptance tests)."""
+    import asyncio
+
+    from adapters.postgres.store import PostgresStore
+
+    async def go() -> Any:
+        store = await PostgresStore.open(url, max_size=1)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())

@@ -1,7 +1,7 @@
 """Errors that cross an interface boundary.
 
 Every error a caller can act on carries a stable machine code (``E_*``). The CLI
-maps the code to a fixed exit code (ops/cli/contract.py); the HTTP API maps it to
+maps the code to a fixed exit code (ops/cli/output.py); the HTTP API maps it to
 a status. Nothing here ever carries a secret: messages are built from request
 fields and identifiers only.
 """
@@ -78,4 +78,21 @@ class ReadOnlyDatabase(DatabaseUnavailable):
 
 
 class ConfigError(EvqError):
+    """A setting is wrong. Like every E_INVALID_ARG, ``context["fields"]`` names what failed."""
+
     code = "E_INVALID_ARG"
+
+    def __init__(self, message: str, *, hint: str | None = None, field: str = "$settings"):
+        super().__init__(message, hint=hint, context={"fields": [{"field": field, "message": message}]})
+
+
+class Aborted(EvqError):
+    """Long work stopped by its first interrupt; ``context`` holds what was done so far."""
+
+    code = "E_ABORTED"
+
+
+class MaxFailures(EvqError):
+    """Long work stopped after too many consecutive failures; ``context`` holds what was done."""
+
+    code = "E_MAX_FAILURES"

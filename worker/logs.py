@@ -65,5 +65,17 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     )
 
 
+def configure_from_env(env: Any = None) -> None:
+    """Logs on stderr before the settings are read (or when they cannot be): a command
+    that fails early must not print its log on stdout, which belongs to its output."""
+    import os
+
+    env = os.environ if env is None else env
+    fmt = env.get("EVQ_LOG_FORMAT", "auto")
+    level = env.get("EVQ_LOG_LEVEL", "info")
+    configure(fmt if fmt in ("auto", "json", "console") else "auto",
+              level if level in ("debug", "info", "warning", "error") else "info")
+
+
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(name)

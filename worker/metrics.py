@@ -1,17 +1,36 @@
 """The catalogue of every metric evq counts in process (Oban's telemetry.ex habit:
-one place to read what is measured). Labels come only from small fixed sets;
-never an id, an address or a key.
+one place to read what is measured). Labels come only from the small fixed sets
+named here; never an id, an address or a key.
 
 Database-derived gauges (rows per status, age of the oldest unknown row) are read
-at scrape time by ops/metrics.py, not counted here.
+at scrape time by ops/metrics.py, not counted here; their bucket bounds live here
+so that every number about unknown rows is defined in one file.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
+
+# The *_created series double the series count and nothing here reads them.
+disable_created_metrics()
+
+# Label values, fixed. A counter is created at 0 for each, so rate() and ratios see
+# the series from the first scrape instead of missing the first increment.
+OUTCOMES = ("accepted", "rejected", "retryable", "unknown")
+RESCUED_TO = ("unknown", "retryable")
+# What the reconciler (issue 4) learned about an unknown row: the provider has it
+# (accepted) or refused it (rejected), says it has no such message (not_found: the
+# row stays unknown, absence is not proof), or could not be asked (error).
+RECONCILE_RESULTS = ("accepted", "not_found", "error")
+# An operator's verdict on an unknown row (`evq steps resolve --as`).
+RESOLUTIONS_AS = ("accepted", "rejected", "retry")
+
+# Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
+UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
 
 
 @lru_cache(maxsize=4096)
@@ -29,7 +48,12 @@ STORE_SECONDS = Histogram(
 )
 ENQUEUED = Counter("evq_enqueued_total", "Steps created by enqueue (repeats of an existing key not counted).")
 VALIDATION_ERRORS = Counter(
-    "evq_validation_errors_total", "Requests refused before anything was written.", ["reason"]
+    "evq_validation_errors_total", "Requests refused before anything was written, by the failing field.", ["reason"]
+)
+DECISION_TO_ENQUEUE = Histogram(
+    "evq_decision_to_enqueue_seconds",
+    "From the agent's decision (decision.decided_at, the agent's clock) to the step's enqueue (the database's).",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
 SEND_ATTEMPTS = Counter(
     "evq_send_attempts_total", "Adapter calls by provider and the adapter's answer.", ["provider", "outcome"]
@@ -40,10 +64,46 @@ SEND_SECONDS = Histogram(
     ["provider", "outcome"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+ACTION_TO_EVIDENCE = Histogram(
+    "evq_action_to_evidence_seconds",
+    "From enqueue to the evidence that closed the step (accepted or rejected), retries and waits included.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800),
+)
 RESCUED = Counter("evq_rescued_total", "In-flight rows whose lease expired, by the state they moved to.", ["to"])
+RECONCILED = Counter(
+    "evq_reconciled_total", "Unknown rows the reconciler asked the provider about, by what it learned.", ["result"]
+)
+RESOLUTIONS = Counter("evq_resolutions_total", "Unknown rows closed by an operator, by verdict.", ["as"])
 FENCE_REJECTIONS = Counter(
     "evq_fence_rejections_total", "Answers that arrived after their lease was lost (kept as evidence only)."
 )
 LATE_SETTLEMENTS = Counter(
     "evq_late_settlements_total", "Rows closed by a definite answer that arrived after their rescue."
 )
+NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
+
+for _to in RESCUED_TO:
+    RESCUED.labels(to=_to)
+for _result in RECONCILE_RESULTS:
+    RECONCILED.labels(result=_result)
+for _as in RESOLUTIONS_AS:
+    RESOLUTIONS.labels(**{"as": _as})
+
+
+def init_provider(provider: str) -> None:
+    """Create a provider's send series at 0, so its retry and unknown ratios exist from the start."""
+    for outcome in OUTCOMES:
+        SEND_ATTEMPTS.labels(provider=provider, outcome=outcome)
+        SEND_SECONDS.labels(provider=provider, outcome=outcome)
+
+
+def observe_decision_to_enqueue(decided_at: datetime | None, enqueued_at: datetime) -> None:
+    if decided_at is not None:
+        # Two clocks (the agent's and the database's): a decision "after" its enqueue
+        # is skew, counted as 0 rather than dragging the sum below zero.
+        DECISION_TO_ENQUEUE.observe(max(0.0, (enqueued_at - decided_at).total_seconds()))
+
+
+def observe_closed(created_at: datetime, closed_at: datetime) -> None:
+    """A step reached accepted or rejected: the worker, the reconciler and operators all call this."""
+    ACTION_TO_EVIDENCE.observe(max(0.0, (closed_at - created_at).total_seconds()))

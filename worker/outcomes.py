@@ -48,3 +48,10 @@ class Unknown:
 
 
 Outcome: TypeAlias = Accepted | Rejected | Retryable | Unknown
+
+
+def log_fields(step: int, attempt: int, outcome: Outcome, **extra: Any) -> dict[str, Any]:
+    """What every adapter logs about one attempt's outcome (never the request itself)."""
+    r = outcome.response
+    return dict(step=step, attempt=attempt, outcome=outcome.kind, code=r.get("code"),
+                error_class=r.get("error_class"), **extra)

@@ -7,7 +7,7 @@ conformance suite (tests/conformance) runs one set of tests against both.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,22 +17,26 @@ from worker.records import (
     EnqueueResult,
     RecordResult,
     RescueCounts,
+    Resolved,
+    RunDetail,
     StepDetail,
     StepSummary,
     Transition,
 )
 from worker.request import ValidRequest
+from worker.resolution import Resolution
 from worker.states import Status
 
 
 @dataclass(frozen=True, slots=True)
 class StepFilter:
+    ids: tuple[int, ...] = ()
     statuses: tuple[Status, ...] = ()
     run_id: str | None = None
     provider: str | None = None
     created_before: datetime | None = None
     recipient_domain: str | None = None
-    limit: int = 50
+    limit: int | None = 50  # None: every matching row
     offset: int = 0
 
 
@@ -75,6 +79,18 @@ class Store(Protocol):
 
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
 
+    async def get_run(self, run_id: str) -> RunDetail: ...
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved: ...
+
 
 @dataclass(frozen=True, slots=True)
 class SendRequest:
@@ -99,3 +115,29 @@ class Provider(Protocol):
     async def send(self, request: SendRequest) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """What the provider said when asked for the message a step may have sent."""
+
+    found: bool
+    provider_message_id: str | None = None
+    # The provider's answer, trimmed and free of secrets: kept as evidence either way.
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class LookupFailed(Exception):
+    """The provider could not be asked (network, 5xx, an unreadable answer): no answer at all."""
+
+
+@runtime_checkable
+class Lookup(Protocol):
+    """An optional capability of a Provider: find a message by our idempotency key or
+    Message-ID. The reconciler settles ``unknown`` rows of providers that have it.
+
+    ``found=False`` is the provider's word that it has no such message; the reconciler
+    keeps that as evidence but never takes it as proof the message was not sent.
+    """
+
+    async def lookup(self, idempotency_key: str, message_id: str) -> LookupResult: ...

@@ -90,8 +90,9 @@ class Transition:
 
     @property
     def definite(self) -> bool:
-        """A definite answer may settle a row rescued to ``unknown`` after the fact."""
-        return self.outcome in ("accepted", "rejected")
+        """A definite answer may settle a row rescued to ``unknown`` after the fact
+        (step_record_late): one that closes the step, accepted or rejected."""
+        return self.to_status in (Status.ACCEPTED, Status.REJECTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,35 @@ class RescueCounts:
     @property
     def total(self) -> int:
         return self.unknown + self.retryable + self.window_closed
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownStep:
+    """An unknown row the reconciler holds for one lookup (no lock, a short hold)."""
+
+    id: int
+    run_id: str
+    step_id: str
+    idempotency_key: str
+    message_id: str
+    provider: str
+    reconcile_checks: int  # lookups already made for this row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> UnknownStep:
+        return cls(**{k: row[k] for k in cls.__slots__})  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileCounts:
+    accepted: int = 0  # the provider has the message: closed as accepted
+    absent: int = 0  # the provider says it has no such message: still unknown
+    failed: int = 0  # the provider could not be asked; the row is tried again later
+    lost: int = 0  # the row left unknown while the provider was asked (an operator closed it)
+
+    @property
+    def total(self) -> int:
+        return self.accepted + self.absent + self.failed + self.lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,4 +169,54 @@ class StepSummary:
 class StepDetail:
     step: dict[str, Any]
     decision: dict[str, Any] | None
+    evidence: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What the database says about the queue right now (read at scrape time for /metrics)."""
+
+    steps: dict[str, int]  # every status, 0 when none
+    unknown_oldest_age: float  # seconds; 0 when no row is unknown
+    unknown_age_sum: float
+    # Cumulative (le, rows aged at most le seconds), ascending, without +Inf (that is steps["unknown"]).
+    unknown_buckets: tuple[tuple[float, int], ...]
+    pending_oldest_age: float  # seconds the oldest row claimable now has waited since it became claimable
+    in_flight_expired: int
+    # Statuses whose count is the planner's estimate rather than an exact count.
+    estimated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """An operator's close that took effect."""
+
+    step_id: int
+    run_id: str
+    to_status: Status
+    evidence_id: int
+    resolved_at: datetime
+    attempts: int
+    max_attempts_before: int | None
+    max_attempts_after: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.step_id,
+            "run_id": self.run_id,
+            "from_status": str(Status.UNKNOWN),
+            "to_status": str(self.to_status),
+            "evidence_id": self.evidence_id,
+            "resolved_at": self.resolved_at,
+            "attempts": self.attempts,
+            "max_attempts_raised": self.max_attempts_after != self.max_attempts_before,
+            "max_attempts": self.max_attempts_after,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    run_id: str
+    steps: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]
     evidence: list[dict[str, Any]]

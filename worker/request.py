@@ -19,7 +19,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from datetime import datetime
 from typing import Any
@@ -65,6 +65,8 @@ ALLOWED_HEADERS = {
 }
 
 MAX_IDENTIFIER = 200
+# Step ids and idempotency keys evq writes for its own steps start with this.
+RESERVED_PREFIX = "evq:"
 MAX_SUBJECT = 998  # RFC 5322 line limit
 MAX_HEADER_VALUE = 998
 MAX_NAME = 200
@@ -94,6 +96,7 @@ class Policy:
     default_provider: str = "smtp"
     providers: tuple[str, ...] = ("smtp",)
     # Addresses only evq itself may send from (failure notices); outside callers are refused.
+    # An entry ending in "@" reserves that local part at every domain.
     reserved_senders: tuple[str, ...] = ()
 
 
@@ -160,11 +163,15 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     run_id = _identifier(data, "run_id", errors, required=True)
     step_id = _identifier(data, "step_id", errors, required=True)
     key = _identifier(data, "idempotency_key", errors, required=False)
+    for name, value in (("step_id", step_id), ("idempotency_key", key)):
+        if value is not None and value.lower().startswith(RESERVED_PREFIX):
+            # evq's own steps (failure notices) live there; a caller's step must never collide with one.
+            errors.add(name, f"must not start with {RESERVED_PREFIX!r}: reserved for evq's own steps")
     if key is None and run_id and step_id:
         key = default_idempotency_key(run_id, step_id)
 
     sender = _single_address(data, "from", errors, default=policy.default_from)
-    if sender and sender["email"].lower() in {s.lower() for s in policy.reserved_senders}:
+    if sender and _reserved(sender["email"], policy.reserved_senders):
         errors.add("from", "this sender is reserved for evq's own notices")
     to = _address_list(data, "to", errors)
     cc = _address_list(data, "cc", errors)
@@ -239,12 +246,13 @@ def check_payload(payload: Mapping[str, Any], policy: Policy = Policy()) -> str 
 
     Policy may have changed since enqueue (a domain newly blocked), and a row may have
     been written by something other than :func:`parse`; either way nothing leaves
-    unless it passes today's rules.
+    unless it passes today's rules. Reserved senders are a rule about who may ask,
+    not about what may be sent: evq's own notices come from one.
     """
     request = {k: v for k, v in payload.items() if k in REQUEST_FIELDS}
     request.update(run_id="recheck", step_id="recheck")
     try:
-        parse(request, policy)
+        parse(request, replace(policy, reserved_senders=()))
     except InvalidRequest as exc:
         return exc.message
     return None
@@ -414,6 +422,12 @@ def _each_recipient(*lists: list[dict[str, Any]]):
     for list_name, items in zip(("to", "cc", "bcc"), lists):
         for i, addr in enumerate(items):
             yield f"{list_name}[{i}]", addr
+
+
+def _reserved(email: str, rules: tuple[str, ...]) -> bool:
+    email = email.lower()
+    local = email.rsplit("@", 1)[0] + "@"
+    return any(rule.lower() in (email, local) for rule in rules)
 
 
 def ascii_domain(email: str) -> str:

@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import structlog
@@ -29,12 +30,14 @@ import structlog
 from worker import executor, metrics
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
-from worker.ports import Provider, SendRequest
+from worker.ports import Lookup, Provider, SendRequest
+from worker.reconciler import Reconciler, ReconcilerConfig
 from worker.records import ClaimedStep
 from worker.recorder import Recorder
 from worker.rescuer import Rescuer, RescuerConfig
 from worker.service import run_periodically
 from worker.settings import Settings
+from worker.states import TERMINAL
 from worker.backoff import Backoff, reconnect_delay
 from worker.transitions import decide
 
@@ -107,9 +110,28 @@ class Worker:
             ),
             actor=f"rescuer@{self.owner}",
         )
+        lookups = {name: p for name, p in self.providers.items() if isinstance(p, Lookup)}
+        self.reconciler = (
+            Reconciler(
+                store,
+                lookups,
+                ReconcilerConfig(
+                    interval=settings.reconcile_interval,
+                    rate=settings.reconcile_rate,
+                    max_checks=settings.reconcile_checks,
+                    # Longer than one lookup can take (a lease outlasts an adapter call) and than the pacing.
+                    hold_seconds=max(settings.lease_seconds, 2 / settings.reconcile_rate),
+                ),
+                actor=f"reconciler@{self.owner}",
+            )
+            if lookups and settings.reconcile_checks
+            else None
+        )
         self.dedupe_windows = {
             name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
         }
+        for name in self.providers:
+            metrics.init_provider(name)
         self.stats = RunStats()
         self._held: dict[int, _Held] = {}
         self._answered = 0  # held rows whose outcome waits for the recorder
@@ -146,10 +168,12 @@ class Worker:
         self.recorder.start()
         # One rescue pass before claiming: a worker restarted after a crash settles
         # what the crash left in flight before it does anything else.
-        await self._rescue_once()
-        rescuer_task = asyncio.create_task(
-            run_periodically(self.rescuer, self._stopping, delay_first=True), name="evq-rescuer"
-        )
+        await self._run_once(self.rescuer)
+        services = [
+            asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
+            for service in (self.rescuer, self.reconciler)
+            if service is not None
+        ]
         log.info(
             "worker_started",
             owner=self.owner,
@@ -162,7 +186,7 @@ class Worker:
             clean = await self._shutdown()
         finally:
             self._stopping.set()
-            await rescuer_task
+            await asyncio.gather(*services)
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -233,6 +257,8 @@ class Worker:
                     if not await self.store.claimable_exists(
                         providers=list(self.providers), lease_seconds=s.lease_seconds
                     ):
+                        # Drained means nothing left to do now, lookups of unknown rows included.
+                        await self._run_once(self.reconciler)
                         log.info("drained", **self.stats.__dict__)
                         return
                 except DatabaseUnavailable as exc:
@@ -243,14 +269,16 @@ class Worker:
             # so a step enqueued at any moment is claimed within one interval.
             await self._idle(max(0.0, s.poll_interval - (time.monotonic() - claim_started)))
 
-    async def _rescue_once(self) -> None:
+    async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
+        if service is None:
+            return
         try:
-            counts = await self.rescuer.run_once()
+            counts = await service.run_once()
         except DatabaseUnavailable as exc:
-            log.warning("rescuer_db_unavailable", error=exc.message)
+            log.warning(f"{service.name}_db_unavailable", error=exc.message)
             return
         if counts.total:
-            log.info("rescuer_pass", unknown=counts.unknown, retryable=counts.retryable, window_closed=counts.window_closed)
+            log.info(f"{service.name}_pass", **{name: getattr(counts, name) for name in counts.__slots__})
 
     async def _idle(self, timeout: float) -> None:
         """Wait for a notification, a freed slot, a stop, or the poll interval."""
@@ -308,8 +336,10 @@ class Worker:
             )
             self._log.debug("send_started")
             outcome, latency_ms = await executor.attempt(provider, request, deadline=self.settings.send_deadline)
-            window_open = step.dedupe_remaining is not None and (
-                held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
+            window_open = (
+                provider.dedupe_window is not None
+                and step.dedupe_remaining is not None
+                and held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
             )
             transition = decide(
                 step,
@@ -325,6 +355,9 @@ class Worker:
             self._answered += 1
             self._slot_freed.set()
             result = await self.recorder.submit(transition)
+            if (result.applied and transition.to_status in TERMINAL) or result.settled:
+                # created_at is the database's clock and now is this host's: only NTP-sized skew.
+                metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
             if result.applied:
                 # An accepted send's proof is its evidence row; at thousands a second a
                 # log line each is noise (and a fifth of a send's CPU): debug. Every

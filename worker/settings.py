@@ -13,12 +13,24 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from email_validator import EmailNotValidError, validate_email
+
 from worker.errors import ConfigError
+from worker.notices import NoticeConfig, reserved_sender
 from worker.request import Policy
 
 
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+
+
+def boolean(value: str) -> bool:
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +55,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
     Option("data_dir", str, None, "Folder for the embedded PostgreSQL (default: the user data dir, e.g. ~/.local/share/evq)."),
-    Option("adapter", _csv, ("smtp",), "Provider adapter(s) this worker sends through, comma-separated: smtp, null."),
+    Option("adapter", _csv, ("smtp",), "Provider adapter(s) this worker sends through, comma-separated: smtp, http, null."),
     Option("concurrency", int, 10, "Sends in flight at once per worker process.", minimum=1),
     Option("batch_size", int, 100, "Most rows claimed by one claim statement.", minimum=1),
     Option("lease_seconds", float, 120.0, "How long a claim is held; must exceed the adapter timeout.", minimum=1),
@@ -52,7 +64,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
     Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
     Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
-    Option("prepared_statements", str, "on", "Server-side prepared statements: off behind PgBouncer in transaction mode (before 1.21).", choices=("on", "off")),
+    Option(
+        "pooler",
+        str,
+        "none",
+        "A pooler between evq and PostgreSQL: none, or transaction (PgBouncer in transaction mode: "
+        "no prepared statements, no LISTEN; polling instead).",
+        choices=("none", "transaction"),
+    ),
     Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
     Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
@@ -66,9 +85,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("smtp_password", str, None, "SMTP AUTH password (never logged).", secret=True),
     Option("smtp_tls", str, "none", "SMTP transport security: none, starttls, ssl.", choices=("none", "starttls", "ssl")),
     Option("smtp_timeout", float, 30.0, "Seconds for each SMTP network operation.", minimum=0.1),
+    Option("http_base_url", str, "https://api.resend.com", "Base URL of the Resend-style HTTP email API (POST {base}/emails)."),
+    Option("http_api_key", str, None, "Bearer API key of the HTTP email API (required with EVQ_ADAPTER=http; never logged).", secret=True),
+    Option("http_timeout", float, 10.0, "Seconds for each HTTP network operation (connect, send, answer).", minimum=0.1),
+    Option("http_dedupe_window", float, 86400.0, "Seconds the HTTP provider honours our Idempotency-Key, counted from the first attempt (0: it does not).", minimum=0),
+    Option("notice_from", str, None, "Sender of failure notices, refused from every caller (default: evq-notices@ the failed step's sender domain)."),
+    Option("notice_on_unknown", boolean, False, "Also send a notice when a step becomes unknown (outcome uncertain, an operator will check)."),
+    Option("reconcile_interval", float, 30.0, "Seconds between reconciler passes over unknown rows whose provider can look messages up.", minimum=0.1),
+    Option("reconcile_rate", float, 2.0, "Most provider lookups per second, per worker.", minimum=0.01),
+    Option("reconcile_checks", int, 5, "Lookups per unknown row before it is left to an operator alone (0: no reconciler).", minimum=0),
     Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
     Option("log_format", str, "auto", "Log format: auto (console on a terminal, else JSON), json, console.", choices=("auto", "json", "console")),
     Option("log_level", str, "info", "Log level: debug, info, warning, error.", choices=("debug", "info", "warning", "error")),
+    Option("metrics_port", int, None, "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).", minimum=0),
+    Option("metrics_host", str, "127.0.0.1", "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it)."),
+    Option("metrics_queue", str, "on", "Also export the queue gauges read from the database at scrape time: on, off.", choices=("on", "off")),
 )
 
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
@@ -87,7 +118,7 @@ class Settings:
     retry_base: float = 5.0
     retry_max: float = 900.0
     listen: str = "auto"
-    prepared_statements: str = "on"
+    pooler: str = "none"
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0
     allowed_domains: tuple[str, ...] = ()
@@ -101,9 +132,21 @@ class Settings:
     smtp_password: str | None = None
     smtp_tls: str = "none"
     smtp_timeout: float = 30.0
+    http_base_url: str = "https://api.resend.com"
+    http_api_key: str | None = None
+    http_timeout: float = 10.0
+    http_dedupe_window: float = 86400.0
+    notice_from: str | None = None
+    notice_on_unknown: bool = False
+    reconcile_interval: float = 30.0
+    reconcile_rate: float = 2.0
+    reconcile_checks: int = 5
     null_delay: float = 0.0
     log_format: str = "auto"
     log_level: str = "info"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_queue: str = "on"
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -142,10 +185,33 @@ class Settings:
                 OPTION_BY_NAME["lease_seconds"],
                 f"must exceed 3 x EVQ_SMTP_TIMEOUT ({self.smtp_timeout * 3:g}s) so a live send is never rescued",
             )
+        if self.pooler == "transaction" and self.listen == "on":
+            raise _bad(OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)")
         if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.retry_max < self.retry_base:
             raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
+        if self.metrics_port is not None and self.metrics_port > 65535:
+            raise _bad(OPTION_BY_NAME["metrics_port"], f"must be a TCP port (at most 65535), got {self.metrics_port}")
+        if "http" in self.adapter:
+            self._validate_http()
+        if self.notice_from is not None:
+            try:
+                validate_email(self.notice_from, check_deliverability=False)
+            except EmailNotValidError as exc:
+                raise _bad(OPTION_BY_NAME["notice_from"], f"is not a valid address: {exc}") from None
+
+    def _validate_http(self) -> None:
+        if not self.http_api_key:
+            raise _bad(OPTION_BY_NAME["http_api_key"], "is required with EVQ_ADAPTER=http")
+        if urlsplit(self.http_base_url).scheme not in ("http", "https"):
+            raise _bad(OPTION_BY_NAME["http_base_url"], f"must be an http(s) URL, got {self.http_base_url!r}")
+        if self.lease_seconds <= self.http_timeout * 3:
+            # Connect, send and answer are each bounded by http_timeout.
+            raise _bad(
+                OPTION_BY_NAME["lease_seconds"],
+                f"must exceed 3 x EVQ_HTTP_TIMEOUT ({self.http_timeout * 3:g}s) so a live send is never rescued",
+            )
 
     @property
     def send_deadline(self) -> float:
@@ -161,7 +227,11 @@ class Settings:
             default_from=self.default_from,
             default_provider=self.adapter[0],
             providers=tuple(ADAPTERS),
+            reserved_senders=(reserved_sender(self.notice_from),),
         )
+
+    def notices(self) -> NoticeConfig:
+        return NoticeConfig(sender=self.notice_from, on_unknown=self.notice_on_unknown)
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log line, an evidence row or an error."""
@@ -183,7 +253,7 @@ class Settings:
 
 
 # The provider names a step may name. Which of them a given worker sends through is EVQ_ADAPTER.
-ADAPTERS = ("smtp", "null")
+ADAPTERS = ("smtp", "http", "null")
 
 
 def _parse(option: Option, raw: str, *, source: str) -> Any:
@@ -193,11 +263,12 @@ def _parse(option: Option, raw: str, *, source: str) -> Any:
         raise ConfigError(
             f"{source}: cannot read {raw if not option.secret else '***'!r}: {exc}",
             hint=f"{option.env} / {option.flag}: {option.help}",
+            field=source,
         ) from None
 
 
 def _bad(option: Option, message: str) -> ConfigError:
-    return ConfigError(f"{option.env} ({option.flag}) {message}", hint=option.help)
+    return ConfigError(f"{option.env} ({option.flag}) {message}", hint=option.help, field=option.env)
 
 
 def markdown_table() -> str:
@@ -207,5 +278,7 @@ def markdown_table() -> str:
         default = o.default
         if isinstance(default, tuple):
             default = ",".join(default) or "(none)"
+        elif isinstance(default, bool):
+            default = str(default).lower()
         lines.append(f"| `{o.env}` | `{o.flag}` | `{'(unset)' if default is None else default}` | {o.help} |")
     return "\n".join(lines)

@@ -49,4 +49,5 @@ class Reason(StrEnum):
     RELEASED = "released"  # claimed, handed back at shutdown before the adapter was called
     LATE_ANSWER = "late_answer"  # settled by a fenced answer that arrived after the rescue
     OPERATOR = "operator"
-    RECONCILED = "reconciled"
+    RECONCILED = "reconciled"  # the provider, asked by the reconciler, has the message
+    RECONCILE_ABSENT = "reconcile_absent"  # evidence only: the provider says it has no such message

@@ -2,9 +2,11 @@
 
 The rules (DESIGN.md, "States", and invariant 4):
 - Accepted -> accepted; Rejected -> rejected.
-- Retryable -> retryable after a backoff, or rejected once attempts are spent;
-  but if any earlier attempt may have reached the provider, spent attempts end
-  ``unknown``, never ``rejected``: a rejection would tell the sender it did not go out.
+- Retryable -> retryable after a backoff, or rejected once attempts are spent.
+- A step that an earlier attempt may have delivered never ends ``rejected``: a
+  rejection tells the sender (and its failure notice) that it did not go out. Spent
+  attempts, and a refusal of a later attempt (the policy re-check, a provider that
+  no longer knows the key), end ``unknown`` instead.
 - Unknown -> unknown; unless the provider dedupes our key and its window is still
   open, then retryable (the next attempt reuses the key, the provider sends once).
 """
@@ -49,6 +51,9 @@ def decide(
         case Rejected(reason=why, before_send=before_send):
             detail["message"] = why
             reason = Reason.POLICY_REFUSED if before_send else Reason.PROVIDER_REJECTED
+            if step.maybe_delivered:
+                detail["message"] = f"{why}; but an earlier attempt may have been delivered"
+                return Transition(to_status=Status.UNKNOWN, reason=reason, detail=detail, **common)
             return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, **common)
         case Retryable(reason=why, retry_after=retry_after):
             detail["message"] = why

@@ -77,6 +77,16 @@ def head_revision() -> str:
     return head
 
 
+def pending_revisions(url: str) -> list[str]:
+    """The revisions `upgrade` would apply, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(url))
+    current = current_revision(url)
+    pending = [r.revision for r in script.iterate_revisions("heads", current)]
+    return list(reversed(pending))
+
+
 def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
     """Migrate; return (revision before, revision after)."""
     from alembic import command

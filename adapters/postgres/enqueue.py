@@ -72,6 +72,7 @@ def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
     row = rows[0]
     if row["created"]:
         metrics.ENQUEUED.inc()
+        metrics.observe_decision_to_enqueue(request.decision.decided_at, row["created_at"])
         return result_from_row(row)
     return existing_or_conflict(row, request)
 
@@ -214,18 +215,3 @@ def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:
     if errors:
         raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
     return valid
-
-
-def enqueue_many_own(url: str, requests: list[Any], *, policy: Policy = Policy()) -> list[EnqueueResult]:
-    """Enqueue many requests in one transaction of its own: all of them or none.
-
-    Every request is validated before anything is written; the writes are a few
-    multi-row statements (see step_enqueue_many), not one statement per request.
-    """
-    from adapters.postgres.database import connect_kwargs
-
-    valid = validate_many(requests, policy)
-    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
-        results = run_sync(conn, enqueue_many_op(valid))
-        conn.commit()
-        return results

@@ -44,6 +44,7 @@ class PostgresWakeup:
             raise ConfigError(
                 "EVQ_LISTEN=on but notifications do not arrive (PgBouncer in transaction mode?)",
                 hint="use EVQ_LISTEN=auto or off to poll instead",
+                field="EVQ_LISTEN",
             )
         log.warning(
             "listen_unavailable",

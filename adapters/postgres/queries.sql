@@ -23,7 +23,8 @@ WITH t AS (
            %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s, t.now, t.now, t.now
     FROM ids, t
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
+              created_at
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -35,11 +36,11 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, true AS created
+       step.payload_sha256, step.created_at, true AS created
 FROM step
 CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
 UNION ALL
-SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, false
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.created_at, false
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -100,7 +101,7 @@ ORDER BY r.ord;
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, false AS created
+SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, created_at, false AS created
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
@@ -109,8 +110,8 @@ LIMIT 1;
 
 -- name: step_claim
 -- One statement: pick claimable rows (SKIP LOCKED keeps concurrent workers apart),
--- start their attempt (attempts+1, a fresh lease token, the dedupe deadline fixed at
--- the first attempt) and write the attempt_started evidence. When it commits, the
+-- start their attempt (attempts+1, a fresh lease token, the dedupe deadline counted
+-- from the first attempt) and write the attempt_started evidence. When it commits, the
 -- attempt is on record before any adapter is called (invariant 2).
 -- A row that may already have been delivered is only retried while the provider's
 -- dedupe window still covers the whole lease; otherwise the rescuer makes it unknown.
@@ -135,9 +136,15 @@ WITH t AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = t.now + make_interval(secs => %(lease_seconds)s),
         first_attempt_at = coalesce(s.first_attempt_at, t.now),
-        dedupe_until = coalesce(
+        -- The provider counts its window from the first request it saw with our key,
+        -- which is no earlier than our first attempt: counting from there is safe even
+        -- if the first attempts never reached it. least() ignores NULL, so a window
+        -- learnt only at a later attempt is still counted from the first, and a
+        -- window that shrinks in the configuration shrinks here; it never grows.
+        dedupe_until = least(
             s.dedupe_until,
-            t.now + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
+            coalesce(s.first_attempt_at, t.now)
+                + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
         ),
         updated_at = t.now
     FROM picked, t
@@ -210,7 +217,8 @@ FROM o LEFT JOIN applied a ON a.id = o.id;
 -- name: step_record_late
 -- Answers that lost their lease (a zombie worker, a commit retried after the
 -- database came back). The answer is always kept as evidence; it changes the row
--- only when it is definite (accepted or rejected), the row was left waiting
+-- only when it is definite (its transition closes the step: accepted, or rejected
+-- with no earlier attempt that may have been delivered), the row was left waiting
 -- (unknown, or retryable after a rescue) and no later attempt has started: then
 -- the answer is the best knowledge there is and closes the row. The unique index
 -- on the lease token makes a repeated recording of the same answer a no-op.
@@ -222,7 +230,7 @@ WITH t AS (
         provider_message_id text, latency_ms float8, detail jsonb, message text)
 ), cur AS (
     SELECT s.id, s.run_id, s.status, s.attempts,
-           (o.outcome IN ('accepted', 'rejected')
+           (o.to_status IN ('accepted', 'rejected')
             AND s.status IN ('unknown', 'retryable')
             AND s.attempts = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
@@ -236,7 +244,7 @@ WITH t AS (
         provider_message_id, lease_token, latency_ms, detail, created_at
     )
     SELECT o.id, cur.run_id, o.attempt, 'late_response', %(actor)s, cur.status,
-           CASE WHEN cur.settles THEN o.outcome END, o.outcome,
+           CASE WHEN cur.settles THEN o.to_status END, o.outcome,
            CASE WHEN cur.settles THEN 'late_answer' ELSE o.reason END,
            o.provider_message_id, o.lease_token, o.latency_ms,
            o.detail || jsonb_build_object('fenced', true, 'row_attempts', cur.attempts, 'settled', cur.settles),
@@ -346,7 +354,7 @@ WITH t AS (
            r.at
     FROM rescued r
 )
-SELECT status, count(*)::int AS n FROM rescued GROUP BY status;
+SELECT id, status FROM rescued;
 
 
 -- name: step_close_windows
@@ -378,7 +386,7 @@ WITH t AS (
            jsonb_build_object('dedupe_until', c.dedupe_until), c.at
     FROM closed c
 )
-SELECT count(*)::int AS n FROM closed;
+SELECT id FROM closed;
 
 
 -- name: step_claimable_exists
@@ -390,6 +398,147 @@ SELECT EXISTS (
       AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= coalesce(%(now)s::timestamptz, now())
                + make_interval(secs => %(lease_seconds)s), true))
 ) AS claimable;
+
+
+-- name: notice_candidates
+-- Steps just moved to a state that owes a notice (rejected; unknown when so
+-- configured) whose caller named an address to tell. Run in the transaction of the
+-- transition itself, on rows it has just changed (so already locked). A notice never
+-- owes a notice: it has notice_of set and no notify.
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
+       s.reason, s.detail, s.attempts, s.notify
+FROM email_steps s
+WHERE s.id = ANY(%(ids)s::bigint[])
+  AND s.status = ANY(%(statuses)s::text[])
+  AND s.notify IS NOT NULL
+  AND s.notice_of IS NULL
+ORDER BY s.id;
+
+
+-- name: notice_enqueue
+-- The notices as email steps, each with its decision, and notice_enqueued evidence
+-- on the step it tells about, in one statement. A notice's key is derived from its
+-- step's, so a transition recorded twice (a commit retried after its acknowledgement
+-- was lost) meets ON CONFLICT and writes nothing the second time.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), n AS (
+    SELECT n.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    FROM unnest(
+        %(notice_of)s::bigint[], %(kinds)s::text[], %(run_ids)s::text[], %(step_ids)s::text[], %(keys)s::text[],
+        %(message_ids)s::text[], %(providers)s::text[], %(payloads)s::jsonb[], %(digests)s::text[],
+        %(intents)s::text[], %(rationales)s::jsonb[]
+    ) AS n(notice_of, kind, run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
+           intent, rationale)
+), step AS (
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
+        notice_of, next_attempt_at, created_at, updated_at
+    )
+    SELECT n.run_id, n.step_id, n.decision_id, n.idempotency_key, n.message_id, n.provider, n.payload,
+           n.payload_sha256, n.notice_of, t.now, t.now, t.now
+    FROM n, t
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload
+), decision AS (
+    INSERT INTO decisions (id, run_id, step_id, intent, tool, rationale, decided_at, created_at)
+    SELECT step.decision_id, step.run_id, step.step_id, n.intent, 'evq-notice', n.rationale, t.now, t.now
+    FROM step JOIN n ON n.decision_id = step.decision_id, t
+), told AS (
+    INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
+    SELECT step.notice_of, step.run_id, 'notice_enqueued', %(actor)s, n.kind,
+           jsonb_build_object(
+               'notice_step', step.id,
+               'notice_key', step.idempotency_key,
+               'to', step.payload -> 'to' -> 0 ->> 'email',
+               'message', 'notice of ' || n.kind || ' queued as step ' || step.id || ' to '
+                          || (step.payload -> 'to' -> 0 ->> 'email')),
+           t.now
+    FROM step JOIN n ON n.decision_id = step.decision_id, t
+)
+SELECT step.id, step.notice_of
+FROM step
+CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
+ORDER BY step.id;
+
+
+-- name: step_reconcile_claim
+-- The next unknown row the reconciler may ask its provider about. No lock is held
+-- while the provider answers: the claim only moves reconcile_after forward (a hold
+-- of about a lease), so other workers' reconcilers skip the row meanwhile and take
+-- it again if this one dies. SKIP LOCKED keeps concurrent claims apart.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT s.id
+    FROM email_steps s
+    WHERE s.status = 'unknown'
+      AND s.provider = ANY(%(providers)s::text[])
+      AND coalesce(s.reconcile_after, '-infinity') <= (SELECT now FROM t)
+      AND s.reconcile_checks < %(max_checks)s
+    ORDER BY s.reconcile_after NULLS FIRST, s.unknown_since, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE email_steps s
+SET reconcile_after = t.now + make_interval(secs => %(hold_seconds)s)
+FROM picked, t
+WHERE s.id = picked.id
+RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.reconcile_checks;
+
+
+-- name: step_reconcile_found
+-- The provider has the message: the row, if still unknown (an operator may have
+-- closed it meanwhile), is closed as accepted with the provider's id and the lookup
+-- as evidence.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), closed AS (
+    UPDATE email_steps s
+    SET status = 'accepted',
+        reason = 'reconciled',
+        detail = %(message)s,
+        provider_message_id = coalesce(%(provider_message_id)s, s.provider_message_id),
+        unknown_since = NULL,
+        closed_at = t.now,
+        reconcile_after = NULL,
+        reconcile_checks = s.reconcile_checks + 1,
+        updated_at = t.now
+    FROM t
+    WHERE s.id = %(id)s AND s.status = 'unknown'
+    RETURNING s.id, s.run_id, s.attempts, t.now AS at
+), ev AS (
+    INSERT INTO evidence (
+        step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
+        provider_message_id, detail, created_at
+    )
+    SELECT c.id, c.run_id, c.attempts, 'reconciled', %(actor)s, 'unknown', 'accepted', 'accepted', 'reconciled',
+           %(provider_message_id)s, %(detail)s::jsonb, c.at
+    FROM closed c
+)
+SELECT count(*)::int AS n FROM closed;
+
+
+-- name: step_reconcile_absent
+-- The provider says it has no such message. Absence is not proof (it may not have
+-- indexed the message yet, or may keep no record of it): the row stays unknown, the
+-- answer is kept as evidence for the operator, and the next lookup waits longer.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), checked AS (
+    UPDATE email_steps s
+    SET reconcile_checks = s.reconcile_checks + 1,
+        reconcile_after = t.now + make_interval(secs => %(next_check)s)
+    FROM t
+    WHERE s.id = %(id)s AND s.status = 'unknown'
+    RETURNING s.id, s.run_id, s.attempts, s.reconcile_checks, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, reason, detail, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'reconciled', %(actor)s, 'unknown', 'reconcile_absent',
+           %(detail)s::jsonb, c.at
+    FROM checked c
+)
+SELECT count(*)::int AS n FROM checked;
 
 
 -- name: step_get
@@ -409,28 +558,210 @@ SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
 -- name: step_list
 -- Filters are optional: a NULL parameter disables its condition. Unknown rows
 -- sort oldest first (the operator's queue); everything else newest first.
-SELECT s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
+-- The total is counted apart from the page, so it stays right when the offset
+-- runs past the end (then the one row back carries the total and no step).
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), matched AS (
+    SELECT s.id, s.status, s.unknown_since, s.created_at
+    FROM email_steps s
+    WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
+      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+      AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
+      AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
+      AND (%(recipient_domain)s::text IS NULL OR EXISTS (
+            SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
+            WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+), page AS (
+    SELECT m.id
+    FROM matched m
+    ORDER BY CASE WHEN m.status = 'unknown' THEN m.unknown_since END ASC NULLS LAST,
+             CASE WHEN m.status = 'unknown' THEN m.id END ASC, m.created_at DESC, m.id DESC
+    LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT total.n AS total,
+       s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
        ARRAY(SELECT r ->> 'email'
              FROM jsonb_array_elements(s.payload -> 'to') r
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'cc') r
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'bcc') r) AS recipients,
        s.payload ->> 'subject' AS subject,
        s.created_at, s.updated_at, s.unknown_since, s.closed_at,
-       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - coalesce(s.unknown_since, s.created_at))::float8
-           AS age_seconds,
-       count(*) OVER () AS total
-FROM email_steps s
-WHERE (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
-  AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
-  AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
-  AND (%(created_before)s::timestamptz IS NULL
-       OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
-  AND (%(recipient_domain)s::text IS NULL OR EXISTS (
-        SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
-        WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+       extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
+FROM (SELECT count(*)::int AS n FROM matched) AS total
+CROSS JOIN t
+LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+-- The page's order again (a join does not keep it).
 ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
-         s.created_at DESC, s.id DESC
-LIMIT %(limit)s OFFSET %(offset)s;
+         CASE WHEN s.status = 'unknown' THEN s.id END ASC, s.created_at DESC, s.id DESC;
+
+
+-- name: step_resolve
+-- An operator's verdict on an unknown row: the close and its operator_resolved
+-- evidence (who, note, reason, reference, the state it replaced) in one statement,
+-- guarded by status = 'unknown'. FOR UPDATE reads the row as committed after any
+-- concurrent close: a second operator waits for the first, then finds the row no
+-- longer unknown, changes nothing and gets the state it is in (E_CONFLICT).
+-- 'retryable' is "verified not sent": the same key and Message-ID go out again;
+-- maybe_delivered is cleared (the operator checked), and a row whose attempts are
+-- spent is given one more (recorded in the evidence).
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.detail, s.attempts, s.max_attempts, s.unknown_since,
+           s.provider_message_id, s.closed_at, s.updated_at, s.created_at
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), closed AS (
+    UPDATE email_steps s
+    SET status = %(to_status)s,
+        reason = 'operator',
+        detail = %(note)s,
+        provider_message_id = CASE WHEN %(to_status)s = 'accepted'
+                                   THEN coalesce(%(provider_message_id)s, s.provider_message_id)
+                                   ELSE s.provider_message_id END,
+        maybe_delivered = CASE WHEN %(to_status)s = 'retryable' THEN false ELSE s.maybe_delivered END,
+        max_attempts = CASE WHEN %(to_status)s = 'retryable'
+                                 AND s.attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
+                            THEN s.attempts + 1 ELSE s.max_attempts END,
+        next_attempt_at = CASE WHEN %(to_status)s = 'retryable' THEN t.now ELSE s.next_attempt_at END,
+        unknown_since = NULL,
+        closed_at = CASE WHEN %(to_status)s IN ('accepted', 'rejected') THEN t.now END,
+        updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'unknown'
+    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.provider, s.closed_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
+                          provider_message_id, detail, created_at)
+    SELECT c.id, c.run_id, c.attempts, 'operator_resolved', %(actor)s, cur.status, c.status,
+           coalesce(%(reason)s, 'operator'), %(provider_message_id)s,
+           jsonb_build_object(
+               'verdict', %(verdict)s::text,
+               'note', %(note)s::text,
+               'reference', jsonb_build_object('provider_message_id', %(provider_message_id)s::text,
+                                               'evidence_url', %(evidence_url)s::text),
+               'previous', jsonb_build_object('status', cur.status, 'reason', cur.reason, 'detail', cur.detail,
+                                              'unknown_since', cur.unknown_since, 'attempts', cur.attempts,
+                                              'max_attempts', cur.max_attempts,
+                                              'provider_message_id', cur.provider_message_id),
+               'max_attempts_raised', c.max_attempts IS DISTINCT FROM cur.max_attempts,
+               'max_attempts', c.max_attempts),
+           c.at
+    FROM closed c, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.reason AS current_reason,
+       cur.closed_at AS current_closed_at, closed.status AS to_status, closed.attempts,
+       cur.max_attempts AS max_attempts_before, closed.max_attempts AS max_attempts_after,
+       closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
+       CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
+            ELSE false END AS woke
+FROM cur
+LEFT JOIN closed ON true
+LEFT JOIN ev ON true;
+
+
+-- name: snapshot_read
+-- The statements after this one in the same transaction read one snapshot, so a
+-- run's steps, decisions and evidence agree with each other.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+
+-- name: run_steps
+SELECT s.*
+FROM email_steps s
+WHERE s.run_id = %(run_id)s
+ORDER BY s.created_at, s.id;
+
+
+-- name: run_decisions
+SELECT d.*
+FROM decisions d
+WHERE d.run_id = %(run_id)s
+ORDER BY d.created_at, d.id;
+
+
+-- name: run_evidence
+SELECT e.*
+FROM evidence e
+WHERE e.run_id = %(run_id)s
+ORDER BY e.id;
+
+
+-- name: api_key_lock
+-- Key changes are serialized: the bootstrap check ("no admin key yet") and the
+-- last-admin check then read a state nobody else is changing. Held to commit.
+SELECT pg_advisory_xact_lock(hashtext('evq.api_keys'));
+
+
+-- name: api_key_create
+-- A bootstrap create (no key presented) happens only while no active admin key
+-- exists; run after api_key_lock in the same transaction, so two bootstraps at
+-- once make one key. A name already taken (even by a revoked key) gives no row.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), guard AS (
+    SELECT NOT %(bootstrap)s
+           OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
+), created AS (
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s
+    FROM guard, t
+    WHERE guard.allowed
+    ON CONFLICT DO NOTHING
+    RETURNING name, role, key_id, created_at, created_by
+)
+SELECT guard.allowed, created.*
+FROM guard LEFT JOIN created ON true;
+
+
+-- name: api_key_revoke
+-- Takes effect at once: every check reads revoked_at. The last active admin key
+-- is never revoked (nobody could manage keys afterwards); make another one first.
+-- Run after api_key_lock. No row back: there is no key of that name.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), target AS (
+    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by
+    FROM api_keys k
+    WHERE k.name = %(name)s
+), other_admins AS (
+    SELECT count(*)::int AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL AND name <> %(name)s
+), revoked AS (
+    UPDATE api_keys k
+    SET revoked_at = t.now, revoked_by = %(actor)s
+    FROM target, other_admins, t
+    WHERE k.id = target.id AND k.revoked_at IS NULL
+      AND (k.role <> 'admin' OR other_admins.n > 0)
+    RETURNING k.revoked_at, k.revoked_by
+)
+SELECT target.name, target.role, target.key_id, target.created_at, target.created_by,
+       coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
+       coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
+       revoked.revoked_at IS NOT NULL AS changed,
+       target.revoked_at IS NOT NULL AS already_revoked,
+       other_admins.n AS other_admins
+FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
+
+
+-- name: api_key_by_id
+SELECT name, role, secret_hash, revoked_at FROM api_keys WHERE key_id = %(key_id)s;
+
+
+-- name: api_key_state
+-- What creating a key would meet (for --dry-run): is there an admin key, is the name taken.
+SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS admin_exists,
+       EXISTS (SELECT 1 FROM api_keys WHERE name = %(name)s) AS name_taken;
+
+
+-- name: api_key_list
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
+FROM api_keys
+ORDER BY created_at, id;
 
 
 -- name: prune_allow
@@ -494,3 +825,80 @@ SELECT (SELECT count(*) FROM doomed)::bigint AS steps,
 
 -- name: schema_revision
 SELECT version_num FROM alembic_version;
+
+
+-- name: queue_stats_timeout
+-- Bounds the next statement of this transaction only (SET LOCAL), so it works
+-- behind PgBouncer in transaction mode, where startup options do not.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
+
+
+-- name: queue_stats
+-- The metrics collector's one read at scrape time; each part is read from an index
+-- whose size follows the live backlog, never the terminal history:
+-- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable);
+-- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
+-- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
+-- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only.
+-- Terminal states are counted the same way while the planner's estimate for them is
+-- under %(exact_limit)s rows; above it the estimate is the answer (Oban Met's
+-- estimate_limit), because an exact count of a million accepted rows would read a
+-- million index entries on every scrape. The estimate is the one the planner makes
+-- for `status = 'accepted'`: the value's frequency in pg_stats times reltuples,
+-- scaled to the table's current size.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), lag AS (
+    SELECT min(s.next_attempt_at) AS oldest_due
+    FROM email_steps s
+    WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= (SELECT now FROM t)
+), in_flight AS (
+    SELECT count(*) AS n, count(*) FILTER (WHERE s.lease_expires_at < (SELECT now FROM t)) AS expired
+    FROM email_steps s
+    WHERE s.status = 'in_flight'
+), unknown AS MATERIALIZED (
+    SELECT extract(epoch FROM (SELECT now FROM t) - s.unknown_since)::float8 AS age
+    FROM email_steps s
+    WHERE s.status = 'unknown'
+), unknown_buckets AS (
+    -- Cumulative, as Prometheus buckets are: rows aged at most `le` seconds.
+    SELECT array_agg(b.n ORDER BY b.le) AS counts
+    FROM (
+        SELECT le.le, count(u.age) AS n
+        FROM unnest(%(buckets)s::float8[]) AS le(le)
+        LEFT JOIN unknown u ON u.age <= le.le
+        GROUP BY le.le
+    ) b
+), planner AS (
+    SELECT v.status,
+           coalesce((SELECT f.freq
+                     FROM pg_stats ps,
+                          unnest(ps.most_common_vals::text::text[], ps.most_common_freqs) AS f(val, freq)
+                     WHERE ps.schemaname = n.nspname AND ps.tablename = c.relname AND ps.attname = 'status'
+                       AND f.val = v.status), 0)
+           * CASE WHEN c.relpages > 0 AND c.reltuples > 0
+                  THEN c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+                  ELSE 0 END AS rows
+    FROM (VALUES ('accepted'), ('rejected')) AS v(status)
+    CROSS JOIN pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = 'email_steps'::regclass
+), terminal AS (
+    SELECT p.status,
+           p.rows >= %(exact_limit)s AS estimated,
+           CASE WHEN p.rows >= %(exact_limit)s THEN round(p.rows)::bigint
+                ELSE (SELECT count(*) FROM email_steps s WHERE s.status = p.status) END AS n
+    FROM planner p
+)
+SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,
+       (SELECT count(*) FROM email_steps s WHERE s.status = 'retryable') AS retryable,
+       f.n AS in_flight, f.expired AS in_flight_expired,
+       (SELECT count(*) FROM unknown) AS unknown,
+       coalesce((SELECT max(age) FROM unknown), 0) AS unknown_oldest_age,
+       coalesce((SELECT sum(age) FROM unknown), 0) AS unknown_age_sum,
+       (SELECT counts FROM unknown_buckets) AS unknown_buckets,
+       coalesce(extract(epoch FROM (SELECT now FROM t) - l.oldest_due)::float8, 0) AS pending_oldest_age,
+       (SELECT n FROM terminal WHERE status = 'accepted') AS accepted,
+       (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
+       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated
+FROM lag l, in_flight f;

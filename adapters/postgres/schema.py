@@ -102,6 +102,12 @@ email_steps = Table(
     Column("maybe_delivered", Boolean, nullable=False, server_default=text("false")),
     Column("provider_message_id", Text),
     Column("notify", Text),
+    # Set on a failure notice: the step it tells about. A notice never asks for a notice.
+    Column("notice_of", BigInteger, ForeignKey("email_steps.id")),
+    # When the reconciler may next ask the provider about this unknown row (NULL: now),
+    # and how often it has asked; both only bookkeeping for the reconciler.
+    Column("reconcile_after", TZ),
+    Column("reconcile_checks", Integer, nullable=False, server_default="0"),
     Column("created_at", TZ, nullable=False, server_default=NOW),
     Column("updated_at", TZ, nullable=False, server_default=NOW),
     Column("first_attempt_at", TZ),
@@ -126,6 +132,8 @@ email_steps = Table(
     CheckConstraint("length(idempotency_key) BETWEEN 1 AND 512", name="idempotency_key_length"),
     CheckConstraint("message_id ~ '^<[^<>@[:space:]]+@[^<>@[:space:]]+>$'", name="message_id_format"),
     CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
+    CheckConstraint("notice_of IS NULL OR notify IS NULL", name="notice_never_notifies"),
+    CheckConstraint("reconcile_checks >= 0", name="reconcile_checks_nonnegative"),
 )
 
 # The claim's index: its predicate and order are exactly the claim query's, so
@@ -191,6 +199,32 @@ Index(
     evidence.c.lease_token,
     unique=True,
     postgresql_where=text("kind IN ('provider_response', 'late_response')"),
+)
+
+# API keys (worker/keys.py). A name is never reused, so an actor in evidence names
+# exactly one key for ever; rotating means a new name, then revoking the old one.
+ROLES = ("agent", "operator", "admin")
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    # The public part of the key, for a one-row lookup; the secret is only hashed.
+    Column("key_id", Text, nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    # NULL: the bootstrap key, made before any admin key existed.
+    Column("created_by", Text),
+    Column("revoked_at", TZ),
+    Column("revoked_by", Text),
+    UniqueConstraint("name"),
+    UniqueConstraint("key_id"),
+    CheckConstraint(_in("role", ROLES), name="role"),
+    CheckConstraint("key_id ~ '^[0-9a-f]{12}$'", name="key_id_format"),
+    CheckConstraint("secret_hash LIKE 'scrypt$%'", name="secret_hash_scheme"),
+    CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
 )
 
 # What evq prune removed, one row per batch, written in the batch's own transaction

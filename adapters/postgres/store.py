@@ -4,7 +4,10 @@ Every call passes one chokepoint (:meth:`PostgresStore._op`): it times the call
 into a histogram by operation and outcome, logs it with the step identifiers bound,
 and translates driver errors into evq errors. Pool connections run in autocommit:
 every operation is one statement, atomic on its own, which saves the BEGIN/COMMIT
-round trips that would otherwise double the cost of a small transaction.
+round trips that would otherwise double the cost of a small transaction. The few
+that need more than one statement (a transition that owes a failure notice) run
+inside :meth:`PostgresStore.transaction`, which pins one connection for every store
+call made within it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -22,10 +26,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from adapters.postgres.database import connect_kwargs, translate
 from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
+from adapters.postgres.notices import notice_op
 from adapters.postgres.queries import Q
 from worker import metrics
-from worker.errors import NotFound
+from worker.errors import AuthFailed, Conflict, NotFound, StateConflict
+from worker.keys import NewKey, Role, hash_secret
 from worker.logs import get_logger
+from worker.notices import NoticeConfig
 from worker.ports import StepFilter
 from worker.pruner import PruneCounts
 from worker.records import (
@@ -33,34 +40,53 @@ from worker.records import (
     EnqueueResult,
     RecordResult,
     RescueCounts,
+    Resolved,
+    RunDetail,
     StepDetail,
     StepSummary,
     Transition,
+    UnknownStep,
 )
 from worker.request import ValidRequest
+from worker.resolution import Resolution
+from worker.states import Status
 
 log = get_logger("evq.store")
 
+# The connection of the store transaction the current task is inside, if any.
+_PINNED: ContextVar[tuple[PostgresStore, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
+
 
 class PostgresStore:
-    def __init__(self, pool: AsyncConnectionPool):
+    def __init__(self, pool: AsyncConnectionPool, *, notices: NoticeConfig = NoticeConfig()):
         self.pool = pool
+        self.notices = notices
 
     @classmethod
-    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 4, prepare: bool = True) -> PostgresStore:
+    async def open(
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        prepare: bool = True,
+        notices: NoticeConfig = NoticeConfig(),
+    ) -> PostgresStore:
         kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
         if not prepare:
             # PgBouncer in transaction mode cannot keep server-side prepared statements.
             kwargs["prepare_threshold"] = None
         pool = AsyncConnectionPool(
-            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=30
+            # A short wait for a connection: when the database is out of reach the caller
+            # hears about it (and logs it) within seconds, instead of hanging silently.
+            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=10
         )
         try:
             await pool.open(wait=True, timeout=15)
         except Exception as exc:
             await pool.close()
             raise translate(exc) or exc from exc
-        return cls(pool)
+        return cls(pool, notices=notices)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -69,9 +95,13 @@ class PostgresStore:
     async def _op(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
         started = time.perf_counter()
         outcome = "ok"
+        pinned = _PINNED.get()
         try:
-            async with self.pool.connection() as conn:
-                yield conn
+            if pinned is not None and pinned[0] is self:
+                yield pinned[1]
+            else:
+                async with self.pool.connection() as conn:
+                    yield conn
         except BaseException as exc:
             outcome = "error"
             mapped = translate(exc) if isinstance(exc, Exception) else None
@@ -81,10 +111,26 @@ class PostgresStore:
         finally:
             metrics.labelled(metrics.STORE_SECONDS, name, outcome).observe(time.perf_counter() - started)
 
+    @asynccontextmanager
+    async def transaction(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
+        """One transaction: every call on this store inside it (in this task) runs in it."""
+        async with self._op(name) as conn, conn.transaction():
+            token = _PINNED.set((self, conn))
+            try:
+                yield conn
+            finally:
+                _PINNED.reset(token)
+
     async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        async with self._op(name) as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall() if cur.description else []
+        async with self._op(name) as conn:
+            return await _rows(conn, query, params)
+
+    @asynccontextmanager
+    async def _snapshot(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A read-only transaction whose statements all see one snapshot."""
+        async with self._op(name) as conn, conn.transaction():
+            await conn.execute(Q["snapshot_read"])
+            yield conn
 
     # -- enqueue -------------------------------------------------------------
 
@@ -124,6 +170,17 @@ class PostgresStore:
         return [ClaimedStep.from_row(r) for r in rows]
 
     async def record(
+        self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
+    ) -> list[RecordResult]:
+        if not self.notices.due([t.to_status for t in transitions]):
+            return await self._record(transitions, actor=actor, now=now)
+        # The rare batch that rejects a step: its notice is enqueued in the same transaction.
+        async with self.transaction("record_with_notices"):
+            results = await self._record(transitions, actor=actor, now=now)
+            await self.enqueue_notices([r.step_id for r in results if r.applied or r.settled], actor=actor, now=now)
+        return results
+
+    async def _record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
     ) -> list[RecordResult]:
         if not transitions:
@@ -169,9 +226,31 @@ class PostgresStore:
         )
         return len(rows)
 
+    async def enqueue_notices(
+        self, step_ids: Sequence[int], *, actor: str, now: datetime | None = None
+    ) -> list[tuple[int, int]]:
+        """Failure notices for those of ``step_ids`` that owe one: [(notice id, step id)].
+
+        Call it inside :meth:`transaction`, with the statement that closed the steps,
+        so transition and notice commit together. Repeating it is a no-op.
+        """
+        async with self._op("notices") as conn:
+            return await run_async(conn, notice_op(step_ids, self.notices, actor=actor, now=now))
+
     async def rescue(
         self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
     ) -> RescueCounts:
+        if Status.UNKNOWN not in self.notices.statuses:
+            counts, _ = await self._rescue(limit, lease_seconds, default_max_attempts, actor, now)
+            return counts
+        async with self.transaction("rescue_with_notices"):
+            counts, unknown = await self._rescue(limit, lease_seconds, default_max_attempts, actor, now)
+            await self.enqueue_notices(unknown, actor=actor, now=now)
+        return counts
+
+    async def _rescue(
+        self, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None
+    ) -> tuple[RescueCounts, list[int]]:
         rows = await self._fetch(
             "rescue",
             Q["step_rescue"],
@@ -183,15 +262,14 @@ class PostgresStore:
                 "actor": actor,
             },
         )
-        counts = {r["status"]: r["n"] for r in rows}
         closed = await self._fetch(
             "close_windows",
             Q["step_close_windows"],
             {"now": now, "limit": limit, "lease_seconds": lease_seconds, "actor": actor},
         )
-        return RescueCounts(
-            unknown=counts.get("unknown", 0), retryable=counts.get("retryable", 0), window_closed=closed[0]["n"]
-        )
+        unknown = [r["id"] for r in rows if r["status"] == "unknown"]
+        counts = RescueCounts(unknown=len(unknown), retryable=len(rows) - len(unknown), window_closed=len(closed))
+        return counts, unknown + [r["id"] for r in closed]
 
     async def claimable_exists(
         self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
@@ -202,6 +280,64 @@ class PostgresStore:
             {"providers": list(providers), "lease_seconds": lease_seconds, "now": now},
         )
         return bool(rows[0]["claimable"])
+
+    # -- the reconciler -------------------------------------------------------------
+
+    async def reconcile_claim(
+        self, *, providers: Sequence[str], max_checks: int, hold_seconds: float, now: datetime | None = None
+    ) -> UnknownStep | None:
+        rows = await self._fetch(
+            "reconcile_claim",
+            Q["step_reconcile_claim"],
+            {
+                "now": now,
+                "providers": list(providers),
+                "max_checks": max_checks,
+                "hold_seconds": hold_seconds,
+                "limit": 1,
+            },
+        )
+        return UnknownStep.from_row(rows[0]) if rows else None
+
+    async def reconcile_found(
+        self,
+        step_id: int,
+        *,
+        provider_message_id: str | None,
+        message: str,
+        detail: Mapping[str, Any],
+        actor: str,
+        now: datetime | None = None,
+    ) -> bool:
+        rows = await self._fetch(
+            "reconcile_found",
+            Q["step_reconcile_found"],
+            {
+                "now": now,
+                "id": step_id,
+                "provider_message_id": provider_message_id,
+                "message": message,
+                "detail": _json(detail),
+                "actor": actor,
+            },
+        )
+        return bool(rows[0]["n"])
+
+    async def reconcile_absent(
+        self,
+        step_id: int,
+        *,
+        next_check: float,
+        detail: Mapping[str, Any],
+        actor: str,
+        now: datetime | None = None,
+    ) -> bool:
+        rows = await self._fetch(
+            "reconcile_absent",
+            Q["step_reconcile_absent"],
+            {"now": now, "id": step_id, "next_check": next_check, "detail": _json(detail), "actor": actor},
+        )
+        return bool(rows[0]["n"])
 
     # -- retention (evq prune: an administrator's write) ---------------------------
 
@@ -226,13 +362,24 @@ class PostgresStore:
     # -- reading back -----------------------------------------------------------
 
     async def get_step(self, step_id: int) -> StepDetail:
-        rows = await self._fetch("get_step", Q["step_get"], {"id": step_id})
-        if not rows:
-            raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
-        step = rows[0]
-        decision = await self._fetch("get_decision", Q["decision_get"], {"id": step["decision_id"]})
-        evidence = await self._fetch("get_evidence", Q["evidence_for_step"], {"id": step_id})
+        async with self._snapshot("get_step") as conn:
+            rows = await _rows(conn, Q["step_get"], {"id": step_id})
+            if not rows:
+                raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+            step = rows[0]
+            decision = await _rows(conn, Q["decision_get"], {"id": step["decision_id"]})
+            evidence = await _rows(conn, Q["evidence_for_step"], {"id": step_id})
         return StepDetail(step=step, decision=decision[0] if decision else None, evidence=evidence)
+
+    async def get_run(self, run_id: str) -> RunDetail:
+        """One run's steps, decisions and evidence, read from one snapshot."""
+        async with self._snapshot("get_run") as conn:
+            steps = await _rows(conn, Q["run_steps"], {"run_id": run_id})
+            if not steps:
+                raise NotFound(f"no steps in run {run_id!r}", hint="`evq steps list` shows the run ids")
+            decisions = await _rows(conn, Q["run_decisions"], {"run_id": run_id})
+            evidence = await _rows(conn, Q["run_evidence"], {"run_id": run_id})
+        return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence)
 
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         rows = await self._fetch(
@@ -240,6 +387,7 @@ class PostgresStore:
             Q["step_list"],
             {
                 "now": now,
+                "ids": list(where.ids) or None,
                 "statuses": [str(s) for s in where.statuses] or None,
                 "run_id": where.run_id,
                 "provider": where.provider,
@@ -249,8 +397,136 @@ class PostgresStore:
                 "offset": where.offset,
             },
         )
+        # One row always comes back: it carries the total, and no step when the page is empty.
         total = rows[0]["total"] if rows else 0
-        return [StepSummary.from_row(r) for r in rows], total
+        return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
+
+    # -- operators ----------------------------------------------------------------
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved:
+        """Close one unknown row with an operator's verdict and its evidence, atomically.
+
+        Raises NotFound, or StateConflict when the row is not unknown (someone
+        closed it first, or it never was).
+        """
+        params = {
+            "now": now,
+            "id": step_id,
+            "to_status": str(resolution.verdict.to_status),
+            "verdict": str(resolution.verdict),
+            "note": resolution.note,
+            "reason": resolution.reason,
+            "provider_message_id": resolution.provider_message_id,
+            "evidence_url": resolution.evidence_url,
+            "actor": actor,
+            "default_max_attempts": default_max_attempts,
+        }
+        async with self._op("resolve") as conn, conn.transaction():
+            rows = await _rows(conn, Q["step_resolve"], params)
+            if rows and rows[0]["to_status"] == str(Status.REJECTED):
+                # The sender learns its email did not go out, in the transaction of the verdict.
+                await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
+        if not rows:
+            raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+        row = rows[0]
+        if row["to_status"] is None:
+            log.info("resolve_conflict", step=step_id, status=row["current_status"])
+            raise StateConflict(
+                f"step {step_id} is {row['current_status']}, not unknown: only unknown rows can be resolved",
+                hint=f"`evq steps show {step_id}` shows who changed it and when",
+                context={"id": step_id, "status": row["current_status"], "reason": row["current_reason"]},
+            )
+        metrics.RESOLUTIONS.labels(**{"as": str(resolution.verdict)}).inc()
+        if row["to_status"] in (str(Status.ACCEPTED), str(Status.REJECTED)):
+            metrics.observe_closed(row["created_at"], row["resolved_at"])
+        return Resolved(
+            step_id=row["id"],
+            run_id=row["run_id"],
+            to_status=Status(row["to_status"]),
+            evidence_id=row["evidence_id"],
+            resolved_at=row["resolved_at"],
+            attempts=row["attempts"],
+            max_attempts_before=row["max_attempts_before"],
+            max_attempts_after=row["max_attempts_after"],
+        )
+
+    # -- API keys -------------------------------------------------------------------
+
+    async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
+        rows = await self._fetch("key_by_id", Q["api_key_by_id"], {"key_id": key_id})
+        return rows[0] if rows else None
+
+    async def key_state(self, name: str) -> dict[str, Any]:
+        return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
+
+    async def create_key(
+        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
+        only while no active admin key exists."""
+        params = {
+            "now": now,
+            "name": name,
+            "role": str(role),
+            "key_id": key.key_id,
+            "secret_hash": hash_secret(key.secret),
+            "created_by": created_by,
+            "bootstrap": created_by is None,
+        }
+        async with self._op("create_key") as conn, conn.transaction():
+            await conn.execute(Q["api_key_lock"])
+            row = (await _rows(conn, Q["api_key_create"], params))[0]
+        if not row["allowed"]:
+            raise AuthFailed(
+                "an admin key exists now: creating a key needs one",
+                hint="set EVQ_API_KEY or pass --api-key (role admin)",
+            )
+        if row["name"] is None:
+            raise Conflict(
+                f"a key named {name!r} exists (names are never reused, even after a revoke)",
+                hint="choose another name; `evq keys list` shows the names",
+                context={"name": name},
+            )
+        return {k: v for k, v in row.items() if k != "allowed"}
+
+    async def revoke_key(
+        self, name: str, *, actor: str | None, dry_run: bool = False, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Revoke the key called ``name``; with ``dry_run`` the same statement runs and is rolled back."""
+        async with self._op("revoke_key") as conn:
+            async with conn.transaction(force_rollback=dry_run):
+                await conn.execute(Q["api_key_lock"])
+                rows = await _rows(conn, Q["api_key_revoke"], {"now": now, "name": name, "actor": actor})
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        row = rows[0]
+        if not row["changed"] and not row["already_revoked"]:
+            raise StateConflict(
+                f"{name!r} is the last active admin key: revoking it would leave nobody able to manage keys",
+                hint="create another admin key first (`evq keys create --name NAME --role admin`)",
+                context={"name": name},
+            )
+        return row
+
+    async def list_keys(self) -> list[dict[str, Any]]:
+        return await self._fetch("list_keys", Q["api_key_list"], {})
+
+    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
+        """The step holding this request's key (or its run and step ids), if any."""
+        rows = await self._fetch(
+            "find_by_key",
+            Q["step_get_by_key"],
+            {"idempotency_key": request.idempotency_key, "run_id": request.run_id, "step_id": request.step_id},
+        )
+        return rows[0] if rows else None
 
     async def schema_revision(self) -> str | None:
         rows = await self._fetch("schema_revision", Q["schema_revision"], {})
@@ -281,6 +557,16 @@ def _transitions_json(transitions: Sequence[Transition]) -> str:
     )
 
 
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
 def _message(t: Transition) -> str | None:
     message = t.detail.get("message")
     return str(message)[:1000] if message is not None else None
+
+
+async def _rows(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall() if cur.description else []

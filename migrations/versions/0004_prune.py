@@ -1,7 +1,7 @@
 """Retention: the prune log, and the one narrow exception to append-only.
 
 Revision ID: 0004_prune
-Revises: 0001
+Revises: 0003_notices
 Create Date: 2026-11-29
 
 `evq prune` is the only path that removes evidence. The append-only trigger keeps
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0004_prune'
-down_revision: Union[str, Sequence[str], None] = '0001'
+down_revision: Union[str, Sequence[str], None] = '0003_notices'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

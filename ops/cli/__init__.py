@@ -11,11 +11,15 @@ from ops.cli.bench import bench_cmd
 from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
+from ops.cli.keys import keys
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from ops.cli.prune import prune_cmd
+from ops.cli.runs import runs
+from ops.cli.schema import schema
 from ops.cli.steps import steps
 from ops.cli.worker import worker_group
 from worker.errors import InvalidRequest
+from worker.logs import configure_from_env
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -30,13 +34,16 @@ def cli() -> None:
 
     \b
     Start here:   evq demo
-    Set up:       evq db upgrade
+    Set up:       evq db upgrade ; evq keys create --name NAME --role admin
     Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run
-    Look:         evq steps list --status unknown ; evq steps show ID
+    Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
+    Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
+    Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
     Configuration is EVQ_* environment variables (see `evq worker run --help`);
     EVQ_DATABASE_URL unset means an embedded PostgreSQL in your user data folder.
+    Commands that change rows need an API key (EVQ_API_KEY or --api-key).
     """
 
 
@@ -44,6 +51,9 @@ cli.add_command(db)
 cli.add_command(enqueue_cmd)
 cli.add_command(worker_group)
 cli.add_command(steps)
+cli.add_command(runs)
+cli.add_command(keys)
+cli.add_command(schema)
 cli.add_command(demo)
 cli.add_command(bench_cmd)
 cli.add_command(prune_cmd)
@@ -51,6 +61,7 @@ cli.add_command(prune_cmd)
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    configure_from_env()
     try:
         code = cli.main(args=args, prog_name="evq", standalone_mode=False)
     except click.exceptions.Exit as exc:

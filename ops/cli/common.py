@@ -31,9 +31,28 @@ def output_option(fn: F) -> F:
     )(fn)
 
 
+class DocumentedOption(click.Option):
+    """An option whose effective default comes from elsewhere (an EVQ_* setting):
+    click's default stays None so the environment can win, and `evq schema` still
+    tells the real default and variable."""
+
+    def __init__(
+        self,
+        *args: Any,
+        documented_default: Any = None,
+        documented_envvar: str | None = None,
+        **kwargs: Any,
+    ):
+        self.documented_default = documented_default
+        self.documented_envvar = documented_envvar
+        super().__init__(*args, **kwargs)
+
+
 def database_option(fn: F) -> F:
     return click.option(
         "--database-url",
+        cls=DocumentedOption,
+        documented_envvar="EVQ_DATABASE_URL",
         metavar="URL",
         default=None,
         help="PostgreSQL URL [env: EVQ_DATABASE_URL; unset: the embedded server].",

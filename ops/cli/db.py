@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
-from adapters.postgres.database import current_revision, head_revision, upgrade
+from adapters.postgres.database import UPGRADE_HINT, current_revision, head_revision, pending_revisions, upgrade
 from ops import wiring
+from ops.cli.auth import dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option
 from ops.cli.output import Output
+from worker.errors import SchemaMismatch
 
 
 @click.group("db")
@@ -16,15 +18,25 @@ def db() -> None:
 
 
 @db.command("upgrade")
+@dry_run_option
 @output_option
 @database_option
 @command
-def db_upgrade(out: Output, database_url: str | None) -> None:
+def db_upgrade(out: Output, dry_run: bool, database_url: str | None) -> None:
     """Migrate the database to this evq's schema. Safe to run again; run it before
-    starting workers of a new evq version."""
+    starting workers of a new evq version. It needs the database's own credentials,
+    not an API key (it runs before any key can exist)."""
     url = wiring.database_url(load_settings(database_url=database_url))
+    if dry_run:
+        pending = pending_revisions(url)
+        current = current_revision(url)
+        out.success(
+            {"dry_run": True, "revision": current, "target": head_revision(), "pending": pending},
+            human=lambda d: f"dry run: would apply {', '.join(d['pending'])}" if d["pending"] else "dry run: already current",
+        )
+        return
     before, after = upgrade(url)
-    data = {"revision_before": before, "revision": after, "changed": before != after}
+    data = {"dry_run": False, "revision_before": before, "revision": after, "changed": before != after}
     out.success(
         data,
         human=lambda d: f"database at revision {d['revision']}"
@@ -36,14 +48,18 @@ def db_upgrade(out: Output, database_url: str | None) -> None:
 @output_option
 @database_option
 @command
-def db_status(out: Output, database_url: str | None) -> int:
-    """Show the database's schema revision and the one this evq needs (exit 5 if they differ)."""
+def db_status(out: Output, database_url: str | None) -> None:
+    """Show the database's schema revision and the one this evq needs (E_SCHEMA_MISMATCH,
+    exit 5, if they differ)."""
     url = wiring.database_url(load_settings(database_url=database_url))
     current, head = current_revision(url), head_revision()
-    data = {"revision": current, "expected": head, "at_head": current == head}
+    if current != head:
+        raise SchemaMismatch(
+            f"database revision {current or '(none)'}, this evq needs {head}",
+            hint=UPGRADE_HINT,
+            context={"current": current, "expected": head, "pending": pending_revisions(url)},
+        )
     out.success(
-        data,
-        human=lambda d: f"database revision {d['revision'] or '(none)'}, this evq needs {d['expected']}"
-        + ("" if d["at_head"] else " — run `evq db upgrade`"),
+        {"revision": current, "expected": head, "at_head": True},
+        human=lambda d: f"database revision {d['revision']}: current",
     )
-    return 0 if current == head else 5

@@ -17,9 +17,11 @@ from ops.cli.output import Output, table
 @command
 def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
     """Show evq end to end on this machine: starts the database (embedded unless
-    EVQ_DATABASE_URL is set) and an SMTP server on loopback, enqueues five sends —
-    one whose reply is lost, one the server refuses — runs the worker until the
-    queue is drained, and explains what happened."""
+    EVQ_DATABASE_URL is set), an SMTP server and a Resend-style HTTP API on loopback,
+    enqueues six sends — two whose reply is lost (one per provider), one the server
+    refuses — runs the worker until the queue is drained, and explains what happened:
+    the reconciler settles the lost HTTP reply, the SMTP one waits for an operator,
+    and the refused send's sender gets a failure notice."""
     from ops.demo import run_demo
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, log_level="warning")
@@ -29,25 +31,48 @@ def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
 
 
 def _human(d: dict) -> str:
+    columns = [("id", "step"), ("step_id", "name"), ("provider", "via"), ("to", "to"), ("status", "status"),
+               ("reason", "reason")]
     lines = [
         f"evq demo — run {d['run_id']} (database: {d['database']})",
         "",
-        table(d["steps"], [("id", "step"), ("step_id", "name"), ("to", "to"), ("status", "status"), ("reason", "reason")]),
+        table(d["steps"], columns),
         "",
-        f"The SMTP server received {sum(d['delivered'].values())} messages; "
+        f"The SMTP server and the HTTP API received {sum(d['delivered'].values())} messages; "
         f"none twice: {all(n == 1 for n in d['delivered'].values())}.",
         f"Enqueueing 'welcome' a second time returned the same step (created: {str(d['repeat_created']).lower()}).",
     ]
+    by_id = {s["id"]: s for s in d["steps"]}
     for step in d["steps"]:
+        name = f"Step {step['id']} ({step['step_id']})"
         if step["status"] == "unknown":
             lines += [
                 "",
-                f"Step {step['id']} ({step['step_id']}) is UNKNOWN: the server took the message and the connection",
-                "dropped before its reply, so nobody can tell whether it was accepted. evq will not send it again",
-                "on its own. An operator checks the provider's logs or the mailbox for its Message-ID and closes it:",
+                f"{name} is UNKNOWN: the SMTP server took the message and the connection dropped before its",
+                "reply, so nobody can tell whether it was accepted, and SMTP offers no way to ask. evq will not",
+                "send it again on its own. An operator checks the server's logs or the mailbox for its Message-ID",
+                "and closes it with an audited verdict (closing needs an operator key: see `evq keys create --help`):",
+                "    evq steps list --status unknown",
                 f"    evq steps show {step['id']}",
-                f"    evq steps list --status unknown",
+                f"    evq runs show {d['run_id']}",
+                f"    evq steps resolve {step['id']} --as accepted|rejected|retry --note 'what you checked and found'",
             ]
-        if step["status"] == "rejected":
-            lines += ["", f"Step {step['id']} ({step['step_id']}) was REJECTED by the server (550): a definite no."]
+        elif step["reason"] == "reconciled":
+            lines += [
+                "",
+                f"{name} lost its HTTP response the same way, and the provider's dedupe window here is shorter",
+                "than a lease, so a retry could have sent it twice. Instead the reconciler asked the provider for",
+                f"the message tagged with the step's key, found {step['provider_message_id']}, and closed the step",
+                f"as ACCEPTED with the lookup as evidence (evq steps show {step['id']}).",
+            ]
+        elif step["status"] == "rejected":
+            lines += ["", f"{name} was REJECTED by the server (550): a definite no."]
+        elif step["notice_of"] is not None:
+            original = by_id.get(step["notice_of"], {"step_id": "?"})
+            lines += [
+                "",
+                f"{name} is the failure notice for step {step['notice_of']} ({original['step_id']}):",
+                f"'{step['subject']}' to {', '.join(step['to'])}, the address its request named to be told.",
+                f"It is a send of its own, from a sender no caller may use; now {step['status'].upper()}.",
+            ]
     return "\n".join(lines)

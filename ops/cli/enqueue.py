@@ -9,12 +9,15 @@ from typing import Any
 
 import click
 
-from adapters.postgres.enqueue import enqueue_own
+from adapters.postgres.enqueue import validate_many
 from ops import wiring
-from ops.cli.common import command, database_option, load_settings, output_option
+from ops.cli.auth import Credential, api_key_option, dry_run_option
+from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
-from worker.errors import InvalidRequest
-from worker.records import EnqueueResult
+from worker.enqueue import existing_or_conflict, validate
+from worker.errors import IdempotencyConflict, InvalidRequest
+from worker.keys import Permission
+from worker.request import ValidRequest
 
 # (flag, request field, multiple, help). The request's fields, on the command line.
 FIELD_FLAGS: tuple[tuple[str, str, bool, str], ...] = (
@@ -64,12 +67,17 @@ def _request_options(fn: Any) -> Any:
     default=None,
     help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue many in one transaction.",
 )
+@dry_run_option
+@api_key_option(Permission.ENQUEUE)
 @output_option
 @database_option
 @command
-def enqueue_cmd(out: Output, file: str | None, database_url: str | None, **flags: Any) -> None:
+def enqueue_cmd(
+    out: Output, file: str | None, dry_run: bool, credential: Credential, database_url: str | None, **flags: Any
+) -> None:
     """Enqueue an email send. Repeating the same request returns the same step
     (created: false); the same key with a different request is refused (exit 3).
+    Needs an API key with role agent or admin.
 
     \b
     evq enqueue --run-id r1 --step-id welcome --to bob@example.com \\
@@ -83,14 +91,25 @@ def enqueue_cmd(out: Output, file: str | None, database_url: str | None, **flags
             [{"field": "--file", "message": f"use either --file or request flags, not both (got {', '.join(sorted(request_from_flags))})"}]
         )
     requests = _read_file(file) if file is not None else [request_from_flags]
-    url = wiring.database_url(settings)
-    if len(requests) == 1:
-        result = enqueue_own(url, requests[0], policy=settings.policy())
-        out.success(result.to_dict(), human=_human_one)
-        return
-    from adapters.postgres.enqueue import enqueue_many_own
+    # Validated before the database is touched: one bad request writes nothing.
+    valid = validate_many(requests, settings.policy()) if len(requests) > 1 else [validate(requests[0], settings.policy())]
 
-    results = enqueue_many_own(url, requests, policy=settings.policy())
+    async def work() -> list[Any]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            if dry_run:
+                return [await _plan(store, v) for v in valid]
+            await credential.identify(store)
+            if len(valid) == 1:
+                return [await store.enqueue(valid[0])]
+            return await store.enqueue_many(valid)
+
+    results = run(work())
+    if dry_run:
+        out.success({"dry_run": True, "plan": results}, human=_human_plan, meta={"count": len(results)})
+        return
+    if len(requests) == 1:
+        out.success(results[0].to_dict(), human=_human_one)
+        return
     data = [r.to_dict() for r in results]
     created = sum(1 for r in results if r.created)
     out.success(
@@ -98,6 +117,38 @@ def enqueue_cmd(out: Output, file: str | None, database_url: str | None, **flags
         human=lambda _: f"{len(results)} requests: {created} created, {len(results) - created} already present",
         meta={"count": len(results), "created": created},
     )
+
+
+async def _plan(store: Any, request: ValidRequest) -> dict[str, Any]:
+    """What enqueueing ``request`` would do, read without writing."""
+    row = await store.find_by_key(request)
+    plan: dict[str, Any] = {
+        "run_id": request.run_id,
+        "step_id": request.step_id,
+        "idempotency_key": request.idempotency_key,
+        "provider": request.provider,
+        "action": "create",
+        "existing_id": None,
+        "request": request.payload,
+    }
+    if row is not None:
+        try:
+            existing_or_conflict({**row, "created": False}, request)
+            plan.update(action="return_existing", existing_id=row["id"])
+        except IdempotencyConflict:
+            plan.update(action="refuse_conflict", existing_id=row["id"])
+    return plan
+
+
+def _human_plan(d: dict[str, Any]) -> str:
+    words = {"create": "would create", "return_existing": "would return existing step",
+             "refuse_conflict": "would be REFUSED (key taken by a different request): step"}
+    lines = [
+        f"{p['run_id']}/{p['step_id']} (key {p['idempotency_key']}): {words[p['action']]}"
+        + (f" {p['existing_id']}" if p["existing_id"] else "")
+        for p in d["plan"]
+    ]
+    return "\n".join(lines + ["dry run: nothing was changed"])
 
 
 def _human_one(d: dict[str, Any]) -> str:

@@ -1,34 +1,37 @@
 """evq prune: retention, the only command that removes evidence.
 
-A write command for administrators (it deletes history for good): keep it
-behind whatever guards write commands (API keys) and run it deliberately.
+A write command for administrators: it deletes history for good, so it needs an
+admin key (Permission.PRUNE), except to count with --dry-run.
 """
 
 from __future__ import annotations
 
-import getpass
-import socket
-
 import click
 
 from ops import wiring
+from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
 from ops.cli.steps import parse_duration
+from worker.keys import Permission
 from worker.pruner import PruneCounts, Pruner, PrunerConfig
 
 
 @click.command("prune")
 @click.option("--older-than", required=True, metavar="90d", help="Delete terminal steps created and closed longer ago than this (s, m, h, d).")
-@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.option("--batch-size", type=int, default=1000, show_default=True, help="Steps deleted per transaction.")
+@dry_run_option
+@api_key_option(Permission.PRUNE)
 @output_option
 @database_option
 @command
-def prune_cmd(out: Output, older_than: str, dry_run: bool, batch_size: int, database_url: str | None) -> None:
+def prune_cmd(
+    out: Output, older_than: str, batch_size: int, dry_run: bool, credential: Credential, database_url: str | None
+) -> None:
     """Delete accepted and rejected steps older than --older-than, with their
     evidence and decisions, in batches; each batch is one transaction and one row
     of prune_log. Steps in flight, retryable or unknown are never deleted.
+    Needs an API key with role admin (not for --dry-run, which only counts).
 
     Progress goes to stderr. Ctrl-C is safe: finished batches stay done and
     logged, the batch in progress is rolled back.
@@ -39,7 +42,6 @@ def prune_cmd(out: Output, older_than: str, dry_run: bool, batch_size: int, data
     """
     settings = load_settings(database_url=database_url)
     config = PrunerConfig(older_than=parse_duration(older_than), batch=batch_size, dry_run=dry_run)
-    actor = f"prune:{getpass.getuser()}@{socket.gethostname()}"
 
     def progress(total: PruneCounts) -> None:
         click.echo(
@@ -50,6 +52,7 @@ def prune_cmd(out: Output, older_than: str, dry_run: bool, batch_size: int, data
 
     async def go() -> tuple[PruneCounts, str]:
         async with wiring.open_store(settings) as store:
+            actor = "dry-run" if dry_run else (await credential.identify(store)).name
             pruner = Pruner(store, config, actor=actor, progress=progress)
             return await pruner.run_once(), pruner.cutoff().isoformat()
 

@@ -1,4 +1,4 @@
-"""evq steps list | show"""
+"""evq steps list | show | resolve"""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ from typing import Any
 import click
 
 from ops import wiring
+from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output, age, table
-from worker.errors import InvalidRequest
+from ops.cli.longwork import Tally, each
+from ops.cli.output import EXIT_CODES, Output, age, table
+from worker.errors import InvalidRequest, NotFound, StateConflict
+from worker.keys import Permission
 from worker.ports import StepFilter
+from worker.records import StepSummary
+from worker.resolution import Resolution, Verdict
 from worker.states import Status
 
 _DURATION = re.compile(r"^(\d+)\s*([smhd])$")
@@ -26,67 +31,70 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
 
 
+# The filters `list` and bulk `resolve` share: (flag, dest, metavar, help).
+_FILTERS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("--run-id", "run_id", None, "Only this run."),
+    ("--provider", "provider", None, "Only this provider."),
+    ("--older-than", "older_than", "30m|2h|3d", "Only rows older than this (unknown rows: since they became unknown)."),
+    ("--recipient-domain", "recipient_domain", None, "Only rows with a recipient at this domain."),
+)
+
+
+def filter_options(fn: Any) -> Any:
+    for flag, dest, metavar, help_text in reversed(_FILTERS):
+        fn = click.option(flag, dest, default=None, metavar=metavar, help=help_text)(fn)
+    return fn
+
+
+def step_filter(now: datetime, statuses: tuple[str, ...], filters: dict[str, Any], **paging: Any) -> StepFilter:
+    """The filter as of ``now``: relative filters are fixed once, at the start."""
+    older_than = filters.get("older_than")
+    return StepFilter(
+        statuses=tuple(Status(s) for s in statuses),
+        run_id=filters.get("run_id"),
+        provider=filters.get("provider"),
+        created_before=now - parse_duration(older_than) if older_than else None,
+        recipient_domain=filters.get("recipient_domain"),
+        **paging,
+    )
+
+
 @click.group("steps")
 def steps() -> None:
-    """Read back email steps: their state, decision and evidence."""
+    """Read back email steps (state, decision, evidence) and close unknown ones."""
 
 
 @steps.command("list")
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]), help="Only these states; repeatable.")
-@click.option("--run-id", default=None, help="Only this run.")
-@click.option("--provider", default=None, help="Only this provider.")
-@click.option("--older-than", default=None, metavar="30m|2h|3d", help="Only rows older than this (unknown rows: since they became unknown).")
-@click.option("--recipient-domain", default=None, help="Only rows with a recipient at this domain.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+@filter_options
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rows per page.")
+@click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Rows to skip (meta.total counts them all).")
 @output_option
 @database_option
 @command
 def steps_list(
-    out: Output,
-    statuses: tuple[str, ...],
-    run_id: str | None,
-    provider: str | None,
-    older_than: str | None,
-    recipient_domain: str | None,
-    limit: int,
-    offset: int,
-    database_url: str | None,
+    out: Output, statuses: tuple[str, ...], limit: int, offset: int, database_url: str | None, **filters: Any
 ) -> None:
-    """List steps: unknown ones oldest first, the rest newest first."""
+    """List steps: unknown ones oldest first (the operator's queue), the rest newest
+    first, each with its age (unknown rows: since they became unknown)."""
     settings = load_settings(database_url=database_url)
-    # Relative filters are fixed once, at the start.
     now = datetime.now(timezone.utc)
-    where = StepFilter(
-        statuses=tuple(Status(s) for s in statuses),
-        run_id=run_id,
-        provider=provider,
-        created_before=now - parse_duration(older_than) if older_than else None,
-        recipient_domain=recipient_domain,
-        limit=limit,
-        offset=offset,
-    )
+    where = step_filter(now, statuses, filters, limit=limit, offset=offset)
 
-    async def fetch() -> tuple[list[Any], int]:
+    async def fetch() -> tuple[list[StepSummary], int]:
         async with wiring.open_store(settings, max_size=1) as store:
             return await store.list_steps(where, now=now)
 
     rows, total = run(fetch())
-    data = [_summary(r) for r in rows]
+    data = [summary(r) for r in rows]
     out.success(
         data,
-        human=lambda d: table(
-            d,
-            [("id", "id"), ("status", "status"), ("age", "age"), ("run_id", "run"), ("step_id", "step"),
-             ("provider", "provider"), ("attempts", "tries"), ("recipients", "to"), ("subject", "subject"),
-             ("reason", "reason")],
-        )
-        + (f"\n{len(d)} of {total}" if d else ""),
+        human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else ""),
         meta={"count": len(data), "total": total, "limit": limit, "offset": offset},
     )
 
 
-def _summary(r: Any) -> dict[str, Any]:
+def summary(r: StepSummary) -> dict[str, Any]:
     return {
         "id": r.id,
         "run_id": r.run_id,
@@ -102,8 +110,17 @@ def _summary(r: Any) -> dict[str, Any]:
         "unknown_since": r.unknown_since,
         "closed_at": r.closed_at,
         "age_seconds": r.age_seconds,
-        "age": age(r.age_seconds),
     }
+
+
+def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
+    shown = [{**r, "age": age(r["age_seconds"])} for r in rows]
+    return table(
+        shown,
+        [("id", "id"), ("status", "status"), ("age", "age"), ("run_id", "run"), ("step_id", "step"),
+         ("provider", "provider"), ("attempts", "tries"), ("recipients", "to"), ("subject", "subject"),
+         ("reason", "reason"), *extra],
+    )
 
 
 @steps.command("show")
@@ -120,15 +137,34 @@ def steps_show(out: Output, step_id: int, database_url: str | None) -> None:
             return await store.get_step(step_id)
 
     detail = run(fetch())
-    data = {"step": _public_step(detail.step), "decision": detail.decision, "evidence": detail.evidence}
+    data = {"step": public_step(detail.step), "decision": detail.decision, "evidence": detail.evidence}
     out.success(data, human=_human_detail)
 
 
 _HIDDEN = ("lease_token",)
 
 
-def _public_step(step: dict[str, Any]) -> dict[str, Any]:
+def public_step(step: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in step.items() if k not in _HIDDEN}
+
+
+def evidence_line(e: dict[str, Any]) -> dict[str, Any]:
+    """One evidence row as a table line: what changed, and the words that explain it."""
+    detail = e.get("detail") or {}
+    change = f"{e['from_status'] or ''} -> {e['to_status'] or '(none)'}" if e.get("from_status") else e.get("to_status")
+    return {
+        "at": e["at"] if "at" in e else e["created_at"],
+        "kind": e["kind"],
+        "attempt": e.get("attempt"),
+        "change": change,
+        "outcome": e.get("outcome"),
+        "actor": e.get("actor"),
+        "note": detail.get("note") or detail.get("message") or detail.get("reply") or e.get("reason"),
+    }
+
+
+EVIDENCE_COLUMNS = [("at", "at"), ("kind", "kind"), ("attempt", "try"), ("change", "state"), ("outcome", "outcome"),
+                    ("actor", "actor"), ("note", "note")]
 
 
 def _human_detail(d: dict[str, Any]) -> str:
@@ -154,24 +190,151 @@ def _human_detail(d: dict[str, Any]) -> str:
         f"  instructions    {dec.get('instruction_version') or '-'}  prompt {dec.get('prompt_version') or '-'}",
         f"  decided at      {dec.get('decided_at') or '-'}",
         "evidence",
+        table([evidence_line(e) for e in d["evidence"]], EVIDENCE_COLUMNS),
     ]
-    rows = [
-        {
-            "at": e["created_at"],
-            "kind": e["kind"],
-            "attempt": e["attempt"],
-            "change": f"{e['from_status'] or ''} -> {e['to_status'] or '(none)'}" if e["from_status"] else e["to_status"],
-            "outcome": e["outcome"],
-            "actor": e["actor"],
-            "note": (e["detail"] or {}).get("message") or (e["detail"] or {}).get("reply") or e["reason"],
-        }
-        for e in d["evidence"]
-    ]
-    lines.append(table(rows, [("at", "at"), ("kind", "kind"), ("attempt", "try"), ("change", "state"),
-                              ("outcome", "outcome"), ("actor", "actor"), ("note", "note")]))
     if s["status"] == "unknown":
         lines.append(
             "\nThis send may or may not have reached the provider. Check the provider's logs or the "
-            f"recipient's mailbox for Message-ID {s['message_id']}, then close it with an audited verdict."
+            f"recipient's mailbox for Message-ID {s['message_id']}, then close it with an audited verdict:\n"
+            f"    evq steps resolve {s['id']} --as accepted|rejected|retry --note 'what you checked and found'"
         )
+        lookups = [e for e in d["evidence"] if e["kind"] == "reconciled" and not (e["detail"] or {}).get("found")]
+        if lookups:
+            last = lookups[-1]
+            lines.append(
+                f"The reconciler asked the provider {len(lookups)} time(s), last at {last['created_at']}: it has no "
+                "message with this step's key. Absence is not proof that it was not sent."
+            )
+    return "\n".join(lines)
+
+
+@steps.command("resolve")
+@click.argument("step_id", type=int, required=False)
+@click.option("--as", "verdict", required=True, type=click.Choice([v.value for v in Verdict]),
+              help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same Message-ID).")
+@click.option("--note", required=True, help="Why: what was checked and what was found (kept in the evidence).")
+@click.option("--reason", default=None, metavar="CODE", help="A machine key for the verdict, e.g. found_in_provider_log.")
+@click.option("--provider-message-id", default=None, metavar="ID", help="The provider's id for the message, when found.")
+@click.option("--evidence-url", default=None, metavar="URL", help="Where the proof is (a log search, a ticket).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice([Status.UNKNOWN.value]),
+              help="Bulk (no STEP_ID): every row in this state that matches the filters below.")
+@filter_options
+@click.option("--limit", type=click.IntRange(1), default=None, help="Bulk: at most this many rows, oldest first.")
+@click.option("--max-failures", type=click.IntRange(1), default=None, metavar="N",
+              help="Bulk: stop after N consecutive failures (exit 8).")
+@dry_run_option
+@api_key_option(Permission.RESOLVE)
+@output_option
+@database_option
+@command
+def steps_resolve(
+    out: Output,
+    step_id: int | None,
+    verdict: str,
+    note: str,
+    reason: str | None,
+    provider_message_id: str | None,
+    evidence_url: str | None,
+    statuses: tuple[str, ...],
+    limit: int | None,
+    max_failures: int | None,
+    dry_run: bool,
+    credential: Credential,
+    database_url: str | None,
+    **filters: Any,
+) -> int:
+    """Close unknown steps with an audited verdict: one by STEP_ID, or many with
+    --status unknown and filters. Only unknown rows can be resolved (exit 3 otherwise).
+
+    Each close and its evidence row (you, your note, reason and references, and
+    the state it replaced) are written together. In bulk, the filters are fixed
+    when the command starts and each row is closed on its own: some may fail
+    (someone else closed them first) while the rest succeed (exit 6). The first
+    Ctrl-C stops after the current row (exit 7).
+
+    \b
+    evq steps resolve 42 --as accepted --note "in the provider log" --provider-message-id q-123
+    evq steps resolve --status unknown --older-than 2h --as rejected --note "outage, resent by hand" --dry-run
+    """
+    resolution = Resolution.parse(
+        verdict, note, reason=reason, provider_message_id=provider_message_id, evidence_url=evidence_url
+    )
+    bulk_only = {**filters, "limit": limit, "max_failures": max_failures}
+    given = ["--status"] * bool(statuses) + ["--" + k.replace("_", "-") for k, v in bulk_only.items() if v is not None]
+    if step_id is not None and given:
+        raise InvalidRequest([{"field": given[0], "message": "give a STEP_ID or bulk filters, not both"}])
+    if step_id is None and not statuses:
+        raise InvalidRequest(
+            [{"field": "STEP_ID", "message": "give a STEP_ID, or --status unknown (with filters) for many rows"}]
+        )
+    settings = load_settings(database_url=database_url)
+    now = datetime.now(timezone.utc)
+    if step_id is not None:
+        where = StepFilter(ids=(step_id,), limit=1)
+    else:
+        where = step_filter(now, statuses, filters, limit=limit)
+
+    async def work() -> tuple[list[StepSummary], Tally[StepSummary] | None]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            actor = None if dry_run else (await credential.identify(store)).name
+            rows, _ = await store.list_steps(where, now=now)
+            if step_id is not None:
+                _only_unknown(step_id, rows)
+            if actor is None:
+                return rows, None
+
+            async def close(row: StepSummary) -> dict[str, Any]:
+                done = await store.resolve(row.id, resolution, actor=actor, default_max_attempts=settings.max_attempts)
+                return done.to_dict()
+
+            if step_id is not None:
+                # One row: its failure is the command's error, not a partial result.
+                return rows, Tally(total=1, succeeded=1, results=[{"outcome": "succeeded", **await close(rows[0])}])
+            return rows, await each(
+                rows, close, key=lambda r: {"id": r.id}, what="steps resolve", max_failures=max_failures
+            )
+
+    rows, tally = run(work())
+    head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
+    if tally is None:
+        plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
+        out.success({"dry_run": True, **head, "steps": plan}, human=_human_plan, meta={"count": len(plan)})
+        return 0
+    partial = tally.failed > 0
+    out.success(
+        {"dry_run": False, **head, **tally.summary},
+        human=_human_results,
+        status="partial_failure" if partial else "success",
+    )
+    return EXIT_CODES["E_PARTIAL_FAILURE"] if partial else 0
+
+
+def _only_unknown(step_id: int, rows: list[StepSummary]) -> None:
+    if not rows:
+        raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+    if rows[0].status != Status.UNKNOWN:
+        raise StateConflict(
+            f"step {step_id} is {rows[0].status}, not unknown: only unknown rows can be resolved",
+            hint=f"`evq steps show {step_id}` shows who changed it and when",
+            context={"id": step_id, "status": str(rows[0].status), "reason": rows[0].reason},
+        )
+
+
+def _human_plan(d: dict[str, Any]) -> str:
+    n = len(d["steps"])
+    return (
+        _summary_table(d["steps"], ("to_status", "would become"))
+        + f"\ndry run: {n} row{'s' * (n != 1)} would become {d['to_status']}; nothing was changed"
+    )
+
+
+def _human_results(d: dict[str, Any]) -> str:
+    lines = []
+    for r in d["results"]:
+        if r["outcome"] == "succeeded":
+            raised = f"  (max attempts raised to {r['max_attempts']})" if r.get("max_attempts_raised") else ""
+            lines.append(f"step {r['id']}: unknown -> {r['to_status']}  evidence {r['evidence_id']}{raised}")
+        else:
+            lines.append(f"step {r['id']}: FAILED {r['error']['code']}: {r['error']['message']}")
+    lines.append(f"{d['succeeded']} resolved, {d['failed']} failed")
     return "\n".join(lines)

@@ -7,20 +7,29 @@ from typing import Any
 import click
 
 from ops import wiring
-from ops.cli.common import command, load_settings, output_option, run
+from ops.cli.common import DocumentedOption, command, load_settings, output_option, run
 from ops.cli.output import Output
 from worker.settings import OPTIONS
+
+
+_CLICK_TYPES = {int: click.INT, float: click.FLOAT}
 
 
 def _setting_options(fn: Any) -> Any:
     for option in reversed(OPTIONS):
         default = option.default
         if isinstance(default, tuple):
-            default = ",".join(default) or "(none)"
-        shown = "(secret)" if option.secret else default
+            default = ",".join(default)
+        elif isinstance(default, bool):
+            default = str(default).lower()
+        shown = "(secret)" if option.secret else "(none)" if default in ("", None) else default
         fn = click.option(
             option.flag,
             option.name,
+            cls=DocumentedOption,
+            documented_default=None if option.secret else default,
+            documented_envvar=option.env,
+            type=click.Choice(option.choices) if option.choices else _CLICK_TYPES.get(option.parse, click.STRING),
             default=None,
             metavar=option.choices and "|".join(option.choices) or option.parse.__name__.upper().replace("_CSV", "LIST"),
             help=f"{option.help} [env: {option.env}; default: {shown}]",

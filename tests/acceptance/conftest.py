@@ -12,14 +12,21 @@ from typing import Any
 import pytest
 
 from ops.devsmtp import DevSmtpServer
+from tests import contract
+from tests.support import with_store
 
 
 class Evq:
-    """Runs `evq` (as `python -m ops.cli`) against one test database."""
+    """Runs `evq` (as `python -m ops.cli`) against one test database, with ``api_key`` if given.
 
-    def __init__(self, db_url: str, **env: str):
-        self.env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", **env}
-        self.env.pop("EVQ_API_KEY", None)
+    Every ``json()`` output is checked against its command's schema in docs/cli-schema/.
+    """
+
+    def __init__(self, db_url: str, api_key: str | None = None, **env: str):
+        self.env = {k: v for k, v in os.environ.items() if k != "EVQ_API_KEY"}
+        self.env.update({"EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", **env})
+        if api_key:
+            self.env["EVQ_API_KEY"] = api_key
 
     def cmd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "ops.cli", *args]
@@ -35,6 +42,7 @@ class Evq:
         # The contract: stdout is exactly one JSON object, logs never go there.
         out = json.loads(done.stdout)
         assert set(out) == {"status", "schema_version", "data" if out["status"] != "error" else "error", "meta"}
+        contract.check(args, out)
         return out
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
@@ -43,9 +51,25 @@ class Evq:
         )
 
 
+def make_key(db_url: str, name: str, role: str, *, created_by: str | None = "test-admin") -> str:
+    """A real API key in the test database (``created_by=None``: the bootstrap admin key)."""
+    from worker.keys import Role, generate
+
+    key = generate()
+    with_store(db_url, lambda store: store.create_key(name=name, role=Role(role), key=key, created_by=created_by))
+    return key.text
+
+
 @pytest.fixture
-def evq(db_url: str) -> Evq:
-    return Evq(db_url)
+def admin_key(db_url: str) -> str:
+    return make_key(db_url, "test-admin", "admin", created_by=None)
+
+
+@pytest.fixture
+def evq(db_url: str, admin_key: str) -> Evq:
+    """`evq` on this test's database as the admin key ``test-admin`` (may enqueue and resolve).
+    Tests about keys themselves build ``Evq(db_url)`` without one."""
+    return Evq(db_url, api_key=admin_key)
 
 
 @pytest.fixture

@@ -7,25 +7,34 @@ import os
 from tests.acceptance.conftest import Evq
 
 EXPECTED = {
-    "welcome": "accepted",
-    "receipt": "accepted",
-    "team-update": "accepted",
-    "report": "unknown",
-    "invite": "rejected",
+    "welcome": ("accepted", "provider_accepted"),
+    "receipt": ("accepted", "provider_accepted"),  # over HTTP
+    "team-update": ("accepted", "provider_accepted"),
+    "report": ("unknown", "ambiguous_response"),  # SMTP: waits for an operator
+    "statement": ("accepted", "reconciled"),  # HTTP: the same loss, settled by the reconciler
+    "invite": ("rejected", "provider_rejected"),
+    "evq:notice:rejected:invite": ("accepted", "provider_accepted"),  # the notice to invite's sender
 }
 
 
 def check(out: dict) -> None:
     data = out["data"]
-    assert {s["step_id"]: s["status"] for s in data["steps"]} == EXPECTED
+    steps = {s["step_id"]: s for s in data["steps"]}
+    assert {name: (s["status"], s["reason"]) for name, s in steps.items()} == EXPECTED
+    assert steps["statement"]["provider"] == "http" and steps["statement"]["provider_message_id"]
+    notice = steps["evq:notice:rejected:invite"]
+    assert notice["notice_of"] == steps["invite"]["id"] and notice["to"] == ["assistant@example.org"]
+    assert notice["subject"] == "[delivery failed] Invitation"
     assert data["repeat_created"] is False and data["worker_exit"] == 0
-    assert len(data["delivered"]) == 4 and set(data["delivered"].values()) == {1}
+    # Everything but the refused invite arrived, once: four over SMTP (the lost reply too), two over HTTP.
+    assert len(data["delivered"]) == 6 and set(data["delivered"].values()) == {1}
 
 
 def test_demo_on_a_database_url(evq: Evq):
     check(evq.json("demo"))
     human = evq.run("demo")
     assert human.returncode == 0 and "UNKNOWN" in human.stdout and "evq steps show" in human.stdout
+    assert "reconciler" in human.stdout and "failure notice" in human.stdout
 
 
 def test_demo_on_the_embedded_database(tmp_path):

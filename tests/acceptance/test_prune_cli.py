@@ -6,7 +6,7 @@ import json
 
 import psycopg
 
-from tests.acceptance.conftest import Evq
+from tests.acceptance.conftest import Evq, make_key
 from tests.support import request, rows
 
 
@@ -33,9 +33,14 @@ def test_prune_dry_run_then_prune(evq: Evq, db_url, tmp_path):
     assert "prune: 2 batches, 3 steps" in done.stderr  # progress on stderr
     assert rows(db_url, "SELECT count(*) AS n FROM evidence")[0]["n"] == 0
     log = rows(db_url, "SELECT batch, steps, actor FROM prune_log ORDER BY batch")
-    assert [(r["batch"], r["steps"]) for r in log] == [(1, 2), (2, 1)] and log[0]["actor"].startswith("prune:")
+    assert [(r["batch"], r["steps"]) for r in log] == [(1, 2), (2, 1)] and log[0]["actor"] == "test-admin"
 
 
-def test_prune_needs_a_positive_duration(evq: Evq):
+def test_prune_needs_a_positive_duration_and_an_admin_key(evq: Evq, db_url):
     assert evq.json("prune", "--older-than", "soon", expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert evq.json("prune", "--older-than", "0d", expect=2)["error"]["code"] == "E_INVALID_ARG"
+    assert Evq(db_url).json("prune", "--older-than", "90d", expect=4)["error"]["code"] == "E_AUTH_FAILED"
+    agent = make_key(db_url, "an-agent", "agent", created_by="test-admin")
+    assert Evq(db_url, api_key=agent).json("prune", "--older-than", "90d", expect=4)["error"]["code"] == "E_AUTH_FAILED"
+    # Counting needs no key.
+    assert Evq(db_url).json("prune", "--older-than", "90d", "--dry-run")["data"]["dry_run"] is True

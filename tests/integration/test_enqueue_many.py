@@ -8,9 +8,18 @@ import psycopg
 import pytest
 
 from adapters.postgres import enqueue as enqueue_api
-from adapters.postgres.enqueue import enqueue_many_op, enqueue_many_own, enqueue_own, run_sync
+from adapters.postgres.enqueue import enqueue_many_op, enqueue_own, run_sync, validate_many
 from tests.support import POLICY, request, rows, valid
 from worker.errors import Conflict, IdempotencyConflict, InvalidRequest
+
+
+def enqueue_many_own(url: str, requests: list, *, policy=POLICY):
+    """What `evq enqueue --file` does: validate all, then one transaction of multi-row statements."""
+    valid = validate_many(requests, policy)
+    with psycopg.connect(url) as conn:
+        results = run_sync(conn, enqueue_many_op(valid))
+        conn.commit()
+        return results
 
 
 def counts(url: str) -> tuple[int, int]:

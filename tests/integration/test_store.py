@@ -309,31 +309,20 @@ async def rows_exec(url: str, sql: str, params) -> None:
         await conn.execute(sql, params)
 
 
-def test_the_metrics_collector_query_reads_partial_indexes_only(db_url):
-    """The collector's query (ops.metrics.COLLECTOR_SQL, or the benchmark's expected one until it exists)
-    never scans the history: with many terminal rows, only the partial indexes are read."""
-    from ops.bench import collector_query, fill_terminal
+async def test_list_total_holds_past_the_last_page_and_unknown_rows_come_oldest_first(store, db_url):
+    from tests.support import unknown_steps
 
-    fill_terminal(db_url, 20_000)
-    sql, _ = collector_query()
-    with psycopg.connect(db_url) as conn:
-        plan = str(conn.execute("EXPLAIN (FORMAT JSON) " + sql).fetchone()[0])
-    assert "Seq Scan" not in plan
-    for index in ("ix_email_steps_claimable", "ix_email_steps_lease_expiry", "ix_email_steps_unknown_since"):
-        assert index in plan
-
-
-async def test_prepared_statements_can_be_turned_off_for_pgbouncer(db_url):
-    """Behind PgBouncer in transaction mode a server-side prepared statement lives on a
-    server connection the next transaction may not get: EVQ_PREPARED_STATEMENTS=off makes none."""
-    from ops.wiring import open_store
-    from worker.settings import Settings
-
-    for setting, expect_some in (("on", True), ("off", False)):
-        async with open_store(Settings(prepared_statements=setting), url=db_url, max_size=1) as s:
-            for _ in range(8):  # psycopg prepares a statement from its 5th execution
-                await s.claimable_exists(providers=["smtp"], lease_seconds=LEASE)
-            async with s._op("test") as conn:
-                cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
-                (count,) = await cur.fetchone()
-        assert (count > 0) == expect_some
+    older = await unknown_steps(store, 2, now=T0)
+    newer = await unknown_steps(store, 1, now=T0 + timedelta(hours=1))
+    await store.enqueue(valid(), now=T0)
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2), now=T0 + timedelta(hours=3))
+    assert total == 3 and [f.id for f in found] == [s.id for s in older]
+    assert [f.age_seconds for f in found] == [3 * 3600.0, 3 * 3600.0]
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2, offset=2))
+    assert total == 3 and [f.id for f in found] == [newer[0].id]
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=2, offset=50))
+    assert total == 3 and found == []
+    found, total = await store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=None))
+    assert total == 3 and len(found) == 3
+    found, total = await store.list_steps(StepFilter(run_id="nobody"))
+    assert total == 0 and found == []

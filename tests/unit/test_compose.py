@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -21,3 +22,24 @@ def test_compose_orders_postgres_migrate_worker():
     dockerfile = (ROOT / "Dockerfile").read_text()
     for package in ("worker", "adapters", "migrations", "ops"):
         assert f"COPY {package} ./{package}" in dockerfile
+
+
+def test_compose_prometheus_scrapes_the_workers_and_loads_the_rules():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    worker_env = services["worker"]["environment"]
+    assert worker_env["EVQ_METRICS_HOST"] == "0.0.0.0"  # scraped from another container
+    prometheus = services["prometheus"]
+    assert "./ops/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    [sd] = job["dns_sd_configs"]
+    assert sd["names"] == ["worker"] and sd["port"] == int(worker_env["EVQ_METRICS_PORT"])
+    # The rule files it names exist next to it, where the mount puts them.
+    for rule_file in config["rule_files"]:
+        assert (ROOT / "ops" / "prometheus" / rule_file).is_file()
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_started"
+    # Every service either builds the evq image or names a pinned image.
+    for name, service in services.items():
+        assert "build" in service or re.fullmatch(r"[\w./-]+:[\w.-]+", service["image"]), name

@@ -99,6 +99,21 @@ def test_size_and_recipient_limits():
 def test_reserved_sender_is_refused():
     policy = Policy(reserved_senders=("evq@example.org",))
     assert "reserved" in errors_of(request(**{"from": "EVQ@example.org"}), policy)["from"]
+    # A rule ending in "@" reserves the local part at every domain (the default notice sender).
+    local = Policy(reserved_senders=("evq-notices@",))
+    assert "reserved" in errors_of(request(**{"from": "Evq-Notices@anywhere.example"}), local)["from"]
+    assert parse(request(**{"from": "evq-notices-not@example.org"}), local)
+
+
+def test_evq_prefix_is_reserved_for_evqs_own_steps():
+    errors = errors_of(request(step_id="evq:notice:x", idempotency_key="EVQ:mine"), POLICY)
+    assert "reserved" in errors["step_id"] and "reserved" in errors["idempotency_key"]
+    assert parse(request(step_id="my-evq:step"), POLICY)
+
+
+def test_the_recheck_lets_evqs_own_notices_through():
+    v = parse(request(**{"from": "evq-notices@example.org"}), POLICY)
+    assert check_payload(v.payload, Policy(reserved_senders=("evq-notices@",))) is None
 
 
 def test_display_names_stay_data():

@@ -60,3 +60,14 @@ def test_every_decision_is_a_legal_transition(outcome):
     for s in (step(1), step(3), step(3, maybe_delivered=True)):
         for window in (False, True):
             assert go(s, outcome, window).to_status in TRANSITIONS[Status.IN_FLIGHT]
+
+
+def test_a_refusal_after_a_possible_delivery_is_unknown_not_rejected():
+    """A later attempt refused (the policy re-check, a provider that forgot the key)
+    says nothing about the earlier one that may have gone out."""
+    t = go(step(attempt=2, maybe_delivered=True), Rejected("domain now blocked", before_send=True))
+    assert (t.to_status, t.reason) == (Status.UNKNOWN, Reason.POLICY_REFUSED)
+    assert "earlier attempt may have been delivered" in t.detail["message"]
+    t = go(step(attempt=2, maybe_delivered=True), Rejected("422"))
+    assert (t.to_status, t.reason, t.definite) == (Status.UNKNOWN, Reason.PROVIDER_REJECTED, False)
+    assert go(step(), Rejected("422")).definite

@@ -1,0 +1,339 @@
+"""HTTP provider adapter for a Resend-style JSON email API, with idempotency and lookup.
+
+Wire format (the Resend-compatible subset):
+- ``POST {base}/emails`` with ``Authorization: Bearer KEY``, ``Idempotency-Key`` and a
+  JSON body ``{from, to[], cc[], bcc[], reply_to[], subject, text, html, headers{}, tags[]}``,
+  answered by ``{"id": ...}``;
+- ``GET {base}/emails/{id}``; ``GET {base}/emails?tag=NAME:VALUE`` answered by ``{"data": [...]}``.
+
+The provider honours our key for ``dedupe_window`` seconds, which is what lets the
+core retry an ambiguous attempt (worker/transitions.py): the same key, the same
+body byte for byte, and the provider sends once. Classification (DESIGN.md "Adapters"):
+
+| answer | outcome |
+|---|---|
+| 2xx | accepted, with the provider's id |
+| 400, 413, 422, any other 4xx not below | rejected |
+| 409 "same key, different payload" | rejected: a bug (our body for a key never changes); logged as an error |
+| 409 "still in progress", 408, 429 (Retry-After honoured) | retryable |
+| 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message |
+| 5xx with the provider's JSON error | retryable (the provider says it failed) |
+| 5xx without it (a gateway answered) | ambiguous: the provider behind it may have acted |
+| no connection, or failed before the whole request was written | retryable |
+| timeout or reset after the whole request was written | ambiguous |
+
+"Ambiguous" is :class:`~worker.outcomes.Unknown`: the core retries it with the same
+key while the window (counted from the first attempt) still covers a lease, and
+otherwise leaves the step ``unknown`` for the reconciler, which calls :meth:`lookup`.
+Whether the request was written is known exactly, from httpcore's trace events.
+
+Keys and tags: the ``Idempotency-Key`` is the step's key when it is printable ASCII
+of at most 256 characters (Resend's limit), else ``sha256:`` and its digest. The tag
+``evq_key`` carries the key's SHA-256 hex digest, because tag values may only hold
+letters, digits, ``_`` and ``-``. The API key is never logged, never in evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from worker.logs import get_logger, register_secrets
+from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
+from worker.ports import LookupFailed, LookupResult, SendRequest
+from worker.request import ALLOWED_HEADERS, Policy, check_payload
+
+log = get_logger("evq.adapters.http")
+
+TAG_NAME = "evq_key"
+KEY_HEADER = "X-Evq-Idempotency-Key"
+MESSAGE_ID_HEADER = "X-Evq-Message-Id"
+MAX_BODY = 500  # characters of an answer kept as evidence
+MAX_KEY = 256
+LOOKUP_LIMIT = 10  # listed matches examined per lookup
+_PRINTABLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
+_CONFIG_STATUSES = frozenset({401, 403, 404, 405})
+_RETRY_STATUSES = frozenset({408, 429})
+_IN_PROGRESS = "concurrent_idempotent_requests"
+_KEY_REUSED = "invalid_idempotent_request"
+# httpcore's trace event once the whole request (headers and body) is written.
+_REQUEST_WRITTEN = ("http11.send_request_body.complete", "http2.send_request_body.complete")
+
+
+def tag_value(idempotency_key: str) -> str:
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()
+
+
+def wire_key(idempotency_key: str) -> str:
+    if len(idempotency_key) <= MAX_KEY and _PRINTABLE_ASCII.match(idempotency_key):
+        return idempotency_key
+    return "sha256:" + tag_value(idempotency_key)
+
+
+def wire_body(request: SendRequest) -> bytes:
+    """The JSON body for a step: the same bytes on every attempt, as the provider's
+    idempotency check compares bodies (nothing per attempt, no Date)."""
+    p = request.payload
+    headers = {ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS}
+    headers[KEY_HEADER] = request.idempotency_key
+    headers[MESSAGE_ID_HEADER] = request.message_id
+    body: dict[str, Any] = {
+        "from": _address(p["from"]),
+        "to": [_address(a) for a in p["to"]],
+        "cc": [_address(a) for a in p.get("cc") or ()],
+        "bcc": [_address(a) for a in p.get("bcc") or ()],
+        "subject": p["subject"],
+        "headers": headers,
+        "tags": [{"name": TAG_NAME, "value": tag_value(request.idempotency_key)}],
+    }
+    if p.get("reply_to"):
+        body["reply_to"] = [_address(a) for a in p["reply_to"]]
+    for part in ("text", "html"):
+        if p.get(part) is not None:
+            body[part] = p[part]
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _address(entry: Mapping[str, Any]) -> str:
+    # Always a quoted display name: commas and angle brackets in it stay text.
+    name = entry.get("name")
+    if not name:
+        return entry["email"]
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + f'" <{entry["email"]}>'
+
+
+def retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+class HttpProvider:
+    """The HTTP adapter: satisfies :class:`worker.ports.Provider` and :class:`worker.ports.Lookup`."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        timeout: float = 10.0,
+        dedupe_window: float | None = 86400.0,
+        policy: Policy = Policy(),
+        max_connections: int = 16,
+    ):
+        if not api_key:
+            raise ValueError("the HTTP adapter needs an API key")
+        if timeout <= 0 or max_connections < 1:
+            raise ValueError("timeout must be positive and max_connections at least 1")
+        self.base_url = base_url.rstrip("/")
+        # 0 means the provider does not deduplicate: ambiguous sends are then never retried.
+        self.dedupe_window = dedupe_window or None
+        self.timeout = timeout
+        self.policy = policy
+        self._api_key = api_key  # kept off repr() and out of every outcome
+        register_secrets([api_key])
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}", "User-Agent": "evq", "Accept": "application/json"},
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpProvider(base_url={self.base_url!r}, dedupe_window={self.dedupe_window})"
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # -- send -------------------------------------------------------------------
+
+    async def send(self, request: SendRequest) -> Outcome:
+        # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
+        refusal = check_payload(request.payload, self.policy)
+        if refusal is not None:
+            outcome: Outcome = Rejected(refusal, response=_evidence("policy"), before_send=True)
+        elif self._client.is_closed:
+            outcome = Retryable("the http adapter is closed", response=_evidence("closed"))
+        else:
+            outcome = await self._post(request)
+        self._log(request, outcome)
+        return outcome
+
+    async def _post(self, request: SendRequest) -> Outcome:
+        written = False
+
+        async def trace(event: str, info: Mapping[str, Any]) -> None:
+            nonlocal written
+            if event in _REQUEST_WRITTEN:
+                written = True
+
+        try:
+            # Each network operation is bounded by the timeout; this bounds them together.
+            response = await asyncio.wait_for(
+                self._client.post(
+                    "/emails",
+                    content=wire_body(request),
+                    headers={"Idempotency-Key": wire_key(request.idempotency_key), "Content-Type": "application/json"},
+                    extensions={"trace": trace},
+                ),
+                timeout=self.timeout * 3,
+            )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return self._failed(exc, written)
+        return self._classify(response)
+
+    def _failed(self, exc: BaseException, written: bool) -> Outcome:
+        error_class = type(exc).__name__
+        detail = self._scrub(str(exc))
+        if written:
+            return Unknown(
+                f"{error_class} after the request was sent; the provider may have accepted it",
+                response=_evidence("answer", error_class=error_class, body=detail, sent=True),
+            )
+        return Retryable(
+            f"{error_class} before the request was sent" + (f": {_short(detail)}" if detail else ""),
+            response=_evidence("request", error_class=error_class, body=detail, sent=False),
+        )
+
+    def _classify(self, response: httpx.Response) -> Outcome:
+        code = response.status_code
+        text = self._scrub(response.text)
+        error = _provider_error(response)
+        evidence = _evidence("answer", code=code, body=text, sent=True, error_name=error.get("name"))
+        what = f"http {code}" + (f" {error['name']}" if error.get("name") else "") + (
+            f": {_short(str(error['message']))}" if error.get("message") else ""
+        )
+        if 200 <= code < 300:
+            provider_id = _json(response).get("id")
+            return Accepted(provider_message_id=provider_id if isinstance(provider_id, str) else None, response=evidence)
+        if code == 409:
+            if error.get("name") == _KEY_REUSED:
+                # Our body for a key never changes, so this is a bug (or a key shared with
+                # something else): refuse loudly rather than retry into the same wall.
+                return Rejected(f"{what} (the same key was sent with a different body: a bug)", response=evidence)
+            return Retryable(what, retry_after=retry_after(response.headers.get("Retry-After")), response=evidence)
+        if code in _RETRY_STATUSES:
+            return Retryable(what, retry_after=retry_after(response.headers.get("Retry-After")), response=evidence)
+        if code in _CONFIG_STATUSES or 300 <= code < 400:
+            return Retryable(f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)", response=evidence)
+        if 400 <= code < 500:
+            return Rejected(what, response=evidence)
+        if 500 <= code < 600 and error:
+            return Retryable(what, retry_after=retry_after(response.headers.get("Retry-After")), response=evidence)
+        return Unknown(f"{what} without the provider's own error; it may have accepted the request", response=evidence)
+
+    def _log(self, request: SendRequest, outcome: Outcome) -> None:
+        r = outcome.response
+        fields = log_fields(request.step_id, request.attempt, outcome, sent=r.get("sent"), base_url=self.base_url)
+        if r.get("error_name") == _KEY_REUSED:
+            log.error("http_idempotency_key_reused", reason=getattr(outcome, "reason", None), **fields)
+        elif isinstance(outcome, Retryable) and (r.get("code") in _CONFIG_STATUSES or 300 <= (r.get("code") or 0) < 400):
+            # Retried, but no retry succeeds until someone fixes the settings.
+            log.error("http_config_failure", reason=outcome.reason, **fields)
+        else:
+            log.debug("http_send_finished", **fields)
+
+    # -- lookup -------------------------------------------------------------------
+
+    async def lookup(self, idempotency_key: str, message_id: str) -> LookupResult:
+        """Find the message by the tag carrying our key. A listed message counts only if
+        it carries that tag itself (read from ``GET /emails/{id}`` when the list omits
+        tags): a provider that ignored the filter must not settle a row."""
+        value = tag_value(idempotency_key)
+        query = f"{TAG_NAME}:{value}"
+        listed = await self._get("/emails", params={"tag": query})
+        data = listed.get("data")
+        if not isinstance(data, list):
+            raise LookupFailed("the provider's list answer has no data array")
+        for item in data[:LOOKUP_LIMIT]:
+            if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                continue
+            record = item if "tags" in item else await self._get(f"/emails/{item['id']}")
+            if _carries_tag(record, value):
+                return LookupResult(
+                    found=True,
+                    provider_message_id=item["id"],
+                    raw={"query": query, "listed": len(data), "email": _summary(record)},
+                )
+        return LookupResult(found=False, raw={"query": query, "listed": len(data)})
+
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        try:
+            response = await self._client.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise LookupFailed(f"{type(exc).__name__} asking {path}") from None
+        if response.status_code != 200:
+            raise LookupFailed(f"http {response.status_code} asking {path}: {_short(self._scrub(response.text))}")
+        body = _json(response)
+        if not body:
+            raise LookupFailed(f"unreadable answer asking {path}")
+        return body
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._api_key, "***")[: MAX_BODY * 4]
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        value = response.json()
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _provider_error(response: httpx.Response) -> dict[str, Any]:
+    """The provider's own JSON error ({statusCode?, name, message}), or {} for anything else."""
+    if response.is_success or "json" not in response.headers.get("content-type", ""):
+        return {}
+    body = _json(response)
+    return body if "name" in body or "message" in body else {}
+
+
+def _carries_tag(record: Mapping[str, Any], value: str) -> bool:
+    tags = record.get("tags")
+    return isinstance(tags, list) and any(
+        isinstance(t, dict) and t.get("name") == TAG_NAME and t.get("value") == value for t in tags
+    )
+
+
+def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("id", "created_at", "last_event", "subject", "to")
+    return {k: record[k] for k in keep if k in record}
+
+
+def _evidence(phase: str, *, code: int | None = None, body: str = "", error_class: str | None = None,
+              sent: bool = False, error_name: str | None = None) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "code": code,
+        "reply": body[:MAX_BODY],
+        "error_class": error_class,
+        "error_name": error_name,
+        "sent": sent,
+    }
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,155 @@
+"""evq keys create | list | revoke
+
+Bootstrap: while no active admin key exists, `evq keys create --role admin`
+needs no key (whoever can reach the database could write the table anyway).
+From then on, managing keys needs an admin key, and the last active admin key
+cannot be revoked, so key management can neither lock itself out nor reopen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ops import wiring
+from ops.cli.auth import Credential, api_key_option, dry_run_option
+from ops.cli.common import command, database_option, load_settings, output_option, run
+from ops.cli.output import Output, table
+from worker.errors import AuthFailed, Conflict
+from worker.keys import PREFIX, Permission, Role, check_name, generate
+
+ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
+
+
+@click.group("keys")
+def keys() -> None:
+    """Manage API keys: who may change rows, and the name evidence records them by."""
+
+
+@keys.command("create")
+@click.option("--name", required=True, help="Who holds the key; recorded as the actor in evidence. Never reused.")
+@click.option("--role", required=True, type=click.Choice([r.value for r in Role]), help=ROLE_HELP)
+@dry_run_option
+@api_key_option(Permission.MANAGE_KEYS)
+@output_option
+@database_option
+@command
+def keys_create(
+    out: Output, name: str, role: str, dry_run: bool, credential: Credential, database_url: str | None
+) -> None:
+    """Create an API key and print it once (only its hash is stored).
+
+    The first key of a fresh install is an admin key and needs no key itself:
+    `evq keys create --name NAME --role admin`. Every later one needs an admin key.
+    """
+    check_name(name)
+    settings = load_settings(database_url=database_url)
+
+    async def work() -> dict[str, Any]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            state = await store.key_state(name)
+            bootstrap = not state["admin_exists"] and credential.key is None
+            if dry_run:
+                if state["name_taken"]:
+                    raise Conflict(f"a key named {name!r} exists", context={"name": name})
+                return {"dry_run": True, "name": name, "role": role, "bootstrap": bootstrap}
+            if bootstrap and role != Role.ADMIN:
+                raise AuthFailed(
+                    "no admin key exists yet: the first key must be an admin key",
+                    hint="create the admin key first (`evq keys create --name NAME --role admin`), "
+                    "then this one with EVQ_API_KEY set to it",
+                )
+            created_by = None if bootstrap else (await credential.identify(store)).name
+            key = generate()
+            row = await store.create_key(name=name, role=Role(role), key=key, created_by=created_by)
+            return {"dry_run": False, **key_view(row), "key": key.text, "bootstrap": bootstrap}
+
+    data = run(work())
+    out.success(data, human=_human_created)
+
+
+def key_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": row["name"],
+        "role": row["role"],
+        "key_prefix": PREFIX + row["key_id"],
+        "active": row.get("revoked_at") is None,
+        "created_at": row["created_at"],
+        "created_by": row["created_by"],
+        "revoked_at": row.get("revoked_at"),
+        "revoked_by": row.get("revoked_by"),
+    }
+
+
+def _human_created(d: dict[str, Any]) -> str:
+    if d["dry_run"]:
+        how = " (bootstrap: no admin key exists yet, so none is needed)" if d["bootstrap"] else ""
+        return f"dry run: would create key {d['name']!r} with role {d['role']}{how}; nothing was changed"
+    return "\n".join(
+        [
+            f"created key {d['name']!r} (role {d['role']}). It is shown only now; keep it in a secret store:",
+            "",
+            f"    {d['key']}",
+            "",
+            "Use it with: export EVQ_API_KEY=<the key>",
+        ]
+    )
+
+
+@keys.command("list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True, help="Keys per page.")
+@click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Keys to skip.")
+@output_option
+@database_option
+@command
+def keys_list(out: Output, limit: int, offset: int, database_url: str | None) -> None:
+    """List API keys (names, roles, prefixes; never the keys), oldest first."""
+    settings = load_settings(database_url=database_url)
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            return await store.list_keys()
+
+    every = [key_view(r) for r in run(fetch())]
+    data = every[offset : offset + limit]
+    out.success(
+        data,
+        human=lambda d: table(
+            [{**k, "state": "active" if k["active"] else "revoked"} for k in d],
+            [("name", "name"), ("role", "role"), ("state", "state"), ("key_prefix", "key"),
+             ("created_at", "created"), ("created_by", "by"), ("revoked_at", "revoked")],
+        ),
+        meta={"count": len(data), "total": len(every), "limit": limit, "offset": offset},
+    )
+
+
+@keys.command("revoke")
+@click.argument("name")
+@dry_run_option
+@api_key_option(Permission.MANAGE_KEYS)
+@output_option
+@database_option
+@command
+def keys_revoke(out: Output, name: str, dry_run: bool, credential: Credential, database_url: str | None) -> None:
+    """Revoke a key; it is refused from the next command on. Revoking a revoked
+    key changes nothing; the last active admin key cannot be revoked (exit 3)."""
+    settings = load_settings(database_url=database_url)
+
+    async def work() -> dict[str, Any]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            actor = None if dry_run else (await credential.identify(store)).name
+            row = await store.revoke_key(name, actor=actor, dry_run=dry_run)
+            view = key_view(row)
+            if dry_run:
+                view.update(active=not row["already_revoked"], revoked_at=None, revoked_by=None)
+            return {"dry_run": dry_run, **view, "changed": row["changed"]}
+
+    data = run(work())
+
+    def human(d: dict[str, Any]) -> str:
+        if d["dry_run"]:
+            return f"dry run: key {d['name']!r} would {'be revoked' if d['changed'] else 'stay as it is (already revoked)'}"
+        return f"key {d['name']!r} " + ("revoked" if d["changed"] else f"was already revoked at {d['revoked_at']}")
+
+    out.success(data, human=human)

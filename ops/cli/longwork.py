@@ -1,0 +1,113 @@
+"""Long work over many rows, each done independently: the contract's stop rules.
+
+- The first Ctrl-C (or SIGTERM) lets the current row finish, then stops: E_ABORTED
+  (exit 7) with what was done so far. A second one exits 130 at once; the row in
+  progress is one statement, so it is either written whole or not at all.
+- ``max_failures`` consecutive failures stop the work: E_MAX_FAILURES (exit 8).
+- Progress goes to the log (stderr) every ``PROGRESS_ROWS`` rows or ``PROGRESS_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from ops.cli.output import EXIT_INTERRUPTED
+from worker.errors import Aborted, EvqError, MaxFailures
+from worker.logs import get_logger
+
+T = TypeVar("T")
+log = get_logger("evq.cli")
+
+PROGRESS_ROWS = 100
+PROGRESS_SECONDS = 2.0
+
+
+@dataclass
+class Tally(Generic[T]):
+    total: int
+    results: list[dict[str, Any]] = field(default_factory=list)
+    succeeded: int = 0
+    failed: int = 0
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "not_attempted": self.total - len(self.results),
+            "results": self.results,
+        }
+
+
+async def each(
+    items: Sequence[T],
+    action: Callable[[T], Awaitable[dict[str, Any]]],
+    *,
+    key: Callable[[T], dict[str, Any]],
+    what: str,
+    max_failures: int | None = None,
+) -> Tally[T]:
+    """Run ``action`` on every item; a failing item is recorded (``key(item)`` + its error), not raised.
+
+    Raises Aborted or MaxFailures (with the tally in ``context``) when the work stops early.
+    """
+    tally: Tally[T] = Tally(total=len(items))
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            print(f"{what}: stopping after the current row (Ctrl-C again to quit at once)", file=sys.stderr)
+            stop.set()
+        else:
+            os._exit(EXIT_INTERRUPTED)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    consecutive = 0
+    last_progress = time.monotonic()
+    try:
+        for done, item in enumerate(items, start=1):
+            if stop.is_set():
+                raise Aborted(
+                    f"{what}: stopped by an interrupt after {len(tally.results)} of {tally.total} rows "
+                    f"({tally.succeeded} done, {tally.failed} failed)",
+                    hint="run the same command again for the rest",
+                    context=tally.summary,
+                )
+            try:
+                result = await action(item)
+            except EvqError as exc:
+                tally.failed += 1
+                consecutive += 1
+                tally.results.append({**key(item), "outcome": "failed", "error": exc.to_dict()})
+                if max_failures is not None and consecutive >= max_failures:
+                    raise MaxFailures(
+                        f"{what}: stopped after {consecutive} consecutive failures "
+                        f"({tally.succeeded} done, {tally.failed} failed, of {tally.total})",
+                        hint="the last error is in context.results; fix its cause and run again",
+                        context=tally.summary,
+                    ) from None
+            else:
+                tally.succeeded += 1
+                consecutive = 0
+                tally.results.append({**key(item), "outcome": "succeeded", **result})
+            now = time.monotonic()
+            if done % PROGRESS_ROWS == 0 or now - last_progress >= PROGRESS_SECONDS:
+                last_progress = now
+                log.info("progress", work=what, done=done, total=tally.total, succeeded=tally.succeeded,
+                         failed=tally.failed)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return tally

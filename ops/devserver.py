@@ -1,0 +1,83 @@
+"""What the dev servers (ops/devsmtp.py, ops/devhttp.py) share: a fault, the
+programmatic way to inject one — a standing fault for every request until reset,
+or queued faults for the next requests in order of arrival — and running one from
+the command line."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Self
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    mode: str
+    # How long, for the modes that wait; None means the server's default.
+    seconds: float | None = None
+
+    KNOWN: ClassVar[Mapping[str, str]] = {}  # mode -> what it does, per server
+
+    def __post_init__(self) -> None:
+        if self.mode not in self.KNOWN:
+            raise ValueError(f"unknown fault {self.mode!r}; known: {', '.join(self.KNOWN)}")
+
+
+class FaultInjection:
+    """Mixin for a dev server that is started and stopped, as a context manager too."""
+
+    fault_type: ClassVar[type[Fault]] = Fault
+    _lock: threading.Condition
+
+    def _init_faults(self) -> None:
+        self._fault: Fault | None = None
+        self._queue: deque[Fault] = deque()
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def fault(self) -> Fault | None:
+        with self._lock:
+            return self._fault
+
+    @fault.setter
+    def fault(self, value: Fault | str | None) -> None:
+        with self._lock:
+            self._fault = self.fault_type(value) if isinstance(value, str) else value
+
+    def queue_fault(self, mode: Fault | str, *, times: int = 1, seconds: float | None = None) -> None:
+        """Fail the next ``times`` requests (connections, for SMTP), in order of arrival, with ``mode``."""
+        fault = self.fault_type(mode) if isinstance(mode, str) else mode
+        if seconds is not None:
+            fault = self.fault_type(fault.mode, seconds)
+        with self._lock:
+            self._queue.extend([fault] * times)
+
+    def _pop_queued(self) -> Fault | None:
+        """The next queued fault, if any (the caller holds the lock)."""
+        return self._queue.popleft() if self._queue else None
+
+
+def serve_until_interrupted(server: FaultInjection, fault: str | None, where: Callable[[], str]) -> int:
+    """``python -m ops.devX``: run with a standing fault until Ctrl-C."""
+    server.fault = fault
+    with server:
+        print(f"{type(server).__name__} listening on {where()} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -1,0 +1,200 @@
+"""What evq exports to Prometheus, and how any HTTP server serves it.
+
+- :class:`QueueCollector`: gauges read from the database at scrape time (rows per
+  status, how long unknown rows have aged, queue lag, expired leases), through one
+  bounded query (adapters/postgres/queue_stats.py). ``describe()`` names its metrics
+  without reading anything, so registering it runs no query.
+- :func:`build_registry`: the in-process catalogue (worker/metrics.py) plus the
+  collectors given: one registry per HTTP server, so no global state is shared.
+- :func:`render` (for any web framework: body and content type), :func:`wsgi_app`
+  (``/metrics`` and ``/healthz``) and :class:`MetricsServer` (the worker's own
+  thread) all serve the same registry.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, make_wsgi_app
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from worker.logs import get_logger
+from worker.metrics import UNKNOWN_AGE_BUCKETS
+from worker.records import QueueStats
+from worker.states import Status
+
+log = get_logger("evq.metrics")
+
+ReadStats = Callable[[Sequence[float]], QueueStats]
+
+
+class QueueCollector(Collector):
+    """Queue gauges read from the database at each scrape.
+
+    When the read fails (database away, statement timeout) the scrape still succeeds
+    with ``evq_collector_up 0`` and without the database gauges: a stale or zero
+    value would read as "nothing is unknown", which is the one lie this must not tell.
+    """
+
+    def __init__(self, read: ReadStats, *, buckets: Sequence[float] = UNKNOWN_AGE_BUCKETS):
+        self.read = read
+        self.buckets = tuple(sorted(buckets))
+        self._was_up: bool | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return [*self._families(None), *self._health(0.0, 0.0)]
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        stats: QueueStats | None = None
+        try:
+            stats = self.read(self.buckets)
+        except Exception as exc:
+            # Any failure, a bug included, costs only these gauges; the in-process
+            # counters on the same page stay readable.
+            if self._was_up is not False:
+                log.warning("queue_stats_failed", error_class=type(exc).__name__, error=_first_line(exc))
+        else:
+            if self._was_up is False:
+                log.info("queue_stats_recovered")
+        self._was_up = stats is not None
+        duration = time.perf_counter() - started
+        if stats is not None:
+            yield from self._families(stats)
+        yield from self._health(1.0 if stats is not None else 0.0, duration)
+
+    def _families(self, stats: QueueStats | None) -> Iterator[Metric]:
+        steps = GaugeMetricFamily(
+            "evq_steps",
+            "Rows per status now. Accepted and rejected are the planner's estimate above 50,000 rows each.",
+            labels=["status"],
+        )
+        oldest_unknown = GaugeMetricFamily(
+            "evq_unknown_oldest_age_seconds", "How long the oldest unknown row has waited for a verdict (0: none)."
+        )
+        pending = GaugeMetricFamily(
+            "evq_pending_oldest_age_seconds",
+            "Queue lag: how long the oldest row claimable now has waited since it became due (0: none). "
+            "Rows waiting for their retry backoff do not count.",
+        )
+        expired = GaugeMetricFamily(
+            "evq_in_flight_expired", "In-flight rows whose lease has expired and that no rescuer has taken yet."
+        )
+        if stats is None:
+            yield from (steps, oldest_unknown, pending, expired)
+            yield GaugeHistogramMetricFamily(
+                "evq_unknown_age_seconds", "Unknown rows by how long they have waited (a gauge histogram)."
+            )
+            return
+        for status in Status:
+            steps.add_metric([str(status)], stats.steps[str(status)])
+        oldest_unknown.add_metric([], stats.unknown_oldest_age)
+        pending.add_metric([], stats.pending_oldest_age)
+        expired.add_metric([], stats.in_flight_expired)
+        yield from (steps, oldest_unknown, pending, expired)
+        buckets = [(floatToGoString(le), float(n)) for le, n in stats.unknown_buckets]
+        buckets.append(("+Inf", float(stats.steps[str(Status.UNKNOWN)])))
+        yield GaugeHistogramMetricFamily(
+            "evq_unknown_age_seconds",
+            "Unknown rows by how long they have waited (a gauge histogram).",
+            buckets=buckets,
+            gsum_value=stats.unknown_age_sum,
+        )
+
+    def _health(self, up: float, duration: float) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "evq_collector_up", "1 if the last scrape could read the queue gauges from the database, else 0.", value=up
+        )
+        yield GaugeMetricFamily(
+            "evq_collector_duration_seconds", "Time the last scrape spent reading the queue gauges.", value=duration
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def build_registry(*collectors: Collector | None) -> CollectorRegistry:
+    """The in-process catalogue plus the given collectors, in a registry of its own."""
+    registry = CollectorRegistry()
+    registry.register(REGISTRY)
+    for collector in collectors:
+        if collector is not None:
+            registry.register(collector)
+    return registry
+
+
+def exported_names(*collectors: Collector) -> set[str]:
+    """Every series name the collectors can export (with _total, _bucket, ... suffixes), read
+    through ``describe()`` where they have one, so a QueueCollector runs no query."""
+    names: set[str] = set()
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+        "summary": ("", "_count", "_sum", "_created"),
+    }
+    families: list[Metric] = []
+    for collector in collectors:
+        describe = getattr(collector, "describe", None)
+        families += list(describe() if describe is not None else collector.collect())
+    for family in families:
+        names.add(family.name)
+        names.update(family.name + suffix for suffix in suffixes.get(family.type, ()))
+    return names
+
+
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """A scrape's body and content type (OpenMetrics when the scraper asks for it)."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+def wsgi_app(registry: CollectorRegistry) -> Callable[..., Iterable[bytes]]:
+    """``/metrics`` (the registry) and ``/healthz`` (200 while the process serves)."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    # Scrapes every few seconds would otherwise write an access line each to stderr.
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+class MetricsServer:
+    """A WSGI app served on a thread of its own; ``port`` is the bound port (for port 0)."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], host: str, port: int):
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+        self._httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        self.host = host
+        self.port: int = self._httpd.server_port
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="evq-metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()

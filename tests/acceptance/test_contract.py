@@ -1,0 +1,168 @@
+"""The JSON contract: every command run for real, on its success and its error
+paths, its output validated against docs/cli-schema/; and `evq schema` derived
+from the real command definitions, so it cannot drift from them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+import pytest
+
+from adapters.postgres.schema import EVIDENCE_KINDS, ROLES, STATUSES
+from ops.cli import cli
+from ops.cli.describe import describe_command, leaf_commands, output_schema
+from ops.cli.output import EXIT_CODES
+from tests.acceptance.conftest import Evq
+from tests.contract import SCHEMA_DIR, command_path, registry
+from tests.support import unknown_steps, with_store
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
+REQUEST = {"run_id": "r-c", "step_id": "s1", "to": ["a@example.com"], "from": "agent@example.org",
+           "subject": "Hi", "text": "Hello", "intent": "contract"}
+LEAVES = dict(leaf_commands(cli))
+
+
+def test_every_command_has_its_schema_file_and_every_file_a_command():
+    files = {p.name for p in SCHEMA_DIR.glob("*.schema.json")} - {"_common.schema.json"}
+    assert files == {path.replace(".", "-") + ".schema.json" for path in LEAVES}
+
+
+@pytest.mark.parametrize("path", list(LEAVES))
+def test_each_bundled_output_schema_is_a_valid_self_contained_schema(path):
+    from jsonschema import Draft202012Validator
+
+    own = json.loads((SCHEMA_DIR / (path.replace(".", "-") + ".schema.json")).read_text()).get("$defs", {})
+    common = json.loads((SCHEMA_DIR / "_common.schema.json").read_text())["$defs"]
+    assert not set(own) & set(common)  # folding them together loses nothing
+    Draft202012Validator.check_schema(output_schema(path))
+
+
+def test_schema_enumerations_are_the_models():
+    common = json.loads((SCHEMA_DIR / "_common.schema.json").read_text())["$defs"]
+    assert common["step_status"]["enum"] == list(STATUSES)
+    assert common["evidence_kind"]["enum"] == list(EVIDENCE_KINDS)
+    assert common["role"]["enum"] == list(ROLES)
+    assert common["error_code"]["enum"] == list(EXIT_CODES)
+
+
+def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_key, smtp):
+    """Each line runs the real command; Evq.json validates every output against its schema."""
+    admin, anyone, nowhere = Evq(db_url, api_key=admin_key), Evq(db_url), Evq(NOWHERE)
+    [unknown] = with_store(db_url, lambda store: unknown_steps(store, run_id="r-u"))
+    seen: set[tuple[str, str]] = set()
+
+    def run(evq: Evq, *args: str, expect: int = 0, input: str | None = None) -> dict:
+        out = evq.json(*args, expect=expect, input=input)
+        seen.add((command_path(args), "success" if out["status"] != "error" else "error"))
+        return out
+
+    run(admin, "db", "upgrade")
+    run(admin, "db", "upgrade", "--dry-run")
+    run(nowhere, "db", "upgrade", expect=9)
+    run(anyone, "db", "status")
+    run(Evq(empty_db_url), "db", "status", expect=5)
+    step = run(admin, "enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
+    run(admin, "enqueue", "--file", "-", "--dry-run", input=json.dumps(REQUEST))
+    run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
+    run(admin, "worker", "run", "--drain", "--adapter", "null", "--listen", "off")
+    run(admin, "worker", "run", "--drain", "--concurrency", "0", expect=2)
+    run(anyone, "steps", "list", "--status", "unknown")
+    run(anyone, "steps", "list", "--older-than", "soon", expect=2)
+    run(nowhere, "steps", "list", expect=9)
+    run(anyone, "steps", "show", str(step["id"]))
+    run(anyone, "steps", "show", "999999", expect=1)
+    run(anyone, "steps", "resolve", str(unknown.id), "--as", "accepted", "--note", "seen", "--dry-run")
+    run(admin, "steps", "resolve", str(unknown.id), "--as", "accepted", "--note", "seen")
+    run(admin, "steps", "resolve", str(unknown.id), "--as", "accepted", "--note", "seen", expect=3)
+    run(anyone, "runs", "show", "r-u")
+    run(anyone, "runs", "show", "no-such-run", expect=1)
+    run(admin, "keys", "create", "--name", "ops", "--role", "operator")
+    run(anyone, "keys", "create", "--name", "ops2", "--role", "operator", expect=4)
+    run(anyone, "keys", "list")
+    run(nowhere, "keys", "list", expect=9)
+    run(admin, "keys", "revoke", "ops")
+    run(admin, "keys", "revoke", "nobody", expect=1)
+    run(anyone, "schema")
+    run(anyone, "schema", "steps")
+    run(anyone, "schema", "steps.resolve")
+    run(anyone, "schema", "--all")
+    run(anyone, "schema", "no.such", expect=1)
+    run(anyone, "demo")
+    run(nowhere, "demo", expect=9)
+    run(anyone, "prune", "--older-than", "90d", "--dry-run")
+    run(anyone, "prune", "--older-than", "90d", expect=4)
+    run(admin, "prune", "--older-than", "90d")
+    run(anyone, "bench", "--mode", "ceiling", "--steps", "100", "--runs", "1", "--peer", "off")
+    run(anyone, "bench", "--steps", "1", expect=2)
+    assert seen == {(path, status) for path in LEAVES for status in ("success", "error")}
+
+
+def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
+    evq = Evq(db_url)
+    root = evq.json("schema")["data"]
+    assert [g["name"] for g in root["groups"]] == sorted(cli.commands)
+    assert root["exit_codes"] == {**EXIT_CODES, "interrupted": 130}
+    group = evq.json("schema", "steps")["data"]
+    assert [c["name"] for c in group["commands"]] == ["steps.list", "steps.resolve", "steps.show"]
+    one = evq.json("schema", "steps.resolve")["data"]
+    assert evq.json("schema", "steps resolve")["data"] == one == evq.json("schema", "steps", "resolve")["data"]
+    assert one["api_key"]["roles"] == ["operator", "admin"] and one["writes"] is True
+    assert one["output_schema"] == output_schema("steps.resolve")
+    params = {p["name"]: p for p in one["parameters"]}
+    assert params["--as"] == {**params["--as"], "type": "string", "enum": ["accepted", "rejected", "retry"], "required": True}
+    assert params["STEP_ID"]["kind"] == "argument" and params["STEP_ID"]["type"] == "integer"
+    assert params["--dry-run"]["type"] == "boolean" and params["--dry-run"]["default"] is False
+    assert params["--api-key"]["envvar"] == "EVQ_API_KEY"
+    worker = {p["name"]: p for p in evq.json("schema", "worker.run")["data"]["parameters"]}
+    assert worker["--concurrency"] == {**worker["--concurrency"], "type": "integer", "default": 10, "envvar": "EVQ_CONCURRENCY"}
+    assert worker["--listen"]["enum"] == ["auto", "on", "off"]
+    assert worker["--smtp-password"]["default"] is None
+    everything = evq.json("schema", "--all")["data"]
+    assert [c["command"] for c in everything["commands"]] == list(LEAVES)
+    human = evq.run("schema", "steps.resolve")
+    assert human.returncode == 0 and "--provider-message-id" in human.stdout
+
+
+@pytest.mark.parametrize("path", list(LEAVES))
+def test_described_parameters_are_what_the_command_accepts(path):
+    """Drift would show here: each described flag, with a value of its described
+    type (every enum value), parses in the real command into the described
+    destination; a value outside the enum is refused; `--help` shows nothing more."""
+    cmd = LEAVES[path]
+    described = describe_command(path, cmd)["parameters"]
+    for p in described:
+        samples = p.get("enum") or [{"integer": "3", "number": "2.5", "string": "x"}.get(p["type"])]
+        for value in samples:
+            args = [p["flags"][0]] if p["kind"] == "flag" else [p["flags"][0], value] if p["kind"] == "option" else [value]
+            got = cmd.make_context(path, [*args, *_required_others(described, p)]).params[p["dest"]]
+            got = got.key if p["dest"] == "credential" else got[0] if p["multiple"] else got
+            assert got == {"boolean": True, "integer": 3, "number": 2.5}.get(p["type"], value), (path, p["name"])
+        if p.get("enum"):
+            with pytest.raises(click.BadParameter):
+                cmd.make_context(path, [p["flags"][0], "not-a-choice", *_required_others(described, p)])
+    help_text = cmd.get_help(click.Context(cmd, info_name=path))
+    shown = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", help_text.split("Options:")[-1]))
+    assert shown <= {f for p in described for f in p["flags"]} | {"--help"}
+
+
+def _required_others(described: list[dict], but: dict) -> list[str]:
+    args: list[str] = []
+    for p in described:
+        if p["required"] and p is not but:
+            sample = (p.get("enum") or ["1" if p["type"] == "integer" else "x"])[0]
+            args += [p["flags"][0], sample] if p["kind"] == "option" else [sample]
+    return args
+
+
+def test_the_bundled_schema_validates_without_the_files(db_url):
+    """`evq schema X` hands an agent one self-contained document for X's output."""
+    from jsonschema import Draft202012Validator
+
+    out = Evq(db_url).json("steps", "list")
+    bundled = Evq(db_url).json("schema", "steps.list")["data"]["output_schema"]
+    Draft202012Validator.check_schema(bundled)
+    assert not list(Draft202012Validator(bundled).iter_errors(out))
+    assert "_common.schema.json" not in json.dumps(bundled)
+    assert registry()  # the files themselves resolve too (tests/contract.py)

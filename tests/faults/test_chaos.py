@@ -1,0 +1,104 @@
+"""Failure matrix row 1: workers killed with SIGKILL at random moments, again and again,
+during a run of a few thousand sends. Nothing may be sent twice; every row must end
+terminal or unknown, and every unknown row must be a send that was in flight when a
+worker died."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.acceptance.conftest import Evq, smtp_env
+from tests.support import rows, wait_until
+
+SENDS = int(os.environ.get("EVQ_CHAOS_SENDS", "2000"))
+WORKERS = 3
+LEASE = 4  # > 3 x EVQ_SMTP_TIMEOUT (1)
+
+
+@pytest.mark.slow
+def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
+    lines = "\n".join(
+        json.dumps({"run_id": "chaos", "step_id": f"s{i}", "to": [f"u{i}@example.com"], "from": "a@example.org",
+                    "subject": f"chaos {i}", "text": "t"})
+        for i in range(SENDS)
+    )
+    assert evq.run("enqueue", "--file", "-", input=lines, timeout=120).returncode == 0
+    env = smtp_env(smtp, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS=str(LEASE), EVQ_RESCUE_INTERVAL="0.5",
+                   EVQ_LOG_LEVEL="warning")
+    rng = random.Random(int(os.environ.get("EVQ_CHAOS_SEED", "7")))
+    log = open(tmp_path / "workers.log", "ab")  # noqa: SIM115 - shared by every worker started below
+
+    def start() -> subprocess.Popen:
+        # Output to a file: a pipe nobody reads would fill up and stall the worker.
+        return subprocess.Popen(evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
+                                env={**evq.env, **env}, stdout=subprocess.DEVNULL, stderr=log)
+
+    workers = [start() for _ in range(WORKERS)]
+    killed: set[int] = set()
+    deadline = time.monotonic() + 120
+
+    def open_rows() -> int:
+        return rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status IN ('pending', 'retryable')")[0]["n"]
+
+    try:
+        while open_rows() > SENDS // 10 and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.2, 0.8))
+            victim = rng.randrange(len(workers))
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait(10)
+            killed.add(workers[victim].pid)
+            workers[victim] = start()
+        # No more kills: let the survivors finish and the rescuer clear what the dead left.
+        wait_until(
+            lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps "
+                                 "WHERE status NOT IN ('accepted', 'rejected', 'unknown')")[0]["n"] == 0,
+            timeout=120, interval=0.5, what="every row settled",
+        )
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(30)
+            finally:
+                w.kill()
+                w.wait()
+        log.close()
+
+    delivered = smtp.by_message_id()
+    status = {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")}
+    unknown = rows(
+        db_url,
+        "SELECT s.message_id, e.detail ->> 'lease_owner' AS owner FROM email_steps s "
+        "LEFT JOIN evidence e ON e.step_id = s.id AND e.kind = 'lease_expired' WHERE s.status = 'unknown'",
+    )
+    unknown_delivered = sum(1 for u in unknown if u["message_id"] in delivered)
+    print(
+        f"\nchaos: {SENDS} sends, {len(killed)} workers killed | accepted {status.get('accepted', 0)}, "
+        f"unknown {status.get('unknown', 0)} (of which the server had {unknown_delivered}), "
+        f"rejected {status.get('rejected', 0)} | messages received {sum(delivered.values())}, "
+        f"distinct {len(delivered)}, duplicates {sum(n - 1 for n in delivered.values())}"
+    )
+    assert killed
+    assert max(delivered.values()) == 1, "a message was sent twice"
+    assert set(status) <= {"accepted", "unknown"} and sum(status.values()) == SENDS
+    # Every unknown row was in flight under a worker that was killed, and says so.
+    assert all(u["owner"] and int(u["owner"].split(":")[1]) in killed for u in unknown), unknown[:5]
+    # Every accepted row was received by the server, exactly once.
+    accepted_ids = {r["message_id"] for r in rows(db_url, "SELECT message_id FROM email_steps WHERE status = 'accepted'")}
+    assert accepted_ids <= set(delivered)
+    # Evidence tells each story: one start per attempt, one answer or rescue per attempt.
+    stories = rows(
+        db_url,
+        "SELECT s.status, count(*) FILTER (WHERE e.kind = 'attempt_started')::int AS started, "
+        "count(*) FILTER (WHERE e.kind IN ('provider_response', 'lease_expired', 'attempt_released'))::int AS ended "
+        "FROM email_steps s JOIN evidence e ON e.step_id = s.id GROUP BY s.id, s.status",
+    )
+    assert all(r["started"] == r["ended"] for r in stories)

@@ -1,0 +1,114 @@
+"""Failure matrix rows 2, 3 and 8: the database restarts, is out of reach for longer than a
+lease, or refuses writes — while workers are sending."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import psycopg
+
+from tests.acceptance.conftest import Evq, smtp_env
+from tests.support import evidence_kinds, rows, step_row, wait_until
+
+LEASE = 8
+
+
+def request(step: str, to: str) -> str:
+    return json.dumps({"run_id": "faults", "step_id": step, "to": [to], "from": "agent@example.org",
+                       "subject": step, "text": "body"})
+
+
+def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp):
+    """Row 2: workers reconnect with backoff instead of exiting; outcomes that could not be
+    recorded while the server was down are recorded once it is back."""
+    evq = Evq(private_pg.url, api_key=private_pg.admin_key)
+    lines = "\n".join(request(f"r-{i}", "slow-0.02@example.com") for i in range(150))
+    assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
+    workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", **smtp_env(smtp)) for _ in range(2)]
+    try:
+        wait_until(lambda: len(smtp.messages) >= 30, what="sends under way")
+        private_pg.restart(down_for=2.0)
+        codes = [w.wait(120) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+        logs = [w.communicate()[1] for w in workers]
+    assert codes == [0, 0], logs[0][-3000:]
+    assert any('"claim_failed"' in log or '"record_retry"' in log for log in logs)
+    counts = rows(private_pg.url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    assert counts == [{"status": "accepted", "n": 150}]
+    assert len(smtp.by_message_id()) == 150 and set(smtp.by_message_id().values()) == {1}
+    answers = rows(private_pg.url, "SELECT count(*)::int AS n FROM evidence WHERE kind = 'provider_response'")
+    assert answers == [{"n": 150}]
+
+
+def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp, admin_key):
+    """Row 3: the send succeeds while the worker cannot reach the database. The rescuer
+    (another worker, which can) makes the row unknown; when the first worker's answer
+    finally lands it is fenced, kept as evidence, and — definite, and the only attempt —
+    settles the row, with evidence saying so."""
+    url, proxy = proxied_url
+    direct, cut_off = Evq(db_url, api_key=admin_key), Evq(url, api_key=admin_key)
+    step = direct.json("enqueue", "--file", "-", input=request("partitioned", "hold@example.com"))["data"]
+    worker = cut_off.popen("worker", "run", **smtp_env(smtp))
+    try:
+        smtp.wait_held(1, timeout=20)
+        proxy.partition()
+        smtp.release()  # the server says 250; the worker cannot write it down
+        time.sleep(LEASE + 1)
+        assert direct.run("worker", "run", "--drain", **smtp_env(smtp)).returncode == 0
+        assert step_row(db_url, step["id"])["status"] == "unknown"
+        proxy.heal()
+        wait_until(lambda: step_row(db_url, step["id"])["status"] == "accepted", timeout=30, what="late answer")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        proxy.heal()
+        worker.kill()
+        _, log = worker.communicate()
+    row = step_row(db_url, step["id"])
+    assert row["reason"] == "late_answer" and row["attempts"] == 1
+    assert evidence_kinds(db_url, step["id"]) == ["attempt_started", "lease_expired", "late_response"]
+    late = rows(db_url, "SELECT * FROM evidence WHERE kind = 'late_response'")[0]
+    assert late["from_status"] == "unknown" and late["to_status"] == "accepted" and late["detail"]["settled"]
+    assert smtp.by_message_id() == {step["message_id"]: 1}
+    assert '"claim_failed"' in log and '"late_answer"' in log
+
+
+def read_only(db_url: str, on: bool) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = off")  # this session may still write
+        conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = {"on" if on else "off"}')
+        if not on:
+            # Sessions keep the setting they started with: end them so the change takes effect.
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+def test_read_only_database(evq: Evq, db_url, smtp):
+    """Row 8: enqueue fails clearly and writes nothing; workers stop claiming, say why, and
+    no send starts without its attempt committed; they resume when writes come back."""
+    ready = evq.json("enqueue", "--file", "-", input=request("before", "ok@example.com"))["data"]
+    read_only(db_url, True)
+    refused = evq.json("enqueue", "--file", "-", input=request("during", "ok@example.com"), expect=9)
+    assert refused["error"]["code"] == "E_DB_UNAVAILABLE" and "read-only" in refused["error"]["message"]
+    worker = evq.popen("worker", "run", "--listen", "off", **smtp_env(smtp))
+    try:
+        time.sleep(3)
+        assert smtp.messages == []  # nothing sent: the attempt could not be committed
+        assert step_row(db_url, ready["id"])["status"] == "pending"
+        read_only(db_url, False)
+        wait_until(lambda: step_row(db_url, ready["id"])["status"] == "accepted", timeout=30, what="resume")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        read_only(db_url, False)
+        worker.kill()
+        _, log = worker.communicate()
+    assert '"read_only": true' in log and "not claiming" in log
+    assert rows(db_url, "SELECT step_id FROM email_steps ORDER BY id") == [{"step_id": "before"}]
+    assert smtp.by_message_id() == {ready["message_id"]: 1}

@@ -1,0 +1,109 @@
+"""Failure matrix row 7: PgBouncer in transaction pooling mode between workers and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.acceptance.conftest import Evq, smtp_env
+from tests.faults.conftest import with_port
+from tests.support import free_port, require_binary, rows, wait_until
+
+
+
+@pytest.fixture
+def pgbouncer(db_url: str) -> Iterator[str]:
+    """A PgBouncer in transaction mode on loopback in front of the test database."""
+    pgbouncer_bin = require_binary("pgbouncer", package="pgbouncer")
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    folder = tempfile.mkdtemp(prefix="evq-pgbouncer-")
+    os.chmod(folder, 0o777)  # PgBouncer runs as "nobody" and writes its log and pid here
+    port = free_port()
+    with open(os.path.join(folder, "userlist.txt"), "w") as f:
+        f.write(f'"{info.get("user", "postgres")}" ""\n')
+    with open(os.path.join(folder, "pgbouncer.ini"), "w") as f:
+        f.write(
+            f"""[databases]
+* = host={info.get("host", "127.0.0.1")} port={info.get("port", 5432)}
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {folder}/userlist.txt
+pool_mode = transaction
+default_pool_size = 4
+max_client_conn = 200
+logfile = {folder}/pgbouncer.log
+pidfile = {folder}/pgbouncer.pid
+"""
+        )
+    for name in os.listdir(folder):
+        os.chmod(os.path.join(folder, name), 0o666)
+    # PgBouncer refuses to run as root; -u drops to an ordinary user.
+    user = ["-u", "nobody"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([pgbouncer_bin, *user, os.path.join(folder, "pgbouncer.ini")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = with_port(db_url, "127.0.0.1", port)
+    try:
+        wait_until(lambda: _answers(url), timeout=10, what="pgbouncer")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=1) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: str, smtp, admin_key):
+    evq = Evq(pgbouncer, api_key=admin_key, EVQ_POOLER="transaction")
+    lines = "\n".join(
+        json.dumps({"run_id": "pgb", "step_id": f"s{i}", "to": ["ok@example.com"], "from": "a@example.org",
+                    "subject": "s", "text": "t"})
+        for i in range(60)
+    )
+    assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
+    workers = [evq.popen("worker", "run", "--drain", "--concurrency", "5", "--batch-size", "3", **smtp_env(smtp))
+               for _ in range(2)]
+    try:
+        codes = [w.wait(90) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+        logs = [w.communicate()[1] for w in workers]
+    assert codes == [0, 0], logs[0][-2000:]
+    # Prepared statements would fail here ("prepared statement ... does not exist") after
+    # five executions; many claims and records ran, so none were used.
+    assert rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status") == [
+        {"status": "accepted", "n": 60}
+    ]
+    assert set(smtp.by_message_id().values()) == {1} and len(smtp.by_message_id()) == 60
+    assert all('"listen_disabled"' in log for log in logs)
+    assert "does not exist" not in "".join(logs)
+
+
+def test_listen_auto_notices_notifications_do_not_arrive(pgbouncer: str, smtp):
+    """Without EVQ_POOLER set, EVQ_LISTEN=auto probes, finds notifications do not come
+    back through the pooler, warns, and polls."""
+    evq = Evq(pgbouncer)
+    started = time.monotonic()
+    done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"listen_unavailable"' in done.stderr
+    assert time.monotonic() - started < 30

@@ -1,0 +1,131 @@
+"""The metric catalogue and the queue collector's shape, with readers passed in (no database)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from ops.metrics import QueueCollector, build_registry, exported_names, render
+from ops.wiring import metrics_registry
+from tests.support import POLICY, request
+from worker import metrics
+from worker.enqueue import validate
+from worker.errors import ConfigError, DatabaseUnavailable, InvalidRequest
+from worker.records import QueueStats
+from worker.settings import Settings
+from worker.states import Status
+
+STATS = QueueStats(
+    steps={"pending": 3, "in_flight": 2, "retryable": 1, "unknown": 3, "accepted": 40, "rejected": 4},
+    unknown_oldest_age=259200.0,
+    unknown_age_sum=264690.0,
+    unknown_buckets=tuple(
+        (le, n) for le, n in zip(metrics.UNKNOWN_AGE_BUCKETS, (0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3))
+    ),
+    pending_oldest_age=600.0,
+    in_flight_expired=1,
+)
+
+
+def _page(*collectors) -> dict:
+    body, content_type = render(build_registry(*collectors))
+    assert content_type.startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+
+
+def test_collector_exports_every_status_and_cumulative_age_buckets():
+    page = _page(QueueCollector(lambda buckets: STATS))
+    assert {s: page[("evq_steps", (("status", s),))] for s in Status} == STATS.steps
+    assert page[("evq_unknown_oldest_age_seconds", ())] == 259200.0
+    assert page[("evq_pending_oldest_age_seconds", ())] == 600.0
+    assert page[("evq_in_flight_expired", ())] == 1
+    buckets = [page[("evq_unknown_age_seconds_bucket", (("le", f"{le:.1f}"),))] for le in metrics.UNKNOWN_AGE_BUCKETS]
+    assert buckets == [0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3]
+    assert page[("evq_unknown_age_seconds_bucket", (("le", "+Inf"),))] == 3  # every unknown row
+    assert page[("evq_unknown_age_seconds_gcount", ())] == 3
+    assert page[("evq_unknown_age_seconds_gsum", ())] == 264690.0
+    assert page[("evq_collector_up", ())] == 1
+    assert page[("evq_collector_duration_seconds", ())] >= 0
+
+
+def test_registering_the_collector_runs_no_query():
+    reads = []
+    registry = build_registry(QueueCollector(lambda buckets: reads.append(buckets) or STATS))
+    assert reads == []
+    assert "evq_unknown_oldest_age_seconds" in exported_names(QueueCollector(lambda buckets: reads.append(1)))
+    assert reads == []
+    render(registry)
+    assert reads == [metrics.UNKNOWN_AGE_BUCKETS]  # one read per scrape, with the catalogue's buckets
+
+
+def test_a_failed_read_is_reported_not_hidden():
+    def unavailable(buckets):
+        raise DatabaseUnavailable("cannot reach the database: connection refused")
+
+    page = _page(QueueCollector(unavailable))
+    assert page[("evq_collector_up", ())] == 0
+    # No stale or zero gauges that would read as "nothing is unknown".
+    assert not any(name.startswith(("evq_steps", "evq_unknown_", "evq_pending_")) for name, _ in page)
+    # The in-process counters on the same page are still there.
+    assert ("evq_enqueued_total", ()) in page
+
+
+def test_a_bug_in_the_reader_costs_only_the_queue_gauges():
+    page = _page(QueueCollector(lambda buckets: 1 / 0))
+    assert page[("evq_collector_up", ())] == 0 and ("evq_enqueued_total", ()) in page
+
+
+def test_queue_gauges_can_be_turned_off_for_a_process():
+    settings = Settings(metrics_queue="off")
+    with metrics_registry(settings, "postgresql://nobody@127.0.0.1:1/none") as registry:
+        body, _ = render(registry)
+    assert b"evq_steps" not in body and b"evq_collector_up" not in body
+    assert b"evq_send_attempts_total" in body
+
+
+def test_labels_come_from_fixed_sets():
+    metrics.init_provider("smtp")
+    labels: dict[str, set[str]] = {}
+    for family in REGISTRY.collect():
+        if family.name.startswith("evq_"):
+            for s in family.samples:
+                for key, value in s.labels.items():
+                    labels.setdefault(key, set()).add(value)
+    assert labels["outcome"] <= set(metrics.OUTCOMES) | {"ok", "error"}
+    assert labels["to"] == set(metrics.RESCUED_TO)
+    assert labels["result"] == set(metrics.RECONCILE_RESULTS)
+    assert labels["as"] == set(metrics.RESOLUTIONS_AS)
+    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le"}
+
+
+def test_validation_errors_are_counted_by_field():
+    before = REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "to"}) or 0
+    with pytest.raises(InvalidRequest):
+        validate(request(to=["not an address"]), POLICY)
+    assert REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "to"}) == before + 1
+
+
+def test_decision_time_after_enqueue_is_clock_skew_counted_as_zero():
+    enqueued = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    count = REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_count")
+    zero = REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_bucket", {"le": "0.05"})
+    metrics.observe_decision_to_enqueue(enqueued + timedelta(seconds=5), enqueued)
+    metrics.observe_decision_to_enqueue(None, enqueued)  # no decided_at: nothing to measure
+    assert REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_count") == count + 1
+    assert REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_bucket", {"le": "0.05"}) == zero + 1
+
+
+def test_metrics_port_must_be_a_tcp_port():
+    assert Settings.load({"EVQ_METRICS_PORT": "9640"}).metrics_port == 9640
+    assert Settings.load({}).metrics_port is None  # off unless asked for
+    with pytest.raises(ConfigError, match="EVQ_METRICS_PORT"):
+        Settings.load({"EVQ_METRICS_PORT": "70000"})
+    with pytest.raises(ConfigError, match="EVQ_METRICS_QUEUE"):
+        Settings.load({"EVQ_METRICS_QUEUE": "maybe"})

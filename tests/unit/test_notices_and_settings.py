@@ -1,0 +1,106 @@
+"""Notices, HTTP and reconciler settings, and the HTTP wire format: the parts without I/O."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from adapters.http import retry_after, wire_body
+from worker.errors import ConfigError
+from worker.notices import NoticeConfig, build_notice, reserved_sender
+from worker.ports import SendRequest
+from worker.request import MAX_SUBJECT, parse
+from worker.settings import Settings
+from worker.states import Status
+
+ORIGINAL = {
+    "id": 42, "run_id": "run-1", "step_id": "s" * 200, "idempotency_key": "run-1:" + "s" * 200,
+    "message_id": "<evq.1@example.org>", "provider": "http", "status": "rejected", "reason": "policy_refused",
+    "detail": "recipient domain example.com is blocked", "attempts": 1, "notify": "me@example.net",
+    "payload": parse({"run_id": "r", "step_id": "s", "from": "Ag <agent@example.org>", "to": ["a@example.com"],
+                      "bcc": ["b@example.com"], "subject": "S" * MAX_SUBJECT, "text": "x"}).payload,
+}
+
+
+def test_notice_config():
+    default = NoticeConfig()
+    assert default.statuses == (Status.REJECTED,) and not default.due([Status.ACCEPTED, Status.UNKNOWN])
+    assert default.due([Status.ACCEPTED, Status.REJECTED])
+    assert NoticeConfig(on_unknown=True).due([Status.UNKNOWN])
+    assert default.sender_for("agent@mail.example.org") == "evq-notices@mail.example.org"
+    assert NoticeConfig(sender="pm@example.org").sender_for("agent@x.example") == "pm@example.org"
+    assert reserved_sender(None) == "evq-notices@" and reserved_sender("pm@example.org") == "pm@example.org"
+
+
+def test_a_notice_fits_however_long_the_original():
+    notice = build_notice(ORIGINAL, NoticeConfig())
+    assert len(notice.payload["subject"]) == MAX_SUBJECT and notice.payload["subject"].startswith("[delivery failed] S")
+    assert notice.step_id == "evq:notice:rejected:" + "s" * 200 and notice.notify is None
+    assert notice.idempotency_key == "evq:notice:rejected:run-1:" + "s" * 200
+    text = notice.payload["text"]
+    assert "a@example.com" in text and "Bcc:" in text and "b@example.com" in text
+    assert "recipient domain example.com is blocked" in text and "evq's own policy" in text
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "advice"),
+    [
+        ("rejected", "provider_rejected", "refused this message for good"),
+        ("rejected", "late_answer", "refused this message for good"),
+        ("rejected", "attempts_exhausted", "failed temporarily on every attempt"),
+        ("rejected", "operator", "An operator checked this send"),
+        ("rejected", "something_new", "fix the cause"),
+        ("unknown", "ambiguous_response", "do not send it again yourself"),
+    ],
+)
+def test_each_kind_of_reason_says_what_to_do(status, reason, advice):
+    text = build_notice({**ORIGINAL, "status": status, "reason": reason}, NoticeConfig()).payload["text"]
+    assert advice in " ".join(text.split())
+
+
+def test_http_settings_are_validated():
+    base = dict(adapter=("http",), http_api_key="k", lease_seconds=60, http_timeout=10)
+    assert Settings(**base).validate() is None
+    for bad, field in (
+        (dict(http_api_key=None), "EVQ_HTTP_API_KEY"),
+        (dict(http_base_url="ftp://x"), "EVQ_HTTP_BASE_URL"),
+        (dict(http_timeout=30), "EVQ_LEASE_SECONDS"),
+        (dict(notice_from="not an address"), "EVQ_NOTICE_FROM"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            Settings(**{**base, **bad}).validate()
+        assert field in err.value.message
+    # Without the http adapter its settings do not matter.
+    assert Settings(adapter=("smtp",), http_api_key=None).validate() is None
+
+
+def test_settings_from_the_environment():
+    s = Settings.load({"EVQ_ADAPTER": "smtp,http", "EVQ_HTTP_API_KEY": "secret-key-1", "EVQ_NOTICE_ON_UNKNOWN": "yes",
+                       "EVQ_NOTICE_FROM": "pm@example.org", "EVQ_HTTP_DEDUPE_WINDOW": "900"})
+    assert s.adapter == ("smtp", "http") and s.notice_on_unknown and s.http_dedupe_window == 900
+    assert s.notices() == NoticeConfig(sender="pm@example.org", on_unknown=True)
+    assert s.policy().reserved_senders == ("pm@example.org",) and "http" in s.policy().providers
+    assert "secret-key-1" in s.secrets() and s.as_public_dict()["http_api_key"] == "***"
+    with pytest.raises(ConfigError):
+        Settings.load({"EVQ_NOTICE_ON_UNKNOWN": "maybe"})
+
+
+def test_retry_after_reads_seconds_and_dates():
+    now = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+    assert retry_after("30") == 30 and retry_after(None) is None and retry_after("soon") is None
+    assert retry_after("Tue, 01 Jan 2030 12:01:00 GMT", now=now) == 60
+    assert retry_after("Tue, 01 Jan 2030 11:00:00 GMT", now=now) == 0
+
+
+def test_the_wire_body_is_the_same_on_every_attempt():
+    payload = parse({"run_id": "r", "step_id": "s", "from": 'A "q" <a@example.org>', "to": ["b@example.com"],
+                     "reply_to": ["c@example.com"], "subject": "S", "text": "t", "html": "<p>h</p>",
+                     "headers": {"in-reply-to": "<x@y>"}}).payload
+    bodies = {wire_body(SendRequest(1, "r", "r:s", "<m@x>", attempt, payload)) for attempt in (1, 2, 3)}
+    [body] = bodies
+    data = json.loads(body)
+    assert data["from"] == '"A \\"q\\"" <a@example.org>' and data["reply_to"] == ["c@example.com"]
+    assert data["headers"] == {"In-Reply-To": "<x@y>", "X-Evq-Idempotency-Key": "r:s", "X-Evq-Message-Id": "<m@x>"}
+    assert data["tags"][0]["name"] == "evq_key" and len(data["tags"][0]["value"]) == 64

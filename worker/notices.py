@@ -1,0 +1,184 @@
+"""Failure notices: when a step ends ``rejected`` (or, if configured, ``unknown``),
+the address the caller named in ``notify`` is told, by an email step of its own.
+
+This module decides what a notice says and who sends it; the store enqueues it in
+the same transaction as the transition that called for it
+(adapters/postgres/notices.py). Three rules keep notices from multiplying:
+- the notice's idempotency key is derived from the original's (``evq:notice:KIND:KEY``),
+  so a repeated transition finds the notice already there;
+- a notice has ``notice_of`` set and no ``notify``, so a failing notice never causes another;
+- its sender is reserved (``Policy.reserved_senders``): no caller can send as evq.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker.request import MAX_SUBJECT, RESERVED_PREFIX, Decision, Policy, ValidRequest, parse, payload_digest
+from worker.states import Reason, Status
+
+# Used with the failed step's sender domain when EVQ_NOTICE_FROM is unset: the
+# provider already sends for that domain, so the notice can go out through it.
+NOTICE_LOCAL_PART = "evq-notices"
+SUBJECT_PREFIX = {Status.REJECTED: "[delivery failed]", Status.UNKNOWN: "[delivery uncertain]"}
+
+
+def reserved_sender(sender: str | None) -> str:
+    """The Policy.reserved_senders rule for the configured notice sender."""
+    return sender or f"{NOTICE_LOCAL_PART}@"
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeConfig:
+    sender: str | None = None  # EVQ_NOTICE_FROM
+    on_unknown: bool = False  # EVQ_NOTICE_ON_UNKNOWN
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        return (Status.REJECTED, Status.UNKNOWN) if self.on_unknown else (Status.REJECTED,)
+
+    def due(self, to_statuses: Sequence[Status]) -> bool:
+        """Whether a batch moving steps to these states may owe a notice (the rare case)."""
+        return any(status in self.statuses for status in to_statuses)
+
+    def sender_for(self, original_sender: str) -> str:
+        return self.sender or f"{NOTICE_LOCAL_PART}@{original_sender.rsplit('@', 1)[1]}"
+
+
+def notice_key(kind: str, idempotency_key: str) -> str:
+    return f"{RESERVED_PREFIX}notice:{kind}:{idempotency_key}"
+
+
+def notice_step_id(kind: str, step_id: str) -> str:
+    return f"{RESERVED_PREFIX}notice:{kind}:{step_id}"
+
+
+def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequest:
+    """The notice for one step row (id, run_id, step_id, idempotency_key, message_id,
+    provider, payload, status, reason, detail, attempts, notify).
+
+    The payload goes through the same validator as every request, so the adapter's
+    re-check passes it like any other; the identifiers are evq's own (reserved prefix).
+    Raises InvalidRequest if the notice cannot be a valid message.
+    """
+    status = Status(original["status"])
+    kind = status.value
+    payload = original["payload"]
+    subject = f"{SUBJECT_PREFIX[status]} {payload.get('subject') or ''}".strip()[:MAX_SUBJECT]
+    provider = original["provider"]
+    request = {
+        "run_id": "notice",
+        "step_id": "notice",
+        "from": {"email": config.sender_for(payload["from"]["email"]), "name": "evq"},
+        "to": [original["notify"]],
+        "subject": subject,
+        "text": notice_text(original),
+        # Auto-Submitted keeps auto-responders from answering a machine (RFC 3834);
+        # References threads the notice under the message it is about.
+        "headers": {"Auto-Submitted": "auto-generated", "References": original["message_id"]},
+    }
+    checked = parse(request, Policy(providers=(provider,), default_provider=provider))
+    payload_json, digest = payload_digest(checked.payload)
+    return ValidRequest(
+        run_id=original["run_id"],
+        step_id=notice_step_id(kind, original["step_id"]),
+        idempotency_key=notice_key(kind, original["idempotency_key"]),
+        provider=provider,
+        payload=checked.payload,
+        payload_json=payload_json,
+        payload_sha256=digest,
+        decision=Decision(
+            intent=f"tell {original['notify']} that step {original['id']} ended {kind}",
+            tool="evq-notice",
+            rationale={"notice_of": original["id"], "status": kind, "reason": original["reason"]},
+        ),
+        notify=None,
+        sender_domain=checked.sender_domain,
+    )
+
+
+def notice_text(original: Mapping[str, Any]) -> str:
+    payload = original["payload"]
+    status = Status(original["status"])
+    attempts = original["attempts"]
+    headline = (
+        "Your email did not go out."
+        if status is Status.REJECTED
+        else "Nobody can tell yet whether your email went out."
+    )
+    lines = [
+        headline,
+        "",
+        f"  Subject:     {payload.get('subject') or ''}",
+        *(
+            f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
+            for field, label in (("to", "To"), ("cc", "Cc"), ("bcc", "Bcc"))
+            if payload.get(field)
+        ),
+        f"  From:        {payload['from']['email']}",
+        f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
+        f"  Message-ID:  {original['message_id']}",
+        f"  Status:      {status.value} after {attempts} attempt{'s' if attempts != 1 else ''}"
+        f" ({original['reason'] or 'no reason recorded'})",
+        f"  Reason:      {original['detail'] or '-'}",
+        "",
+        "What to do:",
+        *_wrap(advice(status, original["reason"])),
+        "",
+        f"The whole record, with every attempt and the provider's answers: evq steps show {original['id']}",
+        "",
+        "-- ",
+        "evq sent this because the request named this address to be told (notify).",
+        "It is an automatic message; replies are not read.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def advice(status: Status, reason: str | None) -> str:
+    if status is Status.UNKNOWN:
+        return (
+            "The provider may or may not have accepted the message. evq will not send it again on its own; "
+            "do not send it again yourself either, or the recipients may get it twice. An operator (or evq's "
+            "reconciler, where the provider can be asked) will check and close it; if it ends rejected, you "
+            "will be told again."
+        )
+    return _ADVICE.get(reason or "", _ADVICE_DEFAULT)
+
+
+_ADVICE_DEFAULT = (
+    "The message was not delivered. Read the reason above; if the email is still needed, fix the cause and "
+    "send it again as a new step (a new step_id)."
+)
+_PROVIDER_REFUSED = (
+    "The provider refused this message for good: sending the same request again will be refused the same way. "
+    "Check the recipient addresses and the content against the reason above, then send a corrected request as "
+    "a new step (a new step_id)."
+)
+_ADVICE = {
+    Reason.PROVIDER_REJECTED.value: _PROVIDER_REFUSED,
+    Reason.LATE_ANSWER.value: _PROVIDER_REFUSED,
+    Reason.POLICY_REFUSED.value: (
+        "evq's own policy refused the message when it was about to be sent (for example a recipient domain that "
+        "is now blocked, or a message over the size limit); nothing reached the provider. If the policy is right, "
+        "do not send it again; otherwise ask the operator to change it, then send the request again as a new step."
+    ),
+    Reason.ATTEMPTS_EXHAUSTED.value: (
+        "The provider failed temporarily on every attempt, and none of them can have been delivered. Sending it "
+        "again later as a new step is safe; if this keeps happening, ask the operator to check the provider."
+    ),
+    Reason.OPERATOR.value: (
+        "An operator checked this send and closed it as not delivered (their note is the reason above). If the "
+        "email is still needed, send it again as a new step."
+    ),
+}
+
+
+def _addresses(entries: list[Mapping[str, Any]]) -> str:
+    return ", ".join(f"{e['name']} <{e['email']}>" if e.get("name") else e["email"] for e in entries)
+
+
+def _wrap(text: str, width: int = 76) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent="  ", subsequent_indent="  ")
