@@ -119,9 +119,11 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
             server.close()
 
 
-async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
-    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
-    url = database_url(settings)
+@asynccontextmanager
+async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
+    """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
+    running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
+    url = url or database_url(settings)
     check_at_head(url)
     providers = build_providers(settings)
     wakeup = None
@@ -136,10 +138,15 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
     try:
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url) as store:
-                worker = Worker(store, providers, settings, wakeup=wakeup)
-                return await worker.run(drain=drain, install_signals=install_signals)
+                yield Worker(store, providers, settings, wakeup=wakeup)
     finally:
         for provider in providers.values():
             await provider.close()
         if wakeup is not None:
             await wakeup.close()
+
+
+async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
+    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
+    async with prepared_worker(settings) as worker:
+        return await worker.run(drain=drain, install_signals=install_signals)

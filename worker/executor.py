@@ -20,35 +20,44 @@ log = get_logger("evq.executor")
 
 
 async def attempt(provider: Provider, request: SendRequest, *, deadline: float) -> tuple[Outcome, float]:
-    """Call the adapter once; return its outcome and the latency in milliseconds."""
+    """Call the adapter once; return its outcome and the latency in milliseconds.
+
+    The adapter runs in the caller's task (no task of its own: this is the hot
+    path), under a timeout that is armed only when the deadline passes.
+    """
     started = time.perf_counter()
-    task = asyncio.ensure_future(provider.send(request))
+    loop = asyncio.get_running_loop()
+    outcome: Outcome
     try:
-        done, _ = await asyncio.wait({task}, timeout=deadline)
-        if not done:
+        async with asyncio.timeout(None) as timeout:
             # A paused process (SIGSTOP, a frozen VM) wakes with its deadline long
-            # past and, often, the provider's answer already in its socket: give that
-            # answer a moment to arrive before calling the attempt unknown.
-            done, _ = await asyncio.wait({task}, timeout=min(1.0, deadline / 10))
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if not done:
-        task.cancel()
-        outcome: Outcome = Unknown(
-            f"the {provider.name} adapter gave no answer within {deadline:g}s",
-            response={"error_class": "DeadlineExceeded"},
-        )
-    elif task.exception() is not None:
-        exc = task.exception()
-        log.error("adapter_raised", provider=provider.name, error_class=type(exc).__name__, exc_info=exc)
-        outcome = Unknown(
-            f"the {provider.name} adapter raised {type(exc).__name__}",
-            response={"error_class": type(exc).__name__},
-        )
-    else:
-        outcome = task.result()
+            # past and, often, the provider's answer already in its socket: the
+            # deadline only arms a short grace, measured from when the loop runs again.
+            grace = min(1.0, deadline / 10)
+            arm = loop.call_later(deadline, lambda: timeout.reschedule(loop.time() + grace))
+            try:
+                outcome = await provider.send(request)
+            finally:
+                arm.cancel()
+    except TimeoutError as exc:
+        if timeout.expired():
+            outcome = Unknown(
+                f"the {provider.name} adapter gave no answer within {deadline:g}s",
+                response={"error_class": "DeadlineExceeded"},
+            )
+        else:
+            outcome = _raised(provider, exc)
+    except Exception as exc:
+        outcome = _raised(provider, exc)
     elapsed = time.perf_counter() - started
-    metrics.SEND_ATTEMPTS.labels(provider=provider.name, outcome=outcome.kind).inc()
-    metrics.SEND_SECONDS.labels(provider=provider.name, outcome=outcome.kind).observe(elapsed)
+    metrics.labelled(metrics.SEND_ATTEMPTS, provider.name, outcome.kind).inc()
+    metrics.labelled(metrics.SEND_SECONDS, provider.name, outcome.kind).observe(elapsed)
     return outcome, elapsed * 1000.0
+
+
+def _raised(provider: Provider, exc: BaseException) -> Outcome:
+    log.error("adapter_raised", provider=provider.name, error_class=type(exc).__name__, exc_info=exc)
+    return Unknown(
+        f"the {provider.name} adapter raised {type(exc).__name__}",
+        response={"error_class": type(exc).__name__},
+    )

@@ -33,6 +33,7 @@ class Permission(StrEnum):
     ENQUEUE = "enqueue"
     RESOLVE = "resolve"
     MANAGE_KEYS = "manage_keys"
+    PRUNE = "prune"  # evq prune: deletes history for good
 
 
 # Which roles hold each permission. Anything not listed is refused.
@@ -40,6 +41,7 @@ ALLOWED: dict[Permission, tuple[Role, ...]] = {
     Permission.ENQUEUE: (Role.AGENT, Role.ADMIN),
     Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
     Permission.MANAGE_KEYS: (Role.ADMIN,),
+    Permission.PRUNE: (Role.ADMIN,),
 }
 
 PREFIX = "evq_"

@@ -10,6 +10,8 @@ so that every number about unknown rows is defined in one file.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
 
@@ -29,6 +31,14 @@ RESOLUTIONS_AS = ("accepted", "rejected", "retry")
 
 # Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
 UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
+
+
+@lru_cache(maxsize=4096)
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, looked up once: label sets come from small fixed
+    sets, and the lookup (a lock and a dict) is a real share of a send's cost."""
+    return metric.labels(*values)
+
 
 STORE_SECONDS = Histogram(
     "evq_store_operation_duration_seconds",

@@ -4,13 +4,20 @@ Concurrent sends hand their transitions to one recorder, which writes whatever h
 gathered in one fenced statement while the previous write is in flight: no added
 latency when idle, few commits when busy.
 
-Why it is safe for an outcome to wait in memory: the attempt was committed before
-the adapter was called (invariant 2), so until its outcome is written the row is
-``in_flight`` under a lease. If this process dies first, the lease expires and
-the rescuer makes the row ``unknown`` (or retryable only where the provider
-dedupes our key) — the send is never lost from view and never silently repeated.
+SAFETY ARGUMENT — why an outcome may wait in memory: the attempt was committed
+before the adapter was called (invariant 2), so until its outcome is written the
+row is ``in_flight`` under a lease. If this process dies first, the lease expires
+and the rescuer makes the row ``unknown`` (or retryable only where the provider
+dedupes our key): the send is never lost from view and never silently repeated.
 The write itself is fenced by the lease token, so a write retried after a lost
 acknowledgement is a no-op (one answer per lease, enforced by a unique index).
+How much may wait is bounded: the worker frees a send's slot when the adapter
+answers, but holds the row until its outcome is written and never holds more
+than twice its concurrency, so a slow database slows claiming instead of letting
+answers pile up. A waiting row stays held, so the orphan check (which hands back
+claimed rows the worker does not hold) can never release a row already sent.
+The claim and the record use separate pool connections, so one batch's outcomes
+are written while the next batch is being claimed.
 Database errors are retried with backoff (Oban's habit: recording is retried on
 database errors only); anything else is a bug and fails the waiting sends loudly.
 """

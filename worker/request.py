@@ -20,6 +20,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from datetime import datetime
 from typing import Any
 
@@ -367,12 +368,24 @@ def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | N
             errors.add(where, f"display name longer than {MAX_NAME} characters")
             return None
         name = unicodedata.normalize("NFC", name.strip()) or None
-    try:
-        valid = validate_email(addr, check_deliverability=False)
-    except (EmailNotValidError, UnicodeError, ValueError) as exc:
-        errors.add(where, f"not a valid address: {exc}")
+    normalized, problem = _checked_address(addr)
+    if problem is not None:
+        errors.add(where, f"not a valid address: {problem}")
         return None
-    return {"email": valid.normalized, "name": name}
+    return {"email": normalized, "name": name}
+
+
+@lru_cache(maxsize=8192)
+def _checked_address(addr: str) -> tuple[str, str | None]:
+    """email_validator's verdict on one address (normalized form, or why not).
+
+    A pure function of the string, and most of a request's validation time (IDNA
+    tables): senders and recipients repeat, so each is checked once per process.
+    """
+    try:
+        return validate_email(addr, check_deliverability=False).normalized, None
+    except (EmailNotValidError, UnicodeError, ValueError) as exc:
+        return "", str(exc)
 
 
 def _address_list(data: Mapping[str, Any], name: str, errors: _Errors) -> list[dict[str, str | None]]:

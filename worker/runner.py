@@ -72,6 +72,7 @@ class _Held:
     claimed_at: float  # monotonic
     started: bool = False
     released: bool = False
+    answered: bool = False  # the adapter has answered; the outcome waits for the recorder
 
 
 @dataclass
@@ -133,10 +134,14 @@ class Worker:
             metrics.init_provider(name)
         self.stats = RunStats()
         self._held: dict[int, _Held] = {}
+        self._answered = 0  # held rows whose outcome waits for the recorder
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._signals = 0
+        # Bound once: the module's lazy proxy rebuilds a logger on every call, and
+        # a send logs from the hot path.
+        self._log = log.bind()
 
     # -- control ------------------------------------------------------------------
 
@@ -193,7 +198,11 @@ class Worker:
         failures = 0
         need_orphan_check = False
         while not self._stopping.is_set():
-            free = s.concurrency - len(self._held)
+            # A slot is a send at the provider: it frees when the adapter answers, not
+            # when the outcome is written, so sends never wait for a commit. Rows held
+            # in all (their outcomes waiting in memory included) stay under twice the
+            # concurrency, so a slow database slows claiming instead of piling up.
+            free = min(s.concurrency - (len(self._held) - self._answered), 2 * s.concurrency - len(self._held))
             # Claiming one row per freed slot would cost a statement per row; wait
             # until a useful batch fits, unless nothing at all is running.
             if free <= 0 or (self._held and free < max(1, min(s.batch_size, s.concurrency) // 4)):
@@ -209,6 +218,7 @@ class Worker:
                     if released:
                         log.warning("orphan_claims_released", count=released)
                     need_orphan_check = False
+                claim_started = time.monotonic()
                 claimed = await self.store.claim(
                     owner=self.owner,
                     providers=list(self.providers),
@@ -255,7 +265,9 @@ class Worker:
                     log.warning("drain_check_failed", error=exc.message)
                     await self._sleep(reconnect_delay(1))
                 continue
-            await self._idle(s.poll_interval)
+            # The poll interval is the period between claims, not the pause after one,
+            # so a step enqueued at any moment is claimed within one interval.
+            await self._idle(max(0.0, s.poll_interval - (time.monotonic() - claim_started)))
 
     async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
         if service is None:
@@ -293,17 +305,18 @@ class Worker:
 
     async def _send(self, held: _Held) -> None:
         step = held.step
-        # Bound in this task's own context, so every line logged during the send (the
-        # adapter's included) carries the step's identity.
-        with structlog.contextvars.bound_contextvars(
+        # Bound in this task's own context (a copy made when the task was created, gone
+        # with it, so nothing needs unbinding): every line logged during the send, the
+        # adapter's included, carries the step's identity.
+        structlog.contextvars.bind_contextvars(
             run_id=step.run_id,
             step_id=step.step_id,
             step=step.id,
             attempt=step.attempt,
             idempotency_key=step.idempotency_key,
             provider=step.provider,
-        ):
-            await self._send_bound(held)
+        )
+        await self._send_bound(held)
 
     async def _send_bound(self, held: _Held) -> None:
         step = held.step
@@ -321,7 +334,7 @@ class Worker:
                 attempt=step.attempt,
                 payload=step.payload,
             )
-            log.debug("send_started")
+            self._log.debug("send_started")
             outcome, latency_ms = await executor.attempt(provider, request, deadline=self.settings.send_deadline)
             window_open = (
                 provider.dedupe_window is not None
@@ -338,12 +351,18 @@ class Worker:
             )
             self.stats.sent += 1
             self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
+            held.answered = True
+            self._answered += 1
+            self._slot_freed.set()
             result = await self.recorder.submit(transition)
             if (result.applied and transition.to_status in TERMINAL) or result.settled:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
                 metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
             if result.applied:
-                log.info(
+                # An accepted send's proof is its evidence row; at thousands a second a
+                # log line each is noise (and a fifth of a send's CPU): debug. Every
+                # other outcome is worth a line at info.
+                (self._log.debug if outcome.kind == "accepted" else self._log.info)(
                     "send_recorded",
                     outcome=outcome.kind,
                     status=str(transition.to_status),
@@ -370,7 +389,10 @@ class Worker:
             # the row stays in flight and the rescuer takes it; say so loudly.
             log.exception("send_not_recorded")
         finally:
-            self._held.pop(step.id, None)
+            # Held until recorded: the orphan check must never hand back a row
+            # whose answer is still waiting to be written.
+            if self._held.pop(step.id, None) is not None and held.answered:
+                self._answered -= 1
             self._slot_freed.set()
 
     # -- shutdown -------------------------------------------------------------------

@@ -15,7 +15,7 @@ drive it, so sync and async callers share every line of logic.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -75,6 +75,55 @@ def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
         metrics.observe_decision_to_enqueue(request.decision.decided_at, row["created_at"])
         return result_from_row(row)
     return existing_or_conflict(row, request)
+
+
+# Rows per batch statement: large enough that the per-statement cost vanishes,
+# small enough that one statement's arrays stay a few megabytes.
+MANY_CHUNK = 5000
+
+
+def enqueue_many_params(requests: Sequence[ValidRequest], now: datetime | None = None) -> dict[str, Any]:
+    rows = []
+    for request in requests:
+        p = enqueue_params(request)
+        d = request.decision
+        rows.append(
+            {
+                **{k: p[k] for k in _MANY_FIELDS},
+                # Already JSON text: embedded as JSON values, not as strings of JSON.
+                "payload": request.payload,
+                "rationale": d.rationale,
+                "decided_at": None if d.decided_at is None else d.decided_at.isoformat(),
+            }
+        )
+    return {"now": now, "requests": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
+
+
+_MANY_FIELDS = (
+    "run_id", "step_id", "idempotency_key", "message_id", "provider", "payload_sha256", "max_attempts",
+    "notify", "intent", "instruction_version", "prompt_version", "model", "tool",
+)
+
+
+def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = None) -> Op:
+    """Enqueue validated requests with one multi-row statement per chunk, keeping
+    every rule of the single enqueue; the caller's transaction makes it all or none."""
+    results: list[EnqueueResult] = []
+    for start in range(0, len(requests), MANY_CHUNK):
+        chunk = requests[start : start + MANY_CHUNK]
+        rows = yield Q["step_enqueue_many"], enqueue_many_params(chunk, now)
+        created = 0
+        for request, row in zip(chunk, rows):
+            if row["id"] is None:
+                # Rare: the key was not settled by the batch statement (see queries.sql).
+                results.append((yield from enqueue_op(request, now)))
+            elif row["created"]:
+                created += 1
+                results.append(result_from_row(row))
+            else:
+                results.append(existing_or_conflict(row, request))
+        metrics.ENQUEUED.inc(created)
+    return results
 
 
 def run_sync(conn: psycopg.Connection, op: Op) -> Any:

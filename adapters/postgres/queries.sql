@@ -45,6 +45,61 @@ FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
 
+-- name: step_enqueue_many
+-- Many decisions and steps in one statement (batch enqueue), the same rules as
+-- step_enqueue: steps first with ON CONFLICT DO NOTHING, a decision only for each
+-- step written, one notification per provider. `existing` reads the statement's
+-- snapshot, so it finds rows that held a key before this statement; a request
+-- that neither inserted nor found its key (a duplicate inside the batch, a taken
+-- run_id/step_id, a concurrent insert) comes back with id NULL and the caller
+-- settles it with step_enqueue, which sees everything the transaction wrote.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), r AS (
+    -- One JSON array of requests: one document to encode and parse instead of
+    -- sixteen typed arrays, whose per-element encoding cost more than the inserts.
+    SELECT r.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    FROM ROWS FROM (jsonb_to_recordset(%(requests)s::jsonb) AS (
+        run_id text, step_id text, idempotency_key text, message_id text, provider text, payload jsonb,
+        payload_sha256 text, max_attempts int, notify text, intent text, instruction_version text,
+        prompt_version text, model text, tool text, rationale jsonb, decided_at timestamptz)
+    ) WITH ORDINALITY AS r(run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
+                          max_attempts, notify, intent, instruction_version, prompt_version, model, tool,
+                          rationale, decided_at, ord)
+), step AS (
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+    )
+    SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
+           r.payload_sha256, r.max_attempts, r.notify, t.now, t.now, t.now
+    FROM r, t
+    ORDER BY r.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+), decision AS (
+    INSERT INTO decisions (
+        id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
+        rationale, decided_at, created_at
+    )
+    SELECT r.decision_id, r.run_id, r.step_id, r.intent, r.instruction_version, r.prompt_version, r.model, r.tool,
+           r.rationale, r.decided_at, t.now
+    FROM step JOIN r ON r.decision_id = step.decision_id, t
+), wake AS (
+    SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
+)
+SELECT r.ord, coalesce(step.id, s.id) AS id,
+       coalesce(step.run_id, s.run_id) AS run_id, coalesce(step.step_id, s.step_id) AS step_id,
+       coalesce(step.idempotency_key, s.idempotency_key) AS idempotency_key,
+       coalesce(step.message_id, s.message_id) AS message_id, coalesce(step.status, s.status) AS status,
+       coalesce(step.payload_sha256, s.payload_sha256) AS payload_sha256, step.id IS NOT NULL AS created,
+       (SELECT count(*) FROM wake) AS woke
+FROM r
+LEFT JOIN step ON step.decision_id = r.decision_id
+LEFT JOIN email_steps s ON step.id IS NULL AND s.idempotency_key = r.idempotency_key
+ORDER BY r.ord;
+
+
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, created_at, false AS created
 FROM email_steps
@@ -115,16 +170,15 @@ ORDER BY id;
 -- The fenced completion (invariant 3): a row changes only if it is still in flight
 -- under the lease this attempt was given. Outcomes of many sends are applied in one
 -- statement (group commit); rows that do not match are handed to step_record_late.
+-- The outcomes arrive as one JSON array of objects: one document to encode and
+-- parse instead of a dozen typed arrays, which cost more than the update itself.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), o AS (
-    SELECT *
-    FROM unnest(
-        %(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[], %(to_statuses)s::text[],
-        %(reasons)s::text[], %(outcomes)s::text[], %(provider_message_ids)s::text[], %(retry_delays)s::float8[],
-        %(maybe_delivered)s::bool[], %(latencies)s::float8[], %(details)s::jsonb[], %(messages)s::text[]
-    ) AS o(id, lease_token, attempt, to_status, reason, outcome, provider_message_id, retry_delay,
-           maybe_delivered, latency_ms, detail, message)
+    SELECT * FROM jsonb_to_recordset(%(transitions)s::jsonb) AS o(
+        id bigint, lease_token uuid, attempt int, to_status text, reason text, outcome text,
+        provider_message_id text, retry_delay float8, maybe_delivered bool, latency_ms float8, detail jsonb,
+        message text)
 ), applied AS (
     UPDATE email_steps s
     SET status = o.to_status,
@@ -171,12 +225,9 @@ FROM o LEFT JOIN applied a ON a.id = o.id;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), o AS (
-    SELECT *
-    FROM unnest(
-        %(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[], %(to_statuses)s::text[],
-        %(reasons)s::text[], %(outcomes)s::text[], %(provider_message_ids)s::text[],
-        %(latencies)s::float8[], %(details)s::jsonb[], %(messages)s::text[]
-    ) AS o(id, lease_token, attempt, to_status, reason, outcome, provider_message_id, latency_ms, detail, message)
+    SELECT * FROM jsonb_to_recordset(%(transitions)s::jsonb) AS o(
+        id bigint, lease_token uuid, attempt int, to_status text, reason text, outcome text,
+        provider_message_id text, latency_ms float8, detail jsonb, message text)
 ), cur AS (
     SELECT s.id, s.run_id, s.status, s.attempts,
            (o.to_status IN ('accepted', 'rejected')
@@ -711,6 +762,65 @@ SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NUL
 SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
 FROM api_keys
 ORDER BY created_at, id;
+
+
+-- name: prune_allow
+-- The one narrow exception to append-only evidence (migration 0004_prune): on for
+-- this transaction only, and only steps_prune runs after it before the commit.
+SELECT set_config('evq.pruning', 'on', true) AS pruning;
+
+
+-- name: steps_prune
+-- One batch of retention: terminal steps created and closed before the cutoff
+-- (found through ix_email_steps_status_created_at), with their evidence and
+-- decisions, and the prune_log row that
+-- records the batch, all in the caller's transaction (after prune_allow). The
+-- foreign keys are checked at the end of the statement, when all three are gone.
+WITH doomed AS (
+    SELECT s.id, s.decision_id
+    FROM email_steps s
+    WHERE s.status IN ('accepted', 'rejected')
+      AND s.created_at < %(cutoff)s
+      AND s.closed_at < %(cutoff)s
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), ev AS (
+    DELETE FROM evidence e USING doomed d WHERE e.step_id = d.id RETURNING e.id
+), st AS (
+    -- Reading ev's count makes the evidence go first: the append-only trigger lets
+    -- evidence go only while its step is still there, and terminal.
+    DELETE FROM email_steps s USING doomed d
+    WHERE s.id = d.id AND (SELECT count(*) FROM ev) >= 0
+    RETURNING s.id, s.decision_id
+), dec AS (
+    DELETE FROM decisions x USING st WHERE x.id = st.decision_id RETURNING x.id
+), counts AS (
+    SELECT (SELECT count(*) FROM st)::int AS steps, (SELECT count(*) FROM ev)::int AS evidence,
+           (SELECT count(*) FROM dec)::int AS decisions, (SELECT min(id) FROM st) AS first_step_id,
+           (SELECT max(id) FROM st) AS last_step_id
+), logged AS (
+    INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions, first_step_id, last_step_id,
+                           created_at)
+    SELECT %(run)s, %(batch)s, %(actor)s, %(cutoff)s, c.steps, c.evidence, c.decisions, c.first_step_id,
+           c.last_step_id, coalesce(%(now)s::timestamptz, now())
+    FROM counts c
+    WHERE c.steps > 0
+)
+SELECT steps, evidence, decisions FROM counts;
+
+
+-- name: steps_prune_count
+-- What steps_prune would remove (evq prune --dry-run).
+WITH doomed AS (
+    SELECT s.id
+    FROM email_steps s
+    WHERE s.status IN ('accepted', 'rejected')
+      AND s.created_at < %(cutoff)s
+      AND s.closed_at < %(cutoff)s
+)
+SELECT (SELECT count(*) FROM doomed)::bigint AS steps,
+       (SELECT count(*) FROM evidence e JOIN doomed d ON d.id = e.step_id)::bigint AS evidence,
+       (SELECT count(*) FROM doomed)::bigint AS decisions;
 
 
 -- name: schema_revision

@@ -226,3 +226,23 @@ api_keys = Table(
     CheckConstraint("secret_hash LIKE 'scrypt$%'", name="secret_hash_scheme"),
     CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
 )
+
+# What evq prune removed, one row per batch, written in the batch's own transaction
+# (so it matches exactly what was deleted). Append-only, like evidence.
+prune_log = Table(
+    "prune_log",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("run", UUID(as_uuid=True), nullable=False),
+    Column("batch", Integer, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("cutoff", TZ, nullable=False),
+    Column("steps", Integer, nullable=False),
+    Column("evidence", Integer, nullable=False),
+    Column("decisions", Integer, nullable=False),
+    Column("first_step_id", BigInteger),
+    Column("last_step_id", BigInteger),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    UniqueConstraint("run", "batch"),
+    CheckConstraint("steps >= 0 AND evidence >= 0 AND decisions >= 0", name="counts_nonnegative"),
+)

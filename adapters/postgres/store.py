@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from adapters.postgres.database import connect_kwargs, translate
-from adapters.postgres.enqueue import enqueue_op, run_async
+from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
 from adapters.postgres.notices import notice_op
 from adapters.postgres.queries import Q
 from worker import metrics
@@ -34,6 +34,7 @@ from worker.keys import NewKey, Role, hash_secret
 from worker.logs import get_logger
 from worker.notices import NoticeConfig
 from worker.ports import StepFilter
+from worker.pruner import PruneCounts
 from worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -108,7 +109,7 @@ class PostgresStore:
                 raise mapped from exc
             raise
         finally:
-            metrics.STORE_SECONDS.labels(operation=name, outcome=outcome).observe(time.perf_counter() - started)
+            metrics.labelled(metrics.STORE_SECONDS, name, outcome).observe(time.perf_counter() - started)
 
     @asynccontextmanager
     async def transaction(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -138,9 +139,9 @@ class PostgresStore:
             return await run_async(conn, enqueue_op(request, now))
 
     async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
-        # One statement per request inside one transaction: all or nothing.
+        # Multi-row statements inside one transaction: all or nothing.
         async with self._op("enqueue_many") as conn, conn.transaction():
-            return [await run_async(conn, enqueue_op(r)) for r in requests]
+            return await run_async(conn, enqueue_many_op(requests))
 
     # -- the worker's transitions ---------------------------------------------
 
@@ -184,16 +185,18 @@ class PostgresStore:
     ) -> list[RecordResult]:
         if not transitions:
             return []
-        params = _transition_arrays(transitions)
-        rows = await self._fetch("record", Q["step_record"], {**params, "actor": actor, "now": now})
+        rows = await self._fetch(
+            "record", Q["step_record"], {"transitions": _transitions_json(transitions), "actor": actor, "now": now}
+        )
         applied = {r["id"] for r in rows if r["applied"]}
         results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id in applied]
         fenced = [t for t in transitions if t.step_id not in applied]
         if fenced:
-            late_params = _transition_arrays(fenced)
-            for key in ("retry_delays", "maybe_delivered"):
-                late_params.pop(key)
-            late = await self._fetch("record_late", Q["step_record_late"], {**late_params, "actor": actor, "now": now})
+            late = await self._fetch(
+                "record_late",
+                Q["step_record_late"],
+                {"transitions": _transitions_json(fenced), "actor": actor, "now": now},
+            )
             by_id = {r["id"]: r for r in late}
             for t in fenced:
                 row = by_id.get(t.step_id, {"recorded": False, "settled": False})
@@ -335,6 +338,26 @@ class PostgresStore:
             {"now": now, "id": step_id, "next_check": next_check, "detail": _json(detail), "actor": actor},
         )
         return bool(rows[0]["n"])
+
+    # -- retention (evq prune: an administrator's write) ---------------------------
+
+    async def prune_batch(
+        self, *, cutoff: datetime, limit: int, actor: str, run: Any, batch: int, now: datetime | None = None
+    ) -> PruneCounts:
+        """One batch in one transaction: the deletes, and the prune_log row that records them."""
+        async with self._op("prune") as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(Q["prune_allow"])
+            await cur.execute(
+                Q["steps_prune"],
+                {"cutoff": cutoff, "limit": limit, "actor": actor, "run": run, "batch": batch, "now": now},
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return PruneCounts(steps=row["steps"], evidence=row["evidence"], decisions=row["decisions"], batches=1)
+
+    async def prune_count(self, *, cutoff: datetime) -> PruneCounts:
+        rows = await self._fetch("prune_count", Q["steps_prune_count"], {"cutoff": cutoff})
+        return PruneCounts(steps=rows[0]["steps"], evidence=rows[0]["evidence"], decisions=rows[0]["decisions"])
 
     # -- reading back -----------------------------------------------------------
 
@@ -510,21 +533,28 @@ class PostgresStore:
         return rows[0]["version_num"] if rows else None
 
 
-def _transition_arrays(transitions: Sequence[Transition]) -> dict[str, list[Any]]:
-    return {
-        "ids": [t.step_id for t in transitions],
-        "lease_tokens": [t.lease_token for t in transitions],
-        "attempts": [t.attempt for t in transitions],
-        "to_statuses": [str(t.to_status) for t in transitions],
-        "reasons": [str(t.reason) for t in transitions],
-        "outcomes": [t.outcome for t in transitions],
-        "provider_message_ids": [t.provider_message_id for t in transitions],
-        "retry_delays": [t.retry_delay for t in transitions],
-        "maybe_delivered": [t.maybe_delivered for t in transitions],
-        "latencies": [t.latency_ms for t in transitions],
-        "details": [_json(t.detail) for t in transitions],
-        "messages": [_message(t) for t in transitions],
-    }
+def _transitions_json(transitions: Sequence[Transition]) -> str:
+    return json.dumps(
+        [
+            {
+                "id": t.step_id,
+                "lease_token": str(t.lease_token),
+                "attempt": t.attempt,
+                "to_status": str(t.to_status),
+                "reason": str(t.reason),
+                "outcome": t.outcome,
+                "provider_message_id": t.provider_message_id,
+                "retry_delay": t.retry_delay,
+                "maybe_delivered": t.maybe_delivered,
+                "latency_ms": t.latency_ms,
+                "detail": t.detail,
+                "message": _message(t),
+            }
+            for t in transitions
+        ],
+        ensure_ascii=False,
+        default=str,
+    )
 
 
 def _json(value: Mapping[str, Any]) -> str:

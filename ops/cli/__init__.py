@@ -7,11 +7,13 @@ from collections.abc import Sequence
 
 import click
 
+from ops.cli.bench import bench_cmd
 from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
 from ops.cli.keys import keys
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from ops.cli.prune import prune_cmd
 from ops.cli.runs import runs
 from ops.cli.schema import schema
 from ops.cli.steps import steps
@@ -53,6 +55,8 @@ cli.add_command(runs)
 cli.add_command(keys)
 cli.add_command(schema)
 cli.add_command(demo)
+cli.add_command(bench_cmd)
+cli.add_command(prune_cmd)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -91,6 +91,11 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "schema", "no.such", expect=1)
     run(anyone, "demo")
     run(nowhere, "demo", expect=9)
+    run(anyone, "prune", "--older-than", "90d", "--dry-run")
+    run(anyone, "prune", "--older-than", "90d", expect=4)
+    run(admin, "prune", "--older-than", "90d")
+    run(anyone, "bench", "--mode", "ceiling", "--steps", "100", "--runs", "1", "--peer", "off")
+    run(anyone, "bench", "--steps", "1", expect=2)
     assert seen == {(path, status) for path in LEAVES for status in ("success", "error")}
 
 

@@ -32,6 +32,7 @@ def test_roles():
         Permission.ENQUEUE: (Role.AGENT, Role.ADMIN),
         Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
         Permission.MANAGE_KEYS: (Role.ADMIN,),
+        Permission.PRUNE: (Role.ADMIN,),
     }
     assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(Permission.ENQUEUE)
 

@@ -1,0 +1,194 @@
+"""Retention (evq prune) against a real database: what goes, what stays, what is
+logged, and that the append-only guard still refuses everything else."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from adapters.postgres.queries import Q
+from adapters.postgres.store import PostgresStore
+from tests.support import rows, valid
+from worker.backoff import Backoff
+from worker.outcomes import Accepted, Rejected, Unknown
+from worker.pruner import PruneCounts, Pruner, PrunerConfig
+from worker.transitions import decide
+
+NOW = datetime(2030, 6, 1, tzinfo=timezone.utc)
+OLD = NOW - timedelta(days=120)
+RECENT = NOW - timedelta(days=10)
+
+
+async def settled(store: PostgresStore, outcome, *, at: datetime, **request) -> int:
+    """A step enqueued, claimed and answered at `at`: two evidence rows and a decision."""
+    step = await store.enqueue(valid(**request), now=at)
+    [claimed] = await store.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=at)
+    transition = decide(claimed, outcome, default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+    await store.record([transition], actor="w", now=at)
+    return step.id
+
+
+async def history(store: PostgresStore) -> dict[str, list[int]]:
+    return {
+        "old_accepted": [await settled(store, Accepted("pm"), at=OLD) for _ in range(5)],
+        "old_rejected": [await settled(store, Rejected("550 no"), at=OLD)],
+        "old_unknown": [await settled(store, Unknown("reset after the dot"), at=OLD)],
+        "old_pending": [(await store.enqueue(valid(), now=OLD)).id],
+        "recent_accepted": [await settled(store, Accepted("pm"), at=RECENT)],
+    }
+
+
+def count(url: str, sql: str, params=None) -> int:
+    return rows(url, sql, params)[0]["n"]
+
+
+def pruner(store, batch: int = 2, **kw) -> Pruner:
+    return Pruner(store, PrunerConfig(older_than=timedelta(days=90), batch=batch, **kw), actor="test-admin")
+
+
+async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_each_batch(store, db_url):
+    made = await history(store)
+    doomed = made["old_accepted"] + made["old_rejected"]
+    progress: list[PruneCounts] = []
+    counts = await Pruner(
+        store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="test-admin", progress=progress.append
+    ).run_once(now=NOW)
+
+    assert (counts.steps, counts.evidence, counts.decisions, counts.batches) == (6, 12, 6, 3)
+    assert [p.steps for p in progress] == [2, 4, 6]
+    left = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")}
+    assert left == set(made["old_unknown"] + made["old_pending"] + made["recent_accepted"])
+    assert count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (doomed,)) == 0
+    # Decisions go with their steps; the others keep theirs.
+    assert count(db_url, "SELECT count(*) AS n FROM decisions") == len(left)
+    assert count(db_url, "SELECT count(*) AS n FROM email_steps s LEFT JOIN decisions d ON d.id = s.decision_id "
+                         "WHERE d.id IS NULL") == 0
+    log = rows(db_url, "SELECT * FROM prune_log ORDER BY batch")
+    assert [r["batch"] for r in log] == [1, 2, 3] and len({r["run"] for r in log}) == 1
+    assert sum(r["steps"] for r in log) == 6 and sum(r["evidence"] for r in log) == 12
+    assert {r["actor"] for r in log} == {"test-admin"} and {r["cutoff"] for r in log} == {NOW - timedelta(days=90)}
+    # Nothing older is left: a second pass deletes and logs nothing.
+    assert await pruner(store).run_once(now=NOW) == PruneCounts()
+    assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 3
+
+
+async def test_dry_run_counts_and_deletes_nothing(store, db_url):
+    await history(store)
+    before = count(db_url, "SELECT count(*) AS n FROM evidence")
+    counts = await pruner(store, dry_run=True).run_once(now=NOW)
+    assert (counts.steps, counts.evidence, counts.decisions) == (6, 12, 6)
+    assert count(db_url, "SELECT count(*) AS n FROM evidence") == before
+    assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 0
+
+
+async def test_a_step_closed_recently_is_kept_even_if_created_long_ago(store, db_url):
+    [i] = [await settled(store, Unknown("lost"), at=OLD)]
+    # An operator closed it yesterday: its closing evidence is fresh, so it stays.
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
+            (NOW - timedelta(days=1), i),
+        )
+    assert await pruner(store).run_once(now=NOW) == PruneCounts()
+
+
+async def test_an_interrupted_prune_keeps_its_finished_batches_and_nothing_else(store, db_url):
+    await history(store)
+
+    def interrupt(total: PruneCounts) -> None:
+        raise KeyboardInterrupt  # Ctrl-C right after the first batch committed
+
+    with pytest.raises(KeyboardInterrupt):
+        await Pruner(store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt).run_once(
+            now=NOW
+        )
+    assert count(db_url, "SELECT count(*) AS n FROM email_steps") == 9 - 2
+    assert [(r["batch"], r["steps"]) for r in rows(db_url, "SELECT * FROM prune_log")] == [(1, 2)]
+
+
+async def test_a_batch_cancelled_midway_rolls_back_whole(store, db_url):
+    await history(store)
+    steps_before = count(db_url, "SELECT count(*) AS n FROM email_steps")
+    evidence_before = count(db_url, "SELECT count(*) AS n FROM evidence")
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        # The batch deletes, then waits to write its prune_log row: cancel it there.
+        await blocker.execute("LOCK TABLE prune_log IN EXCLUSIVE MODE")
+        task = asyncio.create_task(pruner(store).run_once(now=NOW))
+        while not count(db_url, "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND relation = "
+                                "'prune_log'::regclass"):
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await blocker.rollback()
+    assert count(db_url, "SELECT count(*) AS n FROM email_steps") == steps_before
+    assert count(db_url, "SELECT count(*) AS n FROM evidence") == evidence_before
+    assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 0
+
+
+REFUSED_ALWAYS = [
+    "DELETE FROM evidence",
+    "DELETE FROM decisions",
+    "UPDATE evidence SET actor = 'someone else'",
+    "UPDATE decisions SET intent = 'rewritten'",
+    "TRUNCATE evidence CASCADE",
+    "TRUNCATE decisions CASCADE",
+    "DELETE FROM prune_log",
+    "UPDATE prune_log SET steps = 0",
+    "TRUNCATE prune_log",
+]
+REFUSED_EVEN_WITH_THE_SWITCH = [
+    # The prune switch does not open UPDATE or TRUNCATE...
+    "UPDATE evidence SET actor = 'someone else'",
+    "TRUNCATE evidence CASCADE",
+    # ...nor DELETE of the evidence of a step that is not terminal...
+    "DELETE FROM evidence WHERE step_id IN (SELECT id FROM email_steps WHERE status = 'unknown')",
+    # ...nor anything on the prune log itself.
+    "DELETE FROM prune_log",
+]
+
+
+@pytest.mark.parametrize(
+    "switch, sql",
+    [(False, sql) for sql in REFUSED_ALWAYS] + [(True, sql) for sql in REFUSED_EVEN_WITH_THE_SWITCH],
+)
+async def test_history_refuses_every_other_change(store, db_url, switch, sql):
+    await history(store)
+    await pruner(store).run_once(now=NOW)  # so prune_log has rows too
+    with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        if switch:
+            conn.execute(Q["prune_allow"])
+        conn.execute(sql)
+
+
+def test_the_switch_lasts_one_transaction_only(db_url):
+    with psycopg.connect(db_url) as conn:
+        conn.execute(Q["prune_allow"])
+        conn.commit()
+        assert conn.execute("SELECT coalesce(current_setting('evq.pruning', true), '')").fetchone()[0] == ""
+
+
+def test_prune_finds_its_rows_through_an_index(db_url):
+    """Not a timed test: the batch query reads ix_email_steps_status_created_at, never the whole table."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO decisions (id, run_id, step_id) SELECT g, 'r', 's' || g FROM generate_series(1, 20000) g;
+            INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+                                     payload_sha256, status, closed_at, attempts, first_attempt_at, created_at)
+            SELECT 'r', 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64), 'accepted',
+                   now() - interval '1 day', 1, now() - interval '1 day', now() - make_interval(days => g % 200)
+            FROM generate_series(1, 20000) g;
+            ANALYZE email_steps;
+            """
+        )
+        plan = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + Q["steps_prune"],
+            {"cutoff": datetime.now(timezone.utc) - timedelta(days=190), "limit": 1000, "actor": "a",
+             "run": "00000000-0000-0000-0000-000000000000", "batch": 1, "now": None},
+        ).fetchone()[0]
+        conn.rollback()
+    assert "ix_email_steps_status_created_at" in str(plan)
