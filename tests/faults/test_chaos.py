@@ -23,6 +23,7 @@ LEASE = 4  # > 3 x EVQ_SMTP_TIMEOUT (1)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a few thousand sends and a hundred kills; the suite default is 120 s
 def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     lines = "\n".join(
         json.dumps({"run_id": "chaos", "step_id": f"s{i}", "to": [f"u{i}@example.com"], "from": "a@example.org",

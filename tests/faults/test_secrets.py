@@ -11,11 +11,13 @@ import json
 
 import psycopg
 
+from ops.devhttp import DevHttpServer
 from ops.devsmtp import DevSmtpServer
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import rows
 
 SMTP_PASSWORD = "smtp-Secret-Pa55word-7f3a"
+HTTP_API_KEY = "re_http-Secret-Key-5d19e0"
 DB_PASSWORD = "db-Secret-Pa55word-91c2"
 
 
@@ -58,6 +60,19 @@ def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
                      ("steps", "show", "3", "-o", "json"), ("worker", "run", "--concurrency", "x", "-o", "json")):
             done = evq.run(*args, **env)
             outputs += [done.stdout, done.stderr]
+        # Through the HTTP provider too: an accepted send, a lost reply, a refused key.
+        with DevHttpServer(api_key=HTTP_API_KEY) as api, DevHttpServer(api_key="not-the-one") as wrong:
+            for step, to, server in (("http-ok", "ok@example.com", api), ("http-lost", "lose-reply@example.com", api),
+                                     ("http-refused-key", "ok@example.com", wrong)):
+                request = {"run_id": "secrets", "step_id": step, "to": [to], "from": "a@example.org",
+                           "subject": step, "text": "t", "provider": "http"}
+                outputs.append(evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request)).stdout)
+                http_env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": server.url, "EVQ_HTTP_API_KEY": HTTP_API_KEY,
+                            "EVQ_HTTP_TIMEOUT": "2", "EVQ_LEASE_SECONDS": "8", "EVQ_MAX_ATTEMPTS": "1",
+                            "EVQ_RETRY_BASE": "0", "EVQ_RETRY_MAX": "0", "EVQ_LOG_LEVEL": "debug"}
+                done = evq.run("worker", "run", "--drain", **http_env)
+                outputs += [done.stdout, done.stderr]
+            assert api.messages, "the HTTP send went through"
         # A bad URL's error message must not echo the password either.
         done = Evq(_with_password(db_url.replace("port=5432", "port=1"), DB_PASSWORD)).run("steps", "list", "-o", "json")
         outputs += [done.stdout, done.stderr]
@@ -65,7 +80,7 @@ def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
     everything = "\n".join(outputs) + _all_rows_text(db_url)
     assert "smtp authentication failed" in everything  # the refused login is on record...
     # The API key's secret part is never stored or echoed either (only its salted hash is kept).
-    for secret in (SMTP_PASSWORD, DB_PASSWORD, admin_key, admin_key.rsplit("_", 1)[1]):
+    for secret in (SMTP_PASSWORD, HTTP_API_KEY, DB_PASSWORD, admin_key, admin_key.rsplit("_", 1)[1]):
         assert secret not in everything  # ...but no secret is, anywhere
     import base64
 
