@@ -29,6 +29,7 @@ def test_a_damaged_stored_hash_verifies_nothing():
 
 def test_roles():
     assert ALLOWED == {
+        Permission.READ: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
         Permission.ENQUEUE: (Role.AGENT, Role.ADMIN),
         Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
         Permission.MANAGE_KEYS: (Role.ADMIN,),
