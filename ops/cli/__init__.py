@@ -14,6 +14,7 @@ from ops.cli.keys import keys
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from ops.cli.runs import runs
 from ops.cli.schema import schema
+from ops.cli.serve import serve
 from ops.cli.steps import steps
 from ops.cli.worker import worker_group
 from worker.errors import InvalidRequest
@@ -35,6 +36,7 @@ def cli() -> None:
     Set up:       evq db upgrade ; evq keys create --name NAME --role admin
     Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run
+    Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
@@ -52,6 +54,7 @@ cli.add_command(steps)
 cli.add_command(runs)
 cli.add_command(keys)
 cli.add_command(schema)
+cli.add_command(serve)
 cli.add_command(demo)
 
 

@@ -1,0 +1,25 @@
+"""What the routes of `evq serve` share, built once at startup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from ops.web.session import Sessions
+from worker.request import Policy
+from worker.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Any  # adapters.postgres.store.PostgresStore (ops.service.Store)
+    registry: CollectorRegistry
+    sessions: Sessions
+    read_stats: Any  # Callable[[], QueueStats] for the page's overview, or None
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy()
