@@ -11,6 +11,7 @@ from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
 from ops.cli.keys import keys
+from ops.cli.mcptools import mcp
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from ops.cli.runs import runs
 from ops.cli.schema import schema
@@ -55,6 +56,7 @@ cli.add_command(runs)
 cli.add_command(keys)
 cli.add_command(schema)
 cli.add_command(serve)
+cli.add_command(mcp)
 cli.add_command(demo)
 
 
