@@ -19,7 +19,7 @@ from adapters.postgres.enqueue import validate_many
 from ops.longwork import Tally, each
 from worker.enqueue import existing_or_conflict, validate
 from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, authenticate, authorize
+from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
 from worker.ports import StepFilter
 from worker.records import StepSummary
 from worker.request import Policy, ValidRequest
@@ -99,10 +99,18 @@ class Caller:
     that checks twice pays for one scrypt.
     """
 
-    def __init__(self, key: str | None, *, source: str = CLI_KEY_SOURCE, trusted_reader: bool = False):
+    def __init__(
+        self,
+        key: str | None,
+        *,
+        source: str = CLI_KEY_SOURCE,
+        trusted_reader: bool = False,
+        verified: Verified | None = None,
+    ):
         self.key = key or None
         self.source = source
         self.trusted_reader = trusted_reader
+        self.verified = verified  # a server's memory of keys it has checked (worker.keys.Verified)
         self._identity: Identity | None = None
 
     @classmethod
@@ -117,7 +125,8 @@ class Caller:
         if permission is Permission.READ and self.trusted_reader:
             return None
         if self._identity is None:
-            self._identity = await authenticate(lookup, self.key, permission, source=self.source)
+            self._identity = await authenticate(lookup, self.key, permission, source=self.source,
+                                                verified=self.verified)
             return self._identity
         return authorize(self._identity, permission)
 

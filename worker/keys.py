@@ -131,8 +131,39 @@ class KeyLookup(Protocol):
 CLI_KEY_SOURCE = "EVQ_API_KEY or --api-key"
 
 
+class Verified:
+    """Keys a long-running server has verified, so each request does not pay for scrypt.
+
+    The row is still read every time (a revoke or a role change applies at once); what
+    is remembered is only that this secret matched this stored hash, by the secret's
+    SHA-256 (the secrets are 256 random bits: the slow hash guards a stolen table,
+    not the process's memory). Bounded, forgetting the oldest first.
+    """
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self._seen: dict[tuple[str, str], str] = {}
+
+    def check(self, key_id: str, secret: str, stored: str) -> bool:
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        known = self._seen.get((key_id, stored))
+        if known is not None:
+            return hmac.compare_digest(known, digest)
+        if not verify_secret(secret, stored):
+            return False
+        if len(self._seen) >= self.size:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[(key_id, stored)] = digest
+        return True
+
+
 async def authenticate(
-    lookup: KeyLookup, presented: str | None, permission: Permission, *, source: str = CLI_KEY_SOURCE
+    lookup: KeyLookup,
+    presented: str | None,
+    permission: Permission,
+    *,
+    source: str = CLI_KEY_SOURCE,
+    verified: Verified | None = None,
 ) -> Identity:
     """The identity behind ``presented`` if it may do ``permission``; AuthFailed otherwise
     (Forbidden, a subclass, when the key is good but its role may not).
@@ -151,7 +182,10 @@ async def authenticate(
         )
     parts = split_key(presented)
     row = await lookup.key_by_id(parts[0]) if parts else None
-    ok = verify_secret(parts[1] if parts else presented, row["secret_hash"] if row else _DECOY)
+    if parts and row is not None and verified is not None:
+        ok = verified.check(parts[0], parts[1], row["secret_hash"])
+    else:
+        ok = verify_secret(parts[1] if parts else presented, row["secret_hash"] if row else _DECOY)
     if row is None or not ok:
         raise AuthFailed("the API key is not valid", hint=f"check the key in {source}", context=context)
     identity = Identity(name=row["name"], role=Role(row["role"]))
