@@ -19,6 +19,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from ops import service
 from ops.cli.output import age
+from ops.contract import to_json
 from ops.service import Caller, Selection
 from ops.web.session import COOKIE, Session
 from ops.web.state import AppState
@@ -40,6 +41,7 @@ env = Environment(
     lstrip_blocks=True,
 )
 env.filters["age"] = age
+env.filters["shown"] = lambda value: to_json(value) if isinstance(value, (dict, list)) else value
 env.filters["domain_only"] = lambda email: "…@" + email.rpartition("@")[2] if "@" in email else "…"
 
 
