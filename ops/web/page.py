@@ -261,20 +261,33 @@ def _resolution(values: dict[str, str]) -> Resolution:
                             provider_message_id=blank("provider_message_id"), evidence_url=blank("evidence_url"))
 
 
+async def _posted(request: Request) -> tuple[Session, dict[str, str]]:
+    session = await signed_in(request)
+    return session, await form(request, session)
+
+
+async def _resolve(request: Request, session: Session, values: dict[str, str], selection: Selection,
+                   *, dry_run: bool = False) -> service.Reply:
+    state = _state(request)
+    return await service.resolve(state.store, _who(session), _resolution(values), selection,
+                                 default_max_attempts=state.settings.max_attempts, dry_run=dry_run)
+
+
+def _refusal(exc: EvqError) -> tuple[int, EvqError]:
+    """The status a refused close is shown with, and the error as the page names its fields."""
+    if isinstance(exc, InvalidRequest):
+        return 422, service.json_field_names(exc)
+    return (409 if isinstance(exc, StateConflict) else 403), exc
+
+
 @router.post("/steps/{step_id}/close", response_class=HTMLResponse)
 async def close(request: Request, step_id: int) -> Response:
-    session = await signed_in(request)
-    values = await form(request, session)
+    session, values = await _posted(request)
     back = _filters(values)
-    state = _state(request)
-    who = _who(session)
     try:
-        resolution = _resolution(values)
-        reply = await service.resolve(state.store, who, resolution, Selection(step_id=step_id),
-                                      default_max_attempts=state.settings.max_attempts)
+        reply = await _resolve(request, session, values, Selection(step_id=step_id))
     except (InvalidRequest, StateConflict, AuthFailed) as exc:
-        status = 422 if isinstance(exc, InvalidRequest) else 409 if isinstance(exc, StateConflict) else 403
-        shown = service.json_field_names(exc) if isinstance(exc, InvalidRequest) else exc
+        status, shown = _refusal(exc)
         return await _step_page(request, session, step_id, back, status=status, error=shown, posted=values)
     done = reply.data["results"][0]
     return RedirectResponse(f"/ops/unknown?{_query(back, closed=done['id'])}", status_code=303)
@@ -282,32 +295,23 @@ async def close(request: Request, step_id: int) -> Response:
 
 @router.post("/unknown/preview", response_class=HTMLResponse)
 async def bulk_preview(request: Request) -> HTMLResponse:
-    session = await signed_in(request)
-    values = await form(request, session)
+    session, values = await _posted(request)
     filters = _filters(values)
-    state = _state(request)
-    who = _who(session)
+    page = {"filters": filters, "posted": values, "query": _query(filters), "bulk_max": BULK_MAX}
     try:
-        resolution = _resolution(values)
-        reply = await service.resolve(
-            state.store, who, resolution, Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX),
-            default_max_attempts=state.settings.max_attempts, dry_run=True,
-        )
-    except InvalidRequest as exc:
-        return render(request, "preview.html", session, status=422, error=service.json_field_names(exc),
-                      filters=filters, rows=[], posted=values, query=_query(filters), bulk_max=BULK_MAX)
-    return render(request, "preview.html", session, filters=filters, rows=reply.data["steps"], posted=values,
-                  query=_query(filters), bulk_max=BULK_MAX, verdict=reply.data["verdict"],
-                  to_status=reply.data["to_status"])
+        selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
+        reply = await _resolve(request, session, values, selection, dry_run=True)
+    except (InvalidRequest, AuthFailed) as exc:
+        status, shown = _refusal(exc)
+        return render(request, "preview.html", session, status=status, error=shown, rows=[], **page)
+    return render(request, "preview.html", session, rows=reply.data["steps"], verdict=reply.data["verdict"],
+                  to_status=reply.data["to_status"], **page)
 
 
 @router.post("/unknown/close", response_class=HTMLResponse)
 async def bulk_close(request: Request) -> HTMLResponse:
-    session = await signed_in(request)
-    values = await form(request, session)
+    session, values = await _posted(request)
     filters = _filters(values)
-    state = _state(request)
-    who = _who(session)
     try:
         ids = tuple(int(i) for i in values.get("ids", "").split(",") if i.strip())
         if not ids or len(ids) > BULK_MAX:
@@ -315,14 +319,11 @@ async def bulk_close(request: Request) -> HTMLResponse:
     except ValueError:
         raise InvalidRequest([{"field": "ids", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
     try:
-        resolution = _resolution(values)
-        reply = await service.resolve(
-            state.store, who, resolution, Selection(statuses=(str(Status.UNKNOWN),), ids=ids),
-            default_max_attempts=state.settings.max_attempts,
-        )
+        reply = await _resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=ids))
     except (InvalidRequest, AuthFailed) as exc:
-        return render(request, "preview.html", session, status=422 if isinstance(exc, InvalidRequest) else 403,
-                      error=exc, filters=filters, rows=[], posted=values, query=_query(filters), bulk_max=BULK_MAX)
+        status, shown = _refusal(exc)
+        return render(request, "preview.html", session, status=status, error=shown, filters=filters, rows=[],
+                      posted=values, query=_query(filters), bulk_max=BULK_MAX)
     return render(request, "closed.html", session, d=reply.data, filters=filters, query=_query(filters))
 
 

@@ -68,6 +68,8 @@ def browser(tmp_path: Path) -> Iterator[object]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_page_load_timeout(30)
+    # A click that navigates may return before the next page is there: look for its elements a while.
+    driver.implicitly_wait(10)
     try:
         yield driver
     finally:
@@ -77,6 +79,15 @@ def browser(tmp_path: Path) -> Iterator[object]:
 def unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
     at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
     return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **request))
+
+
+def absent(driver, by: str, selector: str) -> bool:
+    """Nothing matches, asked once (the implicit wait is for what should appear)."""
+    driver.implicitly_wait(0)
+    try:
+        return not driver.find_elements(by, selector)
+    finally:
+        driver.implicitly_wait(10)
 
 
 def shot(driver, name: str) -> None:
@@ -128,7 +139,7 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
     row = table.find_element(By.CSS_SELECTOR, f'tr[data-step="{invoice.id}"]')
     # Attacker-controlled text is shown as text: no script ran, no element was made of it.
     assert XSS in row.find_element(By.CSS_SELECTOR, "td.subject").text
-    assert driver.title == "Unknown rows · evq" and not driver.find_elements(By.CSS_SELECTOR, "td.subject img")
+    assert driver.title == "Unknown rows · evq" and absent(driver, By.CSS_SELECTOR, "td.subject img")
     # Recipients show only their domain until expanded.
     assert "…@victim.example" in row.text and "bob@" not in row.text
     shot(driver, "03-unknown-rows")
@@ -186,7 +197,9 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
     assert {step_row(db_url, s.id)["status"] for s in bulk} == {"unknown"}  # a preview changes nothing
     shot(driver, "09-bulk-preview")
     driver.find_element(By.ID, "bulk-confirm").click()
+    results = driver.find_element(By.ID, "bulk-results")
     assert driver.find_element(By.TAG_NAME, "h1").text == "Bulk close: 2 closed, 0 failed"
+    assert results.text.count("unknown → rejected") == 2
     shot(driver, "10-bulk-done")
     assert {step_row(db_url, s.id)["status"] for s in bulk} == {"rejected"}
     assert len(rows(db_url, "SELECT 1 FROM evidence WHERE kind = 'operator_resolved' AND actor = 'alice'")) == 3
@@ -199,7 +212,7 @@ def test_an_agent_key_may_look_but_not_close(server, browser, db_url):
     sign_in(browser, server, make_key(db_url, "bot", "agent"))
     assert "read only" in browser.find_element(By.ID, "who").text
     browser.get(server + f"/ops/steps/{step.id}")
-    assert not browser.find_elements(By.ID, "close-form")
+    assert absent(browser, By.ID, "close-form")
     assert "may only read" in browser.find_element(By.TAG_NAME, "main").text
     shot(browser, "11-agent-read-only")
 
