@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -50,13 +54,37 @@ def serve(out: Output, host: str | None, port: int | None, database_url: str | N
         timeout_graceful_shutdown=10,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     log.info("serve_listening", host=settings.serve_host, port=bound, url=f"http://{settings.serve_host}:{bound}/ops")
     server.run(sockets=[sock])
     code = 0 if server.started else 1
     if out.json:
         out.success({"exit_code": code, "host": settings.serve_host, "port": bound})
     return code
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises the stopping signal after its graceful shutdown, which would end the
+        process before the command's JSON line and exit code; here the first SIGTERM or Ctrl-C stops
+        gracefully and returns, a second one forces the exit (uvicorn's own handle_exit)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any) -> Any:  # noqa: N802  (uvicorn is imported only by this command)
+    return _server_class()(config)
 
 
 def _listen(host: str, port: int) -> socket.socket:
