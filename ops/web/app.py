@@ -119,13 +119,15 @@ def _error(request: Request, exc: EvqError) -> Response:
     status, body, headers = error_body(exc, getattr(request.state, "timer", None))
     if request.url.path.startswith("/ops") and request.url.path != "/ops/static/ops.css":
         session, _ = page._session(request)
-        html = page.render(request, "error.html", session, status=status, error=body_error(body))
+        html = page.render(request, "error.html", session, status=status, error=_ErrorView(body))
         html.headers.update({k: v for k, v in headers.items() if k != "WWW-Authenticate"})
         return html
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class body_error:  # noqa: N801  (a view of an error body for the template, shaped like an EvqError)
+class _ErrorView:
+    """An error body as the page's template reads it (the attributes of an EvqError)."""
+
     def __init__(self, body: dict[str, Any]):
         error = body["error"]
         self.code, self.message = error["code"], error["message"]
