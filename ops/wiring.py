@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from prometheus_client import CollectorRegistry
 
@@ -19,9 +19,13 @@ from adapters.postgres.store import PostgresStore
 from ops.metrics import MetricsServer, QueueCollector, build_registry, wsgi_app
 from worker.errors import ConfigError
 from worker.logs import configure, get_logger, register_secrets
+from worker.metrics import UNKNOWN_AGE_BUCKETS
 from worker.ports import Provider
 from worker.runner import Worker
 from worker.settings import OPTION_BY_NAME, Settings
+
+if TYPE_CHECKING:
+    from ops.web.state import AppState
 
 log = get_logger("evq.wiring")
 
@@ -117,6 +121,37 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
             yield server
         finally:
             server.close()
+
+
+@asynccontextmanager
+async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
+    """What `evq serve` shares between requests: the store, /metrics' registry, the page's
+    queue counts (the collector's own query) and its session signer."""
+    from ops.web.session import Sessions
+    from ops.web.state import AppState
+
+    url = url or database_url(settings)
+    check_at_head(url)
+    reader = QueueStatsReader(url)
+    try:
+        with metrics_registry(settings, url) as registry:
+            async with open_store(settings, url=url, max_size=8) as store:
+                yield AppState(
+                    settings=settings,
+                    store=store,
+                    registry=registry,
+                    sessions=Sessions(settings.serve_secret),
+                    read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
+                )
+    finally:
+        reader.close()
+
+
+def serve_app(settings: Settings, *, url: str | None = None) -> Any:
+    """The ASGI app of `evq serve` (HTTP API, ops page, /metrics, /healthz)."""
+    from ops.web.app import create_app
+
+    return create_app(lambda: serve_state(settings, url=url), max_body=settings.serve_max_body)
 
 
 @asynccontextmanager

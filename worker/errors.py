@@ -62,7 +62,13 @@ class NotFound(EvqError):
 
 
 class AuthFailed(EvqError):
+    """No key, a wrong or revoked one (HTTP 401)."""
+
     code = "E_AUTH_FAILED"
+
+
+class Forbidden(AuthFailed):
+    """A valid key whose role may not do this (HTTP 403); the same code everywhere else."""
 
 
 class SchemaMismatch(EvqError):

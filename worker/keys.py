@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from worker.errors import AuthFailed, InvalidRequest
+from worker.errors import AuthFailed, Forbidden, InvalidRequest
 
 
 class Role(StrEnum):
@@ -30,6 +30,7 @@ class Role(StrEnum):
 
 
 class Permission(StrEnum):
+    READ = "read"
     ENQUEUE = "enqueue"
     RESOLVE = "resolve"
     MANAGE_KEYS = "manage_keys"
@@ -38,6 +39,8 @@ class Permission(StrEnum):
 
 # Which roles hold each permission. Anything not listed is refused.
 ALLOWED: dict[Permission, tuple[Role, ...]] = {
+    # Reading needs a key only where the caller is not trusted with the database (HTTP, MCP).
+    Permission.READ: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
     Permission.ENQUEUE: (Role.AGENT, Role.ADMIN),
     Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
     Permission.MANAGE_KEYS: (Role.ADMIN,),
@@ -126,25 +129,67 @@ class KeyLookup(Protocol):
         ...
 
 
-async def authenticate(lookup: KeyLookup, presented: str | None, permission: Permission) -> Identity:
-    """The identity behind ``presented`` if it may do ``permission``; AuthFailed otherwise.
+# How a command-line user gives a key; other interfaces pass their own words.
+CLI_KEY_SOURCE = "EVQ_API_KEY or --api-key"
+
+
+class Verified:
+    """Keys a long-running server has verified, so each request does not pay for scrypt.
+
+    The row is still read every time (a revoke or a role change applies at once); what
+    is remembered is only that this secret matched this stored hash, by the secret's
+    SHA-256 (the secrets are 256 random bits: the slow hash guards a stolen table,
+    not the process's memory). Bounded, forgetting the oldest first.
+    """
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self._seen: dict[tuple[str, str], str] = {}
+
+    def check(self, key_id: str, secret: str, stored: str) -> bool:
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        known = self._seen.get((key_id, stored))
+        if known is not None:
+            return hmac.compare_digest(known, digest)
+        if not verify_secret(secret, stored):
+            return False
+        if len(self._seen) >= self.size:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[(key_id, stored)] = digest
+        return True
+
+
+async def authenticate(
+    lookup: KeyLookup,
+    presented: str | None,
+    permission: Permission,
+    *,
+    source: str = CLI_KEY_SOURCE,
+    verified: Verified | None = None,
+) -> Identity:
+    """The identity behind ``presented`` if it may do ``permission``; AuthFailed otherwise
+    (Forbidden, a subclass, when the key is good but its role may not).
 
     Every refusal is the same error code; the message says what to fix without
-    ever repeating the key.
+    ever repeating the key. ``source`` names where the caller puts a key.
     """
     roles = [str(r) for r in ALLOWED[permission]]
     context = {"permission": str(permission), "roles": roles}
     if not presented:
         raise AuthFailed(
             f"this command needs an API key with role {' or '.join(roles)}",
-            hint="set EVQ_API_KEY or pass --api-key; `evq keys create` makes one (--dry-run needs none)",
+            hint=f"give a key in {source}; `evq keys create` makes one"
+            + (" (--dry-run needs none)" if source == CLI_KEY_SOURCE else ""),
             context=context,
         )
     parts = split_key(presented)
     row = await lookup.key_by_id(parts[0]) if parts else None
-    ok = verify_secret(parts[1] if parts else presented, row["secret_hash"] if row else _DECOY)
+    if parts and row is not None and verified is not None:
+        ok = verified.check(parts[0], parts[1], row["secret_hash"])
+    else:
+        ok = verify_secret(parts[1] if parts else presented, row["secret_hash"] if row else _DECOY)
     if row is None or not ok:
-        raise AuthFailed("the API key is not valid", hint="check EVQ_API_KEY / --api-key", context=context)
+        raise AuthFailed("the API key is not valid", hint=f"check the key in {source}", context=context)
     identity = Identity(name=row["name"], role=Role(row["role"]))
     if row["revoked_at"] is not None:
         raise AuthFailed(
@@ -152,9 +197,15 @@ async def authenticate(lookup: KeyLookup, presented: str | None, permission: Per
             hint="ask an admin for a new key",
             context={**context, "name": identity.name},
         )
+    return authorize(identity, permission)
+
+
+def authorize(identity: Identity, permission: Permission) -> Identity:
+    """``identity`` if its role may do ``permission``; Forbidden otherwise."""
     if not identity.may(permission):
-        raise AuthFailed(
+        roles = [str(r) for r in ALLOWED[permission]]
+        raise Forbidden(
             f"the API key {identity.name!r} has role {identity.role}; this command needs {' or '.join(roles)}",
-            context={**context, "name": identity.name, "role": str(identity.role)},
+            context={"permission": str(permission), "roles": roles, "name": identity.name, "role": str(identity.role)},
         )
     return identity

@@ -100,6 +100,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_port", int, None, "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).", minimum=0),
     Option("metrics_host", str, "127.0.0.1", "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it)."),
     Option("metrics_queue", str, "on", "Also export the queue gauges read from the database at scrape time: on, off.", choices=("on", "off")),
+    Option("serve_host", str, "127.0.0.1", "Address `evq serve` (HTTP API, ops page, /metrics) listens on."),
+    Option("serve_port", int, 8080, "Port `evq serve` listens on (0: any free port).", minimum=0),
+    Option("serve_secret", str, None, "Secret that signs ops-page session cookies (unset: a new one per process, so sessions end at a restart; set it when several `evq serve` share users).", secret=True),
+    Option("serve_max_body", int, 4 * 1024 * 1024, "Largest HTTP request body `evq serve` reads, in bytes (413 beyond).", minimum=1024),
+    Option("mcp_resolve", boolean, False, "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false)."),
 )
 
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
@@ -147,6 +152,11 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     metrics_queue: str = "on"
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8080
+    serve_secret: str | None = None
+    serve_max_body: int = 4 * 1024 * 1024
+    mcp_resolve: bool = False
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -191,6 +201,8 @@ class Settings:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.retry_max < self.retry_base:
             raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
+        if self.serve_port > 65535:
+            raise _bad(OPTION_BY_NAME["serve_port"], f"must be a TCP port (at most 65535), got {self.serve_port}")
         if self.metrics_port is not None and self.metrics_port > 65535:
             raise _bad(OPTION_BY_NAME["metrics_port"], f"must be a TCP port (at most 65535), got {self.metrics_port}")
         if "http" in self.adapter:

@@ -555,6 +555,17 @@ SELECT * FROM decisions WHERE id = %(id)s;
 SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
 
 
+-- name: evidence_last_answers
+-- Each step's latest answer from its provider (an attempt's, a late one, or a
+-- reconciler lookup), for the operator's list of unknown rows.
+SELECT DISTINCT ON (e.step_id) e.step_id, e.id, e.kind, e.outcome, e.reason, e.provider_message_id,
+       e.detail, e.created_at
+FROM evidence e
+WHERE e.step_id = ANY(%(ids)s::bigint[])
+  AND e.kind IN ('provider_response', 'late_response', 'reconciled')
+ORDER BY e.step_id, e.id DESC;
+
+
 -- name: step_list
 -- Filters are optional: a NULL parameter disables its condition. Unknown rows
 -- sort oldest first (the operator's queue); everything else newest first.

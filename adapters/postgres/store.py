@@ -381,6 +381,13 @@ class PostgresStore:
             evidence = await _rows(conn, Q["run_evidence"], {"run_id": run_id})
         return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence)
 
+    async def last_answers(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The latest provider answer of each step that has one, by step id."""
+        if not step_ids:
+            return {}
+        rows = await self._fetch("last_answers", Q["evidence_last_answers"], {"ids": list(step_ids)})
+        return {r["step_id"]: r for r in rows}
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         rows = await self._fetch(
             "list_steps",

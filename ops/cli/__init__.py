@@ -12,10 +12,12 @@ from ops.cli.db import db
 from ops.cli.demo import demo
 from ops.cli.enqueue import enqueue_cmd
 from ops.cli.keys import keys
+from ops.cli.mcptools import mcp
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from ops.cli.prune import prune_cmd
 from ops.cli.runs import runs
 from ops.cli.schema import schema
+from ops.cli.serve import serve
 from ops.cli.steps import steps
 from ops.cli.worker import worker_group
 from worker.errors import InvalidRequest
@@ -37,6 +39,7 @@ def cli() -> None:
     Set up:       evq db upgrade ; evq keys create --name NAME --role admin
     Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run
+    Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
@@ -54,6 +57,8 @@ cli.add_command(steps)
 cli.add_command(runs)
 cli.add_command(keys)
 cli.add_command(schema)
+cli.add_command(serve)
+cli.add_command(mcp)
 cli.add_command(demo)
 cli.add_command(bench_cmd)
 cli.add_command(prune_cmd)

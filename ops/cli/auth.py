@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ops.service import Caller
 from worker.keys import ALLOWED, Identity, KeyLookup, Permission, authenticate
 from worker.logs import register_secrets
 
@@ -39,6 +40,11 @@ class Credential:
 
     async def identify(self, lookup: KeyLookup) -> Identity:
         return await authenticate(lookup, self.key, self.permission)
+
+    @property
+    def caller(self) -> Caller:
+        """The key as the application layer takes it (ops/service.py): the command line reads without one."""
+        return Caller(self.key, trusted_reader=True)
 
 
 def _credential(permission: Permission) -> Callable[[click.Context, click.Parameter, Any], Credential]:

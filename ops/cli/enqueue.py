@@ -9,40 +9,20 @@ from typing import Any
 
 import click
 
-from adapters.postgres.enqueue import validate_many
-from ops import wiring
+from ops import service, wiring
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
-from worker.enqueue import existing_or_conflict, validate
-from worker.errors import IdempotencyConflict, InvalidRequest
+from ops.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
+from worker.errors import InvalidRequest
 from worker.keys import Permission
-from worker.request import ValidRequest
 
-# (flag, request field, multiple, help). The request's fields, on the command line.
-FIELD_FLAGS: tuple[tuple[str, str, bool, str], ...] = (
-    ("--run-id", "run_id", False, "The agent run this send belongs to (required)."),
-    ("--step-id", "step_id", False, "The step within the run; unique per run (required)."),
-    ("--to", "to", True, "Recipient, 'addr' or 'Name <addr>'; repeat for more (at least one)."),
-    ("--cc", "cc", True, "Cc recipient; repeatable."),
-    ("--bcc", "bcc", True, "Bcc recipient (envelope only); repeatable."),
-    ("--from", "from", False, "Sender (default: EVQ_DEFAULT_FROM)."),
-    ("--reply-to", "reply_to", True, "Reply-To address; repeatable."),
-    ("--subject", "subject", False, "Subject line (one line)."),
-    ("--text", "text", False, "Plain-text body."),
-    ("--html", "html", False, "HTML body."),
-    ("--intent", "intent", False, "What the agent meant to achieve by this send."),
-    ("--notify", "notify", False, "Address told if the send ends rejected."),
-    ("--idempotency-key", "idempotency_key", False, "Key for this send (default: RUN_ID:STEP_ID)."),
-    ("--provider", "provider", False, "Adapter to send through (default: the first of EVQ_ADAPTER)."),
+# The request's fields on the command line, described where every interface reads them.
+FIELD_FLAGS: tuple[tuple[str, str, bool, str], ...] = tuple(
+    ("--" + name.replace("_", "-"), name, multiple, help_text) for name, multiple, help_text in REQUEST_FIELDS
 )
-DECISION_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("--instruction-version", "instruction_version", "Version of the instructions the agent followed."),
-    ("--prompt-version", "prompt_version", "Version of the prompt."),
-    ("--model", "model", "Model that made the decision."),
-    ("--tool", "tool", "Tool the agent chose."),
-    ("--rationale", "rationale", "Why: short text, or a JSON object."),
-    ("--decided-at", "decided_at", "When the agent decided (ISO 8601 with zone)."),
+DECISION_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
+    ("--" + name.replace("_", "-"), name, help_text) for name, help_text in DECISION_FIELDS
 )
 
 
@@ -51,10 +31,8 @@ def _request_options(fn: Any) -> Any:
         fn = click.option(flag, field, multiple=multiple, default=None, help=help_text)(fn)
     for flag, field, help_text in reversed(DECISION_FLAGS):
         fn = click.option(flag, "decision_" + field, default=None, help=help_text)(fn)
-    fn = click.option(
-        "--header", "headers", multiple=True, metavar="'NAME: VALUE'", help="Allowed header (In-Reply-To, References, ...); repeatable."
-    )(fn)
-    fn = click.option("--max-attempts", type=int, default=None, help="Attempts for this step (default: EVQ_MAX_ATTEMPTS).")(fn)
+    fn = click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'", help=HEADERS_HELP)(fn)
+    fn = click.option("--max-attempts", type=int, default=None, help=MAX_ATTEMPTS_HELP)(fn)
     return fn
 
 
@@ -92,52 +70,23 @@ def enqueue_cmd(
         )
     requests = _read_file(file) if file is not None else [request_from_flags]
     # Validated before the database is touched: one bad request writes nothing.
-    valid = validate_many(requests, settings.policy()) if len(requests) > 1 else [validate(requests[0], settings.policy())]
+    valid = service.validate_requests(requests, settings.policy())
 
-    async def work() -> list[Any]:
+    async def work() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            if dry_run:
-                return [await _plan(store, v) for v in valid]
-            await credential.identify(store)
-            if len(valid) == 1:
-                return [await store.enqueue(valid[0])]
-            return await store.enqueue_many(valid)
+            return await service.enqueue(
+                store, credential.caller, valid, settings.policy(), many=len(valid) > 1, dry_run=dry_run
+            )
 
-    results = run(work())
+    reply = run(work())
     if dry_run:
-        out.success({"dry_run": True, "plan": results}, human=_human_plan, meta={"count": len(results)})
-        return
-    if len(requests) == 1:
-        out.success(results[0].to_dict(), human=_human_one)
-        return
-    data = [r.to_dict() for r in results]
-    created = sum(1 for r in results if r.created)
-    out.success(
-        data,
-        human=lambda _: f"{len(results)} requests: {created} created, {len(results) - created} already present",
-        meta={"count": len(results), "created": created},
-    )
-
-
-async def _plan(store: Any, request: ValidRequest) -> dict[str, Any]:
-    """What enqueueing ``request`` would do, read without writing."""
-    row = await store.find_by_key(request)
-    plan: dict[str, Any] = {
-        "run_id": request.run_id,
-        "step_id": request.step_id,
-        "idempotency_key": request.idempotency_key,
-        "provider": request.provider,
-        "action": "create",
-        "existing_id": None,
-        "request": request.payload,
-    }
-    if row is not None:
-        try:
-            existing_or_conflict({**row, "created": False}, request)
-            plan.update(action="return_existing", existing_id=row["id"])
-        except IdempotencyConflict:
-            plan.update(action="refuse_conflict", existing_id=row["id"])
-    return plan
+        human = _human_plan
+    elif len(valid) == 1:
+        human = _human_one
+    else:
+        created = reply.meta["created"]
+        human = lambda _: f"{len(valid)} requests: {created} created, {len(valid) - created} already present"  # noqa: E731
+    out.reply(reply, human=human)
 
 
 def _human_plan(d: dict[str, Any]) -> str:

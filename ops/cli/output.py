@@ -9,67 +9,30 @@ Logs never go to stdout. Times are ISO 8601 with a zone, numbers are numbers.
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import click
 
+from ops.contract import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Timer, failure, success, to_json
 from worker.errors import EvqError
 
-SCHEMA_VERSION = 1
-
-# Fixed from now on; documented in docs/cli-schema/error-codes.md.
-EXIT_CODES: dict[str, int] = {
-    "E_NOT_FOUND": 1,
-    "E_INTERNAL": 1,
-    "E_INVALID_ARG": 2,
-    "E_CONFLICT": 3,
-    "E_AUTH_FAILED": 4,
-    "E_SCHEMA_MISMATCH": 5,
-    "E_PARTIAL_FAILURE": 6,
-    "E_ABORTED": 7,
-    "E_MAX_FAILURES": 8,
-    "E_DB_UNAVAILABLE": 9,
-}
-EXIT_INTERRUPTED = 130
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
-
-
-def to_json(value: Any) -> str:
-    return json.dumps(value, default=_default, ensure_ascii=False)
-
+__all__ = ["SCHEMA_VERSION", "EXIT_CODES", "EXIT_INTERRUPTED", "Output", "to_json", "table", "age", "json_requested"]
 
 class Output:
     """What one command prints, in the format asked for."""
 
     def __init__(self, fmt: str):
         self.fmt = fmt
-        self.started = time.perf_counter()
+        self.timer = Timer()
 
     @property
     def json(self) -> bool:
         return self.fmt == "json"
 
     def meta(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {"duration_ms": round((time.perf_counter() - self.started) * 1000, 3), **(extra or {})}
+        return self.timer.meta(extra)
 
     def success(
         self,
@@ -80,15 +43,17 @@ class Output:
         status: str = "success",
     ) -> None:
         if self.json:
-            click.echo(to_json({"status": status, "schema_version": SCHEMA_VERSION, "data": data, "meta": self.meta(meta)}))
+            click.echo(to_json(success(data, self.meta(meta), status)))
         else:
             click.echo(human(data) if human else to_json(data))
 
+    def reply(self, reply: Any, *, human: Callable[[Any], str] | None = None) -> None:
+        """A service.Reply: its data, meta and status."""
+        self.success(reply.data, human=human, meta=reply.meta, status=reply.status)
+
     def error(self, exc: EvqError) -> int:
         if self.json:
-            click.echo(
-                to_json({"status": "error", "schema_version": SCHEMA_VERSION, "error": exc.to_dict(), "meta": self.meta()})
-            )
+            click.echo(to_json(failure(exc, self.meta())))
         else:
             click.echo(f"error: {exc.message}", err=True)
             fields = exc.context.get("fields") if exc.context else None

@@ -12,7 +12,7 @@ from ops import wiring
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
-from ops.cli.steps import parse_duration
+from ops.service import parse_duration
 from worker.keys import Permission
 from worker.pruner import PruneCounts, Pruner, PrunerConfig
 

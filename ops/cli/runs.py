@@ -6,14 +6,11 @@ from typing import Any
 
 import click
 
-from ops import wiring
+from ops import service, wiring
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output, table
 from ops.cli.steps import EVIDENCE_COLUMNS, evidence_line
-from worker.timeline import run_events
-
-STEP_FIELDS = ("id", "step_id", "status", "reason", "provider", "attempts", "max_attempts", "idempotency_key",
-               "message_id", "provider_message_id", "created_at", "unknown_since", "closed_at")
+from ops.service import Caller
 
 
 @click.group("runs")
@@ -32,17 +29,11 @@ def runs_show(out: Output, run_id: str, database_url: str | None) -> None:
     answer, and every operator close."""
     settings = load_settings(database_url=database_url)
 
-    async def fetch() -> Any:
+    async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await store.get_run(run_id)
+            return await service.show_run(store, Caller(None, trusted_reader=True), run_id)
 
-    detail = run(fetch())
-    data = {
-        "run_id": detail.run_id,
-        "steps": [{k: s[k] for k in STEP_FIELDS} for s in detail.steps],
-        "events": run_events(detail.steps, detail.decisions, detail.evidence),
-    }
-    out.success(data, human=_human, meta={"steps": len(data["steps"]), "events": len(data["events"])})
+    out.reply(run(fetch()), human=_human)
 
 
 def _human(d: dict[str, Any]) -> str:

@@ -2,41 +2,22 @@
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import click
 
-from ops import wiring
+from ops import service, wiring
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.longwork import Tally, each
 from ops.cli.output import EXIT_CODES, Output, age, table
-from worker.errors import InvalidRequest, NotFound, StateConflict
+from ops.service import LIST_LIMIT_MAX, Caller
 from worker.keys import Permission
-from worker.ports import StepFilter
-from worker.records import StepSummary
 from worker.resolution import Resolution, Verdict
 from worker.states import Status
 
-_DURATION = re.compile(r"^(\d+)\s*([smhd])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> timedelta:
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise InvalidRequest([{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text!r}"}])
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
-
-
-# The filters `list` and bulk `resolve` share: (flag, dest, metavar, help).
-_FILTERS: tuple[tuple[str, str, str | None, str], ...] = (
-    ("--run-id", "run_id", None, "Only this run."),
-    ("--provider", "provider", None, "Only this provider."),
-    ("--older-than", "older_than", "30m|2h|3d", "Only rows older than this (unknown rows: since they became unknown)."),
-    ("--recipient-domain", "recipient_domain", None, "Only rows with a recipient at this domain."),
+# The filters `list` and bulk `resolve` share, as flags: (flag, dest, metavar, help).
+_FILTERS: tuple[tuple[str, str, str | None, str], ...] = tuple(
+    ("--" + name.replace("_", "-"), name, metavar, help_text) for name, metavar, help_text in service.FILTERS
 )
 
 
@@ -44,19 +25,6 @@ def filter_options(fn: Any) -> Any:
     for flag, dest, metavar, help_text in reversed(_FILTERS):
         fn = click.option(flag, dest, default=None, metavar=metavar, help=help_text)(fn)
     return fn
-
-
-def step_filter(now: datetime, statuses: tuple[str, ...], filters: dict[str, Any], **paging: Any) -> StepFilter:
-    """The filter as of ``now``: relative filters are fixed once, at the start."""
-    older_than = filters.get("older_than")
-    return StepFilter(
-        statuses=tuple(Status(s) for s in statuses),
-        run_id=filters.get("run_id"),
-        provider=filters.get("provider"),
-        created_before=now - parse_duration(older_than) if older_than else None,
-        recipient_domain=filters.get("recipient_domain"),
-        **paging,
-    )
 
 
 @click.group("steps")
@@ -67,7 +35,7 @@ def steps() -> None:
 @steps.command("list")
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]), help="Only these states; repeatable.")
 @filter_options
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rows per page.")
+@click.option("--limit", type=click.IntRange(1, LIST_LIMIT_MAX), default=50, show_default=True, help="Rows per page.")
 @click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Rows to skip (meta.total counts them all).")
 @output_option
 @database_option
@@ -78,39 +46,18 @@ def steps_list(
     """List steps: unknown ones oldest first (the operator's queue), the rest newest
     first, each with its age (unknown rows: since they became unknown)."""
     settings = load_settings(database_url=database_url)
-    now = datetime.now(timezone.utc)
-    where = step_filter(now, statuses, filters, limit=limit, offset=offset)
 
-    async def fetch() -> tuple[list[StepSummary], int]:
+    async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await store.list_steps(where, now=now)
+            return await service.list_steps(
+                store, Caller(None, trusted_reader=True), statuses=statuses, filters=filters, limit=limit, offset=offset
+            )
 
-    rows, total = run(fetch())
-    data = [summary(r) for r in rows]
-    out.success(
-        data,
-        human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else ""),
-        meta={"count": len(data), "total": total, "limit": limit, "offset": offset},
+    reply = run(fetch())
+    total = reply.meta["total"]
+    out.reply(
+        reply, human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else "")
     )
-
-
-def summary(r: StepSummary) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "run_id": r.run_id,
-        "step_id": r.step_id,
-        "status": str(r.status),
-        "reason": r.reason,
-        "provider": r.provider,
-        "attempts": r.attempts,
-        "recipients": r.recipients,
-        "subject": r.subject,
-        "created_at": r.created_at,
-        "updated_at": r.updated_at,
-        "unknown_since": r.unknown_since,
-        "closed_at": r.closed_at,
-        "age_seconds": r.age_seconds,
-    }
 
 
 def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
@@ -132,20 +79,11 @@ def steps_show(out: Output, step_id: int, database_url: str | None) -> None:
     """Show one step: the decision behind it, the request, and every evidence row in order."""
     settings = load_settings(database_url=database_url)
 
-    async def fetch() -> Any:
+    async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await store.get_step(step_id)
+            return await service.show_step(store, Caller(None, trusted_reader=True), step_id)
 
-    detail = run(fetch())
-    data = {"step": public_step(detail.step), "decision": detail.decision, "evidence": detail.evidence}
-    out.success(data, human=_human_detail)
-
-
-_HIDDEN = ("lease_token",)
-
-
-def public_step(step: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in step.items() if k not in _HIDDEN}
+    out.reply(run(fetch()), human=_human_detail)
 
 
 def evidence_line(e: dict[str, Any]) -> dict[str, Any]:
@@ -259,65 +197,22 @@ def steps_resolve(
     resolution = Resolution.parse(
         verdict, note, reason=reason, provider_message_id=provider_message_id, evidence_url=evidence_url
     )
-    bulk_only = {**filters, "limit": limit, "max_failures": max_failures}
-    given = ["--status"] * bool(statuses) + ["--" + k.replace("_", "-") for k, v in bulk_only.items() if v is not None]
-    if step_id is not None and given:
-        raise InvalidRequest([{"field": given[0], "message": "give a STEP_ID or bulk filters, not both"}])
-    if step_id is None and not statuses:
-        raise InvalidRequest(
-            [{"field": "STEP_ID", "message": "give a STEP_ID, or --status unknown (with filters) for many rows"}]
-        )
+    selection = service.Selection(
+        step_id=step_id, statuses=statuses, filters=filters, limit=limit, max_failures=max_failures
+    )
+    selection.check()
     settings = load_settings(database_url=database_url)
-    now = datetime.now(timezone.utc)
-    if step_id is not None:
-        where = StepFilter(ids=(step_id,), limit=1)
-    else:
-        where = step_filter(now, statuses, filters, limit=limit)
 
-    async def work() -> tuple[list[StepSummary], Tally[StepSummary] | None]:
+    async def work() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            actor = None if dry_run else (await credential.identify(store)).name
-            rows, _ = await store.list_steps(where, now=now)
-            if step_id is not None:
-                _only_unknown(step_id, rows)
-            if actor is None:
-                return rows, None
-
-            async def close(row: StepSummary) -> dict[str, Any]:
-                done = await store.resolve(row.id, resolution, actor=actor, default_max_attempts=settings.max_attempts)
-                return done.to_dict()
-
-            if step_id is not None:
-                # One row: its failure is the command's error, not a partial result.
-                return rows, Tally(total=1, succeeded=1, results=[{"outcome": "succeeded", **await close(rows[0])}])
-            return rows, await each(
-                rows, close, key=lambda r: {"id": r.id}, what="steps resolve", max_failures=max_failures
+            return await service.resolve(
+                store, credential.caller, resolution, selection,
+                default_max_attempts=settings.max_attempts, dry_run=dry_run, signals=True,
             )
 
-    rows, tally = run(work())
-    head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
-    if tally is None:
-        plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
-        out.success({"dry_run": True, **head, "steps": plan}, human=_human_plan, meta={"count": len(plan)})
-        return 0
-    partial = tally.failed > 0
-    out.success(
-        {"dry_run": False, **head, **tally.summary},
-        human=_human_results,
-        status="partial_failure" if partial else "success",
-    )
-    return EXIT_CODES["E_PARTIAL_FAILURE"] if partial else 0
-
-
-def _only_unknown(step_id: int, rows: list[StepSummary]) -> None:
-    if not rows:
-        raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
-    if rows[0].status != Status.UNKNOWN:
-        raise StateConflict(
-            f"step {step_id} is {rows[0].status}, not unknown: only unknown rows can be resolved",
-            hint=f"`evq steps show {step_id}` shows who changed it and when",
-            context={"id": step_id, "status": str(rows[0].status), "reason": rows[0].reason},
-        )
+    reply = run(work())
+    out.reply(reply, human=_human_plan if dry_run else _human_results)
+    return EXIT_CODES["E_PARTIAL_FAILURE"] if reply.status == "partial_failure" else 0
 
 
 def _human_plan(d: dict[str, Any]) -> str:

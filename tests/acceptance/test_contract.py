@@ -96,7 +96,39 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(admin, "prune", "--older-than", "90d")
     run(anyone, "bench", "--mode", "ceiling", "--steps", "100", "--runs", "1", "--peer", "off")
     run(anyone, "bench", "--steps", "1", expect=2)
-    assert seen == {(path, status) for path in LEAVES for status in ("success", "error")}
+    run(nowhere, "serve", "--port", "0", expect=9)
+    run(nowhere, "mcp", expect=9)
+    seen.add(("serve", _served_until_sigterm(anyone)["status"]))
+    # `evq mcp` prints nothing on success: stdout is the MCP protocol's (tests/web/test_mcp.py speaks it).
+    assert seen == {(path, status) for path in LEAVES for status in ("success", "error")} - {("mcp", "success")}
+
+
+def _served_until_sigterm(evq: Evq) -> dict:
+    """`evq serve -o json` started, asked once over HTTP, stopped by SIGTERM: its one JSON line."""
+    import signal
+    import urllib.request
+
+    from tests import contract
+
+    proc = evq.popen("serve", "--port", "0", "-o", "json")
+    try:
+        for line in proc.stderr:
+            if '"serve_listening"' in line:
+                port = json.loads(line)["port"]
+                break
+        else:
+            raise AssertionError("evq serve did not start")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.read() == b"ok\n"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0
+    result = json.loads(out)
+    contract.check(("serve",), result)
+    assert result["data"]["port"] == port
+    return result
 
 
 def test_schema_discloses_the_surface_a_level_at_a_time(db_url):

@@ -29,6 +29,7 @@ def test_a_damaged_stored_hash_verifies_nothing():
 
 def test_roles():
     assert ALLOWED == {
+        Permission.READ: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
         Permission.ENQUEUE: (Role.AGENT, Role.ADMIN),
         Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
         Permission.MANAGE_KEYS: (Role.ADMIN,),
@@ -41,3 +42,19 @@ def test_roles():
 def test_bad_names_are_refused(name):
     with pytest.raises(InvalidRequest):
         check_name(name)
+
+
+def test_a_verified_key_is_remembered_only_for_its_own_secret_and_stored_hash():
+    from worker.keys import Verified
+
+    key = generate()
+    stored = hash_secret(key.secret)
+    verified = Verified(size=2)
+    assert verified.check(key.key_id, key.secret, stored)
+    assert verified.check(key.key_id, key.secret, stored)  # from memory now
+    assert not verified.check(key.key_id, key.secret + "x", stored)  # another secret for the same id
+    assert not verified.check(key.key_id, key.secret, hash_secret("another"))  # the stored hash changed
+    for _ in range(3):  # bounded: the oldest is forgotten, and is verified again when it comes back
+        other = generate()
+        assert verified.check(other.key_id, other.secret, hash_secret(other.secret))
+    assert len(verified._seen) == 2 and verified.check(key.key_id, key.secret, stored)

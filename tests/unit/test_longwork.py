@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.cli.longwork import each
+from ops.longwork import each
 from worker.errors import Conflict, MaxFailures
 
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ops.cli.output import EXIT_INTERRUPTED
+from ops.contract import EXIT_INTERRUPTED
 from worker.errors import Aborted, EvqError, MaxFailures
 from worker.logs import get_logger
 
@@ -53,10 +53,12 @@ async def each(
     key: Callable[[T], dict[str, Any]],
     what: str,
     max_failures: int | None = None,
+    handle_signals: bool = True,
 ) -> Tally[T]:
     """Run ``action`` on every item; a failing item is recorded (``key(item)`` + its error), not raised.
 
     Raises Aborted or MaxFailures (with the tally in ``context``) when the work stops early.
+    ``handle_signals=False`` inside a server: the process's signals are the server's to handle.
     """
     tally: Tally[T] = Tally(total=len(items))
     stop = asyncio.Event()
@@ -72,7 +74,8 @@ async def each(
             os._exit(EXIT_INTERRUPTED)
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    handled = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    for sig in handled:
         loop.add_signal_handler(sig, on_signal)
     consecutive = 0
     last_progress = time.monotonic()
@@ -108,6 +111,6 @@ async def each(
                 log.info("progress", work=what, done=done, total=tally.total, succeeded=tally.succeeded,
                          failed=tally.failed)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in handled:
             loop.remove_signal_handler(sig)
     return tally

@@ -1,0 +1,77 @@
+"""The JSON contract every interface prints or answers with (CLI ``-o json``, HTTP, MCP):
+
+    {"status": "success" | "error" | "partial_failure", "schema_version": 1,
+     "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
+
+Times are ISO 8601 with a zone, numbers are numbers. The schemas are docs/cli-schema/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from worker.errors import EvqError
+
+SCHEMA_VERSION = 1
+
+# Fixed from now on; documented in docs/cli-schema/error-codes.md.
+EXIT_CODES: dict[str, int] = {
+    "E_NOT_FOUND": 1,
+    "E_INTERNAL": 1,
+    "E_INVALID_ARG": 2,
+    "E_CONFLICT": 3,
+    "E_AUTH_FAILED": 4,
+    "E_SCHEMA_MISMATCH": 5,
+    "E_PARTIAL_FAILURE": 6,
+    "E_ABORTED": 7,
+    "E_MAX_FAILURES": 8,
+    "E_DB_UNAVAILABLE": 9,
+}
+EXIT_INTERRUPTED = 130
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, default=_default, ensure_ascii=False)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON types only (datetimes as ISO strings, ...)."""
+    return json.loads(to_json(value))
+
+
+class Timer:
+    """Started when a request or command begins; ``meta()`` is the contract's meta with its duration."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def meta(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {"duration_ms": round((time.perf_counter() - self.started) * 1000, 3), **(extra or {})}
+
+
+def success(data: Any, meta: dict[str, Any], status: str = "success") -> dict[str, Any]:
+    return {"status": status, "schema_version": SCHEMA_VERSION, "data": data, "meta": meta}
+
+
+def failure(exc: EvqError, meta: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "error", "schema_version": SCHEMA_VERSION, "error": exc.to_dict(), "meta": meta}

@@ -1,0 +1,175 @@
+"""`evq mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command,
+named ``evq_<noun>_<verb>``, each answering with the contract's wrapper JSON.
+
+- Input schemas come from the definitions the CLI is built from (ops/schemas.py), and
+  the tools validate against exactly those (the send request by worker/request.py);
+  output schemas are the commands' docs/cli-schema files.
+- The API key comes from the server's environment (EVQ_API_KEY), never from a tool's
+  arguments; every call is authenticated with it (reads: any role).
+- ``evq_steps_resolve`` exists only with EVQ_MCP_RESOLVE=true, and dry-runs unless
+  the call says ``dry_run: false``.
+- A refused call is a tool result with ``isError`` and the contract's error (its
+  ``E_*`` code), never a protocol error, so an agent reads it like any answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from ops import service
+from ops.contract import Timer, failure, plain, success, to_json
+from ops.schemas import check_arguments, command_input, output_schema, request_schema
+from ops.service import Caller, Selection
+from worker.errors import EvqError, InvalidRequest
+from worker.keys import Verified
+from worker.logs import get_logger
+from worker.resolution import Resolution
+from worker.settings import Settings
+
+log = get_logger("evq.mcp")
+KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
+INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
+Send with evq_email_send (a repeat of the same run_id/step_id returns the same step); follow it with
+evq_steps_get (its state and evidence) or evq_runs_get (a whole run). A step whose status is `unknown`
+may or may not have been delivered: never send it again under a new step_id; an operator decides.
+Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
+
+Handler = Callable[[Mapping[str, Any]], Awaitable[service.Reply]]
+
+
+class ContractTool(Tool):
+    """A tool that takes its arguments as JSON and answers with the contract's wrapper.
+
+    The SDK would validate arguments against a model built from a Python signature; here
+    the schema is evq's own and so is the validation, so every interface refuses the same
+    input with the same E_INVALID_ARG fields."""
+
+    handler: Handler = Field(exclude=True)
+
+    async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
+        timer = Timer()
+        try:
+            reply = await self.handler(arguments)
+        except EvqError as exc:
+            if isinstance(exc, InvalidRequest):
+                exc = service.json_field_names(exc)
+            body = failure(exc, timer.meta())
+        except Exception as exc:
+            log.exception("internal_error", tool=self.name)
+            body = failure(EvqError(f"internal error ({type(exc).__name__}); see the server's log"), timer.meta())
+        else:
+            body = success(reply.data, timer.meta(reply.meta), reply.status)
+        data = plain(body)
+        return CallToolResult(
+            content=[TextContent(type="text", text=to_json(data))],
+            structured_content=data,
+            is_error=data["status"] == "error",
+        )
+
+
+def _tool(name: str, description: str, schema: dict[str, Any], output: str, handler: Handler, *,
+          read_only: bool) -> ContractTool:
+    out = output_schema(output)
+    out.setdefault("type", "object")
+    return ContractTool(
+        fn=handler,
+        name=name,
+        description=description,
+        parameters=schema,
+        fn_metadata=FuncMetadata(arg_model=ArgModelBase, output_schema=out),
+        is_async=True,
+        handler=handler,
+        annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=False, idempotent_hint=True,
+                                    open_world_hint=not read_only),
+    )
+
+
+def send_schema() -> dict[str, Any]:
+    schema = request_schema()
+    schema["properties"]["dry_run"] = {"type": "boolean", "default": False,
+                                       "description": "Say what would happen; change nothing."}
+    return schema
+
+
+def list_schema() -> dict[str, Any]:
+    return command_input("steps.list")
+
+
+def get_schema() -> dict[str, Any]:
+    return command_input("steps.show", rename={"step_id": "id"})
+
+
+def run_schema() -> dict[str, Any]:
+    return command_input("runs.show")
+
+
+def resolve_schema() -> dict[str, Any]:
+    return command_input("steps.resolve", rename={"step_id": "id"}, defaults={"dry_run": True})
+
+
+def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServer:
+    """The MCP server over an open store; ``api_key`` is the server's own (from its environment)."""
+
+    verified = Verified()
+
+    def caller() -> Caller:
+        return Caller(api_key, source=KEY_SOURCE, verified=verified)
+
+    async def send(args: Mapping[str, Any]) -> service.Reply:
+        request = dict(args)
+        dry_run = request.pop("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise InvalidRequest([{"field": "dry_run", "message": "must be a boolean"}])
+        return await service.enqueue(store, caller(), [request], settings.policy(), dry_run=dry_run)
+
+    async def get(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(get_schema(), args)
+        return await service.show_step(store, caller(), a["id"])
+
+    async def list_(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(list_schema(), args)
+        filters = {k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")}
+        return await service.list_steps(store, caller(), statuses=a["status"] or (), filters=filters,
+                                        limit=a["limit"], offset=a["offset"])
+
+    async def run(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(run_schema(), args)
+        return await service.show_run(store, caller(), a["run_id"])
+
+    async def resolve(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(resolve_schema(), args)
+        resolution = Resolution.parse(a["as"], a["note"], reason=a["reason"],
+                                      provider_message_id=a["provider_message_id"], evidence_url=a["evidence_url"])
+        selection = Selection(
+            step_id=a["id"], statuses=tuple(a["status"] or ()),
+            filters={k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
+            limit=a["limit"], max_failures=a["max_failures"],
+        )
+        return await service.resolve(store, caller(), resolution, selection,
+                                     default_max_attempts=settings.max_attempts, dry_run=a["dry_run"])
+
+    tools = [
+        _tool("evq_email_send", "Enqueue an email send, once however often it is repeated: the same request again "
+              "returns the same step (created: false); the same run_id/step_id with a different request is refused "
+              "(E_CONFLICT). Needs a key with role agent or admin.", send_schema(), "enqueue", send, read_only=False),
+        _tool("evq_steps_get", "One step: its state, the decision behind it, the request, and every evidence row "
+              "(attempts and the provider's answers) in order.", get_schema(), "steps.show", get, read_only=True),
+        _tool("evq_steps_list", "List steps: unknown ones oldest first, the rest newest first, with filters.",
+              list_schema(), "steps.list", list_, read_only=True),
+        _tool("evq_runs_get", "One run's whole chain in time order: each decision, its action, every attempt with "
+              "the provider's answer, and every operator close.", run_schema(), "runs.show", run, read_only=True),
+    ]
+    if settings.mcp_resolve:
+        tools.append(_tool(
+            "evq_steps_resolve", "Close unknown steps with an audited verdict (operator or admin key). Dry-runs "
+            "unless dry_run is false: look at what would change first.", resolve_schema(), "steps.resolve", resolve,
+            read_only=False,
+        ))
+    return MCPServer("evq", instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")

@@ -1,0 +1,379 @@
+"""The application layer: what every interface does, in one place.
+
+The CLI (ops/cli), the HTTP API and the ops page (ops/web) and the MCP server
+(ops/mcpserver.py) all call these functions with a store and plain parameters, and
+get back a :class:`Reply` (the contract's ``data``, ``meta`` and ``status``) or an
+:class:`~worker.errors.EvqError`. Which key role an operation needs is decided here,
+so no interface can grant more than another.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from adapters.postgres.enqueue import validate_many
+from ops.longwork import Tally, each
+from worker.enqueue import existing_or_conflict, validate
+from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
+from worker.ports import StepFilter
+from worker.records import StepSummary
+from worker.request import Policy, ValidRequest
+from worker.resolution import Resolution
+from worker.states import Status
+from worker.timeline import run_events
+
+# The request's fields as every interface describes them: (field, repeatable, description).
+REQUEST_FIELDS: tuple[tuple[str, bool, str], ...] = (
+    ("run_id", False, "The agent run this send belongs to (required)."),
+    ("step_id", False, "The step within the run; unique per run (required)."),
+    ("to", True, "Recipient, 'addr' or 'Name <addr>'; repeat for more (at least one)."),
+    ("cc", True, "Cc recipient; repeatable."),
+    ("bcc", True, "Bcc recipient (envelope only); repeatable."),
+    ("from", False, "Sender (default: EVQ_DEFAULT_FROM)."),
+    ("reply_to", True, "Reply-To address; repeatable."),
+    ("subject", False, "Subject line (one line)."),
+    ("text", False, "Plain-text body."),
+    ("html", False, "HTML body."),
+    ("intent", False, "What the agent meant to achieve by this send."),
+    ("notify", False, "Address told if the send ends rejected."),
+    ("idempotency_key", False, "Key for this send (default: RUN_ID:STEP_ID)."),
+    ("provider", False, "Adapter to send through (default: the first of EVQ_ADAPTER)."),
+)
+DECISION_FIELDS: tuple[tuple[str, str], ...] = (
+    ("instruction_version", "Version of the instructions the agent followed."),
+    ("prompt_version", "Version of the prompt."),
+    ("model", "Model that made the decision."),
+    ("tool", "Tool the agent chose."),
+    ("rationale", "Why: short text, or a JSON object."),
+    ("decided_at", "When the agent decided (ISO 8601 with zone)."),
+)
+HEADERS_HELP = "Allowed header (In-Reply-To, References, ...); repeatable."
+MAX_ATTEMPTS_HELP = "Attempts for this step (default: EVQ_MAX_ATTEMPTS)."
+
+# The filters `steps list` and bulk `steps resolve` share: (name, metavar, description).
+FILTERS: tuple[tuple[str, str | None, str], ...] = (
+    ("run_id", None, "Only this run."),
+    ("provider", None, "Only this provider."),
+    ("older_than", "30m|2h|3d", "Only rows older than this (unknown rows: since they became unknown)."),
+    ("recipient_domain", None, "Only rows with a recipient at this domain."),
+)
+LIST_LIMIT_MAX = 1000
+
+_DURATION = re.compile(r"^(\d{1,9})\s*([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One operation's answer: the contract's ``data``, ``meta`` (less the duration) and ``status``."""
+
+    data: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+    status: str = "success"
+    created: bool | None = None  # enqueue: whether any step was created (HTTP 201 rather than 200)
+
+
+class Store(KeyLookup, Protocol):
+    """What the interfaces need of adapters.postgres.store.PostgresStore."""
+
+    async def enqueue(self, request: ValidRequest) -> Any: ...
+    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[Any]: ...
+    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None: ...
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
+    async def get_step(self, step_id: int) -> Any: ...
+    async def get_run(self, run_id: str) -> Any: ...
+    async def resolve(self, step_id: int, resolution: Resolution, *, actor: str, default_max_attempts: int) -> Any: ...
+
+
+class Caller:
+    """Who is asking: the key they presented (maybe none) and where they present it.
+
+    ``trusted_reader``: the command line reads without a key (whoever runs it can reach
+    the database); the HTTP API and MCP server need one for every call. The verified
+    identity is kept for the caller's lifetime (one request, one command), so a call
+    that checks twice pays for one scrypt.
+    """
+
+    def __init__(
+        self,
+        key: str | None,
+        *,
+        source: str = CLI_KEY_SOURCE,
+        trusted_reader: bool = False,
+        verified: Verified | None = None,
+    ):
+        self.key = key or None
+        self.source = source
+        self.trusted_reader = trusted_reader
+        self.verified = verified  # a server's memory of keys it has checked (worker.keys.Verified)
+        self._identity: Identity | None = None
+
+    @classmethod
+    def signed_in(cls, identity: Identity, *, source: str) -> Caller:
+        """A caller whose key was verified earlier (the ops page's session); roles still apply."""
+        caller = cls(None, source=source)
+        caller._identity = identity
+        return caller
+
+    async def identify(self, lookup: KeyLookup, permission: Permission) -> Identity | None:
+        """The identity allowed to do ``permission``; None for a trusted reader's read. AuthFailed otherwise."""
+        if permission is Permission.READ and self.trusted_reader:
+            return None
+        if self._identity is None:
+            self._identity = await authenticate(lookup, self.key, permission, source=self.source,
+                                                verified=self.verified)
+            return self._identity
+        return authorize(self._identity, permission)
+
+
+# -- enqueue ------------------------------------------------------------------
+
+
+def validate_requests(requests: Sequence[Any], policy: Policy) -> list[ValidRequest]:
+    """Every request checked before anything is written: one bad request writes nothing."""
+    if not requests:
+        raise InvalidRequest([{"field": "$", "message": "no request given"}])
+    return validate_many(requests, policy) if len(requests) > 1 else [validate(requests[0], policy)]
+
+
+async def enqueue(
+    store: Store, caller: Caller, requests: Sequence[Any], policy: Policy, *, many: bool = False, dry_run: bool = False
+) -> Reply:
+    """Enqueue one request (``many=False``: data is the step) or many in one transaction
+    (data is a list). A dry run is a read: it says what would happen to each."""
+    valid = validate_requests(requests, policy)
+    if dry_run:
+        await caller.identify(store, Permission.READ)
+        plan = [await _plan(store, v) for v in valid]
+        return Reply({"dry_run": True, "plan": plan}, {"count": len(plan)})
+    await caller.identify(store, Permission.ENQUEUE)
+    results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
+    created = sum(1 for r in results if r.created)
+    if not many:
+        return Reply(results[0].to_dict(), created=results[0].created)
+    return Reply([r.to_dict() for r in results], {"count": len(results), "created": created}, created=created > 0)
+
+
+async def _plan(store: Store, request: ValidRequest) -> dict[str, Any]:
+    """What enqueueing ``request`` would do, read without writing."""
+    row = await store.find_by_key(request)
+    plan: dict[str, Any] = {
+        "run_id": request.run_id,
+        "step_id": request.step_id,
+        "idempotency_key": request.idempotency_key,
+        "provider": request.provider,
+        "action": "create",
+        "existing_id": None,
+        "request": request.payload,
+    }
+    if row is not None:
+        try:
+            existing_or_conflict({**row, "created": False}, request)
+            plan.update(action="return_existing", existing_id=row["id"])
+        except IdempotencyConflict:
+            plan.update(action="refuse_conflict", existing_id=row["id"])
+    return plan
+
+
+# -- reading back -------------------------------------------------------------
+
+
+def parse_duration(text: str) -> timedelta:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise InvalidRequest([{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text[:40]!r}"}])
+    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+
+
+def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, Any], **paging: Any) -> StepFilter:
+    """The filter as of ``now``: relative filters are fixed once, at the start."""
+    older_than = filters.get("older_than")
+    try:
+        wanted = tuple(Status(s) for s in statuses)
+    except ValueError:
+        raise InvalidRequest(
+            [{"field": "--status", "message": f"one of {', '.join(Status)}, got {', '.join(map(str, statuses))[:80]}"}]
+        ) from None
+    return StepFilter(
+        statuses=wanted,
+        run_id=filters.get("run_id"),
+        provider=filters.get("provider"),
+        created_before=now - parse_duration(older_than) if older_than else None,
+        recipient_domain=filters.get("recipient_domain"),
+        **paging,
+    )
+
+
+def summary(r: StepSummary) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "run_id": r.run_id,
+        "step_id": r.step_id,
+        "status": str(r.status),
+        "reason": r.reason,
+        "provider": r.provider,
+        "attempts": r.attempts,
+        "recipients": r.recipients,
+        "subject": r.subject,
+        "created_at": r.created_at,
+        "updated_at": r.updated_at,
+        "unknown_since": r.unknown_since,
+        "closed_at": r.closed_at,
+        "age_seconds": r.age_seconds,
+    }
+
+
+async def list_steps(
+    store: Store,
+    caller: Caller,
+    *,
+    statuses: Sequence[str] = (),
+    filters: Mapping[str, Any] | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    now: datetime | None = None,
+) -> Reply:
+    """Steps, unknown ones oldest first (the operator's queue), the rest newest first."""
+    now = now or datetime.now(timezone.utc)
+    where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset)
+    await caller.identify(store, Permission.READ)
+    rows, total = await store.list_steps(where, now=now)
+    data = [summary(r) for r in rows]
+    return Reply(data, {"count": len(data), "total": total, "limit": limit, "offset": offset})
+
+
+_HIDDEN = ("lease_token",)
+
+
+def public_step(step: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in step.items() if k not in _HIDDEN}
+
+
+async def show_step(store: Store, caller: Caller, step_id: int) -> Reply:
+    """One step, the decision behind it, and every evidence row in order."""
+    await caller.identify(store, Permission.READ)
+    detail = await store.get_step(step_id)
+    return Reply({"step": public_step(detail.step), "decision": detail.decision, "evidence": detail.evidence})
+
+
+RUN_STEP_FIELDS = ("id", "step_id", "status", "reason", "provider", "attempts", "max_attempts", "idempotency_key",
+                   "message_id", "provider_message_id", "created_at", "unknown_since", "closed_at")
+
+
+async def show_run(store: Store, caller: Caller, run_id: str) -> Reply:
+    """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
+    await caller.identify(store, Permission.READ)
+    detail = await store.get_run(run_id)
+    data = {
+        "run_id": detail.run_id,
+        "steps": [{k: s[k] for k in RUN_STEP_FIELDS} for s in detail.steps],
+        "events": run_events(detail.steps, detail.decisions, detail.evidence),
+    }
+    return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
+
+
+# -- operators ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which unknown rows a resolve acts on: one by id, or every row a filter matches."""
+
+    step_id: int | None = None
+    statuses: tuple[str, ...] = ()
+    filters: Mapping[str, Any] = field(default_factory=dict)
+    ids: tuple[int, ...] = ()  # bulk: only these (the rows a preview showed)
+    limit: int | None = None
+    max_failures: int | None = None
+
+    def check(self) -> None:
+        bulk = {**self.filters, "limit": self.limit, "max_failures": self.max_failures}
+        given = ["--status"] * bool(self.statuses) + [
+            "--" + k.replace("_", "-") for k, v in bulk.items() if v is not None
+        ]
+        if self.step_id is not None and given:
+            raise InvalidRequest([{"field": given[0], "message": "give a STEP_ID or bulk filters, not both"}])
+        if self.step_id is None and not self.statuses:
+            raise InvalidRequest(
+                [{"field": "STEP_ID", "message": "give a STEP_ID, or --status unknown (with filters) for many rows"}]
+            )
+        if any(s != str(Status.UNKNOWN) for s in self.statuses):
+            raise InvalidRequest([{"field": "--status", "message": "only unknown rows can be resolved"}])
+
+    def where(self, now: datetime) -> StepFilter:
+        if self.step_id is not None:
+            return StepFilter(ids=(self.step_id,), limit=1)
+        if self.ids:
+            # Exactly the rows a preview showed, whatever state they are in now: one that
+            # someone else closed since is tried and reported as a conflict, not skipped.
+            return StepFilter(ids=self.ids, limit=None)
+        return step_filter(now, self.statuses, self.filters, limit=self.limit)
+
+
+async def resolve(
+    store: Store,
+    caller: Caller,
+    resolution: Resolution,
+    selection: Selection,
+    *,
+    default_max_attempts: int,
+    dry_run: bool = False,
+    signals: bool = False,
+    now: datetime | None = None,
+) -> Reply:
+    """Close unknown rows with an audited verdict. One row: its failure is the error.
+    Bulk: each row on its own; some may fail (someone closed them first) while the rest
+    succeed (status partial_failure). A dry run is a read: the rows that would change."""
+    selection.check()
+    now = now or datetime.now(timezone.utc)
+    where = selection.where(now)
+    identity = await caller.identify(store, Permission.READ if dry_run else Permission.RESOLVE)
+    rows, _ = await store.list_steps(where, now=now)
+    if selection.step_id is not None:
+        _only_unknown(selection.step_id, rows)
+    head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
+    if dry_run:
+        plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
+        return Reply({"dry_run": True, **head, "steps": plan}, {"count": len(plan)})
+    assert identity is not None  # RESOLVE is never granted without a key
+
+    async def close(row: StepSummary) -> dict[str, Any]:
+        done = await store.resolve(row.id, resolution, actor=identity.name, default_max_attempts=default_max_attempts)
+        return done.to_dict()
+
+    if selection.step_id is not None:
+        tally: Tally[StepSummary] = Tally(total=1, succeeded=1, results=[{"outcome": "succeeded", **await close(rows[0])}])
+    else:
+        tally = await each(rows, close, key=lambda r: {"id": r.id}, what="steps resolve",
+                           max_failures=selection.max_failures, handle_signals=signals)
+    status = "partial_failure" if tally.failed else "success"
+    return Reply({"dry_run": False, **head, **tally.summary}, status=status)
+
+
+def _only_unknown(step_id: int, rows: list[StepSummary]) -> None:
+    if not rows:
+        raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+    if rows[0].status != Status.UNKNOWN:
+        raise StateConflict(
+            f"step {step_id} is {rows[0].status}, not unknown: only unknown rows can be resolved",
+            hint=f"`evq steps show {step_id}` shows who changed it and when",
+            context={"id": step_id, "status": str(rows[0].status), "reason": rows[0].reason},
+        )
+
+
+def json_field_names(exc: InvalidRequest) -> InvalidRequest:
+    """The same error with fields named as JSON names them (``--older-than`` -> ``older_than``),
+    for the interfaces that take JSON rather than flags."""
+    fields = [{**f, "field": _json_name(f["field"])} for f in exc.errors]
+    return InvalidRequest(fields, hint=exc.hint)
+
+
+def _json_name(name: str) -> str:
+    if name.startswith("--"):
+        return name[2:].replace("-", "_")
+    return "id" if name == "STEP_ID" else name

@@ -1,0 +1,1 @@
+"""`evq serve`: the HTTP API (/v1), the operators' page (/ops), /metrics and /healthz in one process."""

@@ -1,0 +1,209 @@
+"""The HTTP API under /v1: the CLI's commands over HTTP, through ops/service.py, with the
+contract's wrapper as every body. Every route needs ``Authorization: Bearer <key>``
+(reads: any role; enqueue: agent or admin; resolve: operator or admin)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from ops import service
+from ops.contract import Timer, plain, success
+from ops.schemas import check_arguments, command_input, request_schema
+from ops.service import FILTERS, LIST_LIMIT_MAX, Caller, Reply
+from ops.web.openapi import component_name, ref
+from ops.web.protocol import KEY_SOURCE, BadRequest, bearer_key, read_json
+from ops.web.state import AppState
+from worker.errors import InvalidRequest
+from worker.keys import Permission
+from worker.resolution import Resolution
+from worker.states import Status
+
+MAX_ID = 2**63 - 1
+# The bulk-only parameters of `steps resolve`; the single-row body has the rest.
+_BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
+_FILTER_HELP = {name: help_text for name, _, help_text in FILTERS}
+COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+
+
+def resolve_one_schema() -> dict[str, Any]:
+    return command_input("steps.resolve", exclude=("step_id", *_BULK))
+
+
+def resolve_bulk_schema() -> dict[str, Any]:
+    return command_input("steps.resolve", exclude=("step_id",))
+
+
+async def caller(request: Request) -> Caller:
+    """The key of this request, checked for reading before anything else is looked at."""
+    state: AppState = request.app.state.evq
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, verified=state.verified)
+    await who.identify(state.store, Permission.READ)
+    return who
+
+
+def no_unknown_query(request: Request) -> None:
+    """A misspelt filter must not silently widen a query (or a bulk close)."""
+    route = request.scope.get("route")
+    known = {p.alias for p in route.dependant.query_params} if route is not None else set()
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise InvalidRequest([{"field": name[:100], "message": "unknown query parameter"} for name in unknown])
+
+
+def _answer(reply: Reply, timer: Timer, status: int = 200) -> JSONResponse:
+    return JSONResponse(plain(success(reply.data, timer.meta(reply.meta), reply.status)), status_code=status)
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": ref("error_response")}}}
+
+
+def _responses(command: str, *ok: int, **more: str) -> dict[int | str, Any]:
+    """The success codes (the command's output schema) and every error a route can answer."""
+    out: dict[int | str, Any] = {
+        code: {"description": "the contract's wrapper", "content": {"application/json": {"schema": ref(component_name(command))}}}
+        for code in ok
+    }
+    out.update({
+        400: _error("a malformed request: NUL in the path or query, a bad Content-Length (E_INVALID_ARG)"),
+        401: _error("no key, or a wrong or revoked one (E_AUTH_FAILED)"),
+        403: _error("the key's role may not do this (E_AUTH_FAILED)"),
+        413: _error("the body is larger than EVQ_SERVE_MAX_BODY (E_INVALID_ARG)"),
+        422: _error("invalid parameters or body; error.context.fields names each (E_INVALID_ARG)"),
+        503: _error("the database is unavailable or not at this evq's schema"),
+    })
+    out.update({int(code[1:]): _error(text) for code, text in more.items()})
+    return out
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+        "responses": {
+            "400": _error("malformed JSON, or nested too deeply (E_INVALID_ARG)"),
+            "415": _error("the body is not application/json (E_INVALID_ARG)"),
+        },
+    }
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(no_unknown_query)], tags=["v1"])
+
+
+@router.post(
+    "/steps",
+    summary="Enqueue an email send (one request, or a JSON array of many in one transaction)",
+    description="The same request again returns the same step (200, created: false); the same key with a "
+    "different request is refused (409) and writes nothing. Needs a key with role agent or admin "
+    "(dry_run: any role).",
+    status_code=201,
+    responses=_responses("enqueue", 200, 201, s409="the key is taken by a different request (E_CONFLICT)"),
+    openapi_extra=_body({"anyOf": [request_schema(), {"type": "array", "minItems": 1, "items": request_schema()}]}),
+)
+async def enqueue(
+    request: Request,
+    who: Caller = Depends(caller),
+    dry_run: bool = Query(False, description="Say what would happen to each request; change nothing."),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    body = await read_json(request.body, request.headers.get("content-type"))
+    many = isinstance(body, list)
+    requests = body if many else [body]
+    reply = await service.enqueue(state.store, who, requests, state.policy, many=many, dry_run=dry_run)
+    return _answer(reply, request.state.timer, 201 if reply.created else 200)
+
+
+@router.get("/steps", summary="List steps: unknown ones oldest first, the rest newest first",
+            responses=_responses("steps.list", 200))
+async def list_steps(
+    request: Request,
+    who: Caller = Depends(caller),
+    status: list[Status] = Query([], description="Only these states; repeatable."),
+    run_id: str | None = Query(None, max_length=200, description=_FILTER_HELP["run_id"]),
+    provider: str | None = Query(None, max_length=200, description=_FILTER_HELP["provider"]),
+    older_than: str | None = Query(None, max_length=20, description=_FILTER_HELP["older_than"]),
+    recipient_domain: str | None = Query(
+        None, max_length=255, description=_FILTER_HELP["recipient_domain"]
+    ),
+    limit: int = Query(50, ge=1, le=LIST_LIMIT_MAX, description="Rows per page."),
+    offset: int = Query(0, ge=0, le=2**31 - 1, description="Rows to skip (meta.total counts them all)."),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    filters = {"run_id": run_id, "provider": provider, "older_than": older_than, "recipient_domain": recipient_domain}
+    reply = await service.list_steps(
+        state.store, who, statuses=[str(s) for s in status], filters=filters, limit=limit, offset=offset
+    )
+    return _answer(reply, request.state.timer)
+
+
+@router.get("/steps/{step_id}", summary="One step: the decision behind it, the request, every evidence row",
+            responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"))
+async def show_step(request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    return _answer(await service.show_step(state.store, who, step_id), request.state.timer)
+
+
+@router.get("/runs/{run_id}", summary="One run's whole chain in time order",
+            responses=_responses("runs.show", 200, s404="no such run (E_NOT_FOUND)"))
+async def show_run(
+    request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
+
+
+@router.post(
+    "/steps/{step_id}/resolve",
+    summary="Close one unknown step with an audited verdict",
+    description="Only unknown rows can be resolved (409 otherwise, with the state it is in). Needs a key with "
+    "role operator or admin (dry_run: any role).",
+    responses=_responses("steps.resolve", 200, s404="no such step (E_NOT_FOUND)",
+                         s409="the step is not unknown (E_CONFLICT)"),
+    openapi_extra=_body(resolve_one_schema()),
+)
+async def resolve_one(request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)) -> JSONResponse:
+    args = await _arguments(request, resolve_one_schema())
+    selection = service.Selection(step_id=step_id)
+    return await _resolve(request, who, args, selection)
+
+
+@router.post(
+    "/steps/resolve",
+    summary="Close every unknown step a filter matches (preview with dry_run first)",
+    description="Each row is closed on its own: some may fail (someone closed them first) while the rest succeed "
+    "(status partial_failure, each row's result in data.results).",
+    responses=_responses("steps.resolve", 200, s409="stopped after max_failures consecutive failures (E_MAX_FAILURES)"),
+    openapi_extra=_body(resolve_bulk_schema()),
+)
+async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
+    args = await _arguments(request, resolve_bulk_schema())
+    selection = service.Selection(
+        statuses=tuple(args["status"] or ()),
+        filters={k: args[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
+        limit=args["limit"],
+        max_failures=args["max_failures"],
+    )
+    return await _resolve(request, who, args, selection)
+
+
+async def _arguments(request: Request, schema: dict[str, Any]) -> dict[str, Any]:
+    return check_arguments(schema, await read_json(request.body, request.headers.get("content-type")))
+
+
+async def _resolve(request: Request, who: Caller, args: dict[str, Any], selection: service.Selection) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    resolution = Resolution.parse(
+        args["as"], args["note"], reason=args["reason"], provider_message_id=args["provider_message_id"],
+        evidence_url=args["evidence_url"],
+    )
+    reply = await service.resolve(
+        state.store, who, resolution, selection, default_max_attempts=state.settings.max_attempts,
+        dry_run=bool(args["dry_run"]),
+    )
+    return _answer(reply, request.state.timer)
+
+
+def method_not_allowed(method: str) -> BadRequest:
+    return BadRequest(405, "$method", f"{method} is not allowed here")

@@ -1,0 +1,334 @@
+"""The operators' page at /ops: server-rendered (Jinja2, autoescaped, no script at all).
+
+Overview, unknown rows oldest first (filters in the URL), one step, a run's trace, and
+closing rows one at a time or in bulk after a preview, all through ops/service.py.
+Sign in with an API key: operator and admin keys may close rows; agent keys may look
+(a viewer's read-only session), since reading is what every key may do elsewhere too.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from ops import service
+from ops.cli.output import age
+from ops.contract import to_json
+from ops.service import Caller, Selection
+from ops.web.session import COOKIE, Session
+from ops.web.state import AppState
+from worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
+from worker.keys import Permission, authenticate, split_key
+from worker.resolution import Resolution, Verdict
+from worker.states import Status
+
+SOURCE = "the sign-in form"
+FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
+PAGE_SIZE = 100
+BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
+
+_TEMPLATES = resources.files("ops.web").joinpath("templates")
+env = Environment(
+    loader=FileSystemLoader(str(_TEMPLATES)),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+env.filters["age"] = age
+env.filters["shown"] = lambda value: to_json(value) if isinstance(value, (dict, list)) else value
+env.filters["domain_only"] = lambda email: "…@" + email.rpartition("@")[2] if "@" in email else "…"
+
+
+class Redirect(Exception):
+    def __init__(self, url: str):
+        self.url = url
+
+
+class PageError(Exception):
+    """An error the page shows in place (a refused sign-in, a conflict), with its status."""
+
+    def __init__(self, error: EvqError, status: int):
+        self.error, self.status = error, status
+
+
+router = APIRouter(prefix="/ops", include_in_schema=False)
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.evq
+
+
+def _session(request: Request) -> tuple[Session, bool]:
+    """The visitor's session, and whether it is new (then it must be set on the answer)."""
+    state = _state(request)
+    found = state.sessions.load(request.cookies.get(COOKIE))
+    return (found, False) if found is not None else (state.sessions.new(), True)
+
+
+def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
+    html = env.get_template(template).render(session=session, identity=session.identity, request=request,
+                                              may_close=_may_close(session), **context)
+    response = HTMLResponse(html, status_code=status)
+    set_cookie(request, response, session)
+    return response
+
+
+def set_cookie(request: Request, response: Response, session: Session) -> None:
+    response.set_cookie(
+        COOKIE, _state(request).sessions.dump(session), max_age=_state(request).sessions.max_age, path="/ops",
+        httponly=True, samesite="strict", secure=request.url.scheme == "https",
+    )
+
+
+def _who(session: Session) -> Caller:
+    assert session.identity is not None  # signed_in() made sure
+    return Caller.signed_in(session.identity, source=SOURCE)
+
+
+def _may_close(session: Session) -> bool:
+    identity = session.identity
+    return identity is not None and identity.may(Permission.RESOLVE)
+
+
+async def signed_in(request: Request) -> Session:
+    """The session of a signed-in visitor whose key is still active; a redirect to sign in otherwise."""
+    session, _ = _session(request)
+    if session.identity is None or session.key_id is None:
+        raise Redirect("/ops/login")
+    row = await _state(request).store.key_by_id(session.key_id)
+    if row is None or row["revoked_at"] is not None or row["name"] != session.name:
+        raise Redirect("/ops/login?ended=revoked")
+    return session
+
+
+async def form(request: Request, session: Session) -> dict[str, str]:
+    """The posted form, refused unless it carries this session's CSRF token."""
+    try:
+        data = await request.form()
+    except EvqError:
+        raise
+    except Exception:
+        raise InvalidRequest([{"field": "$body", "message": "not a form"}]) from None
+    values = {k: v for k, v in data.items() if isinstance(v, str)}
+    if not session.csrf_ok(values.get("csrf")):
+        raise PageError(AuthFailed("the form is stale or not from this page (CSRF token)",
+                                   hint="reload the page and try again"), 403)
+    return values
+
+
+def _filters(values: Any) -> dict[str, str | None]:
+    return {k: (values.get(k) or "").strip() or None for k in FILTER_KEYS}
+
+
+def _query(filters: dict[str, str | None], **extra: Any) -> str:
+    return urlencode({**{k: v for k, v in filters.items() if v}, **{k: v for k, v in extra.items() if v}})
+
+
+# -- signing in -----------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request) -> HTMLResponse:
+    session, _ = _session(request)
+    ended = request.query_params.get("ended") == "revoked"
+    return render(request, "login.html", session, notice="That key was revoked: sign in with another." if ended else None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    session, _ = _session(request)
+    values = await form(request, session)
+    key = values.get("key", "").strip()
+    try:
+        identity = await authenticate(_state(request).store, key, Permission.READ, source=SOURCE)
+    except AuthFailed as exc:
+        return render(request, "login.html", session, status=401, error=exc)
+    parts = split_key(key)
+    assert parts is not None  # authenticate accepted it
+    response = RedirectResponse("/ops", status_code=303)
+    # A new session (and CSRF token) at sign-in: nothing set before it carries over.
+    set_cookie(request, response, _state(request).sessions.new(identity=identity, key_id=parts[0]))
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    session, _ = _session(request)
+    await form(request, session)
+    response = RedirectResponse("/ops/login", status_code=303)
+    set_cookie(request, response, _state(request).sessions.new())
+    return response
+
+
+# -- looking -------------------------------------------------------------------------
+
+
+@router.get("", response_class=HTMLResponse)
+async def overview(request: Request) -> HTMLResponse:
+    session = await signed_in(request)
+    state = _state(request)
+    stats, stats_error = None, None
+    try:
+        stats = await anyio.to_thread.run_sync(state.read_stats)
+    except EvqError as exc:
+        stats_error = exc
+    who = _who(session)
+    oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
+    return render(request, "overview.html", session, stats=stats, stats_error=stats_error, statuses=list(Status),
+                  oldest=oldest.data[0] if oldest.data else None)
+
+
+@router.get("/unknown", response_class=HTMLResponse)
+async def unknown(request: Request) -> HTMLResponse:
+    session = await signed_in(request)
+    params = request.query_params
+    filters = _filters(params)
+    expand = params.get("expand") == "1"
+    offset = _int(params.get("offset"), 0)
+    state = _state(request)
+    who = _who(session)
+    try:
+        reply = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], filters=filters,
+                                         limit=PAGE_SIZE, offset=offset)
+    except InvalidRequest as exc:
+        return render(request, "unknown.html", session, status=422, error=service.json_field_names(exc),
+                      filters=filters, expand=expand, rows=[], answers={}, total=0, offset=0, query=_query(filters))
+    answers = await state.store.last_answers([r["id"] for r in reply.data])
+    closed = params.get("closed")
+    return render(request, "unknown.html", session, filters=filters, expand=expand, rows=reply.data, answers=answers,
+                  total=reply.meta["total"], offset=offset, page_size=PAGE_SIZE, query=_query(filters),
+                  closed=closed, verdicts=list(Verdict))
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        value = int(text or default)
+    except ValueError:
+        return default
+    return min(max(value, 0), 2**31 - 1)
+
+
+@router.get("/steps/{step_id}", response_class=HTMLResponse)
+async def step(request: Request, step_id: int) -> HTMLResponse:
+    session = await signed_in(request)
+    back = _back(request.query_params.get("from"))
+    return await _step_page(request, session, step_id, back)
+
+
+def _back(query: str | None) -> dict[str, str | None]:
+    """The list's filters the visitor came from (only filter keys: this is never a URL)."""
+    return _filters(dict(parse_qsl(query or "")))
+
+
+async def _step_page(request: Request, session: Session, step_id: int, back: dict[str, str | None],
+                     status: int = 200, **context: Any) -> HTMLResponse:
+    state = _state(request)
+    who = _who(session)
+    reply = await service.show_step(state.store, who, step_id)
+    return render(request, "step.html", session, status=status, d=reply.data, back=back, back_query=_query(back),
+                  verdicts=list(Verdict), **context)
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def find_run(request: Request) -> Response:
+    await signed_in(request)
+    run_id = (request.query_params.get("run_id") or "").strip()
+    if not run_id:
+        raise Redirect("/ops")
+    return RedirectResponse(f"/ops/runs/{quote(run_id, safe='')}", status_code=303)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def trace(request: Request, run_id: str) -> HTMLResponse:
+    session = await signed_in(request)
+    who = _who(session)
+    reply = await service.show_run(_state(request).store, who, run_id[:200])
+    return render(request, "trace.html", session, d=reply.data)
+
+
+# -- closing ---------------------------------------------------------------------------
+
+
+def _resolution(values: dict[str, str]) -> Resolution:
+    blank = lambda name: (values.get(name) or "").strip() or None  # noqa: E731
+    return Resolution.parse(values.get("verdict", ""), values.get("note"), reason=blank("reason"),
+                            provider_message_id=blank("provider_message_id"), evidence_url=blank("evidence_url"))
+
+
+async def _posted(request: Request) -> tuple[Session, dict[str, str]]:
+    session = await signed_in(request)
+    return session, await form(request, session)
+
+
+async def _resolve(request: Request, session: Session, values: dict[str, str], selection: Selection,
+                   *, dry_run: bool = False) -> service.Reply:
+    state = _state(request)
+    return await service.resolve(state.store, _who(session), _resolution(values), selection,
+                                 default_max_attempts=state.settings.max_attempts, dry_run=dry_run)
+
+
+def _refusal(exc: EvqError) -> tuple[int, EvqError]:
+    """The status a refused close is shown with, and the error as the page names its fields."""
+    if isinstance(exc, InvalidRequest):
+        return 422, service.json_field_names(exc)
+    return (409 if isinstance(exc, StateConflict) else 403), exc
+
+
+@router.post("/steps/{step_id}/close", response_class=HTMLResponse)
+async def close(request: Request, step_id: int) -> Response:
+    session, values = await _posted(request)
+    back = _filters(values)
+    try:
+        reply = await _resolve(request, session, values, Selection(step_id=step_id))
+    except (InvalidRequest, StateConflict, AuthFailed) as exc:
+        status, shown = _refusal(exc)
+        return await _step_page(request, session, step_id, back, status=status, error=shown, posted=values)
+    done = reply.data["results"][0]
+    return RedirectResponse(f"/ops/unknown?{_query(back, closed=done['id'])}", status_code=303)
+
+
+@router.post("/unknown/preview", response_class=HTMLResponse)
+async def bulk_preview(request: Request) -> HTMLResponse:
+    session, values = await _posted(request)
+    filters = _filters(values)
+    page = {"filters": filters, "posted": values, "query": _query(filters), "bulk_max": BULK_MAX}
+    try:
+        selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
+        reply = await _resolve(request, session, values, selection, dry_run=True)
+    except (InvalidRequest, AuthFailed) as exc:
+        status, shown = _refusal(exc)
+        return render(request, "preview.html", session, status=status, error=shown, rows=[], **page)
+    return render(request, "preview.html", session, rows=reply.data["steps"], verdict=reply.data["verdict"],
+                  to_status=reply.data["to_status"], **page)
+
+
+@router.post("/unknown/close", response_class=HTMLResponse)
+async def bulk_close(request: Request) -> HTMLResponse:
+    session, values = await _posted(request)
+    filters = _filters(values)
+    try:
+        ids = tuple(int(i) for i in values.get("ids", "").split(",") if i.strip())
+        if not ids or len(ids) > BULK_MAX:
+            raise ValueError
+    except ValueError:
+        raise InvalidRequest([{"field": "ids", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
+    try:
+        reply = await _resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=ids))
+    except (InvalidRequest, AuthFailed) as exc:
+        status, shown = _refusal(exc)
+        return render(request, "preview.html", session, status=status, error=shown, filters=filters, rows=[],
+                      posted=values, query=_query(filters), bulk_max=BULK_MAX)
+    return render(request, "closed.html", session, d=reply.data, filters=filters, query=_query(filters))
+
+
+@router.get("/static/ops.css")
+async def stylesheet() -> Response:
+    css = resources.files("ops.web").joinpath("static", "ops.css").read_text(encoding="utf-8")
+    return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+

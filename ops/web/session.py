@@ -1,0 +1,82 @@
+"""The ops page's session: a signed cookie (HMAC-SHA256 with a server-side secret), HttpOnly
+and SameSite=Strict, holding who signed in (the key's name, role and id, never the key)
+and the CSRF token every form must carry back.
+
+A visitor who has not signed in gets a session too, with a CSRF token and no identity,
+so the sign-in form is protected like every other. Each request re-reads the key by
+its id, so a revoke ends the key's sessions at their next click.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from worker.keys import Identity, Role
+
+COOKIE = "evq_session"
+MAX_AGE = 8 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    csrf: str
+    expires: int
+    name: str | None = None
+    role: str | None = None
+    key_id: str | None = None
+
+    @property
+    def identity(self) -> Identity | None:
+        return Identity(self.name, Role(self.role)) if self.name and self.role else None
+
+    def csrf_ok(self, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(self.csrf.encode(), str(token).encode())
+
+
+class Sessions:
+    def __init__(self, secret: str | None, *, max_age: int = MAX_AGE):
+        # Unset: a secret of this process alone, so every session ends when it restarts.
+        raw = secret.encode() if secret else secrets.token_bytes(32)
+        self._key = hashlib.sha256(b"evq ops-page session v1\0" + raw).digest()
+        self.max_age = max_age
+
+    def new(self, *, identity: Identity | None = None, key_id: str | None = None) -> Session:
+        return Session(
+            csrf=secrets.token_urlsafe(32),
+            expires=int(time.time()) + self.max_age,
+            name=identity.name if identity else None,
+            role=str(identity.role) if identity else None,
+            key_id=key_id,
+        )
+
+    def dump(self, session: Session) -> str:
+        payload = json.dumps(
+            {"c": session.csrf, "e": session.expires, "n": session.name, "r": session.role, "k": session.key_id},
+            separators=(",", ":"),
+        ).encode()
+        body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+        return f"{body}.{self._sign(body)}"
+
+    def load(self, cookie: str | None) -> Session | None:
+        """The session in ``cookie`` if its signature holds and it has not expired."""
+        if not cookie or cookie.count(".") != 1 or len(cookie) > 4096:
+            return None
+        body, signature = cookie.split(".")
+        if not hmac.compare_digest(self._sign(body).encode(), signature.encode()):
+            return None
+        try:
+            data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            session = Session(csrf=data["c"], expires=int(data["e"]), name=data["n"], role=data["r"], key_id=data["k"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return session if session.expires > time.time() else None
+
+    def _sign(self, body: str) -> str:
+        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")

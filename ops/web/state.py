@@ -1,0 +1,27 @@
+"""What the routes of `evq serve` share, built once at startup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from ops.web.session import Sessions
+from worker.keys import Verified
+from worker.request import Policy
+from worker.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Any  # adapters.postgres.store.PostgresStore (ops.service.Store)
+    registry: CollectorRegistry
+    sessions: Sessions
+    read_stats: Any  # Callable[[], QueueStats] for the page's overview
+    verified: Verified = field(default_factory=Verified)
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy()

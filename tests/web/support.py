@@ -1,0 +1,86 @@
+"""`evq serve`'s app on a real loopback port (uvicorn in a thread), and an HTTP client for it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+
+from tests import contract
+from tests.support import free_port, wait_until
+from worker.settings import Settings
+
+# Route -> the command whose output schema (docs/cli-schema) its bodies follow.
+COMMAND_OF = {
+    ("POST", "/v1/steps"): "enqueue",
+    ("GET", "/v1/steps"): "steps.list",
+    ("GET", "/v1/steps/{id}"): "steps.show",
+    ("GET", "/v1/runs/{id}"): "runs.show",
+    ("POST", "/v1/steps/{id}/resolve"): "steps.resolve",
+    ("POST", "/v1/steps/resolve"): "steps.resolve",
+}
+
+
+class Served:
+    def __init__(self, server: uvicorn.Server, port: int):
+        self.server = server
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._clients: list[httpx.Client] = []
+
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+        """A client sending ``key`` as the bearer token; closed when the server stops."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client = httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+@contextmanager
+def serving(db_url: str, **settings: Any) -> Iterator[Served]:
+    """The real app (ops.wiring.serve_app) on 127.0.0.1, for as long as the block runs."""
+    from ops.wiring import serve_app
+
+    config_settings = Settings.load(env={}, database_url=db_url, log_format="json", **settings)
+    port = free_port()
+    config = uvicorn.Config(serve_app(config_settings, url=db_url), host="127.0.0.1", port=port, log_config=None,
+                            access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="evq-serve-test", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), timeout=30, what="evq serve to start")
+        assert server.started, "the server did not start (see the log)"
+        served = Served(server, port)
+        try:
+            yield served
+        finally:
+            served.close_clients()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def route_of(method: str, path: str) -> tuple[str, str]:
+    parts = path.split("?")[0].strip("/").split("/")
+    shape = "/" + "/".join("{id}" if i == 2 and p not in ("resolve",) else p for i, p in enumerate(parts))
+    return method, shape
+
+
+def checked(response: httpx.Response) -> dict[str, Any]:
+    """The body, checked against the contract: the wrapper, and its command's output schema."""
+    body = response.json()
+    assert response.headers["content-type"].startswith("application/json")
+    assert set(body) == {"status", "schema_version", "data" if body["status"] != "error" else "error", "meta"}
+    command = COMMAND_OF.get(route_of(response.request.method, response.request.url.path))
+    if command is not None:
+        contract.check(tuple(command.split(".")), body)
+    return body

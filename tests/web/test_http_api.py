@@ -1,0 +1,258 @@
+"""An agent with only HTTP: enqueue and follow a send; an operator closes it; every bad
+request a clear 4xx with the contract's error. The real app on a loopback port, driven
+by an HTTP client; every body is checked against its command's schema in docs/cli-schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from tests.acceptance.conftest import make_key
+from tests.support import request, rows, step_row, unknown_steps, with_store
+from tests.web.support import Served, checked, serving
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[Served]:
+    with serving(db_url, serve_max_body=64 * 1024) as served:
+        yield served
+
+
+@pytest.fixture
+def keys(db_url: str) -> dict[str, str]:
+    return {
+        "admin": make_key(db_url, "root", "admin", created_by=None),
+        "agent": make_key(db_url, "bot", "agent"),
+        "operator": make_key(db_url, "alice", "operator"),
+    }
+
+
+def make_unknown(db_url: str, n: int = 1, *, hours_ago: float = 1, **overrides) -> list:
+    at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **overrides))
+
+
+def test_an_agent_with_only_http_enqueues_once_and_follows_its_send(api, keys, db_url):
+    agent = api.client(keys["agent"])
+    sent = request(run_id="run-http", step_id="welcome")
+    first = agent.post("/v1/steps", json=sent)
+    assert first.status_code == 201
+    step = checked(first)["data"]
+    assert step["created"] is True and step["status"] == "pending"
+
+    again = agent.post("/v1/steps", json=sent)
+    assert again.status_code == 200 and checked(again)["data"] == {**step, "created": False}
+
+    changed = agent.post("/v1/steps", json={**sent, "subject": "something else"})
+    assert changed.status_code == 409
+    assert checked(changed)["error"]["code"] == "E_CONFLICT"
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+
+    shown = checked(agent.get(f"/v1/steps/{step['id']}"))["data"]
+    assert shown["step"]["message_id"] == step["message_id"] and "lease_token" not in shown["step"]
+    assert shown["decision"]["intent"] == sent["intent"]
+    trace = checked(agent.get("/v1/runs/run-http"))["data"]
+    assert [e["kind"] for e in trace["events"]] == ["decision", "enqueued"]
+    listed = agent.get("/v1/steps", params={"run_id": "run-http", "status": "pending"})
+    assert [s["id"] for s in checked(listed)["data"]] == [step["id"]]
+
+
+def test_many_requests_in_one_transaction_and_a_dry_run(api, keys, db_url):
+    agent = api.client(keys["agent"])
+    batch = [request(run_id="run-many"), request(run_id="run-many")]
+    planned = agent.post("/v1/steps", params={"dry_run": "true"}, json=batch)
+    assert planned.status_code == 200
+    assert [p["action"] for p in checked(planned)["data"]["plan"]] == ["create", "create"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+
+    made = agent.post("/v1/steps", json=batch)
+    assert made.status_code == 201
+    body = checked(made)
+    assert body["meta"]["count"] == 2 and body["meta"]["created"] == 2
+    # One bad request in a batch writes nothing.
+    bad = agent.post("/v1/steps", json=[request(run_id="run-many"), {**request(), "to": []}])
+    assert bad.status_code == 422 and checked(bad)["error"]["context"]["fields"][0]["field"].startswith("[1]")
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 2
+
+
+def test_list_filters_and_paging_as_the_cli(api, keys, db_url):
+    old = make_unknown(db_url, 2, hours_ago=3, run_id="run-a")
+    make_unknown(db_url, 1, hours_ago=0.1, run_id="run-b")
+    reader = api.client(keys["agent"])
+    page = checked(reader.get("/v1/steps", params={"status": "unknown", "older_than": "2h", "limit": 1}))
+    assert [s["id"] for s in page["data"]] == [old[0].id]
+    assert page["meta"] == {**page["meta"], "count": 1, "total": 2, "limit": 1, "offset": 0}
+    past_the_end = checked(reader.get("/v1/steps", params={"status": "unknown", "offset": 10}))
+    assert past_the_end["data"] == [] and past_the_end["meta"]["total"] == 3
+    both = checked(reader.get("/v1/steps", params=[("status", "unknown"), ("status", "pending")]))
+    assert both["meta"]["total"] == 3
+
+
+def test_keys_and_roles(api, keys, db_url):
+    [step] = make_unknown(db_url)
+    anonymous = api.client()
+    for method, path in (("GET", "/v1/steps"), ("GET", f"/v1/steps/{step.id}"), ("GET", "/v1/runs/run-1"),
+                         ("POST", "/v1/steps"), ("POST", f"/v1/steps/{step.id}/resolve")):
+        answer = anonymous.request(method, path, json={})
+        assert answer.status_code == 401, (method, path)
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+        assert checked(answer)["error"]["code"] == "E_AUTH_FAILED"
+    wrong = api.client("evq_000000000000_" + "x" * 43).get("/v1/steps")
+    assert wrong.status_code == 401 and "evq_000000000000" not in wrong.text
+    not_bearer = httpx.get(api.url + "/v1/steps", headers={"Authorization": f"Basic {keys['admin']}"})
+    assert not_bearer.status_code == 401
+
+    refused = api.client(keys["operator"]).post("/v1/steps", json=request())
+    assert refused.status_code == 403 and checked(refused)["error"]["code"] == "E_AUTH_FAILED"
+    close = {"as": "accepted", "note": "in the provider log"}
+    assert api.client(keys["agent"]).post(f"/v1/steps/{step.id}/resolve", json=close).status_code == 403
+    # A dry run is a read: any role.
+    preview = api.client(keys["agent"]).post(f"/v1/steps/{step.id}/resolve", json={**close, "dry_run": True})
+    assert preview.status_code == 200 and checked(preview)["data"]["dry_run"] is True
+    assert step_row(db_url, step.id)["status"] == "unknown"
+
+    with_store(db_url, lambda store: store.revoke_key("bot", actor="root"))
+    assert api.client(keys["agent"]).get("/v1/steps").status_code == 401
+
+
+def test_an_operator_closes_unknown_rows_with_an_audit_trail(api, keys, db_url):
+    one, *bulk = make_unknown(db_url, 4, hours_ago=2)
+    alice = api.client(keys["operator"])
+    closed = alice.post(f"/v1/steps/{one.id}/resolve", json={
+        "as": "accepted", "note": "found in the provider log", "reason": "found_in_provider_log",
+        "provider_message_id": "q-1", "evidence_url": "https://logs.example/q-1"})
+    assert closed.status_code == 200
+    result = checked(closed)["data"]["results"][0]
+    assert result["to_status"] == "accepted" and result["outcome"] == "succeeded"
+    [evidence] = rows(db_url, "SELECT * FROM evidence WHERE kind = 'operator_resolved'")
+    assert evidence["actor"] == "alice" and evidence["detail"]["note"] == "found in the provider log"
+
+    again = alice.post(f"/v1/steps/{one.id}/resolve", json={"as": "rejected", "note": "late"})
+    assert again.status_code == 409 and checked(again)["error"]["context"]["status"] == "accepted"
+    missing = alice.post("/v1/steps/999999/resolve", json={"as": "rejected", "note": "x"})
+    assert missing.status_code == 404 and checked(missing)["error"]["code"] == "E_NOT_FOUND"
+
+    preview = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage",
+                                                    "dry_run": True})
+    assert [s["id"] for s in checked(preview)["data"]["steps"]] == [s.id for s in bulk]
+    # Someone closes one of them between the preview and the close: a partial failure, shown per row.
+    with_store(db_url, lambda store: store.resolve(bulk[0].id, _resolution(), actor="bob", default_max_attempts=5))
+    done = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage",
+                                                 "older_than": "1h"})
+    body = checked(done)
+    assert done.status_code == 200 and body["status"] == "success"
+    assert body["data"]["succeeded"] == 2
+    assert {step_row(db_url, s.id)["status"] for s in bulk} == {"rejected"}
+
+
+def _resolution():
+    from worker.resolution import Resolution
+
+    return Resolution.parse("rejected", "bob was first")
+
+
+def test_resolve_errors_name_the_json_fields(api, keys, db_url):
+    [step] = make_unknown(db_url)
+    alice = api.client(keys["operator"])
+    bad = alice.post(f"/v1/steps/{step.id}/resolve", json={"as": "maybe", "note": " ", "evidence_url": "ftp://x"})
+    assert bad.status_code == 422
+    assert {f["field"] for f in checked(bad)["error"]["context"]["fields"]} == {"as"}
+    semantic = alice.post(f"/v1/steps/{step.id}/resolve", json={"as": "accepted", "note": " ", "evidence_url": "ftp://x"})
+    assert {f["field"] for f in checked(semantic)["error"]["context"]["fields"]} == {"note", "evidence_url"}
+    bulk_without_status = alice.post("/v1/steps/resolve", json={"as": "rejected", "note": "x"})
+    assert bulk_without_status.status_code == 422
+    assert checked(bulk_without_status)["error"]["context"]["fields"][0]["field"] == "id"
+    older = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "x", "older_than": "soon"})
+    assert checked(older)["error"]["context"]["fields"][0]["field"] == "older_than"
+    assert step_row(db_url, step.id)["status"] == "unknown"
+
+
+def _raw(api: Served, key: str, method: str, path: str, *, body: bytes | None = None, **headers: str) -> httpx.Response:
+    return httpx.request(method, api.url + path, content=body, headers={"Authorization": f"Bearer {key}", **headers},
+                         timeout=30)
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("what", "method", "path", "body", "headers", "status", "field"),
+    [
+        ("malformed JSON", "POST", "/v1/steps", b'{"run_id": ', JSON, 400, "$body"),
+        ("not UTF-8", "POST", "/v1/steps", b'{"run_id": "\xff"}', JSON, 400, "$body"),
+        ("NaN is not JSON", "POST", "/v1/steps", b'{"max_attempts": NaN}', JSON, 400, "$body"),
+        ("too deep", "POST", "/v1/steps", b"[" * 40 + b"]" * 40, JSON, 400, "$body"),
+        ("far too deep", "POST", "/v1/steps", b"[" * 5_000 + b"]" * 5_000, JSON, 400, "$body"),
+        ("wrong content type", "POST", "/v1/steps", b"run_id=x", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        ("no content type", "POST", "/v1/steps", b"{}", {}, 415, "Content-Type"),
+        ("too large", "POST", "/v1/steps", b'{"text": "' + b"x" * 70_000 + b'"}', JSON, 413, "$body"),
+        ("unknown field", "POST", "/v1/steps", json.dumps({**request(), "bogus": 1}).encode(), JSON, 422, "bogus"),
+        ("wrong type", "POST", "/v1/steps", json.dumps({**request(), "subject": 7}).encode(), JSON, 422, "subject"),
+        ("not an object", "POST", "/v1/steps", b'"hello"', JSON, 422, "$"),
+        ("empty batch", "POST", "/v1/steps", b"[]", JSON, 422, "$"),
+        ("unknown resolve field", "POST", "/v1/steps/1/resolve", b'{"as": "accepted", "note": "x", "actor": "me"}', JSON, 422, "actor"),
+        ("wrong resolve type", "POST", "/v1/steps/1/resolve", b'{"as": "accepted", "note": 5, "dry_run": "yes"}', JSON, 422, "note"),
+        ("bad dry_run", "POST", "/v1/steps?dry_run=perhaps", b"{}", JSON, 422, "dry_run"),
+        ("bad path id", "GET", "/v1/steps/abc", None, {}, 422, "step_id"),
+        ("negative path id", "GET", "/v1/steps/-1", None, {}, 422, "step_id"),
+        ("huge path id", "GET", "/v1/steps/99999999999999999999999", None, {}, 422, "step_id"),
+        ("unknown query parameter", "GET", "/v1/steps?statuss=unknown", None, {}, 422, "statuss"),
+        ("bad status", "GET", "/v1/steps?status=lost", None, {}, 422, "status.0"),
+        ("limit out of range", "GET", "/v1/steps?limit=0", None, {}, 422, "limit"),
+        ("NUL in the query", "GET", "/v1/steps?run_id=a%00b", None, {}, 400, "$path"),
+        ("NUL in the path", "GET", "/v1/runs/a%00b", None, {}, 400, "$path"),
+        ("bad duration", "GET", "/v1/steps?older_than=forever", None, {}, 422, "older_than"),
+        ("method not allowed", "DELETE", "/v1/steps", None, {}, 405, "$method"),
+    ],
+)
+def test_every_kind_of_bad_request_is_a_clear_4xx(api, keys, db_url, what, method, path, body, headers, status, field):
+    answer = _raw(api, keys["admin"], method, path, body=body, **headers)
+    assert answer.status_code == status, (what, answer.text[:500])
+    out = answer.json()
+    assert out["status"] == "error" and out["error"]["code"] == "E_INVALID_ARG", what
+    assert out["error"]["context"]["fields"][0]["field"] == field, (what, out)
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(api, keys):
+    def chunks() -> Iterator[bytes]:
+        yield b'{"text": "'
+        for _ in range(100):
+            yield b"x" * 1024
+        yield b'"}'
+
+    answer = httpx.post(api.url + "/v1/steps", content=chunks(), timeout=30,
+                        headers={"Authorization": f"Bearer {keys['admin']}", **JSON})
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "E_INVALID_ARG"
+
+
+def test_unknown_routes_and_reads_of_what_does_not_exist(api, keys):
+    client = api.client(keys["admin"])
+    assert client.get("/v2/steps").status_code == 404
+    assert client.get("/v1/steps/424242").json()["error"]["code"] == "E_NOT_FOUND"
+    assert client.get("/v1/runs/no-such-run").status_code == 404
+
+
+def test_healthz_metrics_and_openapi_need_no_key(api, keys, db_url):
+    make_unknown(db_url, 1, hours_ago=2)
+    assert httpx.get(api.url + "/healthz").text == "ok\n"
+    metrics = httpx.get(api.url + "/metrics").text
+    assert 'evq_steps{status="unknown"} 1.0' in metrics and "evq_collector_up 1.0" in metrics
+    doc = httpx.get(api.url + "/openapi.json").json()
+    assert set(doc["paths"]) == {"/v1/steps", "/v1/steps/{step_id}", "/v1/runs/{run_id}", "/v1/steps/{step_id}/resolve",
+                                 "/v1/steps/resolve"}
+    assert doc["paths"]["/v1/steps"]["post"]["security"] == [{"bearer": []}]
+    created = doc["paths"]["/v1/steps"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
+    assert created == {"$ref": "#/components/schemas/enqueue_response"}
+    body = doc["paths"]["/v1/steps"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["anyOf"][0]["additionalProperties"] is False
+
+
+def test_the_api_binds_loopback_by_default():
+    from worker.settings import Settings
+
+    assert Settings.load(env={}).serve_host == "127.0.0.1"

@@ -1,0 +1,155 @@
+"""An agent with only MCP: the SDK's in-process client against evq's MCPServer (and, once,
+`evq mcp` over real stdio): list the tools, check their schemas, send, read back, and
+get the contract's error codes for refused calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from adapters.postgres.store import PostgresStore
+from ops.mcpserver import build_server
+from ops.schemas import command_input, request_schema
+from tests import contract
+from tests.acceptance.conftest import make_key
+from tests.support import request, rows, step_row, unknown_steps
+from worker.settings import Settings
+
+
+async def key(db_url: str, name: str, role: str, *, created_by: str | None) -> str:
+    return await asyncio.to_thread(make_key, db_url, name, role, created_by=created_by)
+
+
+@asynccontextmanager
+async def client(db_url: str, key: str | None, **settings: Any) -> AsyncIterator[Client]:
+    store = await PostgresStore.open(db_url, max_size=2)
+    try:
+        server = build_server(store, Settings.load(env={}, database_url=db_url, **settings), key)
+        async with Client(server) as connected:
+            yield connected
+    finally:
+        await store.close()
+
+
+async def call(client: Client, tool: str, arguments: dict[str, Any], command: str) -> dict[str, Any]:
+    """The tool's result: the contract's wrapper (also the text content), checked against the command's schema."""
+    import json
+
+    result = await client.call_tool(tool, arguments)
+    body = result.structured_content
+    assert body is not None and json.loads(result.content[0].text) == body
+    assert result.is_error == (body["status"] == "error")
+    contract.check(tuple(command.split(".")), body)
+    return body
+
+
+async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
+    async with client(db_url, None) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+    assert set(tools) == {"evq_email_send", "evq_steps_get", "evq_steps_list", "evq_runs_get"}
+    send = tools["evq_email_send"].input_schema
+    assert {k: v for k, v in send["properties"].items() if k != "dry_run"} == request_schema()["properties"]
+    assert send["additionalProperties"] is False and "api_key" not in send["properties"]
+    assert tools["evq_steps_list"].input_schema == command_input("steps.list")
+    listed = tools["evq_steps_list"].input_schema["properties"]
+    assert listed["limit"]["maximum"] == 1000 and listed["older_than"]["description"].startswith("Only rows older")
+    assert tools["evq_runs_get"].input_schema["required"] == ["run_id"]
+    assert tools["evq_steps_get"].input_schema["properties"] == {"id": {"type": "integer"}}
+    assert tools["evq_steps_get"].annotations.read_only_hint is True
+    assert tools["evq_email_send"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
+
+
+async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    sent = request(run_id="run-mcp", step_id="hello")
+    async with client(db_url, agent) as c:
+        first = await call(c, "evq_email_send", sent, "enqueue")
+        assert first["status"] == "success" and first["data"]["created"] is True
+        again = await call(c, "evq_email_send", sent, "enqueue")
+        assert again["data"] == {**first["data"], "created": False}
+        step_id = first["data"]["id"]
+        shown = await call(c, "evq_steps_get", {"id": step_id}, "steps.show")
+        assert shown["data"]["step"]["status"] == "pending" and shown["data"]["decision"]["intent"] == sent["intent"]
+        trace = await call(c, "evq_runs_get", {"run_id": "run-mcp"}, "runs.show")
+        assert [e["kind"] for e in trace["data"]["events"]] == ["decision", "enqueued"]
+        listed = await call(c, "evq_steps_list", {"run_id": "run-mcp"}, "steps.list")
+        assert [s["id"] for s in listed["data"]] == [step_id] and listed["meta"]["total"] == 1
+        planned = await call(c, "evq_email_send", {**request(run_id="run-mcp"), "dry_run": True}, "enqueue")
+        assert planned["data"]["plan"][0]["action"] == "create"
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "code", "field"),
+    [
+        ("evq_email_send", {**request(), "subject": "two\nlines"}, "E_INVALID_ARG", "subject"),
+        ("evq_email_send", {**request(), "api_key": "evq_x"}, "E_INVALID_ARG", "api_key"),
+        ("evq_email_send", {**request(), "dry_run": "yes"}, "E_INVALID_ARG", "dry_run"),
+        ("evq_steps_get", {"id": "seven"}, "E_INVALID_ARG", "id"),
+        ("evq_steps_get", {}, "E_INVALID_ARG", "id"),
+        ("evq_steps_list", {"status": ["lost"], "limit": 5000}, "E_INVALID_ARG", "status"),
+        ("evq_steps_list", {"older_than": "soon"}, "E_INVALID_ARG", "older_than"),
+        ("evq_steps_get", {"id": 4242}, "E_NOT_FOUND", None),
+        ("evq_runs_get", {"run_id": "nope"}, "E_NOT_FOUND", None),
+    ],
+)
+async def test_a_refused_call_is_an_error_result_with_the_contract_code(db_url, tool, arguments, code, field):
+    admin = await key(db_url, "root", "admin", created_by=None)
+    command = {"evq_email_send": "enqueue", "evq_steps_get": "steps.show", "evq_steps_list": "steps.list",
+               "evq_runs_get": "runs.show"}[tool]
+    async with client(db_url, admin) as c:
+        body = await call(c, tool, arguments, command)
+    assert body["status"] == "error" and body["error"]["code"] == code
+    if field:
+        assert body["error"]["context"]["fields"][0]["field"] == field
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+
+
+async def test_the_key_comes_from_the_server_and_its_role_counts(db_url):
+    operator = await key(db_url, "alice", "operator", created_by=None)
+    async with client(db_url, None) as c:
+        missing = await call(c, "evq_steps_list", {}, "steps.list")
+        assert missing["error"]["code"] == "E_AUTH_FAILED" and "EVQ_API_KEY" in missing["error"]["hint"]
+    async with client(db_url, operator) as c:
+        assert (await call(c, "evq_steps_list", {}, "steps.list"))["status"] == "success"
+        refused = await call(c, "evq_email_send", request(), "enqueue")
+        assert refused["error"]["code"] == "E_AUTH_FAILED"
+    async with client(db_url, operator + "x") as c:
+        assert (await call(c, "evq_steps_list", {}, "steps.list"))["error"]["code"] == "E_AUTH_FAILED"
+
+
+async def test_resolving_is_offered_only_when_configured_and_dry_runs_by_default(db_url, store):
+    [step] = await unknown_steps(store)
+    operator = await key(db_url, "alice", "operator", created_by=None)
+    async with client(db_url, operator) as c:
+        assert "evq_steps_resolve" not in {t.name for t in (await c.list_tools()).tools}
+    async with client(db_url, operator, mcp_resolve=True) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert tools["evq_steps_resolve"].input_schema["properties"]["dry_run"]["default"] is True
+        close = {"id": step.id, "as": "accepted", "note": "in the provider log"}
+        preview = await call(c, "evq_steps_resolve", close, "steps.resolve")
+        assert preview["data"]["dry_run"] is True and step_row(db_url, step.id)["status"] == "unknown"
+        done = await call(c, "evq_steps_resolve", {**close, "dry_run": False}, "steps.resolve")
+        assert done["data"]["results"][0]["to_status"] == "accepted"
+        conflict = await call(c, "evq_steps_resolve", {**close, "dry_run": False}, "steps.resolve")
+        assert conflict["error"]["code"] == "E_CONFLICT"
+    assert rows(db_url, "SELECT actor FROM evidence WHERE kind = 'operator_resolved'") == [{"actor": "alice"}]
+
+
+async def test_evq_mcp_over_stdio(db_url):
+    """The real command, as an MCP client starts it: stdout carries only the protocol."""
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": agent, "EVQ_LOG_FORMAT": "json"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ops.cli", "mcp"], env=env)
+    async with Client(params) as c:
+        assert "evq_email_send" in {t.name for t in (await c.list_tools()).tools}
+        sent = await call(c, "evq_email_send", request(run_id="run-stdio"), "enqueue")
+        shown = await call(c, "evq_steps_get", {"id": sent["data"]["id"]}, "steps.show")
+    assert shown["data"]["step"]["run_id"] == "run-stdio"

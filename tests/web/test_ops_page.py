@@ -1,0 +1,269 @@
+"""An operator with only a browser: sign in, filter unknown rows, open a trace, close a
+row (it leaves the list; evidence records who and why), see a conflict, bulk close after a
+preview; attacker-controlled text stays text. Real headless Chromium (Debian's chromium +
+chromium-driver, through Selenium) against the real `evq serve` in a subprocess.
+Screenshots of every page go to test-artifacts/ops-page/."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.acceptance.conftest import make_key
+from tests.support import free_port, require_binary, rows, step_row, unknown_steps, wait_until, with_store
+from worker.resolution import Resolution
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
+XSS = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>Invoice"
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[str]:
+    """`evq serve` on a free loopback port, until the test ends."""
+    port = free_port()
+    env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json"}
+    env.pop("EVQ_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"evq serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, timeout=30, what="evq serve")
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    chromium = require_binary("chromium", "chromium")
+    driver_path = require_binary("chromedriver", "chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(30)
+    # A click that navigates may return before the next page is there: look for its elements a while.
+    driver.implicitly_wait(10)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
+    at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **request))
+
+
+def absent(driver, by: str, selector: str) -> bool:
+    """Nothing matches, asked once (the implicit wait is for what should appear)."""
+    driver.implicitly_wait(0)
+    try:
+        return not driver.find_elements(by, selector)
+    finally:
+        driver.implicitly_wait(10)
+
+
+def shot(driver, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def sign_in(driver, url: str, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(url + "/ops")
+    assert driver.current_url.endswith("/ops/login")
+    driver.find_element(By.ID, "key").send_keys(key)
+    click_and_load(driver, driver.find_element(By.ID, "sign-in"))
+
+
+def fill_verdict(form, verdict: str, note: str, **extra: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(form.find_element(By.NAME, "verdict")).select_by_value(verdict)
+    form.find_element(By.NAME, "note").send_keys(note)
+    for name, value in extra.items():
+        form.find_element(By.NAME, name).send_keys(value)
+
+
+
+def click_and_load(driver, element) -> None:
+    """Click something that loads a new page, and wait until it has: reading the page right
+    after a click may otherwise still see the old one (a slow, loaded machine makes that likely)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+
+def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail(server, browser, db_url):
+    from selenium.webdriver.common.by import By
+
+    [invoice] = unknown(db_url, hours_ago=3, run_id="run-x", subject=XSS, to=["Bob <bob@victim.example>"])
+    [other] = unknown(db_url, hours_ago=2, run_id="run-y")
+    bulk = unknown(db_url, 2, hours_ago=1, run_id="run-z")
+    alice = make_key(db_url, "alice", "operator")
+    driver = browser
+
+    driver.get(server + "/ops")
+    shot(driver, "01-sign-in")
+    sign_in(driver, server, alice)
+    assert driver.find_element(By.ID, "who").text.startswith("alice (operator")
+    counts = driver.find_element(By.ID, "counts").text
+    assert "unknown" in counts and "4" in counts.split()
+    assert f"step {invoice.id}" in driver.find_element(By.ID, "oldest-unknown").text
+    shot(driver, "02-overview")
+
+    driver.get(server + "/ops/unknown")
+    table = driver.find_element(By.ID, "unknown-rows")
+    assert [r.get_attribute("data-step") for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")] == [
+        str(s.id) for s in (invoice, other, *bulk)]
+    row = table.find_element(By.CSS_SELECTOR, f'tr[data-step="{invoice.id}"]')
+    # Attacker-controlled text is shown as text: no script ran, no element was made of it.
+    assert XSS in row.find_element(By.CSS_SELECTOR, "td.subject").text
+    assert driver.title == "Unknown rows · evq" and absent(driver, By.CSS_SELECTOR, "td.subject img")
+    # Recipients show only their domain until expanded.
+    assert "…@victim.example" in row.text and "bob@" not in row.text
+    shot(driver, "03-unknown-rows")
+
+    form = driver.find_element(By.ID, "filters")
+    form.find_element(By.NAME, "run_id").send_keys("run-x")
+    form.find_element(By.NAME, "expand").click()
+    click_and_load(driver, driver.find_element(By.ID, "apply-filters"))
+    assert "run_id=run-x" in driver.current_url and "expand=1" in driver.current_url  # a view can be shared
+    rows_shown = driver.find_elements(By.CSS_SELECTOR, "#unknown-rows tbody tr[data-step]")
+    assert [r.get_attribute("data-step") for r in rows_shown] == [str(invoice.id)]
+    assert "bob@victim.example" in rows_shown[0].text
+    shot(driver, "04-filtered")
+
+    click_and_load(driver, rows_shown[0].find_element(By.LINK_TEXT, "run-x"))
+    trace = driver.find_element(By.ID, "trace").text
+    for kind in ("decision", "enqueued", "attempt_started", "provider_response"):
+        assert kind in trace
+    shot(driver, "05-trace")
+
+    driver.back()
+    click_and_load(driver, driver.find_element(By.LINK_TEXT, str(invoice.id)))
+    assert driver.find_element(By.ID, "subject").text == XSS and driver.title.startswith(f"Step {invoice.id}")
+    shot(driver, "06-step")
+    form = driver.find_element(By.ID, "close-form")
+    fill_verdict(form, "accepted", "found in the provider log", reason="found_in_provider_log",
+                 evidence_url="https://logs.example/q-1")
+    click_and_load(driver, driver.find_element(By.ID, "close"))
+    assert "run_id=run-x" in driver.current_url and f"closed={invoice.id}" in driver.current_url
+    assert driver.find_element(By.ID, "none").text == "No unknown rows match."
+    shot(driver, "07-closed-and-gone")
+    [evidence] = rows(db_url, "SELECT * FROM evidence WHERE kind = 'operator_resolved'")
+    assert evidence["step_id"] == invoice.id and evidence["actor"] == "alice"
+    assert evidence["detail"]["note"] == "found in the provider log"
+    assert evidence["detail"]["reference"]["evidence_url"] == "https://logs.example/q-1"
+    assert evidence["reason"] == "found_in_provider_log"
+    assert step_row(db_url, invoice.id)["status"] == "accepted"
+
+    # Someone else closes a row while it is open here: the conflict is shown, not swallowed.
+    driver.get(server + f"/ops/steps/{other.id}")
+    with_store(db_url, lambda store: store.resolve(other.id, Resolution.parse("rejected", "bob was first"),
+                                                   actor="bob", default_max_attempts=5))
+    fill_verdict(driver.find_element(By.ID, "close-form"), "accepted", "mine")
+    click_and_load(driver, driver.find_element(By.ID, "close"))
+    error = driver.find_element(By.ID, "error").text
+    assert "E_CONFLICT" in error and "rejected, not unknown" in error
+    assert driver.find_element(By.ID, "status").text == "rejected"
+    shot(driver, "08-conflict")
+
+    driver.get(server + "/ops/unknown?run_id=run-z")
+    form = driver.find_element(By.ID, "bulk-form")
+    fill_verdict(form, "rejected", "provider outage, resent by hand")
+    click_and_load(driver, driver.find_element(By.ID, "bulk-preview"))
+    assert re.search(r"^2 unknown rows would become rejected", driver.find_element(By.ID, "preview-count").text)
+    assert {step_row(db_url, s.id)["status"] for s in bulk} == {"unknown"}  # a preview changes nothing
+    shot(driver, "09-bulk-preview")
+    click_and_load(driver, driver.find_element(By.ID, "bulk-confirm"))
+    results = driver.find_element(By.ID, "bulk-results")
+    assert driver.find_element(By.TAG_NAME, "h1").text == "Bulk close: 2 closed, 0 failed"
+    assert results.text.count("unknown → rejected") == 2
+    shot(driver, "10-bulk-done")
+    assert {step_row(db_url, s.id)["status"] for s in bulk} == {"rejected"}
+    assert len(rows(db_url, "SELECT 1 FROM evidence WHERE kind = 'operator_resolved' AND actor = 'alice'")) == 3
+
+
+def test_an_agent_key_may_look_but_not_close(server, browser, db_url):
+    from selenium.webdriver.common.by import By
+
+    [step] = unknown(db_url, hours_ago=1)
+    sign_in(browser, server, make_key(db_url, "bot", "agent"))
+    assert "read only" in browser.find_element(By.ID, "who").text
+    browser.get(server + f"/ops/steps/{step.id}")
+    assert absent(browser, By.ID, "close-form")
+    assert "may only read" in browser.find_element(By.TAG_NAME, "main").text
+    shot(browser, "11-agent-read-only")
+
+
+def _csrf(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match
+    return match[1]
+
+
+def test_session_cookie_csrf_and_revocation(server, db_url):
+    [step] = unknown(db_url, hours_ago=1)
+    alice = make_key(db_url, "alice", "operator")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        login = web.get("/ops/login")
+        assert "default-src 'none'" in login.headers["content-security-policy"]
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict") and "Path=/ops" in cookie
+
+        wrong = web.post("/ops/login", data={"csrf": _csrf(login.text), "key": alice + "x"})
+        assert wrong.status_code == 401 and "E_AUTH_FAILED" in wrong.text and alice not in wrong.text
+        no_csrf = web.post("/ops/login", data={"key": alice})
+        assert no_csrf.status_code == 403
+        signed = web.post("/ops/login", data={"csrf": _csrf(web.get("/ops/login").text), "key": alice})
+        assert signed.status_code == 303 and signed.headers["location"] == "/ops"
+
+        page = web.get(f"/ops/steps/{step.id}")
+        token = _csrf(page.text)
+        forged = web.post(f"/ops/steps/{step.id}/close", data={"verdict": "accepted", "note": "x", "csrf": "forged"})
+        assert forged.status_code == 403 and step_row(db_url, step.id)["status"] == "unknown"
+        no_note = web.post(f"/ops/steps/{step.id}/close", data={"verdict": "accepted", "note": " ", "csrf": token})
+        assert no_note.status_code == 422 and "note" in no_note.text
+        assert step_row(db_url, step.id)["status"] == "unknown"
+
+        with_store(db_url, lambda store: store.revoke_key("alice", actor="test-admin"))
+        after = web.get("/ops/unknown")
+        assert after.status_code == 303 and after.headers["location"] == "/ops/login?ended=revoked"
+        tampered = web.cookies.get("evq_session", path="/ops")
+        assert tampered
+    # A cookie that is not ours is no session.
+    with httpx.Client(base_url=server, timeout=30, cookies={"evq_session": "e30.AAAA"}) as other:
+        assert other.get("/ops").status_code == 303
