@@ -111,6 +111,28 @@ async def test_ages_are_exact_against_a_fixed_clock_and_bucket_bounds_are_inclus
     assert stats.pending_oldest_age == 42 and due.id
 
 
+async def test_queue_lag_ignores_rows_waiting_for_their_backoff_or_their_schedule(store, db_url):
+    """A healthy retry (enqueued long ago, backing off) and a send scheduled for later are not lag:
+    only rows claimable now count, from the moment they became due."""
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    backing_off = await store.enqueue(valid(), now=now - timedelta(hours=5))
+    execute(
+        db_url,
+        "UPDATE email_steps SET status = 'retryable', attempts = 2, first_attempt_at = %s, updated_at = %s, "
+        "next_attempt_at = %s WHERE id = %s",
+        (now - timedelta(hours=5), now - timedelta(minutes=1), now + timedelta(minutes=14), backing_off.id),
+    )
+    await store.enqueue(valid(), now=now + timedelta(hours=1))  # scheduled: due in an hour
+    reader = QueueStatsReader(db_url)
+    try:
+        assert reader.read(UNKNOWN_AGE_BUCKETS, now=now).pending_oldest_age == 0
+        # Its backoff over, the retry is claimable and its wait counts from when it became due.
+        later = now + timedelta(minutes=14, seconds=30)
+        assert reader.read(UNKNOWN_AGE_BUCKETS, now=later).pending_oldest_age == 30
+    finally:
+        reader.close()
+
+
 def test_a_locked_table_costs_one_failed_scrape_bounded_by_the_statement_timeout(db_url):
     reader = QueueStatsReader(db_url, timeout=0.2)
     collector = QueueCollector(reader.read)
