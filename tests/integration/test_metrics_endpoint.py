@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import socket
@@ -19,11 +20,22 @@ from adapters.postgres.store import PostgresStore
 from ops import collector_bench
 from ops.metrics import QueueCollector, render
 from ops.wiring import metrics_endpoint
-from tests.support import ScriptedProvider, execute, free_port, sample, scrape, valid
-from worker.errors import ConfigError, DatabaseUnavailable
+from tests.support import (
+    ScriptedProvider,
+    evidence_kinds,
+    execute,
+    free_port,
+    sample,
+    scrape,
+    step_row,
+    unknown_steps,
+    valid,
+)
+from worker.errors import ConfigError, DatabaseUnavailable, StateConflict
 from worker.metrics import UNKNOWN_AGE_BUCKETS
 from worker.outcomes import Retryable, Unknown
 from worker.rescuer import Rescuer, RescuerConfig
+from worker.resolution import Resolution
 from worker.runner import Worker
 from worker.settings import Settings
 
@@ -285,3 +297,42 @@ async def test_rescues_are_counted_by_the_state_they_lead_to(store, db_url):
     counts = await Rescuer(store, RescuerConfig(lease_seconds=30)).run_once()
     assert counts.unknown == 1
     assert _value("evq_rescued_total", to="unknown") == before + 1
+
+
+async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settlement(store, db_url):
+    step = await store.enqueue(valid())
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)  # the send hangs until the gate opens
+    worker = Worker(store, {"smtp": provider}, WORKER)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        while provider.in_send < 1:
+            await asyncio.sleep(0.01)
+        # Meanwhile its lease runs out and a rescuer makes the row unknown.
+        past_lease = datetime.now(timezone.utc) + timedelta(seconds=WORKER.lease_seconds + 1)
+        rescued = await store.rescue(limit=10, lease_seconds=WORKER.lease_seconds, default_max_attempts=5,
+                                     actor="rescuer", now=past_lease)
+        assert rescued.unknown == 1
+        fenced, settled = _value("evq_fence_rejections_total"), _value("evq_late_settlements_total")
+        gate.set()  # the zombie's answer (accepted) arrives after its lease was lost
+        while "late_response" not in evidence_kinds(db_url, step.id):
+            await asyncio.sleep(0.01)
+    finally:
+        gate.set()
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+    assert _value("evq_fence_rejections_total") == fenced + 1
+    assert _value("evq_late_settlements_total") == settled + 1  # definite, and no later attempt: it closed the row
+    assert step_row(db_url, step.id)["reason"] == "late_answer"
+
+
+async def test_operators_verdicts_are_counted_by_verdict(store, db_url):
+    steps = await unknown_steps(store, 3)
+    before = {v: _value("evq_resolutions_total", **{"as": v}) for v in ("accepted", "rejected", "retry")}
+    for step, verdict in zip(steps, ("accepted", "rejected", "retry")):
+        await store.resolve(step.id, Resolution.parse(verdict, "checked"), actor="alice", default_max_attempts=3)
+    with pytest.raises(StateConflict):  # refused: counts nothing
+        await store.resolve(steps[0].id, Resolution.parse("rejected", "again"), actor="bob", default_max_attempts=3)
+    assert {v: _value("evq_resolutions_total", **{"as": v}) - before[v] for v in before} == {
+        "accepted": 1, "rejected": 1, "retry": 1
+    }
