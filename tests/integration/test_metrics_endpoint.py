@@ -38,6 +38,7 @@ from worker.rescuer import Rescuer, RescuerConfig
 from worker.resolution import Resolution
 from worker.runner import Worker
 from worker.settings import Settings
+from worker.states import Status
 
 WORKER = Settings(
     adapter=("smtp",), concurrency=5, batch_size=5, lease_seconds=30, poll_interval=0.05,
@@ -336,3 +337,15 @@ async def test_operators_verdicts_are_counted_by_verdict(store, db_url):
     assert {v: _value("evq_resolutions_total", **{"as": v}) - before[v] for v in before} == {
         "accepted": 1, "rejected": 1, "retry": 1
     }
+
+
+def test_an_empty_queue_reports_every_status_at_zero(db_url):
+    """Every status is a series from the first scrape (0, not absent), and 'none' ages are 0."""
+    with metrics_endpoint(Settings(metrics_port=0), db_url) as server:
+        page = scrape(f"http://127.0.0.1:{server.port}/metrics")
+    assert {s: sample(page, "evq_steps", status=s) for s in Status} == {str(s): 0 for s in Status}
+    for name in ("evq_unknown_oldest_age_seconds", "evq_pending_oldest_age_seconds", "evq_in_flight_expired",
+                 "evq_unknown_age_seconds_gcount"):
+        assert sample(page, name) == 0, name
+    assert sample(page, "evq_unknown_age_seconds_bucket", le="604800.0") == 0
+    assert sample(page, "evq_collector_up") == 1
