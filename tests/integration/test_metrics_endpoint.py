@@ -256,6 +256,7 @@ async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
         "accepted": _value("evq_send_attempts_total", provider="smtp", outcome="accepted"),
         "retryable": _value("evq_send_attempts_total", provider="smtp", outcome="retryable"),
         "unknown": _value("evq_send_attempts_total", provider="smtp", outcome="unknown"),
+        "timed": _value("evq_send_duration_seconds_count", provider="smtp", outcome="accepted"),
         "closed": _value("evq_action_to_evidence_seconds_count"),
         "closed_within_15m": _value("evq_action_to_evidence_seconds_bucket", le="900.0"),
         "closed_within_4h": _value("evq_action_to_evidence_seconds_bucket", le="14400.0"),
@@ -274,6 +275,7 @@ async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
     assert _value("evq_send_attempts_total", provider="smtp", outcome="accepted") == before["accepted"] + 2
     assert _value("evq_send_attempts_total", provider="smtp", outcome="retryable") == before["retryable"] + 1
     assert _value("evq_send_attempts_total", provider="smtp", outcome="unknown") == before["unknown"] + 1
+    assert _value("evq_send_duration_seconds_count", provider="smtp", outcome="accepted") == before["timed"] + 2
     # Two steps closed (ok, flaky) about an hour after their enqueue; the unknown one did not close.
     assert _value("evq_action_to_evidence_seconds_count") == before["closed"] + 2
     assert _value("evq_action_to_evidence_seconds_bucket", le="900.0") == before["closed_within_15m"]
