@@ -112,6 +112,17 @@ def test_validation_errors_are_counted_by_field():
     assert REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "to"}) == before + 1
 
 
+def test_a_callers_unknown_field_names_never_become_label_values():
+    """Field names an outside caller makes up are counted under one fixed reason."""
+    made_up = {f"x-{i}-user@example.com": 1 for i in range(3)}
+    before = REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "unknown_field"}) or 0
+    with pytest.raises(InvalidRequest):
+        validate(request(**made_up), POLICY)
+    assert REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "unknown_field"}) == before + 1
+    reasons = {s.labels["reason"] for f in REGISTRY.collect() if f.name == "evq_validation_errors" for s in f.samples}
+    assert "unknown_field" in reasons and not any(name in reasons for name in made_up)
+
+
 def test_decision_time_after_enqueue_is_clock_skew_counted_as_zero():
     enqueued = datetime(2026, 1, 1, tzinfo=timezone.utc)
     count = REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_count")
