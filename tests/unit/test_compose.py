@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from pathlib import Path
 
 import yaml
+from jsonschema import Draft201909Validator
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Compose Specification's JSON Schema as docker-compose 1.29.2 ships it
+# (compose/config/compose_spec.json in its wheel, Apache License 2.0), kept beside this test.
+COMPOSE_SPEC = json.loads((Path(__file__).with_name("compose_spec.json")).read_text())
+
+
+def test_compose_file_follows_the_compose_specification():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    validator = Draft201909Validator(COMPOSE_SPEC)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert errors == []
+    # The schema is strict enough to catch a misspelt key or condition.
+    typo = copy.deepcopy(compose)
+    typo["services"]["worker"]["depends_on"]["migrate"]["condition"] = "service_finished"
+    typo["services"]["grafana"]["volume"] = typo["services"]["grafana"].pop("volumes")
+    assert len(list(validator.iter_errors(typo))) == 2
 
 
 def test_compose_orders_postgres_migrate_worker():
