@@ -23,8 +23,8 @@ disable_created_metrics()
 OUTCOMES = ("accepted", "rejected", "retryable", "unknown")
 RESCUED_TO = ("unknown", "retryable")
 # What the reconciler (issue 4) learned about an unknown row: the provider has it
-# (accepted) or refused it (rejected), says it has no such message (not_found: the
-# row stays unknown, absence is not proof), or could not be asked (error).
+# (accepted), says it has no such message (not_found: the row stays unknown, absence
+# is not proof), or could not be asked (error). A lookup never proves a refusal.
 RECONCILE_RESULTS = ("accepted", "not_found", "error")
 # An operator's verdict on an unknown row (`evq steps resolve --as`).
 RESOLUTIONS_AS = ("accepted", "rejected", "retry")

@@ -17,12 +17,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.request import MAX_SUBJECT, RESERVED_PREFIX, Decision, Policy, ValidRequest, parse, payload_digest
+from worker.request import (
+    MAX_SUBJECT,
+    NOTICE_LOCAL_PART,
+    RESERVED_PREFIX,
+    Decision,
+    Policy,
+    ValidRequest,
+    parse,
+    payload_digest,
+)
 from worker.states import Reason, Status
 
-# Used with the failed step's sender domain when EVQ_NOTICE_FROM is unset: the
-# provider already sends for that domain, so the notice can go out through it.
-NOTICE_LOCAL_PART = "evq-notices"
+# NOTICE_LOCAL_PART is used with the failed step's sender domain when EVQ_NOTICE_FROM is
+# unset: the provider already sends for that domain, so the notice can go out through it.
 SUBJECT_PREFIX = {Status.REJECTED: "[delivery failed]", Status.UNKNOWN: "[delivery uncertain]"}
 
 
@@ -80,7 +88,8 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         # References threads the notice under the message it is about.
         "headers": {"Auto-Submitted": "auto-generated", "References": original["message_id"]},
     }
-    checked = parse(request, Policy(providers=(provider,), default_provider=provider))
+    # evq itself is the one sender allowed to use the reserved address.
+    checked = parse(request, Policy(providers=(provider,), default_provider=provider, reserved_senders=()))
     payload_json, digest = payload_digest(checked.payload)
     return ValidRequest(
         run_id=original["run_id"],

@@ -67,6 +67,8 @@ ALLOWED_HEADERS = {
 MAX_IDENTIFIER = 200
 # Step ids and idempotency keys evq writes for its own steps start with this.
 RESERVED_PREFIX = "evq:"
+# The local part failure notices are sent from unless EVQ_NOTICE_FROM says otherwise.
+NOTICE_LOCAL_PART = "evq-notices"
 MAX_SUBJECT = 998  # RFC 5322 line limit
 MAX_HEADER_VALUE = 998
 MAX_NAME = 200
@@ -96,8 +98,10 @@ class Policy:
     default_provider: str = "smtp"
     providers: tuple[str, ...] = ("smtp",)
     # Addresses only evq itself may send from (failure notices); outside callers are refused.
-    # An entry ending in "@" reserves that local part at every domain.
-    reserved_senders: tuple[str, ...] = ()
+    # An entry ending in "@" reserves that local part at every domain. The default reserves
+    # the default notice sender, so a caller of the Python API that passes no policy cannot
+    # send as evq either; Settings.policy() reserves the configured one (EVQ_NOTICE_FROM).
+    reserved_senders: tuple[str, ...] = (NOTICE_LOCAL_PART + "@",)
 
 
 @dataclass(frozen=True, slots=True)

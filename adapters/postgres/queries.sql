@@ -490,7 +490,7 @@ RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider
 -- name: step_reconcile_found
 -- The provider has the message: the row, if still unknown (an operator may have
 -- closed it meanwhile), is closed as accepted with the provider's id and the lookup
--- as evidence.
+-- as evidence. Returns the closed row's created_at and closed_at (none if not closed).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), closed AS (
@@ -506,7 +506,7 @@ WITH t AS (
         updated_at = t.now
     FROM t
     WHERE s.id = %(id)s AND s.status = 'unknown'
-    RETURNING s.id, s.run_id, s.attempts, t.now AS at
+    RETURNING s.id, s.run_id, s.attempts, s.created_at, t.now AS at
 ), ev AS (
     INSERT INTO evidence (
         step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
@@ -516,7 +516,7 @@ WITH t AS (
            %(provider_message_id)s, %(detail)s::jsonb, c.at
     FROM closed c
 )
-SELECT count(*)::int AS n FROM closed;
+SELECT created_at, at AS closed_at FROM closed;
 
 
 -- name: step_reconcile_absent

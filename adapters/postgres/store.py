@@ -321,7 +321,9 @@ class PostgresStore:
                 "actor": actor,
             },
         )
-        return bool(rows[0]["n"])
+        for row in rows:
+            metrics.observe_closed(row["created_at"], row["closed_at"])
+        return bool(rows)
 
     async def reconcile_absent(
         self,

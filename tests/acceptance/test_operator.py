@@ -14,7 +14,7 @@ import psycopg
 
 from adapters.postgres.queries import Q
 from tests.acceptance.conftest import Evq, make_key, smtp_env
-from tests.support import rows, step_row, unknown_steps, wait_for_lock_waiters, with_store
+from tests.support import execute, rows, step_row, unknown_steps, wait_for_lock_waiters, with_store
 
 
 def make_unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
@@ -218,3 +218,31 @@ def test_bad_resolve_arguments_are_refused_before_anything(db_url):
     assert alice.json("steps", "resolve", str(step.id), "--as", "maybe", "--note", "n", expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert alice.json("steps", "resolve", "999999", "--as", "rejected", "--note", "n", expect=1)["error"]["code"] == "E_NOT_FOUND"
     assert operator_evidence(db_url) == [] and step_row(db_url, step.id)["status"] == "unknown"
+
+
+def test_a_send_closed_as_rejected_tells_the_notify_address_named_at_enqueue(evq: Evq, db_url):
+    """`--notify` at enqueue, an operator's `--as rejected`: one failure notice, in the verdict's
+    transaction; `--as accepted` sends none, and a repeated verdict (refused) adds none."""
+    made = {
+        name: evq.json("enqueue", "--run-id", "run-n", "--step-id", name, "--to", "carol@example.com",
+                       "--from", "agent@example.org", "--subject", f"About {name}", "--text", "Hi",
+                       "--notify", "agent-inbox@example.org")["data"]
+        for name in ("bounced", "delivered")
+    }
+    for step in made.values():  # the worker's ambiguous answer, written directly (the tests' privilege)
+        execute(db_url, "UPDATE email_steps SET status = 'unknown', reason = 'ambiguous_response', attempts = 1, "
+                        "first_attempt_at = now(), unknown_since = now() WHERE id = %s", (step["id"],))
+    bounced, delivered = made["bounced"]["id"], made["delivered"]["id"]
+    evq.json("steps", "resolve", str(bounced), "--as", "rejected", "--note", "bounced per the relay log")
+    evq.json("steps", "resolve", str(delivered), "--as", "accepted", "--note", "in the relay log")
+    again = evq.json("steps", "resolve", str(bounced), "--as", "rejected", "--note", "again", expect=3)
+    assert again["error"]["code"] == "E_CONFLICT"
+
+    [notice] = rows(db_url, "SELECT * FROM email_steps WHERE notice_of IS NOT NULL")
+    assert notice["notice_of"] == bounced and notice["step_id"] == "evq:notice:rejected:bounced"
+    assert notice["payload"]["to"] == [{"email": "agent-inbox@example.org", "name": None}]
+    assert notice["payload"]["subject"] == "[delivery failed] About bounced"
+    assert "An operator checked this send" in notice["payload"]["text"]
+    assert "bounced per the relay log" in notice["payload"]["text"]
+    [told] = rows(db_url, "SELECT * FROM evidence WHERE kind = 'notice_enqueued'")
+    assert told["step_id"] == bounced and told["actor"] == "test-admin"

@@ -78,3 +78,16 @@ def test_invalid_and_conflicting_requests_write_nothing_in_the_callers_transacti
 def test_rejects_connections_it_cannot_use(db_url):
     with pytest.raises(TypeError, match="psycopg"):
         enqueue(object(), request(), policy=POLICY)
+
+
+def test_no_caller_of_the_python_api_can_send_as_evqs_notice_sender(db_url):
+    """The default policy reserves the notice sender: a forged notice is refused, nothing is written."""
+    forged = request(step_id="forged", **{"from": "evq-notices@example.org"})
+    with psycopg.connect(db_url) as conn, conn.transaction():
+        with pytest.raises(InvalidRequest) as refused:
+            enqueue(conn, forged)
+    [error] = refused.value.errors
+    assert error["field"] == "from" and "reserved" in error["message"]
+    with pytest.raises(InvalidRequest):
+        enqueue_own(db_url, forged)
+    assert count(db_url) == (0, 0)

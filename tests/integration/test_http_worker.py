@@ -77,11 +77,13 @@ async def test_an_ambiguous_answer_inside_the_window_is_retried_and_delivered_on
     ]
 
 
-async def test_an_ambiguous_answer_after_the_window_is_unknown_and_never_sent_again(store, db_url, api):
-    """The provider keeps keys for less than a lease: a retry could send a second copy."""
+@pytest.mark.parametrize("fault", ["reset", "slow"])
+async def test_an_ambiguous_answer_after_the_window_is_unknown_and_never_sent_again(store, db_url, api, fault):
+    """The provider keeps keys for less than a lease: a retry could send a second copy.
+    A reset and a timeout after the request was written are the same case."""
     short = await http(api, window=5)
     e = await store.enqueue(valid(provider="http", step_id="report"))
-    api.queue_fault("reset")
+    api.queue_fault(fault)
     try:
         assert await drain(store, short) == 0
         row = step_row(db_url, e.id)

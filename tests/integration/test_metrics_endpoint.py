@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import socket
@@ -19,13 +20,25 @@ from adapters.postgres.store import PostgresStore
 from ops import collector_bench
 from ops.metrics import QueueCollector, render
 from ops.wiring import metrics_endpoint
-from tests.support import ScriptedProvider, execute, free_port, sample, scrape, valid
-from worker.errors import ConfigError, DatabaseUnavailable
+from tests.support import (
+    ScriptedProvider,
+    evidence_kinds,
+    execute,
+    free_port,
+    sample,
+    scrape,
+    step_row,
+    unknown_steps,
+    valid,
+)
+from worker.errors import ConfigError, DatabaseUnavailable, StateConflict
 from worker.metrics import UNKNOWN_AGE_BUCKETS
 from worker.outcomes import Retryable, Unknown
 from worker.rescuer import Rescuer, RescuerConfig
+from worker.resolution import Resolution
 from worker.runner import Worker
 from worker.settings import Settings
+from worker.states import Status
 
 WORKER = Settings(
     adapter=("smtp",), concurrency=5, batch_size=5, lease_seconds=30, poll_interval=0.05,
@@ -109,6 +122,28 @@ async def test_ages_are_exact_against_a_fixed_clock_and_bucket_bounds_are_inclus
     assert dict(stats.unknown_buckets)[60.0] == 1 and dict(stats.unknown_buckets)[3600.0] == 2
     assert dict(stats.unknown_buckets)[7200.0] == 3
     assert stats.pending_oldest_age == 42 and due.id
+
+
+async def test_queue_lag_ignores_rows_waiting_for_their_backoff_or_their_schedule(store, db_url):
+    """A healthy retry (enqueued long ago, backing off) and a send scheduled for later are not lag:
+    only rows claimable now count, from the moment they became due."""
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    backing_off = await store.enqueue(valid(), now=now - timedelta(hours=5))
+    execute(
+        db_url,
+        "UPDATE email_steps SET status = 'retryable', attempts = 2, first_attempt_at = %s, updated_at = %s, "
+        "next_attempt_at = %s WHERE id = %s",
+        (now - timedelta(hours=5), now - timedelta(minutes=1), now + timedelta(minutes=14), backing_off.id),
+    )
+    await store.enqueue(valid(), now=now + timedelta(hours=1))  # scheduled: due in an hour
+    reader = QueueStatsReader(db_url)
+    try:
+        assert reader.read(UNKNOWN_AGE_BUCKETS, now=now).pending_oldest_age == 0
+        # Its backoff over, the retry is claimable and its wait counts from when it became due.
+        later = now + timedelta(minutes=14, seconds=30)
+        assert reader.read(UNKNOWN_AGE_BUCKETS, now=later).pending_oldest_age == 30
+    finally:
+        reader.close()
 
 
 def test_a_locked_table_costs_one_failed_scrape_bounded_by_the_statement_timeout(db_url):
@@ -221,6 +256,7 @@ async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
         "accepted": _value("evq_send_attempts_total", provider="smtp", outcome="accepted"),
         "retryable": _value("evq_send_attempts_total", provider="smtp", outcome="retryable"),
         "unknown": _value("evq_send_attempts_total", provider="smtp", outcome="unknown"),
+        "timed": _value("evq_send_duration_seconds_count", provider="smtp", outcome="accepted"),
         "closed": _value("evq_action_to_evidence_seconds_count"),
         "closed_within_15m": _value("evq_action_to_evidence_seconds_bucket", le="900.0"),
         "closed_within_4h": _value("evq_action_to_evidence_seconds_bucket", le="14400.0"),
@@ -239,6 +275,7 @@ async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
     assert _value("evq_send_attempts_total", provider="smtp", outcome="accepted") == before["accepted"] + 2
     assert _value("evq_send_attempts_total", provider="smtp", outcome="retryable") == before["retryable"] + 1
     assert _value("evq_send_attempts_total", provider="smtp", outcome="unknown") == before["unknown"] + 1
+    assert _value("evq_send_duration_seconds_count", provider="smtp", outcome="accepted") == before["timed"] + 2
     # Two steps closed (ok, flaky) about an hour after their enqueue; the unknown one did not close.
     assert _value("evq_action_to_evidence_seconds_count") == before["closed"] + 2
     assert _value("evq_action_to_evidence_seconds_bucket", le="900.0") == before["closed_within_15m"]
@@ -263,3 +300,54 @@ async def test_rescues_are_counted_by_the_state_they_lead_to(store, db_url):
     counts = await Rescuer(store, RescuerConfig(lease_seconds=30)).run_once()
     assert counts.unknown == 1
     assert _value("evq_rescued_total", to="unknown") == before + 1
+
+
+async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settlement(store, db_url):
+    step = await store.enqueue(valid())
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)  # the send hangs until the gate opens
+    worker = Worker(store, {"smtp": provider}, WORKER)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        while provider.in_send < 1:
+            await asyncio.sleep(0.01)
+        # Meanwhile its lease runs out and a rescuer makes the row unknown.
+        past_lease = datetime.now(timezone.utc) + timedelta(seconds=WORKER.lease_seconds + 1)
+        rescued = await store.rescue(limit=10, lease_seconds=WORKER.lease_seconds, default_max_attempts=5,
+                                     actor="rescuer", now=past_lease)
+        assert rescued.unknown == 1
+        fenced, settled = _value("evq_fence_rejections_total"), _value("evq_late_settlements_total")
+        gate.set()  # the zombie's answer (accepted) arrives after its lease was lost
+        while "late_response" not in evidence_kinds(db_url, step.id):
+            await asyncio.sleep(0.01)
+    finally:
+        gate.set()
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+    assert _value("evq_fence_rejections_total") == fenced + 1
+    assert _value("evq_late_settlements_total") == settled + 1  # definite, and no later attempt: it closed the row
+    assert step_row(db_url, step.id)["reason"] == "late_answer"
+
+
+async def test_operators_verdicts_are_counted_by_verdict(store, db_url):
+    steps = await unknown_steps(store, 3)
+    before = {v: _value("evq_resolutions_total", **{"as": v}) for v in ("accepted", "rejected", "retry")}
+    for step, verdict in zip(steps, ("accepted", "rejected", "retry")):
+        await store.resolve(step.id, Resolution.parse(verdict, "checked"), actor="alice", default_max_attempts=3)
+    with pytest.raises(StateConflict):  # refused: counts nothing
+        await store.resolve(steps[0].id, Resolution.parse("rejected", "again"), actor="bob", default_max_attempts=3)
+    assert {v: _value("evq_resolutions_total", **{"as": v}) - before[v] for v in before} == {
+        "accepted": 1, "rejected": 1, "retry": 1
+    }
+
+
+def test_an_empty_queue_reports_every_status_at_zero(db_url):
+    """Every status is a series from the first scrape (0, not absent), and 'none' ages are 0."""
+    with metrics_endpoint(Settings(metrics_port=0), db_url) as server:
+        page = scrape(f"http://127.0.0.1:{server.port}/metrics")
+    assert {s: sample(page, "evq_steps", status=s) for s in Status} == {str(s): 0 for s in Status}
+    for name in ("evq_unknown_oldest_age_seconds", "evq_pending_oldest_age_seconds", "evq_in_flight_expired",
+                 "evq_unknown_age_seconds_gcount"):
+        assert sample(page, name) == 0, name
+    assert sample(page, "evq_unknown_age_seconds_bucket", le="604800.0") == 0
+    assert sample(page, "evq_collector_up") == 1

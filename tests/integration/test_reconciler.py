@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from prometheus_client import REGISTRY
 
 from adapters.http import HttpProvider
 from adapters.postgres.store import PostgresStore
@@ -70,14 +71,29 @@ def reconciled(db_url: str, step: int) -> list[dict]:
     return rows(db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'reconciled' ORDER BY id", (step,))
 
 
+def counted() -> dict[str, float]:
+    """The reconciler's counters and the closing histogram's count, as a scrape would show them."""
+    out = {r: REGISTRY.get_sample_value("evq_reconciled_total", {"result": r}) for r in ("accepted", "not_found", "error")}
+    out["closed"] = REGISTRY.get_sample_value("evq_action_to_evidence_seconds_count")
+    return out
+
+
+def grew(before: dict[str, float], **by: float) -> bool:
+    after = counted()
+    return all(after[k] - before[k] == by.get(k, 0) for k in after)
+
+
 def reconciler(store, provider, config: ReconcilerConfig = CONFIG, **kw) -> Reconciler:
     return Reconciler(store, {"http": provider}, config, actor="reconciler@test", **kw)
 
 
 async def test_provider_has_it_so_the_step_is_accepted_with_evidence(store, db_url, api, provider):
     i = await unknown_step(store, provider, api, sent=True)
+    before = counted()
     counts = await reconciler(store, provider).run_once(now=T0)
     assert counts == ReconcileCounts(accepted=1)
+    # Counted as a reconciliation, and as a step closed by its evidence (enqueue -> accepted).
+    assert grew(before, accepted=1, closed=1)
     row = step_row(db_url, i)
     [message] = api.messages
     assert row["status"] == "accepted" and row["reason"] == "reconciled"
@@ -93,7 +109,9 @@ async def test_provider_has_it_so_the_step_is_accepted_with_evidence(store, db_u
 async def test_provider_lacks_it_so_the_step_stays_unknown_with_evidence(store, db_url, api, provider):
     i = await unknown_step(store, provider, api, sent=False)
     r = reconciler(store, provider)
+    before = counted()
     assert await r.run_once(now=T0) == ReconcileCounts(absent=1)
+    assert grew(before, not_found=1)  # nothing closed
     row = step_row(db_url, i)
     assert row["status"] == "unknown" and row["reason"] == "ambiguous_response"
     assert row["reconcile_checks"] == 1 and row["reconcile_after"] == T0 + timedelta(seconds=60)
@@ -121,7 +139,9 @@ async def test_a_lookup_that_fails_changes_nothing_and_is_tried_again_after_the_
     i = await unknown_step(store, provider, api, sent=True)
     api.lookup_fault = "500"
     r = reconciler(store, provider)
+    before = counted()
     assert await r.run_once(now=T0) == ReconcileCounts(failed=1)
+    assert grew(before, error=1)
     assert reconciled(db_url, i) == [] and step_row(db_url, i)["reconcile_checks"] == 0
     api.lookup_fault = None
     assert await r.run_once(now=T0 + timedelta(seconds=60)) == ReconcileCounts()  # still held

@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from prometheus_client import REGISTRY
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops.metrics import QueueCollector, build_registry, exported_names, render
@@ -53,6 +54,47 @@ def test_collector_exports_every_status_and_cumulative_age_buckets():
     assert page[("evq_unknown_age_seconds_gsum", ())] == 264690.0
     assert page[("evq_collector_up", ())] == 1
     assert page[("evq_collector_duration_seconds", ())] >= 0
+
+
+# Every metric issue 5 asks for: (type as OpenMetrics exposes it, label names).
+CATALOGUE = {
+    "evq_steps": ("gauge", {"status"}),
+    "evq_unknown_oldest_age_seconds": ("gauge", set()),
+    "evq_unknown_age_seconds": ("gaugehistogram", set()),
+    "evq_pending_oldest_age_seconds": ("gauge", set()),
+    "evq_in_flight_expired": ("gauge", set()),
+    "evq_collector_up": ("gauge", set()),
+    "evq_collector_duration_seconds": ("gauge", set()),
+    "evq_enqueued": ("counter", set()),
+    "evq_validation_errors": ("counter", {"reason"}),
+    "evq_send_attempts": ("counter", {"provider", "outcome"}),
+    "evq_send_duration_seconds": ("histogram", {"provider", "outcome"}),
+    "evq_decision_to_enqueue_seconds": ("histogram", set()),
+    "evq_action_to_evidence_seconds": ("histogram", set()),
+    "evq_rescued": ("counter", {"to"}),
+    "evq_reconciled": ("counter", {"result"}),
+    "evq_resolutions": ("counter", {"as"}),
+    "evq_fence_rejections": ("counter", set()),
+}
+
+
+def test_every_metric_of_the_catalogue_is_exported_with_its_type_and_labels():
+    metrics.init_provider("smtp")
+    with pytest.raises(InvalidRequest):
+        validate(request(to=[]), POLICY)  # so the labelled validation counter has a series
+    body, content_type = render(build_registry(QueueCollector(lambda buckets: STATS)), "application/openmetrics-text")
+    assert content_type.startswith("application/openmetrics-text")
+    families = {f.name: f for f in openmetrics_families(body.decode())}
+    for name, (kind, labels) in CATALOGUE.items():
+        family = families.get(name)
+        assert family is not None, name
+        assert family.type == kind, (name, family.type)
+        assert family.samples and {k for s in family.samples for k in s.labels} - {"le"} == labels, name
+    # Base units and suffixes: durations and ages in seconds, counters exposed with _total.
+    for name, (kind, _) in CATALOGUE.items():
+        if kind == "counter":
+            assert all(s.name in (name + "_total", name + "_created") for s in families[name].samples), name
+        assert not name.endswith(("_ms", "_milliseconds", "_minutes")), name
 
 
 def test_registering_the_collector_runs_no_query():
@@ -110,6 +152,17 @@ def test_validation_errors_are_counted_by_field():
     with pytest.raises(InvalidRequest):
         validate(request(to=["not an address"]), POLICY)
     assert REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "to"}) == before + 1
+
+
+def test_a_callers_unknown_field_names_never_become_label_values():
+    """Field names an outside caller makes up are counted under one fixed reason."""
+    made_up = {f"x-{i}-user@example.com": 1 for i in range(3)}
+    before = REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "unknown_field"}) or 0
+    with pytest.raises(InvalidRequest):
+        validate(request(**made_up), POLICY)
+    assert REGISTRY.get_sample_value("evq_validation_errors_total", {"reason": "unknown_field"}) == before + 1
+    reasons = {s.labels["reason"] for f in REGISTRY.collect() if f.name == "evq_validation_errors" for s in f.samples}
+    assert "unknown_field" in reasons and not any(name in reasons for name in made_up)
 
 
 def test_decision_time_after_enqueue_is_clock_skew_counted_as_zero():

@@ -98,3 +98,14 @@ def test_ci_installs_prometheus_without_leaving_a_daemon():
     assert "need+=(prometheus)" in ci and "need+=(pgbouncer)" in ci
     assert 'apt-get install -y -qq --no-install-recommends "${need[@]}"' in ci
     assert "policy-rc.d" in ci and "have promtool" in ci
+
+
+def test_the_readme_names_the_metric_for_unknown_ages_and_the_alerts_that_page():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**How long have unknown rows aged?**"):readme.index("**Which process exports what.**")]
+    assert "`evq_unknown_oldest_age_seconds`" in section and "`evq_unknown_age_seconds`" in section
+    paging = {a["alert"] for a in ALERTS if a["labels"]["severity"] == "page"}
+    assert "EvqUnknownTooOld" in paging and all(f"`{name}`" in section for name in paging)
+    assert {a["alert"] for a in ALERTS if f"`{a['alert']}`" in section} - paging <= {"EvqUnknownGrowing"}
+    unknown_alert = next(a for a in ALERTS if a["alert"] == "EvqUnknownTooOld")
+    assert "evq_unknown_oldest_age_seconds" in unknown_alert["expr"]

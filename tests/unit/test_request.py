@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.support import POLICY, request
@@ -103,6 +105,8 @@ def test_reserved_sender_is_refused():
     local = Policy(reserved_senders=("evq-notices@",))
     assert "reserved" in errors_of(request(**{"from": "Evq-Notices@anywhere.example"}), local)["from"]
     assert parse(request(**{"from": "evq-notices-not@example.org"}), local)
+    # A caller that passes no policy at all (the Python API's default) cannot send as evq either.
+    assert "reserved" in errors_of(request(**{"from": "evq-notices@example.org"}), Policy())["from"]
 
 
 def test_evq_prefix_is_reserved_for_evqs_own_steps():
@@ -112,7 +116,7 @@ def test_evq_prefix_is_reserved_for_evqs_own_steps():
 
 
 def test_the_recheck_lets_evqs_own_notices_through():
-    v = parse(request(**{"from": "evq-notices@example.org"}), POLICY)
+    v = parse(request(**{"from": "evq-notices@example.org"}), replace(POLICY, reserved_senders=()))
     assert check_payload(v.payload, Policy(reserved_senders=("evq-notices@",))) is None
 
 
