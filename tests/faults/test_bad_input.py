@@ -167,3 +167,36 @@ def test_rendering_neutralizes_what_the_validator_would_have_refused():
     message = message_from_bytes(envelope.data)
     assert "Bcc" not in message and "eve@evil.example" not in envelope.recipients
     assert "\n" not in message["Subject"]
+
+
+# Domain labels in many scripts, with the characters IDNA 2003 and IDNA 2008 map differently
+# (ß, ς, joiners), upper case, and a few that are not allowed in a domain at all.
+idna_labels = st.text(alphabet=st.sampled_from(list("abzAZ09-ßςΣσäöüÜéЖжाक中文ㄱ\u200c\u200d_ .")), min_size=1, max_size=12)
+display_names = st.text(alphabet=st.sampled_from(list("ab Zë中🚀,<>\"'\\;:@()")) | st.characters(), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(label=idna_labels, name=display_names)
+def test_idna_domains_and_utf8_display_names_hold_for_any_input(label, name):
+    """An IDNA domain is checked against the domain rules in the form the message is sent to
+    (an allow or block rule cannot be dodged by a spelling the two IDNA standards map apart),
+    and a UTF-8 display name renders as exactly one address with that name."""
+    from email import policy as email_policy
+
+    data = request(to=[{"email": f"user@{label}.example", "name": name}])
+    valid = parse_or_refuse(data)
+    if valid is None:
+        return
+    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key=valid.idempotency_key,
+                                         message_id="<m@example.org>", attempt=1, payload=valid.payload))
+    [recipient] = envelope.recipients
+    domain = recipient.rpartition("@")[2]
+    assert domain.isascii()
+    written = valid.payload["to"][0]["email"].rpartition("@")[2]  # the rule as an operator may write it
+    for rule in (domain, written):
+        with pytest.raises(InvalidRequest):
+            parse(data, Policy(blocked_domains=(rule,), providers=POLICY.providers))
+        assert parse(data, Policy(allowed_domains=(rule,), providers=POLICY.providers)).payload == valid.payload
+    [to] = message_from_bytes(envelope.data, policy=email_policy.default)["To"].addresses
+    assert to.display_name == (valid.payload["to"][0]["name"] or "")
+    assert to.domain.lower() in (domain, written)
