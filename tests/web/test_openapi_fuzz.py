@@ -1,5 +1,6 @@
-"""schemathesis against /openapi.json, over real HTTP: whatever it sends, no 500, and every
-answer (status, content type, body) is one the document describes."""
+"""schemathesis against /openapi.json, over real HTTP: whatever it sends, no 500, every
+answer (status, content type, body) is one the document describes, and no operation answers
+without the key."""
 
 from __future__ import annotations
 
