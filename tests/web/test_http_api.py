@@ -295,3 +295,27 @@ def test_the_api_binds_loopback_by_default():
     from worker.settings import Settings
 
     assert Settings.load(env={}).serve_host == "127.0.0.1"
+
+
+def test_a_read_only_database_is_a_clear_503_and_nothing_is_written(db_url, keys):
+    """Failure matrix row 8 over HTTP: enqueue and resolve answer 503 E_DB_UNAVAILABLE saying the
+    database is read-only (never a 500), reads still work, and nothing is written."""
+    from tests.faults.test_database_faults import read_only
+
+    [step] = make_unknown(db_url)
+    read_only(db_url, True)
+    try:
+        with serving(db_url) as api:
+            refused = api.client(keys["agent"]).post("/v1/steps", json=request())
+            closed = api.client(keys["operator"]).post(f"/v1/steps/{step.id}/resolve",
+                                                       json={"as": "accepted", "note": "seen"})
+            listed = api.client(keys["agent"]).get("/v1/steps")
+    finally:
+        read_only(db_url, False)
+    for answer in (refused, closed):
+        assert answer.status_code == 503, answer.text[:500]
+        error = checked(answer)["error"]
+        assert error["code"] == "E_DB_UNAVAILABLE" and "read-only" in error["message"]
+    assert listed.status_code == 200 and [s["id"] for s in checked(listed)["data"]] == [step.id]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
+    assert step_row(db_url, step.id)["status"] == "unknown"
