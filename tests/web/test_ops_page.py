@@ -357,3 +357,23 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
     oldest_shown = re.search(r'<dd id="oldest-unknown">(.*?)</dd>', html, flags=re.S)[1]
     assert f"step {oldest.id}</a>, waiting 3h0" in oldest_shown
     assert re.search(r'<dd id="queue-lag">2h0\dm ', html)
+
+
+def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in_time_order(server, db_url):
+    decision = {"model": "m-7", "tool": "send_email", "prompt_version": "p-3", "instruction_version": "v2",
+                "rationale": "asked"}
+    [step] = unknown(db_url, hours_ago=1, run_id="run-t", intent="remind <b>bob</b>", decision=decision)
+    with_store(db_url, lambda store: store.resolve(step.id, Resolution.parse("accepted", "in the provider log"),
+                                                   actor="alice", default_max_attempts=5))
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops/runs/run-t").text
+    trace = re.search(r'<table class="rows" id="trace">.*?</table>', html, flags=re.S)[0]
+    kinds = re.findall(r'<tr class="kind-(\w+)">', trace)
+    assert kinds == ["decision", "enqueued", "attempt_started", "provider_response", "operator_resolved"]
+    row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S)))
+    for shown in ("m-7", "send_email", "p-3", "v2", "remind &lt;b&gt;bob&lt;/b&gt;"):
+        assert shown in row["decision"], (shown, row["decision"])
+    assert "connection lost after the final dot" in row["provider_response"]
+    assert "alice" in row["operator_resolved"] and "unknown → accepted" in row["operator_resolved"]
+    assert "in the provider log" in row["operator_resolved"]
