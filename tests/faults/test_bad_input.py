@@ -233,7 +233,8 @@ def test_idna_domains_and_utf8_display_names_hold_for_any_input(label, name):
             parse(data, Policy(blocked_domains=(rule,), providers=POLICY.providers))
         assert parse(data, Policy(allowed_domains=(rule,), providers=POLICY.providers)).payload == valid.payload
     [to] = message_from_bytes(envelope.data, policy=email_policy.default)["To"].addresses
-    assert to.display_name == (valid.payload["to"][0]["name"] or "")
+    # (The email package's parser folds runs of whitespace in a name; the header itself keeps them.)
+    assert " ".join(to.display_name.split()) == " ".join((valid.payload["to"][0]["name"] or "").split())
     assert to.domain.lower() in (domain, written)
 
 
