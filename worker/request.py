@@ -435,15 +435,23 @@ def _reserved(email: str, rules: tuple[str, ...]) -> bool:
 
 
 def ascii_domain(email: str) -> str:
-    domain = email.rsplit("@", 1)[1]
+    return _ascii(email.rsplit("@", 1)[1])
+
+
+@lru_cache(maxsize=8192)
+def _ascii(domain: str) -> str:
+    """The domain as a message is sent to it: email_validator's IDNA 2008 form, as the
+    adapters use. Python's own "idna" codec is IDNA 2003, which maps ß, ς and joiners
+    differently (straße.example -> strasse.example, not xn--strae-oqa.example): a domain
+    rule checked in that form could be dodged, or could admit a different domain."""
     try:
-        return domain.encode("idna").decode("ascii").lower()
-    except UnicodeError:
+        return validate_email("x@" + domain, check_deliverability=False).ascii_domain.lower()
+    except (EmailNotValidError, UnicodeError, ValueError):
         return domain.lower()
 
 
 def _domain_matches(domain: str, rule: str) -> bool:
-    rule = rule.lower().lstrip(".")
+    rule = _ascii(rule.strip().lstrip("."))  # a rule may be written in either form
     return domain == rule or domain.endswith("." + rule)
 
 

@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
@@ -54,9 +54,14 @@ def create_app(state: Callable[[], AbstractAsyncContextManager[AppState]], *, ma
             yield
 
     app = FastAPI(title="evq", version=_version(), description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api.router)
     app.include_router(page.router)
+
+    # Like every route but /healthz and /metrics, the document needs a key (any role).
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(api.caller)])
+    async def openapi(request: Request) -> JSONResponse:
+        return JSONResponse(request.app.openapi())
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:

@@ -128,6 +128,7 @@ def _served_until_sigterm(evq: Evq) -> dict:
     result = json.loads(out)
     contract.check(("serve",), result)
     assert result["data"]["port"] == port
+    assert result["data"]["host"] == "127.0.0.1"  # no --host, no EVQ_SERVE_HOST: loopback only
     return result
 
 

@@ -51,19 +51,46 @@ def test_worker_killed_mid_send_leaves_unknown_and_never_resends(evq: Evq, smtp,
     assert smtp.by_message_id() == {step["message_id"]: 1}
 
 
+GRACE = 10  # EVQ_SHUTDOWN_GRACE for the SIGTERM tests; a send to slow-1.5@ takes 1.5 s
+
+
 def test_sigterm_lets_in_flight_sends_finish_then_exits_0(evq: Evq, smtp, db_url):
-    steps = [enqueue(evq, f"term-{i}", to="slow-1.5@example.com") for i in range(3)]
-    worker = evq.popen("worker", "run", "--concurrency", "5", **smtp_env(smtp))
+    """A busy run (more rows than the worker sends at once): the sends in flight finish and are
+    recorded, nothing more is claimed, the process exits 0 well inside the grace period."""
+    steps = [enqueue(evq, f"term-{i}", to="slow-1.5@example.com") for i in range(9)]
+    worker = evq.popen("worker", "run", "--concurrency", "3", **smtp_env(smtp, EVQ_SHUTDOWN_GRACE=str(GRACE)))
     try:
-        wait_until(lambda: all(step_row(db_url, s["id"])["status"] == "in_flight" for s in steps), what="sends")
+        wait_until(lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status = 'in_flight'")[0]["n"]
+                   == 3, what="three sends in flight")
+        in_flight = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps WHERE status = 'in_flight'")}
         worker.send_signal(signal.SIGTERM)
-        code = worker.wait(20)
+        code = worker.wait(GRACE)  # a wait past the grace would raise: the worker must be gone by then
     finally:
         worker.kill()
         _, stderr = worker.communicate()
     assert code == 0, stderr[-2000:]
-    assert {step_row(db_url, s["id"])["status"] for s in steps} == {"accepted"}
-    assert '"shutdown_requested"' in stderr
+    statuses = {s["id"]: step_row(db_url, s["id"])["status"] for s in steps}
+    assert {i for i, status in statuses.items() if status == "accepted"} >= in_flight
+    assert set(statuses.values()) <= {"accepted", "pending"} and "pending" in statuses.values()
+    assert all(step_row(db_url, i)["attempts"] == 0 for i, status in statuses.items() if status == "pending")
+    assert set(smtp.by_message_id().values()) == {1}
+    assert '"shutdown_requested"' in stderr and '"clean": true' in stderr
+
+
+def test_sigterm_whose_grace_runs_out_exits_1_and_leaves_the_send_to_the_rescuer(evq: Evq, smtp, db_url):
+    step = enqueue(evq, "held")
+    worker = evq.popen("worker", "run", **smtp_env(smtp, EVQ_SHUTDOWN_GRACE="1"))
+    try:
+        smtp.wait_held(1, timeout=20)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(GRACE)
+    finally:
+        worker.kill()
+        _, stderr = worker.communicate()
+        smtp.release()
+    assert code == 1, stderr[-2000:]
+    assert '"grace_expired"' in stderr and '"clean": false' in stderr
+    assert step_row(db_url, step["id"])["status"] == "in_flight"  # the rescuer's, once the lease runs out
 
 
 def test_second_signal_exits_130_and_leaves_the_row_to_the_rescuer(evq: Evq, smtp, db_url):

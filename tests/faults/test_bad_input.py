@@ -126,20 +126,55 @@ def test_idna_domains_and_utf8_display_names_are_handled():
         ("x" * 10_000, False),
         ("line\nbreak", False),
     ],
+    ids=["sql", "quotes", "unicode", "nul", "10kb", "line-break"],
 )
-def test_hostile_identifiers_are_refused_or_stored_safely(db_url, run_id, accepted):
-    data = request(run_id=run_id, step_id=run_id[:50] if accepted else "s")
+@pytest.mark.parametrize("field", ["run_id", "step_id", "idempotency_key"])
+def test_hostile_identifiers_are_refused_or_stored_safely(db_url, run_id, accepted, field):
+    value = run_id
+    data = request(**{"run_id": "run", "step_id": "step", field: value})
     with psycopg.connect(db_url) as conn:
         if not accepted:
-            with pytest.raises(InvalidRequest):
+            with pytest.raises(InvalidRequest) as refused:
                 enqueue(conn, data, policy=POLICY)
+            assert [f["field"] for f in refused.value.context["fields"]] == [field]
         else:
             step = enqueue(conn, data, policy=POLICY)
             conn.commit()
-            assert step.run_id == run_id
-    stored = rows(db_url, "SELECT run_id FROM email_steps")
-    assert stored == ([{"run_id": run_id}] if accepted else [])
+            assert getattr(step, field) == value
+    stored = rows(db_url, f"SELECT {field} AS value FROM email_steps")
+    assert stored == ([{"value": value}] if accepted else [])
     assert rows(db_url, "SELECT count(*)::int AS n FROM decisions")[0]["n"] == (1 if accepted else 0)
+
+
+@pytest.mark.parametrize(
+    ("note", "accepted"),
+    [
+        ("checked'; DELETE FROM evidence; --", True),
+        ('"quoted" \\ back, <b>bold</b>', True),
+        ("line one\nline two", True),
+        ("ünïcödé 🚀", True),
+        ("a\x00b", False),
+        ("x" * 10_000, False),
+        (" ", False),
+    ],
+    ids=["sql", "quotes-markup", "line-break", "unicode", "nul", "10kb", "blank"],
+)
+def test_hostile_notes_are_refused_or_stored_safely(db_url, note, accepted):
+    """An operator's note (free text, shown on the page) with quotes, SQL, NUL or 10 KB."""
+    from tests.support import unknown_steps, with_store
+    from worker.resolution import Resolution
+
+    [step] = with_store(db_url, unknown_steps)
+    if not accepted:
+        with pytest.raises(InvalidRequest) as refused:
+            Resolution.parse("rejected", note)
+        assert [f["field"] for f in refused.value.context["fields"]] == ["--note"]
+    else:
+        resolution = Resolution.parse("rejected", note)
+        with_store(db_url, lambda store: store.resolve(step.id, resolution, actor="alice", default_max_attempts=3))
+    stored = rows(db_url, "SELECT detail ->> 'note' AS note FROM evidence WHERE kind = 'operator_resolved'")
+    assert stored == ([{"note": note.strip()}] if accepted else [])
+    assert rows(db_url, "SELECT status FROM email_steps")[0]["status"] == ("rejected" if accepted else "unknown")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -167,3 +202,64 @@ def test_rendering_neutralizes_what_the_validator_would_have_refused():
     message = message_from_bytes(envelope.data)
     assert "Bcc" not in message and "eve@evil.example" not in envelope.recipients
     assert "\n" not in message["Subject"]
+
+
+# Domain labels in many scripts, with the characters IDNA 2003 and IDNA 2008 map differently
+# (ß, ς, joiners), upper case, and a few that are not allowed in a domain at all.
+idna_labels = st.text(alphabet=st.sampled_from(list("abzAZ09-ßςΣσäöüÜéЖжाक中文ㄱ\u200c\u200d_ .")), min_size=1, max_size=12)
+display_names = st.text(alphabet=st.sampled_from(list("ab Zë中🚀,<>\"'\\;:@()")) | st.characters(), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(label=idna_labels, name=display_names)
+def test_idna_domains_and_utf8_display_names_hold_for_any_input(label, name):
+    """An IDNA domain is checked against the domain rules in the form the message is sent to
+    (an allow or block rule cannot be dodged by a spelling the two IDNA standards map apart),
+    and a UTF-8 display name renders as exactly one address with that name."""
+    from email import policy as email_policy
+
+    data = request(to=[{"email": f"user@{label}.example", "name": name}])
+    valid = parse_or_refuse(data)
+    if valid is None:
+        return
+    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key=valid.idempotency_key,
+                                         message_id="<m@example.org>", attempt=1, payload=valid.payload))
+    [recipient] = envelope.recipients
+    domain = recipient.rpartition("@")[2]
+    assert domain.isascii()
+    written = valid.payload["to"][0]["email"].rpartition("@")[2]  # the rule as an operator may write it
+    for rule in (domain, written):
+        with pytest.raises(InvalidRequest):
+            parse(data, Policy(blocked_domains=(rule,), providers=POLICY.providers))
+        assert parse(data, Policy(allowed_domains=(rule,), providers=POLICY.providers)).payload == valid.payload
+    [to] = message_from_bytes(envelope.data, policy=email_policy.default)["To"].addresses
+    # (The email package's parser folds runs of whitespace in a name; the header itself keeps them.)
+    assert " ".join(to.display_name.split()) == " ".join((valid.payload["to"][0]["name"] or "").split())
+    assert to.domain.lower() in (domain, written)
+
+
+def _nested(depth: int, leaf: object, as_dict: bool) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": value} if as_dict else [value]
+    return value
+
+
+@settings(max_examples=100, deadline=None)
+@given(field=st.sampled_from(["decision", "headers", "to", "notify", "subject", "unexpected", "$root"]),
+       depth=st.integers(min_value=1, max_value=20_000), as_dict=st.booleans())
+def test_deep_json_anywhere_is_refused_or_bounded_never_a_crash(field, depth, as_dict):
+    """JSON nested to any depth, in any field (or as the whole request): a clear error, never
+    a RecursionError; a rationale deeper than the limit is refused by name."""
+    deep = _nested(depth, "x", as_dict)
+    if field == "$root":
+        data = deep
+    elif field == "decision":
+        data = request(decision={"rationale": deep})
+    else:
+        data = {**request(), field: deep}
+    valid = parse_or_refuse(data)
+    if field == "decision" and depth > 16:
+        assert valid is None
+    if valid is not None:
+        json.dumps(valid.payload)

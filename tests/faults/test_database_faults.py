@@ -111,4 +111,5 @@ def test_read_only_database(evq: Evq, db_url, smtp):
         _, log = worker.communicate()
     assert '"read_only": true' in log and "not claiming" in log
     assert rows(db_url, "SELECT step_id FROM email_steps ORDER BY id") == [{"step_id": "before"}]
+    assert rows(db_url, "SELECT step_id FROM decisions") == [{"step_id": "before"}]  # the refused enqueue: nothing
     assert smtp.by_message_id() == {ready["message_id"]: 1}

@@ -42,3 +42,34 @@ def test_every_error_code_is_documented_with_its_exit_code():
     assert _code_table(README) == EXIT_CODES
     assert _code_table(ERROR_CODES) == EXIT_CODES
     assert "130" in README and "130" in ERROR_CODES
+
+
+def _matrix_references(text: str) -> list[tuple[str, str | None]]:
+    """(file, test or None) for each test a table row names; ``::name`` continues the row's last file."""
+    found: list[tuple[str, str | None]] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        current = None
+        for ref in re.findall(r"`((?:tests/[\w/]+\.py)?(?:::\w+)?)`", line):
+            path, _, name = ref.partition("::")
+            current = path or current
+            assert current, f"{ref!r} names no file: {line[:120]}"
+            found.append((current, name or None))
+    return found
+
+
+def test_the_failure_matrix_names_tests_that_exist_and_the_readme_links_it():
+    matrix = (ROOT / "docs" / "failure-matrix.md").read_text()
+    references = _matrix_references(matrix)
+    assert len(references) > 40
+    for path, name in references:
+        source = (ROOT / path).read_text() if (ROOT / path).is_file() else None
+        assert source is not None, f"docs/failure-matrix.md names {path}, which does not exist"
+        if name:
+            assert re.search(rf"^(async )?def {name}\(", source, flags=re.M), f"{path} has no test {name}"
+    rows = re.findall(r"^\| (\d+)[a-z]? \|.*\|(.*)\|$", matrix, flags=re.M)
+    assert {int(n) for n, _ in rows} >= set(range(1, 9))
+    for n, cell in rows:
+        assert "::test_" in cell, f"row {n} names no test function"
+    assert "](docs/failure-matrix.md)" in README

@@ -58,3 +58,46 @@ def test_a_verified_key_is_remembered_only_for_its_own_secret_and_stored_hash():
         other = generate()
         assert verified.check(other.key_id, other.secret, hash_secret(other.secret))
     assert len(verified._seen) == 2 and verified.check(key.key_id, key.secret, stored)
+
+
+def test_every_secret_comparison_is_constant_time_and_an_unknown_id_pays_for_scrypt(monkeypatch):
+    """The comparisons go through hmac.compare_digest (never ==), and a key id that does not
+    exist is still checked against a decoy hash, so neither a wrong secret nor an unknown id
+    answers sooner than the other."""
+    import asyncio
+    import hashlib
+    import hmac
+
+    from worker import keys
+
+    compared: list[tuple[str, str]] = []
+    hashed: list[bytes] = []
+    real_compare, real_scrypt = hmac.compare_digest, hashlib.scrypt
+
+    def compare(a, b):
+        compared.append((a, b))
+        return real_compare(a, b)
+
+    def scrypt(secret, **kw):
+        hashed.append(kw["salt"])
+        return real_scrypt(secret, **kw)
+
+    monkeypatch.setattr(keys.hmac, "compare_digest", compare)
+    monkeypatch.setattr(keys.hashlib, "scrypt", scrypt)
+    key = keys.generate()
+    stored = keys.hash_secret(key.secret)
+    assert keys.verify_secret(key.secret, stored) and not keys.verify_secret(key.secret + "x", stored)
+    assert len(compared) == 2
+    cache = keys.Verified()
+    assert cache.check(key.key_id, key.secret, stored) and not cache.check(key.key_id, key.secret + "x", stored)
+    assert len(compared) == 4  # the remembered match is compared in constant time too
+
+    class NoKeys:
+        async def key_by_id(self, key_id):
+            return None
+
+    hashed.clear()
+    with pytest.raises(keys.AuthFailed, match="not valid"):
+        asyncio.run(keys.authenticate(NoKeys(), key.text, Permission.READ))
+    decoy_salt = bytes.fromhex(keys._DECOY.split("$")[4])
+    assert hashed == [decoy_salt] and len(compared) == 5

@@ -5,6 +5,7 @@ by an HTTP client; every body is checked against its command's schema in docs/cl
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
@@ -237,12 +238,14 @@ def test_unknown_routes_and_reads_of_what_does_not_exist(api, keys):
     assert client.get("/v1/runs/no-such-run").status_code == 404
 
 
-def test_healthz_metrics_and_openapi_need_no_key(api, keys, db_url):
+def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db_url):
     make_unknown(db_url, 1, hours_ago=2)
     assert httpx.get(api.url + "/healthz").text == "ok\n"
     metrics = httpx.get(api.url + "/metrics").text
     assert 'evq_steps{status="unknown"} 1.0' in metrics and "evq_collector_up 1.0" in metrics
-    doc = httpx.get(api.url + "/openapi.json").json()
+    anonymous = httpx.get(api.url + "/openapi.json")
+    assert anonymous.status_code == 401 and checked(anonymous)["error"]["code"] == "E_AUTH_FAILED"
+    doc = api.client(keys["agent"]).get("/openapi.json").json()
     assert set(doc["paths"]) == {"/v1/steps", "/v1/steps/{step_id}", "/v1/runs/{run_id}", "/v1/steps/{step_id}/resolve",
                                  "/v1/steps/resolve"}
     assert doc["paths"]["/v1/steps"]["post"]["security"] == [{"bearer": []}]
@@ -252,7 +255,67 @@ def test_healthz_metrics_and_openapi_need_no_key(api, keys, db_url):
     assert body["anyOf"][0]["additionalProperties"] is False
 
 
+# Reachable without a key on purpose: probes, and what a browser needs to sign in at all.
+OPEN = {("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/ops/login"), ("GET", "/ops/static/ops.css")}
+
+
+def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):
+    """Every route the app has (not a list kept by hand): without a key /v1 and /openapi.json
+    answer 401, the page sends the visitor to its sign-in (or refuses a POST that carries no
+    CSRF token); nothing is changed."""
+    from fastapi.routing import APIRoute
+
+    [step] = make_unknown(db_url)
+    def flat(routes):  # an included router is one entry holding its own routes
+        for route in routes:
+            inner = getattr(route, "original_router", None)
+            yield from flat(inner.routes) if inner is not None else [route]
+
+    routes = [(method, route.path) for route in flat(api.server.config.app.app.routes) if isinstance(route, APIRoute)
+              for method in sorted(route.methods)]
+    assert ("POST", "/v1/steps/resolve") in routes and ("POST", "/ops/unknown/close") in routes
+    anonymous = api.client(follow_redirects=False)
+    for method, path in routes:
+        if (method, path) in OPEN:
+            continue
+        url = re.sub(r"\{[a-z_]+\}", str(step.id), path)
+        answer = anonymous.request(method, url, **({"json": {}} if path.startswith("/v1") and method == "POST" else {}))
+        if path.startswith("/ops"):
+            to_sign_in = answer.status_code == 303 and answer.headers["location"] == "/ops/login"
+            no_csrf = method == "POST" and answer.status_code == 403 and "CSRF" in answer.text
+            assert to_sign_in or no_csrf, (method, path, answer.status_code)
+        else:
+            assert answer.status_code == 401, (method, path, answer.status_code)
+            assert checked(answer)["error"]["code"] == "E_AUTH_FAILED"
+    assert step_row(db_url, step.id)["status"] == "unknown"
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+
+
 def test_the_api_binds_loopback_by_default():
     from worker.settings import Settings
 
     assert Settings.load(env={}).serve_host == "127.0.0.1"
+
+
+def test_a_read_only_database_is_a_clear_503_and_nothing_is_written(db_url, keys):
+    """Failure matrix row 8 over HTTP: enqueue and resolve answer 503 E_DB_UNAVAILABLE saying the
+    database is read-only (never a 500), reads still work, and nothing is written."""
+    from tests.faults.test_database_faults import read_only
+
+    [step] = make_unknown(db_url)
+    read_only(db_url, True)
+    try:
+        with serving(db_url) as api:
+            refused = api.client(keys["agent"]).post("/v1/steps", json=request())
+            closed = api.client(keys["operator"]).post(f"/v1/steps/{step.id}/resolve",
+                                                       json={"as": "accepted", "note": "seen"})
+            listed = api.client(keys["agent"]).get("/v1/steps")
+    finally:
+        read_only(db_url, False)
+    for answer in (refused, closed):
+        assert answer.status_code == 503, answer.text[:500]
+        error = checked(answer)["error"]
+        assert error["code"] == "E_DB_UNAVAILABLE" and "read-only" in error["message"]
+    assert listed.status_code == 200 and [s["id"] for s in checked(listed)["data"]] == [step.id]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
+    assert step_row(db_url, step.id)["status"] == "unknown"

@@ -153,3 +153,14 @@ async def test_evq_mcp_over_stdio(db_url):
         sent = await call(c, "evq_email_send", request(run_id="run-stdio"), "enqueue")
         shown = await call(c, "evq_steps_get", {"id": sent["data"]["id"]}, "steps.show")
     assert shown["data"]["step"]["run_id"] == "run-stdio"
+
+
+async def test_a_revoked_key_stops_working_at_the_next_call(db_url, store):
+    """The server remembers a verified key, yet reads its row on every call: a revoke applies at once."""
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    async with client(db_url, agent) as c:
+        assert (await call(c, "evq_steps_list", {}, "steps.list"))["status"] == "success"
+        await store.revoke_key("bot", actor="root")
+        refused = await call(c, "evq_email_send", request(), "enqueue")
+        assert refused["error"]["code"] == "E_AUTH_FAILED" and "revoked" in refused["error"]["message"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0

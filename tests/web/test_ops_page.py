@@ -267,3 +267,113 @@ def test_session_cookie_csrf_and_revocation(server, db_url):
     # A cookie that is not ours is no session.
     with httpx.Client(base_url=server, timeout=30, cookies={"evq_session": "e30.AAAA"}) as other:
         assert other.get("/ops").status_code == 303
+
+
+def _signed_in(web: httpx.Client, key: str) -> None:
+    signed = web.post("/ops/login", data={"csrf": _csrf(web.get("/ops/login").text), "key": key})
+    assert signed.status_code == 303, signed.text[:500]
+
+
+def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_url):
+    """Each POST of the page refuses a missing or foreign CSRF token and changes nothing; an agent
+    key's session is refused a close it forges (with a good token); every form the templates have
+    carries the token."""
+    from ops.web import page
+
+    steps = unknown(db_url, 2, hours_ago=1)
+    close = {"verdict": "rejected", "note": "forged"}
+    posts = {"/ops/login": {"key": make_key(db_url, "alice", "operator")}, "/ops/logout": {},
+             f"/ops/steps/{steps[0].id}/close": close, "/ops/unknown/preview": close,
+             "/ops/unknown/close": {**close, "ids": ",".join(str(s.id) for s in steps)}}
+    forms = {route.path for route in page.router.routes if "POST" in route.methods}
+    assert {re.sub(r"\{step_id\}", str(steps[0].id), f) for f in forms} == set(posts)
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, posts["/ops/login"]["key"])
+        good = _csrf(web.get("/ops/unknown").text)
+        for path, data in posts.items():
+            for token in (None, "forged", good + "x"):
+                answer = web.post(path, data={**data, **({"csrf": token} if token else {})})
+                assert answer.status_code == 403 and "CSRF" in answer.text, (path, token, answer.status_code)
+        assert web.get("/ops").status_code == 200  # still signed in: the refused logout did nothing
+    assert {step_row(db_url, s.id)["status"] for s in steps} == {"unknown"}
+    assert rows(db_url, "SELECT count(*)::int AS n FROM evidence WHERE kind = 'operator_resolved'") == [{"n": 0}]
+
+    with httpx.Client(base_url=server, timeout=30) as reader:
+        _signed_in(reader, make_key(db_url, "bot", "agent"))
+        token = _csrf(reader.get("/ops/unknown").text)
+        forged = reader.post(f"/ops/steps/{steps[0].id}/close", data={**close, "csrf": token})
+        assert forged.status_code == 403 and "E_AUTH_FAILED" in forged.text
+        bulk = reader.post("/ops/unknown/close", data={**posts["/ops/unknown/close"], "csrf": token})
+        assert bulk.status_code == 403 and "E_AUTH_FAILED" in bulk.text
+    assert {step_row(db_url, s.id)["status"] for s in steps} == {"unknown"}
+
+    templates = Path(page.__file__).parent / "templates"
+    for template in templates.glob("*.html"):
+        for form in re.findall(r"<form\b[^>]*>.*?</form>", template.read_text(), flags=re.S):
+            if 'method="post"' in form:
+                assert 'name="csrf" value="{{ session.csrf }}"' in form, (template.name, form[:200])
+
+
+def test_a_bulk_close_shows_the_rows_someone_else_closed_first(server, db_url):
+    """Between the preview and the confirmation someone closes one of the rows: that row is
+    shown as a conflict (E_CONFLICT, the state it is in), the others are closed."""
+    first, second = unknown(db_url, 2, hours_ago=1, run_id="run-b")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        token = _csrf(web.get("/ops/unknown?run_id=run-b").text)
+        preview = web.post("/ops/unknown/preview", data={"csrf": token, "run_id": "run-b", "verdict": "rejected",
+                                                         "note": "outage"})
+        assert preview.status_code == 200 and re.search(r"<strong>2</strong> unknown rows would become", preview.text)
+        ids = re.search(r'name="ids" value="([^"]+)"', preview.text)[1]
+        assert ids == f"{first.id},{second.id}"
+        with_store(db_url, lambda store: store.resolve(first.id, Resolution.parse("accepted", "bob was first"),
+                                                       actor="bob", default_max_attempts=5))
+        done = web.post("/ops/unknown/close", data={"csrf": token, "ids": ids, "run_id": "run-b",
+                                                     "verdict": "rejected", "note": "outage"})
+    assert done.status_code == 200 and "Bulk close: 1 closed, 1 failed" in done.text
+    conflict = re.search(rf'<tr class="failed"><td><a href="/ops/steps/{first.id}">.*?</tr>', done.text, flags=re.S)
+    assert conflict and "E_CONFLICT" in conflict[0], done.text[-3000:]
+    assert step_row(db_url, first.id)["status"] == "accepted" and step_row(db_url, second.id)["status"] == "rejected"
+
+
+def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue_lag(server, db_url):
+    from tests.support import valid
+
+    [oldest] = unknown(db_url, hours_ago=3)
+    unknown(db_url, hours_ago=1)
+    at = datetime.now(timezone.utc) - timedelta(hours=2)
+    with_store(db_url, lambda store: store.enqueue(valid(), now=at))  # claimable for two hours: the lag
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops").text
+        listed = web.get("/ops/unknown").text
+    # Each unknown row with the adapter's last answer (unknown_steps' worker lost the connection).
+    answers = re.findall(r'<tr data-step="\d+">.*?</tr>', listed, flags=re.S)
+    assert len(answers) == 2 and all("connection lost after the final dot" in a for a in answers)
+    counts = re.search(r'<table class="counts" id="counts">.*?</table>', html, flags=re.S)[0]
+    shown = dict(zip(re.findall(r"<th>(\w+)</th>", counts), re.findall(r'<td class="status-\w+">(\d+)</td>', counts)))
+    assert shown == {"pending": "1", "in_flight": "0", "retryable": "0", "unknown": "2", "accepted": "0",
+                     "rejected": "0"}
+    oldest_shown = re.search(r'<dd id="oldest-unknown">(.*?)</dd>', html, flags=re.S)[1]
+    assert f"step {oldest.id}</a>, waiting 3h0" in oldest_shown
+    assert re.search(r'<dd id="queue-lag">2h0\dm ', html)
+
+
+def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in_time_order(server, db_url):
+    decision = {"model": "m-7", "tool": "send_email", "prompt_version": "p-3", "instruction_version": "v2",
+                "rationale": "asked"}
+    [step] = unknown(db_url, hours_ago=1, run_id="run-t", intent="remind <b>bob</b>", decision=decision)
+    with_store(db_url, lambda store: store.resolve(step.id, Resolution.parse("accepted", "in the provider log"),
+                                                   actor="alice", default_max_attempts=5))
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops/runs/run-t").text
+    trace = re.search(r'<table class="rows" id="trace">.*?</table>', html, flags=re.S)[0]
+    kinds = re.findall(r'<tr class="kind-(\w+)">', trace)
+    assert kinds == ["decision", "enqueued", "attempt_started", "provider_response", "operator_resolved"]
+    row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S)))
+    for shown in ("m-7", "send_email", "p-3", "v2", "remind &lt;b&gt;bob&lt;/b&gt;"):
+        assert shown in row["decision"], (shown, row["decision"])
+    assert "connection lost after the final dot" in row["provider_response"]
+    assert "alice" in row["operator_resolved"] and "unknown → accepted" in row["operator_resolved"]
+    assert "in the provider log" in row["operator_resolved"]
