@@ -23,8 +23,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Under CI the property tests replay the same examples every run, so a red build names a change,
+# not a lucky draw; on a developer's machine they keep exploring new inputs (a failure prints the
+# example to add with @example).
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 _counter = itertools.count()
 
 
