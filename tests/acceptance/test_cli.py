@@ -131,3 +131,172 @@ def test_help_explains(evq: Evq):
         done = evq.run(*args)
         assert done.returncode == 0 and "Usage:" in done.stdout
     assert "EVQ_LEASE_SECONDS" in evq.run("worker", "run", "--help").stdout
+
+
+FULL_REQUEST = {
+    "run_id": "run-full", "step_id": "every-field", "idempotency_key": "full-key-1",
+    "to": ["Ada <ada@example.com>", "bob@example.com"], "cc": ["Cy <cy@example.net>"], "bcc": ["dee@example.org"],
+    "from": "Agent <agent@example.org>", "reply_to": ["help@example.org"],
+    "subject": "Every field", "text": "plain body", "html": "<p>html body</p>",
+    "headers": {"In-Reply-To": "<prev@example.com>", "References": "<root@example.com> <prev@example.com>"},
+    "intent": "exercise every flag", "notify": "ops@example.org", "provider": "smtp", "max_attempts": 4,
+    "decision": {"instruction_version": "v9", "prompt_version": "p2", "model": "m-9", "tool": "send_email",
+                 "rationale": {"why": "every field", "n": 1}, "decided_at": "2026-01-02T03:04:05+00:00"},
+}
+
+
+def _as_flags(request: dict) -> list[str]:
+    """The request spelt as `evq enqueue` flags, one flag per field (repeatable ones repeated)."""
+    args: list[str] = []
+    for name, value in request.items():
+        if name == "decision":
+            for field, v in value.items():
+                args += ["--" + field.replace("_", "-"), json.dumps(v) if isinstance(v, dict) else v]
+        elif name == "headers":
+            for header, v in value.items():
+                args += ["--header", f"{header}: {v}"]
+        else:
+            for v in value if isinstance(value, list) else [value]:
+                args += ["--" + name.replace("_", "-"), str(v)]
+    return args
+
+
+def test_every_request_field_has_a_flag_and_the_flags_make_the_same_request(evq: Evq, db_url):
+    from worker.request import DECISION_FIELDS, REQUEST_FIELDS
+
+    # Every field of the request and of its decision appears in FULL_REQUEST, so each has its flag below.
+    assert set(FULL_REQUEST) == set(REQUEST_FIELDS) and set(FULL_REQUEST["decision"]) == set(DECISION_FIELDS)
+    by_file = evq.json("enqueue", "--file", "-", input=json.dumps(FULL_REQUEST))["data"]
+    assert by_file["created"] is True
+    # The same request from flags is the same request: the step comes back, nothing new is written.
+    by_flags = evq.json("enqueue", *_as_flags(FULL_REQUEST))["data"]
+    assert by_flags == {**by_file, "created": False}
+
+    # And the flags alone store every field: a fresh step from flags only, read back.
+    alone = {**FULL_REQUEST, "step_id": "flags-only", "idempotency_key": "full-key-2"}
+    made = evq.json("enqueue", *_as_flags(alone))["data"]
+    assert made["created"] is True and made["idempotency_key"] == "full-key-2"
+    shown = evq.json("steps", "show", str(made["id"]))["data"]
+    payload, step, decision = shown["step"]["payload"], shown["step"], shown["decision"]
+    assert [a["email"] for a in payload["to"]] == ["ada@example.com", "bob@example.com"]
+    assert payload["to"][0]["name"] == "Ada" and payload["cc"] == [{"email": "cy@example.net", "name": "Cy"}]
+    assert [a["email"] for a in payload["bcc"]] == ["dee@example.org"]
+    assert [a["email"] for a in payload["reply_to"]] == ["help@example.org"]
+    assert payload["from"] == {"email": "agent@example.org", "name": "Agent"}
+    assert (payload["subject"], payload["text"], payload["html"]) == ("Every field", "plain body", "<p>html body</p>")
+    assert payload["headers"] == FULL_REQUEST["headers"]
+    assert (step["notify"], step["provider"], step["max_attempts"]) == ("ops@example.org", "smtp", 4)
+    assert decision["intent"] == "exercise every flag"
+    assert {k: decision[k] for k in FULL_REQUEST["decision"]} == FULL_REQUEST["decision"]
+
+
+def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_stand(evq: Evq, db_url):
+    """What "the same request" compares (README, "Enqueue"): the message (addresses, subject,
+    bodies, headers) under the key. A repeat's provider, notify, max_attempts and decision are
+    not compared: the first enqueue's stand, and the repeat writes nothing."""
+    first = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
+    repeat = {**REQUEST, "notify": "boss@example.org", "max_attempts": 9, "intent": "changed",
+              "decision": {**REQUEST["decision"], "model": "m-2"}}
+    assert evq.json("enqueue", "--file", "-", input=json.dumps(repeat))["data"] == {**first, "created": False}
+    row = rows(db_url, "SELECT notify, max_attempts FROM email_steps")
+    assert row == [{"notify": None, "max_attempts": None}]
+    assert rows(db_url, "SELECT model FROM decisions") == [{"model": "m-1"}]
+
+
+def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
+    from datetime import datetime, timedelta, timezone
+
+    from tests.support import unknown_steps, valid, with_store
+
+    def unknown(hours_ago: float, **request) -> int:
+        at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+        return with_store(db_url, lambda store: unknown_steps(store, now=at, **request))[0].id
+
+    old = unknown(5, to=["a@Example.NET"])
+    middle = unknown(3, to=["b@example.com"], cc=["c@example.net"])
+    recent = unknown(0.5, to=["d@example.com"], bcc=["e@example.net"])
+    pending = with_store(db_url, lambda store: store.enqueue(valid(provider="null", to=["f@example.org"]))).id
+    reader = Evq(db_url)
+
+    def ids(*flags: str) -> list[int]:
+        out = reader.json("steps", "list", *flags)
+        assert out["meta"]["total"] == len(out["data"]) == out["meta"]["count"]
+        return [s["id"] for s in out["data"]]
+
+    # Unknown rows oldest first, each with its age since it became unknown.
+    unknowns = reader.json("steps", "list", "--status", "unknown")["data"]
+    assert [s["id"] for s in unknowns] == [old, middle, recent]
+    assert unknowns[0]["age_seconds"] >= 5 * 3600 - 60 and unknowns[2]["age_seconds"] < 3600
+    assert ids("--older-than", "2h", "--status", "unknown") == [old, middle]
+    assert ids("--older-than", "240m") == [old]
+    assert ids("--older-than", "1d") == []
+    # A recipient at the domain in to, cc or bcc; the domain compared without case.
+    assert ids("--recipient-domain", "example.net") == [old, middle, recent]
+    assert ids("--recipient-domain", "EXAMPLE.org") == [pending]
+    assert ids("--provider", "null") == [pending]
+    assert ids("--provider", "smtp", "--recipient-domain", "example.com", "--older-than", "1h") == [middle]
+    page = reader.json("steps", "list", "--status", "unknown", "--limit", "1", "--offset", "1")
+    assert [s["id"] for s in page["data"]] == [middle]
+    assert page["meta"] == {**page["meta"], "count": 1, "total": 3, "limit": 1, "offset": 1}
+
+
+def test_worker_refuses_a_database_one_revision_behind(db_url):
+    from alembic import command
+
+    from adapters.postgres.database import alembic_config, current_revision, head_revision
+
+    command.downgrade(alembic_config(db_url), "-1")
+    behind = current_revision(db_url)
+    assert behind is not None and behind != head_revision()
+    evq = Evq(db_url)
+    out = evq.json("worker", "run", "--drain", "--adapter", "null", expect=5)
+    assert out["error"]["code"] == "E_SCHEMA_MISMATCH" and "evq db upgrade" in out["error"]["hint"]
+    assert out["error"]["context"] == {"current": behind, "expected": head_revision()}
+    human = evq.run("worker", "run", "--drain", "--adapter", "null")
+    assert human.returncode == 5 and behind in human.stderr and "evq db upgrade" in human.stderr
+    assert evq.json("db", "upgrade")["data"]["changed"] is True
+    assert evq.run("worker", "run", "--drain", "--adapter", "null").returncode == 0
+
+
+def test_logs_are_json_off_a_terminal_and_every_line_of_a_send_names_it(evq: Evq, smtp):
+    sent = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": ["lose-reply@example.com"]}))["data"]
+    done = evq.run("worker", "run", "--drain", EVQ_LOG_FORMAT="auto", EVQ_LOG_LEVEL="debug", **smtp_env(smtp))
+    assert done.returncode == 0 and done.stdout == "", done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line is one JSON object
+    of_the_send = [e for e in lines if e.get("step") == sent["id"]]
+    # The adapter's own line and the worker's: both carry the send's identity.
+    assert {"smtp_send_finished", "send_recorded"} <= {e["event"] for e in of_the_send}
+    for event in of_the_send:
+        assert (event["run_id"], event["step_id"], event["idempotency_key"], event["attempt"]) == (
+            "run-7", "welcome", sent["idempotency_key"], 1), event
+
+
+def test_logs_are_readable_on_a_terminal(evq: Evq):
+    import os
+    import pty
+    import subprocess
+
+    controller, terminal = pty.openpty()
+    try:
+        done = subprocess.run(evq.cmd("worker", "run", "--drain", "--adapter", "null"), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=terminal, env={**evq.env, "EVQ_LOG_FORMAT": "auto"},
+                              timeout=60)
+        os.close(terminal)
+        terminal = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal's other end is closed: everything was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert done.returncode == 0 and done.stdout == b""
+    text = seen.decode()
+    assert "worker_started" in text and "worker_stopped" in text
+    assert not any(line.lstrip().startswith("{") for line in text.splitlines() if line.strip())
