@@ -82,7 +82,9 @@ def _exit_codes() -> dict[str, int]:
 
 
 def _human_root(d: dict[str, Any]) -> str:
-    return table(d["groups"], [("name", "name"), ("kind", "kind"), ("summary", "summary")]) + f"\n\nmore: {d['next']}"
+    codes = table([{"code": c, "exit": n} for c, n in d["exit_codes"].items()], [("code", "error code"), ("exit", "exit")])
+    groups = table(d["groups"], [("name", "name"), ("kind", "kind"), ("summary", "summary")])
+    return f"{groups}\n\n{codes}\n\nmore: {d['next']}"
 
 
 def _human_group(d: dict[str, Any]) -> str:

@@ -300,3 +300,20 @@ def test_logs_are_readable_on_a_terminal(evq: Evq):
     text = seen.decode()
     assert "worker_started" in text and "worker_stopped" in text
     assert not any(line.lstrip().startswith("{") for line in text.splitlines() if line.strip())
+
+
+def test_recipient_domains_and_the_size_limit_come_from_the_settings(evq: Evq, smtp, db_url):
+    def refused(env: dict, **change) -> dict:
+        out = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, **change}), expect=2, **env)
+        return {f["field"]: f["message"] for f in out["error"]["context"]["fields"]}
+
+    assert "not in the allowed domains" in refused({"EVQ_ALLOWED_DOMAINS": "example.org"})["to[0]"]
+    assert "blocked" in refused({"EVQ_BLOCKED_DOMAINS": "example.com"}, cc=["x@EXAMPLE.com"])["cc[0]"]
+    assert "over the limit" in refused({"EVQ_MAX_MESSAGE_BYTES": "2048"}, text="x" * 3000)["text"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    # Enqueued while allowed, refused at send time once the settings block it: nothing leaves.
+    step = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
+    done = evq.run("worker", "run", "--drain", **smtp_env(smtp, EVQ_BLOCKED_DOMAINS="example.com"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = evq.json("steps", "show", str(step["id"]))["data"]["step"]
+    assert shown["status"] == "rejected" and "blocked" in json.dumps(shown["detail"]) and smtp.messages == []

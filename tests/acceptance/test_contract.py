@@ -89,7 +89,8 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "schema", "steps.resolve")
     run(anyone, "schema", "--all")
     run(anyone, "schema", "no.such", expect=1)
-    run(anyone, "demo")
+    run(Evq(empty_db_url), "demo")
+    run(anyone, "demo", expect=3)  # this database holds steps that are not the demo's
     run(nowhere, "demo", expect=9)
     run(anyone, "prune", "--older-than", "90d", "--dry-run")
     run(anyone, "prune", "--older-than", "90d", expect=4)
@@ -155,6 +156,8 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert [c["command"] for c in everything["commands"]] == list(LEAVES)
     human = evq.run("schema", "steps.resolve")
     assert human.returncode == 0 and "--provider-message-id" in human.stdout
+    human = evq.run("schema").stdout  # the groups and the exit codes, for people too
+    assert "steps" in human and all(re.search(rf"{code}\s+{n}\b", human) for code, n in root["exit_codes"].items())
 
 
 @pytest.mark.parametrize("path", list(LEAVES))

@@ -218,3 +218,14 @@ def test_bad_resolve_arguments_are_refused_before_anything(db_url):
     assert alice.json("steps", "resolve", str(step.id), "--as", "maybe", "--note", "n", expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert alice.json("steps", "resolve", "999999", "--as", "rejected", "--note", "n", expect=1)["error"]["code"] == "E_NOT_FOUND"
     assert operator_evidence(db_url) == [] and step_row(db_url, step.id)["status"] == "unknown"
+
+
+def test_bulk_closes_the_rows_its_filters_matched_when_it_started(db_url):
+    steps = make_unknown(db_url, 2, hours_ago=3)
+    with bulk_waiting_on(db_url, held(steps[1].id), "--older-than", "2h") as (proc, holder):
+        # Matches the filter (and would sort first), but became unknown after the bulk close started.
+        [late] = make_unknown(db_url, hours_ago=5)
+        holder.rollback()
+        out = finish(proc, expect=0)
+    assert [(r["id"], r["outcome"]) for r in out["data"]["results"]] == [(s.id, "succeeded") for s in steps]
+    assert step_row(db_url, late.id)["status"] == "unknown"
