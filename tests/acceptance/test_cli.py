@@ -317,3 +317,18 @@ def test_recipient_domains_and_the_size_limit_come_from_the_settings(evq: Evq, s
     assert done.returncode == 0, done.stderr[-2000:]
     shown = evq.json("steps", "show", str(step["id"]))["data"]["step"]
     assert shown["status"] == "rejected" and "blocked" in json.dumps(shown["detail"]) and smtp.messages == []
+
+
+def test_a_database_a_newer_evq_migrated_is_refused_with_the_right_advice(db_url):
+    """An older evq (a worker not yet upgraded) meets a database at a revision it does not know:
+    `evq db upgrade` cannot fix that, so no command says it would, and none crashes."""
+    from tests.support import execute
+
+    execute(db_url, "UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    evq = Evq(db_url)
+    for args in (("worker", "run", "--drain", "--adapter", "null"), ("db", "upgrade"), ("db", "upgrade", "--dry-run"),
+                 ("db", "status")):
+        error = evq.json(*args, expect=5)["error"]
+        assert error["code"] == "E_SCHEMA_MISMATCH" and "9999_from_the_future" in error["message"], args
+        assert "newer evq" in error["hint"] and "never goes back" in error["hint"], args
+    assert rows(db_url, "SELECT version_num FROM alembic_version") == [{"version_num": "9999_from_the_future"}]
