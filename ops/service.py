@@ -66,6 +66,8 @@ LIST_LIMIT_MAX = 1000
 
 _DURATION = re.compile(r"^(\d{1,9})\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Older than a century is older than any row; longer ones would not fit a date (now - 3000 years).
+MAX_DURATION = timedelta(days=36500)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +189,10 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text.strip())
     if not match:
         raise InvalidRequest([{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text[:40]!r}"}])
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    duration = timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    if duration > MAX_DURATION:
+        raise InvalidRequest([{"field": "--older-than", "message": f"at most {MAX_DURATION.days}d, got {text[:40]!r}"}])
+    return duration
 
 
 def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, Any], **paging: Any) -> StepFilter:

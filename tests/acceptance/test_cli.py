@@ -332,3 +332,11 @@ def test_a_database_a_newer_evq_migrated_is_refused_with_the_right_advice(db_url
         assert error["code"] == "E_SCHEMA_MISMATCH" and "9999_from_the_future" in error["message"], args
         assert "newer evq" in error["hint"] and "never goes back" in error["hint"], args
     assert rows(db_url, "SELECT version_num FROM alembic_version") == [{"version_num": "9999_from_the_future"}]
+
+
+def test_a_duration_too_long_for_a_date_is_a_field_error_not_a_crash(evq: Evq):
+    for args in (("steps", "list"), ("prune", "--dry-run"),
+                 ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--dry-run")):
+        out = evq.json(*args, "--older-than", "1000000d", expect=2)
+        assert out["error"]["context"]["fields"][0]["field"] == "--older-than", args
+    assert evq.json("steps", "list", "--older-than", "36500d")["meta"]["total"] == 0
