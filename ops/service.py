@@ -63,6 +63,7 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
     ("recipient_domain", None, "Only rows with a recipient at this domain."),
 )
 LIST_LIMIT_MAX = 1000
+MAX_ID = 2**63 - 1  # a step id is a bigint; so are LIMIT and OFFSET
 
 _DURATION = re.compile(r"^(\d{1,9})\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -340,3 +340,21 @@ def test_a_duration_too_long_for_a_date_is_a_field_error_not_a_crash(evq: Evq):
         out = evq.json(*args, "--older-than", "1000000d", expect=2)
         assert out["error"]["context"]["fields"][0]["field"] == "--older-than", args
     assert evq.json("steps", "list", "--older-than", "36500d")["meta"]["total"] == 0
+
+
+def test_out_of_range_numbers_and_bytes_that_are_not_utf8_are_argument_errors(evq: Evq):
+    """Refused as bad arguments (exit 2), never an E_INTERNAL from the database or the encoder."""
+    import os
+
+    huge = str(2**64)
+    for args in (("steps", "show", huge), ("steps", "resolve", huge, "--as", "rejected", "--note", "n"),
+                 ("steps", "list", "--offset", huge),
+                 ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--limit", huge)):
+        assert evq.json(*args, expect=2)["error"]["code"] == "E_INVALID_ARG", args
+    not_utf8 = os.fsdecode(b"run-\xff")
+    for args in (("steps", "list", "--run-id", not_utf8), ("runs", "show", not_utf8),
+                 ("steps", "resolve", "--status", "unknown", "--provider", not_utf8, "--as", "rejected", "--note", "n")):
+        error = evq.json(*args, expect=2)["error"]
+        assert error["code"] == "E_INVALID_ARG" and "not valid UTF-8" in error["message"], args
+    human = evq.run("runs", "show", not_utf8)
+    assert human.returncode == 2 and "not valid UTF-8" in human.stderr
