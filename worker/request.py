@@ -474,6 +474,10 @@ def _headers(value: Any, errors: _Errors) -> dict[str, str]:
         if len(raw_value) > MAX_HEADER_VALUE:
             errors.add(where, f"longer than {MAX_HEADER_VALUE} characters")
             continue
+        if canonical in out:
+            # Names are case-insensitive: "In-Reply-To" and "in-reply-to" are one header given twice.
+            errors.add(where, f"{canonical} given twice (header names ignore case); give it once")
+            continue
         out[canonical] = raw_value
     return out
 

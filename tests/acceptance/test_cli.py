@@ -71,6 +71,10 @@ def test_validation_errors_are_field_named_and_write_nothing(evq: Evq, db_url):
     assert evq.json("enqueue", "--file", "-", input="{not json", expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert evq.json("enqueue", "--file", "-", input="[" * 100_000, expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert evq.json("enqueue", "--no-such-flag", expect=2)["error"]["code"] == "E_INVALID_ARG"
+    twice = evq.json("enqueue", "--run-id", "r", "--step-id", "s", "--to", "a@example.com", "--from", "agent@example.org",
+                     "--subject", "s", "--text", "t", "--header", "References: <a@b>", "--header", "References: <c@d>",
+                     expect=2)  # not silently the last one
+    assert twice["error"]["context"]["fields"] == [{"field": "--header", "message": "References given twice; give it once"}]
     human = evq.run("enqueue", "--file", "-", input=json.dumps(bad))
     assert human.returncode == 2 and "to[0]" in human.stderr and human.stdout == ""
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
