@@ -42,3 +42,21 @@ def test_every_error_code_is_documented_with_its_exit_code():
     assert _code_table(README) == EXIT_CODES
     assert _code_table(ERROR_CODES) == EXIT_CODES
     assert "130" in README and "130" in ERROR_CODES
+
+
+def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
+    """The README's commands call `evq`, the console script `pip install -e .` puts on PATH
+    (every other test runs `python -m ops.cli`, so this is the one that checks the script)."""
+    import shutil
+    import subprocess
+    import tomllib
+    from importlib.metadata import entry_points
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {"evq": "ops.cli:main"}
+    assert [e.value for e in entry_points(group="console_scripts", name="evq")] == ["ops.cli:main"]
+    script = shutil.which("evq")
+    assert script, "the evq console script is not installed: python3 -m pip install -e '.[test]'"
+    done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "evq demo" in done.stdout
+    for part in ("pyproject.toml", "worker", "migrations", "adapters", "ops", "tests", "docker-compose.yml"):
+        assert (ROOT / part).exists(), part
