@@ -22,7 +22,7 @@ from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateCo
 from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
 from worker.ports import StepFilter
 from worker.records import StepSummary
-from worker.request import Policy, ValidRequest
+from worker.request import Policy, ValidRequest, unicode_domain
 from worker.resolution import Resolution
 from worker.states import Status
 from worker.timeline import run_events
@@ -210,7 +210,8 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
         run_id=filters.get("run_id"),
         provider=filters.get("provider"),
         created_before=now - parse_duration(older_than) if older_than else None,
-        recipient_domain=filters.get("recipient_domain"),
+        # Addresses are stored with Unicode domains; an operator may paste the xn-- form from a log.
+        recipient_domain=unicode_domain(filters["recipient_domain"]) if filters.get("recipient_domain") else None,
         **paging,
     )
 

@@ -438,6 +438,19 @@ def ascii_domain(email: str) -> str:
         return domain.lower()
 
 
+def unicode_domain(domain: str) -> str:
+    """A domain as stored in a normalized address (Unicode, lower case), whichever form it is
+    given in: ``xn--bcher-kva.example`` and ``BÜCHER.example`` are both ``bücher.example``."""
+    labels = []
+    for label in domain.lower().split("."):
+        try:
+            # Only xn-- labels are decoded (punycode, no other mapping): a Unicode label stays as given.
+            labels.append(label[4:].encode("ascii").decode("punycode") if label.startswith("xn--") else label)
+        except UnicodeError:
+            labels.append(label)
+    return ".".join(labels)
+
+
 def _domain_matches(domain: str, rule: str) -> bool:
     rule = rule.lower().lstrip(".")
     return domain == rule or domain.endswith("." + rule)

@@ -238,6 +238,9 @@ def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
     assert ids("--recipient-domain", "example.net") == [old, middle, recent]
     assert ids("--recipient-domain", "EXAMPLE.org") == [pending]
     assert ids("--provider", "null") == [pending]
+    # Stored with a Unicode domain; found by it, whatever its case, and by the xn-- form a log shows.
+    idn = with_store(db_url, lambda store: store.enqueue(valid(to=["x@bücher.example"]))).id
+    assert ids("--recipient-domain", "BÜCHER.example") == ids("--recipient-domain", "xn--bcher-kva.example") == [idn]
     assert ids("--provider", "smtp", "--recipient-domain", "example.com", "--older-than", "1h") == [middle]
     page = reader.json("steps", "list", "--status", "unknown", "--limit", "1", "--offset", "1")
     assert [s["id"] for s in page["data"]] == [middle]
