@@ -15,11 +15,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from adapters.postgres.database import upgrade
+import psycopg
+
+from adapters.postgres.database import connect_kwargs, translated, upgrade
 from adapters.postgres.enqueue import enqueue_own
+from adapters.postgres.queries import Q
 from ops import wiring
 from ops.devhttp import DevHttpServer
 from ops.devsmtp import DevSmtpServer
+from worker.errors import StateConflict
 from worker.ports import StepFilter
 from worker.settings import Settings
 
@@ -77,11 +81,25 @@ async def _run(settings: Settings, url: str, run_id: str) -> tuple[int, list[dic
     return code, steps
 
 
+def _refuse_a_shared_database(url: str) -> None:
+    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+        n, example = conn.execute(Q["demo_foreign_steps"]).fetchone()
+    if n:
+        raise StateConflict(
+            f"this database holds {n} step(s) that are not the demo's (run {example!r}, ...): the demo's worker "
+            "would send them to its loopback servers, and this database's workers would send the demo's",
+            hint="run the demo on the embedded database (unset EVQ_DATABASE_URL, or set EVQ_DATA_DIR to a new "
+            "folder) or on a database of its own",
+            context={"foreign_steps": n},
+        )
+
+
 def run_demo(settings: Settings) -> DemoResult:
     import asyncio
 
     url = wiring.database_url(settings)
     upgrade(url)
+    _refuse_a_shared_database(url)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with DevSmtpServer() as sink, DevHttpServer(api_key=API_KEY, dedupe_window=DEDUPE_WINDOW) as api:
         settings = replace(

@@ -22,7 +22,7 @@ from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateCo
 from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
 from worker.ports import StepFilter
 from worker.records import StepSummary
-from worker.request import Policy, ValidRequest
+from worker.request import Policy, ValidRequest, unicode_domain
 from worker.resolution import Resolution
 from worker.states import Status
 from worker.timeline import run_events
@@ -63,9 +63,12 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
     ("recipient_domain", None, "Only rows with a recipient at this domain."),
 )
 LIST_LIMIT_MAX = 1000
+MAX_ID = 2**63 - 1  # a step id is a bigint; so are LIMIT and OFFSET
 
 _DURATION = re.compile(r"^(\d{1,9})\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Older than a century is older than any row; longer ones would not fit a date (now - 3000 years).
+MAX_DURATION = timedelta(days=36500)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +190,10 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text.strip())
     if not match:
         raise InvalidRequest([{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text[:40]!r}"}])
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    duration = timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    if duration > MAX_DURATION:
+        raise InvalidRequest([{"field": "--older-than", "message": f"at most {MAX_DURATION.days}d, got {text[:40]!r}"}])
+    return duration
 
 
 def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, Any], **paging: Any) -> StepFilter:
@@ -204,7 +210,8 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
         run_id=filters.get("run_id"),
         provider=filters.get("provider"),
         created_before=now - parse_duration(older_than) if older_than else None,
-        recipient_domain=filters.get("recipient_domain"),
+        # Addresses are stored with Unicode domains; an operator may paste the xn-- form from a log.
+        recipient_domain=unicode_domain(filters["recipient_domain"]) if filters.get("recipient_domain") else None,
         **paging,
     )
 

@@ -450,6 +450,19 @@ def _ascii(domain: str) -> str:
         return domain.lower()
 
 
+def unicode_domain(domain: str) -> str:
+    """A domain as stored in a normalized address (Unicode, lower case), whichever form it is
+    given in: ``xn--bcher-kva.example`` and ``BÜCHER.example`` are both ``bücher.example``."""
+    labels = []
+    for label in domain.lower().split("."):
+        try:
+            # Only xn-- labels are decoded (punycode, no other mapping): a Unicode label stays as given.
+            labels.append(label[4:].encode("ascii").decode("punycode") if label.startswith("xn--") else label)
+        except UnicodeError:
+            labels.append(label)
+    return ".".join(labels)
+
+
 def _domain_matches(domain: str, rule: str) -> bool:
     rule = _ascii(rule.strip().lstrip("."))  # a rule may be written in either form
     return domain == rule or domain.endswith("." + rule)
@@ -485,6 +498,10 @@ def _headers(value: Any, errors: _Errors) -> dict[str, str]:
             continue
         if len(raw_value) > MAX_HEADER_VALUE:
             errors.add(where, f"longer than {MAX_HEADER_VALUE} characters")
+            continue
+        if canonical in out:
+            # Names are case-insensitive: "In-Reply-To" and "in-reply-to" are one header given twice.
+            errors.add(where, f"{canonical} given twice (header names ignore case); give it once")
             continue
         out[canonical] = raw_value
     return out

@@ -26,6 +26,7 @@ from worker.errors import (
 )
 
 UPGRADE_HINT = "run `evq db upgrade` (same EVQ_DATABASE_URL) to migrate it"
+NEWER_HINT = "a newer evq migrated this database: run that evq version (or a later one) here; `evq db upgrade` never goes back"
 
 
 def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
@@ -77,12 +78,28 @@ def head_revision() -> str:
     return head
 
 
+def known_revision(url: str) -> str | None:
+    """The database's revision, refused (SchemaMismatch) when this evq has no such revision:
+    a newer evq migrated it, and neither this evq's code nor its migrations fit it."""
+    from alembic.script import ScriptDirectory
+
+    current = current_revision(url)
+    known = {r.revision for r in ScriptDirectory.from_config(alembic_config(url)).walk_revisions()}
+    if current is not None and current not in known:
+        raise SchemaMismatch(
+            f"the database is at revision {current}, which this evq does not know; this evq needs {head_revision()}",
+            hint=NEWER_HINT,
+            context={"current": current, "expected": head_revision()},
+        )
+    return current
+
+
 def pending_revisions(url: str) -> list[str]:
     """The revisions `upgrade` would apply, oldest first."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config(url))
-    current = current_revision(url)
+    current = known_revision(url)
     pending = [r.revision for r in script.iterate_revisions("heads", current)]
     return list(reversed(pending))
 
@@ -91,7 +108,7 @@ def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
     """Migrate; return (revision before, revision after)."""
     from alembic import command
 
-    before = current_revision(url)
+    before = known_revision(url)
     with translated():
         command.upgrade(alembic_config(url), revision)
     return before, current_revision(url) or ""
@@ -109,7 +126,7 @@ def current_revision(url: str) -> str | None:
 def check_at_head(url: str) -> str:
     """Raise SchemaMismatch unless the database is at this evq's head revision."""
     head = head_revision()
-    current = current_revision(url)
+    current = known_revision(url)
     if current != head:
         state = "has no evq schema" if current is None else f"is at revision {current}"
         raise SchemaMismatch(

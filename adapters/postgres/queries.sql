@@ -913,3 +913,13 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pendin
        (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
        ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated
 FROM lag l, in_flight f;
+
+
+-- name: demo_foreign_steps
+-- `evq demo` runs a worker whose adapters point at loopback sinks: on a database
+-- that holds anyone else's steps it would claim their sends and "deliver" them
+-- to the sink, and that database's own workers would send the demo's. So the
+-- demo runs only where every step is a demo's (run ids `demo-...`).
+SELECT count(*)::bigint AS n, min(run_id) AS example
+FROM email_steps
+WHERE run_id NOT LIKE 'demo-%';

@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     configure_from_env()
     try:
+        _refuse_undecodable(args)
         code = cli.main(args=args, prog_name="evq", standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
@@ -84,6 +85,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         exc.show()
         code = exc.exit_code
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse_undecodable(args: list[str]) -> None:
+    """Bytes that are not UTF-8 reach Python as lone surrogates, which no database or JSON
+    output can carry: refuse them here, for every command, as the bad argument they are."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise click.UsageError(f"argument {ascii(arg)[:80]} is not valid UTF-8") from None
 
 
 def _param_name(exc: click.UsageError) -> str:

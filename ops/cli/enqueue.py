@@ -122,7 +122,11 @@ def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     if decision:
         request["decision"] = decision
     if flags.get("headers"):
-        request["headers"] = dict(_header(h) for h in flags["headers"])
+        pairs = [_header(h) for h in flags["headers"]]
+        request["headers"] = dict(pairs)
+        if len(request["headers"]) < len(pairs):  # a dict would keep only the last of a repeated name
+            twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+            raise InvalidRequest([{"field": "--header", "message": f"{', '.join(twice)} given twice; give it once"}])
     if flags.get("max_attempts") is not None:
         request["max_attempts"] = flags["max_attempts"]
     return request

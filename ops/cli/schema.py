@@ -81,8 +81,13 @@ def _exit_codes() -> dict[str, int]:
     return {**EXIT_CODES, "interrupted": EXIT_INTERRUPTED}
 
 
+def _human_codes(codes: dict[str, int]) -> str:
+    return table([{"code": c, "exit": n} for c, n in codes.items()], [("code", "error code"), ("exit", "exit")])
+
+
 def _human_root(d: dict[str, Any]) -> str:
-    return table(d["groups"], [("name", "name"), ("kind", "kind"), ("summary", "summary")]) + f"\n\nmore: {d['next']}"
+    groups = table(d["groups"], [("name", "name"), ("kind", "kind"), ("summary", "summary")])
+    return f"{groups}\n\n{_human_codes(d['exit_codes'])}\n\nmore: {d['next']}"
 
 
 def _human_group(d: dict[str, Any]) -> str:
@@ -101,4 +106,4 @@ def _human_command(d: dict[str, Any]) -> str:
 
 
 def _human_all(d: dict[str, Any]) -> str:
-    return "\n\n".join(_human_command(c) for c in d["commands"])
+    return "\n\n".join([*(_human_command(c) for c in d["commands"]), _human_codes(d["exit_codes"])])

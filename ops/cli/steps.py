@@ -10,7 +10,7 @@ from ops import service, wiring
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import EXIT_CODES, Output, age, table
-from ops.service import LIST_LIMIT_MAX, Caller
+from ops.service import LIST_LIMIT_MAX, MAX_ID, Caller
 from worker.keys import Permission
 from worker.resolution import Resolution, Verdict
 from worker.states import Status
@@ -36,7 +36,7 @@ def steps() -> None:
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]), help="Only these states; repeatable.")
 @filter_options
 @click.option("--limit", type=click.IntRange(1, LIST_LIMIT_MAX), default=50, show_default=True, help="Rows per page.")
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Rows to skip (meta.total counts them all).")
+@click.option("--offset", type=click.IntRange(0, MAX_ID), default=0, show_default=True, help="Rows to skip (meta.total counts them all).")
 @output_option
 @database_option
 @command
@@ -71,7 +71,7 @@ def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
 
 
 @steps.command("show")
-@click.argument("step_id", type=int)
+@click.argument("step_id", type=click.IntRange(1, MAX_ID))
 @output_option
 @database_option
 @command
@@ -147,7 +147,7 @@ def _human_detail(d: dict[str, Any]) -> str:
 
 
 @steps.command("resolve")
-@click.argument("step_id", type=int, required=False)
+@click.argument("step_id", type=click.IntRange(1, MAX_ID), required=False)
 @click.option("--as", "verdict", required=True, type=click.Choice([v.value for v in Verdict]),
               help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same Message-ID).")
 @click.option("--note", required=True, help="Why: what was checked and what was found (kept in the evidence).")
@@ -157,7 +157,7 @@ def _human_detail(d: dict[str, Any]) -> str:
 @click.option("--status", "statuses", multiple=True, type=click.Choice([Status.UNKNOWN.value]),
               help="Bulk (no STEP_ID): every row in this state that matches the filters below.")
 @filter_options
-@click.option("--limit", type=click.IntRange(1), default=None, help="Bulk: at most this many rows, oldest first.")
+@click.option("--limit", type=click.IntRange(1, MAX_ID), default=None, help="Bulk: at most this many rows, oldest first.")
 @click.option("--max-failures", type=click.IntRange(1), default=None, metavar="N",
               help="Bulk: stop after N consecutive failures (exit 8).")
 @dry_run_option

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from ops import service
 from ops.contract import Timer, plain, success
 from ops.schemas import check_arguments, command_input, request_schema
-from ops.service import FILTERS, LIST_LIMIT_MAX, Caller, Reply
+from ops.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
 from ops.web.openapi import component_name, ref
 from ops.web.protocol import KEY_SOURCE, BadRequest, bearer_key, read_json
 from ops.web.state import AppState
@@ -21,7 +21,6 @@ from worker.keys import Permission
 from worker.resolution import Resolution
 from worker.states import Status
 
-MAX_ID = 2**63 - 1
 # The bulk-only parameters of `steps resolve`; the single-row body has the rest.
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 _FILTER_HELP = {name: help_text for name, _, help_text in FILTERS}

@@ -89,7 +89,8 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "schema", "steps.resolve")
     run(anyone, "schema", "--all")
     run(anyone, "schema", "no.such", expect=1)
-    run(anyone, "demo")
+    run(Evq(empty_db_url), "demo")
+    run(anyone, "demo", expect=3)  # this database holds steps that are not the demo's
     run(nowhere, "demo", expect=9)
     run(anyone, "prune", "--older-than", "90d", "--dry-run")
     run(anyone, "prune", "--older-than", "90d", expect=4)
@@ -156,6 +157,9 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert [c["command"] for c in everything["commands"]] == list(LEAVES)
     human = evq.run("schema", "steps.resolve")
     assert human.returncode == 0 and "--provider-message-id" in human.stdout
+    for args in (("schema",), ("schema", "--all")):  # the exit codes, for people too
+        human = evq.run(*args).stdout
+        assert "steps" in human and all(re.search(rf"{code}\s+{n}\b", human) for code, n in root["exit_codes"].items())
 
 
 @pytest.mark.parametrize("path", list(LEAVES))
@@ -199,3 +203,20 @@ def test_the_bundled_schema_validates_without_the_files(db_url):
     assert not list(Draft202012Validator(bundled).iter_errors(out))
     assert "_common.schema.json" not in json.dumps(bundled)
     assert registry()  # the files themselves resolve too (tests/contract.py)
+
+
+def test_an_unexpected_failure_is_e_internal_exit_1_with_the_traceback_on_stderr(db_url):
+    """A bug (here: a column the query needs is gone) is still one JSON object on stdout, code
+    E_INTERNAL and exit 1, with the detail in the log on stderr, never on stdout."""
+    from tests.support import execute
+
+    execute(db_url, "ALTER TABLE email_steps RENAME COLUMN reason TO reason_gone")
+    evq = Evq(db_url)
+    out = evq.json("steps", "list", expect=1)
+    assert out["error"]["code"] == "E_INTERNAL" and "see the log on stderr" in out["error"]["message"]
+    done = evq.run("steps", "list", "-o", "json")
+    assert "Traceback" not in done.stdout
+    logged = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [e["event"] for e in logged] == ["internal_error"] and "UndefinedColumn" in logged[0]["exception"]
+    human = evq.run("steps", "list")
+    assert human.returncode == 1 and human.stdout == "" and "internal error" in human.stderr

@@ -49,3 +49,15 @@ def test_demo_on_the_embedded_database(tmp_path):
     # The same default database serves the next command: the operator can look at the demo's rows.
     listed = evq.json("steps", "list", "--status", "unknown")
     assert [s["step_id"] for s in listed["data"]] == ["report"]
+
+
+def test_demo_refuses_a_database_that_holds_other_steps(evq: Evq, db_url):
+    """Its worker sends through loopback servers: on someone's real queue it would claim their
+    sends and "deliver" them there. It changes nothing and says where to run instead."""
+    from tests.support import rows, valid, with_store
+
+    theirs = with_store(db_url, lambda store: store.enqueue(valid(run_id="production", to=["real@example.com"])))
+    out = evq.json("demo", expect=3)
+    assert out["error"]["code"] == "E_CONFLICT" and "EVQ_DATABASE_URL" in out["error"]["hint"]
+    assert out["error"]["context"] == {"foreign_steps": 1}
+    assert rows(db_url, "SELECT id, status FROM email_steps") == [{"id": theirs.id, "status": "pending"}]

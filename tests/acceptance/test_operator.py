@@ -246,3 +246,14 @@ def test_a_send_closed_as_rejected_tells_the_notify_address_named_at_enqueue(evq
     assert "bounced per the relay log" in notice["payload"]["text"]
     [told] = rows(db_url, "SELECT * FROM evidence WHERE kind = 'notice_enqueued'")
     assert told["step_id"] == bounced and told["actor"] == "test-admin"
+
+
+def test_bulk_closes_the_rows_its_filters_matched_when_it_started(db_url):
+    steps = make_unknown(db_url, 2, hours_ago=3)
+    with bulk_waiting_on(db_url, held(steps[1].id), "--older-than", "2h") as (proc, holder):
+        # Matches the filter (and would sort first), but became unknown after the bulk close started.
+        [late] = make_unknown(db_url, hours_ago=5)
+        holder.rollback()
+        out = finish(proc, expect=0)
+    assert [(r["id"], r["outcome"]) for r in out["data"]["results"]] == [(s.id, "succeeded") for s in steps]
+    assert step_row(db_url, late.id)["status"] == "unknown"

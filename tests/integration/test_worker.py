@@ -157,3 +157,39 @@ async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url
     for event in sends:
         assert event["run_id"] == "run-log" and event["step_id"] == "logged" and event["step"] == i
         assert event["idempotency_key"] == "run-log:logged" and event["attempt"] in (1, 2)
+
+
+async def test_an_idle_worker_wakes_on_notify_not_on_its_poll(store, db_url):
+    """Enqueue notifies; the listening worker claims at once although its poll interval
+    is an hour. Without the notification this test would wait for the poll and time out."""
+    from adapters.postgres.listen import PostgresWakeup
+
+    class Watched(PostgresWakeup):
+        def __init__(self, url: str):
+            super().__init__(url)
+            self.idle = asyncio.Event()  # the worker waits with no wakeup pending
+
+        async def wait(self, timeout: float) -> bool:
+            if not self._event.is_set():
+                self.idle.set()
+            try:
+                return await super().wait(timeout)
+            finally:
+                self.idle.clear()
+
+    wakeup = await Watched.start(db_url, mode="on")
+    provider = ScriptedProvider()
+    worker = Worker(store, {"smtp": provider}, replace(SETTINGS, poll_interval=3600), wakeup=wakeup)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await asyncio.wait_for(wakeup.idle.wait(), 30)
+        [i] = await enqueue(store, 1, step_id="woken")
+        deadline = asyncio.get_running_loop().time() + 30
+        while step_row(db_url, i)["status"] != "accepted":
+            assert asyncio.get_running_loop().time() < deadline, "the notification did not wake the worker"
+            await asyncio.sleep(0.05)
+    finally:
+        worker.request_stop()
+        code = await asyncio.wait_for(task, 30)
+        await wakeup.close()
+    assert code == 0 and len(provider.calls) == 1

@@ -73,3 +73,21 @@ def test_the_failure_matrix_names_tests_that_exist_and_the_readme_links_it():
     for n, cell in rows:
         assert "::test_" in cell, f"row {n} names no test function"
     assert "](docs/failure-matrix.md)" in README
+
+
+def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
+    """The README's commands call `evq`, the console script `pip install -e .` puts on PATH
+    (every other test runs `python -m ops.cli`, so this is the one that checks the script)."""
+    import shutil
+    import subprocess
+    import tomllib
+    from importlib.metadata import entry_points
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {"evq": "ops.cli:main"}
+    assert [e.value for e in entry_points(group="console_scripts", name="evq")] == ["ops.cli:main"]
+    script = shutil.which("evq")
+    assert script, "the evq console script is not installed: python3 -m pip install -e '.[test]'"
+    done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "evq demo" in done.stdout
+    for part in ("pyproject.toml", "worker", "migrations", "adapters", "ops", "tests", "docker-compose.yml"):
+        assert (ROOT / part).exists(), part

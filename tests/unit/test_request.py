@@ -53,6 +53,7 @@ def test_a_good_request_is_normalized_and_hashed():
         ({"from": None}, "from", "required"),
         ({"headers": {"X-Mailer": "me"}}, "headers.X-Mailer", "not allowed"),
         ({"headers": {"In-Reply-To": "<a@b>\r\nBcc: x@y.com"}}, "headers.In-Reply-To", "CR, LF"),
+        ({"headers": {"In-Reply-To": "<a@b>", "in-reply-to": "<c@d>"}}, "headers.in-reply-to", "given twice"),
         ({"decision": {"model": "m", "mood": "happy"}}, "decision.mood", "unknown field"),
         ({"decision": {"decided_at": "yesterday"}}, "decision.decided_at", "ISO 8601"),
         ({"decision": {"decided_at": "2026-01-01T10:00:00"}}, "decision.decided_at", "time zone"),

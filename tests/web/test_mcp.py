@@ -61,7 +61,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     listed = tools["evq_steps_list"].input_schema["properties"]
     assert listed["limit"]["maximum"] == 1000 and listed["older_than"]["description"].startswith("Only rows older")
     assert tools["evq_runs_get"].input_schema["required"] == ["run_id"]
-    assert tools["evq_steps_get"].input_schema["properties"] == {"id": {"type": "integer"}}
+    assert tools["evq_steps_get"].input_schema["properties"] == {"id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}
     assert tools["evq_steps_get"].annotations.read_only_hint is True
     assert tools["evq_email_send"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
 
