@@ -526,19 +526,25 @@ class Bench:
                         conn.commit()
                 return len(requests) / (time.perf_counter() - started), None
 
-        values, _ = self.repeat(lambda: single(True))
-        self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", values,
-                        note="validation + decision and step in one statement, autocommit: one round trip each"))
-        values, _ = self.repeat(lambda: single(False))
-        self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s", values,
-                        note="BEGIN, validation + decision and step, COMMIT: three round trips each"))
+        # Each run measures evq and (when installed) pgqueuer back to back, so the ratio
+        # compares the two under the same load, not minutes apart on a shared machine.
+        own, in_caller, batch, peer = [], [], [], []
         writes = getattr(self, "batch_enqueue_seconds", [])
-        if not writes:
-            values, _ = self.repeat(lambda: self._batch_once())
-        else:
-            values = [c.steps / s for s in writes]
-        self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s", values,
+        for _ in range(c.runs):
+            own.append(single(True)[0])
+            if self.peer_driver is not None:
+                peer.append(self._pgqueuer_enqueue_once())
+            in_caller.append(single(False)[0])
+            if not writes:
+                batch.append(self._batch_once()[0])
+        self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", own,
+                        note="validation + decision and step in one statement, autocommit: one round trip each"))
+        self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s", in_caller,
+                        note="BEGIN, validation + decision and step, COMMIT: three round trips each"))
+        self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s", batch or [c.steps / s for s in writes],
                         note=f"{c.steps} validated requests in one transaction"))
+        if peer:
+            self._add_pgqueuer_enqueue(peer, "measured alternately with evq's enqueue")
         validate = self.prefill.validate_seconds.get(c.steps)
         if validate:
             self.add(Figure("enqueue", "evq request validation (before any write)", "requests/s",
@@ -670,17 +676,25 @@ class Bench:
 
             values, rss = self.repeat(once)
             self.add(Figure("peer", label, "jobs/s", values, rss, note=f"{c.steps} no-op jobs, {self.peer_driver}"))
-        single, batch = [], []
-        for _ in range(c.runs):
-            name = self.db.create()
-            try:
-                s, b = asyncio.run(pgqueuer_enqueue(self.db.url(name), self.peer_driver, c.enqueue_single, c.steps))
-            finally:
-                self.db.drop(name)
-            single.append(s)
-            batch.append(b)
-        self.add(Figure("peer", "pgqueuer single enqueue", "jobs/s", single, note=f"{c.enqueue_single} jobs"))
-        self.add(Figure("peer", "pgqueuer batch enqueue", "jobs/s", batch, note=f"{c.steps} jobs in one call"))
+        if self._find("peer", "pgqueuer single") is None:  # the enqueue mode measures it when it runs
+            self._add_pgqueuer_enqueue([self._pgqueuer_enqueue_once() for _ in range(c.runs)], None)
+
+    def _pgqueuer_enqueue_once(self) -> tuple[float, float]:
+        """pgqueuer's single and batch enqueue rates, in a fresh database."""
+        assert self.peer_driver is not None
+        c = self.config
+        name = self.db.create()
+        try:
+            return asyncio.run(pgqueuer_enqueue(self.db.url(name), self.peer_driver, c.enqueue_single, c.steps))
+        finally:
+            self.db.drop(name)
+
+    def _add_pgqueuer_enqueue(self, runs: list[tuple[float, float]], how: str | None) -> None:
+        c, when = self.config, f", {how}" if how else ""
+        self.add(Figure("peer", "pgqueuer single enqueue", "jobs/s", [s for s, _ in runs],
+                        note=f"{c.enqueue_single} jobs{when}"))
+        self.add(Figure("peer", "pgqueuer batch enqueue", "jobs/s", [b for _, b in runs],
+                        note=f"{c.steps} jobs in one call{when}"))
 
     # ratios ------------------------------------------------------------------------------------------
 
