@@ -426,7 +426,7 @@ def _plain_address(addr: str) -> str | None:
     return normalized
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=8192)
 def _checked_domain(domain: str) -> tuple[str, str] | None:
     """email_validator's (normalized, ASCII) forms of a domain, or None if it refuses it."""
     try:
@@ -488,10 +488,8 @@ def _ascii(domain: str) -> str:
     adapters use. Python's own "idna" codec is IDNA 2003, which maps ß, ς and joiners
     differently (straße.example -> strasse.example, not xn--strae-oqa.example): a domain
     rule checked in that form could be dodged, or could admit a different domain."""
-    try:
-        return validate_email("x@" + domain, check_deliverability=False).ascii_domain.lower()
-    except (EmailNotValidError, UnicodeError, ValueError):
-        return domain.lower()
+    names = _checked_domain(domain)
+    return names[1].lower() if names else domain.lower()
 
 
 def unicode_domain(domain: str) -> str:
