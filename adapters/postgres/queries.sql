@@ -10,10 +10,13 @@
 -- on any of its unique keys) and the decision is written only if the step was,
 -- so a repeated enqueue leaves no orphan decision. The decision id is taken from
 -- the sequence up front; the foreign key is checked at the end of the statement.
+-- The sequence is named (decisions_id_seq, the column's default since 0001), not
+-- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the
+-- batch statement on every row.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
-    SELECT nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    SELECT nextval('decisions_id_seq'::regclass) AS decision_id
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
@@ -66,7 +69,7 @@ WITH t AS (
            e.v->>4 AS provider, e.v->>5 AS payload_sha256, (e.v->>6)::int AS max_attempts, e.v->>7 AS notify,
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
-           e.v->15 AS payload, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+           e.v->15 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
@@ -425,7 +428,7 @@ ORDER BY s.id;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), n AS (
-    SELECT n.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    SELECT n.*, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM unnest(
         %(notice_of)s::bigint[], %(kinds)s::text[], %(run_ids)s::text[], %(step_ids)s::text[], %(keys)s::text[],
         %(message_ids)s::text[], %(providers)s::text[], %(payloads)s::jsonb[], %(digests)s::text[],
