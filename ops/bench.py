@@ -537,14 +537,25 @@ class Bench:
             in_caller.append(single(False)[0])
             if not writes:
                 batch.append(self._batch_once()[0])
-        self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", own,
-                        note="validation + decision and step in one statement, autocommit: one round trip each"))
-        self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s", in_caller,
-                        note="BEGIN, validation + decision and step, COMMIT: three round trips each"))
-        self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s", batch or [c.steps / s for s in writes],
-                        note=f"{c.steps} validated requests in one transaction"))
+        figures = (
+            (self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", own,
+                             note="validation + decision and step in one statement, autocommit: one round trip each")),
+             "pgqueuer_single", 0),
+            (self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s",
+                             in_caller, note="BEGIN, validation + decision and step, COMMIT: three round trips each")),
+             "pgqueuer_single", 0),
+            (self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s",
+                             batch or [c.steps / s for s in writes],
+                             note=f"{c.steps} validated requests in one transaction")),
+             "pgqueuer_batch", 1),
+        )
         if peer:
             self._add_pgqueuer_enqueue(peer, "measured alternately with evq's enqueue")
+            # Paired runs: the median of each run's own ratio, so a burst of load that
+            # hits one run of both does not skew the ratio of the medians.
+            for fig, key, i in figures:
+                if len(fig.values) == len(peer):
+                    fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer))
         validate = self.prefill.validate_seconds.get(c.steps)
         if validate:
             self.add(Figure("enqueue", "evq request validation (before any write)", "requests/s",
@@ -712,9 +723,9 @@ class Bench:
                 for key, ref in (("ceiling", ceiling), ("pgqueuer_default", default), ("pgqueuer_best", best)):
                     f.ratios[key] = f.median / ref.median if ref else None
             elif f.name.startswith("evq single enqueue"):
-                f.ratios["pgqueuer_single"] = f.median / p_single.median if p_single else None
+                f.ratios.setdefault("pgqueuer_single", f.median / p_single.median if p_single else None)
             elif f.name.startswith("evq batch enqueue"):
-                f.ratios["pgqueuer_batch"] = f.median / p_batch.median if p_batch else None
+                f.ratios.setdefault("pgqueuer_batch", f.median / p_batch.median if p_batch else None)
             elif f.mode == "peer" and f.unit == "jobs/s" and "drain" in f.name and ceiling:
                 f.ratios["ceiling"] = f.median / ceiling.median
 
