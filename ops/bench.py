@@ -10,7 +10,8 @@ Modes (README, "Benchmark"):
 - latency: the null adapter answering after 50 ms, concurrency 50/200/500 per
   process, against the ideal ``concurrency / delay``.
 - enqueue: single enqueue through the Python API (decision and step in one
-  transaction each), and batch enqueue (``enqueue_many``).
+  statement, its own transaction; and inside a caller's BEGIN ... COMMIT), and
+  batch enqueue (``enqueue_many``).
 - pickup: an idle worker; steps enqueued one at a time; enqueue-to-claim p50/p99
   with LISTEN/NOTIFY and with polling only (both read from the rows' own times).
 - scale: the drain with 1,000,000 terminal rows already present, and the metrics
@@ -513,24 +514,48 @@ class Bench:
         requests = bench_requests(c.enqueue_single, run_id="single")
         policy = _policy()
 
-        def single() -> tuple[float, None]:
-            with self.db.fresh() as url, psycopg.connect(url) as conn:
+        def single(autocommit: bool) -> tuple[float, None]:
+            # Autocommit: the one statement is the transaction, as the store's pool does it
+            # (and as pgqueuer's single enqueue is measured). Otherwise the caller's BEGIN
+            # and COMMIT add two round trips around the same statement.
+            with self.db.fresh() as url, psycopg.connect(url, autocommit=autocommit) as conn:
                 started = time.perf_counter()
                 for request in requests:
                     enqueue(conn, request, policy=policy)
-                    conn.commit()
+                    if not autocommit:
+                        conn.commit()
                 return len(requests) / (time.perf_counter() - started), None
 
-        values, _ = self.repeat(single)
-        self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", values,
-                        note="validation + decision + step, one commit each"))
+        # Each run measures evq and (when installed) pgqueuer back to back, so the ratio
+        # compares the two under the same load, not minutes apart on a shared machine.
+        own, in_caller, batch, peer = [], [], [], []
         writes = getattr(self, "batch_enqueue_seconds", [])
-        if not writes:
-            values, _ = self.repeat(lambda: self._batch_once())
-        else:
-            values = [c.steps / s for s in writes]
-        self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s", values,
-                        note=f"{c.steps} validated requests in one transaction"))
+        for _ in range(c.runs):
+            own.append(single(True)[0])
+            if self.peer_driver is not None:
+                peer.append(self._pgqueuer_enqueue_once())
+            in_caller.append(single(False)[0])
+            if not writes:
+                batch.append(self._batch_once()[0])
+        figures = (
+            (self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", own,
+                             note="validation + decision and step in one statement, autocommit: one round trip each")),
+             "pgqueuer_single", 0),
+            (self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s",
+                             in_caller, note="BEGIN, validation + decision and step, COMMIT: three round trips each")),
+             "pgqueuer_single", 0),
+            (self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s",
+                             batch or [c.steps / s for s in writes],
+                             note=f"{c.steps} validated requests in one transaction")),
+             "pgqueuer_batch", 1),
+        )
+        if peer:
+            self._add_pgqueuer_enqueue(peer, "measured alternately with evq's enqueue")
+            # Paired runs: the median of each run's own ratio, so a burst of load that
+            # hits one run of both does not skew the ratio of the medians.
+            for fig, key, i in figures:
+                if len(fig.values) == len(peer):
+                    fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer))
         validate = self.prefill.validate_seconds.get(c.steps)
         if validate:
             self.add(Figure("enqueue", "evq request validation (before any write)", "requests/s",
@@ -662,17 +687,25 @@ class Bench:
 
             values, rss = self.repeat(once)
             self.add(Figure("peer", label, "jobs/s", values, rss, note=f"{c.steps} no-op jobs, {self.peer_driver}"))
-        single, batch = [], []
-        for _ in range(c.runs):
-            name = self.db.create()
-            try:
-                s, b = asyncio.run(pgqueuer_enqueue(self.db.url(name), self.peer_driver, c.enqueue_single, c.steps))
-            finally:
-                self.db.drop(name)
-            single.append(s)
-            batch.append(b)
-        self.add(Figure("peer", "pgqueuer single enqueue", "jobs/s", single, note=f"{c.enqueue_single} jobs"))
-        self.add(Figure("peer", "pgqueuer batch enqueue", "jobs/s", batch, note=f"{c.steps} jobs in one call"))
+        if self._find("peer", "pgqueuer single") is None:  # the enqueue mode measures it when it runs
+            self._add_pgqueuer_enqueue([self._pgqueuer_enqueue_once() for _ in range(c.runs)], None)
+
+    def _pgqueuer_enqueue_once(self) -> tuple[float, float]:
+        """pgqueuer's single and batch enqueue rates, in a fresh database."""
+        assert self.peer_driver is not None
+        c = self.config
+        name = self.db.create()
+        try:
+            return asyncio.run(pgqueuer_enqueue(self.db.url(name), self.peer_driver, c.enqueue_single, c.steps))
+        finally:
+            self.db.drop(name)
+
+    def _add_pgqueuer_enqueue(self, runs: list[tuple[float, float]], how: str | None) -> None:
+        c, when = self.config, f", {how}" if how else ""
+        self.add(Figure("peer", "pgqueuer single enqueue", "jobs/s", [s for s, _ in runs],
+                        note=f"{c.enqueue_single} jobs{when}"))
+        self.add(Figure("peer", "pgqueuer batch enqueue", "jobs/s", [b for _, b in runs],
+                        note=f"{c.steps} jobs in one call{when}"))
 
     # ratios ------------------------------------------------------------------------------------------
 
@@ -690,9 +723,9 @@ class Bench:
                 for key, ref in (("ceiling", ceiling), ("pgqueuer_default", default), ("pgqueuer_best", best)):
                     f.ratios[key] = f.median / ref.median if ref else None
             elif f.name.startswith("evq single enqueue"):
-                f.ratios["pgqueuer_single"] = f.median / p_single.median if p_single else None
+                f.ratios.setdefault("pgqueuer_single", f.median / p_single.median if p_single else None)
             elif f.name.startswith("evq batch enqueue"):
-                f.ratios["pgqueuer_batch"] = f.median / p_batch.median if p_batch else None
+                f.ratios.setdefault("pgqueuer_batch", f.median / p_batch.median if p_batch else None)
             elif f.mode == "peer" and f.unit == "jobs/s" and "drain" in f.name and ceiling:
                 f.ratios["ceiling"] = f.median / ceiling.median
 

@@ -7,7 +7,8 @@
             step = enqueue(conn, {"run_id": ..., "step_id": ..., ...})
 
 Decision and step are written by one statement, so they commit or roll back with
-the caller's transaction. The operation is written once as a generator of
+the caller's transaction; on an autocommit connection that one statement is a
+transaction of its own (one round trip, as the store's pool does it). The operation is written once as a generator of
 (statement, params) that receives rows; :func:`run_sync` and :func:`run_async`
 drive it, so sync and async callers share every line of logic.
 """
@@ -28,6 +29,7 @@ from worker import metrics
 from worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
 from worker.errors import Conflict, InvalidRequest
 from worker.records import EnqueueResult
+from worker.states import Status
 from worker.request import Policy, ValidRequest
 
 Rows = list[dict[str, Any]]
@@ -82,27 +84,26 @@ def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
 MANY_CHUNK = 5000
 
 
-def enqueue_many_params(requests: Sequence[ValidRequest], now: datetime | None = None) -> dict[str, Any]:
+def enqueue_many_params(
+    requests: Sequence[ValidRequest], now: datetime | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The batch statement's parameters, and the Message-ID given to each request."""
+    message_ids = [new_message_id(request) for request in requests]
     rows = []
-    for request in requests:
-        p = enqueue_params(request)
+    for request, message_id in zip(requests, message_ids):
         d = request.decision
-        rows.append(
-            {
-                **{k: p[k] for k in _MANY_FIELDS},
-                # Already JSON text: embedded as JSON values, not as strings of JSON.
-                "payload": request.payload,
-                "rationale": d.rationale,
-                "decided_at": None if d.decided_at is None else d.decided_at.isoformat(),
-            }
-        )
-    return {"now": now, "requests": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
+        head = _dumps([
+            request.run_id, request.step_id, request.idempotency_key, message_id, request.provider,
+            request.payload_sha256, request.max_attempts, request.notify, d.intent, d.instruction_version,
+            d.prompt_version, d.model, d.tool, d.rationale, None if d.decided_at is None else d.decided_at.isoformat(),
+        ])
+        # The payload goes in as the canonical JSON text validation made (and hashed),
+        # not serialised a second time: a JSON value, not a string of JSON.
+        rows.append(f"{head[:-1]},{request.payload_json}]")
+    return {"now": now, "requests": f"[{','.join(rows)}]"}, message_ids
 
 
-_MANY_FIELDS = (
-    "run_id", "step_id", "idempotency_key", "message_id", "provider", "payload_sha256", "max_attempts",
-    "notify", "intent", "instruction_version", "prompt_version", "model", "tool",
-)
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = None) -> Op:
@@ -111,17 +112,28 @@ def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = Non
     results: list[EnqueueResult] = []
     for start in range(0, len(requests), MANY_CHUNK):
         chunk = requests[start : start + MANY_CHUNK]
-        rows = yield Q["step_enqueue_many"], enqueue_many_params(chunk, now)
+        params, message_ids = enqueue_many_params(chunk, now)
+        by_ord: list[Mapping[str, Any] | None] = [None] * len(chunk)
+        for row in (yield Q["step_enqueue_many"], params):
+            by_ord[row["ord"] - 1] = row
         created = 0
-        for request, row in zip(chunk, rows):
-            if row["id"] is None:
+        for request, message_id, row in zip(chunk, message_ids, by_ord):
+            if row is None:
+                raise RuntimeError("step_enqueue_many returned no row for a request")
+            if row["id"] is not None:
+                created += 1
+                # Written by this statement: everything but the id is what we sent,
+                # and a new step starts pending (the column's default).
+                results.append(EnqueueResult(
+                    id=row["id"], run_id=request.run_id, step_id=request.step_id,
+                    idempotency_key=request.idempotency_key, message_id=message_id, status=Status.PENDING,
+                    created=True,
+                ))
+            elif row["existing_id"] is not None:
+                results.append(existing_or_conflict({**row, "id": row["existing_id"], "created": False}, request))
+            else:
                 # Rare: the key was not settled by the batch statement (see queries.sql).
                 results.append((yield from enqueue_op(request, now)))
-            elif row["created"]:
-                created += 1
-                results.append(result_from_row(row))
-            else:
-                results.append(existing_or_conflict(row, request))
         metrics.ENQUEUED.inc(created)
     return results
 
@@ -194,14 +206,16 @@ async def enqueue_async(
 
 
 def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy()) -> EnqueueResult:
-    """Enqueue in a transaction of its own (opens and closes one connection)."""
+    """Enqueue in a transaction of its own (opens and closes one connection).
+
+    Autocommit: decision and step are one statement, so that statement is the whole
+    transaction, without a BEGIN and a COMMIT round trip around it.
+    """
     from adapters.postgres.database import connect_kwargs
 
     valid = validate(request, policy)
-    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
-        result = run_sync(conn, enqueue_op(valid))
-        conn.commit()
-        return result
+    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        return run_sync(conn, enqueue_op(valid))
 
 
 def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:

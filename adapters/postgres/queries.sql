@@ -10,10 +10,13 @@
 -- on any of its unique keys) and the decision is written only if the step was,
 -- so a repeated enqueue leaves no orphan decision. The decision id is taken from
 -- the sequence up front; the foreign key is checked at the end of the statement.
+-- The sequence is named (decisions_id_seq, the column's default since 0001), not
+-- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the
+-- batch statement on every row.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
-    SELECT nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    SELECT nextval('decisions_id_seq'::regclass) AS decision_id
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
@@ -48,24 +51,26 @@ WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step
 -- name: step_enqueue_many
 -- Many decisions and steps in one statement (batch enqueue), the same rules as
 -- step_enqueue: steps first with ON CONFLICT DO NOTHING, a decision only for each
--- step written, one notification per provider. `existing` reads the statement's
--- snapshot, so it finds rows that held a key before this statement; a request
+-- step written, one notification per provider. The join to email_steps reads the
+-- statement's snapshot, so it finds rows that held a key before this statement; a request
 -- that neither inserted nor found its key (a duplicate inside the batch, a taken
--- run_id/step_id, a concurrent insert) comes back with id NULL and the caller
--- settles it with step_enqueue, which sees everything the transaction wrote.
+-- run_id/step_id, a concurrent insert) comes back with both ids NULL and the
+-- caller settles it with step_enqueue, which sees everything the transaction wrote.
+-- Rows come back unordered, named by `ord`; a created row returns only its id
+-- (the caller holds everything else it wrote).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), r AS (
-    -- One JSON array of requests: one document to encode and parse instead of
-    -- sixteen typed arrays, whose per-element encoding cost more than the inserts.
-    SELECT r.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
-    FROM ROWS FROM (jsonb_to_recordset(%(requests)s::jsonb) AS (
-        run_id text, step_id text, idempotency_key text, message_id text, provider text, payload jsonb,
-        payload_sha256 text, max_attempts int, notify text, intent text, instruction_version text,
-        prompt_version text, model text, tool text, rationale jsonb, decided_at timestamptz)
-    ) WITH ORDINALITY AS r(run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
-                          max_attempts, notify, intent, instruction_version, prompt_version, model, tool,
-                          rationale, decided_at, ord)
+    -- One JSON array of positional arrays, one per request, the payload last as
+    -- the canonical JSON the caller already has: one document to encode and parse,
+    -- without sixteen typed arrays (whose per-element encoding cost more than the
+    -- inserts) or a key name repeated in every row. `->>` on a JSON null is NULL.
+    SELECT e.ord, e.v->>0 AS run_id, e.v->>1 AS step_id, e.v->>2 AS idempotency_key, e.v->>3 AS message_id,
+           e.v->>4 AS provider, e.v->>5 AS payload_sha256, (e.v->>6)::int AS max_attempts, e.v->>7 AS notify,
+           e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
+           e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
+           e.v->15 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+    FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
@@ -74,9 +79,10 @@ WITH t AS (
     SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
            r.payload_sha256, r.max_attempts, r.notify, t.now, t.now, t.now
     FROM r, t
+    -- Ids in request order, so the claim (next_attempt_at, id) takes a batch first in, first out.
     ORDER BY r.ord
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider
+    RETURNING id, decision_id, provider
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -88,16 +94,15 @@ WITH t AS (
 ), wake AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
-SELECT r.ord, coalesce(step.id, s.id) AS id,
-       coalesce(step.run_id, s.run_id) AS run_id, coalesce(step.step_id, s.step_id) AS step_id,
-       coalesce(step.idempotency_key, s.idempotency_key) AS idempotency_key,
-       coalesce(step.message_id, s.message_id) AS message_id, coalesce(step.status, s.status) AS status,
-       coalesce(step.payload_sha256, s.payload_sha256) AS payload_sha256, step.id IS NOT NULL AS created,
-       (SELECT count(*) FROM wake) AS woke
+SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
+       s.payload_sha256, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
-LEFT JOIN email_steps s ON step.id IS NULL AND s.idempotency_key = r.idempotency_key
-ORDER BY r.ord;
+-- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
+-- NULL` is a one-time filter in front of the index probe: a created row costs no lookup.
+LEFT JOIN LATERAL (
+    SELECT s.* FROM email_steps s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key LIMIT 1
+) s ON true;
 
 
 -- name: step_get_by_key
@@ -423,7 +428,7 @@ ORDER BY s.id;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), n AS (
-    SELECT n.*, nextval(pg_get_serial_sequence('decisions', 'id')) AS decision_id
+    SELECT n.*, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM unnest(
         %(notice_of)s::bigint[], %(kinds)s::text[], %(run_ids)s::text[], %(step_ids)s::text[], %(keys)s::text[],
         %(message_ids)s::text[], %(providers)s::text[], %(payloads)s::jsonb[], %(digests)s::text[],

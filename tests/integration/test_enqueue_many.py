@@ -50,6 +50,35 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     assert all(stored[q["step_id"]] == parse(q, POLICY).payload for q in reqs)
 
 
+def test_batch_and_single_enqueue_store_the_same_rows(db_url):
+    """The batch statement's positional encoding stores every field as the single enqueue
+    does, and the results built client-side for created rows name what was stored."""
+    decisions = [
+        {"model": "m", "tool": "t", "instruction_version": "v9", "prompt_version": "p2",
+         "rationale": {"why": ["nested", 1, None, "é \\ \" \n"]}, "decided_at": "2026-01-01T09:00:00+02:00"},
+        {"rationale": "plain text, \"quoted\""},
+        {"rationale": [1, 2]},
+        None,
+    ]
+    extra = [{"max_attempts": 3, "notify": "ops@example.org", "headers": {"References": "<a@b>"}}, {}, {"cc": ["c@example.com"]}, {}]
+    reqs = [request(run_id="batch", step_id=f"s{i}", decision=d, intent=None if d is None else "why", **x)
+            for i, (d, x) in enumerate(zip(decisions, extra))]
+    batch = enqueue_many_own(db_url, reqs)
+    singles = [enqueue_own(db_url, {**q, "run_id": "single"}, policy=POLICY) for q in reqs]
+    cols = ("step_id", "provider", "payload", "payload_sha256", "max_attempts", "notify", "status", "attempts",
+            "intent", "instruction_version", "prompt_version", "model", "tool", "rationale", "no_rationale", "decided_at")
+    sql = ("SELECT s.*, d.intent, d.instruction_version, d.prompt_version, d.model, d.tool, d.rationale, d.decided_at, "
+           "d.rationale IS NULL AS no_rationale "
+           "FROM email_steps s JOIN decisions d ON d.id = s.decision_id WHERE s.run_id = %s ORDER BY s.id")
+    stored_batch, stored_single = rows(db_url, sql, ("batch",)), rows(db_url, sql, ("single",))
+    assert [{c: r[c] for c in cols} for r in stored_batch] == [{c: r[c] for c in cols} for r in stored_single]
+    assert stored_batch[0]["rationale"] == decisions[0]["rationale"] and stored_batch[3]["no_rationale"]
+    assert [(r.id, r.message_id, r.status, r.idempotency_key, r.run_id, r.step_id) for r in batch] == [
+        (r["id"], r["message_id"], r["status"], r["idempotency_key"], r["run_id"], r["step_id"]) for r in stored_batch
+    ]
+    assert all(r.created for r in batch + singles)
+
+
 def test_repeats_return_the_existing_step_and_write_no_decision(db_url):
     old = request(run_id="bulk", step_id="old")
     first = enqueue_own(db_url, old, policy=POLICY)

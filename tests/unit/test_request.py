@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support import POLICY, request
 from worker.errors import InvalidRequest
@@ -130,3 +132,48 @@ def test_check_payload_rechecks_todays_policy():
     v = parse(request(to=["a@example.com"]), POLICY)
     assert check_payload(v.payload, POLICY) is None
     assert "blocked" in check_payload(v.payload, Policy(blocked_domains=("example.com",)))
+
+
+# The shortcut for plain addresses must give email_validator's own answer, always.
+_LOCAL_CHARS = "aZ09._-+!#'~\"@ <>()[]\\,;:é\u00a0"
+_DOMAIN_LABELS = ["example", "EXAMPLE", "com", "de", "bücher", "xn--bcher-kva", "a" * 63, "a" * 64, "-x", "x-", "ex_a",
+                  "localhost", "test", "invalid", "1", "12345", "ß", "xn--", "ﬁ", "\u0301a", ""]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    local=st.one_of(st.text(alphabet=_LOCAL_CHARS, max_size=70), st.sampled_from(["postmaster", "Abuse", "a" * 65])),
+    labels=st.lists(st.sampled_from(_DOMAIN_LABELS), min_size=1, max_size=6),
+    extra=st.sampled_from(["", ".", "..", "@x.com", " "]),
+)
+def test_plain_address_shortcut_agrees_with_email_validator(local, labels, extra):
+    assert_agrees_with_email_validator(f"{local}@{'.'.join(labels)}{extra}")
+
+
+def assert_agrees_with_email_validator(addr: str) -> None:
+    from email_validator import EmailNotValidError, validate_email
+
+    from worker.request import _checked_address
+
+    try:
+        expected = (validate_email(addr, check_deliverability=False).normalized, None)
+    except (EmailNotValidError, UnicodeError, ValueError) as exc:
+        expected = ("", str(exc))
+    assert _checked_address.__wrapped__(addr) == expected
+
+
+def test_plain_address_shortcut_is_taken():
+    from worker import request as r
+
+    assert r._plain_address("user7@Example.COM") == "user7@example.com"
+    assert r._plain_address("user7@xn--bcher-kva.de") == "user7@bücher.de"
+    # Left to email_validator whole: lowercased role names, quoted local parts, bad domains.
+    assert r._plain_address("Postmaster@example.com") is None
+    assert r._plain_address('"a b"@example.com') is None
+    assert r._plain_address("user@localhost") is None
+    # A valid local part and a valid domain can still make an address too long.
+    long_domain = ".".join(["b" * 63] * 3) + ".com"
+    for local in ("a" * 58, "a" * 64):
+        addr = f"{local}@{long_domain}"
+        assert (r._plain_address(addr) is None) == (len(addr) > 254)
+        assert_agrees_with_email_validator(addr)
