@@ -210,8 +210,8 @@ WITH t AS (
            o.reason, o.provider_message_id, o.lease_token, o.latency_ms, o.detail, t.now
     FROM o JOIN applied a ON a.id = o.id, t
 )
-SELECT o.id, a.id IS NOT NULL AS applied
-FROM o LEFT JOIN applied a ON a.id = o.id;
+-- One row: the ids that were not applied (usually none), not one row per outcome.
+SELECT ARRAY(SELECT o.id FROM o WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.id = o.id)) AS fenced;
 
 
 -- name: step_record_late
