@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
@@ -43,6 +44,26 @@ def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[s
     return {k: redact(v) for k, v in event.items()}
 
 
+# The identity of the step a task is sending, for every line logged in that task.
+# One ContextVar set per send, merged into a line only when a line is logged:
+# structlog's bind_contextvars costs one ContextVar per field on every send.
+_STEP: ContextVar[Mapping[str, Any] | None] = ContextVar("evq_log_step", default=None)
+
+
+def bind_step(fields: Mapping[str, Any]) -> None:
+    """Bind ``fields`` to every line logged from now on in this task's context."""
+    _STEP.set(fields)
+
+
+def merge_step(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The processor for :func:`bind_step`; a field the call names itself wins."""
+    fields = _STEP.get()
+    if fields:
+        for key, value in fields.items():
+            event.setdefault(key, value)
+    return event
+
+
 def configure(fmt: str = "auto", level: str = "info") -> None:
     renderer: Any
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -53,6 +74,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            merge_step,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -15,6 +15,7 @@ rescuer's, which is exactly what a crash would leave.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import signal
@@ -25,9 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-import structlog
-
-from worker import executor, metrics
+from worker import executor, logs, metrics
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
 from worker.ports import Lookup, Provider, SendRequest
@@ -142,6 +141,7 @@ class Worker:
         # Bound once: the module's lazy proxy rebuilds a logger on every call, and
         # a send logs from the hot path.
         self._log = log.bind()
+        self._debug = getattr(self._log, "is_enabled_for", lambda _level: True)(logging.DEBUG)
 
     # -- control ------------------------------------------------------------------
 
@@ -243,11 +243,17 @@ class Worker:
                 await self._sleep(delay)
                 continue
             now = time.monotonic()
+            # A stop asked while the claim ran: these rows go back unsent (the shutdown
+            # releases every held row whose send has not begun).
+            start = not self._stopping.is_set()
             for step in claimed:
-                self._held[step.id] = _Held(step, now)
-                task = asyncio.create_task(self._send(self._held[step.id]), name=f"evq-send-{step.id}")
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                held = self._held[step.id] = _Held(step, now)
+                if start:
+                    # Unnamed: naming a task costs a share of a send (the step's identity
+                    # is in every log line of the send instead).
+                    task = asyncio.create_task(self._send(held))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
             self.stats.claimed += len(claimed)
             if len(claimed) == limit:
                 await asyncio.sleep(0)  # let the new sends start before claiming more
@@ -308,20 +314,23 @@ class Worker:
         # Bound in this task's own context (a copy made when the task was created, gone
         # with it, so nothing needs unbinding): every line logged during the send, the
         # adapter's included, carries the step's identity.
-        structlog.contextvars.bind_contextvars(
-            run_id=step.run_id,
-            step_id=step.step_id,
-            step=step.id,
-            attempt=step.attempt,
-            idempotency_key=step.idempotency_key,
-            provider=step.provider,
+        logs.bind_step(
+            {
+                "run_id": step.run_id,
+                "step_id": step.step_id,
+                "step": step.id,
+                "attempt": step.attempt,
+                "idempotency_key": step.idempotency_key,
+                "provider": step.provider,
+            }
         )
         await self._send_bound(held)
 
     async def _send_bound(self, held: _Held) -> None:
         step = held.step
         try:
-            await asyncio.sleep(0)
+            # A task first runs on the loop's next turn: a shutdown in between has
+            # already handed the row back.
             if held.released:
                 return
             held.started = True
@@ -360,16 +369,18 @@ class Worker:
                 metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
             if result.applied:
                 # An accepted send's proof is its evidence row; at thousands a second a
-                # log line each is noise (and a fifth of a send's CPU): debug. Every
-                # other outcome is worth a line at info.
-                (self._log.debug if outcome.kind == "accepted" else self._log.info)(
-                    "send_recorded",
-                    outcome=outcome.kind,
-                    status=str(transition.to_status),
-                    reason=str(transition.reason),
-                    provider_message_id=transition.provider_message_id,
-                    latency_ms=round(latency_ms, 1),
-                )
+                # log line each is noise (and a fifth of a send's CPU): debug, and its
+                # fields are not even gathered unless debug is on. Every other outcome
+                # is worth a line at info.
+                if outcome.kind != "accepted" or self._debug:
+                    (self._log.debug if outcome.kind == "accepted" else self._log.info)(
+                        "send_recorded",
+                        outcome=outcome.kind,
+                        status=str(transition.to_status),
+                        reason=str(transition.reason),
+                        provider_message_id=transition.provider_message_id,
+                        latency_ms=round(latency_ms, 1),
+                    )
             else:
                 self.stats.fenced += 1
                 metrics.FENCE_REJECTIONS.inc()

@@ -215,8 +215,8 @@ WITH t AS (
            o.reason, o.provider_message_id, o.lease_token, o.latency_ms, o.detail, t.now
     FROM o JOIN applied a ON a.id = o.id, t
 )
-SELECT o.id, a.id IS NOT NULL AS applied
-FROM o LEFT JOIN applied a ON a.id = o.id;
+-- One row: the ids that were not applied (usually none), not one row per outcome.
+SELECT ARRAY(SELECT o.id FROM o WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.id = o.id)) AS fenced;
 
 
 -- name: step_record_late
@@ -702,9 +702,12 @@ ORDER BY d.created_at, d.id;
 
 
 -- name: run_evidence
+-- Through the run's steps: evidence.run_id is always its step's run_id, and
+-- evidence keeps no index on run_id (every row would pay for it; migration 0005).
 SELECT e.*
-FROM evidence e
-WHERE e.run_id = %(run_id)s
+FROM email_steps s
+JOIN evidence e ON e.step_id = s.id
+WHERE s.run_id = %(run_id)s
 ORDER BY e.id;
 
 
@@ -855,7 +858,8 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 -- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable);
 -- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
 -- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
--- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only.
+-- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only
+--   (a partial index without in-flight rows, which have their own).
 -- Terminal states are counted the same way while the planner's estimate for them is
 -- under %(exact_limit)s rows; above it the estimate is the answer (Oban Met's
 -- estimate_limit), because an exact count of a million accepted rows would read a
@@ -903,7 +907,9 @@ WITH t AS (
     SELECT p.status,
            p.rows >= %(exact_limit)s AS estimated,
            CASE WHEN p.rows >= %(exact_limit)s THEN round(p.rows)::bigint
-                ELSE (SELECT count(*) FROM email_steps s WHERE s.status = p.status) END AS n
+                -- The constant list lets the planner prove the status index's predicate.
+                ELSE (SELECT count(*) FROM email_steps s
+                      WHERE s.status = p.status AND s.status IN ('accepted', 'rejected')) END AS n
     FROM planner p
 )
 SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,

@@ -188,9 +188,9 @@ class PostgresStore:
         rows = await self._fetch(
             "record", Q["step_record"], {"transitions": _transitions_json(transitions), "actor": actor, "now": now}
         )
-        applied = {r["id"] for r in rows if r["applied"]}
-        results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id in applied]
-        fenced = [t for t in transitions if t.step_id not in applied]
+        not_applied = set(rows[0]["fenced"])
+        results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id not in not_applied]
+        fenced = [t for t in transitions if t.step_id in not_applied]
         if fenced:
             late = await self._fetch(
                 "record_late",

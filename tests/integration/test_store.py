@@ -304,6 +304,35 @@ def test_claim_uses_its_partial_index(db_url):
     assert "Seq Scan" not in str(plan)
 
 
+def test_run_evidence_reads_through_the_runs_steps(db_url):
+    """evidence has no run_id index (migration 0005): a run's evidence is found through
+    its steps' unique (run_id, step_id) index and evidence's step index, never a table scan."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO decisions (id, run_id, step_id) SELECT g, 'r' || (g % 2000), 's' || g
+            FROM generate_series(1, 20000) g;
+            INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+                                     payload_sha256, status, closed_at, attempts, first_attempt_at)
+            SELECT 'r' || (g % 2000), 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64),
+                   'accepted', now(), 1, now()
+            FROM generate_series(1, 20000) g;
+            INSERT INTO evidence (step_id, run_id, attempt, kind, actor, lease_token)
+            SELECT s.id, s.run_id, 1, k.kind, 'w', gen_random_uuid()
+            FROM email_steps s, (VALUES ('attempt_started'), ('provider_response')) AS k(kind);
+            ANALYZE email_steps; ANALYZE evidence;
+            """
+        )
+        from adapters.postgres.queries import Q
+
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + Q["run_evidence"], {"run_id": "r7"}).fetchone()[0]
+        got = conn.execute(Q["run_evidence"], {"run_id": "r7"}).fetchall()
+        conn.rollback()
+    assert "uq_email_steps_run_id_step_id" in str(plan) and "ix_evidence_step_id_id" in str(plan)
+    assert "Seq Scan" not in str(plan)
+    assert len(got) == 20 and all(row[2] == "r7" for row in got)
+
+
 async def rows_exec(url: str, sql: str, params) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(sql, params)

@@ -148,9 +148,11 @@ async def test_worker_survives_its_connections_being_killed(store, db_url):
 async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url):
     import structlog
 
+    from worker.logs import merge_step
+
     [i] = await enqueue(store, 1, step_id="logged", run_id="run-log")
     provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
-    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars, merge_step]) as logs:
         await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False)
     sends = [e for e in logs if e["event"] == "send_recorded"]
     assert len(sends) == 2
