@@ -69,7 +69,11 @@ ACTION_TO_EVIDENCE = Histogram(
     "From enqueue to the evidence that closed the step (accepted or rejected), retries and waits included.",
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800),
 )
-RESCUED = Counter("evq_rescued_total", "In-flight rows whose lease expired, by the state they moved to.", ["to"])
+RESCUED = Counter(
+    "evq_rescued_total",
+    "Rows the rescuer moved (expired leases; retryable rows whose dedupe window closed), by the state they moved to.",
+    ["to"],
+)
 RECONCILED = Counter(
     "evq_reconciled_total", "Unknown rows the reconciler asked the provider about, by what it learned.", ["result"]
 )
