@@ -494,15 +494,10 @@ def _ascii(domain: str) -> str:
 
 def unicode_domain(domain: str) -> str:
     """A domain as stored in a normalized address (Unicode, lower case), whichever form it is
-    given in: ``xn--bcher-kva.example`` and ``BÜCHER.example`` are both ``bücher.example``."""
-    labels = []
-    for label in domain.lower().split("."):
-        try:
-            # Only xn-- labels are decoded (punycode, no other mapping): a Unicode label stays as given.
-            labels.append(label[4:].encode("ascii").decode("punycode") if label.startswith("xn--") else label)
-        except UnicodeError:
-            labels.append(label)
-    return ".".join(labels)
+    given in: ``xn--bcher-kva.example`` and ``BÜCHER.example`` are both ``bücher.example``.
+    It is email_validator's normalized form, the one that normalized the stored addresses."""
+    names = _checked_domain(domain)
+    return names[0] if names else domain.lower()
 
 
 def _domain_matches(domain: str, rule: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +124,11 @@ def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
         request["decision"] = decision
     if flags.get("headers"):
         pairs = [_header(h) for h in flags["headers"]]
-        request["headers"] = dict(pairs)
-        if len(request["headers"]) < len(pairs):  # a dict would keep only the last of a repeated name
-            twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+        # A dict would keep only the last of a repeated name.
+        twice = sorted(name for name, n in Counter(name for name, _ in pairs).items() if n > 1)
+        if twice:
             raise InvalidRequest([{"field": "--header", "message": f"{', '.join(twice)} given twice; give it once"}])
+        request["headers"] = dict(pairs)
     if flags.get("max_attempts") is not None:
         request["max_attempts"] = flags["max_attempts"]
     return request
