@@ -145,3 +145,34 @@ def test_close_never_waits_for_a_wedged_conversation() -> None:
     assert closed_in < 10  # today's close() waits for the trickle: forever
     assert isinstance(outcome, Unknown) and outcome.response["phase"] == "final"
     assert server.by_message_id() == {make_request().message_id: 1}
+
+
+# -- HTTP ----------------------------------------------------------------------
+
+
+def test_an_http_request_is_not_written_once_the_send_by_limit_has_passed() -> None:
+    """Checked at httpcore's "send_request_headers.started", after connecting: the
+    provider gets no byte of the request, and the client stays usable."""
+    from adapters.http import HttpProvider
+    from ops.devhttp import DevHttpServer
+    from tests.integration.test_http_adapter import API_KEY
+    from tests.integration.test_http_adapter import make_request as http_request
+
+    with DevHttpServer(api_key=API_KEY) as server:
+
+        async def run():
+            provider = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=2.0, dedupe_window=3600)
+            try:
+                warm = await provider.send(limited(http_request(step_id="warm"), deadline=30, send_by=20))
+                late = await provider.send(limited(http_request(step_id="late"), deadline=30, send_by=-0.001))
+                after = await provider.send(limited(http_request(step_id="after"), deadline=30, send_by=20))
+                return warm, late, after
+            finally:
+                await provider.close()
+
+        warm, late, after = asyncio.run(run())
+        sent_ids = [r["idempotency_key"] for r in server.requests]
+    assert isinstance(warm, Accepted) and isinstance(after, Accepted)
+    assert isinstance(late, Retryable)
+    assert late.response["error_class"] == "LeaseTooShort" and late.response["sent"] is False
+    assert sent_ids == ["run-1:warm", "run-1:after"]
