@@ -84,3 +84,56 @@ def test_sigterm_during_a_trickling_send_exits_within_the_grace(evq: Evq, db_url
     assert '"grace_expired"' in stderr and '"clean": false' in stderr
     assert step_row(db_url, step["id"])["status"] == "in_flight"
     assert evidence_kinds(db_url, step["id"]) == ["attempt_started"]
+
+
+PAUSE_LEASE = 8  # seconds: send-by at 4 s, deadline at 6 s; a retry waits 8 + 6 s from the claim
+
+
+def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(evq: Evq, db_url, stop_all):
+    """The issue's reproduction: SIGSTOP while the server holds its reply to DATA, rescue,
+    an operator's retry, SIGCONT. Today the zombie finishes the conversation and the
+    retry sends the same Message-ID again. Here the operator's retry is refused while
+    the zombie could still send, the zombie (waking past its send-by limit) never writes
+    the final ".", and the message is delivered exactly once, after the retry is allowed."""
+    env = dict(EVQ_SMTP_TIMEOUT="2", EVQ_LEASE_SECONDS=str(PAUSE_LEASE))
+    with SlowSmtp(["hold-data"]) as server:
+        step = enqueue(evq, "paused")
+        zombie = evq.popen("worker", "run", **smtp_env(server, **env))
+        stop_all.append(zombie)
+        assert server.at_data.wait(60)
+        os.kill(zombie.pid, signal.SIGSTOP)
+        server.release()  # its 354 waits in the paused worker's socket
+        wait_until(lambda: rows(db_url, "SELECT lease_expires_at < now() AS gone FROM email_steps WHERE id = %s",
+                                (step["id"],))[0]["gone"], timeout=60, what="the lease to run out")
+        rescuer = evq.run("worker", "run", "--drain", **smtp_env(server, **env))
+        assert rescuer.returncode == 0, rescuer.stderr[-2000:]
+        assert step_row(db_url, step["id"])["status"] == "unknown"
+
+        refused = evq.json("steps", "resolve", str(step["id"]), "--as", "retry", "--note", "sink is empty",
+                           expect=3)["error"]
+        assert refused["code"] == "E_CONFLICT" and "may still be in progress" in refused["message"]
+        possible_at = refused["context"]["retry_possible_at"]
+        assert step_row(db_url, step["id"])["status"] == "unknown"
+
+        os.kill(zombie.pid, signal.SIGCONT)
+        wait_until(lambda: "late_response" in evidence_kinds(db_url, step["id"]), timeout=60, what="the zombie")
+        zombie.send_signal(signal.SIGTERM)
+        assert zombie.wait(30) == 0
+        assert server.messages == []  # the zombie never finished the message
+        late = answer(db_url, step["id"], "late_response")
+        assert late["outcome"] == "retryable" and late["detail"]["fenced"] is True
+        assert late["detail"]["error_class"] in ("LeaseTooShort", "DeadlineExceeded")
+
+        wait_until(lambda: rows(db_url, "SELECT now() > %s::timestamptz AS ok", (possible_at,))[0]["ok"],
+                   timeout=60, what="the retry to become possible")
+        allowed = evq.json("steps", "resolve", str(step["id"]), "--as", "retry", "--note", "sink is empty")
+        assert allowed["status"] == "success"
+        done = evq.run("worker", "run", "--drain", **smtp_env(server, **env))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert server.by_message_id() == {step["message_id"]: 1}
+    row = step_row(db_url, step["id"])
+    assert row["status"] == "accepted" and row["attempts"] == 2
+    assert evidence_kinds(db_url, step["id"]) == [
+        "attempt_started", "lease_expired", "late_response", "operator_resolved", "attempt_started",
+        "provider_response",
+    ]
