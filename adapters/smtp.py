@@ -671,8 +671,10 @@ class SmtpProvider:
         # At most max_workers conversations at once. A slot is held by a send, not by its
         # thread: a conversation cut off at its deadline gives its slot back at once.
         self._slots = asyncio.Semaphore(max_workers)
+        # Changed from conversation threads, read by close(): guarded by _track.
         self._live: set[_Conversation] = set()
         self._threads: set[threading.Thread] = set()
+        self._track = threading.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -698,14 +700,20 @@ class SmtpProvider:
         must not hang on a peer. The worker's own shutdown has already waited its grace
         for the sends it cares about; what is cut here is classified by its phase."""
         self._closed = True
-        threads = [t for t in self._threads if t.is_alive()]
+        threads = self._alive()
         if threads:
             await asyncio.to_thread(_join_all, threads, grace)
-        for conversation in list(self._live):
+        with self._track:
+            live = list(self._live)
+        for conversation in live:
             conversation.cut_off()
-        threads = [t for t in self._threads if t.is_alive()]
+        threads = self._alive()
         if threads:
             await asyncio.to_thread(_join_all, threads, _CUT_GRACE)
+
+    def _alive(self) -> list[threading.Thread]:
+        with self._track:
+            return [t for t in self._threads if t.is_alive()]
 
     async def _converse(self, request: SendRequest) -> Outcome:
         # Rendering a large message is CPU work too, so it happens off the loop.
@@ -724,7 +732,8 @@ class SmtpProvider:
                 outcome = Unknown(f"the smtp conversation raised {type(exc).__name__}",
                                   response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__})
             finally:
-                self._threads.discard(threading.current_thread())
+                with self._track:
+                    self._threads.discard(threading.current_thread())
             try:
                 loop.call_soon_threadsafe(deliver, outcome)
             except RuntimeError:  # the loop is closed: nobody waits for this answer any more
@@ -733,7 +742,8 @@ class SmtpProvider:
         # A daemon thread per conversation: a peer that wedges one can neither starve
         # the others nor keep the process alive at exit (a pool's threads are joined).
         thread = threading.Thread(target=run, name=f"evq-smtp-{request.step_id}", daemon=True)
-        self._threads.add(thread)
+        with self._track:
+            self._threads.add(thread)
         thread.start()
         timeout = limits.left(request.deadline)
         try:
@@ -769,13 +779,16 @@ class SmtpProvider:
             return Rejected(str(exc), response=_bare("build"), before_send=True)
         conversation = _Conversation(self, envelope, request)
         holder.append(conversation)
-        self._live.add(conversation)
+        with self._track:
+            self._live.add(conversation)
         try:
-            if limits.left(request.deadline) is not None and limits.left(request.deadline) <= 0:
+            remaining = limits.left(request.deadline)
+            if remaining is not None and remaining <= 0:
                 conversation.cut = True
             return conversation.run()
         finally:
-            self._live.discard(conversation)
+            with self._track:
+                self._live.discard(conversation)
 
     def _log(self, request: SendRequest, outcome: Outcome) -> None:
         # Logged here on the loop, not in the worker thread, so the caller's bound
