@@ -147,3 +147,74 @@ class SlowSmtp:
                 conn.sendall(f"250 2.0.0 Ok: queued as Q{len(self.messages)}\r\n".encode())
             else:
                 conn.sendall(b"502 unknown command\r\n")
+
+
+class SlowHttp:
+    """An HTTP server on loopback that reads each whole request, counts it, then answers
+    a byte at a time, forever (a status line, then header lines that never end)."""
+
+    def __init__(self, *, interval: float = 0.1):
+        self.interval = interval
+        self.requests = 0
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self._listener.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> SlowHttp:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        for sock in [self._listener, *self._socks]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in self._threads:
+            thread.join(10)
+        self._listener.close()
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._socks.append(conn)
+            self._spawn(self._serve, conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn, conn.makefile("rb") as reader:
+                length = 0
+                while True:
+                    line = reader.readline()
+                    if not line:
+                        return
+                    if line in (b"\r\n", b"\n"):
+                        break
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                reader.read(length)
+                with self._lock:
+                    self.requests += 1
+                answer = b"HTTP/1.1 200 OK\r\n" + b"X-Still-Working: yes\r\n" * 10_000
+                for byte in answer:
+                    if self._stopping.wait(self.interval):
+                        return
+                    conn.sendall(bytes([byte]))
+        except OSError:
+            pass

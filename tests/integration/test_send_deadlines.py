@@ -176,3 +176,29 @@ def test_an_http_request_is_not_written_once_the_send_by_limit_has_passed() -> N
     assert isinstance(late, Retryable)
     assert late.response["error_class"] == "LeaseTooShort" and late.response["sent"] is False
     assert sent_ids == ["run-1:warm", "run-1:after"]
+
+
+def test_a_trickled_http_answer_is_cut_at_the_requests_deadline_as_ambiguous() -> None:
+    """Per-read timeouts (20 s here) never fire on a byte every 0.1 s; today the adapter's
+    own bound is three of them (60 s). The request's deadline (1.5 s) is what ends it; the
+    request was written, so the answer is ambiguous."""
+    from adapters.http import HttpProvider
+    from tests.integration.test_http_adapter import make_request as http_request
+    from tests.slowpeer import SlowHttp
+
+    with SlowHttp() as server:
+
+        async def run():
+            provider = HttpProvider(base_url=server.url, api_key="k-secret-0123456789", timeout=20.0)
+            try:
+                started = time.monotonic()
+                outcome = await provider.send(limited(http_request(), deadline=1.5, send_by=1.0))
+                return outcome, time.monotonic() - started
+            finally:
+                await provider.close()
+
+        outcome, took = asyncio.run(run())
+        assert server.requests == 1
+    assert took < 20  # cut by the deadline, not by any timeout of the adapter's own
+    assert isinstance(outcome, Unknown) and outcome.response["sent"] is True
+    assert outcome.response["error_class"] == "TimeoutError"
