@@ -378,10 +378,17 @@ class _Conversation:
         the dot can be written at once, then check the lease's time on the monotonic
         clock. Nothing after this check can block for long: the three bytes fit."""
         remaining = limits.left(self.send_by)
+        writable = False
         if remaining is None or remaining > 0:
-            _, writable, _ = select.select([], [sock], [], None if remaining is None else remaining)
-        else:
-            writable = []
+            # poll, not select: a busy worker's descriptors may be numbered past FD_SETSIZE.
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            events = poller.poll(None if remaining is None else max(1, int(remaining * 1000)))
+            mask = events[0][1] if events else 0
+            if mask & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                # The connection broke before the final ".": nothing can have been queued.
+                raise ConnectionResetError("the connection broke before the final '.'")
+            writable = bool(mask & select.POLLOUT)
         if not writable or not limits.may_send(self.send_by):
             left = limits.left(self.send_by)
             raise _Stop(
