@@ -109,6 +109,8 @@ async def test_without_a_shared_limit_a_fleet_of_workers_is_a_storm_of_429s(stor
     answered = [r["status"] for r in api.posts()]
     assert answered.count(429) > 0, "the provider's cap was never reached: the fault did not happen"
     assert max_in_window([r["at"] for r in api.posts()]) > 20
+    print(f"no limit: {len(api.posts())} requests, {answered.count(429)} answered 429, "
+          f"{max_in_window([r['at'] for r in api.posts()])} in the busiest second")
 
 
 async def test_workers_in_three_processes_together_stay_under_the_providers_rate(store, db_url, api):
@@ -129,6 +131,8 @@ async def test_workers_in_three_processes_together_stay_under_the_providers_rate
     assert max_in_window(times) <= 20
     # Slower is always allowed; faster is not: 36 requests beyond the burst need 36 / 8 = 4.5 s.
     assert max(times) - min(times) >= 0.8 * (n - 4) / 8
+    print(f"rate limit: {n} requests from 3 processes, at most {max_in_window(times)} in any second, "
+          f"over {max(times) - min(times):.2f}s")
     # More than one process took part (the limit was shared, not one worker's own pacing).
     owners = {r["actor"] for r in rows(db_url, "SELECT DISTINCT actor FROM evidence WHERE kind = 'attempt_started'")}
     assert len(owners) >= 2, owners
