@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from worker import deadline as limits
 from worker.logs import get_logger, register_secrets
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import LookupFailed, LookupResult, SendRequest
@@ -66,6 +67,12 @@ _IN_PROGRESS = "concurrent_idempotent_requests"
 _KEY_REUSED = "invalid_idempotent_request"
 # httpcore's trace event once the whole request (headers and body) is written.
 _REQUEST_WRITTEN = ("http11.send_request_body.complete", "http2.send_request_body.complete")
+# ... and the one just before its first byte is written: the last moment to not send.
+_REQUEST_STARTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
+
+
+class _LeaseTooShort(Exception):
+    """Raised from the trace hook before a byte of the request is written (invariant 9)."""
 
 
 def tag_value(idempotency_key: str) -> str:
@@ -187,9 +194,19 @@ class HttpProvider:
             nonlocal written
             if event in _REQUEST_WRITTEN:
                 written = True
+            elif event in _REQUEST_STARTS and not limits.may_send(request.send_by):
+                # Connecting (or waiting for a pooled connection) may have taken the
+                # lease's time, or the process was paused: checked after all of that.
+                raise _LeaseTooShort
 
+        # Each network operation is bounded by the timeout; this bounds them together,
+        # and never past the request's deadline (a trickled answer defeats per-read
+        # timeouts). Cancelling the request frees its connection.
+        whole = self.timeout * 3
+        remaining = limits.left(request.deadline)
+        if remaining is not None:
+            whole = max(0.0, min(whole, remaining))
         try:
-            # Each network operation is bounded by the timeout; this bounds them together.
             response = await asyncio.wait_for(
                 self._client.post(
                     "/emails",
@@ -197,7 +214,12 @@ class HttpProvider:
                     headers={"Idempotency-Key": wire_key(request.idempotency_key), "Content-Type": "application/json"},
                     extensions={"trace": trace},
                 ),
-                timeout=self.timeout * 3,
+                timeout=whole,
+            )
+        except _LeaseTooShort:
+            return Retryable(
+                "not sent: the lease no longer leaves time to send and record",
+                response=_evidence("request", error_class="LeaseTooShort", sent=False),
             )
         except (httpx.HTTPError, TimeoutError) as exc:
             return self._failed(exc, written)

@@ -6,11 +6,16 @@ before the final "." has been written cannot have been delivered, so it is safe 
 retry; a lost connection or a timeout *after* it may mean the server queued the
 message, so it is ``Unknown`` and never retried automatically.
 
-smtplib is blocking, so each conversation runs in this adapter's own thread pool
-(not the loop's default executor, which other code shares). Every socket operation
-is bounded by ``timeout``. The SMTP password is never put in an outcome, a log line
-or a reason: replies and error texts are scrubbed of it (and of its base64 forms)
-before they leave the worker thread.
+smtplib is blocking, so each conversation runs in a thread of its own (a daemon:
+a wedged peer can never keep the process alive, and never starves other sends of a
+pool slot). Every socket operation is bounded by ``timeout`` and by what is left of
+the request's deadline; since a peer trickling its reply a byte at a time defeats
+per-read timeouts, a watchdog on the event loop shuts the socket down when the
+deadline passes, which frees the thread (worker/deadline.py, invariant 9). The final
+"." is written only after checking, after everything that could block, that the
+request's ``send_by`` has not passed. The SMTP password is never put in an outcome,
+a log line or a reason: replies and error texts are scrubbed of it (and of its
+base64 forms) before they leave the worker thread.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import select
 import smtplib
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Container, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email import policy as email_policy
@@ -35,6 +42,7 @@ from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
 
+from worker import deadline as limits
 from worker.logs import get_logger, register_secrets
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import SendRequest
@@ -66,6 +74,9 @@ _QUEUE_ID = (
 # the settings sends the message; rejecting it would lose it.
 _CONFIG_CODES = frozenset({530, 538})
 _2YZ = range(200, 300)
+# How long a cut-off conversation's thread gets to report how far it got, once its
+# socket is shut down, before the adapter answers from the phase it last saw.
+_CUT_GRACE = 0.5
 
 
 # -- message -----------------------------------------------------------------
@@ -299,10 +310,14 @@ class _Secrets:
 
 
 class _Stop(Exception):
-    """Ends a conversation early with a decided outcome (raised inside the worker thread)."""
+    """Ends a conversation early with a decided outcome (raised inside the worker thread).
 
-    def __init__(self, outcome: Outcome):
+    ``polite=False`` hangs up without QUIT: in the middle of DATA a QUIT would be
+    message text, while a connection closed before the final "." discards it."""
+
+    def __init__(self, outcome: Outcome, *, polite: bool = True):
         self.outcome = outcome
+        self.polite = polite
 
 
 @cache
@@ -315,37 +330,104 @@ def _default_helo() -> str:
 class _Conversation:
     """One attempt: connect, EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA, body, final reply."""
 
-    def __init__(self, provider: SmtpProvider, envelope: Envelope):
+    def __init__(self, provider: SmtpProvider, envelope: Envelope, request: SendRequest):
         self.p = provider
         self.envelope = envelope
+        self.deadline = request.deadline
+        self.send_by = request.send_by
         self.phase = "connect"
         self.refused: dict[str, dict[str, Any]] = {}
         self.conn: smtplib.SMTP | None = None
+        self.cut = False  # the watchdog shut the socket down at the deadline
+        self._lock = threading.Lock()
 
     def run(self) -> Outcome:
+        polite = True
         try:
             outcome = self._talk()
         except _Stop as stop:
-            outcome = stop.outcome
+            outcome, polite = stop.outcome, stop.polite
         except Exception as exc:  # noqa: BLE001 - every failure must become one outcome
             outcome = self._failed(exc)
-        self._hang_up(polite=not isinstance(outcome, Unknown))
+        self._hang_up(polite=polite and not self.cut and not isinstance(outcome, Unknown))
         return outcome
+
+    def cut_off(self) -> None:
+        """Called from the event loop when the deadline passes: end the conversation now.
+
+        A shutdown (not a close: the thread still owns the descriptor) wakes a recv or
+        send blocked in the thread, which then fails in the phase it had reached. The
+        raw socket's shutdown is used even under TLS, so the SSL object the thread is
+        using is not torn from under it."""
+        with self._lock:
+            self.cut = True
+            sock = self.conn.sock if self.conn is not None else None
+            if sock is not None:
+                _quietly(lambda: socket.socket.shutdown(sock, socket.SHUT_RDWR))
+
+    def _arm(self) -> None:
+        # Before each command: no single operation may reach past the deadline.
+        conn = self.conn
+        if self.cut:
+            raise TimeoutError("the send's deadline passed")
+        if conn is not None and conn.sock is not None:
+            conn.sock.settimeout(limits.bounded(self.p.timeout, self.deadline))
+
+    def _commit_or_abort(self, sock: socket.socket) -> None:
+        """The last moment before the final ".": wait (bounded by ``send_by``) until
+        the dot can be written at once, then check the lease's time on the monotonic
+        clock. Nothing after this check can block for long: the three bytes fit."""
+        remaining = limits.left(self.send_by)
+        writable = False
+        if remaining is None or remaining > 0:
+            # poll, not select: a busy worker's descriptors may be numbered past FD_SETSIZE.
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            events = poller.poll(None if remaining is None else max(1, int(remaining * 1000)))
+            mask = events[0][1] if events else 0
+            if mask & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                # The connection broke before the final ".": nothing can have been queued.
+                raise ConnectionResetError("the connection broke before the final '.'")
+            writable = bool(mask & select.POLLOUT)
+        if not writable or not limits.may_send(self.send_by):
+            left = limits.left(self.send_by)
+            raise _Stop(
+                Retryable(
+                    "stopped before the final '.': the lease no longer leaves time to send and record "
+                    f"({'-' if left is None else f'{left:.1f}'}s to its send-by limit); nothing was sent",
+                    response=self._evidence(None, "", error_class="LeaseTooShort", sent=False),
+                ),
+                polite=False,
+            )
 
     def _talk(self) -> Outcome:
         p, env = self.p, self.envelope
         helo = p.helo_name or _default_helo()
+        if self.cut:
+            raise TimeoutError("the send's deadline passed before it began")
+        if not limits.may_send(self.send_by):
+            # Woken past the limit before even connecting (a paused process, a late task).
+            raise _Stop(
+                Retryable(
+                    "not connecting: the lease no longer leaves time to send and record; nothing was sent",
+                    response=self._evidence(None, "", error_class="LeaseTooShort", sent=False),
+                )
+            )
         # Connecting through the constructor (not .connect()) is what makes smtplib
         # remember the host for certificate checks on STARTTLS and implicit TLS.
+        timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo, timeout=p.timeout, context=p.ssl_context)
+                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo, timeout=timeout, context=p.ssl_context)
             else:
-                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo, timeout=p.timeout)
+                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo, timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             self._expect((exc.smtp_code, exc.smtp_error), (220,))
             raise
-        self.conn = conn
+        with self._lock:
+            self.conn = conn
+            if self.cut:  # the deadline passed while connecting
+                raise TimeoutError("the send's deadline passed")
 
         self.phase = "ehlo"
         self._ehlo()
@@ -355,6 +437,7 @@ class _Conversation:
                 # Never fall back to plain text when TLS was asked for.
                 raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply=""))
             try:
+                self._arm()
                 conn.starttls(context=p.ssl_context)
             except smtplib.SMTPResponseException as exc:
                 self._expect((exc.smtp_code, exc.smtp_error), (220,))
@@ -365,6 +448,7 @@ class _Conversation:
             if not conn.has_extn("auth"):
                 raise _Stop(self._retry("the server does not offer AUTH", code=None, reply=""))
             try:
+                self._arm()
                 conn.login(p.username, p._password or "")
             except smtplib.SMTPAuthenticationError as exc:
                 reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
@@ -384,20 +468,27 @@ class _Conversation:
                 options.append("BODY=8BITMIME")
         if conn.has_extn("size"):
             options.append(f"SIZE={len(env.data)}")
+        self._arm()
         self._expect(conn.mail(env.sender, options), _2YZ)
 
         self.phase = "rcpt"
         accepted = self._recipients()
 
         self.phase = "data"
+        self._arm()
         self._expect(conn.docmd("DATA"), (354,))
 
-        # Once the final "." is written the server may queue the message at any
-        # moment, so from here a missing answer is Unknown, not Retryable.
         self.phase = "body"
-        assert conn.sock is not None
-        conn.sock.sendall(_dot_stuff(env.data) + b".\r\n")
+        sock = conn.sock
+        assert sock is not None
+        self._arm()
+        sock.sendall(_dot_stuff(env.data))
+        self._commit_or_abort(sock)
+        # Once the final "." is (even partly) written the server may queue the message
+        # at any moment, so from here a missing answer is Unknown, not Retryable.
         self.phase = "final"
+        self._arm()
+        sock.sendall(b".\r\n")
         code, raw = conn.getreply()
         reply = self._text(raw)
         if 200 <= code < 300:
@@ -412,8 +503,10 @@ class _Conversation:
     def _ehlo(self) -> None:
         conn = self.conn
         assert conn is not None
+        self._arm()
         code, raw = conn.ehlo()
         if not 200 <= code < 300:
+            self._arm()
             code, raw = conn.helo()
         self._expect((code, raw), _2YZ)
 
@@ -423,6 +516,7 @@ class _Conversation:
         accepted: list[str] = []
         temporary = False
         for rcpt in self.envelope.recipients:
+            self._arm()
             code, raw = conn.rcpt(rcpt)
             if 200 <= code < 300:
                 accepted.append(rcpt)
@@ -464,14 +558,18 @@ class _Conversation:
         return Retryable(self.p.secrets.scrub(reason), response=self._evidence(code, self._text(reply)))
 
     def _failed(self, exc: BaseException) -> Outcome:
-        error_class = _root_class(exc)
+        error_class = "DeadlineExceeded" if self.cut else _root_class(exc)
         detail = self._text(str(exc))
+        if self.cut:
+            detail = f"cut off at the send's deadline in phase {self.phase} ({_root_class(exc)})"
         if self.phase == "final":
             return Unknown(
                 f"no answer after the final '.' ({error_class}); the server may have accepted the message",
                 response=self._evidence(None, detail, error_class=error_class),
             )
-        if isinstance(exc, TimeoutError) or error_class == "TimeoutError":
+        if self.cut:
+            reason = f"cut off at {self.phase}: the send's deadline passed; nothing was sent"
+        elif isinstance(exc, TimeoutError) or error_class == "TimeoutError":
             reason = f"timed out at {self.phase} after {self.p.timeout:g}s"
         elif isinstance(exc, ssl.SSLError) or error_class.startswith("SSL"):
             reason = f"tls failed at {self.phase}: {error_class}"
@@ -498,10 +596,12 @@ class _Conversation:
         if conn is None:
             return
         if polite and conn.sock is not None:
-            # The outcome is decided; a server slow to say goodbye must not delay it long.
-            _quietly(lambda: conn.sock.settimeout(min(self.p.timeout, 2.0)))
+            # The outcome is decided; a server slow to say goodbye must not delay it long
+            # (nor past the deadline: the watchdog would cut the goodbye anyway).
+            _quietly(lambda: conn.sock.settimeout(limits.bounded(min(self.p.timeout, 2.0), self.deadline)))
             _quietly(conn.quit)
-        _quietly(conn.close)
+        with self._lock:
+            _quietly(conn.close)
 
 
 def _temporary(code: int) -> bool:
@@ -575,7 +675,13 @@ class SmtpProvider:
         self.ssl_context = ssl_context or ssl.create_default_context()
         self.secrets = _Secrets(username, password)
         register_secrets([password])
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="evq-smtp")
+        # At most max_workers conversations at once. A slot is held by a send, not by its
+        # thread: a conversation cut off at its deadline gives its slot back at once.
+        self._slots = asyncio.Semaphore(max_workers)
+        # Changed from conversation threads, read by close(): guarded by _track.
+        self._live: set[_Conversation] = set()
+        self._threads: set[threading.Thread] = set()
+        self._track = threading.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -589,23 +695,107 @@ class SmtpProvider:
         elif self._closed:
             outcome = Retryable("the smtp adapter is closed", response=_bare("closed"))
         else:
-            loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(self._executor, self._attempt, request)
+            async with self._slots:
+                outcome = await self._converse(request)
         self._log(request, outcome)
         return outcome
 
-    async def close(self) -> None:
-        self._closed = True
-        # Wait (off the loop) for conversations in flight: their outcomes still matter.
-        await asyncio.to_thread(self._executor.shutdown, True)
+    async def close(self, grace: float = 1.0) -> None:
+        """Stop taking sends, give those in flight ``grace`` seconds, then cut them off.
 
-    def _attempt(self, request: SendRequest) -> Outcome:
-        # Rendering a large message is CPU work too, so it happens here, off the loop.
+        Never waits longer than that (plus the cut's own grace): a worker's shutdown
+        must not hang on a peer. The worker's own shutdown has already waited its grace
+        for the sends it cares about; what is cut here is classified by its phase."""
+        self._closed = True
+        threads = self._alive()
+        if threads:
+            await asyncio.to_thread(_join_all, threads, grace)
+        with self._track:
+            live = list(self._live)
+        for conversation in live:
+            conversation.cut_off()
+        threads = self._alive()
+        if threads:
+            await asyncio.to_thread(_join_all, threads, _CUT_GRACE)
+
+    def _alive(self) -> list[threading.Thread]:
+        with self._track:
+            return [t for t in self._threads if t.is_alive()]
+
+    async def _converse(self, request: SendRequest) -> Outcome:
+        # Rendering a large message is CPU work too, so it happens off the loop.
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+        holder: list[_Conversation] = []
+
+        def deliver(outcome: Outcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        def run() -> None:
+            try:
+                outcome = self._attempt(request, holder)
+            except BaseException as exc:  # noqa: BLE001 - a bug here must still become an outcome
+                outcome = Unknown(f"the smtp conversation raised {type(exc).__name__}",
+                                  response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__})
+            finally:
+                with self._track:
+                    self._threads.discard(threading.current_thread())
+            try:
+                loop.call_soon_threadsafe(deliver, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits for this answer any more
+                pass
+
+        # A daemon thread per conversation: a peer that wedges one can neither starve
+        # the others nor keep the process alive at exit (a pool's threads are joined).
+        thread = threading.Thread(target=run, name=f"evq-smtp-{request.step_id}", daemon=True)
+        with self._track:
+            self._threads.add(thread)
+        thread.start()
+        timeout = limits.left(request.deadline)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout=None if timeout is None else max(0.0, timeout))
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            # The worker gave up on this send (its shutdown grace ran out): free the
+            # thread; the row is the rescuer's, whatever the thread finds.
+            for conversation in holder:
+                conversation.cut_off()
+            raise
+        # The deadline passed: cut the conversation off and let the thread say how far it got.
+        for conversation in holder:
+            conversation.cut_off()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
+        except TimeoutError:
+            pass
+        # The thread did not come back (e.g. still resolving the host): answer from the
+        # phase it was last seen in. Past the final "." that is Unknown.
+        phase = holder[0].phase if holder else "build"
+        response = {**_bare(phase), "error_class": "DeadlineExceeded", "abandoned": True}
+        if phase == "final":
+            return Unknown("no answer after the final '.' by the send's deadline; the server may have accepted the message",
+                           response=response)
+        return Retryable(f"cut off at {phase}: the send's deadline passed; nothing was sent", response=response)
+
+    def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
         try:
             envelope = build_message(request)
         except BuildError as exc:
             return Rejected(str(exc), response=_bare("build"), before_send=True)
-        return _Conversation(self, envelope).run()
+        conversation = _Conversation(self, envelope, request)
+        holder.append(conversation)
+        with self._track:
+            self._live.add(conversation)
+        try:
+            remaining = limits.left(request.deadline)
+            if remaining is not None and remaining <= 0:
+                conversation.cut = True
+            return conversation.run()
+        finally:
+            with self._track:
+                self._live.discard(conversation)
 
     def _log(self, request: SendRequest, outcome: Outcome) -> None:
         # Logged here on the loop, not in the worker thread, so the caller's bound
@@ -617,6 +807,12 @@ class SmtpProvider:
             log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)
         else:
             log.debug("smtp_send_finished", **fields)
+
+
+def _join_all(threads: list[threading.Thread], seconds: float) -> None:
+    until = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
 
 
 def _bare(phase: str) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from worker.ports import Provider, SendRequest
 
 log = get_logger("evq.executor")
 
+BACKSTOP_GRACE = 1.0  # seconds past the deadline before the backstop answers Unknown
+
 
 async def attempt(provider: Provider, request: SendRequest, *, deadline: float) -> tuple[Outcome, float]:
     """Call the adapter once; return its outcome and the latency in milliseconds.
@@ -33,7 +35,9 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
             # A paused process (SIGSTOP, a frozen VM) wakes with its deadline long
             # past and, often, the provider's answer already in its socket: the
             # deadline only arms a short grace, measured from when the loop runs again.
-            grace = min(1.0, deadline / 10)
+            # The grace is also what an adapter that enforces the deadline itself
+            # (worker/deadline.py) gets to report how far a cut-off send had got.
+            grace = BACKSTOP_GRACE
             arm = loop.call_later(deadline, lambda: timeout.reschedule(loop.time() + grace))
             try:
                 outcome = await provider.send(request)

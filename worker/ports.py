@@ -102,6 +102,11 @@ class SendRequest:
     message_id: str
     attempt: int
     payload: Mapping[str, Any]
+    # Monotonic instants (worker/deadline.py): the whole exchange ends by ``deadline``;
+    # the irreversible step (SMTP's final ".", writing the HTTP request) never begins
+    # after ``send_by``. None: no limit beyond the adapter's own timeouts.
+    deadline: float | None = None
+    send_by: float | None = None
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from worker import deadline as limits
 from worker import executor, logs, metrics
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
@@ -70,6 +71,9 @@ def new_owner() -> str:
 class _Held:
     step: ClaimedStep
     claimed_at: float  # monotonic
+    # Monotonic, taken before the claim was asked for: no later than the database's start
+    # of the lease, so limits counted from it end before the real lease does.
+    lease_from: float = 0.0
     started: bool = False
     released: bool = False
     answered: bool = False  # the adapter has answered; the outcome waits for the recorder
@@ -244,7 +248,7 @@ class Worker:
             # releases every held row whose send has not begun).
             start = not self._stopping.is_set()
             for step in claimed:
-                held = self._held[step.id] = _Held(step, now)
+                held = self._held[step.id] = _Held(step, now, claim_started)
                 if start:
                     # Unnamed: naming a task costs a share of a send (the step's identity
                     # is in every log line of the send instead).
@@ -345,6 +349,7 @@ class Worker:
                 return
             held.started = True
             provider = self.providers[step.provider]
+            bounds = limits.limits(held.lease_from, self.settings.lease_seconds)
             request = SendRequest(
                 step_id=step.id,
                 run_id=step.run_id,
@@ -352,9 +357,13 @@ class Worker:
                 message_id=step.message_id,
                 attempt=step.attempt,
                 payload=step.payload,
+                deadline=bounds.deadline,
+                send_by=bounds.send_by,
             )
             self._log.debug("send_started")
-            outcome, latency_ms = await executor.attempt(provider, request, deadline=self.settings.send_deadline)
+            outcome, latency_ms = await executor.attempt(
+                provider, request, deadline=max(0.0, bounds.deadline - time.monotonic())
+            )
             window_open = (
                 provider.dedupe_window is not None
                 and step.dedupe_remaining is not None

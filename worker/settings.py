@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from email_validator import EmailNotValidError, validate_email
 
+from worker.deadline import DEADLINE_SHARE
 from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
 from worker.ratelimit import RateLimit, rate_limits
@@ -242,8 +243,8 @@ class Settings:
 
     @property
     def send_deadline(self) -> float:
-        """Hard ceiling on one adapter call; the adapter's own timeouts should fire first."""
-        return self.lease_seconds * 0.75
+        """Hard ceiling on one adapter call, measured from the claim (worker/deadline.py)."""
+        return self.lease_seconds * DEADLINE_SHARE
 
     def policy(self) -> Policy:
         return Policy(

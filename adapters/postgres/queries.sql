@@ -685,11 +685,25 @@ ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
 -- 'retryable' is "verified not sent": the same key and Message-ID go out again;
 -- maybe_delivered is cleared (the operator checked), and a row whose attempts are
 -- spent is given one more (recorded in the evidence).
+-- A row the rescuer took (reason lease_expired) may still have its attempt going out
+-- from a paused or slow worker: 'retryable' waits until that attempt's lease plus the
+-- adapter's whole deadline (deadline_share of the lease, counted from its start) has
+-- passed, on this database's clock (retry_not_before; NULL: no wait).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
     SELECT s.id, s.run_id, s.status, s.reason, s.detail, s.attempts, s.max_attempts, s.unknown_since,
-           s.provider_message_id, s.closed_at, s.updated_at, s.created_at
+           s.provider_message_id, s.closed_at, s.updated_at, s.created_at,
+           CASE WHEN s.reason = 'lease_expired' THEN (
+               SELECT x.expired + (x.expired - x.started) * %(deadline_share)s::float8
+               FROM (SELECT (le.detail ->> 'lease_expired_at')::timestamptz AS expired,
+                            (SELECT max(a.created_at) FROM evidence a
+                             WHERE a.step_id = le.step_id AND a.attempt = le.attempt
+                               AND a.kind = 'attempt_started' AND a.id < le.id) AS started
+                     FROM evidence le
+                     WHERE le.step_id = s.id AND le.kind = 'lease_expired' AND le.attempt = s.attempts
+                     ORDER BY le.id DESC LIMIT 1) x
+           ) END AS retry_not_before
     FROM email_steps s
     WHERE s.id = %(id)s
     FOR UPDATE
@@ -711,6 +725,7 @@ WITH t AS (
         updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id AND cur.status = 'unknown'
+      AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false))
     RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.provider, s.closed_at, t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
@@ -737,7 +752,8 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
        cur.max_attempts AS max_attempts_before, closed.max_attempts AS max_attempts_after,
        closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
        CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
-            ELSE false END AS woke
+            ELSE false END AS woke,
+       cur.retry_not_before, (SELECT now FROM t) AS db_now
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;

@@ -29,6 +29,7 @@ from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
 from adapters.postgres.notices import notice_op
 from adapters.postgres.queries import Q
 from worker import metrics
+from worker.deadline import DEADLINE_SHARE
 from worker.errors import AuthFailed, Conflict, NotFound, StateConflict
 from worker.keys import NewKey, Role, hash_secret
 from worker.logs import get_logger
@@ -50,6 +51,7 @@ from worker.records import (
 )
 from worker.request import ValidRequest
 from worker.resolution import Resolution
+from worker.retry_guard import retry_too_soon
 from worker.states import Status
 
 log = get_logger("evq.store")
@@ -461,6 +463,7 @@ class PostgresStore:
             "evidence_url": resolution.evidence_url,
             "actor": actor,
             "default_max_attempts": default_max_attempts,
+            "deadline_share": DEADLINE_SHARE,
         }
         async with self._op("resolve") as conn, conn.transaction():
             rows = await _rows(conn, Q["step_resolve"], params)
@@ -470,6 +473,8 @@ class PostgresStore:
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
         row = rows[0]
+        if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
+            raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])
         if row["to_status"] is None:
             log.info("resolve_conflict", step=step_id, status=row["current_status"])
             raise StateConflict(

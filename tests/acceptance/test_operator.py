@@ -35,6 +35,7 @@ def closed_by_bob(ids: list[int]) -> list[tuple[str, dict]]:
     return [(Q["step_resolve"], {
         "now": None, "id": step_id, "to_status": "rejected", "verdict": "rejected", "note": "bob was first",
         "reason": None, "provider_message_id": None, "evidence_url": None, "actor": "bob", "default_max_attempts": 5,
+        "deadline_share": 0.75,
     }) for step_id in ids]
 
 

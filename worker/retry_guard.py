@@ -1,0 +1,28 @@
+"""Why an operator's ``retry`` of a rescued row waits (invariant 9).
+
+The rescuer makes a row ``unknown`` when its lease runs out, but the worker that held
+it may only be paused or slow: until that attempt's lease plus the adapter's whole
+deadline has passed, it could still be talking to the provider (a process woken from
+SIGSTOP acts before it notices). A retry in that window could send the message a
+second time; checking the provider first would not help, as the first send may not
+have happened yet. The database computes the instant (step_resolve); this is the
+refusal that tells the operator when to come back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from worker.errors import StateConflict
+
+
+def retry_too_soon(step_id: int, not_before: datetime | None, now: datetime) -> StateConflict:
+    when = not_before.isoformat() if not_before is not None else None
+    wait = max(0.0, (not_before - now).total_seconds()) if not_before is not None else 0.0
+    return StateConflict(
+        f"step {step_id} was rescued while its attempt may still be in progress: "
+        f"a retry is possible from {when} (in {wait:.0f}s)",
+        hint=f"wait until {when}, or close it as accepted/rejected if you know what the provider did",
+        context={"id": step_id, "status": "unknown", "reason": "lease_expired",
+                 "retry_possible_at": when, "retry_in_seconds": round(wait, 1)},
+    )
