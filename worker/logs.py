@@ -16,32 +16,20 @@ from typing import Any
 
 import structlog
 
-REDACTED = "***"
-_secrets: set[str] = set()
+from worker import scrub as _scrub
+from worker.scrub import REDACTED  # noqa: F401  (re-exported)
 
 
 def register_secrets(values: Iterable[str | None]) -> None:
-    # Very short values would redact ordinary words; real secrets are longer.
-    _secrets.update(v for v in values if v and len(v) >= 4)
+    _scrub.register(values)
 
 
 def redact(value: Any) -> Any:
-    if isinstance(value, str):
-        for secret in _secrets:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact(v) for v in value)
-    return value
+    return _scrub.scrub(value)
 
 
 def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    if not _secrets:
-        return event
-    return {k: redact(v) for k, v in event.items()}
+    return _scrub.scrub(event)
 
 
 # The identity of the step a task is sending, for every line logged in that task.
