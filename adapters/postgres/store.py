@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from adapters.postgres.conninfo import normalise
 from adapters.postgres.database import connect_kwargs, translate
 from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
 from adapters.postgres.notices import notice_op
@@ -72,7 +73,15 @@ class PostgresStore:
         prepare: bool = True,
         notices: NoticeConfig = NoticeConfig(),
     ) -> PostgresStore:
+        url = normalise(url)
         kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
+        # One direct connection first: a database that is missing, on the wrong port or
+        # refusing our login is a clear error now, not a pool retrying it for 15 s.
+        try:
+            probe = await psycopg.AsyncConnection.connect(url, **connect_kwargs())
+        except Exception as exc:
+            raise translate(exc) or exc from None
+        await probe.close()
         if not prepare:
             # PgBouncer in transaction mode cannot keep server-side prepared statements.
             kwargs["prepare_threshold"] = None

@@ -277,3 +277,40 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path
     # ...but not the key, in any of the forms the provider sent it back in.
     for form in _key_forms(ECHOED_KEY):
         assert form not in everything, form
+
+
+URL_PASSWORD = "url-Secret-Pa55word-3e8b"
+
+
+def _bad_urls(db_url: str) -> list[tuple[str, str]]:
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    host, port, dbname = info.get("host", "127.0.0.1"), info.get("port", "5432"), info["dbname"]
+    return [
+        # Not libpq's spelling: accepted once normalised (trust auth ignores the password).
+        (f"postgresql+psycopg://postgres:{URL_PASSWORD}@{host}:{port}/{dbname}", "ok"),
+        (f"postgresq://postgres:{URL_PASSWORD}@{host}:{port}/{dbname}", "E_INVALID_ARG"),  # a typo
+        (f"host={host} port={port} password={URL_PASSWORD} dbname", "E_INVALID_ARG"),  # a broken key=value
+        (f"postgresql://postgres:{URL_PASSWORD}@{host}:1/{dbname}", "E_DB_UNAVAILABLE"),  # wrong port (issue 18)
+        (f"postgresql://postgres:{URL_PASSWORD}@{host}:{port}/no_such_db_here", "E_DB_UNAVAILABLE"),
+    ]
+
+
+def test_a_database_url_that_cannot_be_used_fails_fast_and_never_shows_its_password(db_url):
+    """Issue 13: an unparseable URL printed its password four times on stderr (psycopg_pool's own
+    logging) and failed only after 15 s. Now: refused at once, password nowhere, a clear code."""
+    import time
+
+    for url, expect in _bad_urls(db_url):
+        for args in (("steps", "list", "-o", "json"), ("worker", "run", "--drain", "-o", "json")):
+            started = time.monotonic()
+            done = Evq(url).run(*args, EVQ_ADAPTER="null", EVQ_LOG_LEVEL="debug", timeout=60)
+            elapsed = time.monotonic() - started
+            assert URL_PASSWORD not in done.stdout + done.stderr, (url, args, done.stdout, done.stderr[-2000:])
+            # A generous bound (the interpreter's start on a loaded machine), far below the old 15 s wait.
+            assert elapsed < 8, (url, args, elapsed)
+            out = json.loads(done.stdout)
+            if expect == "ok":
+                assert done.returncode == 0 and out["status"] == "success", (url, done.stdout, done.stderr[-2000:])
+            else:
+                assert out["status"] == "error" and out["error"]["code"] == expect, (url, out)
+                assert "EVQ_DATABASE_URL" in out["error"]["message"] + out["error"].get("hint", "")

@@ -55,3 +55,20 @@ def test_every_common_encoding_is_scrubbed():
         clean = scrub_text(f"before {case} after")
         assert clean.startswith("before ") and clean.endswith(" after") and "***" in clean, case
     assert scrub_text("nothing secret here") == "nothing secret here"
+
+
+def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
+    """psycopg_pool, asyncio, uvicorn and httpx log through the stdlib, not structlog: their lines
+    must be redacted (and rendered like evq's) rather than printed raw by Python's last resort."""
+    import logging
+
+    from worker.logs import configure, register_secrets
+
+    register_secrets([SECRET])
+    configure("json", "info")
+    logging.getLogger("psycopg.pool").warning("error connecting in 'evq': bad dsn %s", f"postgresql://u:{SECRET}@h/d")
+    logging.getLogger("httpx").info("HTTP Request: noise below the threshold")
+    err = capsys.readouterr().err
+    line = json.loads(err.strip().splitlines()[-1])
+    assert line["logger"] == "psycopg.pool" and line["level"] == "warning" and "***" in line["event"]
+    assert SECRET not in err and "noise below" not in err
