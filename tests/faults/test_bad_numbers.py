@@ -76,3 +76,19 @@ def test_the_python_api_refuses_already_parsed_bad_numbers(db_url):
 
 # MCP: tests/web/test_mcp_wire.py::test_raw_bad_numbers_in_tool_arguments_are_a_field_error sends the raw
 # numbers over a real stdio subprocess (an SDK client would turn NaN into null before sending).
+
+
+def test_notify_is_checked_against_the_domain_rules_at_enqueue(db_url):
+    """Issue 13: a notify address on a blocked (or not allowed) domain was accepted, and its notice
+    then silently refused at send. Now it is a field error at enqueue, on a real database."""
+    from dataclasses import replace
+
+    from tests.support import POLICY
+
+    for policy in (replace(POLICY, blocked_domains=("blocked.example",)),
+                   replace(POLICY, allowed_domains=("example.com",))):
+        data = request(run_id="nums", step_id="notify", notify="owner@blocked.example")
+        with psycopg.connect(db_url) as conn, pytest.raises(InvalidRequest) as refused:
+            enqueue(conn, data, policy=policy)
+        assert [f["field"] for f in refused.value.context["fields"]] == ["notify"]
+    _nothing_written(db_url)
