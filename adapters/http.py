@@ -48,6 +48,7 @@ import httpx
 
 from worker import deadline as limits
 from worker.logs import get_logger, register_secrets
+from worker.scrub import scrub_text
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import LookupFailed, LookupResult, SendRequest
 from worker.request import ALLOWED_HEADERS, Policy, check_payload
@@ -243,9 +244,11 @@ class HttpProvider:
         text = self._scrub(response.text)
         error = _provider_error(response)
         evidence = _evidence("answer", code=code, body=text, sent=True, error_name=error.get("name"))
-        what = f"http {code}" + (f" {error['name']}" if error.get("name") else "") + (
+        # The provider's own error text is parsed from its JSON, so it can hold the key
+        # unescaped where the raw body held it escaped: scrubbed again here.
+        what = self._scrub(f"http {code}" + (f" {error['name']}" if error.get("name") else "") + (
             f": {_short(str(error['message']))}" if error.get("message") else ""
-        )
+        ))
         if 200 <= code < 300:
             provider_id = _json(response).get("id")
             return Accepted(provider_message_id=provider_id if isinstance(provider_id, str) else None, response=evidence)
@@ -318,7 +321,7 @@ class HttpProvider:
         return body
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "***")[: MAX_BODY * 4]
+        return scrub_text(text.replace(self._api_key, "***"))[: MAX_BODY * 4]
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from prometheus_client import CollectorRegistry
 
 from adapters.null import NullProvider
+from adapters.postgres.conninfo import passwords
 from adapters.postgres.database import check_at_head, resolve_url
 from adapters.postgres.listen import PostgresWakeup
 from adapters.postgres.queue_stats import QueueStatsReader
@@ -32,6 +33,8 @@ log = get_logger("evq.wiring")
 
 def setup_logging(settings: Settings) -> None:
     register_secrets(settings.secrets())
+    # The password of a URL that does not even parse is a secret too (libpq would echo it).
+    register_secrets(passwords(settings.database_url))
     configure(settings.log_format, settings.log_level)
 
 

@@ -15,6 +15,7 @@ from worker import metrics
 from worker.logs import get_logger
 from worker.outcomes import Outcome, Unknown
 from worker.ports import Provider, SendRequest
+from worker.scrub import scrub_record
 
 log = get_logger("evq.executor")
 
@@ -54,6 +55,10 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
     except Exception as exc:
         outcome = _raised(provider, exc)
     elapsed = time.perf_counter() - started
+    # This is where a provider's words become evidence (a step's reason and detail, then
+    # outputs, pages and failure notices): no configured secret, in any encoding, gets past
+    # it, whatever the adapter's own scrubbing missed.
+    outcome = scrub_record(outcome)
     metrics.labelled(metrics.SEND_ATTEMPTS, provider.name, outcome.kind).inc()
     metrics.labelled(metrics.SEND_SECONDS, provider.name, outcome.kind).observe(elapsed)
     return outcome, elapsed * 1000.0

@@ -16,32 +16,20 @@ from typing import Any
 
 import structlog
 
-REDACTED = "***"
-_secrets: set[str] = set()
+from worker import scrub as _scrub
+from worker.scrub import REDACTED  # noqa: F401  (re-exported)
 
 
 def register_secrets(values: Iterable[str | None]) -> None:
-    # Very short values would redact ordinary words; real secrets are longer.
-    _secrets.update(v for v in values if v and len(v) >= 4)
+    _scrub.register(values)
 
 
 def redact(value: Any) -> Any:
-    if isinstance(value, str):
-        for secret in _secrets:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact(v) for v in value)
-    return value
+    return _scrub.scrub(value)
 
 
 def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    if not _secrets:
-        return event
-    return {k: redact(v) for k, v in event.items()}
+    return _scrub.scrub(event)
 
 
 # The identity of the step a task is sending, for every line logged in that task.
@@ -85,6 +73,35 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    _route_stdlib(renderer, level)
+
+
+class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the one handler evq puts on the root logger, so configuring again replaces it."""
+
+
+def _route_stdlib(renderer: Any, level: str) -> None:
+    """Libraries log through the stdlib (psycopg_pool's "error connecting", asyncio,
+    uvicorn, httpx): their lines get the same redaction and format as evq's own, on
+    stderr, instead of Python's last-resort handler printing them raw. Below WARNING
+    they are noise (httpx logs every request at INFO), so they start at WARNING, or at
+    the configured level when that is higher."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+        ],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _redact_processor, renderer],
+    )
+    handler = _StdlibHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    handler.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
 
 
 def configure_from_env(env: Any = None) -> None:

@@ -33,6 +33,7 @@ from worker import metrics
 from worker.errors import ConfigError
 from worker.logs import get_logger
 from worker.ports import Lookup, LookupFailed, LookupResult
+from worker.scrub import scrub_record
 from worker.records import ReconcileCounts, UnknownStep
 
 log = get_logger("evq.reconciler")
@@ -151,6 +152,8 @@ class Reconciler:
             metrics.RECONCILED.labels(result="error").inc()
             log.exception("reconcile_lookup_raised", provider=step.provider)
             return "failed"
+        # The provider's answer is kept as evidence: scrubbed like every provider text.
+        result = scrub_record(result)
         if result.found:
             return await self._found(step, result, now)
         return await self._absent(step, result, now)

@@ -28,6 +28,7 @@ from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
 
 from worker.errors import InvalidRequest
+from worker.jsontext import bad_numbers
 
 REQUEST_FIELDS = (
     "run_id",
@@ -136,7 +137,8 @@ class ValidRequest:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # allow_nan=False: jsonb has no NaN or Infinity, so they are refused before the database sees them.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def payload_digest(payload: Mapping[str, Any]) -> tuple[str, str]:
@@ -164,6 +166,10 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     for key in data:
         if key not in REQUEST_FIELDS:
             errors.add(str(key)[:100], "unknown field")
+    # A value parsed elsewhere (the Python API, MCP) may hold NaN, inf or a huge integer,
+    # which jsonb refuses: named here rather than failing as the row is written.
+    for where, why in bad_numbers(data):
+        errors.add(where, why)
 
     run_id = _identifier(data, "run_id", errors, required=True)
     step_id = _identifier(data, "step_id", errors, required=True)
@@ -192,6 +198,9 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
         refusal = _domain_refusal(addr["email"], policy)
         if refusal:
             errors.add(where, refusal)
+    # The failure notice goes to notify through the same policy: refused here, not silently at send.
+    if notify_addr and (refusal := _domain_refusal(notify_addr["email"], policy)):
+        errors.add("notify", refusal)
 
     subject = _text(data, "subject", errors, required=True, limit=MAX_SUBJECT, single_line=True)
     text = _text(data, "text", errors, required=False, limit=None, single_line=False)

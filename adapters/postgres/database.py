@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import psycopg
 from psycopg import errors as pgerr
 
+from adapters.postgres.conninfo import normalise
 from worker.errors import (
     DatabaseUnavailable,
     EvqError,
@@ -32,7 +33,7 @@ NEWER_HINT = "a newer evq migrated this database: run that evq version (or a lat
 def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
     """The configured URL, or the URL of an embedded server started on demand."""
     if database_url:
-        return database_url
+        return normalise(database_url)
     from adapters.postgres.embedded import embedded_url
 
     return embedded_url(data_dir)

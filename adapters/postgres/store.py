@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from adapters.postgres.conninfo import normalise
 from adapters.postgres.database import connect_kwargs, translate
 from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
 from adapters.postgres.notices import notice_op
@@ -60,6 +61,19 @@ log = get_logger("evq.store")
 _PINNED: ContextVar[tuple[PostgresStore, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
 
 
+def _misconfigured(exc: psycopg.Error) -> bool:
+    """The server answered and refused this URL for good: no such database or role, bad login."""
+    state = exc.sqlstate or ""
+    if state.startswith("28") or state == "3D000":
+        return True
+    # libpq gives no SQLSTATE for a refused connection: the server's FATAL text is what there is.
+    text = str(exc)
+    return "FATAL" in text and any(m in text for m in _MISCONFIGURED)
+
+
+_MISCONFIGURED = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
+
+
 class PostgresStore:
     def __init__(self, pool: AsyncConnectionPool, *, notices: NoticeConfig = NoticeConfig()):
         self.pool = pool
@@ -75,7 +89,18 @@ class PostgresStore:
         prepare: bool = True,
         notices: NoticeConfig = NoticeConfig(),
     ) -> PostgresStore:
+        url = normalise(url)
         kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
+        # One direct connection first: a database that does not exist or refuses our login
+        # is a clear error now, not a pool retrying it for 15 s. A server that is not
+        # answering (refused, starting, shutting down) may be restarting: the pool waits.
+        try:
+            probe = await psycopg.AsyncConnection.connect(url, **connect_kwargs())
+        except psycopg.OperationalError as exc:
+            if _misconfigured(exc):
+                raise translate(exc) or exc from None
+        else:
+            await probe.close()
         if not prepare:
             # PgBouncer in transaction mode cannot keep server-side prepared statements.
             kwargs["prepare_threshold"] = None

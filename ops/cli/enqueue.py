@@ -15,6 +15,7 @@ from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
 from ops.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
+from worker import jsontext
 from worker.errors import InvalidRequest
 from worker.keys import Permission
 
@@ -144,10 +145,17 @@ def _header(raw: str) -> tuple[str, str]:
 def _maybe_json(value: str) -> Any:
     if value.lstrip().startswith(("{", "[")):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError:
+            return jsontext.loads(value)
+        except jsontext.BadNumbers as exc:
+            raise _numbers_refused(exc, "--rationale") from None
+        except (json.JSONDecodeError, RecursionError):
             return value
     return value
+
+
+def _numbers_refused(exc: jsontext.BadNumbers, where: str, line: int | None = None) -> InvalidRequest:
+    at = f"{where}" + (f" line {line}" if line is not None else "")
+    return InvalidRequest([{"field": path, "message": f"{at}: {message}"} for path, message in exc.fields])
 
 
 def _read_file(file: str) -> list[Any]:
@@ -156,7 +164,9 @@ def _read_file(file: str) -> list[Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRequest([{"field": "--file", "message": f"cannot read {file}: {exc}"}]) from None
     try:
-        return [json.loads(text)]
+        return [jsontext.loads(text)]
+    except jsontext.BadNumbers as exc:
+        raise _numbers_refused(exc, "--file") from None
     except RecursionError:
         raise InvalidRequest([{"field": "--file", "message": "JSON nested too deeply"}]) from None
     except json.JSONDecodeError as whole_error:
@@ -166,7 +176,9 @@ def _read_file(file: str) -> list[Any]:
             if not line.strip():
                 continue
             try:
-                requests.append(json.loads(line))
+                requests.append(jsontext.loads(line))
+            except jsontext.BadNumbers as exc:
+                raise _numbers_refused(exc, "--file", number) from None
             except (json.JSONDecodeError, RecursionError) as exc:
                 message = str(whole_error) if number == 1 else f"line {number}: {exc}"
                 raise InvalidRequest([{"field": "--file", "message": f"not JSON: {message}"}]) from None

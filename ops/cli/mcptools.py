@@ -36,9 +36,10 @@ def mcp(out: Output, database_url: str | None) -> int:
 
     async def serve() -> None:
         from ops.mcpserver import build_server
+        from ops.mcpstdio import run_stdio
 
         async with wiring.open_store(settings, url=url, max_size=4) as store:
-            await build_server(store, settings, key).run_stdio_async()
+            await run_stdio(build_server(store, settings, key))
 
     run(serve())
     return 0

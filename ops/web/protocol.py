@@ -8,12 +8,12 @@ large 413, unknown or mistyped fields 422, bad path or query parameters 422.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ops.contract import Timer, failure, to_json
 from ops.service import json_field_names
+from worker import jsontext
 from worker.errors import AuthFailed, EvqError, Forbidden, InvalidRequest
 from worker.logs import get_logger
 
@@ -83,7 +83,9 @@ async def read_json(receive_body: Callable[[], Awaitable[bytes]], content_type: 
     except UnicodeDecodeError:
         raise BadRequest(400, "$body", "the body is not UTF-8") from None
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = jsontext.loads(text)
+    except jsontext.BadNumbers as exc:
+        raise InvalidRequest([{"field": path, "message": message} for path, message in exc.fields]) from None
     except RecursionError:
         raise BadRequest(400, "$body", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:
@@ -91,10 +93,6 @@ async def read_json(receive_body: Callable[[], Awaitable[bytes]], content_type: 
     if _depth(value) > MAX_JSON_DEPTH:
         raise BadRequest(400, "$body", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _depth(value: Any) -> int:

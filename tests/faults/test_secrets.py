@@ -149,3 +149,167 @@ def test_no_api_key_in_what_evq_serve_logs_or_answers(db_url, admin_key):
     for key in (admin_key, operator):
         for secret in (key, split_key(key)[1], split_key(key)[1][:-1]):
             assert secret not in everything
+
+
+ECHOED_KEY = "re_echo+Secret/Key=7c41aa"
+
+
+class _EchoingProvider:
+    """A real HTTP provider on loopback that refuses every send with 401 and echoes the
+    Authorization header back in its error, in the encodings real servers use (raw,
+    base64 as in Basic auth, URL-encoded, JSON-escaped with ``\\/``). It accepts the
+    failure notices (subject ``[delivery ...``) so their body can be read."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.notices: list[dict] = []
+        self.refused = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test's stderr for evq
+                pass
+
+            def do_POST(self):
+                import base64
+                from urllib.parse import quote
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if str(body.get("subject", "")).startswith("[delivery"):
+                    owner.notices.append(body)
+                    self._answer(200, json.dumps({"id": f"notice-{len(owner.notices)}"}))
+                    return
+                owner.refused += 1
+                auth = self.headers["Authorization"]
+                key = auth.split(" ", 1)[1]
+                # Hand-written JSON: PHP-style "\/" escaping, so the raw body never holds the key as sent.
+                message = json.dumps(f"bad credentials: {auth}").replace("/", "\\/")
+                text = (
+                    f'{{"statusCode": 401, "name": "invalid_api_key", "message": {message}, '
+                    f'"basic": "{base64.b64encode((":" + key).encode()).decode()}", '
+                    f'"header_b64": "{base64.b64encode(auth.encode()).decode()}", '
+                    f'"url": "https://api.example/keys?k={quote(key, safe="")}"}}'
+                )
+                self._answer(401, text)
+
+            def _answer(self, code: int, text: str) -> None:
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "_EchoingProvider":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def _key_forms(key: str) -> list[str]:
+    import base64
+    from urllib.parse import quote
+
+    return [key, key.replace("/", "\\/"), quote(key, safe=""), base64.b64encode((":" + key).encode()).decode(),
+            base64.b64encode(f"Bearer {key}".encode()).decode(), base64.b64encode(key.encode()).decode()]
+
+
+def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path):
+    """Issue 13: a provider that echoes the Authorization header in its 401 put the key in the step's
+    reason, -o json, /v1/steps/ID, the ops page and the failure notice. Every copy is searched for:
+    a pg_dump of the database, every CLI output, the HTTP API, the ops page HTML, the notice the
+    provider received, and every log line."""
+    import re
+    import subprocess
+
+    from tests.acceptance.conftest import make_key
+    from tests.web.support import serving
+
+    evq = Evq(db_url, api_key=admin_key)
+    outputs: list[str] = []
+    with _EchoingProvider() as provider:
+        request = {"run_id": "echo", "step_id": "s1", "to": ["ok@example.com"], "from": "a@example.org",
+                   "subject": "hello", "text": "t", "provider": "http", "notify": "owner@example.org"}
+        done = evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request))
+        assert done.returncode == 0, done.stderr[-2000:]
+        env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": provider.url, "EVQ_HTTP_API_KEY": ECHOED_KEY,
+               "EVQ_HTTP_TIMEOUT": "5", "EVQ_MAX_ATTEMPTS": "1", "EVQ_LOG_LEVEL": "debug"}
+        for _ in range(2):  # the refusal, then the notice it owes
+            done = evq.run("worker", "run", "--drain", "-o", "json", **env)
+            outputs += [done.stdout, done.stderr]
+            assert done.returncode == 0, done.stderr[-2000:]
+        assert provider.refused == 1 and len(provider.notices) == 1, (provider.refused, provider.notices)
+        outputs.append(json.dumps(provider.notices))
+    for args in (("steps", "list"), ("steps", "show", "1"), ("runs", "show", "echo")):
+        outputs.append(json.dumps(evq.json(*args)))
+        done = evq.run(*args)
+        outputs += [done.stdout, done.stderr]
+    operator = make_key(db_url, "olga", "operator")
+    with serving(db_url) as served:
+        api = served.client(admin_key)
+        outputs.append(api.get("/v1/steps/1").text)
+        outputs.append(api.get("/v1/runs/echo").text)
+        web = served.client()
+        login = web.get("/ops/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)[1]
+        assert web.post("/ops/login", data={"csrf": csrf, "key": operator}).status_code == 303
+        page = web.get("/ops/steps/1")
+        assert page.status_code == 200
+        outputs.append(page.text)
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    dump = subprocess.run(["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url],
+                          capture_output=True, text=True, timeout=120)
+    assert dump.returncode == 0, (info.get("dbname"), dump.stderr)
+    everything = "\n".join(outputs) + dump.stdout
+    # The refusal itself is on record, everywhere it should be...
+    assert "invalid_api_key" in dump.stdout and "invalid_api_key" in page.text
+    assert "invalid_api_key" in provider.notices[0]["text"] or "401" in provider.notices[0]["text"]
+    # ...but not the key, in any of the forms the provider sent it back in.
+    for form in _key_forms(ECHOED_KEY):
+        assert form not in everything, form
+
+
+URL_PASSWORD = "url-Secret-Pa55word-3e8b"
+
+
+def _bad_urls(db_url: str) -> list[tuple[str, str]]:
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    host, port, dbname = info.get("host", "127.0.0.1"), info.get("port", "5432"), info["dbname"]
+    return [
+        # Not libpq's spelling: accepted once normalised (trust auth ignores the password).
+        (f"postgresql+psycopg://postgres:{URL_PASSWORD}@{host}:{port}/{dbname}", "ok"),
+        (f"postgresq://postgres:{URL_PASSWORD}@{host}:{port}/{dbname}", "E_INVALID_ARG"),  # a typo
+        (f"host={host} port={port} password={URL_PASSWORD} dbname", "E_INVALID_ARG"),  # a broken key=value
+        (f"postgresql://postgres:{URL_PASSWORD}@{host}:{port}/no_such_db_here", "E_DB_UNAVAILABLE"),
+    ]
+
+
+def test_a_database_url_that_cannot_be_used_fails_fast_and_never_shows_its_password(db_url):
+    """Issue 13: an unparseable URL printed its password four times on stderr (psycopg_pool's own
+    logging) and failed only after 15 s. Now: refused at once, password nowhere, a clear code."""
+    import time
+
+    for url, expect in _bad_urls(db_url):
+        for args in (("steps", "list", "-o", "json"), ("worker", "run", "--drain", "-o", "json")):
+            started = time.monotonic()
+            done = Evq(url).run(*args, EVQ_ADAPTER="null", EVQ_LOG_LEVEL="debug", timeout=60)
+            elapsed = time.monotonic() - started
+            assert URL_PASSWORD not in done.stdout + done.stderr, (url, args, done.stdout, done.stderr[-2000:])
+            # A generous bound (the interpreter's start on a loaded machine), far below the old 15 s wait.
+            assert elapsed < 8, (url, args, elapsed)
+            out = json.loads(done.stdout)
+            if expect == "ok":
+                assert done.returncode == 0 and out["status"] == "success", (url, done.stdout, done.stderr[-2000:])
+            else:
+                assert out["status"] == "error" and out["error"]["code"] == expect, (url, out)
+                assert "EVQ_DATABASE_URL" in out["error"]["message"] + out["error"].get("hint", "")

@@ -1,0 +1,99 @@
+"""`evq mcp` at the JSON-RPC wire, as a real stdio subprocess, with lines no SDK client would send
+(issue 13): a line that is not JSON gets a -32700 Parse error (id null), a JSON value that is not a
+JSON-RPC message a -32600, and the server keeps answering afterwards; raw numbers JSON cannot carry
+in a tool's arguments are a field error, not E_INTERNAL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from tests.acceptance.conftest import make_key
+from tests.support import request, rows
+
+
+class Wire:
+    def __init__(self, db_url: str, key: str):
+        env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "mcp"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                                     start_new_session=True)
+        self.err: list[str] = []
+        self._drain = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
+        self._drain.start()
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self) -> dict[str, Any]:
+        # A blocking read: the subprocess is killed by close() if it never answers (pytest's timeout).
+        line = self.proc.stdout.readline()
+        assert line, "".join(self.err)[-3000:]
+        return json.loads(line)
+
+    def call(self, rid: int, name: str, arguments_json: str) -> dict[str, Any]:
+        self.send('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
+                  % (rid, name, arguments_json))
+        return self.answer()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        finally:
+            self._drain.join(timeout=10)
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def wire(db_url):
+    w = Wire(db_url, make_key(db_url, "bot", "agent", created_by=None))
+    try:
+        w.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}))
+        assert w.answer()["id"] == 0
+        w.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        yield w
+    finally:
+        w.close()
+
+
+def test_a_line_that_is_not_json_gets_a_parse_error_and_the_server_keeps_going(wire):
+    for bad in ("{not json", "\x00\x01", '{"jsonrpc": "2.0", "id": 5, "method": '):
+        wire.send(bad)
+        answer = wire.answer()
+        assert answer["id"] is None and answer["error"]["code"] == -32700, answer
+    wire.send('[1, 2, 3]')  # JSON, but no JSON-RPC message
+    answer = wire.answer()
+    assert answer["id"] is None and answer["error"]["code"] == -32600, answer
+    wire.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}))
+    answer = wire.answer()
+    assert answer["id"] == 9 and "evq_email_send" in {t["name"] for t in answer["result"]["tools"]}
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", "9" * 5000], ids=["nan", "inf", "1e999", "5000-digits"])
+def test_raw_bad_numbers_in_tool_arguments_are_a_field_error(wire, db_url, number):
+    data = request(run_id="wire", step_id="n")
+    data["decision"] = {"rationale": {"score": "__N__"}}
+    answer = wire.call(1, "evq_email_send", json.dumps(data).replace('"__N__"', number))
+    if "error" in answer:
+        # The SDK's own JSON parser refuses a 5,000-digit integer before evq sees the call: a
+        # protocol error (id unknown, so null), still an answer and never E_INTERNAL.
+        assert answer["error"]["code"] == -32700 and answer["id"] is None, answer
+    else:
+        assert answer["id"] == 1, answer
+        body = answer["result"]["structuredContent"]
+        assert body["status"] == "error" and body["error"]["code"] == "E_INVALID_ARG", body
+        assert body["error"]["context"]["fields"][0]["field"] == "decision.rationale.score"
+    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]

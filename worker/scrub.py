@@ -1,0 +1,110 @@
+"""The one rule for secrets in text that evq did not write itself (invariant 7).
+
+Every configured secret (SMTP password, HTTP provider key, database password, evq API
+keys in use, the serve secret) is registered here once, and every text that came from
+outside (a provider's answer, a library's exception, a log event) passes through
+:func:`scrub` before it is stored, shown or logged. A peer rarely echoes a secret as
+it was given: the Authorization header comes back as ``Bearer KEY``, in base64 (Basic
+auth, AUTH PLAIN), URL-encoded, JSON-escaped (``\\/``, ``\\uXXXX``). So each secret is
+registered with the forms those encodings give it, and one compiled pattern replaces
+them all, longest first, so a longer form is never left half replaced.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, is_dataclass, replace
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+REDACTED = "***"
+# Very short values would redact ordinary words; real secrets are longer.
+MIN_SECRET = 4
+
+_lock = threading.Lock()
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+
+
+def encoded_forms(secret: str) -> set[str]:
+    """The secret as a peer may send it back."""
+    forms = {secret, secret.lower(), secret.upper()}
+    escaped = json.dumps(secret)[1:-1]
+    forms |= {escaped, escaped.replace("/", "\\/"), json.dumps(secret, ensure_ascii=True)[1:-1]}
+    # Every character escaped (some serializers do this for "unsafe" ones).
+    forms.add("".join(f"\\u{ord(c):04x}" for c in secret))
+    forms |= {quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    raw = secret.encode()
+    # Basic auth ("user:secret", "secret:"), AUTH PLAIN ("\0user\0secret") and the bare
+    # value, in the standard and URL-safe alphabets. base64 of a longer blob holds the
+    # secret's base64 only when it starts on a 3-byte boundary, so each of the three
+    # alignments of a prefix we do not know contributes its stable middle part.
+    for blob in (raw, b":" + raw, raw + b":", b"\0" + raw):
+        for enc in (base64.b64encode, base64.urlsafe_b64encode):
+            text = enc(blob).decode()
+            forms |= {text, text.rstrip("=")}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        # Drop the characters touched by the unknown prefix and by what follows.
+        middle = encoded[(4 if shift else 0) : -4]
+        if len(middle) >= 8:
+            forms.add(middle)
+            forms.add(middle.replace("+", "-").replace("/", "_"))
+    return {f for f in forms if len(f) >= MIN_SECRET}
+
+
+def register(values: Iterable[str | None]) -> None:
+    global _pattern
+    new = {v for v in values if v and len(v) >= MIN_SECRET} - _secrets
+    if not new:
+        return
+    with _lock:
+        _secrets.update(new)
+        forms: set[str] = set()
+        for secret in _secrets:
+            forms |= encoded_forms(secret)
+        _pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+
+
+def registered() -> frozenset[str]:
+    return frozenset(_secrets)
+
+
+def scrub_text(text: str) -> str:
+    pattern = _pattern
+    if pattern is None:
+        return text
+    return pattern.sub(REDACTED, text)
+
+
+def scrub(value: Any) -> Any:
+    """``value`` with every registered secret, in every form, replaced; containers deep."""
+    if _pattern is None:
+        return value
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, Mapping):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub(v) for v in value)
+    if isinstance(value, BaseException):
+        return scrub_text(str(value))
+    return value
+
+
+def scrub_record(record: Any) -> Any:
+    """A frozen dataclass (an outcome, a lookup result) with its text fields scrubbed."""
+    if _pattern is None or not is_dataclass(record) or isinstance(record, type):
+        return record
+    changes = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, (str, Mapping, list, tuple)):
+            clean = scrub(value)
+            if clean != value:
+                changes[f.name] = clean
+    return replace(record, **changes) if changes else record
