@@ -211,3 +211,72 @@ def test_prune_finds_its_rows_through_an_index(db_url):
     nested = [p for p in plans if "LIMIT p_limit" in p or "FOR UPDATE OF s SKIP LOCKED" in p]
     assert nested, plans
     assert all("ix_email_steps_status_created_at" in p and "Seq Scan on email_steps" not in p for p in nested), nested
+
+
+NOTIFY = "agent-inbox@example.org"
+
+
+async def with_notice(store: PostgresStore, db_url: str, *, at: datetime, notice_outcome, notice_at: datetime):
+    """An original rejected at `at` whose failure notice (a step of its own, notice_of
+    pointing at it) is answered with `notice_outcome` at `notice_at` (None: still pending)."""
+    original = await settled(store, Rejected("550 no such user"), at=at, notify=NOTIFY)
+    [notice] = rows(db_url, "SELECT id FROM email_steps WHERE notice_of = %s", (original,))
+    if notice_outcome is not None:
+        [claimed] = await store.claim(
+            owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=notice_at
+        )
+        assert claimed.id == notice["id"]
+        transition = decide(claimed, notice_outcome, default_max_attempts=3, backoff=Backoff(1, 1),
+                            dedupe_window_open=False)
+        await store.record([transition], actor="w", now=notice_at)
+    return original, notice["id"]
+
+
+async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_it(store, db_url):
+    # Both old and settled: they go, together, even one root per batch.
+    both_old = await with_notice(store, db_url, at=OLD, notice_outcome=Accepted("pm"), notice_at=OLD)
+    # The notice was answered recently: it stays, so its original stays too.
+    notice_recent = await with_notice(store, db_url, at=OLD, notice_outcome=Unknown("lost"), notice_at=OLD)
+    with psycopg.connect(db_url) as conn:  # an operator closed the unknown notice yesterday
+        conn.execute("UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
+                     (NOW - timedelta(days=1), notice_recent[1]))
+    plain = await settled(store, Accepted("pm"), at=OLD)
+    # The notice is still pending (not terminal): neither goes, the original waits for it.
+    # (Made last: the helpers claim whatever is due.)
+    notice_pending = await with_notice(store, db_url, at=OLD, notice_outcome=None, notice_at=OLD)
+    evidence_of = lambda ids: count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (list(ids),))
+    doomed = [*both_old, plain]
+
+    dry = await pruner(store, batch=1, dry_run=True).run_once()
+    counts = await pruner(store, batch=1).run_once()
+
+    # The dry run counted exactly what the run deleted.
+    assert (dry.steps, dry.evidence, dry.decisions) == (counts.steps, counts.evidence, counts.decisions)
+    assert counts.steps == 3 and counts.decisions == 3 and counts.evidence > 0
+    left = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")}
+    assert left == {*notice_pending, *notice_recent}
+    assert evidence_of(doomed) == 0 and evidence_of(left) > 0
+    log = rows(db_url, "SELECT steps, first_step_id, last_step_id FROM prune_log ORDER BY batch")
+    # One root per batch: the original with its notice (2 steps), then the plain step.
+    assert sorted(r["steps"] for r in log) == [1, 2]
+    assert {(r["first_step_id"], r["last_step_id"]) for r in log if r["steps"] == 2} == {both_old}
+
+    # Once the pending notice is settled and old, it goes, and its original with it.
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE email_steps SET status = 'accepted', closed_at = %s WHERE id = %s",
+                     (OLD, notice_pending[1]))
+    assert (await pruner(store, batch=1).run_once()).steps == 2
+    assert {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")} == set(notice_recent)
+
+
+async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(store, db_url):
+    """A client whose clock runs a year ahead: the database's now() decides what is old."""
+    fresh = await settled(store, Accepted("pm"), at=db_now(db_url) - timedelta(seconds=12))
+    cutoff = await store.prune_cutoff(older_than=timedelta(days=1))
+    assert abs(cutoff - (db_now(db_url) - timedelta(days=1))) < timedelta(minutes=5)
+    # A cutoff computed on a clock a year ahead is refused by the function itself.
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        await store.prune_batch(cutoff=db_now(db_url) + timedelta(days=364), limit=10, actor="a",
+                                run="00000000-0000-0000-0000-000000000000", batch=1)
+    assert await pruner(store).run_once() == PruneCounts()
+    assert rows(db_url, "SELECT id FROM email_steps") == [{"id": fresh}]
