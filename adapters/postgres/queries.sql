@@ -897,3 +897,37 @@ FROM lag l, in_flight f;
 SELECT count(*)::bigint AS n, min(run_id) AS example
 FROM email_steps
 WHERE run_id NOT LIKE 'demo-%';
+
+
+-- name: schema_migrator
+-- Whether the role running `evq db upgrade` may migrate: it must own evq's tables (or
+-- be a member of their owner), or, on a database without them, may create in the
+-- current schema. A runtime role may do neither (migration 0009_runtime_role).
+WITH t AS (
+    SELECT (SELECT c.relowner FROM pg_class c WHERE c.oid = to_regclass('email_steps')) AS owner
+)
+SELECT current_user AS role,
+       pg_get_userbyid(t.owner) AS owner,
+       current_schema() AS schema,
+       CASE WHEN t.owner IS NULL THEN coalesce(has_schema_privilege(current_schema(), 'CREATE'), false)
+            ELSE pg_has_role(current_user, t.owner, 'USAGE') END AS may_migrate,
+       to_regprocedure('evq_grant_runtime(name)') IS NOT NULL AS can_grant
+FROM t;
+
+
+-- name: runtime_roles
+-- The roles evq_grant_runtime granted before (the only way a role gets EXECUTE on
+-- evq_prune_batch, which PUBLIC lacks), so every upgrade grants them again and a
+-- table a later revision adds reaches them too.
+SELECT r.rolname AS role
+FROM pg_roles r
+WHERE r.rolname !~ '^pg_'
+  AND NOT r.rolsuper
+  AND has_function_privilege(r.oid, 'evq_prune_batch(timestamptz, integer, text, uuid, integer)', 'EXECUTE')
+  AND NOT pg_has_role(r.oid, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'email_steps'::regclass), 'MEMBER')
+ORDER BY r.rolname;
+
+
+-- name: runtime_grant
+-- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
+SELECT evq_grant_runtime(%(role)s) AS granted;

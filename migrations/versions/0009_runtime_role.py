@@ -17,7 +17,7 @@ switch (``evq.pruning``) was a setting any session could turn on. Now:
   decisions or prune_log;
 - removing history goes through ``evq_prune_batch``, a SECURITY DEFINER function
   owned by the owner with a fixed search_path. It turns the prune switch on for its
-  own duration only (its SET clause), and the trigger honours the switch only when
+  own statement only, and the trigger honours the switch only when
   the current user is the table's owner (inside the function, it is), so a runtime
   session that sets the switch itself gains nothing;
 - the prune batch never deletes a step a failure notice still points at: an original
@@ -144,7 +144,6 @@ CREATE FUNCTION evq_prune_batch(p_cutoff timestamptz, p_limit integer, p_actor t
 RETURNS TABLE (pruned_steps integer, pruned_evidence integer, pruned_decisions integer)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {path}
-SET evq.pruning = 'on'
 AS $$
 BEGIN
     -- The database's clock decides what is old: a cutoff past its now() comes from a
@@ -156,6 +155,11 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'evq: prune batch size must be positive' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- On for this statement, off again before returning (an error aborts the whole
+    -- transaction). PostgreSQL 15 lets only a superuser put a custom setting in a
+    -- function's SET clause, hence set_config. The trigger trusts the switch only
+    -- from the owner, so a session that sets it itself gains nothing.
+    PERFORM set_config('evq.pruning', 'on', true);
     RETURN QUERY
     WITH roots AS (
         SELECT s.id, s.decision_id
@@ -191,6 +195,7 @@ BEGIN
         WHERE c.steps > 0
     )
     SELECT c.steps, c.evidence, c.decisions FROM counts c;
+    PERFORM set_config('evq.pruning', '', true);
 END
 $$
 """,
