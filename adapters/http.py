@@ -15,7 +15,7 @@ body byte for byte, and the provider sends once. Classification (DESIGN.md "Adap
 | 2xx | accepted, with the provider's id |
 | 400, 413, 422, any other 4xx not below | rejected |
 | 409 "same key, different payload" | rejected: a bug (our body for a key never changes); logged as an error |
-| 409 "still in progress", 408, 429 (Retry-After honoured) | retryable |
+| 409 "still in progress", 408, 429 (Retry-After honoured) | retryable; a 429 is `throttled`: it pauses the whole provider |
 | 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message |
 | 5xx with the provider's JSON error | retryable (the provider says it failed) |
 | 5xx without it (a gateway answered) | ambiguous: the provider behind it may have acted |
@@ -234,7 +234,12 @@ class HttpProvider:
                 return Rejected(f"{what} (the same key was sent with a different body: a bug)", response=evidence)
             return Retryable(what, retry_after=retry_after(response.headers.get("Retry-After")), response=evidence)
         if code in _RETRY_STATUSES:
-            return Retryable(what, retry_after=retry_after(response.headers.get("Retry-After")), response=evidence)
+            return Retryable(
+                what,
+                retry_after=retry_after(response.headers.get("Retry-After")),
+                response=evidence,
+                throttled=code == 429,
+            )
         if code in _CONFIG_STATUSES or 300 <= code < 400:
             return Retryable(f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)", response=evidence)
         if 400 <= code < 500:

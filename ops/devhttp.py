@@ -20,6 +20,11 @@ lost, because that is the case evq exists for: the provider took it, the client
 never heard. ``server.lookup_fault`` changes how lookups answer ("500", "no-tags":
 the list omits tags, "ignore-filter": the list ignores the tag filter).
 
+Rate limiting, as a provider does it: with ``rate_limit=N`` (``--rate-limit N``) a
+``POST /emails`` beyond N in the last ``rate_window`` seconds (default 1) gets 429
+with ``Retry-After`` and is not stored. Every request's arrival (``at``, Unix time)
+is kept, so a test can count requests per window.
+
     python -m ops.devhttp --port 8025 --api-key devhttp-key
 """
 
@@ -97,6 +102,8 @@ class DevHttpServer(devserver.FaultInjection):
         retry_after: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         on_message: Callable[[dict[str, Any]], None] | None = None,
+        rate_limit: int | None = None,
+        rate_window: float = 1.0,
     ):
         self.host = host
         self._port = port
@@ -106,6 +113,9 @@ class DevHttpServer(devserver.FaultInjection):
         self.retry_after = retry_after
         self.clock = clock
         self.on_message = on_message
+        self.rate_limit = rate_limit
+        self.rate_window = rate_window
+        self._posts_at: list[float] = []  # arrivals of POSTs inside the rate window (monotonic)
         self.lookup_fault: str | None = None
         self._lock = threading.Condition()
         self._messages: list[dict[str, Any]] = []
@@ -197,7 +207,7 @@ class DevHttpServer(devserver.FaultInjection):
     # -- the API ---------------------------------------------------------------------
 
     def _log_request(self, method: str, path: str, key: str | None) -> dict[str, Any]:
-        entry = {"method": method, "path": path, "idempotency_key": key, "status": None}
+        entry = {"method": method, "path": path, "idempotency_key": key, "status": None, "at": time.time()}
         with self._lock:
             self._requests.append(entry)
         return entry
@@ -212,7 +222,7 @@ class DevHttpServer(devserver.FaultInjection):
             return 400, _error(400, "invalid_json", "the body is not a JSON object"), None
         if key is not None and not 1 <= len(key) <= MAX_KEY:
             return 400, _error(400, "invalid_idempotency_key", f"keys are 1 to {MAX_KEY} characters"), None
-        fault = self._next_fault(body)
+        fault = self._next_fault(body) or self._over_rate()
         mode = fault.mode if fault else None
         if mode in ("400", "422"):
             return int(mode), _error(int(mode), "validation_error", "the request was refused (fault)"), None
@@ -242,6 +252,20 @@ class DevHttpServer(devserver.FaultInjection):
         if self.on_message is not None:
             self.on_message(message)
         return 200, answer, fault  # "reset", "slow", "502": stored, the answer may still be lost
+
+    def _over_rate(self) -> Fault | None:
+        """A 429 when this POST is beyond ``rate_limit`` in the last ``rate_window`` seconds."""
+        if self.rate_limit is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            # Refused requests count too, as at a real provider: a storm keeps itself refused.
+            self._posts_at = [t for t in self._posts_at if now - t < self.rate_window]
+            self._posts_at.append(now)
+            if len(self._posts_at) <= self.rate_limit:
+                return None
+            wait = self.rate_window - (now - self._posts_at[-self.rate_limit - 1])
+        return Fault("429", max(1.0, round(wait)))
 
     def _store(self, body: dict[str, Any], key: str | None) -> dict[str, Any]:
         message = {
@@ -436,13 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default="devhttp-key")
     parser.add_argument("--dedupe-window", type=float, default=86400.0, help="seconds a key is honoured (0: never)")
     parser.add_argument("--fault", choices=sorted(FAULTS), help="fail every send this way")
+    parser.add_argument("--rate-limit", type=int, help="answer 429 to POSTs beyond this many per second")
     args = parser.parse_args(argv)
 
     def show(message: dict[str, Any]) -> None:
         print(f"received {message['id']} from {message['from']} to {', '.join(message['to'])}", file=sys.stderr, flush=True)
 
     server = DevHttpServer(
-        args.host, args.port, api_key=args.api_key, dedupe_window=args.dedupe_window or None, on_message=show
+        args.host, args.port, api_key=args.api_key, dedupe_window=args.dedupe_window or None, on_message=show,
+        rate_limit=args.rate_limit,
     )
     return devserver.serve_until_interrupted(server, args.fault, lambda: server.url)
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from prometheus_client import Counter, Histogram, disable_created_metrics
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 # The *_created series double the series count and nothing here reads them.
 disable_created_metrics()
@@ -28,6 +28,8 @@ RESCUED_TO = ("unknown", "retryable")
 RECONCILE_RESULTS = ("accepted", "not_found", "error")
 # An operator's verdict on an unknown row (`evq steps resolve --as`).
 RESOLUTIONS_AS = ("accepted", "rejected", "retry")
+# Why a claim left rows of a rate-limited provider for later (worker/ratelimit.py).
+RATE_LIMITED_REASONS = ("tokens", "paused")
 
 # Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
 UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
@@ -84,6 +86,20 @@ FENCE_REJECTIONS = Counter(
 LATE_SETTLEMENTS = Counter(
     "evq_late_settlements_total", "Rows closed by a definite answer that arrived after their rescue."
 )
+RATE_LIMITED = Counter(
+    "evq_rate_limited_total",
+    "Claims that took fewer rows of a provider than they had slots for: its shared rate limit "
+    "(tokens) or its pause after a 429 (paused).",
+    ["provider", "reason"],
+)
+PROVIDER_PAUSES = Counter(
+    "evq_provider_pauses_total", "Answers that said we send too fast (HTTP 429) and paused the whole provider.", ["provider"]
+)
+PROVIDER_PAUSED_UNTIL = Gauge(
+    "evq_provider_paused_until_timestamp_seconds",
+    "When the provider's latest pause known to this process ends (Unix time; 0: none seen).",
+    ["provider"],
+)
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
 
 for _to in RESCUED_TO:
@@ -99,6 +115,10 @@ def init_provider(provider: str) -> None:
     for outcome in OUTCOMES:
         SEND_ATTEMPTS.labels(provider=provider, outcome=outcome)
         SEND_SECONDS.labels(provider=provider, outcome=outcome)
+    for reason in RATE_LIMITED_REASONS:
+        RATE_LIMITED.labels(provider=provider, reason=reason)
+    PROVIDER_PAUSES.labels(provider=provider)
+    PROVIDER_PAUSED_UNTIL.labels(provider=provider)
 
 
 def observe_decision_to_enqueue(decided_at: datetime | None, enqueued_at: datetime) -> None:

@@ -35,6 +35,9 @@ class Retryable:
     reason: str
     retry_after: float | None = None
     response: dict[str, Any] = field(default_factory=dict)
+    # The provider said we send too fast (an HTTP 429): not this message's problem, so the
+    # whole provider slows down for every worker (worker/ratelimit.py), not only this step.
+    throttled: bool = False
     kind: Literal["retryable"] = "retryable"
 
 

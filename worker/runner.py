@@ -30,6 +30,7 @@ from worker import executor, logs, metrics
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
 from worker.ports import Lookup, Provider, SendRequest
+from worker.ratelimit import RateGate
 from worker.reconciler import Reconciler, ReconcilerConfig
 from worker.records import ClaimedStep
 from worker.recorder import Recorder
@@ -126,6 +127,8 @@ class Worker:
             if lookups and settings.reconcile_checks
             else None
         )
+        # Shared per-provider rate limits and 429 pauses; inactive (no statement) without any.
+        self.rates = RateGate(store, settings.rate_limit)
         self.dedupe_windows = {
             name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
         }
@@ -219,13 +222,7 @@ class Worker:
                         log.warning("orphan_claims_released", count=released)
                     need_orphan_check = False
                 claim_started = time.monotonic()
-                claimed = await self.store.claim(
-                    owner=self.owner,
-                    providers=list(self.providers),
-                    limit=limit,
-                    lease_seconds=s.lease_seconds,
-                    dedupe_windows=self.dedupe_windows,
-                )
+                claimed = await self._claim(list(self.providers), limit)
                 failures = 0
             except DatabaseUnavailable as exc:
                 failures += 1
@@ -270,10 +267,23 @@ class Worker:
                 except DatabaseUnavailable as exc:
                     log.warning("drain_check_failed", error=exc.message)
                     await self._sleep(reconnect_delay(1))
-                continue
+                    continue
+                if not self.rates.held_back:
+                    continue
             # The poll interval is the period between claims, not the pause after one,
-            # so a step enqueued at any moment is claimed within one interval.
-            await self._idle(max(0.0, s.poll_interval - (time.monotonic() - claim_started)))
+            # so a step enqueued at any moment is claimed within one interval; a provider
+            # held back by its rate limit is asked again as soon as a token may be there.
+            wait = max(0.0, s.poll_interval - (time.monotonic() - claim_started))
+            hint = self.rates.wait_hint() if self.rates.active else None
+            await self._idle(wait if hint is None else min(wait, hint))
+
+    async def _claim(self, providers: list[str], limit: int) -> list[ClaimedStep]:
+        s = self.settings
+        kwargs = dict(owner=self.owner, lease_seconds=s.lease_seconds, dedupe_windows=self.dedupe_windows)
+        if not self.rates.active:
+            # The hot path without limits: exactly the one claim statement.
+            return await self.store.claim(providers=providers, limit=limit, **kwargs)
+        return await self.rates.claim(self.store.claim, providers, limit, **kwargs)
 
     async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
         if service is None:
@@ -358,6 +368,8 @@ class Worker:
                 dedupe_window_open=window_open,
                 latency_ms=latency_ms,
             )
+            if outcome.kind == "retryable" and outcome.throttled:
+                await self._throttled(step.provider, outcome.retry_after)
             self.stats.sent += 1
             self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
             held.answered = True
@@ -405,6 +417,15 @@ class Worker:
             if self._held.pop(step.id, None) is not None and held.answered:
                 self._answered -= 1
             self._slot_freed.set()
+
+    async def _throttled(self, provider: str, retry_after: float | None) -> None:
+        try:
+            await self.rates.throttled(provider, retry_after)
+        except Exception as exc:
+            # This worker pauses anyway (in memory); the others learn of it from their own 429s.
+            # Never let it keep the outcome from being recorded.
+            log.warning("provider_pause_not_shared", provider=provider, error_class=type(exc).__name__,
+                        error=getattr(exc, "message", None) or str(exc)[:200])
 
     # -- shutdown -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from email_validator import EmailNotValidError, validate_email
 
 from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
+from worker.ratelimit import RateLimit, rate_limits
 from worker.request import Policy
 
 
@@ -72,6 +73,14 @@ OPTIONS: tuple[Option, ...] = (
         "no prepared statements, no LISTEN; polling instead).",
         choices=("none", "transaction"),
     ),
+    Option(
+        "rate_limit",
+        rate_limits,
+        (),
+        "Requests per provider, shared by every worker on every host (kept in PostgreSQL), e.g. "
+        "http=2/s,smtp=100/min; :N after a rate sets the burst (default: one second's worth). "
+        "A 429 from a limited provider pauses it for every worker. Unset: no limit, no extra statement.",
+    ),
     Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
     Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
@@ -124,6 +133,7 @@ class Settings:
     retry_max: float = 900.0
     listen: str = "auto"
     pooler: str = "none"
+    rate_limit: tuple[RateLimit, ...] = ()
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0
     allowed_domains: tuple[str, ...] = ()
@@ -199,6 +209,11 @@ class Settings:
             raise _bad(OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)")
         if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
+        for limit in self.rate_limit:
+            if limit.provider not in ADAPTERS:
+                raise _bad(
+                    OPTION_BY_NAME["rate_limit"], f"names an unknown provider {limit.provider!r}; known: {', '.join(ADAPTERS)}"
+                )
         if self.retry_max < self.retry_base:
             raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
         if self.serve_port > 65535:
@@ -289,7 +304,7 @@ def markdown_table() -> str:
     for o in OPTIONS:
         default = o.default
         if isinstance(default, tuple):
-            default = ",".join(default) or "(none)"
+            default = ",".join(map(str, default)) or "(none)"
         elif isinstance(default, bool):
             default = str(default).lower()
         lines.append(f"| `{o.env}` | `{o.flag}` | `{'(unset)' if default is None else default}` | {o.help} |")

@@ -405,6 +405,68 @@ SELECT EXISTS (
 ) AS claimable;
 
 
+
+-- name: rate_limit_take
+-- Take up to %(want)s tokens from a provider's bucket (worker/ratelimit.py), before
+-- the claim: the row lock makes concurrent takes from every worker on every host
+-- queue up, so together they never get more than the rate. The refill comes from
+-- the database clock; greatest(0, ...) and greatest(refilled_at, now) keep a take
+-- whose statement started before the previous holder's from refilling twice. A
+-- paused provider grants nothing and says for how long. No row: the caller seeds one.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT b.provider, b.paused_until,
+           least(%(burst)s::float8, b.tokens + %(per_second)s::float8
+                 * greatest(0, extract(epoch FROM t.now - b.refilled_at))::float8) AS available,
+           coalesce(b.paused_until > t.now, false) AS paused
+    FROM provider_rate_limits b, t
+    WHERE b.provider = %(provider)s
+    FOR UPDATE OF b
+), g AS (
+    SELECT cur.*,
+           CASE WHEN cur.paused THEN 0 ELSE least(%(want)s::int, floor(cur.available)::int) END AS granted
+    FROM cur
+)
+UPDATE provider_rate_limits b
+SET tokens = g.available - g.granted,
+    refilled_at = greatest(b.refilled_at, t.now)
+FROM g, t
+WHERE b.provider = g.provider
+RETURNING g.granted,
+          CASE WHEN g.paused THEN extract(epoch FROM g.paused_until - t.now)::float8 ELSE 0 END AS paused_for,
+          CASE WHEN g.granted < %(want)s AND NOT g.paused
+               THEN greatest(0, (1 - (g.available - g.granted)) / %(per_second)s::float8) ELSE 0 END AS next_token_in;
+
+
+-- name: rate_limit_seed
+-- A provider's first take: a full bucket (a concurrent seed wins, nothing changes).
+INSERT INTO provider_rate_limits (provider, tokens, refilled_at)
+VALUES (%(provider)s, %(burst)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (provider) DO NOTHING;
+
+
+-- name: rate_limit_refund
+-- Tokens a claim was granted but found no rows for: back in the bucket (never above its size).
+UPDATE provider_rate_limits
+SET tokens = least(%(burst)s::float8, tokens + %(tokens)s::float8)
+WHERE provider = %(provider)s;
+
+
+-- name: rate_limit_pause
+-- The provider said we send too fast: no worker claims for it before now + seconds.
+-- A pause only ever grows (two 429s at once keep the later end). A provider first
+-- paused starts with an empty bucket that refills from now.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
+INSERT INTO provider_rate_limits AS b (provider, tokens, refilled_at, paused_until)
+SELECT %(provider)s, 0, t.now, t.now + make_interval(secs => %(seconds)s::float8)
+FROM t
+ON CONFLICT (provider) DO UPDATE
+SET paused_until = greatest(b.paused_until, excluded.paused_until)
+RETURNING extract(epoch FROM b.paused_until - (SELECT now FROM t))::float8 AS paused_for;
+
 -- name: notice_candidates
 -- Steps just moved to a state that owes a notice (rejected; unknown when so
 -- configured) whose caller named an address to tell. Run in the transaction of the

@@ -260,3 +260,18 @@ prune_log = Table(
     UniqueConstraint("run", "batch"),
     CheckConstraint("steps >= 0 AND evidence >= 0 AND decisions >= 0", name="counts_nonnegative"),
 )
+
+# One token bucket per provider, shared by every worker on every host (worker/ratelimit.py).
+# Operational state, not history: rewritten on every take, never evidence.
+provider_rate_limits = Table(
+    "provider_rate_limits",
+    metadata,
+    Column("provider", Text, primary_key=True),
+    # Whole tokens are granted; the fraction is the refill carried to the next take.
+    Column("tokens", Float, nullable=False),
+    # When `tokens` was last brought up to date (the database clock).
+    Column("refilled_at", TZ, nullable=False, server_default=NOW),
+    # Set by a "too fast" answer (HTTP 429 + Retry-After): no worker claims for it before then.
+    Column("paused_until", TZ),
+    CheckConstraint("tokens >= 0", name="tokens_not_negative"),
+)

@@ -121,7 +121,16 @@ async def test_429_is_retryable_after_the_retry_after(provider, server) -> None:
     server.queue_fault("429")
     outcome = await provider.send(make_request())
     assert isinstance(outcome, Retryable) and outcome.retry_after == 7
+    # Too fast is the provider's state, not this message's: it pauses the whole provider.
+    assert outcome.throttled
     assert server.messages == []
+
+
+async def test_only_a_429_says_the_provider_is_throttled(provider, server) -> None:
+    for fault in ("500", "409-in-progress"):
+        server.queue_fault(fault)
+        outcome = await provider.send(make_request())
+        assert isinstance(outcome, Retryable) and not outcome.throttled, fault
 
 
 async def test_5xx_with_the_providers_error_is_retryable(provider, server) -> None:

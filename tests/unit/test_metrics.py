@@ -75,6 +75,10 @@ CATALOGUE = {
     "evq_reconciled": ("counter", {"result"}),
     "evq_resolutions": ("counter", {"as"}),
     "evq_fence_rejections": ("counter", set()),
+    # Issue 12, providers' rate limits.
+    "evq_rate_limited": ("counter", {"provider", "reason"}),
+    "evq_provider_pauses": ("counter", {"provider"}),
+    "evq_provider_paused_until_timestamp_seconds": ("gauge", {"provider"}),
 }
 
 
@@ -144,6 +148,10 @@ def test_labels_come_from_fixed_sets():
     assert labels["to"] == set(metrics.RESCUED_TO)
     assert labels["result"] == set(metrics.RECONCILE_RESULTS)
     assert labels["as"] == set(metrics.RESOLUTIONS_AS)
+    rate_reasons = {
+        s.labels["reason"] for family in REGISTRY.collect() if family.name == "evq_rate_limited" for s in family.samples
+    }
+    assert rate_reasons == set(metrics.RATE_LIMITED_REASONS)
     assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le"}
 
 
