@@ -1,7 +1,7 @@
 """History that the application's own role cannot rewrite: an owner role and a runtime role.
 
 Revision ID: 0009_runtime_role
-Revises: 0005_lean_indexes
+Revises: 0007_rate_limits
 Create Date: 2026-12-01
 
 Before this revision the append-only trigger was the only guard, and it held only
@@ -35,7 +35,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision: str = '0009_runtime_role'
-down_revision: Union[str, Sequence[str], None] = '0005_lean_indexes'
+down_revision: Union[str, Sequence[str], None] = '0007_rate_limits'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
