@@ -5,9 +5,15 @@ deleted with their evidence and decisions, a batch at a time, each batch in its
 own transaction together with the prune_log row that records it: an interrupted
 prune (Ctrl-C, a lost connection) leaves every finished batch done and logged
 and the rest untouched. Rows that are not terminal (in flight, retryable,
-unknown) are never touched, however old. The database enforces the same: the
-append-only trigger refuses any DELETE of evidence outside a prune transaction,
-and inside one refuses evidence of a step that is not terminal.
+unknown) are never touched, however old, and neither is a step a failure notice
+that must stay still points at (it goes later, in the same batch as its notice).
+The database enforces the same: the deletes happen inside ``evq_prune_batch``, a
+function owned by the tables' owner (migration 0009_runtime_role), and the
+append-only trigger refuses any DELETE of evidence made elsewhere, and inside it
+refuses evidence of a step that is not terminal.
+
+What is old is decided on the database's clock, and ``--older-than`` takes only
+units nobody misreads: ``1m`` is refused (a minute, or a month?).
 
 Prune is a write command for administrators; it shares the service shape
 (config with validation, ``run_once`` returning counts) so it can also run
@@ -16,13 +22,48 @@ periodically.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Protocol
 
-from worker.errors import ConfigError
+from worker.errors import ConfigError, InvalidRequest
+
+# Units of --older-than. "m" is not one of them: in a retention command many people
+# read "1m" as a month, and a minute would delete what closed a minute ago.
+RETENTION_UNITS: dict[str, timedelta] = {
+    "s": timedelta(seconds=1),
+    "min": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "d": timedelta(days=1),
+    "w": timedelta(weeks=1),
+    "mo": timedelta(days=30),
+    "y": timedelta(days=365),
+}
+RETENTION_HELP = "s, min, h, d, w, mo (30 days) or y (365 days); e.g. 90d, 6mo, 1y"
+MAX_RETENTION = timedelta(days=36500)
+_RETENTION = re.compile(r"^(\d{1,9})\s*([a-z]+)$")
+
+
+def parse_retention(text: str) -> timedelta:
+    """--older-than of evq prune: a positive count and an unambiguous unit."""
+    match = _RETENTION.match(text.strip().lower())
+    unit = match[2] if match else None
+    if match and unit == "m":
+        raise InvalidRequest(
+            [{"field": "--older-than", "message": f"{text[:40]!r} is ambiguous: write {match[1]}min for minutes "
+              f"or {match[1]}mo for months"}]
+        )
+    if not match or unit not in RETENTION_UNITS:
+        raise InvalidRequest(
+            [{"field": "--older-than", "message": f"expected a count and a unit ({RETENTION_HELP}), got {text[:40]!r}"}]
+        )
+    duration = int(match[1]) * RETENTION_UNITS[unit]
+    if duration > MAX_RETENTION:
+        raise InvalidRequest([{"field": "--older-than", "message": f"at most {MAX_RETENTION.days}d, got {text[:40]!r}"}])
+    return duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +87,9 @@ class PruneCounts:
 
 
 class PruneStore(Protocol):
-    async def prune_batch(
-        self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int, now: datetime | None = None
-    ) -> PruneCounts: ...
+    async def prune_cutoff(self, *, older_than: timedelta) -> datetime: ...
+
+    async def prune_batch(self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int) -> PruneCounts: ...
 
     async def prune_count(self, *, cutoff: datetime) -> PruneCounts: ...
 
@@ -87,20 +128,24 @@ class Pruner:
         self.interval = config.interval
         self.actor = actor
         self.progress = progress
+        self.last_cutoff: datetime | None = None
 
-    def cutoff(self, now: datetime | None = None) -> datetime:
-        return (now or datetime.now(timezone.utc)) - self.config.older_than
+    async def run_once(self) -> PruneCounts:
+        """Prune until nothing older than the cutoff is left (or count it, dry run).
 
-    async def run_once(self, now: datetime | None = None) -> PruneCounts:
-        """Prune until nothing older than the cutoff is left (or count it, dry run)."""
-        cutoff = self.cutoff(now)
+        The cutoff is read from the database's clock once, at the start, and holds
+        for every batch of the run (prune_log records it): the client's clock never
+        decides what is old (a client a year ahead would delete what closed a
+        minute ago)."""
+        cutoff = await self.store.prune_cutoff(older_than=self.config.older_than)
+        self.last_cutoff = cutoff
         if self.config.dry_run:
             return await self.store.prune_count(cutoff=cutoff)
         run = uuid.uuid4()
         total = PruneCounts()
         while True:
             counts = await self.store.prune_batch(
-                cutoff=cutoff, limit=self.config.batch, actor=self.actor, run=run, batch=total.batches + 1, now=now
+                cutoff=cutoff, limit=self.config.batch, actor=self.actor, run=run, batch=total.batches + 1
             )
             if counts.steps == 0:
                 return total

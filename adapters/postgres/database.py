@@ -105,14 +105,44 @@ def pending_revisions(url: str) -> list[str]:
     return list(reversed(pending))
 
 
-def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
+def upgrade(url: str, revision: str = "head", *, runtime_role: str | None = None) -> tuple[str | None, str]:
     """Migrate; return (revision before, revision after)."""
+    before, after, _ = migrate(url, revision, runtime_role=runtime_role)
+    return before, after
+
+
+def migrate(
+    url: str, revision: str = "head", *, runtime_role: str | None = None
+) -> tuple[str | None, str, list[str]]:
+    """Migrate as the owner of evq's tables, then grant the runtime privileges again
+    (to every role granted them before, and to ``runtime_role``).
+
+    Return (revision before, revision after, runtime roles granted). A role that does
+    not own the schema is refused before anything runs (Forbidden); with nothing to
+    migrate and no role named, it only reads."""
     from alembic import command
 
+    from adapters.postgres.roles import grant_runtime, migrator, refuse_unless_owner
+
     before = known_revision(url)
+    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        who = migrator(conn)
+    if not who["may_migrate"] and (runtime_role or pending_revisions(url)):
+        refuse_unless_owner(who)
+    if not who["may_migrate"]:
+        return before, before or "", []
     with translated():
         command.upgrade(alembic_config(url), revision)
-    return before, current_revision(url) or ""
+    granted: list[str] = []
+    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        if migrator(conn)["can_grant"]:
+            granted = grant_runtime(conn, runtime_role)
+        elif runtime_role:
+            raise SchemaMismatch(
+                f"revision {revision} has no runtime role grants (they start at 0009_runtime_role)",
+                hint="upgrade to head to use --runtime-role",
+            )
+    return before, current_revision(url) or "", granted
 
 
 def current_revision(url: str) -> str | None:

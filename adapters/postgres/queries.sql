@@ -861,63 +861,26 @@ FROM api_keys
 ORDER BY created_at, id;
 
 
--- name: prune_allow
--- The one narrow exception to append-only evidence (migration 0004_prune): on for
--- this transaction only, and only steps_prune runs after it before the commit.
-SELECT set_config('evq.pruning', 'on', true) AS pruning;
+-- name: prune_cutoff
+-- Retention is measured on the database's clock, never the client's: a client whose
+-- clock runs ahead would otherwise remove history closed moments ago.
+SELECT now() - %(older_than)s::interval AS cutoff;
 
 
 -- name: steps_prune
--- One batch of retention: terminal steps created and closed before the cutoff
--- (found through ix_email_steps_status_created_at), with their evidence and
--- decisions, and the prune_log row that
--- records the batch, all in the caller's transaction (after prune_allow). The
--- foreign keys are checked at the end of the statement, when all three are gone.
-WITH doomed AS (
-    SELECT s.id, s.decision_id
-    FROM email_steps s
-    WHERE s.status IN ('accepted', 'rejected')
-      AND s.created_at < %(cutoff)s
-      AND s.closed_at < %(cutoff)s
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
-), ev AS (
-    DELETE FROM evidence e USING doomed d WHERE e.step_id = d.id RETURNING e.id
-), st AS (
-    -- Reading ev's count makes the evidence go first: the append-only trigger lets
-    -- evidence go only while its step is still there, and terminal.
-    DELETE FROM email_steps s USING doomed d
-    WHERE s.id = d.id AND (SELECT count(*) FROM ev) >= 0
-    RETURNING s.id, s.decision_id
-), dec AS (
-    DELETE FROM decisions x USING st WHERE x.id = st.decision_id RETURNING x.id
-), counts AS (
-    SELECT (SELECT count(*) FROM st)::int AS steps, (SELECT count(*) FROM ev)::int AS evidence,
-           (SELECT count(*) FROM dec)::int AS decisions, (SELECT min(id) FROM st) AS first_step_id,
-           (SELECT max(id) FROM st) AS last_step_id
-), logged AS (
-    INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions, first_step_id, last_step_id,
-                           created_at)
-    SELECT %(run)s, %(batch)s, %(actor)s, %(cutoff)s, c.steps, c.evidence, c.decisions, c.first_step_id,
-           c.last_step_id, coalesce(%(now)s::timestamptz, now())
-    FROM counts c
-    WHERE c.steps > 0
-)
-SELECT steps, evidence, decisions FROM counts;
+-- One batch of retention, in the caller's transaction: evq_prune_batch (migration
+-- 0009_runtime_role) runs as the tables' owner, so the runtime role, which may not
+-- delete history itself, can prune through it. It deletes terminal steps created
+-- and closed before the cutoff with their evidence, decisions and failure notices,
+-- never a step a notice that must stay points at, and writes the prune_log row.
+SELECT pruned_steps AS steps, pruned_evidence AS evidence, pruned_decisions AS decisions
+FROM evq_prune_batch(%(cutoff)s, %(limit)s, %(actor)s, %(run)s, %(batch)s);
 
 
 -- name: steps_prune_count
--- What steps_prune would remove (evq prune --dry-run).
-WITH doomed AS (
-    SELECT s.id
-    FROM email_steps s
-    WHERE s.status IN ('accepted', 'rejected')
-      AND s.created_at < %(cutoff)s
-      AND s.closed_at < %(cutoff)s
-)
-SELECT (SELECT count(*) FROM doomed)::bigint AS steps,
-       (SELECT count(*) FROM evidence e JOIN doomed d ON d.id = e.step_id)::bigint AS evidence,
-       (SELECT count(*) FROM doomed)::bigint AS decisions;
+-- What steps_prune would remove (evq prune --dry-run), through the same predicate.
+SELECT pruned_steps AS steps, pruned_evidence AS evidence, pruned_decisions AS decisions
+FROM evq_prune_count(%(cutoff)s);
 
 
 -- name: schema_revision
@@ -1012,3 +975,37 @@ FROM lag l, in_flight f;
 SELECT count(*)::bigint AS n, min(run_id) AS example
 FROM email_steps
 WHERE run_id NOT LIKE 'demo-%';
+
+
+-- name: schema_migrator
+-- Whether the role running `evq db upgrade` may migrate: it must own evq's tables (or
+-- be a member of their owner), or, on a database without them, may create in the
+-- current schema. A runtime role may do neither (migration 0009_runtime_role).
+WITH t AS (
+    SELECT (SELECT c.relowner FROM pg_class c WHERE c.oid = to_regclass('email_steps')) AS owner
+)
+SELECT current_user AS role,
+       pg_get_userbyid(t.owner) AS owner,
+       current_schema() AS schema,
+       CASE WHEN t.owner IS NULL THEN coalesce(has_schema_privilege(current_schema(), 'CREATE'), false)
+            ELSE pg_has_role(current_user, t.owner, 'USAGE') END AS may_migrate,
+       to_regprocedure('evq_grant_runtime(name)') IS NOT NULL AS can_grant
+FROM t;
+
+
+-- name: runtime_roles
+-- The roles evq_grant_runtime granted before (the only way a role gets EXECUTE on
+-- evq_prune_batch, which PUBLIC lacks), so every upgrade grants them again and a
+-- table a later revision adds reaches them too.
+SELECT r.rolname AS role
+FROM pg_roles r
+WHERE r.rolname !~ '^pg_'
+  AND NOT r.rolsuper
+  AND has_function_privilege(r.oid, 'evq_prune_batch(timestamptz, integer, text, uuid, integer)', 'EXECUTE')
+  AND NOT pg_has_role(r.oid, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'email_steps'::regclass), 'MEMBER')
+ORDER BY r.rolname;
+
+
+-- name: runtime_grant
+-- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
+SELECT evq_grant_runtime(%(role)s) AS granted;

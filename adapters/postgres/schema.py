@@ -160,6 +160,9 @@ Index(
 # The foreign key's reverse lookup: prune deletes decisions, and each delete checks
 # that no step still points at it.
 Index("ix_email_steps_decision_id", email_steps.c.decision_id)
+# A failure notice's reverse lookup: prune asks whether a notice still points at a
+# step, and the notice_of foreign key asks the same for every step deleted (0009).
+Index("ix_email_steps_notice_of", email_steps.c.notice_of, postgresql_where=text("notice_of IS NOT NULL"))
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
 # rewrites a row without adding an entry here (migration 0005).

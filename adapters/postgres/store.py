@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -394,18 +394,16 @@ class PostgresStore:
 
     # -- retention (evq prune: an administrator's write) ---------------------------
 
-    async def prune_batch(
-        self, *, cutoff: datetime, limit: int, actor: str, run: Any, batch: int, now: datetime | None = None
-    ) -> PruneCounts:
+    async def prune_cutoff(self, *, older_than: timedelta) -> datetime:
+        rows = await self._fetch("prune_cutoff", Q["prune_cutoff"], {"older_than": older_than})
+        return rows[0]["cutoff"]
+
+    async def prune_batch(self, *, cutoff: datetime, limit: int, actor: str, run: Any, batch: int) -> PruneCounts:
         """One batch in one transaction: the deletes, and the prune_log row that records them."""
-        async with self._op("prune") as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(Q["prune_allow"])
-            await cur.execute(
-                Q["steps_prune"],
-                {"cutoff": cutoff, "limit": limit, "actor": actor, "run": run, "batch": batch, "now": now},
-            )
-            row = await cur.fetchone()
-        assert row is not None
+        rows = await self._fetch(
+            "prune", Q["steps_prune"], {"cutoff": cutoff, "limit": limit, "actor": actor, "run": run, "batch": batch}
+        )
+        row = rows[0]
         return PruneCounts(steps=row["steps"], evidence=row["evidence"], decisions=row["decisions"], batches=1)
 
     async def prune_count(self, *, cutoff: datetime) -> PruneCounts:

@@ -12,13 +12,18 @@ from ops import wiring
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
-from ops.service import parse_duration
 from worker.keys import Permission
-from worker.pruner import PruneCounts, Pruner, PrunerConfig
+from worker.pruner import RETENTION_HELP, PruneCounts, Pruner, PrunerConfig, parse_retention
 
 
 @click.command("prune")
-@click.option("--older-than", required=True, metavar="90d", help="Delete terminal steps created and closed longer ago than this (s, m, h, d).")
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="90d",
+    help="Delete terminal steps created and closed longer ago than this, by the database's clock. "
+    f"Units: {RETENTION_HELP}. `m` is refused as ambiguous (write min or mo).",
+)
 @click.option("--batch-size", type=int, default=1000, show_default=True, help="Steps deleted per transaction.")
 @dry_run_option
 @api_key_option(Permission.PRUNE)
@@ -30,7 +35,9 @@ def prune_cmd(
 ) -> None:
     """Delete accepted and rejected steps older than --older-than, with their
     evidence and decisions, in batches; each batch is one transaction and one row
-    of prune_log. Steps in flight, retryable or unknown are never deleted.
+    of prune_log. Steps in flight, retryable or unknown are never deleted, nor a
+    step whose failure notice is not yet old and terminal (it goes with its notice).
+    "Older" is measured on the database's clock, never this machine's.
     Needs an API key with role admin (not for --dry-run, which only counts).
 
     Progress goes to stderr. Ctrl-C is safe: finished batches stay done and
@@ -41,7 +48,7 @@ def prune_cmd(
     evq prune --older-than 90d -o json
     """
     settings = load_settings(database_url=database_url)
-    config = PrunerConfig(older_than=parse_duration(older_than), batch=batch_size, dry_run=dry_run)
+    config = PrunerConfig(older_than=parse_retention(older_than), batch=batch_size, dry_run=dry_run)
 
     def progress(total: PruneCounts) -> None:
         click.echo(
@@ -54,7 +61,9 @@ def prune_cmd(
         async with wiring.open_store(settings) as store:
             actor = "dry-run" if dry_run else (await credential.identify(store)).name
             pruner = Pruner(store, config, actor=actor, progress=progress)
-            return await pruner.run_once(), pruner.cutoff().isoformat()
+            counts = await pruner.run_once()
+            assert pruner.last_cutoff is not None
+            return counts, pruner.last_cutoff.isoformat()
 
     counts, cutoff = run(go())
     data = {

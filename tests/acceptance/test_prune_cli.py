@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -44,3 +48,90 @@ def test_prune_needs_a_positive_duration_and_an_admin_key(evq: Evq, db_url):
     assert Evq(db_url, api_key=agent).json("prune", "--older-than", "90d", expect=4)["error"]["code"] == "E_AUTH_FAILED"
     # Counting needs no key.
     assert Evq(db_url).json("prune", "--older-than", "90d", "--dry-run")["data"]["dry_run"] is True
+
+
+# Loaded by every Python process started with this folder first on PYTHONPATH: the
+# process's clock (time.time, datetime.now/utcnow/today) runs a year ahead of the
+# machine's, as on a client with a badly set clock. The database keeps its own.
+CLOCK_A_YEAR_AHEAD = '''
+import datetime as _dt
+import time as _time
+
+_SHIFT = 365 * 86400
+_real_time = _time.time
+_real_datetime = _dt.datetime
+_time.time = lambda: _real_time() + _SHIFT
+
+
+class _Meta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _real_datetime)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _real_datetime)
+
+
+class _AheadDatetime(_real_datetime, metaclass=_Meta):
+    @classmethod
+    def now(cls, tz=None):
+        return _real_datetime.now(tz) + _dt.timedelta(seconds=_SHIFT)
+
+    @classmethod
+    def utcnow(cls):
+        return _real_datetime.utcnow() + _dt.timedelta(seconds=_SHIFT)
+
+    @classmethod
+    def today(cls):
+        return cls.now()
+
+
+_dt.datetime = _AheadDatetime
+'''
+
+
+def drained(evq: Evq, tmp_path, n: int = 3) -> None:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(request(run_id="fresh", provider="null")) for _ in range(n)))
+    evq.json("enqueue", "--file", str(path))
+    done = evq.run("worker", "run", "--drain", EVQ_ADAPTER="null")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_client_clock_a_year_ahead_prunes_nothing_recent(evq: Evq, db_url, tmp_path):
+    drained(evq, tmp_path)  # three steps closed seconds ago
+    ahead = tmp_path / "clock-ahead"
+    ahead.mkdir()
+    (ahead / "sitecustomize.py").write_text(CLOCK_A_YEAR_AHEAD)
+    env = {"PYTHONPATH": os.pathsep.join([str(ahead), os.environ.get("PYTHONPATH", "")])}
+    check = subprocess.run([sys.executable, "-c", "import datetime; print(datetime.datetime.now().year)"],
+                           capture_output=True, text=True, env={**evq.env, **env}, timeout=30)
+    assert int(check.stdout) >= datetime.now().year + 1, (check.stdout, check.stderr)  # the fake clock is in place
+
+    db_now = rows(db_url, "SELECT now() AS n")[0]["n"]
+    done = evq.run("prune", "--older-than", "1d", "-o", "json", **env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)["data"]
+    assert (data["steps"], data["evidence"], data["decisions"]) == (0, 0, 0)
+    # The cutoff is the database's now() minus a day, not the client's.
+    cutoff = datetime.fromisoformat(data["cutoff"])
+    assert abs(cutoff - (db_now - timedelta(days=1))) < timedelta(minutes=10)
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE status = 'accepted'")[0]["n"] == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log")[0]["n"] == 0
+
+
+def test_an_ambiguous_unit_is_refused_and_deletes_nothing(evq: Evq, db_url, tmp_path):
+    drained(evq, tmp_path)
+    with psycopg.connect(db_url) as conn:  # closed two minutes ago: "1m" as a minute would delete them
+        conn.execute("UPDATE email_steps SET created_at = now() - interval '2 minutes', "
+                     "closed_at = now() - interval '2 minutes'")
+    for ambiguous in ("1m", "1 m", "3M"):
+        error = evq.json("prune", "--older-than", ambiguous, expect=2)["error"]
+        assert error["code"] == "E_INVALID_ARG" and "min" in error["message"] and "mo" in error["message"], error
+        assert evq.json("prune", "--older-than", ambiguous, "--dry-run", expect=2)["error"]["code"] == "E_INVALID_ARG"
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 3
+    # The units say what they mean: a month keeps them, a minute (spelled out) does not.
+    assert evq.json("prune", "--older-than", "1mo")["data"]["steps"] == 0
+    assert evq.json("prune", "--older-than", "1min")["data"]["steps"] == 3
+    for fine in ("90d", "2w", "1y", "12h", "6mo"):
+        assert evq.json("prune", "--older-than", fine, "--dry-run")["data"]["dry_run"] is True
+    assert "min" in evq.run("prune", "--help").stdout

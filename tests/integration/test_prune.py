@@ -1,5 +1,8 @@
 """Retention (evq prune) against a real database: what goes, what stays, what is
-logged, and that the append-only guard still refuses everything else."""
+logged, and that the append-only guard still refuses everything else.
+
+The cutoff comes from the database's clock (no `now` override reaches it), so the
+history here is written at times relative to the real clock."""
 
 from __future__ import annotations
 
@@ -17,9 +20,14 @@ from worker.outcomes import Accepted, Rejected, Unknown
 from worker.pruner import PruneCounts, Pruner, PrunerConfig
 from worker.transitions import decide
 
-NOW = datetime(2030, 6, 1, tzinfo=timezone.utc)
+NOW = datetime.now(timezone.utc)
 OLD = NOW - timedelta(days=120)
 RECENT = NOW - timedelta(days=10)
+PRUNE_ON = "SELECT set_config('evq.pruning', 'on', true)"
+
+
+def db_now(url: str) -> datetime:
+    return rows(url, "SELECT now() AS n")[0]["n"]
 
 
 async def settled(store: PostgresStore, outcome, *, at: datetime, **request) -> int:
@@ -53,9 +61,11 @@ async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_eac
     made = await history(store)
     doomed = made["old_accepted"] + made["old_rejected"]
     progress: list[PruneCounts] = []
+    before = db_now(db_url)
     counts = await Pruner(
         store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="test-admin", progress=progress.append
-    ).run_once(now=NOW)
+    ).run_once()
+    after = db_now(db_url)
 
     assert (counts.steps, counts.evidence, counts.decisions, counts.batches) == (6, 12, 6, 3)
     assert [p.steps for p in progress] == [2, 4, 6]
@@ -69,16 +79,18 @@ async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_eac
     log = rows(db_url, "SELECT * FROM prune_log ORDER BY batch")
     assert [r["batch"] for r in log] == [1, 2, 3] and len({r["run"] for r in log}) == 1
     assert sum(r["steps"] for r in log) == 6 and sum(r["evidence"] for r in log) == 12
-    assert {r["actor"] for r in log} == {"test-admin"} and {r["cutoff"] for r in log} == {NOW - timedelta(days=90)}
+    assert {r["actor"] for r in log} == {"test-admin"} and len({r["cutoff"] for r in log}) == 1
+    # One cutoff for the whole run, taken from the database's clock.
+    assert before - timedelta(days=90) <= log[0]["cutoff"] <= after - timedelta(days=90)
     # Nothing older is left: a second pass deletes and logs nothing.
-    assert await pruner(store).run_once(now=NOW) == PruneCounts()
+    assert await pruner(store).run_once() == PruneCounts()
     assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 3
 
 
 async def test_dry_run_counts_and_deletes_nothing(store, db_url):
     await history(store)
     before = count(db_url, "SELECT count(*) AS n FROM evidence")
-    counts = await pruner(store, dry_run=True).run_once(now=NOW)
+    counts = await pruner(store, dry_run=True).run_once()
     assert (counts.steps, counts.evidence, counts.decisions) == (6, 12, 6)
     assert count(db_url, "SELECT count(*) AS n FROM evidence") == before
     assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 0
@@ -92,7 +104,7 @@ async def test_a_step_closed_recently_is_kept_even_if_created_long_ago(store, db
             "UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
             (NOW - timedelta(days=1), i),
         )
-    assert await pruner(store).run_once(now=NOW) == PruneCounts()
+    assert await pruner(store).run_once() == PruneCounts()
 
 
 async def test_an_interrupted_prune_keeps_its_finished_batches_and_nothing_else(store, db_url):
@@ -102,9 +114,7 @@ async def test_an_interrupted_prune_keeps_its_finished_batches_and_nothing_else(
         raise KeyboardInterrupt  # Ctrl-C right after the first batch committed
 
     with pytest.raises(KeyboardInterrupt):
-        await Pruner(store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt).run_once(
-            now=NOW
-        )
+        await Pruner(store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt).run_once()
     assert count(db_url, "SELECT count(*) AS n FROM email_steps") == 9 - 2
     assert [(r["batch"], r["steps"]) for r in rows(db_url, "SELECT * FROM prune_log")] == [(1, 2)]
 
@@ -116,7 +126,7 @@ async def test_a_batch_cancelled_midway_rolls_back_whole(store, db_url):
     async with await psycopg.AsyncConnection.connect(db_url) as blocker:
         # The batch deletes, then waits to write its prune_log row: cancel it there.
         await blocker.execute("LOCK TABLE prune_log IN EXCLUSIVE MODE")
-        task = asyncio.create_task(pruner(store).run_once(now=NOW))
+        task = asyncio.create_task(pruner(store).run_once())
         while not count(db_url, "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND relation = "
                                 "'prune_log'::regclass"):
             await asyncio.sleep(0.02)
@@ -157,22 +167,25 @@ REFUSED_EVEN_WITH_THE_SWITCH = [
 )
 async def test_history_refuses_every_other_change(store, db_url, switch, sql):
     await history(store)
-    await pruner(store).run_once(now=NOW)  # so prune_log has rows too
+    await pruner(store).run_once()  # so prune_log has rows too
     with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         if switch:
-            conn.execute(Q["prune_allow"])
+            conn.execute(PRUNE_ON)
         conn.execute(sql)
 
 
 def test_the_switch_lasts_one_transaction_only(db_url):
     with psycopg.connect(db_url) as conn:
-        conn.execute(Q["prune_allow"])
+        conn.execute(PRUNE_ON)
         conn.commit()
         assert conn.execute("SELECT coalesce(current_setting('evq.pruning', true), '')").fetchone()[0] == ""
 
 
 def test_prune_finds_its_rows_through_an_index(db_url):
-    """Not a timed test: the batch query reads ix_email_steps_status_created_at, never the whole table."""
+    """Not a timed test: the batch statement inside evq_prune_batch reads
+    ix_email_steps_status_created_at, never the whole table (auto_explain shows the
+    plan of the statement nested in the function)."""
+    plans: list[str] = []
     with psycopg.connect(db_url) as conn:
         conn.execute(
             """
@@ -185,10 +198,85 @@ def test_prune_finds_its_rows_through_an_index(db_url):
             ANALYZE email_steps;
             """
         )
-        plan = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + Q["steps_prune"],
+        conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        for setting, value in [("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice")]:
+            conn.execute(f"SET auto_explain.{setting} = {value}")
+        conn.execute(
+            Q["steps_prune"],
             {"cutoff": datetime.now(timezone.utc) - timedelta(days=190), "limit": 1000, "actor": "a",
-             "run": "00000000-0000-0000-0000-000000000000", "batch": 1, "now": None},
-        ).fetchone()[0]
+             "run": "00000000-0000-0000-0000-000000000000", "batch": 1},
+        ).fetchone()
         conn.rollback()
-    assert "ix_email_steps_status_created_at" in str(plan)
+    nested = [p for p in plans if "LIMIT p_limit" in p or "FOR UPDATE OF s SKIP LOCKED" in p]
+    assert nested, plans
+    assert all("ix_email_steps_status_created_at" in p and "Seq Scan on email_steps" not in p for p in nested), nested
+
+
+NOTIFY = "agent-inbox@example.org"
+
+
+async def with_notice(store: PostgresStore, db_url: str, *, at: datetime, notice_outcome, notice_at: datetime):
+    """An original rejected at `at` whose failure notice (a step of its own, notice_of
+    pointing at it) is answered with `notice_outcome` at `notice_at` (None: still pending)."""
+    original = await settled(store, Rejected("550 no such user"), at=at, notify=NOTIFY)
+    [notice] = rows(db_url, "SELECT id FROM email_steps WHERE notice_of = %s", (original,))
+    if notice_outcome is not None:
+        [claimed] = await store.claim(
+            owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=notice_at
+        )
+        assert claimed.id == notice["id"]
+        transition = decide(claimed, notice_outcome, default_max_attempts=3, backoff=Backoff(1, 1),
+                            dedupe_window_open=False)
+        await store.record([transition], actor="w", now=notice_at)
+    return original, notice["id"]
+
+
+async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_it(store, db_url):
+    # Both old and settled: they go, together, even one root per batch.
+    both_old = await with_notice(store, db_url, at=OLD, notice_outcome=Accepted("pm"), notice_at=OLD)
+    # The notice was answered recently: it stays, so its original stays too.
+    notice_recent = await with_notice(store, db_url, at=OLD, notice_outcome=Unknown("lost"), notice_at=OLD)
+    with psycopg.connect(db_url) as conn:  # an operator closed the unknown notice yesterday
+        conn.execute("UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
+                     (NOW - timedelta(days=1), notice_recent[1]))
+    plain = await settled(store, Accepted("pm"), at=OLD)
+    # The notice is still pending (not terminal): neither goes, the original waits for it.
+    # (Made last: the helpers claim whatever is due.)
+    notice_pending = await with_notice(store, db_url, at=OLD, notice_outcome=None, notice_at=OLD)
+    evidence_of = lambda ids: count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (list(ids),))
+    doomed = [*both_old, plain]
+
+    dry = await pruner(store, batch=1, dry_run=True).run_once()
+    counts = await pruner(store, batch=1).run_once()
+
+    # The dry run counted exactly what the run deleted.
+    assert (dry.steps, dry.evidence, dry.decisions) == (counts.steps, counts.evidence, counts.decisions)
+    assert counts.steps == 3 and counts.decisions == 3 and counts.evidence > 0
+    left = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")}
+    assert left == {*notice_pending, *notice_recent}
+    assert evidence_of(doomed) == 0 and evidence_of(left) > 0
+    log = rows(db_url, "SELECT steps, first_step_id, last_step_id FROM prune_log ORDER BY batch")
+    # One root per batch: the original with its notice (2 steps), then the plain step.
+    assert sorted(r["steps"] for r in log) == [1, 2]
+    assert {(r["first_step_id"], r["last_step_id"]) for r in log if r["steps"] == 2} == {both_old}
+
+    # Once the pending notice is settled and old, it goes, and its original with it.
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE email_steps SET status = 'accepted', closed_at = %s WHERE id = %s",
+                     (OLD, notice_pending[1]))
+    assert (await pruner(store, batch=1).run_once()).steps == 2
+    assert {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")} == set(notice_recent)
+
+
+async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(store, db_url):
+    """A client whose clock runs a year ahead: the database's now() decides what is old."""
+    fresh = await settled(store, Accepted("pm"), at=db_now(db_url) - timedelta(seconds=12))
+    cutoff = await store.prune_cutoff(older_than=timedelta(days=1))
+    assert abs(cutoff - (db_now(db_url) - timedelta(days=1))) < timedelta(minutes=5)
+    # A cutoff computed on a clock a year ahead is refused by the function itself.
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        await store.prune_batch(cutoff=db_now(db_url) + timedelta(days=364), limit=10, actor="a",
+                                run="00000000-0000-0000-0000-000000000000", batch=1)
+    assert await pruner(store).run_once() == PruneCounts()
+    assert rows(db_url, "SELECT id FROM email_steps") == [{"id": fresh}]

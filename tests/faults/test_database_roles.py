@@ -1,0 +1,313 @@
+"""History that cannot be rewritten, for real (invariant 11): an owner role migrates,
+a runtime role runs everything else and cannot touch history.
+
+Each test makes two roles of its own on the shared server (roles are cluster-wide:
+names are unique per test and dropped in a finally) and a database owned by the
+owner role, migrates it as the owner with ``evq db upgrade --runtime-role``, then
+connects as the runtime role: every bypass of the append-only promise fails, and a
+whole run (enqueue, a worker draining to a real SMTP server, resolve, keys, serve,
+mcp, prune through the definer function) works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import psycopg
+import pytest
+
+from adapters.postgres.database import head_revision
+from ops.devsmtp import DevSmtpServer
+from tests.acceptance.conftest import Evq, make_key, smtp_env
+from tests.support import free_port, request, rows, wait_until
+
+
+@dataclass(frozen=True)
+class Roles:
+    owner: str
+    app: str
+    owner_url: str
+    app_url: str
+    admin_url: str  # the server's superuser, on this database: for checks only
+
+
+def _url(server: str, **overrides: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(server)
+    info.update(overrides)
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@pytest.fixture
+def roles(pg_server: str) -> Iterator[Roles]:
+    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    owner, app, database = f"evq_owner_{tag}", f"evq_app_{tag}", f"evq_roles_{tag}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        try:
+            # Trust auth on loopback (the test cluster): LOGIN without a password.
+            conn.execute(f'CREATE ROLE "{owner}" LOGIN')
+            conn.execute(f'CREATE ROLE "{app}" LOGIN')
+            conn.execute(f'CREATE DATABASE "{database}" OWNER "{owner}"')
+            yield Roles(
+                owner=owner,
+                app=app,
+                owner_url=_url(pg_server, user=owner, dbname=database),
+                app_url=_url(pg_server, user=app, dbname=database),
+                admin_url=_url(pg_server, dbname=database),
+            )
+        finally:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{app}"')
+            conn.execute(f'DROP ROLE IF EXISTS "{owner}"')
+
+
+def upgrade(url: str, *args: str, expect: int = 0) -> dict:
+    return Evq(url).json("db", "upgrade", *args, expect=expect)
+
+
+def migrated(r: Roles) -> dict:
+    done = upgrade(r.owner_url, "--runtime-role", r.app)
+    assert done["data"]["runtime_roles"] == [r.app], done
+    return done
+
+
+def test_db_upgrade_refuses_a_role_that_does_not_own_the_schema(roles):
+    r = roles
+    # A fresh database: the runtime role may not create tables (PostgreSQL 15 gives
+    # PUBLIC no CREATE on the public schema), and is told why before anything runs.
+    error = upgrade(r.app_url, expect=4)["error"]
+    assert error["code"] == "E_AUTH_FAILED" and r.app in error["message"] and "owner" in error["hint"], error
+    assert rows(r.admin_url, "SELECT count(*) AS n FROM pg_tables WHERE schemaname = 'public'")[0]["n"] == 0
+
+    migrated(r)
+    # Nothing pending: the runtime role may check, and changes nothing...
+    assert upgrade(r.app_url)["data"]["changed"] is False
+    # ...but granting, or migrating a schema behind head, is the owner's.
+    error = upgrade(r.app_url, "--runtime-role", r.app, expect=4)["error"]
+    assert r.owner in error["message"] and "does not own" in error["message"], error
+    with psycopg.connect(r.owner_url) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0005_lean_indexes'")
+    error = upgrade(r.app_url, expect=4)["error"]
+    assert "does not own" in error["message"], error
+    assert rows(r.admin_url, "SELECT version_num FROM alembic_version") == [{"version_num": "0005_lean_indexes"}]
+    # A role that could act as the owner is refused as the runtime role.
+    with psycopg.connect(r.owner_url) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = %s", (head_revision(),))
+    error = upgrade(r.owner_url, "--runtime-role", r.owner, expect=2)["error"]
+    assert error["code"] == "E_INVALID_ARG" and "rewrite history" in error["message"], error
+    error = upgrade(r.owner_url, "--runtime-role", "no_such_role_" + uuid.uuid4().hex[:6], expect=2)["error"]
+    assert "does not exist" in error["message"], error
+
+
+# Every way the application's role could rewrite history if it owned the tables, or
+# could flip the prune switch itself. Each runs in its own transaction as the runtime role.
+BYPASSES = [
+    ["ALTER TABLE evidence DISABLE TRIGGER ALL"],
+    ["ALTER TABLE evidence DISABLE TRIGGER evidence_append_only"],
+    ["DROP TRIGGER evidence_append_only ON evidence"],
+    ["CREATE OR REPLACE FUNCTION evq_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN OLD; END $$"],
+    ["DROP FUNCTION evq_append_only() CASCADE"],
+    ["DROP TABLE evidence"],
+    ["DROP TABLE evidence CASCADE"],
+    ["TRUNCATE evidence CASCADE"],
+    ["TRUNCATE decisions CASCADE"],
+    ["TRUNCATE prune_log"],
+    ["TRUNCATE email_steps CASCADE"],
+    ["UPDATE evidence SET actor = 'someone else'"],
+    ["UPDATE decisions SET intent = 'rewritten'"],
+    ["UPDATE prune_log SET steps = 0"],
+    ["DELETE FROM evidence"],
+    ["DELETE FROM decisions"],
+    ["DELETE FROM prune_log"],
+    ["DELETE FROM email_steps"],
+    ["INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
+     "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"],
+    ["SET evq.pruning = on", "DELETE FROM evidence"],
+    ["SELECT set_config('evq.pruning', 'on', true)", "DELETE FROM decisions"],
+    [None, "DELETE FROM evidence"],  # GRANT itself first (a WARNING, no privilege), then delete
+    ["ALTER TABLE evidence OWNER TO CURRENT_USER"],
+    ["ALTER TABLE evidence ADD COLUMN forged text"],
+    ["CREATE TABLE public.forged (id int)"],
+    ["CREATE FUNCTION public.forged() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$"],
+    ["CREATE TRIGGER forged BEFORE DELETE ON evidence FOR EACH ROW EXECUTE FUNCTION evq_append_only()"],
+    ["CREATE OR REPLACE FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) "
+     "RETURNS TABLE (pruned_steps integer, pruned_evidence integer, pruned_decisions integer) "
+     "LANGUAGE sql AS $$ SELECT 0, 0, 0 $$"],
+    ["ALTER FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) OWNER TO CURRENT_USER"],
+    ["ALTER FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) RESET ALL"],
+    ["SELECT evq_grant_runtime(CURRENT_USER)"],
+    ["CREATE SCHEMA forged"],
+]
+
+
+def history_state(url: str) -> dict:
+    return rows(
+        url,
+        """
+        SELECT (SELECT count(*) FROM evidence) AS evidence, (SELECT count(*) FROM decisions) AS decisions,
+               (SELECT count(*) FROM prune_log) AS prune_log, (SELECT count(*) FROM email_steps) AS steps,
+               (SELECT string_agg(tgname || ':' || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger
+                 WHERE NOT tgisinternal) AS triggers,
+               (SELECT md5(prosrc) FROM pg_proc WHERE proname = 'evq_append_only') AS append_only,
+               (SELECT string_agg(tablename || ':' || tableowner, ',' ORDER BY tablename) FROM pg_tables
+                 WHERE schemaname = 'public') AS tables,
+               (SELECT md5(string_agg(e::text, ',' ORDER BY e.id)) FROM evidence e) AS evidence_digest
+        """,
+    )[0]
+
+
+def test_the_runtime_role_cannot_rewrite_history(roles):
+    r = roles
+    migrated(r)
+    ran = run_as_runtime_role(r)  # history to protect, written by the runtime role itself
+    assert ran["accepted"] >= 1 and history_state(r.admin_url)["prune_log"] >= 1
+    before = history_state(r.admin_url)
+
+    went_through = []
+    for statements in BYPASSES:
+        with psycopg.connect(r.app_url) as conn:
+            try:
+                for sql in statements:
+                    conn.execute(sql or f'GRANT DELETE ON evidence TO "{r.app}"')
+            except psycopg.errors.InsufficientPrivilege:
+                conn.rollback()
+                continue
+            conn.rollback()
+            went_through.append(statements)
+    assert went_through == [], went_through
+    # Pruning through the function is allowed, and bounded: terminal steps, a cutoff
+    # no later than the database's clock, logged.
+    with psycopg.connect(r.app_url) as conn, pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("SELECT * FROM evq_prune_batch(now() + interval '1 year', 1000, 'x', gen_random_uuid(), 1)")
+    # A temporary table named like evq's cannot steer the definer function (fixed search_path).
+    with psycopg.connect(r.app_url) as conn:
+        conn.execute("CREATE TEMP TABLE email_steps (id bigint, status text, created_at timestamptz, "
+                     "closed_at timestamptz, notice_of bigint, decision_id bigint)")
+        assert conn.execute("SELECT count(*) FROM email_steps").fetchone()[0] == 0  # the session sees its own
+        [counts] = conn.execute(
+            "SELECT * FROM evq_prune_batch(now(), 1000, 'x', gen_random_uuid(), 1)"
+        ).fetchall()
+        conn.rollback()
+    # It pruned the real table (the resolved step, closed before now()), not the empty temporary one.
+    assert counts[0] == 1, counts
+    assert history_state(r.admin_url) == before
+
+
+def run_as_runtime_role(r: Roles) -> dict:
+    """Enqueue, drain over real SMTP, resolve an unknown row, keys, serve, mcp and prune:
+    all as the runtime role. Returns what the SMTP server received, counted."""
+    admin = make_key(r.app_url, "admin", "admin", created_by=None)
+    evq = Evq(r.app_url, api_key=admin)
+    with DevSmtpServer() as smtp:
+        path_lines = [json.dumps(request(run_id="roles", step_id=f"ok-{i}")) for i in range(3)]
+        path_lines.append(json.dumps(request(run_id="roles", step_id="lost", to=["lose-reply@example.com"])))
+        sent = evq.json("enqueue", "--file", "-", input="\n".join(path_lines))
+        assert sent["status"] == "success", sent
+        done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
+        assert done.returncode == 0, done.stderr[-3000:]
+        received = smtp.by_message_id()
+    steps = {s["step_id"]: s for s in rows(r.admin_url, "SELECT id, step_id, status, message_id FROM email_steps")}
+    assert {k: v["status"] for k, v in steps.items()} == {"ok-0": "accepted", "ok-1": "accepted", "ok-2": "accepted",
+                                                           "lost": "unknown"}
+    assert all(received.get(s["message_id"]) == 1 for s in steps.values()), received  # each once
+
+    lost = steps["lost"]["id"]
+    resolved = evq.json("steps", "resolve", str(lost), "--as", "accepted", "--note", "found in the provider's log")
+    assert resolved["status"] == "success", resolved
+    assert rows(r.admin_url, "SELECT status FROM email_steps WHERE id = %s", (lost,)) == [{"status": "accepted"}]
+
+    agent = evq.json("keys", "create", "--name", "bot", "--role", "agent")["data"]
+    assert agent["name"] == "bot" and evq.json("keys", "revoke", "bot")["status"] == "success"
+
+    serve_as_runtime_role(r, admin, lost)
+    mcp_as_runtime_role(r, admin)
+
+    # Prune through evq_prune_batch: age the history (as the owner would not; the
+    # server's superuser does it for the test), then the runtime role prunes it.
+    with psycopg.connect(r.admin_url) as conn:
+        conn.execute("UPDATE email_steps SET created_at = now() - interval '100 days', "
+                     "closed_at = now() - interval '100 days' WHERE step_id LIKE 'ok-%'")
+    dry = evq.json("prune", "--older-than", "90d", "--dry-run")["data"]
+    pruned = evq.json("prune", "--older-than", "90d")["data"]
+    assert (pruned["steps"], pruned["evidence"]) == (dry["steps"], dry["evidence"]) and pruned["steps"] == 3
+    assert rows(r.admin_url, "SELECT actor, steps FROM prune_log") == [{"actor": "admin", "steps": 3}]
+    return {"accepted": 4, "received": received}
+
+
+def serve_as_runtime_role(r: Roles, admin: str, step_id: int) -> None:
+    port = free_port()
+    env = {**os.environ, "EVQ_DATABASE_URL": r.app_url, "EVQ_LOG_FORMAT": "json"}
+    env.pop("EVQ_API_KEY", None)
+    server = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert server.poll() is None, server.communicate()[1][-2000:]
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, timeout=60, what="evq serve")
+        with httpx.Client(base_url=url, timeout=30) as web:
+            auth = {"Authorization": f"Bearer {admin}"}
+            made = web.post("/v1/steps", json=request(run_id="roles-http", step_id="http"), headers=auth)
+            assert made.status_code == 201, made.text
+            listed = web.get("/v1/steps", params={"run_id": "roles-http"}, headers=auth)
+            assert listed.status_code == 200 and len(listed.json()["data"]) == 1, listed.text
+            login = web.get("/ops/login")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)[1]
+            signed_in = web.post("/ops/login", data={"csrf": csrf, "key": admin}, follow_redirects=True)
+            assert signed_in.status_code == 200, signed_in.text[-500:]
+            assert web.get("/ops/unknown").status_code == 200
+            page = web.get(f"/ops/steps/{step_id}")
+            assert page.status_code == 200 and "found in the provider" in page.text, page.text[-500:]
+            assert web.get("/metrics").status_code == 200
+    finally:
+        os.killpg(server.pid, 15)
+        server.communicate(timeout=30)
+
+
+def mcp_as_runtime_role(r: Roles, admin: str) -> None:
+    import asyncio
+
+    from mcp import Client, StdioServerParameters
+
+    env = {**os.environ, "EVQ_DATABASE_URL": r.app_url, "EVQ_API_KEY": admin, "EVQ_LOG_FORMAT": "json"}
+
+    async def go() -> dict:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "ops.cli", "mcp"], env=env)
+        async with Client(params) as c:
+            sent = await c.call_tool("evq_email_send", request(run_id="roles-mcp", step_id="mcp"))
+            assert sent.structured_content["status"] == "success", sent.structured_content
+            shown = await c.call_tool("evq_steps_get", {"id": sent.structured_content["data"]["id"]})
+            return shown.structured_content
+
+    shown = asyncio.run(go())
+    assert shown["data"]["step"]["run_id"] == "roles-mcp", shown
+
+
+def test_a_table_a_later_revision_adds_reaches_the_runtime_role_at_the_next_upgrade(roles):
+    r = roles
+    migrated(r)
+    with psycopg.connect(r.owner_url) as conn:  # what a later revision's migration does
+        conn.execute("CREATE TABLE later_state (id bigserial PRIMARY KEY, note text)")
+    with psycopg.connect(r.app_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("INSERT INTO later_state (note) VALUES ('x')")
+    # The next upgrade, without naming the role again, grants it what queue state needs.
+    assert upgrade(r.owner_url)["data"]["runtime_roles"] == [r.app]
+    with psycopg.connect(r.app_url) as conn:
+        conn.execute("INSERT INTO later_state (note) VALUES ('x')")
+        conn.execute("UPDATE later_state SET note = 'y'")
+        conn.execute("DELETE FROM later_state")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DROP TABLE later_state")
