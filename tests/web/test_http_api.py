@@ -185,7 +185,7 @@ JSON = {"Content-Type": "application/json"}
     [
         ("malformed JSON", "POST", "/v1/steps", b'{"run_id": ', JSON, 400, "$body"),
         ("not UTF-8", "POST", "/v1/steps", b'{"run_id": "\xff"}', JSON, 400, "$body"),
-        ("NaN is not JSON", "POST", "/v1/steps", b'{"max_attempts": NaN}', JSON, 400, "$body"),
+        ("NaN is not JSON", "POST", "/v1/steps", b'{"max_attempts": NaN}', JSON, 422, "max_attempts"),
         ("too deep", "POST", "/v1/steps", b"[" * 40 + b"]" * 40, JSON, 400, "$body"),
         ("far too deep", "POST", "/v1/steps", b"[" * 5_000 + b"]" * 5_000, JSON, 400, "$body"),
         ("wrong content type", "POST", "/v1/steps", b"run_id=x", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
