@@ -40,13 +40,13 @@ from email.utils import format_datetime
 from functools import cache
 from typing import Any
 
-from email_validator import EmailNotValidError, validate_email
+from email_validator import EmailNotValidError
 
 from worker import deadline as limits
 from worker.logs import get_logger, register_secrets
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import SendRequest
-from worker.request import ALLOWED_HEADERS, Policy, check_payload
+from worker.request import ALLOWED_HEADERS, Policy, check_payload, validate_address
 
 log = get_logger("evq.adapters.smtp")
 
@@ -109,7 +109,9 @@ class _Addr:
         return not self.local.isascii()
 
 
-def build_message(request: SendRequest, *, now: datetime | None = None) -> Envelope:
+def build_message(
+    request: SendRequest, *, now: datetime | None = None, internal_domains: tuple[str, ...] = ()
+) -> Envelope:
     """Render the normalized payload as RFC 5322 bytes plus the SMTP envelope.
 
     Bcc recipients exist only in the envelope. The Message-ID is the step's, so every
@@ -124,8 +126,8 @@ def build_message(request: SendRequest, *, now: datetime | None = None) -> Envel
     payload = request.payload
     if not _MESSAGE_ID.match(request.message_id or ""):
         raise BuildError(f"step Message-ID {request.message_id!r} is not of the form <left@right>")
-    sender = _addr(payload["from"])
-    groups = {key: [_addr(a) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")}
+    sender = _addr(payload["from"], internal_domains)
+    groups = {key: [_addr(a, internal_domains) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")}
     smtputf8 = any(a.needs_utf8 for a in (sender, *(a for group in groups.values() for a in group)))
 
     headers = [("From", _addresses([sender])), ("To", _addresses(groups["to"]))]
@@ -160,9 +162,9 @@ def build_message(request: SendRequest, *, now: datetime | None = None) -> Envel
     return Envelope(sender=sender.spec, recipients=tuple(recipients), data=data, smtputf8=smtputf8)
 
 
-def _addr(entry: Mapping[str, Any]) -> _Addr:
+def _addr(entry: Mapping[str, Any], internal_domains: tuple[str, ...] = ()) -> _Addr:
     try:
-        valid = validate_email(entry["email"], check_deliverability=False)
+        valid = validate_address(entry["email"], internal_domains)
     except (EmailNotValidError, KeyError, TypeError, UnicodeError) as exc:
         raise BuildError(f"not a valid address: {entry.get('email')!r}") from exc
     # The ASCII (IDNA) domain works everywhere; only a non-ASCII local part needs SMTPUTF8.
@@ -781,7 +783,7 @@ class SmtpProvider:
 
     def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
         try:
-            envelope = build_message(request)
+            envelope = build_message(request, internal_domains=self.policy.internal_domains)
         except BuildError as exc:
             return Rejected(str(exc), response=_bare("build"), before_send=True)
         conversation = _Conversation(self, envelope, request)

@@ -13,7 +13,7 @@ import time
 
 from worker import metrics
 from worker.logs import get_logger
-from worker.outcomes import Outcome, Unknown
+from worker.outcomes import Accepted, Outcome, Unknown, refused_recipients
 from worker.ports import Provider, SendRequest
 from worker.scrub import scrub_record
 
@@ -61,6 +61,8 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
     outcome = scrub_record(outcome)
     metrics.labelled(metrics.SEND_ATTEMPTS, provider.name, outcome.kind).inc()
     metrics.labelled(metrics.SEND_SECONDS, provider.name, outcome.kind).observe(elapsed)
+    if isinstance(outcome, Accepted) and (refused := refused_recipients(outcome.response)):
+        metrics.RECIPIENTS_REFUSED.labels(provider=provider.name).inc(len(refused))
     return outcome, elapsed * 1000.0
 
 

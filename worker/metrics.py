@@ -100,6 +100,11 @@ PROVIDER_PAUSED_UNTIL = Gauge(
     "When the provider's latest pause known to this process ends (Unix time; 0: none seen).",
     ["provider"],
 )
+RECIPIENTS_REFUSED = Counter(
+    "evq_recipients_refused_total",
+    "Recipients a provider refused while it accepted the message for others (a partial refusal), by provider.",
+    ["provider"],
+)
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
 
 for _to in RESCUED_TO:
@@ -118,6 +123,7 @@ def init_provider(provider: str) -> None:
     for reason in RATE_LIMITED_REASONS:
         RATE_LIMITED.labels(provider=provider, reason=reason)
     PROVIDER_PAUSES.labels(provider=provider)
+    RECIPIENTS_REFUSED.labels(provider=provider)
     PROVIDER_PAUSED_UNTIL.labels(provider=provider)
 
 

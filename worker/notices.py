@@ -43,6 +43,7 @@ def reserved_sender(sender: str | None) -> str:
 class NoticeConfig:
     sender: str | None = None  # EVQ_NOTICE_FROM
     on_unknown: bool = False  # EVQ_NOTICE_ON_UNKNOWN
+    internal_domains: tuple[str, ...] = ()  # EVQ_INTERNAL_DOMAINS: a notify address may be at one
 
     @property
     def statuses(self) -> tuple[Status, ...]:
@@ -89,7 +90,8 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         "headers": {"Auto-Submitted": "auto-generated", "References": original["message_id"]},
     }
     # evq itself is the one sender allowed to use the reserved address.
-    checked = parse(request, Policy(providers=(provider,), default_provider=provider, reserved_senders=()))
+    checked = parse(request, Policy(providers=(provider,), default_provider=provider, reserved_senders=(),
+                                    internal_domains=config.internal_domains))
     payload_json, digest = payload_digest(checked.payload)
     return ValidRequest(
         run_id=original["run_id"],

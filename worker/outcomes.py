@@ -38,6 +38,12 @@ class Retryable:
     # The provider said we send too fast (an HTTP 429): not this message's problem, so the
     # whole provider slows down for every worker (worker/ratelimit.py), not only this step.
     throttled: bool = False
+    # The provider refused our session, not this message: its greeting or our HELO name,
+    # TLS (a certificate we do not trust), AUTH, "authentication required". No message
+    # gets through until an operator fixes the settings, so this is a fault of the
+    # provider's configuration (reason ``provider_misconfigured``), never a rejection of
+    # the message, and what a per-provider circuit breaker opens on.
+    misconfigured: bool = False
     kind: Literal["retryable"] = "retryable"
 
 
@@ -51,6 +57,21 @@ class Unknown:
 
 
 Outcome: TypeAlias = Accepted | Rejected | Retryable | Unknown
+
+
+def refused_recipients(response: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The recipients an answer names as refused, ``[{recipient, code, reply}]``, in order.
+
+    An adapter puts them in its response as ``refused: {recipient: {code, reply}}``; on an
+    accepted answer they are a partial refusal: the message went to everyone else."""
+    refused = (response or {}).get("refused") or {}
+    if not isinstance(refused, dict):
+        return []
+    out = []
+    for recipient, answer in refused.items():
+        answer = answer if isinstance(answer, dict) else {}
+        out.append({"recipient": str(recipient), "code": answer.get("code"), "reply": str(answer.get("reply") or "")})
+    return out
 
 
 def log_fields(step: int, attempt: int, outcome: Outcome, **extra: Any) -> dict[str, Any]:

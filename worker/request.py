@@ -104,6 +104,10 @@ class Policy:
     # the default notice sender, so a caller of the Python API that passes no policy cannot
     # send as evq either; Settings.policy() reserves the configured one (EVQ_NOTICE_FROM).
     reserved_senders: tuple[str, ...] = (NOTICE_LOCAL_PART + "@",)
+    # Special-use domains (RFC 6761/RFC 9476: .test, .internal, .local, ...) that this
+    # installation really delivers to, e.g. ("corp.internal",): the address validator
+    # refuses every other special-use domain, which no public mail server accepts.
+    internal_domains: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,14 +185,15 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     if key is None and run_id and step_id:
         key = default_idempotency_key(run_id, step_id)
 
-    sender = _single_address(data, "from", errors, default=policy.default_from)
+    internal = policy.internal_domains
+    sender = _single_address(data, "from", errors, default=policy.default_from, internal=internal)
     if sender and _reserved(sender["email"], policy.reserved_senders):
         errors.add("from", "this sender is reserved for evq's own notices")
-    to = _address_list(data, "to", errors)
-    cc = _address_list(data, "cc", errors)
-    bcc = _address_list(data, "bcc", errors)
-    reply_to = _address_list(data, "reply_to", errors)
-    notify_addr = _single_address(data, "notify", errors, default=None)
+    to = _address_list(data, "to", errors, internal)
+    cc = _address_list(data, "cc", errors, internal)
+    bcc = _address_list(data, "bcc", errors, internal)
+    reply_to = _address_list(data, "reply_to", errors, internal)
+    notify_addr = _single_address(data, "notify", errors, default=None, internal=internal)
     recipients = to + cc + bcc
     if not to and not any(e["field"].startswith("to") for e in errors.items):
         errors.add("to", "at least one recipient is required")
@@ -346,7 +351,7 @@ def _text(
     return unicodedata.normalize("NFC", value)
 
 
-def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | None:
+def _address(raw: Any, where: str, errors: _Errors, internal: tuple[str, ...] = ()) -> dict[str, str | None] | None:
     name: Any = None
     if isinstance(raw, Mapping):
         extra = set(raw) - {"email", "name"}
@@ -383,7 +388,7 @@ def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | N
             errors.add(where, f"display name longer than {MAX_NAME} characters")
             return None
         name = unicodedata.normalize("NFC", name.strip()) or None
-    normalized, problem = _checked_address(addr)
+    normalized, problem = _checked_address(addr, internal)
     if problem is not None:
         errors.add(where, f"not a valid address: {problem}")
         return None
@@ -391,7 +396,7 @@ def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | N
 
 
 @lru_cache(maxsize=8192)
-def _checked_address(addr: str) -> tuple[str, str | None]:
+def _checked_address(addr: str, internal: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """email_validator's verdict on one address (normalized form, or why not).
 
     A pure function of the string, and most of a request's validation time (IDNA
@@ -403,9 +408,39 @@ def _checked_address(addr: str) -> tuple[str, str | None]:
     if plain is not None:
         return plain, None
     try:
-        return validate_email(addr, check_deliverability=False).normalized, None
+        return validate_address(addr, internal).normalized, None
     except (EmailNotValidError, UnicodeError, ValueError) as exc:
         return "", str(exc)
+
+
+# Appended to an internal domain for email_validator's syntax checks, then removed:
+# its special-use list cannot be narrowed per call (and a module-wide change would
+# open every special-use domain to every caller). "example" is not special to it.
+_INTERNAL_SUFFIX = ".example"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedAddress:
+    normalized: str
+    local_part: str
+    domain: str
+    ascii_domain: str
+
+
+def validate_address(addr: str, internal: tuple[str, ...] = ()) -> CheckedAddress:
+    """email_validator's verdict on one address, with the operator's internal domains allowed.
+
+    An address at an internal domain gets every other check (local part, label syntax,
+    lengths, which the suffix makes at most a few octets stricter); only the
+    special-use refusal is skipped, and only for the domains named."""
+    domain = addr.rpartition("@")[2].strip().lower().rstrip(".")
+    rules = (rule.strip().lstrip(".").lower() for rule in internal)
+    if internal and any(rule and (domain == rule or domain.endswith("." + rule)) for rule in rules):
+        valid = validate_email(addr + _INTERNAL_SUFFIX, check_deliverability=False)
+        cut = len(_INTERNAL_SUFFIX)
+        return CheckedAddress(valid.normalized[:-cut], valid.local_part, valid.domain[:-cut], valid.ascii_domain[:-cut])
+    valid = validate_email(addr, check_deliverability=False)
+    return CheckedAddress(valid.normalized, valid.local_part, valid.domain, valid.ascii_domain)
 
 
 # The shape for which email_validator's result is the local part unchanged, "@", and
@@ -445,7 +480,9 @@ def _checked_domain(domain: str) -> tuple[str, str] | None:
     return checked.domain, checked.ascii_domain
 
 
-def _address_list(data: Mapping[str, Any], name: str, errors: _Errors) -> list[dict[str, str | None]]:
+def _address_list(
+    data: Mapping[str, Any], name: str, errors: _Errors, internal: tuple[str, ...] = ()
+) -> list[dict[str, str | None]]:
     value = data.get(name)
     if value is None:
         return []
@@ -456,7 +493,7 @@ def _address_list(data: Mapping[str, Any], name: str, errors: _Errors) -> list[d
         return []
     out = []
     for i, raw in enumerate(value[:1000]):
-        addr = _address(raw, f"{name}[{i}]", errors)
+        addr = _address(raw, f"{name}[{i}]", errors, internal)
         if addr is not None:
             out.append(addr)
     if len(value) > 1000:
@@ -465,14 +502,14 @@ def _address_list(data: Mapping[str, Any], name: str, errors: _Errors) -> list[d
 
 
 def _single_address(
-    data: Mapping[str, Any], name: str, errors: _Errors, *, default: str | None
+    data: Mapping[str, Any], name: str, errors: _Errors, *, default: str | None, internal: tuple[str, ...] = ()
 ) -> dict[str, str | None] | None:
     raw = data.get(name, default)
     if raw is None:
         if name == "from":
             errors.add("from", "required (or configure a default sender with EVQ_DEFAULT_FROM)")
         return None
-    return _address(raw, name, errors)
+    return _address(raw, name, errors, internal)
 
 
 def _each_recipient(*lists: list[dict[str, Any]]):

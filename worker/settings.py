@@ -13,13 +13,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from email_validator import EmailNotValidError, validate_email
+from email_validator import EmailNotValidError
 
 from worker.deadline import DEADLINE_SHARE
 from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
 from worker.ratelimit import RateLimit, rate_limits
-from worker.request import Policy
+from worker.request import Policy, validate_address
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -86,6 +86,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
     Option("blocked_domains", _csv, (), "Comma-separated recipient domains refused. Subdomains match."),
+    Option(
+        "internal_domains",
+        _csv,
+        (),
+        "Comma-separated special-use domains (RFC 6761: .test, .internal, .local, ...) your mail servers really "
+        "deliver to, e.g. corp.internal,mail.test; the address validator refuses every other one. Subdomains match.",
+    ),
     Option("max_message_bytes", int, 1024 * 1024, "Largest normalized request, in bytes.", minimum=1024),
     Option("max_recipients", int, 50, "Most recipients (to + cc + bcc) per message.", minimum=1),
     Option("default_from", str, None, "Sender used when a request has no 'from'."),
@@ -139,6 +146,7 @@ class Settings:
     shutdown_grace: float = 30.0
     allowed_domains: tuple[str, ...] = ()
     blocked_domains: tuple[str, ...] = ()
+    internal_domains: tuple[str, ...] = ()
     max_message_bytes: int = 1024 * 1024
     max_recipients: int = 50
     default_from: str | None = None
@@ -225,7 +233,7 @@ class Settings:
             self._validate_http()
         if self.notice_from is not None:
             try:
-                validate_email(self.notice_from, check_deliverability=False)
+                validate_address(self.notice_from, self.internal_domains)
             except EmailNotValidError as exc:
                 raise _bad(OPTION_BY_NAME["notice_from"], f"is not a valid address: {exc}") from None
 
@@ -256,10 +264,12 @@ class Settings:
             default_provider=self.adapter[0],
             providers=tuple(ADAPTERS),
             reserved_senders=(reserved_sender(self.notice_from),),
+            internal_domains=self.internal_domains,
         )
 
     def notices(self) -> NoticeConfig:
-        return NoticeConfig(sender=self.notice_from, on_unknown=self.notice_on_unknown)
+        return NoticeConfig(sender=self.notice_from, on_unknown=self.notice_on_unknown,
+                            internal_domains=self.internal_domains)
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log line, an evidence row or an error."""

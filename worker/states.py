@@ -40,6 +40,12 @@ class Reason(StrEnum):
     PROVIDER_ACCEPTED = "provider_accepted"
     PROVIDER_REJECTED = "provider_rejected"
     PROVIDER_TEMPORARY = "provider_temporary"  # failed before the provider could have acted
+    # The provider refused the session (greeting, HELO name, TLS, AUTH): our settings or
+    # its configuration, not the message; retried, and nothing was sent.
+    PROVIDER_MISCONFIGURED = "provider_misconfigured"
+    # Accepted for some recipients; others were refused (evidence and the step's
+    # refused_recipients say which and why; the notify address is told).
+    PARTIALLY_REFUSED = "partially_refused"
     POLICY_REFUSED = "policy_refused"  # the adapter's re-check refused the request
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     AMBIGUOUS_RESPONSE = "ambiguous_response"  # the provider may have acted; we cannot tell

@@ -14,7 +14,7 @@ The rules (DESIGN.md, "States", and invariant 4):
 from __future__ import annotations
 
 from worker.backoff import Backoff
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
+from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, refused_recipients
 from worker.records import ClaimedStep, Transition
 from worker.states import Reason, Status
 
@@ -41,9 +41,14 @@ def decide(
     detail = dict(outcome.response)
     match outcome:
         case Accepted(provider_message_id=pmid):
+            refused = refused_recipients(detail)
+            if refused:
+                detail["message"] = "accepted, but refused for " + "; ".join(
+                    f"{r['recipient']} ({r['code']} {r['reply']})".rstrip() for r in refused
+                )
             return Transition(
                 to_status=Status.ACCEPTED,
-                reason=Reason.PROVIDER_ACCEPTED,
+                reason=Reason.PARTIALLY_REFUSED if refused else Reason.PROVIDER_ACCEPTED,
                 provider_message_id=pmid,
                 detail=detail,
                 **common,
@@ -55,7 +60,7 @@ def decide(
                 detail["message"] = f"{why}; but an earlier attempt may have been delivered"
                 return Transition(to_status=Status.UNKNOWN, reason=reason, detail=detail, **common)
             return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, **common)
-        case Retryable(reason=why, retry_after=retry_after):
+        case Retryable(reason=why, retry_after=retry_after, misconfigured=misconfigured):
             detail["message"] = why
             if attempts_left:
                 delay = backoff.delay(step.attempt)
@@ -63,7 +68,7 @@ def decide(
                     delay = max(delay, retry_after)
                 return Transition(
                     to_status=Status.RETRYABLE,
-                    reason=Reason.PROVIDER_TEMPORARY,
+                    reason=Reason.PROVIDER_MISCONFIGURED if misconfigured else Reason.PROVIDER_TEMPORARY,
                     retry_delay=delay,
                     detail=detail,
                     **common,

@@ -1,0 +1,29 @@
+"""One real Postfix for the tests in this folder (started once, stopped at the end)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.realservers.postfix import Postfix
+from tests.support import require_binary
+
+
+@pytest.fixture(scope="session")
+def postfix() -> Iterator[Postfix]:
+    require_binary("postfix", "postfix")
+    require_binary("saslpasswd2", "sasl2-bin")
+    if os.geteuid() != 0:
+        # Postfix's master binds as root and drops to the postfix user; there is no
+        # unprivileged mode. Under CI (root in the container) this never skips.
+        if os.environ.get("CI") == "true":
+            pytest.fail("the real-Postfix tests need root", pytrace=False)
+        pytest.skip("the real-Postfix tests need root")
+    server = Postfix()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
