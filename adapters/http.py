@@ -56,7 +56,6 @@ from worker.request import ALLOWED_HEADERS, Policy, check_payload
 log = get_logger("evq.adapters.http")
 
 TAG_NAME = "evq_key"
-KEY_HEADER = "X-Evq-Idempotency-Key"
 MESSAGE_ID_HEADER = "X-Evq-Message-Id"
 MAX_BODY = 500  # characters of an answer kept as evidence
 MAX_KEY = 256
@@ -91,7 +90,8 @@ def wire_body(request: SendRequest) -> bytes:
     idempotency check compares bodies (nothing per attempt, no Date)."""
     p = request.payload
     headers = {ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS}
-    headers[KEY_HEADER] = request.idempotency_key
+    # The key travels as the Idempotency-Key request header and, hashed, as a tag; never in
+    # the message, whose recipients would read the caller's run and step ids in it.
     headers[MESSAGE_ID_HEADER] = request.message_id
     body: dict[str, Any] = {
         "from": _address(p["from"]),

@@ -52,7 +52,6 @@ log = get_logger("evq.adapters.smtp")
 
 TLS_MODES = ("none", "starttls", "ssl")
 MAX_REPLY = 500
-IDEMPOTENCY_HEADER = "X-Evq-Idempotency-Key"
 
 _POLICY_7BIT = email_policy.SMTP.clone(cte_type="7bit")
 
@@ -73,6 +72,14 @@ _QUEUE_ID = (
 # authentication required / encryption required. Retrying after the operator fixes
 # the settings sends the message; rejecting it would lose it.
 _CONFIG_CODES = frozenset({530, 538})
+# A refusal of our HELO/EHLO name. Postfix (smtpd_delay_reject = yes, its default)
+# gives it at RCPT time, for every recipient, as "504 5.5.2 <name>: Helo command
+# rejected: need fully-qualified hostname": it reads like a refused recipient, but no
+# message passes until the name is fixed (EVQ_SMTP_HELO_NAME).
+_HELO_REFUSED = re.compile(r"\b(?:helo|ehlo)\b[^\n]{0,40}\b(?:rejected|refused|denied|invalid)\b", re.I)
+# RFC 5321 §4.5.3.1.10: a server out of RCPTs for this transaction answers 452 (Postfix:
+# "452 4.5.3 Error: too many recipients"); the rest go in a further transaction.
+_TOO_MANY = re.compile(r"(?:^|\s)4\.5\.3(?:\s|$)|too many recipients", re.I)
 _2YZ = range(200, 300)
 # How long a cut-off conversation's thread gets to report how far it got, once its
 # socket is shut down, before the adapter answers from the phase it last saw.
@@ -116,7 +123,9 @@ def build_message(
 
     Bcc recipients exist only in the envelope. The Message-ID is the step's, so every
     attempt carries the same one (invariant 1): a recipient's MTA can then discard a
-    duplicate, and an operator can find the message by it.
+    duplicate, and an operator can find the message by it. Nothing else of evq's goes
+    into the message: the idempotency key (``run_id:step_id`` by default) names the
+    caller's internal ids, which are none of the recipients' business.
 
     The header block is rendered here, not by ``email.message``: its folding drops
     the quotes around a long display name (``"Doe, John" <a@b>`` becomes two
@@ -138,12 +147,11 @@ def build_message(
     headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
     headers.append(("Date", format_datetime(now or datetime.now(timezone.utc))))
     headers.append(("Message-ID", request.message_id))
-    ours = {name.lower() for name, _ in headers} | {IDEMPOTENCY_HEADER.lower()}
+    ours = {name.lower() for name, _ in headers}
     for name, value in (payload.get("headers") or {}).items():
         canonical = ALLOWED_HEADERS.get(str(name).lower())
         if canonical is not None and canonical.lower() not in ours:
             headers.append((canonical, _unstructured(canonical, str(value))))
-    headers.append((IDEMPOTENCY_HEADER, _unstructured(IDEMPOTENCY_HEADER, request.idempotency_key)))
 
     body = _body(payload.get("text"), payload.get("html"))
     head = "".join(f"{name}: {value}\r\n" for name, value in headers)
@@ -323,10 +331,21 @@ class _Stop(Exception):
 
 
 @cache
-def _default_helo() -> str:
-    # smtplib would call getfqdn() (possibly a slow reverse lookup) on every connection.
-    fqdn = socket.getfqdn()
-    return fqdn if "." in fqdn else "localhost"
+def _default_helo() -> str | None:
+    """The host's FQDN when it has one; None: greet with our address literal instead.
+
+    Most containers' names have no dot, and "localhost" (smtplib's fallback) is refused
+    by any server with reject_non_fqdn_helo_hostname. RFC 5321 §4.1.4 offers the
+    address literal of the connection when there is no name. Cached: smtplib would call
+    getfqdn() (possibly a slow reverse lookup) on every connection."""
+    fqdn = socket.getfqdn().strip(".")
+    return fqdn if "." in fqdn and not fqdn.startswith("localhost.") else None
+
+
+def address_literal(sockname: Any) -> str:
+    """RFC 5321 §4.1.3 address literal of a local socket address: [192.0.2.1], [IPv6:2001:db8::1]."""
+    host = str(sockname[0]).split("%", 1)[0]
+    return f"[IPv6:{host}]" if ":" in host else f"[{host}]"
 
 
 class _Conversation:
@@ -339,6 +358,8 @@ class _Conversation:
         self.send_by = request.send_by
         self.phase = "connect"
         self.refused: dict[str, dict[str, Any]] = {}
+        self.transactions: list[dict[str, Any]] = []  # accepted MAIL..DATA exchanges, in order
+        self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
         self._lock = threading.Lock()
@@ -405,6 +426,7 @@ class _Conversation:
     def _talk(self) -> Outcome:
         p, env = self.p, self.envelope
         helo = p.helo_name or _default_helo()
+        self.helo = helo or ""
         if self.cut:
             raise TimeoutError("the send's deadline passed before it began")
         if not limits.may_send(self.send_by):
@@ -417,12 +439,15 @@ class _Conversation:
             )
         # Connecting through the constructor (not .connect()) is what makes smtplib
         # remember the host for certificate checks on STARTTLS and implicit TLS.
+        # ("localhost" only until the socket is up: without a name we greet with its
+        # address literal, which smtplib cannot know before connecting.)
         timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo, timeout=timeout, context=p.ssl_context)
+                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout,
+                                        context=p.ssl_context)
             else:
-                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo, timeout=timeout)
+                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             self._expect((exc.smtp_code, exc.smtp_error), (220,))
             raise
@@ -430,6 +455,8 @@ class _Conversation:
             self.conn = conn
             if self.cut:  # the deadline passed while connecting
                 raise TimeoutError("the send's deadline passed")
+        if helo is None and conn.sock is not None:
+            self.helo = conn.local_hostname = address_literal(conn.sock.getsockname())
 
         self.phase = "ehlo"
         self._ehlo()
@@ -437,7 +464,7 @@ class _Conversation:
             self.phase = "starttls"
             if not conn.has_extn("starttls"):
                 # Never fall back to plain text when TLS was asked for.
-                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply=""))
+                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply="", misconfigured=True))
             try:
                 self._arm()
                 conn.starttls(context=p.ssl_context)
@@ -447,22 +474,60 @@ class _Conversation:
             self._ehlo()
         if p.username is not None:
             self.phase = "auth"
+            if not isinstance(conn.sock, ssl.SSLSocket) and not p.allow_plain_auth:
+                # The password would cross the network in clear (base64 is no cipher).
+                raise _Stop(self._retry(
+                    "refusing SMTP AUTH over a connection without TLS: set EVQ_SMTP_TLS=starttls or ssl "
+                    "(or EVQ_SMTP_ALLOW_PLAIN_AUTH=true for a trusted network); nothing was sent",
+                    code=None, reply="", misconfigured=True, error_class="PlainAuthRefused"))
             if not conn.has_extn("auth"):
-                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply=""))
+                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply="", misconfigured=True))
             try:
                 self._arm()
                 conn.login(p.username, p._password or "")
             except smtplib.SMTPAuthenticationError as exc:
                 reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
-                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error)) from None
+                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error, misconfigured=True)) from None
 
-        self.phase = "mail"
         if env.smtputf8 and not conn.has_extn("smtputf8"):
+            self.phase = "mail"
             return Rejected(
                 "an address needs SMTPUTF8 (non-ASCII local part), which the server does not offer",
                 response=self._evidence(None, ""),
                 before_send=True,
             )
+        # The first transaction decides the outcome as one message; a server out of RCPTs
+        # for it (452 4.5.3) gets the rest in further transactions on this connection, with
+        # the same bytes and so the same Message-ID (RFC 5321 §4.5.3.1.10). Once one of them
+        # has been accepted, nothing may be retried: a later transaction that fails leaves
+        # an accepted message whose unserved recipients are recorded as refused.
+        code, reply, accepted, rest = self._transaction(list(env.recipients), first=True)
+        self.transactions.append({"recipients": accepted, "code": code, "reply": reply, "queue_id": queue_id(reply)})
+        while rest:
+            try:
+                code, reply, accepted, rest = self._transaction(rest, first=False)
+            except _Stop as stop:
+                self._not_served(rest, stop.outcome)
+                raise _Stop(self._partial_outcome(stop.outcome), polite=stop.polite) from None
+            except Exception as exc:  # noqa: BLE001 - classified by phase, as any failure
+                failed = self._failed(exc)
+                self._not_served(rest, failed)
+                raise _Stop(self._partial_outcome(failed), polite=not self.cut and self.phase != "final") from None
+            self.transactions.append({"recipients": accepted, "code": code, "reply": reply, "queue_id": queue_id(reply)})
+        first = self.transactions[0]
+        extra: dict[str, Any] = {"accepted": sum(len(t["recipients"]) for t in self.transactions)}
+        if len(self.transactions) > 1:
+            extra["transactions"] = [{**t, "recipients": len(t["recipients"])} for t in self.transactions]
+        return Accepted(provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra))
+
+    def _transaction(self, recipients: list[str], *, first: bool) -> tuple[int, str, list[str], list[str]]:
+        """One MAIL, RCPT..., DATA, body, "." exchange: (code, reply, accepted, deferred).
+
+        Returns only for a 2yz reply to the final "."; every other end raises _Stop (a
+        decided outcome) or the exception that ended it (classified by phase)."""
+        conn, env = self.conn, self.envelope
+        assert conn is not None
+        self.phase = "mail"
         options = []
         if env.smtputf8:
             options.append("SMTPUTF8")
@@ -474,7 +539,7 @@ class _Conversation:
         self._expect(conn.mail(env.sender, options), _2YZ)
 
         self.phase = "rcpt"
-        accepted = self._recipients()
+        accepted, rest = self._recipients(recipients, first=first)
 
         self.phase = "data"
         self._arm()
@@ -494,13 +559,37 @@ class _Conversation:
         code, raw = conn.getreply()
         reply = self._text(raw)
         if 200 <= code < 300:
-            response = self._evidence(code, reply, accepted=len(accepted))
-            return Accepted(provider_message_id=queue_id(reply), response=response)
+            return code, reply, accepted, rest
         if 400 <= code < 500:
-            return Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+            raise _Stop(Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply)))
         if 500 <= code < 600:
-            return Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
-        return Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply))
+            raise _Stop(Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply)))
+        raise _Stop(Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply)),
+                    polite=False)
+
+    def _not_served(self, recipients: list[str], outcome: Outcome) -> None:
+        """A later transaction ended without delivering: its recipients are refused, with why."""
+        code = outcome.response.get("code")
+        why = getattr(outcome, "reason", "")
+        if isinstance(outcome, Unknown):
+            return  # they may have it: the outcome says so, they are not "refused"
+        for rcpt in recipients:
+            self.refused.setdefault(rcpt, {"code": code, "reply": _short(why)})
+
+    def _partial_outcome(self, outcome: Outcome) -> Outcome:
+        """The outcome of a send whose first transaction(s) were accepted and a later one was not."""
+        first = self.transactions[0]
+        served = sum(len(t["recipients"]) for t in self.transactions)
+        extra = {"accepted": served, "transactions": [{**t, "recipients": len(t["recipients"])} for t in self.transactions],
+                 "later_phase": self.phase}
+        if isinstance(outcome, Unknown):
+            # Past a later "." with no answer: those recipients may have it as well.
+            return Unknown(
+                f"the server accepted the message for {served} recipient(s) (queue id {first['queue_id']}), then gave "
+                f"no answer after the final '.' of a further transaction: {outcome.reason}",
+                response=self._evidence(first["code"], first["reply"], **extra),
+            )
+        return Accepted(provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra))
 
     def _ehlo(self) -> None:
         conn = self.conn
@@ -512,36 +601,50 @@ class _Conversation:
             code, raw = conn.helo()
         self._expect((code, raw), _2YZ)
 
-    def _recipients(self) -> list[str]:
+    def _recipients(self, recipients: list[str], *, first: bool) -> tuple[list[str], list[str]]:
+        """RCPT for each: (accepted, deferred to a further transaction)."""
         conn = self.conn
         assert conn is not None
         accepted: list[str] = []
         temporary = False
-        for rcpt in self.envelope.recipients:
+        for i, rcpt in enumerate(recipients):
             self._arm()
             code, raw = conn.rcpt(rcpt)
             if 200 <= code < 300:
                 accepted.append(rcpt)
                 continue
-            self.refused[rcpt] = {"code": code, "reply": self._text(raw)[:200]}
+            reply = self._text(raw)
+            if first and rcpt.lower() not in reply.lower() and _helo_refused(code, reply, self.helo):
+                _quietly(conn.rset)
+                raise _Stop(self._retry(
+                    f"smtp {code} at rcpt: the server refuses our HELO name {self.helo!r} "
+                    f"({_short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
+                    code=code, reply=reply, misconfigured=True, error_class="HeloRefused"))
+            if code == 452 and accepted and not temporary and _TOO_MANY.search(reply):
+                # Out of RCPTs for this transaction: the rest go in the next one.
+                return accepted, recipients[i:]
+            self.refused[rcpt] = {"code": code, "reply": reply[:200]}
             temporary = temporary or _temporary(code)
-        if temporary:
+        if temporary and first:
             # RSET so the recipients already accepted in this transaction get nothing;
             # the retry sends to every recipient once.
             _quietly(conn.rset)
-            first = next(a for a, r in self.refused.items() if _temporary(r["code"]))
-            bad = self.refused[first]
-            raise _Stop(self._retry(f"smtp {bad['code']} at rcpt for {first}", code=bad["code"], reply=bad["reply"]))
+            bad_rcpt = next(a for a, r in self.refused.items() if _temporary(r["code"]))
+            bad = self.refused[bad_rcpt]
+            raise _Stop(self._retry(f"smtp {bad['code']} at rcpt for {bad_rcpt}", code=bad["code"], reply=bad["reply"]))
         if not accepted:
             _quietly(conn.rset)
-            first, bad = next(iter(self.refused.items()))
+            if not first:
+                # Everyone left was refused; those of the earlier transactions have the message.
+                raise _Stop(Rejected("every remaining recipient refused", response=self._evidence(None, "")))
+            bad_rcpt, bad = next(iter(self.refused.items()))
             raise _Stop(
                 Rejected(
-                    f"every recipient refused, e.g. {first}: smtp {bad['code']} {_short(bad['reply'])}",
+                    f"every recipient refused, e.g. {bad_rcpt}: smtp {bad['code']} {_short(bad['reply'])}",
                     response=self._evidence(bad["code"], bad["reply"]),
                 )
             )
-        return accepted
+        return accepted, []
 
     def _expect(self, answer: tuple[int, bytes | str], ok: Container[int]) -> None:
         code, raw = answer
@@ -550,14 +653,27 @@ class _Conversation:
         reply = self._text(raw)
         permanent = 500 <= code < 600
         message_phase = self.phase in ("mail", "data")
+        if permanent and self.phase == "mail" and not self.transactions and _helo_refused(code, reply, self.helo):
+            raise _Stop(self._retry(
+                f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({_short(reply)}); "
+                "set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
+                code=code, reply=reply, misconfigured=True, error_class="HeloRefused"))
         if permanent and message_phase and code not in _CONFIG_CODES:
             raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
         # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
-        # AUTH): a fault of the server or of our settings, not of this message.
-        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply))
+        # AUTH): a fault of the server or of our settings, not of this message. The 5yz
+        # ones (and "authentication required" anywhere) last until someone changes them.
+        misconfigured = permanent and (not message_phase or code in _CONFIG_CODES)
+        error_class = ("GreetingRefused" if self.phase in ("connect", "ehlo") else "SessionRefused") if misconfigured else None
+        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply,
+                                misconfigured=misconfigured, error_class=error_class))
 
-    def _retry(self, reason: str, *, code: int | None, reply: bytes | str) -> Retryable:
-        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(code, self._text(reply)))
+    def _retry(
+        self, reason: str, *, code: int | None, reply: bytes | str, misconfigured: bool = False,
+        error_class: str | None = None,
+    ) -> Retryable:
+        return Retryable(self.p.secrets.scrub(reason), misconfigured=misconfigured,
+                         response=self._evidence(code, self._text(reply), error_class=error_class))
 
     def _failed(self, exc: BaseException) -> Outcome:
         error_class = "DeadlineExceeded" if self.cut else _root_class(exc)
@@ -575,9 +691,15 @@ class _Conversation:
             reason = f"timed out at {self.phase} after {self.p.timeout:g}s"
         elif isinstance(exc, ssl.SSLError) or error_class.startswith("SSL"):
             reason = f"tls failed at {self.phase}: {error_class}"
+            if error_class == "SSLCertVerificationError":
+                reason += " (a private CA? set EVQ_SMTP_CA_FILE)"
         else:
             reason = f"{error_class} at {self.phase}: {_short(detail)}"
-        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(None, detail, error_class=error_class))
+        # A TLS handshake that fails (an untrusted certificate, no common protocol or
+        # cipher, a client certificate the server wants) fails every message alike.
+        tls_setup = (isinstance(exc, ssl.SSLError) or error_class.startswith("SSL")) and self.phase in ("connect", "starttls")
+        return Retryable(self.p.secrets.scrub(reason), misconfigured=tls_setup and not self.cut,
+                         response=self._evidence(None, detail, error_class=error_class))
 
     def _evidence(self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any) -> dict[str, Any]:
         return {
@@ -604,6 +726,13 @@ class _Conversation:
             _quietly(conn.quit)
         with self._lock:
             _quietly(conn.close)
+
+
+def _helo_refused(code: int, reply: str, helo: str) -> bool:
+    """Whether a 5yz reply refuses our HELO/EHLO name rather than the address it answers."""
+    if not 500 <= code < 600:
+        return False
+    return bool(_HELO_REFUSED.search(reply)) or (bool(helo) and f"<{helo.lower()}>:" in reply.lower())
 
 
 def _temporary(code: int) -> bool:
@@ -642,6 +771,19 @@ def _short(text: str, limit: int = 200) -> str:
 # -- provider ----------------------------------------------------------------
 
 
+def tls_context(
+    ca_file: str | None = None, client_cert: str | None = None, client_key: str | None = None
+) -> ssl.SSLContext:
+    """The client TLS context: the system's trust store, or only ``ca_file`` (a private
+    CA's bundle) when given; a client certificate for servers that ask for one. Always
+    verifies the server's certificate and name: there is no setting to turn that off."""
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+    if client_cert:
+        context.load_cert_chain(client_cert, client_key or None)
+    return context
+
+
+
 class SmtpProvider:
     """The SMTP adapter: satisfies :class:`worker.ports.Provider`."""
 
@@ -662,6 +804,7 @@ class SmtpProvider:
         max_workers: int = 16,
         helo_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        allow_plain_auth: bool = False,
     ):
         if tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
@@ -673,6 +816,7 @@ class SmtpProvider:
         self.username = username
         self._password = password  # kept off repr() and out of every outcome
         self.helo_name = helo_name
+        self.allow_plain_auth = allow_plain_auth
         self.policy = policy
         self.ssl_context = ssl_context or ssl.create_default_context()
         self.secrets = _Secrets(username, password)
@@ -804,7 +948,7 @@ class SmtpProvider:
         # context (run_id, step_id) is present.
         r = outcome.response
         fields = log_fields(request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port)
-        if isinstance(outcome, Retryable) and (r.get("phase") in ("starttls", "auth") or r.get("code") in _CONFIG_CODES):
+        if isinstance(outcome, Retryable) and outcome.misconfigured:
             # Retried, but no retry succeeds until someone fixes the settings.
             log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)
         else:

@@ -46,7 +46,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
     providers: dict[str, Provider] = {}
     for name in settings.adapter:
         if name == "smtp":
-            from adapters.smtp import SmtpProvider
+            from adapters.smtp import SmtpProvider, tls_context
 
             providers[name] = SmtpProvider(
                 host=settings.smtp_host,
@@ -57,6 +57,9 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 timeout=settings.smtp_timeout,
                 policy=settings.policy(),
                 max_workers=settings.concurrency,
+                helo_name=settings.smtp_helo_name,
+                ssl_context=tls_context(settings.smtp_ca_file, settings.smtp_client_cert, settings.smtp_client_key),
+                allow_plain_auth=settings.smtp_allow_plain_auth,
             )
         elif name == "http":
             from adapters.http import HttpProvider

@@ -8,6 +8,8 @@ and the validation messages, so none of them can drift from the others.
 from __future__ import annotations
 
 import os
+import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -20,6 +22,13 @@ from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
 from worker.ratelimit import RateLimit, rate_limits
 from worker.request import Policy, validate_address
+
+
+# A HELO/EHLO name: a domain of at least two labels, or an RFC 5321 address literal.
+_HELO_NAME = re.compile(
+    r"^(?:(?=.{1,253}$)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"|\[(?:\d{1,3}(?:\.\d{1,3}){3}|IPv6:[0-9A-Fa-f:.]+)\])$"
+)
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -102,6 +111,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("smtp_password", str, None, "SMTP AUTH password (never logged).", secret=True),
     Option("smtp_tls", str, "none", "SMTP transport security: none, starttls, ssl.", choices=("none", "starttls", "ssl")),
     Option("smtp_timeout", float, 30.0, "Seconds for each SMTP network operation.", minimum=0.1),
+    Option(
+        "smtp_helo_name",
+        str,
+        None,
+        "Name evq greets the SMTP server with (EHLO/HELO). Unset: the host's fully-qualified name if it has a dot, "
+        "else the address literal of the connection, e.g. [10.0.0.5] (never 'localhost', which strict servers refuse).",
+    ),
+    Option("smtp_ca_file", str, None, "PEM bundle of the CA(s) trusted for the SMTP server's certificate (a private CA); unset: the system's trust store."),
+    Option("smtp_client_cert", str, None, "PEM client certificate (chain) for SMTP servers that require one; with EVQ_SMTP_CLIENT_KEY."),
+    Option("smtp_client_key", str, None, "PEM private key of EVQ_SMTP_CLIENT_CERT (unset: the key is in the certificate file)."),
+    Option(
+        "smtp_allow_plain_auth",
+        boolean,
+        False,
+        "Allow SMTP AUTH (EVQ_SMTP_USERNAME) over a connection without TLS, i.e. the password in clear; "
+        "only for a trusted network. Default: refused.",
+    ),
     Option("http_base_url", str, "https://api.resend.com", "Base URL of the Resend-style HTTP email API (POST {base}/emails)."),
     Option("http_api_key", str, None, "Bearer API key of the HTTP email API (required with EVQ_ADAPTER=http; never logged).", secret=True),
     Option("http_timeout", float, 10.0, "Seconds for each HTTP network operation (connect, send, answer).", minimum=0.1),
@@ -156,6 +182,11 @@ class Settings:
     smtp_password: str | None = None
     smtp_tls: str = "none"
     smtp_timeout: float = 30.0
+    smtp_helo_name: str | None = None
+    smtp_ca_file: str | None = None
+    smtp_client_cert: str | None = None
+    smtp_client_key: str | None = None
+    smtp_allow_plain_auth: bool = False
     http_base_url: str = "https://api.resend.com"
     http_api_key: str | None = None
     http_timeout: float = 10.0
@@ -218,6 +249,8 @@ class Settings:
             raise _bad(OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)")
         if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
+        if "smtp" in self.adapter:
+            self._validate_smtp()
         for limit in self.rate_limit:
             if limit.provider not in ADAPTERS:
                 raise _bad(
@@ -236,6 +269,38 @@ class Settings:
                 validate_address(self.notice_from, self.internal_domains)
             except EmailNotValidError as exc:
                 raise _bad(OPTION_BY_NAME["notice_from"], f"is not a valid address: {exc}") from None
+
+    def _validate_smtp(self) -> None:
+        if self.smtp_username and self.smtp_tls == "none" and not self.smtp_allow_plain_auth:
+            raise _bad(
+                OPTION_BY_NAME["smtp_username"],
+                "would send the SMTP password without TLS: set EVQ_SMTP_TLS=starttls or ssl "
+                "(or EVQ_SMTP_ALLOW_PLAIN_AUTH=true on a trusted network)",
+            )
+        if self.smtp_helo_name is not None and not _HELO_NAME.match(self.smtp_helo_name):
+            raise _bad(
+                OPTION_BY_NAME["smtp_helo_name"],
+                f"must be a fully-qualified domain name or an address literal such as [192.0.2.1], got {self.smtp_helo_name!r}",
+            )
+        if self.smtp_client_key and not self.smtp_client_cert:
+            raise _bad(OPTION_BY_NAME["smtp_client_key"], "needs EVQ_SMTP_CLIENT_CERT")
+        for name in ("smtp_ca_file", "smtp_client_cert", "smtp_client_key"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise _bad(OPTION_BY_NAME[name], f"names no readable file: {path!r}")
+        # Read now, so a bad bundle or key fails at startup with its setting named,
+        # not as every send's TLS failure.
+        context = ssl.create_default_context()
+        if self.smtp_ca_file:
+            try:
+                context.load_verify_locations(cafile=self.smtp_ca_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise _bad(OPTION_BY_NAME["smtp_ca_file"], f"cannot be loaded as a PEM CA bundle: {exc}") from None
+        if self.smtp_client_cert:
+            try:
+                context.load_cert_chain(self.smtp_client_cert, self.smtp_client_key)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise _bad(OPTION_BY_NAME["smtp_client_cert"], f"and its key cannot be loaded: {exc}") from None
 
     def _validate_http(self) -> None:
         if not self.http_api_key:

@@ -45,7 +45,9 @@ def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
                        "subject": step, "text": "t"}
             done = evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request))
             outputs += [done.stdout, done.stderr]
-        env = smtp_env(good, EVQ_SMTP_USERNAME="evq", EVQ_SMTP_PASSWORD=SMTP_PASSWORD, EVQ_LOG_LEVEL="debug")
+        # The loopback test server has no TLS: plain AUTH must be allowed explicitly.
+        env = smtp_env(good, EVQ_SMTP_USERNAME="evq", EVQ_SMTP_PASSWORD=SMTP_PASSWORD, EVQ_LOG_LEVEL="debug",
+                       EVQ_SMTP_ALLOW_PLAIN_AUTH="true")
         done = evq.run("worker", "run", "--drain", "-o", "json", **env)
         outputs += [done.stdout, done.stderr]
         assert done.returncode == 0
@@ -54,7 +56,7 @@ def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
                    "subject": "s", "text": "t"}
         outputs.append(evq.run("enqueue", "--file", "-", input=json.dumps(request)).stdout)
         env = smtp_env(bad, EVQ_SMTP_USERNAME="evq", EVQ_SMTP_PASSWORD=SMTP_PASSWORD, EVQ_LOG_LEVEL="debug",
-                       EVQ_MAX_ATTEMPTS="1")
+                       EVQ_MAX_ATTEMPTS="1", EVQ_SMTP_ALLOW_PLAIN_AUTH="true")
         done = evq.run("worker", "run", "--drain", **env)
         outputs += [done.stdout, done.stderr]
         for args in (("steps", "list"), ("steps", "list", "-o", "json"), ("steps", "show", "1", "-o", "json"),

@@ -45,11 +45,12 @@ def test_headers_in_order_and_exactly_ours() -> None:
 
     assert list(msg.keys()) == [
         "From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID", "References",
-        "X-Evq-Idempotency-Key", "Content-Type", "Content-Transfer-Encoding", "MIME-Version",
+        "Content-Type", "Content-Transfer-Encoding", "MIME-Version",
     ]
     assert msg["Message-ID"] == MESSAGE_ID
     assert msg["Date"].datetime == NOW
-    assert msg["X-Evq-Idempotency-Key"] == "r:s"
+    # The idempotency key ("r:s", the caller's run and step ids) is never in the message.
+    assert b"r:s" not in envelope.data
     assert envelope.sender == "sender@example.org"
     assert envelope.data.endswith(b"\r\n") and b"\n" not in envelope.data.replace(b"\r\n", b"")
 
