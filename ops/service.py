@@ -20,6 +20,7 @@ from ops.longwork import Tally, each
 from worker.enqueue import existing_or_conflict, validate
 from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
 from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
+from worker.outcomes import refused_recipients
 from worker.ports import StepFilter
 from worker.records import StepSummary
 from worker.request import Policy, ValidRequest, unicode_domain
@@ -265,7 +266,21 @@ async def show_step(store: Store, caller: Caller, step_id: int) -> Reply:
     """One step, the decision behind it, and every evidence row in order."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
-    return Reply({"step": public_step(detail.step), "decision": detail.decision, "evidence": detail.evidence})
+    step = {**public_step(detail.step), "refused_recipients": accepted_refusals(detail.step, detail.evidence)}
+    return Reply({"step": step, "decision": detail.decision, "evidence": detail.evidence})
+
+
+def accepted_refusals(step: Mapping[str, Any], evidence: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The recipients refused by the answer that accepted this step (a partial refusal).
+
+    Read from that answer's evidence, the one record of what the server said; an
+    accepted step's status never changes again, so neither does this list."""
+    if step.get("status") != "accepted":
+        return []
+    for row in reversed(evidence):
+        if row.get("outcome") == "accepted" and row.get("kind") in ("provider_response", "late_response"):
+            return refused_recipients(row.get("detail"))
+    return []
 
 
 RUN_STEP_FIELDS = ("id", "step_id", "status", "reason", "provider", "attempts", "max_attempts", "idempotency_key",

@@ -32,6 +32,12 @@ from worker.states import Reason, Status
 # NOTICE_LOCAL_PART is used with the failed step's sender domain when EVQ_NOTICE_FROM is
 # unset: the provider already sends for that domain, so the notice can go out through it.
 SUBJECT_PREFIX = {Status.REJECTED: "[delivery failed]", Status.UNKNOWN: "[delivery uncertain]"}
+PARTIAL_PREFIX = "[delivery failed for some recipients]"
+PARTIAL_KIND = "partially_refused"  # a notice's kind: its status, or this for an accepted step
+
+
+def notice_kind(status: Status, reason: str | None) -> str:
+    return PARTIAL_KIND if status is Status.ACCEPTED and reason == Reason.PARTIALLY_REFUSED else status.value
 
 
 def reserved_sender(sender: str | None) -> str:
@@ -49,9 +55,10 @@ class NoticeConfig:
     def statuses(self) -> tuple[Status, ...]:
         return (Status.REJECTED, Status.UNKNOWN) if self.on_unknown else (Status.REJECTED,)
 
-    def due(self, to_statuses: Sequence[Status]) -> bool:
-        """Whether a batch moving steps to these states may owe a notice (the rare case)."""
-        return any(status in self.statuses for status in to_statuses)
+    def due(self, to_statuses: Sequence[Status], reasons: Sequence[str] = ()) -> bool:
+        """Whether a batch moving steps to these states (for these reasons) may owe a
+        notice (the rare case): a partial refusal is accepted, and owes one too."""
+        return any(status in self.statuses for status in to_statuses) or Reason.PARTIALLY_REFUSED in reasons
 
     def sender_for(self, original_sender: str) -> str:
         return self.sender or f"{NOTICE_LOCAL_PART}@{original_sender.rsplit('@', 1)[1]}"
@@ -74,9 +81,10 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
     Raises InvalidRequest if the notice cannot be a valid message.
     """
     status = Status(original["status"])
-    kind = status.value
+    kind = notice_kind(status, original["reason"])
     payload = original["payload"]
-    subject = f"{SUBJECT_PREFIX[status]} {payload.get('subject') or ''}".strip()[:MAX_SUBJECT]
+    prefix = PARTIAL_PREFIX if kind == PARTIAL_KIND else SUBJECT_PREFIX[status]
+    subject = f"{prefix} {payload.get('subject') or ''}".strip()[:MAX_SUBJECT]
     provider = original["provider"]
     request = {
         "run_id": "notice",
@@ -114,6 +122,8 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
 def notice_text(original: Mapping[str, Any]) -> str:
     payload = original["payload"]
     status = Status(original["status"])
+    if notice_kind(status, original["reason"]) == PARTIAL_KIND:
+        return partial_notice_text(original)
     attempts = original["attempts"]
     headline = (
         "Your email did not go out."
@@ -140,6 +150,56 @@ def notice_text(original: Mapping[str, Any]) -> str:
         *_wrap(advice(status, original["reason"])),
         "",
         f"The whole record, with every attempt and the provider's answers: evq steps show {original['id']}",
+        "",
+        "-- ",
+        "evq sent this because the request named this address to be told (notify).",
+        "It is an automatic message; replies are not read.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def partial_notice_text(original: Mapping[str, Any]) -> str:
+    """A notice for a message the provider accepted for some recipients and refused for others.
+
+    Every refused recipient is named with the server's answer, except a Bcc one: the
+    notice shows no Bcc address (it says "a Bcc recipient"; `evq steps show` has it)."""
+    payload = original["payload"]
+    bcc = {a["email"].lower() for a in payload.get("bcc") or ()}
+    refused = original.get("refused") or {}
+    lines_refused = []
+    for recipient, answer in refused.items() if isinstance(refused, Mapping) else ():
+        answer = answer if isinstance(answer, Mapping) else {}
+        shown = "a Bcc recipient" if recipient.lower() in bcc else recipient
+        code = answer.get("code")
+        why = " ".join(str(answer.get("reply") or "").split())
+        lines_refused.append(f"  - {shown}: {code if code is not None else 'not sent'} {why}".rstrip())
+    if not lines_refused:
+        lines_refused = [f"  {original['detail'] or 'the provider did not say which'}"]
+    recipients = sum(len(payload.get(k) or ()) for k in ("to", "cc", "bcc"))
+    lines = [
+        f"Your email went out, but not to every recipient: {len(lines_refused)} of {recipients} refused it.",
+        "",
+        f"  Subject:     {payload.get('subject') or ''}",
+        *(
+            f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
+            for field, label in (("to", "To"), ("cc", "Cc"))
+            if payload.get(field)
+        ),
+        f"  From:        {payload['from']['email']}",
+        f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
+        f"  Message-ID:  {original['message_id']}",
+        f"  Status:      accepted for the others ({original['reason']})",
+        "",
+        "Refused by the server:",
+        *lines_refused,
+        "",
+        "What to do:",
+        *_wrap(
+            "Everyone else has the message: do not send it to them again. Check each refused address against the "
+            "server's answer above; to reach those recipients, send a new step (a new step_id) to them alone."
+        ),
+        "",
+        f"The whole record, with the provider's answers: evq steps show {original['id']}",
         "",
         "-- ",
         "evq sent this because the request named this address to be told (notify).",

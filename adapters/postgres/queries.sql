@@ -469,14 +469,21 @@ RETURNING extract(epoch FROM b.paused_until - (SELECT now FROM t))::float8 AS pa
 
 -- name: notice_candidates
 -- Steps just moved to a state that owes a notice (rejected; unknown when so
--- configured) whose caller named an address to tell. Run in the transaction of the
--- transition itself, on rows it has just changed (so already locked). A notice never
--- owes a notice: it has notice_of set and no notify.
+-- configured; accepted with some recipients refused) whose caller named an address
+-- to tell. Run in the transaction of the transition itself, on rows it has just
+-- changed (so already locked). A notice never owes a notice: it has notice_of set
+-- and no notify. `refused` is what the accepting answer's evidence says was refused.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
-       s.reason, s.detail, s.attempts, s.notify
+       s.reason, s.detail, s.attempts, s.notify,
+       CASE WHEN s.reason = 'partially_refused' THEN (
+           SELECT e.detail -> 'refused'
+           FROM evidence e
+           WHERE e.step_id = s.id AND e.outcome = 'accepted' AND e.kind IN ('provider_response', 'late_response')
+           ORDER BY e.id DESC
+           LIMIT 1) END AS refused
 FROM email_steps s
 WHERE s.id = ANY(%(ids)s::bigint[])
-  AND s.status = ANY(%(statuses)s::text[])
+  AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
   AND s.notify IS NOT NULL
   AND s.notice_of IS NULL
 ORDER BY s.id;

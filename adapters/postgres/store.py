@@ -200,7 +200,7 @@ class PostgresStore:
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
     ) -> list[RecordResult]:
-        if not self.notices.due([t.to_status for t in transitions]):
+        if not self.notices.due([t.to_status for t in transitions], [t.reason for t in transitions]):
             return await self._record(transitions, actor=actor, now=now)
         # The rare batch that rejects a step: its notice is enqueued in the same transaction.
         async with self.transaction("record_with_notices"):

@@ -121,6 +121,9 @@ def _human_detail(d: dict[str, Any]) -> str:
     ]
     if s.get("detail"):
         lines.append(f"  detail          {s['detail']}")
+    for i, r in enumerate(s.get("refused_recipients") or ()):
+        code = r["code"] if r["code"] is not None else "not sent"
+        lines.append(f"  {'refused' if i == 0 else '':<15} {r['recipient']}: {code} {r['reply']}".rstrip())
     lines += [
         "decision",
         f"  intent          {dec.get('intent') or '-'}",
