@@ -359,6 +359,7 @@ class _Conversation:
         self.phase = "connect"
         self.refused: dict[str, dict[str, Any]] = {}
         self.transactions: list[dict[str, Any]] = []  # accepted MAIL..DATA exchanges, in order
+        self.deferred_by: dict[str, Any] | None = None  # the 452 that ended the current transaction's RCPTs
         self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
@@ -502,7 +503,7 @@ class _Conversation:
         # has been accepted, nothing may be retried: a later transaction that fails leaves
         # an accepted message whose unserved recipients are recorded as refused.
         code, reply, accepted, rest = self._transaction(list(env.recipients), first=True)
-        self.transactions.append({"recipients": accepted, "code": code, "reply": reply, "queue_id": queue_id(reply)})
+        self._served(code, reply, accepted)
         while rest:
             try:
                 code, reply, accepted, rest = self._transaction(rest, first=False)
@@ -513,7 +514,7 @@ class _Conversation:
                 failed = self._failed(exc)
                 self._not_served(rest, failed)
                 raise _Stop(self._partial_outcome(failed), polite=not self.cut and self.phase != "final") from None
-            self.transactions.append({"recipients": accepted, "code": code, "reply": reply, "queue_id": queue_id(reply)})
+            self._served(code, reply, accepted)
         first = self.transactions[0]
         extra: dict[str, Any] = {"accepted": sum(len(t["recipients"]) for t in self.transactions)}
         if len(self.transactions) > 1:
@@ -528,6 +529,7 @@ class _Conversation:
         conn, env = self.conn, self.envelope
         assert conn is not None
         self.phase = "mail"
+        self.deferred_by = None
         options = []
         if env.smtputf8:
             options.append("SMTPUTF8")
@@ -566,6 +568,11 @@ class _Conversation:
             raise _Stop(Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply)))
         raise _Stop(Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply)),
                     polite=False)
+
+    def _served(self, code: int, reply: str, accepted: list[str]) -> None:
+        self.transactions.append({"recipients": accepted, "code": code, "reply": reply[:200], "queue_id": queue_id(reply),
+                                  "deferred_by": self.deferred_by})
+        self.deferred_by = None
 
     def _not_served(self, recipients: list[str], outcome: Outcome) -> None:
         """A later transaction ended without delivering: its recipients are refused, with why."""
@@ -622,6 +629,7 @@ class _Conversation:
                     code=code, reply=reply, misconfigured=True, error_class="HeloRefused"))
             if code == 452 and accepted and not temporary and _TOO_MANY.search(reply):
                 # Out of RCPTs for this transaction: the rest go in the next one.
+                self.deferred_by = {"code": code, "reply": reply[:200], "deferred": len(recipients) - i}
                 return accepted, recipients[i:]
             self.refused[rcpt] = {"code": code, "reply": reply[:200]}
             temporary = temporary or _temporary(code)
