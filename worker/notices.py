@@ -12,6 +12,7 @@ the same transaction as the transition that called for it
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,9 +170,12 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
     lines_refused = []
     for recipient, answer in refused.items() if isinstance(refused, Mapping) else ():
         answer = answer if isinstance(answer, Mapping) else {}
-        shown = "a Bcc recipient" if recipient.lower() in bcc else recipient
+        hidden = recipient.lower() in bcc
+        shown = "a Bcc recipient" if hidden else recipient
         code = answer.get("code")
         why = " ".join(str(answer.get("reply") or "").split())
+        if hidden:  # servers quote the address in their reply
+            why = re.sub(re.escape(recipient), "(Bcc)", why, flags=re.I)
         lines_refused.append(f"  - {shown}: {code if code is not None else 'not sent'} {why}".rstrip())
     if not lines_refused:
         lines_refused = [f"  {original['detail'] or 'the provider did not say which'}"]

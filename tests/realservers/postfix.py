@@ -14,7 +14,7 @@ and port 25 are never touched. What it enforces is what the issue met in the fie
 - a listener with ``smtpd_recipient_limit = 2`` (452 4.5.3 for the third RCPT);
 - a listener that requires a client certificate signed by the private CA.
 
-Everything it accepts for ``@evq.test`` is delivered to one maildir, so a test counts
+Everything it accepts for ``@evq.test`` or ``@example.net`` is delivered to one maildir, so a test counts
 what the server really received (``delivered``), each message with its
 ``Delivered-To`` header. Postfix needs root (master binds and drops to ``postfix``).
 """
@@ -30,12 +30,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.realservers.certs import PrivateCA, make_private_ca
 
-DOMAIN = "evq.test"
+DOMAIN = "evq.test"  # special-use (RFC 6761): evq needs EVQ_INTERNAL_DOMAINS for it
+PUBLIC_DOMAIN = "example.net"  # served too, for tests that must not depend on that setting
 REFUSED_LOCAL = "refused"
 USERNAME = "evq"
 PASSWORD = "Pf-s3cret-horse-staple-42"  # a known secret the tests hunt for in outputs
@@ -93,7 +95,7 @@ local_recipient_maps =
 biff = no
 default_transport = discard
 notify_classes =
-virtual_mailbox_domains = {domain}
+virtual_mailbox_domains = {domain}, {public_domain}
 virtual_mailbox_base = {d}/mail
 virtual_mailbox_maps = static:inbox/
 virtual_uid_maps = static:{uid}
@@ -157,10 +159,10 @@ class Postfix:
             _MASTER.format(limit=RECIPIENT_LIMIT, **{k: f"127.0.0.1:{v}" for k, v in self.ports.items()})
         )
         (d / "etc/main.cf").write_text(
-            _MAIN.format(d=d, hostname=HOSTNAME, domain=DOMAIN, uid=user.pw_uid, gid=user.pw_gid,
+            _MAIN.format(d=d, hostname=HOSTNAME, domain=DOMAIN, public_domain=PUBLIC_DOMAIN, uid=user.pw_uid, gid=user.pw_gid,
                          server_key=self.ca.server_key, server_cert=self.ca.server_cert, ca_file=self.ca.ca_file)
         )
-        (d / "etc/refuse").write_text(f"/^{REFUSED_LOCAL}@/ 550 5.1.1 no such user here\n")
+        (d / "etc/refuse").write_text(f"/^{REFUSED_LOCAL}(\\+[^@]*)?@/ 550 5.1.1 no such user here\n")
         sasldb = d / "etc/sasldb2"
         (d / "etc/sasl/smtpd.conf").write_text(
             f"pwcheck_method: auxprop\nauxprop_plugin: sasldb\nmech_list: PLAIN LOGIN\nsasldb_path: {sasldb}\n"
@@ -224,9 +226,14 @@ class Postfix:
         """The deliveries of one Message-ID, once ``expect`` of them have arrived (delivery
         is asynchronous: qmgr hands accepted mail to the virtual agent). Returns what is
         there when the time is up, so a test asserting a count sees the real number."""
+        return self.delivered_where(lambda m: m["Message-ID"] == message_id, expect=expect, timeout=timeout)
+
+    def delivered_where(
+        self, match: Callable[[email.message.EmailMessage], bool], *, expect: int, timeout: float = 20.0
+    ) -> list[email.message.EmailMessage]:
         until = time.monotonic() + timeout
         while True:
-            found = [m for m in self.messages() if m["Message-ID"] == message_id]
+            found = [m for m in self.messages() if match(m)]
             if len(found) >= expect or time.monotonic() > until:
                 return found
             time.sleep(0.05)
