@@ -8,6 +8,7 @@ notify address is a mailbox on the same Postfix, so the notice is a real deliver
 from __future__ import annotations
 
 import json
+import re
 
 from tests.acceptance.conftest import Evq, make_key
 from tests.realservers.postfix import DOMAIN, Postfix
@@ -40,7 +41,14 @@ def test_a_partial_refusal_is_shown_everywhere_and_its_sender_is_told(postfix: P
 
     with serving(db_url, internal_domains=(DOMAIN,)) as api:
         body = checked(api.client(evq.env["EVQ_API_KEY"]).get(f"/v1/steps/{step_id}"))
+        web = api.client()
+        login = web.get("/ops/login").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login)
+        assert csrf and web.post("/ops/login", data={"csrf": csrf[1], "key": evq.env["EVQ_API_KEY"]}).status_code == 303
+        page = web.get(f"/ops/steps/{step_id}").text
     assert body["data"]["step"]["refused_recipients"] == shown["refused_recipients"]
+    refused_on_page = re.search(r'<dd id="refused-recipients">(.*?)</dd>', page, re.S)
+    assert refused_on_page and f"refused@{DOMAIN}: 550" in refused_on_page[1] and "partially_refused" in page
 
     # The message reached Ann; the notice reached the notify mailbox, naming who refused and why.
     original = postfix.delivered(shown["message_id"], expect=1)
