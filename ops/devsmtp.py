@@ -108,16 +108,20 @@ class DevSmtpServer(devserver.FaultInjection):
         slow_seconds: float = 5.0,
         hostname: str = "devsmtp.evq.test",
         on_message: Callable[[dict[str, Any]], None] | None = None,
+        max_recipients: int | None = None,
     ):
         """``tls_context`` offers STARTTLS; ``ssl_context`` makes the port implicit TLS.
 
         With ``auth`` the server offers AUTH PLAIN/LOGIN and refuses MAIL with 530 until
         the client authenticated (over STARTTLS when ``tls_context`` is given).
+        With ``max_recipients`` a transaction takes that many RCPTs and answers the next
+        ``452 4.5.3`` (as Postfix's smtpd_recipient_limit does).
         """
         self.host = host
         self._port = port
         self.slow_seconds = slow_seconds
         self.on_message = on_message
+        self.max_recipients = max_recipients
         self._auth = auth
         self._lock = threading.Condition()
         self._messages: list[dict[str, Any]] = []
@@ -294,6 +298,9 @@ class _Handler:
         return "250 2.1.0 Ok"
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]) -> str:
+        limit = self.sink.max_recipients
+        if limit is not None and len(envelope.rcpt_tos) >= limit:
+            return "452 4.5.3 Error: too many recipients"
         fault = fault_for_address(address) or self.sink._session_fault(session)
         if fault is not None and fault.mode == "tempfail":
             return f"451 4.3.0 <{address}>: try again later (fault: tempfail)"

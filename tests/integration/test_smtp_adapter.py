@@ -491,3 +491,30 @@ def test_standalone_sink_prints_each_message_id() -> None:
         assert proc.wait(timeout=10) == 0
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+# -- more recipients than one transaction takes (452 4.5.3) -------------------
+
+
+def test_a_lost_reply_in_a_later_transaction_is_unknown() -> None:
+    """The first transaction was accepted; the second's reply is lost after its final ".":
+    those recipients may have it too, so the step is unknown (never retried, never rejected)."""
+    with DevSmtpServer(max_recipients=1) as limited:
+        outcome = send_one(limited, make_request(to=["ok@example.com", "lose-reply@example.com"]))
+        assert [m["rcpt_tos"] for m in limited.messages] == [["ok@example.com"], ["lose-reply@example.com"]]
+
+    assert isinstance(outcome, Unknown), outcome
+    assert "accepted the message for 1 recipient" in outcome.reason
+    assert [t["recipients"] for t in outcome.response["transactions"]] == [1]
+
+
+def test_a_temporary_refusal_in_a_later_transaction_leaves_the_send_accepted() -> None:
+    """Once a transaction was accepted nothing may be retried (its recipients would get it
+    twice): a recipient refused, even temporarily, in a later one is recorded as refused."""
+    with DevSmtpServer(max_recipients=1) as limited:
+        outcome = send_one(limited, make_request(to=["ok@example.com", "tempfail@example.com"]))
+        assert [m["rcpt_tos"] for m in limited.messages] == [["ok@example.com"]]
+
+    assert isinstance(outcome, Accepted), outcome
+    assert outcome.response["refused"]["tempfail@example.com"]["code"] == 451
+    assert outcome.response["transactions"][0]["deferred_by"]["code"] == 452
