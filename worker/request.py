@@ -104,8 +104,8 @@ class Policy:
     # the default notice sender, so a caller of the Python API that passes no policy cannot
     # send as evq either; Settings.policy() reserves the configured one (EVQ_NOTICE_FROM).
     reserved_senders: tuple[str, ...] = (NOTICE_LOCAL_PART + "@",)
-    # Special-use domains (RFC 6761/RFC 9476: .test, .internal, .local, ...) that this
-    # installation really delivers to, e.g. ("corp.internal",): the address validator
+    # Special-use domains (RFC 6761 and kin: .test, .local, .localhost, ...) that this
+    # installation really delivers to, e.g. ("corp.local",): the address validator
     # refuses every other special-use domain, which no public mail server accepts.
     internal_domains: tuple[str, ...] = ()
 

@@ -99,8 +99,9 @@ OPTIONS: tuple[Option, ...] = (
         "internal_domains",
         _csv,
         (),
-        "Comma-separated special-use domains (RFC 6761: .test, .internal, .local, ...) your mail servers really "
-        "deliver to, e.g. corp.internal,mail.test; the address validator refuses every other one. Subdomains match.",
+        "Comma-separated special-use domains (RFC 6761 and kin: .test, .local, .localhost, .invalid, .arpa, .onion) "
+        "your mail servers really deliver to, e.g. corp.local,mail.test; the address validator refuses every other "
+        "one. Subdomains match.",
     ),
     Option("max_message_bytes", int, 1024 * 1024, "Largest normalized request, in bytes.", minimum=1024),
     Option("max_recipients", int, 50, "Most recipients (to + cc + bcc) per message.", minimum=1),

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from adapters.http import retry_after, wire_body
-from worker.errors import ConfigError
+from worker.errors import ConfigError, InvalidRequest
 from worker.notices import NoticeConfig, build_notice, reserved_sender
 from worker.ports import SendRequest
 from worker.request import MAX_SUBJECT, parse
@@ -104,3 +104,59 @@ def test_the_wire_body_is_the_same_on_every_attempt():
     assert data["from"] == '"A \\"q\\"" <a@example.org>' and data["reply_to"] == ["c@example.com"]
     assert data["headers"] == {"In-Reply-To": "<x@y>", "X-Evq-Message-Id": "<m@x>"}  # never the key
     assert data["tags"][0]["name"] == "evq_key" and len(data["tags"][0]["value"]) == 64
+
+
+def test_a_partial_refusal_owes_a_notice_naming_each_refused_recipient():
+    assert NoticeConfig().due([Status.ACCEPTED], ["partially_refused"])
+    assert not NoticeConfig().due([Status.ACCEPTED], ["provider_accepted"])
+    original = {**ORIGINAL, "status": "accepted", "reason": "partially_refused", "detail": "accepted, but ...",
+                "refused": {"a@example.com": {"code": 550, "reply": "5.1.1 <a@example.com>: no such user"},
+                            "B@example.com": {"code": 550, "reply": "5.1.1 <b@example.com>: no such user"}}}
+    notice = build_notice(original, NoticeConfig())
+    assert notice.step_id.startswith("evq:notice:partially_refused:")
+    assert notice.idempotency_key.startswith("evq:notice:partially_refused:run-1:")
+    assert notice.payload["subject"].startswith("[delivery failed for some recipients] S")
+    text = notice.payload["text"]
+    assert "2 of 2 refused it" in text and "a@example.com: 550 5.1.1 <a@example.com>: no such user" in text
+    # The Bcc recipient is never named, not even inside the server's reply.
+    assert "a Bcc recipient: 550 5.1.1 <(Bcc)>: no such user" in text and "b@example.com" not in text.lower()
+    assert "do not send it to them again" in " ".join(text.split())
+
+
+def test_smtp_settings_are_validated(tmp_path):
+    base = {"EVQ_SMTP_TLS": "starttls"}
+    assert Settings.load({**base, "EVQ_SMTP_HELO_NAME": "mx-1.corp.example"}).smtp_helo_name == "mx-1.corp.example"
+    assert Settings.load({**base, "EVQ_SMTP_HELO_NAME": "[IPv6:2001:db8::1]"}).smtp_helo_name == "[IPv6:2001:db8::1]"
+    for bad in ("localhost", "two words.example", "a..b", "[not-an-ip]"):
+        with pytest.raises(ConfigError, match="EVQ_SMTP_HELO_NAME"):
+            Settings.load({**base, "EVQ_SMTP_HELO_NAME": bad})
+    with pytest.raises(ConfigError, match="EVQ_SMTP_CA_FILE.*no readable file"):
+        Settings.load({**base, "EVQ_SMTP_CA_FILE": str(tmp_path / "missing.pem")})
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="EVQ_SMTP_CA_FILE.*cannot be loaded"):
+        Settings.load({**base, "EVQ_SMTP_CA_FILE": str(tmp_path / "junk.pem")})
+    with pytest.raises(ConfigError, match="EVQ_SMTP_CLIENT_CERT"):
+        Settings.load({**base, "EVQ_SMTP_CLIENT_CERT": str(tmp_path / "junk.pem")})
+    with pytest.raises(ConfigError, match="EVQ_SMTP_CLIENT_KEY.*needs EVQ_SMTP_CLIENT_CERT"):
+        Settings.load({**base, "EVQ_SMTP_CLIENT_KEY": str(tmp_path / "junk.pem")})
+    plain = {"EVQ_SMTP_USERNAME": "u", "EVQ_SMTP_PASSWORD": "p"}
+    with pytest.raises(ConfigError, match="without TLS"):
+        Settings.load(plain)
+    assert Settings.load({**plain, "EVQ_SMTP_ALLOW_PLAIN_AUTH": "true"}).smtp_allow_plain_auth
+    assert Settings.load({**plain, **base}).smtp_username == "u"
+
+
+def test_internal_domains_open_only_the_named_special_use_domains():
+    request = {"run_id": "r", "step_id": "s", "from": "agent@example.org", "subject": "s", "text": "t"}
+    settings = Settings.load({"EVQ_INTERNAL_DOMAINS": "corp.local, .Mail.Test"})
+    assert settings.internal_domains == ("corp.local", ".mail.test")
+    policy = settings.policy()
+    to = parse({**request, "to": ["A <a@hr.corp.local>", "b@MAIL.test"], "notify": "n@mail.test"}, policy)
+    assert [a["email"] for a in to.payload["to"]] == ["a@hr.corp.local", "b@mail.test"]
+    for refused in ("x@corp.test", "x@local", "x@localhost", "x@evilcorp.local", "x@notmail.test", "x@..mail.test"):
+        with pytest.raises(InvalidRequest):
+            parse({**request, "to": [refused]}, policy)
+    with pytest.raises(InvalidRequest, match="special-use"):
+        parse({**request, "to": ["a@hr.corp.local"]})  # the default policy names none
+    assert settings.notices().internal_domains == settings.internal_domains
+    assert Settings.load({"EVQ_INTERNAL_DOMAINS": "mail.test", "EVQ_NOTICE_FROM": "evq@mail.test"}).notice_from

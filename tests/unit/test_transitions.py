@@ -71,3 +71,18 @@ def test_a_refusal_after_a_possible_delivery_is_unknown_not_rejected():
     t = go(step(attempt=2, maybe_delivered=True), Rejected("422"))
     assert (t.to_status, t.reason, t.definite) == (Status.UNKNOWN, Reason.PROVIDER_REJECTED, False)
     assert go(step(), Rejected("422")).definite
+
+
+def test_a_refused_session_is_retryable_as_provider_misconfigured():
+    t = go(step(), Retryable("504 Helo command rejected", misconfigured=True))
+    assert (t.to_status, t.reason) == (Status.RETRYABLE, Reason.PROVIDER_MISCONFIGURED)
+    # It still spends attempts (the circuit breaker, not this rule, keeps them from being spent).
+    assert go(step(attempt=3), Retryable("x", misconfigured=True)).reason is Reason.ATTEMPTS_EXHAUSTED
+
+
+def test_accepted_with_refused_recipients_is_a_partial_refusal():
+    refused = {"b@example.com": {"code": 550, "reply": "5.1.1 no such user"}}
+    t = go(step(), Accepted("q1", response={"refused": refused}))
+    assert (t.to_status, t.reason) == (Status.ACCEPTED, Reason.PARTIALLY_REFUSED)
+    assert t.detail["message"] == "accepted, but refused for b@example.com (550 5.1.1 no such user)"
+    assert go(step(), Accepted("q1", response={"refused": {}})).reason is Reason.PROVIDER_ACCEPTED
