@@ -8,7 +8,7 @@ Wire format (the Resend-compatible subset):
 
 The provider honours our key for ``dedupe_window`` seconds, which is what lets the
 core retry an ambiguous attempt (worker/transitions.py): the same key, the same
-body byte for byte, and the provider sends once. Classification (DESIGN.md "Adapters"):
+body byte for byte, and the provider sends once. Classification (docs/design.md, "Adapters"):
 
 | answer | outcome |
 |---|---|

@@ -1,7 +1,7 @@
 """SMTP provider adapter: one conversation per attempt, classified by the phase it stopped in.
 
 Why phase by phase instead of ``smtplib.SMTP.send_message``: the classification in
-DESIGN.md ("Adapters", RFC 1047) depends on *where* a failure happened. Anything
+docs/design.md, "Adapters" (RFC 1047), depends on *where* a failure happened. Anything
 before the final "." has been written cannot have been delivered, so it is safe to
 retry; a lost connection or a timeout *after* it may mean the server queued the
 message, so it is ``Unknown`` and never retried automatically.

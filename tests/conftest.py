@@ -1,4 +1,4 @@
-"""Test database: a real PostgreSQL, found in this order (DESIGN.md, "Where it runs"):
+"""Test database: a real PostgreSQL, found in this order (docs/design.md, "Where it runs"):
 
 1. EVQ_TEST_DATABASE_URL (a server URL whose user may CREATE DATABASE);
 2. a server on 127.0.0.1:5432 (user postgres);

@@ -1,4 +1,4 @@
-"""What a provider adapter answers for one attempt (DESIGN.md, "Adapters").
+"""What a provider adapter answers for one attempt (docs/design.md, "Adapters").
 
 Exactly one of these per attempt. The adapter decides which, because only it
 knows where in its protocol the failure happened; the core then decides the

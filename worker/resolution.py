@@ -1,4 +1,4 @@
-"""An operator's verdict on an ``unknown`` step (DESIGN.md, "States", invariant 5).
+"""An operator's verdict on an ``unknown`` step (docs/design.md, "States and transitions", invariant 5).
 
 Only ``unknown`` rows are resolved. ``accepted`` and ``rejected`` close the row;
 ``retry`` means "verified not sent": the row goes back to ``retryable`` and the

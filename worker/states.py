@@ -1,4 +1,4 @@
-"""Step states and the transitions between them (DESIGN.md, "States").
+"""Step states and the transitions between them (docs/design.md, "States and transitions").
 
 The database enforces the same rules with CHECK constraints and guarded UPDATEs;
 this module is the vocabulary both the core and the in-memory store share.

@@ -1,6 +1,6 @@
 """From one attempt's outcome to the step's next state: pure, so it is tested without I/O.
 
-The rules (DESIGN.md, "States", and invariant 4):
+The rules (docs/design.md, "States and transitions", and invariant 4):
 - Accepted -> accepted; Rejected -> rejected.
 - Retryable -> retryable after a backoff, or rejected once attempts are spent.
 - A step that an earlier attempt may have delivered never ends ``rejected``: a

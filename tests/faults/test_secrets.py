@@ -1,4 +1,4 @@
-"""No secret in logs, evidence, error messages or `-o json` output (DESIGN invariant 7).
+"""No secret in logs, evidence, error messages or `-o json` output (docs/design.md, "Invariants", 7).
 
 A whole run — enqueue, a send that authenticates, a send whose login is refused, a
 lost reply, reading back — with known secrets, then every log line, every output and

@@ -1,6 +1,6 @@
 """The worker, the HTTP adapter and the dedupe window together: real PostgreSQL, real HTTP.
 
-The window rules (DESIGN.md invariant 4, issue 4): an ambiguous attempt is retried
+The window rules (docs/design.md, "Invariants", 4; issue 4): an ambiguous attempt is retried
 with the same key only while the provider's window, counted from the first attempt,
 still covers a whole lease; after that the step is unknown and no second request
 is ever sent; spent attempts after a possible delivery end unknown, never rejected.

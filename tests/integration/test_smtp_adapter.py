@@ -1,6 +1,6 @@
 """The SMTP adapter against a real SMTP server on loopback (ops.devsmtp, aiosmtpd).
 
-One test per classification row of DESIGN.md "Adapters" (RFC 1047), plus the
+One test per classification row of docs/design.md, "Adapters" (RFC 1047), plus the
 message-level guarantees: the step's Message-ID on every attempt, Bcc only in the
 envelope, display names that cannot add recipients or headers, the policy
 re-check, and no password anywhere. Nothing here mocks smtplib.

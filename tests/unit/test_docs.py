@@ -91,3 +91,62 @@ def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
     assert done.returncode == 0 and "evq demo" in done.stdout
     for part in ("pyproject.toml", "worker", "migrations", "adapters", "ops", "tests", "docker-compose.yml"):
         assert (ROOT / part).exists(), part
+
+
+DESIGN = (ROOT / "docs" / "design.md").read_text()
+_TOP = ("worker", "adapters", "ops", "migrations", "tests", "docs")
+
+
+def _design_references(text: str) -> list[tuple[str, str | None]]:
+    """(path, name or None) for each `path/like/this.py` or `path.py::name` the text names."""
+    found = []
+    for ref in re.findall(r"`([\w.-]+(?:/[\w.-]+)+/?(?:::\w+)?)`", text):
+        path, _, name = ref.partition("::")
+        if path.split("/", 1)[0] in _TOP:
+            found.append((path, name or None))
+    return found
+
+
+def test_the_design_names_files_and_tests_that_exist():
+    references = _design_references(DESIGN)
+    assert len(references) > 60
+    for path, name in references:
+        assert (ROOT / path).exists(), f"docs/design.md names {path}, which does not exist"
+        if name:
+            source = (ROOT / path).read_text()
+            assert re.search(rf"^\s*(async )?(def|class) {name}\b", source, flags=re.M), f"{path} has no {name}"
+    # The data model names every table a revision creates, and the revision that creates it.
+    versions = ROOT / "migrations" / "versions"
+    created = {table: path.name[:4] for path in versions.glob("0*.py")
+               for table in re.findall(r"create_table\('(\w+)'", path.read_text())}
+    assert dict(re.findall(r"^\| `(\w+)` \((\d{4})", DESIGN, flags=re.M)) == created
+
+
+def test_code_cites_sections_of_the_design_that_exist():
+    """Code points at the repository's own design, by a section that exists, never at a file
+    outside the repository (the design intent the project started from)."""
+    headings = set(re.findall(r"^#+ (.+)$", DESIGN, flags=re.M))
+    external = "DESIGN" + ".md"
+    cited = 0
+    code = [p for top in ("worker", "adapters", "ops", "migrations", "tests") for p in (ROOT / top).rglob("*")]
+    for path in sorted(code):
+        if path.suffix not in (".py", ".sql"):
+            continue
+        text = path.read_text()
+        assert external not in text, f"{path.relative_to(ROOT)} points at {external}, outside the repository"
+        for section in re.findall(r'docs/design\.md, "([^"]+)"', text):
+            assert section in headings, f"{path.relative_to(ROOT)} cites a section docs/design.md lacks: {section}"
+            cited += 1
+    assert cited >= 10
+
+
+def test_the_core_imports_no_adapter_and_no_ops():
+    """docs/design.md, "Layout and dependency direction": worker/ never imports adapters or ops."""
+    import ast
+
+    for path in sorted((ROOT / "worker").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for module in modules:
+                assert module.split(".")[0] not in ("adapters", "ops"), f"{path.name} imports {module}"

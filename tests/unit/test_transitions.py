@@ -1,4 +1,4 @@
-"""From an attempt's outcome to the next state (DESIGN.md "States", invariant 4)."""
+"""From an attempt's outcome to the next state (docs/design.md, "States and transitions", invariant 4)."""
 
 from __future__ import annotations
 

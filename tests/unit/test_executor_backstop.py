@@ -1,0 +1,71 @@
+"""The executor's backstop (docs/design.md, "Invariants", 8): whatever an adapter did not
+classify counts as "the provider may have acted", so it can never lead to a silent resend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timezone
+
+from worker import executor
+from worker.backoff import Backoff
+from worker.outcomes import Unknown
+from worker.ports import SendRequest
+from worker.records import ClaimedStep
+from worker.states import Status
+from worker.transitions import decide
+
+REQUEST = SendRequest(step_id=1, run_id="r", idempotency_key="r:s", message_id="<m@x>", attempt=1, payload={})
+
+
+class _Raising:
+    """An adapter that fails in a way it never classified (a bug, a library surprise)."""
+
+    name = "raising"
+    dedupe_window = None
+
+    async def send(self, request):
+        raise RuntimeError("connection object in an impossible state")
+
+    async def close(self):
+        pass
+
+
+class _Wedged:
+    """An adapter that never answers and ignores its own deadline."""
+
+    name = "wedged"
+    dedupe_window = None
+
+    async def send(self, request):
+        await asyncio.Event().wait()
+
+    async def close(self):
+        pass
+
+
+def test_an_adapter_that_raises_is_unknown():
+    outcome, _ = asyncio.run(executor.attempt(_Raising(), REQUEST, deadline=5))
+    assert isinstance(outcome, Unknown)
+    assert outcome.response["error_class"] == "RuntimeError"
+
+
+def test_an_adapter_that_misses_its_deadline_is_unknown():
+    # The backstop answers a grace (executor.BACKSTOP_GRACE, 1 s) after the deadline.
+    outcome, _ = asyncio.run(executor.attempt(_Wedged(), REQUEST, deadline=0.05))
+    assert isinstance(outcome, Unknown)
+    assert outcome.response["error_class"] == "DeadlineExceeded"
+
+
+def test_an_unclassified_error_makes_the_step_unknown_not_retryable():
+    outcome, _ = asyncio.run(executor.attempt(_Raising(), REQUEST, deadline=5))
+    transition = decide(_claimed(), outcome, default_max_attempts=5, backoff=Backoff(), dedupe_window_open=False)
+    assert transition.to_status is Status.UNKNOWN and transition.maybe_delivered
+
+
+def _claimed() -> ClaimedStep:
+    return ClaimedStep(
+        id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="raising",
+        payload={}, attempt=1, max_attempts=None, lease_token=uuid.uuid4(), lease_seconds=120.0,
+        dedupe_remaining=None, maybe_delivered=False, created_at=datetime.now(timezone.utc),
+    )
