@@ -587,8 +587,10 @@ class _Conversation:
         """The outcome of a send whose first transaction(s) were accepted and a later one was not."""
         first = self.transactions[0]
         served = sum(len(t["recipients"]) for t in self.transactions)
+        # The answer that decides is the first transaction's (after its final "."); the
+        # phase the later one stopped in is kept beside it.
         extra = {"accepted": served, "transactions": [{**t, "recipients": len(t["recipients"])} for t in self.transactions],
-                 "later_phase": self.phase}
+                 "later_phase": self.phase, "phase": "final"}
         if isinstance(outcome, Unknown):
             # Past a later "." with no answer: those recipients may have it as well.
             return Unknown(
