@@ -238,6 +238,24 @@ class Postfix:
                 return found
             time.sleep(0.05)
 
-    def sessions_for(self, message_id: str) -> list[str]:
-        """The cleanup log lines of each message Postfix queued with this Message-ID."""
-        return [line for line in self.log().splitlines() if "/cleanup[" in line and f"message-id={message_id}" in line]
+    def log_lines(self) -> list[str]:
+        return self.log().splitlines()
+
+    def wait_log(self, match: Callable[[str], bool], *, after: int = 0, expect: int = 1,
+                 timeout: float = 10.0) -> list[str]:
+        """Log lines from line ``after`` on that match, once ``expect`` of them are there.
+
+        Postfix's daemons log through postlogd over a datagram socket, so a line may land a
+        moment after the SMTP reply it belongs to. Returns what is there when the time is up."""
+        until = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.log_lines()[after:] if match(line)]
+            if len(found) >= expect or time.monotonic() > until:
+                return found
+            time.sleep(0.05)
+
+    def sessions_for(self, message_id: str, *, expect: int = 0) -> list[str]:
+        """The cleanup log lines of each message Postfix queued with this Message-ID
+        (waiting for ``expect`` of them)."""
+        return self.wait_log(lambda line: "/cleanup[" in line and f"message-id={message_id}" in line,
+                             expect=expect, timeout=10.0 if expect else 0.0)

@@ -102,6 +102,7 @@ def test_a_refused_helo_name_is_the_providers_configuration_not_the_message(post
     """Postfix answers 504 5.5.2 "Helo command rejected" at RCPT time (smtpd_delay_reject):
     that is no refusal of the message; it stays retryable, nothing was sent."""
     req = request([f"helo-bad@{DOMAIN}"])
+    start = len(postfix.log_lines())
     provider = SmtpProvider(host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL,
                             helo_name="localhost")
     outcome = send(provider, req)
@@ -111,8 +112,10 @@ def test_a_refused_helo_name_is_the_providers_configuration_not_the_message(post
     assert outcome.response["error_class"] == "HeloRefused" and "EVQ_SMTP_HELO_NAME" in outcome.reason
     transition = transition_of(outcome)
     assert transition.to_status is Status.RETRYABLE and transition.reason is Reason.PROVIDER_MISCONFIGURED
-    assert "Helo command rejected" in postfix.log()
-    assert postfix.sessions_for(req.message_id) == []  # never queued
+    [line] = postfix.wait_log(lambda line: "Helo command rejected" in line, after=start)
+    assert f"to=<helo-bad@{DOMAIN}>" in line and "helo=<localhost>" in line
+    [session] = postfix.wait_log(lambda line: "disconnect from" in line, after=start)
+    assert "data=" not in session  # the RSET came before any DATA: nothing was queued
 
 
 # -- TLS and AUTH ----------------------------------------------------------------
@@ -125,7 +128,7 @@ def test_starttls_with_a_private_ca_and_sasl_auth(postfix: Postfix) -> None:
 
     assert isinstance(outcome, Accepted), outcome
     assert len(postfix.delivered(req.message_id, expect=1)) == 1
-    assert f"sasl_username={USERNAME}" in postfix.log()
+    assert postfix.wait_log(lambda line: f"sasl_username={USERNAME}" in line)
     assert PASSWORD not in repr(outcome)
 
 
@@ -163,14 +166,16 @@ def test_auth_without_tls_is_refused_before_the_password_leaves(postfix: Postfix
     with pytest.raises(ConfigError, match="EVQ_SMTP_ALLOW_PLAIN_AUTH"):
         settings(postfix, EVQ_SMTP_USERNAME=USERNAME, EVQ_SMTP_PASSWORD=PASSWORD)
     req = request([f"plain-auth@{DOMAIN}"])
-    before = postfix.log().count("sasl_username=")
+    start = len(postfix.log_lines())
     provider = SmtpProvider(host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL,
                             username=USERNAME, password=PASSWORD)
     outcome = send(provider, req)
 
     assert isinstance(outcome, Retryable) and outcome.misconfigured, outcome
     assert outcome.response["phase"] == "auth" and outcome.response["error_class"] == "PlainAuthRefused"
-    assert postfix.log().count("sasl_username=") == before  # no AUTH was ever attempted
+    # smtpd's own count of the session's commands: no AUTH was ever attempted, no MAIL either.
+    [session] = postfix.wait_log(lambda line: "disconnect from" in line, after=start)
+    assert "auth=" not in session and "mail=" not in session, session
     assert postfix.delivered(req.message_id, expect=0) == []
 
     allowed = request([f"plain-auth-ok@{DOMAIN}"])
@@ -213,7 +218,7 @@ def test_452_too_many_recipients_sends_the_rest_in_further_transactions(postfix:
     assert outcome.provider_message_id == transactions[0]["queue_id"]
     delivered = postfix.delivered(req.message_id, expect=5)
     assert sorted(m["Delivered-To"] for m in delivered) == sorted(recipients)
-    assert len(postfix.sessions_for(req.message_id)) == 3  # three queued copies, each to its share
+    assert len(postfix.sessions_for(req.message_id, expect=3)) == 3  # three queued copies, each to its share
     # What ended the first two transactions' RCPTs: Postfix's own 452 4.5.3.
     limit = transactions[0]["deferred_by"]
     assert limit["code"] == 452 and "4.5.3" in limit["reply"] and limit["deferred"] == 3
