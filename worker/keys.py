@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from worker.errors import AuthFailed, EvqError, Forbidden, InvalidRequest
+from worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
 from worker.logs import get_logger
 
 log = get_logger("evq.keys")
@@ -205,13 +205,13 @@ async def authenticate(
     else:
         ok = verify_secret(secret, row["secret_hash"], bytes(row["pepper"]))
     if row is None or not ok:
-        raise AuthFailed("the API key is not valid", hint=f"check the key in {source}", context=context)
+        raise BadKey("the API key is not valid", hint=f"check the key in {source}", context=context)
     assert parts is not None  # a row is only looked up for a well-formed key
     if is_legacy(row["secret_hash"]):
         await _rehash(lookup, parts[0], secret, row)
     identity = Identity(name=row["name"], role=Role(row["role"]))
     if row["revoked_at"] is not None:
-        raise AuthFailed(
+        raise BadKey(
             f"the API key {identity.name!r} was revoked",
             hint="ask an admin for a new key",
             context={**context, "name": identity.name},

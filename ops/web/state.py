@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from ops.throttle import FailureThrottle
 from ops.web.session import Sessions
 from worker.request import Policy
 from worker.settings import Settings
@@ -19,6 +20,7 @@ class AppState:
     registry: CollectorRegistry
     sessions: Sessions
     read_stats: Any  # Callable[[], QueueStats] for the page's overview
+    throttle: FailureThrottle  # failed key checks per client address (HTTP API and sign-in)
 
     @property
     def policy(self) -> Policy:
