@@ -17,6 +17,7 @@ from ops.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
 from ops.web.openapi import component_name, ref
 from ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from ops.web.state import AppState
+from worker import metrics
 from worker.errors import BadKey, InvalidRequest
 from worker.keys import Permission
 from worker.resolution import Resolution
@@ -55,6 +56,7 @@ async def checked(state: AppState, address: str | None, check: Callable[[], Awai
     counts against it (no key at all, or a good key whose role may not, does not)."""
     wait = state.throttle.retry_after(address)
     if wait is not None:
+        metrics.labelled(metrics.SERVE_REFUSED, "throttled").inc()
         raise TooManyFailures(wait)
     try:
         return await check()

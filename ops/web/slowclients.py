@@ -32,6 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ops.contract import to_json
 from ops.web.protocol import BadRequest, error_body
+from worker import metrics
 from worker.errors import DatabaseUnavailable
 
 
@@ -102,6 +103,7 @@ class GuardedH11(H11Protocol):
         if self.transport.is_closing():
             return
         seconds = self.header_timeout if phase == "headers" else self.body_timeout
+        metrics.labelled(metrics.SERVE_REFUSED, {"headers": "header_timeout", "body": "body_timeout"}[phase]).inc()
         if phase == "body" or self._partial:
             setting = "EVQ_SERVE_HEADER_TIMEOUT" if phase == "headers" else "EVQ_SERVE_BODY_TIMEOUT"
             self._refuse(BadRequest(408, "$request", f"the request's {phase} did not arrive within {seconds:g} s ({setting})"))
@@ -128,7 +130,9 @@ class GuardedH11(H11Protocol):
             if oldest._partial or oldest._phase == "body":
                 oldest._refuse(_full())
             oldest.transport.close()
+            metrics.labelled(metrics.SERVE_REFUSED, "evicted").inc()
             return
+        metrics.labelled(metrics.SERVE_REFUSED, "full").inc()
         self._refuse(_full())  # every connection is being answered: this one waits its turn elsewhere
         self.transport.close()
 

@@ -90,6 +90,14 @@ def latencies(client: httpx.Client, path: str, n: int, statuses: list[int] | Non
     return out
 
 
+def refusals(url: str, reason: str) -> float:
+    """evq_serve_refused_total{reason} on the server's /metrics."""
+    body = httpx.get(url + "/metrics", timeout=30).text
+    found = re.search(rf'^evq_serve_refused_total\{{reason="{reason}"\}} (\S+)$', body, flags=re.M)
+    assert found, body[:2000]
+    return float(found[1])
+
+
 def wrong_key(key: str) -> str:
     """The same key id with another secret of the same length."""
     prefix, _, secret = key.rpartition("_")
@@ -207,6 +215,7 @@ def test_an_address_that_keeps_presenting_wrong_keys_is_refused_with_429_and_oth
             csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)[1]
             page = attacker.post("/ops/login", data={"csrf": csrf, "key": good})
             assert page.status_code == 429 and "Retry-After" in page.headers
+        assert refusals(url, "throttled") == 3
         # Another address is not affected, and a request without a key counts as no guess.
         with from_address(url, "127.0.0.1") as other:
             for _ in range(10):
@@ -335,6 +344,7 @@ def test_a_client_trickling_its_headers_gets_408_and_is_closed_while_others_are_
             stop.set()
             sender.join(timeout=10)
             sock.close()
+        assert refusals(url, "header_timeout") == 1
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
     assert b"EVQ_SERVE_HEADER_TIMEOUT" in got
 
@@ -357,6 +367,7 @@ def test_a_client_trickling_its_body_gets_408_and_is_closed(db_url):
             sender.join(timeout=10)
             sock.close()
         assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+        assert refusals(url, "body_timeout") == 1
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
     assert b"EVQ_SERVE_BODY_TIMEOUT" in got
 
@@ -380,11 +391,12 @@ def test_a_client_holding_more_sockets_than_the_server_has_file_descriptors_cann
                 answer = legit.get("/v1/steps?limit=1")
                 assert answer.status_code == 200, answer.text[:300]
             open_now = sum(1 for s in held if _still_open(s))
+            evicted = refusals(url, "evicted")
         finally:
             for sock in held:
                 sock.close()
     print(f"\nof 300 held connections, {open_now} were still open when the legitimate request was answered")
-    assert open_now <= 64
+    assert open_now <= 64 and evicted >= 300 - 64, (open_now, evicted)
 
 
 def _still_open(sock: socket.socket) -> bool:
