@@ -28,7 +28,6 @@ from ops.contract import Timer, failure, plain, success, to_json
 from ops.schemas import check_arguments, command_input, output_schema, request_schema
 from ops.service import Caller, Selection
 from worker.errors import EvqError, InvalidRequest
-from worker.keys import Verified
 from worker.logs import get_logger
 from worker.resolution import Resolution
 from worker.settings import Settings
@@ -117,10 +116,8 @@ def resolve_schema() -> dict[str, Any]:
 def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServer:
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment)."""
 
-    verified = Verified()
-
     def caller() -> Caller:
-        return Caller(api_key, source=KEY_SOURCE, verified=verified)
+        return Caller(api_key, source=KEY_SOURCE)
 
     async def send(args: Mapping[str, Any]) -> service.Reply:
         request = dict(args)

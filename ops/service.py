@@ -19,7 +19,7 @@ from adapters.postgres.enqueue import validate_many
 from ops.longwork import Tally, each
 from worker.enqueue import existing_or_conflict, validate
 from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verified, authenticate, authorize
+from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, authenticate, authorize
 from worker.outcomes import refused_recipients
 from worker.ports import StepFilter
 from worker.records import StepSummary
@@ -100,7 +100,7 @@ class Caller:
     ``trusted_reader``: the command line reads without a key (whoever runs it can reach
     the database); the HTTP API and MCP server need one for every call. The verified
     identity is kept for the caller's lifetime (one request, one command), so a call
-    that checks twice pays for one scrypt.
+    that checks twice reads the key once.
     """
 
     def __init__(
@@ -109,12 +109,10 @@ class Caller:
         *,
         source: str = CLI_KEY_SOURCE,
         trusted_reader: bool = False,
-        verified: Verified | None = None,
     ):
         self.key = key or None
         self.source = source
         self.trusted_reader = trusted_reader
-        self.verified = verified  # a server's memory of keys it has checked (worker.keys.Verified)
         self._identity: Identity | None = None
 
     @classmethod
@@ -129,8 +127,7 @@ class Caller:
         if permission is Permission.READ and self.trusted_reader:
             return None
         if self._identity is None:
-            self._identity = await authenticate(lookup, self.key, permission, source=self.source,
-                                                verified=self.verified)
+            self._identity = await authenticate(lookup, self.key, permission, source=self.source)
             return self._identity
         return authorize(self._identity, permission)
 

@@ -133,6 +133,7 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
+    from ops.throttle import FailureThrottle
     from ops.web.session import Sessions
     from ops.web.state import AppState
 
@@ -148,6 +149,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                     registry=registry,
                     sessions=Sessions(settings.serve_secret),
                     read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
+                    throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
                 )
     finally:
         reader.close()

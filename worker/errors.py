@@ -67,6 +67,10 @@ class AuthFailed(EvqError):
     code = "E_AUTH_FAILED"
 
 
+class BadKey(AuthFailed):
+    """A key was presented and is wrong or revoked (what a guesser gets; servers count them)."""
+
+
 class Forbidden(AuthFailed):
     """A valid key whose role may not do this (HTTP 403); the same code everywhere else."""
 

@@ -1,9 +1,15 @@
 """API keys: who may change rows, and under which name evidence records them.
 
 A key reads ``evq_<key id>_<secret>``. The key id (12 hex digits) is stored in
-clear so a key is found with one indexed lookup; the secret is stored only as a
-salted scrypt hash and compared in constant time. The key's *name* is the actor
-written into evidence; its *role* says what it may do.
+clear so a key is found with one indexed lookup; the secret is stored only as its
+HMAC-SHA256 under a server-side secret (the *pepper*, table ``api_key_pepper``) and
+compared in constant time. The secrets are 256 random bits, so a keyed fast hash
+guards a stolen table as well as a slow one, and a check costs microseconds: a flood
+of wrong keys costs the server next to nothing (scrypt, before, cost tens of
+milliseconds and 16 MiB each). Keys hashed with scrypt before that (migration
+0010_key_hmac) still work; their check runs in a worker thread, never on an event
+loop, and the first success rehashes them. The key's *name* is the actor written
+into evidence; its *role* says what it may do.
 
 Nothing here touches the database: the lookup comes in through :class:`KeyLookup`,
 so every interface (CLI, HTTP API, MCP) authenticates the same way.
@@ -11,6 +17,7 @@ so every interface (CLI, HTTP API, MCP) authenticates the same way.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -20,7 +27,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from worker.errors import AuthFailed, Forbidden, InvalidRequest
+from worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
+from worker.logs import get_logger
+
+log = get_logger("evq.keys")
 
 
 class Role(StrEnum):
@@ -51,8 +61,10 @@ PREFIX = "evq_"
 _KEY = re.compile(r"^evq_([0-9a-f]{12})_([A-Za-z0-9_-]{32,128})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 
-# scrypt cost: about 16 MiB and a few tens of milliseconds per check. The secrets
-# are 256 random bits, so the hash guards a stolen table, not a guessable password.
+HMAC_SCHEME = "hmac-sha256"
+# The scheme of keys made before migration 0010_key_hmac: about 16 MiB and tens of
+# milliseconds per check, which is why it never runs on an event loop.
+SCRYPT_SCHEME = "scrypt"
 _N, _R, _P, _DKLEN = 2**14, 8, 1, 32
 
 
@@ -86,18 +98,36 @@ def generate() -> NewKey:
     return NewKey(key_id=secrets.token_hex(6), secret=secrets.token_urlsafe(32))
 
 
-def hash_secret(secret: str, salt: bytes | None = None) -> str:
-    """``scrypt$N$r$p$salt$hash``: the parameters travel with the hash so they can change later."""
+def hash_secret(secret: str, pepper: bytes) -> str:
+    """``hmac-sha256$<hex>``: the secret's HMAC under the server's pepper (api_key_pepper)."""
+    return f"{HMAC_SCHEME}${_mac(secret, pepper)}"
+
+
+def _mac(secret: str, pepper: bytes) -> str:
+    return hmac.new(pepper, secret.encode(), hashlib.sha256).hexdigest()
+
+
+def scrypt_hash(secret: str, salt: bytes | None = None) -> str:
+    """``scrypt$N$r$p$salt$hash``, as keys were stored before 0010_key_hmac (kept to check them)."""
     salt = salt if salt is not None else secrets.token_bytes(16)
     digest = hashlib.scrypt(secret.encode(), salt=salt, n=_N, r=_R, p=_P, dklen=_DKLEN)
-    return f"scrypt${_N}${_R}${_P}${salt.hex()}${digest.hex()}"
+    return f"{SCRYPT_SCHEME}${_N}${_R}${_P}${salt.hex()}${digest.hex()}"
 
 
-def verify_secret(secret: str, stored: str) -> bool:
+def is_legacy(stored: str) -> bool:
+    return stored.startswith(SCRYPT_SCHEME + "$")
+
+
+def verify_secret(secret: str, stored: str, pepper: bytes) -> bool:
+    """Whether ``secret`` matches ``stored``, compared in constant time. A legacy scrypt
+    hash makes this slow: call it in a thread then (:func:`authenticate` does)."""
+    scheme, _, rest = stored.partition("$")
+    if scheme == HMAC_SCHEME:
+        return hmac.compare_digest(_mac(secret, pepper), rest)
+    if scheme != SCRYPT_SCHEME:
+        return False
     try:
-        scheme, n, r, p, salt, expected = stored.split("$")
-        if scheme != "scrypt":
-            return False
+        n, r, p, salt, expected = rest.split("$")
         digest = hashlib.scrypt(
             secret.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r), p=int(p), dklen=len(expected) // 2
         )
@@ -106,8 +136,11 @@ def verify_secret(secret: str, stored: str) -> bool:
     return hmac.compare_digest(digest.hex(), expected)
 
 
-# Checked against when a key id is unknown, so an unknown id costs as much as a wrong secret.
-_DECOY = hash_secret("decoy-secret-that-matches-nothing")
+# Checked against when a key id is unknown (or the key is malformed), so an unknown id
+# does exactly the work of a wrong secret for a known one: one HMAC-SHA256 of the
+# presented secret under a 32-byte key, one constant-time comparison of 64 hex digits.
+_DECOY_PEPPER = secrets.token_bytes(32)
+_DECOY = hash_secret(secrets.token_urlsafe(32), _DECOY_PEPPER)
 
 
 def split_key(text: str) -> tuple[str, str] | None:
@@ -125,38 +158,17 @@ def check_name(name: str) -> str:
 
 class KeyLookup(Protocol):
     async def key_by_id(self, key_id: str) -> Mapping[str, Any] | None:
-        """The stored key (name, role, secret_hash, revoked_at) with this id, or None."""
+        """The stored key (name, role, secret_hash, revoked_at, session_generation) with this
+        id, and the server's ``pepper``; None when there is no such key."""
+        ...
+
+    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
+        """Replace the key's hash ``old`` by ``new`` (a legacy scrypt hash by its HMAC)."""
         ...
 
 
 # How a command-line user gives a key; other interfaces pass their own words.
 CLI_KEY_SOURCE = "EVQ_API_KEY or --api-key"
-
-
-class Verified:
-    """Keys a long-running server has verified, so each request does not pay for scrypt.
-
-    The row is still read every time (a revoke or a role change applies at once); what
-    is remembered is only that this secret matched this stored hash, by the secret's
-    SHA-256 (the secrets are 256 random bits: the slow hash guards a stolen table,
-    not the process's memory). Bounded, forgetting the oldest first.
-    """
-
-    def __init__(self, size: int = 1024):
-        self.size = size
-        self._seen: dict[tuple[str, str], str] = {}
-
-    def check(self, key_id: str, secret: str, stored: str) -> bool:
-        digest = hashlib.sha256(secret.encode()).hexdigest()
-        known = self._seen.get((key_id, stored))
-        if known is not None:
-            return hmac.compare_digest(known, digest)
-        if not verify_secret(secret, stored):
-            return False
-        if len(self._seen) >= self.size:
-            self._seen.pop(next(iter(self._seen)))
-        self._seen[(key_id, stored)] = digest
-        return True
 
 
 async def authenticate(
@@ -165,7 +177,6 @@ async def authenticate(
     permission: Permission,
     *,
     source: str = CLI_KEY_SOURCE,
-    verified: Verified | None = None,
 ) -> Identity:
     """The identity behind ``presented`` if it may do ``permission``; AuthFailed otherwise
     (Forbidden, a subclass, when the key is good but its role may not).
@@ -184,20 +195,37 @@ async def authenticate(
         )
     parts = split_key(presented)
     row = await lookup.key_by_id(parts[0]) if parts else None
-    if parts and row is not None and verified is not None:
-        ok = verified.check(parts[0], parts[1], row["secret_hash"])
+    secret = parts[1] if parts else presented
+    if row is None:
+        verify_secret(secret, _DECOY, _DECOY_PEPPER)  # the same work as a wrong secret, then refused
+        ok = False
+    elif is_legacy(row["secret_hash"]):
+        # scrypt blocks for tens of milliseconds: never on the event loop.
+        ok = await asyncio.to_thread(verify_secret, secret, row["secret_hash"], bytes(row["pepper"]))
     else:
-        ok = verify_secret(parts[1] if parts else presented, row["secret_hash"] if row else _DECOY)
+        ok = verify_secret(secret, row["secret_hash"], bytes(row["pepper"]))
     if row is None or not ok:
-        raise AuthFailed("the API key is not valid", hint=f"check the key in {source}", context=context)
+        raise BadKey("the API key is not valid", hint=f"check the key in {source}", context=context)
+    assert parts is not None  # a row is only looked up for a well-formed key
+    if is_legacy(row["secret_hash"]):
+        await _rehash(lookup, parts[0], secret, row)
     identity = Identity(name=row["name"], role=Role(row["role"]))
     if row["revoked_at"] is not None:
-        raise AuthFailed(
+        raise BadKey(
             f"the API key {identity.name!r} was revoked",
             hint="ask an admin for a new key",
             context={**context, "name": identity.name},
         )
     return authorize(identity, permission)
+
+
+async def _rehash(lookup: KeyLookup, key_id: str, secret: str, row: Mapping[str, Any]) -> None:
+    """A legacy key just matched: store its HMAC, so later checks are fast. A database
+    that refuses the write (read-only, say) costs only the speed-up: the key still works."""
+    try:
+        await lookup.rehash_key(key_id, old=row["secret_hash"], new=hash_secret(secret, bytes(row["pepper"])))
+    except EvqError as exc:
+        log.warning("key_rehash_failed", key_name=row["name"], error_class=type(exc).__name__)
 
 
 def authorize(identity: Identity, permission: Permission) -> Identity:

@@ -31,6 +31,11 @@ RESOLUTIONS_AS = ("accepted", "rejected", "retry")
 # Why a claim left rows of a rate-limited provider for later (worker/ratelimit.py).
 RATE_LIMITED_REASONS = ("tokens", "paused")
 
+# Why `evq serve` turned a client away unanswered by the app (ops/throttle.py, ops/web/slowclients.py):
+# too many wrong keys from its address, headers or body not in time, closed to make room
+# under the connection cap, or refused because every connection was being answered.
+SERVE_REFUSED_REASONS = ("throttled", "header_timeout", "body_timeout", "evicted", "full")
+
 # Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
 UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
 
@@ -106,6 +111,12 @@ RECIPIENTS_REFUSED = Counter(
     ["provider"],
 )
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
+SERVE_REFUSED = Counter(
+    "evq_serve_refused_total",
+    "Clients `evq serve` turned away: throttled (too many wrong keys), header_timeout, body_timeout, "
+    "evicted (closed for a newcomer under the connection cap), full (every connection busy).",
+    ["reason"],
+)
 
 for _to in RESCUED_TO:
     RESCUED.labels(to=_to)
@@ -113,6 +124,8 @@ for _result in RECONCILE_RESULTS:
     RECONCILED.labels(result=_result)
 for _as in RESOLUTIONS_AS:
     RESOLUTIONS.labels(**{"as": _as})
+for _reason in SERVE_REFUSED_REASONS:
+    SERVE_REFUSED.labels(reason=_reason)
 
 
 def init_provider(provider: str) -> None:

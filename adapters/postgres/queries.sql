@@ -853,7 +853,30 @@ FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
 
 
 -- name: api_key_by_id
-SELECT name, role, secret_hash, revoked_at FROM api_keys WHERE key_id = %(key_id)s;
+-- The key and the server's pepper in one round trip; the pepper's row is always there,
+-- so a known and an unknown id cost the same statement.
+SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, p.pepper
+FROM api_key_pepper p
+LEFT JOIN api_keys k ON k.key_id = %(key_id)s
+WHERE p.id = 1;
+
+
+-- name: api_key_pepper
+SELECT pepper FROM api_key_pepper WHERE id = 1;
+
+
+-- name: api_key_rehash
+-- A legacy (scrypt) hash replaced by its HMAC after a successful check; guarded by the
+-- old hash, so two servers rehashing at once write the same value once.
+UPDATE api_keys SET secret_hash = %(new)s
+WHERE key_id = %(key_id)s AND secret_hash = %(old)s;
+
+
+-- name: api_key_end_sessions
+-- Signing out of the ops page: every session made under the current generation of
+-- this key is refused from the next request on (ops/web/page.py checks it each time).
+UPDATE api_keys SET session_generation = session_generation + 1
+WHERE key_id = %(key_id)s AND session_generation = %(generation)s;
 
 
 -- name: api_key_state

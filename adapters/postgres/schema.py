@@ -18,12 +18,13 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB, TIMESTAMP, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -233,12 +234,29 @@ api_keys = Table(
     Column("created_by", Text),
     Column("revoked_at", TZ),
     Column("revoked_by", Text),
+    # Bumped when the key's holder signs out of the ops page: sessions made under an
+    # older generation are refused (ops/web/session.py).
+    Column("session_generation", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
     CheckConstraint("key_id ~ '^[0-9a-f]{12}$'", name="key_id_format"),
-    CheckConstraint("secret_hash LIKE 'scrypt$%'", name="secret_hash_scheme"),
+    # hmac-sha256: HMAC of the secret under api_key_pepper; scrypt: a key made before
+    # 0010_key_hmac, rehashed to HMAC at its first successful use.
+    CheckConstraint("secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'", name="secret_hash_scheme"),
     CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
+)
+
+# The server-side secret of API key hashes (worker/keys.py): one row, made by the
+# migration; the runtime role may only read it.
+api_key_pepper = Table(
+    "api_key_pepper",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False, server_default=text("1")),
+    Column("pepper", BYTEA, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint("id = 1", name="one_row"),
+    CheckConstraint("octet_length(pepper) >= 32", name="long_enough"),
 )
 
 # What evq prune removed, one row per batch, written in the batch's own transaction

@@ -522,8 +522,16 @@ class PostgresStore:
     # -- API keys -------------------------------------------------------------------
 
     async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
+        """The key with this id and the server's pepper (worker.keys.KeyLookup); None: no such key."""
         rows = await self._fetch("key_by_id", Q["api_key_by_id"], {"key_id": key_id})
-        return rows[0] if rows else None
+        return rows[0] if rows and rows[0]["name"] is not None else None
+
+    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
+        await self._fetch("rehash_key", Q["api_key_rehash"], {"key_id": key_id, "old": old, "new": new})
+
+    async def end_sessions(self, key_id: str, generation: int) -> None:
+        """Sign-out of the ops page: sessions of this key made under ``generation`` end."""
+        await self._fetch("end_sessions", Q["api_key_end_sessions"], {"key_id": key_id, "generation": generation})
 
     async def key_state(self, name: str) -> dict[str, Any]:
         return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
@@ -538,12 +546,13 @@ class PostgresStore:
             "name": name,
             "role": str(role),
             "key_id": key.key_id,
-            "secret_hash": hash_secret(key.secret),
             "created_by": created_by,
             "bootstrap": created_by is None,
         }
         async with self._op("create_key") as conn, conn.transaction():
             await conn.execute(Q["api_key_lock"])
+            [pepper] = await _rows(conn, Q["api_key_pepper"], {})
+            params["secret_hash"] = hash_secret(key.secret, bytes(pepper["pepper"]))
             row = (await _rows(conn, Q["api_key_create"], params))[0]
         if not row["allowed"]:
             raise AuthFailed(

@@ -39,15 +39,16 @@ def serve(out: Output, host: str | None, port: int | None, database_url: str | N
     \b
     evq serve --host 127.0.0.1 --port 8080
     """
-    import uvicorn
+    from ops.web.slowclients import uvicorn_config  # uvicorn is imported only by this command
 
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
     url = wiring.database_url(settings)
     wiring.check_at_head(url)  # a clear E_SCHEMA_MISMATCH before anything listens
     sock = _listen(settings.serve_host, settings.serve_port)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(
+    config = uvicorn_config(
         wiring.serve_app(settings, url=url),
+        settings,
         log_config=None,
         access_log=False,
         server_header=False,

@@ -4,7 +4,8 @@ contract's wrapper as every body. Every route needs ``Authorization: Bearer <key
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -14,15 +15,17 @@ from ops.contract import Timer, plain, success
 from ops.schemas import check_arguments, command_input, request_schema
 from ops.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
 from ops.web.openapi import component_name, ref
-from ops.web.protocol import KEY_SOURCE, BadRequest, bearer_key, read_json
+from ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from ops.web.state import AppState
-from worker.errors import InvalidRequest
+from worker import metrics
+from worker.errors import BadKey, InvalidRequest
 from worker.keys import Permission
 from worker.resolution import Resolution
 from worker.states import Status
 
 # The bulk-only parameters of `steps resolve`; the single-row body has the rest.
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
+T = TypeVar("T")
 _FILTER_HELP = {name: help_text for name, _, help_text in FILTERS}
 COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
 
@@ -36,11 +39,30 @@ def resolve_bulk_schema() -> dict[str, Any]:
 
 
 async def caller(request: Request) -> Caller:
-    """The key of this request, checked for reading before anything else is looked at."""
+    """The key of this request, checked for reading before anything else is looked at; an
+    address that presented too many wrong keys lately gets 429 without a look (ops/throttle.py)."""
     state: AppState = request.app.state.evq
-    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, verified=state.verified)
-    await who.identify(state.store, Permission.READ)
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    await checked(state, client_address(request), lambda: who.identify(state.store, Permission.READ))
     return who
+
+
+def client_address(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+async def checked(state: AppState, address: str | None, check: Callable[[], Awaitable[T]]) -> T:
+    """``check()`` (a key check), unless ``address`` is throttled; a wrong or revoked key
+    counts against it (no key at all, or a good key whose role may not, does not)."""
+    wait = state.throttle.retry_after(address)
+    if wait is not None:
+        metrics.labelled(metrics.SERVE_REFUSED, "throttled").inc()
+        raise TooManyFailures(wait)
+    try:
+        return await check()
+    except BadKey:
+        state.throttle.failed(address)
+        raise
 
 
 def no_unknown_query(request: Request) -> None:
@@ -70,8 +92,10 @@ def _responses(command: str, *ok: int, **more: str) -> dict[int | str, Any]:
         400: _error("a malformed request: NUL in the path or query, a bad Content-Length (E_INVALID_ARG)"),
         401: _error("no key, or a wrong or revoked one (E_AUTH_FAILED)"),
         403: _error("the key's role may not do this (E_AUTH_FAILED)"),
+        408: _error("the request's headers or body did not arrive in time (E_INVALID_ARG)"),
         413: _error("the body is larger than EVQ_SERVE_MAX_BODY (E_INVALID_ARG)"),
         422: _error("invalid parameters or body; error.context.fields names each (E_INVALID_ARG)"),
+        429: _error("this address presented too many wrong keys lately; Retry-After says when to try again (E_AUTH_FAILED)"),
         503: _error("the database is unavailable or not at this evq's schema"),
     })
     out.update({int(code[1:]): _error(text) for code, text in more.items()})
@@ -144,7 +168,9 @@ async def show_step(request: Request, step_id: int = Path(ge=1, le=MAX_ID), who:
     return _answer(await service.show_step(state.store, who, step_id), request.state.timer)
 
 
-@router.get("/runs/{run_id}", summary="One run's whole chain in time order",
+# A path converter: run ids may hold "/" (the CLI takes any), sent as is or as %2F.
+@router.get("/runs/{run_id:path}", summary="One run's whole chain in time order",
+            description="The run id may contain `/`, as is or encoded (`%2F`).",
             responses=_responses("runs.show", 200, s404="no such run (E_NOT_FOUND)"))
 async def show_run(
     request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)

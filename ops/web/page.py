@@ -21,6 +21,8 @@ from ops import service
 from ops.cli.output import age
 from ops.contract import to_json
 from ops.service import Caller, Selection
+from ops.web import api
+from ops.web.protocol import TooManyFailures
 from ops.web.session import COOKIE, Session
 from ops.web.state import AppState
 from worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
@@ -29,6 +31,10 @@ from worker.resolution import Resolution, Verdict
 from worker.states import Status
 
 SOURCE = "the sign-in form"
+ENDED = {
+    "revoked": "That key was revoked: sign in with another.",
+    "signed-out": "This session was signed out: sign in again.",
+}
 FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
 PAGE_SIZE = 100
 BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
@@ -104,6 +110,8 @@ async def signed_in(request: Request) -> Session:
     row = await _state(request).store.key_by_id(session.key_id)
     if row is None or row["revoked_at"] is not None or row["name"] != session.name:
         raise Redirect("/ops/login?ended=revoked")
+    if row["session_generation"] != session.generation:
+        raise Redirect("/ops/login?ended=signed-out")  # someone signed out of this key's sessions
     return session
 
 
@@ -136,8 +144,8 @@ def _query(filters: dict[str, str | None], **extra: Any) -> str:
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> HTMLResponse:
     session, _ = _session(request)
-    ended = request.query_params.get("ended") == "revoked"
-    return render(request, "login.html", session, notice="That key was revoked: sign in with another." if ended else None)
+    notice = ENDED.get(request.query_params.get("ended") or "")
+    return render(request, "login.html", session, notice=notice)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -145,15 +153,25 @@ async def login(request: Request) -> Response:
     session, _ = _session(request)
     values = await form(request, session)
     key = values.get("key", "").strip()
+    state = _state(request)
     try:
-        identity = await authenticate(_state(request).store, key, Permission.READ, source=SOURCE)
+        identity = await api.checked(state, api.client_address(request),
+                                     lambda: authenticate(state.store, key, Permission.READ, source=SOURCE))
+    except TooManyFailures as exc:
+        refused = render(request, "login.html", session, status=429, error=exc)
+        refused.headers["Retry-After"] = str(exc.retry_after)
+        return refused
     except AuthFailed as exc:
         return render(request, "login.html", session, status=401, error=exc)
     parts = split_key(key)
     assert parts is not None  # authenticate accepted it
+    row = await state.store.key_by_id(parts[0])
+    if row is None:  # revoked and gone between the two reads: not signed in
+        return render(request, "login.html", session, status=401, error=AuthFailed("the API key is not valid"))
     response = RedirectResponse("/ops", status_code=303)
     # A new session (and CSRF token) at sign-in: nothing set before it carries over.
-    set_cookie(request, response, _state(request).sessions.new(identity=identity, key_id=parts[0]))
+    fresh = state.sessions.new(identity=identity, key_id=parts[0], generation=row["session_generation"])
+    set_cookie(request, response, fresh)
     return response
 
 
@@ -161,6 +179,9 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     session, _ = _session(request)
     await form(request, session)
+    if session.key_id is not None and session.generation is not None:
+        # On the server, not only in this browser: this cookie (and any copy) is refused from now on.
+        await _state(request).store.end_sessions(session.key_id, session.generation)
     response = RedirectResponse("/ops/login", status_code=303)
     set_cookie(request, response, _state(request).sessions.new())
     return response
@@ -244,7 +265,7 @@ async def find_run(request: Request) -> Response:
     return RedirectResponse(f"/ops/runs/{quote(run_id, safe='')}", status_code=303)
 
 
-@router.get("/runs/{run_id}", response_class=HTMLResponse)
+@router.get("/runs/{run_id:path}", response_class=HTMLResponse)  # run ids may hold "/"
 async def trace(request: Request, run_id: str) -> HTMLResponse:
     session = await signed_in(request)
     who = _who(session)

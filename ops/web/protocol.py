@@ -50,9 +50,24 @@ class BadRequest(InvalidRequest):
         self.http_status = status
 
 
+class TooManyFailures(AuthFailed):
+    """E_AUTH_FAILED as HTTP 429: this client address presented too many wrong keys lately
+    (ops/throttle.py); nothing was looked up. ``retry_after``: whole seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(
+            "too many wrong API keys from this address: try again later",
+            hint=f"wait {retry_after} s (Retry-After), then check the key you send",
+            context={"retry_after": retry_after},
+        )
+        self.retry_after = retry_after
+
+
 def http_status(exc: EvqError) -> int:
     if isinstance(exc, BadRequest):
         return exc.http_status
+    if isinstance(exc, TooManyFailures):
+        return 429
     if isinstance(exc, Forbidden):
         return 403
     return STATUS.get(exc.code, 500)
@@ -62,7 +77,12 @@ def error_body(exc: EvqError, timer: Timer | None) -> tuple[int, dict[str, Any],
     """(status, the contract's error body, headers) for an error."""
     if isinstance(exc, InvalidRequest) and not isinstance(exc, BadRequest):
         exc = json_field_names(exc)
-    headers = {"WWW-Authenticate": 'Bearer realm="evq"'} if isinstance(exc, AuthFailed) and not isinstance(exc, Forbidden) else {}
+    if isinstance(exc, TooManyFailures):
+        headers = {"Retry-After": str(exc.retry_after)}
+    elif isinstance(exc, AuthFailed) and not isinstance(exc, Forbidden):
+        headers = {"WWW-Authenticate": 'Bearer realm="evq"'}
+    else:
+        headers = {}
     return http_status(exc), failure(exc, (timer or Timer()).meta()), headers
 
 

@@ -1,10 +1,12 @@
 """The ops page's session: a signed cookie (HMAC-SHA256 with a server-side secret), HttpOnly
-and SameSite=Strict, holding who signed in (the key's name, role and id, never the key)
-and the CSRF token every form must carry back.
+and SameSite=Strict, holding who signed in (the key's name, role and id, never the key),
+the key's session generation at sign-in, and the CSRF token every form must carry back.
 
 A visitor who has not signed in gets a session too, with a CSRF token and no identity,
 so the sign-in form is protected like every other. Each request re-reads the key by
-its id, so a revoke ends the key's sessions at their next click.
+its id, so a revoke ends the key's sessions at their next click, and so does signing
+out: it bumps the key's ``session_generation``, and a cookie made under an older one
+is refused, so a copy of the cookie (another tab, a proxy's log) is worth nothing after.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Session:
     name: str | None = None
     role: str | None = None
     key_id: str | None = None
+    generation: int | None = None  # api_keys.session_generation when this session signed in
 
     @property
     def identity(self) -> Identity | None:
@@ -46,18 +49,21 @@ class Sessions:
         self._key = hashlib.sha256(b"evq ops-page session v1\0" + raw).digest()
         self.max_age = max_age
 
-    def new(self, *, identity: Identity | None = None, key_id: str | None = None) -> Session:
+    def new(self, *, identity: Identity | None = None, key_id: str | None = None,
+            generation: int | None = None) -> Session:
         return Session(
             csrf=secrets.token_urlsafe(32),
             expires=int(time.time()) + self.max_age,
             name=identity.name if identity else None,
             role=str(identity.role) if identity else None,
             key_id=key_id,
+            generation=generation,
         )
 
     def dump(self, session: Session) -> str:
         payload = json.dumps(
-            {"c": session.csrf, "e": session.expires, "n": session.name, "r": session.role, "k": session.key_id},
+            {"c": session.csrf, "e": session.expires, "n": session.name, "r": session.role, "k": session.key_id,
+             "g": session.generation},
             separators=(",", ":"),
         ).encode()
         body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
@@ -72,7 +78,9 @@ class Sessions:
             return None
         try:
             data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            session = Session(csrf=data["c"], expires=int(data["e"]), name=data["n"], role=data["r"], key_id=data["k"])
+            generation = data.get("g")
+            session = Session(csrf=data["c"], expires=int(data["e"]), name=data["n"], role=data["r"], key_id=data["k"],
+                              generation=generation if isinstance(generation, int) else None)
         except (ValueError, KeyError, TypeError):
             return None
         return session if session.expires > time.time() else None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from ops.throttle import FailureThrottle
 from ops.web.session import Sessions
-from worker.keys import Verified
 from worker.request import Policy
 from worker.settings import Settings
 
@@ -20,7 +20,7 @@ class AppState:
     registry: CollectorRegistry
     sessions: Sessions
     read_stats: Any  # Callable[[], QueueStats] for the page's overview
-    verified: Verified = field(default_factory=Verified)
+    throttle: FailureThrottle  # failed key checks per client address (HTTP API and sign-in)
 
     @property
     def policy(self) -> Policy:

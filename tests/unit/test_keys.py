@@ -5,16 +5,23 @@ from __future__ import annotations
 import pytest
 
 from worker.errors import InvalidRequest
-from worker.keys import ALLOWED, Identity, Permission, Role, check_name, generate, hash_secret, split_key, verify_secret
+from worker.keys import (
+    ALLOWED, Identity, Permission, Role, check_name, generate, hash_secret, scrypt_hash, split_key, verify_secret,
+)
+
+PEPPER = b"p" * 32
 
 
 def test_a_key_splits_into_its_id_and_secret_and_only_the_secret_is_hashed():
     key = generate()
     assert split_key(key.text) == (key.key_id, key.secret) and key.text.startswith(key.prefix + "_")
-    stored = hash_secret(key.secret)
-    assert key.secret not in stored and verify_secret(key.secret, stored)
-    assert not verify_secret(key.secret + "x", stored)
-    assert hash_secret(key.secret) != stored  # a fresh salt every time
+    stored = hash_secret(key.secret, PEPPER)
+    assert key.secret not in stored and stored.startswith("hmac-sha256$") and verify_secret(key.secret, stored, PEPPER)
+    assert not verify_secret(key.secret + "x", stored, PEPPER)
+    assert not verify_secret(key.secret, stored, b"q" * 32)  # another server's pepper matches nothing
+    legacy = scrypt_hash(key.secret)  # keys made before 0010_key_hmac
+    assert verify_secret(key.secret, legacy, PEPPER) and not verify_secret(key.secret + "x", legacy, PEPPER)
+    assert scrypt_hash(key.secret) != legacy  # a fresh salt every time
 
 
 @pytest.mark.parametrize("text", ["", "evq_", "evq_XYZ_" + "a" * 43, "key_0123456789ab_" + "a" * 43, "evq_0123456789ab_short"])
@@ -23,8 +30,9 @@ def test_malformed_keys_do_not_split(text):
 
 
 def test_a_damaged_stored_hash_verifies_nothing():
-    assert not verify_secret("s", "scrypt$oops")
-    assert not verify_secret("s", "md5$1$2$3$00$00")
+    assert not verify_secret("s", "scrypt$oops", PEPPER)
+    assert not verify_secret("s", "md5$1$2$3$00$00", PEPPER)
+    assert not verify_secret("s", "hmac-sha256$", PEPPER)
 
 
 def test_roles():
@@ -44,60 +52,51 @@ def test_bad_names_are_refused(name):
         check_name(name)
 
 
-def test_a_verified_key_is_remembered_only_for_its_own_secret_and_stored_hash():
-    from worker.keys import Verified
-
-    key = generate()
-    stored = hash_secret(key.secret)
-    verified = Verified(size=2)
-    assert verified.check(key.key_id, key.secret, stored)
-    assert verified.check(key.key_id, key.secret, stored)  # from memory now
-    assert not verified.check(key.key_id, key.secret + "x", stored)  # another secret for the same id
-    assert not verified.check(key.key_id, key.secret, hash_secret("another"))  # the stored hash changed
-    for _ in range(3):  # bounded: the oldest is forgotten, and is verified again when it comes back
-        other = generate()
-        assert verified.check(other.key_id, other.secret, hash_secret(other.secret))
-    assert len(verified._seen) == 2 and verified.check(key.key_id, key.secret, stored)
-
-
-def test_every_secret_comparison_is_constant_time_and_an_unknown_id_pays_for_scrypt(monkeypatch):
+def test_every_secret_comparison_is_constant_time_and_an_unknown_id_does_the_work_of_a_wrong_secret(monkeypatch):
     """The comparisons go through hmac.compare_digest (never ==), and a key id that does not
-    exist is still checked against a decoy hash, so neither a wrong secret nor an unknown id
-    answers sooner than the other."""
+    exist does exactly the work of a wrong secret for a known one: the same HMAC, the same
+    comparison, so neither answers sooner than the other."""
     import asyncio
-    import hashlib
     import hmac
 
     from worker import keys
 
-    compared: list[tuple[str, str]] = []
-    hashed: list[bytes] = []
-    real_compare, real_scrypt = hmac.compare_digest, hashlib.scrypt
+    work: list[tuple] = []
+    real_compare, real_new = hmac.compare_digest, hmac.new
 
     def compare(a, b):
-        compared.append((a, b))
+        work.append(("compare", len(a), len(b)))
         return real_compare(a, b)
 
-    def scrypt(secret, **kw):
-        hashed.append(kw["salt"])
-        return real_scrypt(secret, **kw)
+    def new(key, msg, digestmod):
+        work.append(("hmac", len(key), len(msg), digestmod))
+        return real_new(key, msg, digestmod)
 
     monkeypatch.setattr(keys.hmac, "compare_digest", compare)
-    monkeypatch.setattr(keys.hashlib, "scrypt", scrypt)
+    monkeypatch.setattr(keys.hmac, "new", new)
     key = keys.generate()
-    stored = keys.hash_secret(key.secret)
-    assert keys.verify_secret(key.secret, stored) and not keys.verify_secret(key.secret + "x", stored)
-    assert len(compared) == 2
-    cache = keys.Verified()
-    assert cache.check(key.key_id, key.secret, stored) and not cache.check(key.key_id, key.secret + "x", stored)
-    assert len(compared) == 4  # the remembered match is compared in constant time too
+    row = {"name": "alice", "role": "operator", "revoked_at": None, "session_generation": 0,
+           "secret_hash": keys.hash_secret(key.secret, PEPPER), "pepper": PEPPER}
 
-    class NoKeys:
+    class Keys:
+        def __init__(self, known):
+            self.known = known
+
         async def key_by_id(self, key_id):
-            return None
+            return row if self.known else None
 
-    hashed.clear()
-    with pytest.raises(keys.AuthFailed, match="not valid"):
-        asyncio.run(keys.authenticate(NoKeys(), key.text, Permission.READ))
-    decoy_salt = bytes.fromhex(keys._DECOY.split("$")[4])
-    assert hashed == [decoy_salt] and len(compared) == 5
+        async def rehash_key(self, key_id, *, old, new):
+            raise AssertionError("an HMAC key is never rehashed")
+
+    def spent(lookup, text) -> list[tuple]:
+        work.clear()
+        with pytest.raises(keys.AuthFailed, match="not valid"):
+            asyncio.run(keys.authenticate(lookup, text, Permission.READ))
+        return list(work)
+
+    wrong_secret = spent(Keys(known=True), f"evq_{key.key_id}_{'x' * 43}")
+    unknown_id = spent(Keys(known=False), f"evq_{key.key_id}_{'x' * 43}")
+    assert wrong_secret == unknown_id and [w[0] for w in wrong_secret] == ["hmac", "compare"]
+    work.clear()
+    assert asyncio.run(keys.authenticate(Keys(known=True), key.text, Permission.READ)).name == "alice"
+    assert [w[0] for w in work] == ["hmac", "compare"]
