@@ -191,3 +191,11 @@ def test_no_name_or_subject_changes_who_receives_it(name: str, subject: str) -> 
     assert envelope.recipients == ("ok@example.com",)
     assert [a.addr_spec for a in msg["To"].addresses] == ["ok@example.com"]
     assert len(msg.keys()) == len(set(k.lower() for k in msg.keys()))
+
+
+def test_address_literals_for_the_default_helo():
+    from adapters.smtp import address_literal
+
+    assert address_literal(("10.0.0.5", 40123)) == "[10.0.0.5]"
+    assert address_literal(("2001:db8::1", 40123, 0, 0)) == "[IPv6:2001:db8::1]"
+    assert address_literal(("fe80::1%eth0", 40123, 0, 2)) == "[IPv6:fe80::1]"
