@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.smtp import BuildError, Envelope, build_message, queue_id
+from adapters.smtp import BuildError, Envelope, address_literal, build_message, queue_id
 from worker.ports import SendRequest
 from worker.request import parse
 
@@ -194,8 +194,6 @@ def test_no_name_or_subject_changes_who_receives_it(name: str, subject: str) -> 
 
 
 def test_address_literals_for_the_default_helo():
-    from adapters.smtp import address_literal
-
     assert address_literal(("10.0.0.5", 40123)) == "[10.0.0.5]"
     assert address_literal(("2001:db8::1", 40123, 0, 0)) == "[IPv6:2001:db8::1]"
     assert address_literal(("fe80::1%eth0", 40123, 0, 2)) == "[IPv6:fe80::1]"
