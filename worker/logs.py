@@ -52,6 +52,18 @@ def merge_step(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any
     return event
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is at the moment of writing, not at configure time: a
+    caller that swaps it later (a test's capture, a daemon redirecting its streams)
+    must not leave evq writing to a stream that has since been closed."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(fmt: str = "auto", level: str = "info") -> None:
     renderer: Any
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -70,7 +82,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     _route_stdlib(renderer, level)
@@ -95,7 +107,7 @@ def _route_stdlib(renderer: Any, level: str) -> None:
         ],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _redact_processor, renderer],
     )
-    handler = _StdlibHandler(sys.stderr)
+    handler = _StdlibHandler(_Stderr())  # type: ignore[arg-type]
     handler.setFormatter(formatter)
     handler.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
     root = logging.getLogger()
