@@ -81,9 +81,6 @@ MAX_JSON_DEPTH = 16
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # tab allowed
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-# An RFC 2047 encoded word. Adapters encode text themselves; a caller's own encoded
-# word could decode to CR/LF in a recipient's software (CVE-2024-6923), so refuse it.
-_ENCODED_WORD = re.compile(r"=\?[^?\s]+\?[bBqQ]\?[^?\s]*\?=")
 _PROVIDER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ANGLE_FORM = re.compile(r"^(?P<name>[^<>]*)<(?P<addr>[^<>]+)>$")
 
@@ -319,6 +316,67 @@ def _identifier(data: Mapping[str, Any], name: str, errors: _Errors, *, required
     return unicodedata.normalize("NFC", value)
 
 
+# -- RFC 2047 encoded words ----------------------------------------------------
+# Adapters encode text themselves, so a caller never needs an encoded word of its own; one
+# could decode to CR/LF in a recipient's software and become a header (CVE-2024-6923).
+# Decoders are more lenient than RFC 2047: Python's email.header and many mail clients
+# decode a word with spaces inside, in an address, in any header. So anything that opens
+# like one (=?charset?q? or =?charset?b?) is refused wherever it would become header text
+# (subject, display names, addresses, header values); each word is decoded only to say why.
+_ENCODED_WORD_START = re.compile(r"=\?[^?]*\?[bBqQ]\?")
+_LENIENT_WORD = re.compile(r"=\?([^?]*)\?([bBqQ])\?(.*?)\?=", re.DOTALL)
+# RFC 2047 section 2: token charset, no space or "?" in the text, at most 75 characters.
+_STRICT_WORD = re.compile(r"=\?[!->@-~]+\?[bBqQ]\?[!->@-~]*\?=")
+_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
+
+
+def encoded_word_refusal(value: str) -> str | None:
+    """Why ``value`` may not become header text because of an encoded word, or None."""
+    if not _ENCODED_WORD_START.search(value):
+        return None
+    words = list(_LENIENT_WORD.finditer(value))
+    if any(_decodes_to_a_break(word) for word in words):
+        return ("RFC 2047 encoded words are not allowed, and this one decodes to a line break or control character "
+                "(a header injection)")
+    if not words or any(len(w[0]) > 75 or not _STRICT_WORD.fullmatch(w[0]) or _decoded(w) is None for w in words):
+        return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed, malformed ones neither; send the text itself"
+    return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself"
+
+
+def header_text_refusal(value: str) -> str | None:
+    """Why ``value`` may not be written as (part of) a header line, or None: CR, LF and other
+    control characters, raw or inside an encoded word. The adapters' last check."""
+    if _CONTROL.search(value):
+        return "holds CR, LF or a control character"
+    return encoded_word_refusal(value)
+
+
+def _decoded(word: re.Match[str]) -> bytes | None:
+    """The bytes an encoded word stands for, as a lenient decoder reads them; None if undecodable."""
+    import base64
+    import binascii
+
+    text = word[3]
+    try:
+        if word[2] in "bB":
+            return base64.b64decode(re.sub(r"\s", "", text) + "===", validate=False)
+        return re.sub(rb"=([0-9A-Fa-f]{2})", lambda m: bytes([int(m[1], 16)]), text.replace("_", " ").encode())
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+
+
+def _decodes_to_a_break(word: re.Match[str]) -> bool:
+    raw = _decoded(word)
+    if raw is None:
+        return False
+    charset = word[1].split("*", 1)[0].strip() or "ascii"
+    try:
+        text = raw.decode(charset, errors="replace")
+    except LookupError:  # an unknown charset: what its ASCII bytes say is what a decoder shows
+        text = raw.decode("latin-1")
+    return bool(_BREAKS.search(text) or _BREAKS.search(raw.decode("latin-1")))
+
+
 def _text(
     data: Mapping[str, Any], name: str, errors: _Errors, *, required: bool, limit: int | None, single_line: bool
 ) -> str | None:
@@ -331,8 +389,8 @@ def _text(
     if single_line and _CONTROL.search(value):
         errors.add(name, "must be one line: CR, LF and control characters are not allowed")
         return None
-    if single_line and _ENCODED_WORD.search(value):
-        errors.add(name, "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself")
+    if single_line and (refusal := encoded_word_refusal(value)):
+        errors.add(name, refusal)
         return None
     if limit is not None and len(value) > limit:
         errors.add(name, f"longer than {limit} characters")
@@ -376,13 +434,17 @@ def _address(raw: Any, where: str, errors: _Errors) -> dict[str, str | None] | N
         if _CONTROL_OR_TAB.search(name) or not _encodable(name):
             errors.add(where, "display name contains control characters or unpaired surrogates")
             return None
-        if _ENCODED_WORD.search(name):
-            errors.add(where, "RFC 2047 encoded words are not allowed in a display name; send the text itself")
+        if refusal := encoded_word_refusal(name):
+            errors.add(where, f"display name: {refusal}")
             return None
         if len(name) > MAX_NAME:
             errors.add(where, f"display name longer than {MAX_NAME} characters")
             return None
         name = unicodedata.normalize("NFC", name.strip()) or None
+    if refusal := encoded_word_refusal(addr):
+        # Valid atext ("=?utf-8?q?=0D=0A?=@example.com"), and lenient decoders decode it anyway.
+        errors.add(where, f"address: {refusal}")
+        return None
     normalized, problem = _checked_address(addr)
     if problem is not None:
         errors.add(where, f"not a valid address: {problem}")
@@ -541,6 +603,9 @@ def _headers(value: Any, errors: _Errors) -> dict[str, str]:
             continue
         if _CONTROL.search(raw_value):
             errors.add(where, "CR, LF and control characters are not allowed in a header")
+            continue
+        if refusal := encoded_word_refusal(raw_value):
+            errors.add(where, refusal)
             continue
         if len(raw_value) > MAX_HEADER_VALUE:
             errors.add(where, f"longer than {MAX_HEADER_VALUE} characters")
