@@ -181,6 +181,8 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     sender = _single_address(data, "from", errors, default=policy.default_from)
     if sender and _reserved(sender["email"], policy.reserved_senders):
         errors.add("from", "this sender is reserved for evq's own notices")
+    elif sender and _name_impersonates(sender["name"], policy.reserved_senders):
+        errors.add("from", "this display name shows a sender reserved for evq's own notices")
     to = _address_list(data, "to", errors)
     cc = _address_list(data, "cc", errors)
     bcc = _address_list(data, "bcc", errors)
@@ -543,10 +545,58 @@ def _each_recipient(*lists: list[dict[str, Any]]):
             yield f"{list_name}[{i}]", addr
 
 
+# Characters that read as a hyphen: every dash (Pd: U+2010 hyphen, U+2011 non-breaking hyphen,
+# dashes) and the minus-like signs that are not dashes to Unicode.
+_HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d\u00ad")
+# What may follow a reserved local part and still read as it: a subaddress (RFC 5233 "+",
+# Postfix's recipient_delimiter is often "-") or an ordinary separator.
+_SUFFIX_SEPARATORS = "+-._="
+
+
+def look_alike(text: str) -> str:
+    """The form in which two strings that look the same to a reader are equal: NFKC (fullwidth
+    letters, compatibility forms), case folded, every hyphen-like character a "-", and the
+    invisible (format) characters gone."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    out = []
+    for ch in folded:
+        category = unicodedata.category(ch)
+        if category == "Pd" or ch in _HYPHEN_LIKE:
+            out.append("-")
+        elif category != "Cf":
+            out.append(ch)
+    return unicodedata.normalize("NFKC", "".join(out))
+
+
+def _local_matches(local: str, reserved: str) -> bool:
+    return local == reserved or (local.startswith(reserved) and local[len(reserved)] in _SUFFIX_SEPARATORS)
+
+
 def _reserved(email: str, rules: tuple[str, ...]) -> bool:
-    email = email.lower()
-    local = email.rsplit("@", 1)[0] + "@"
-    return any(rule.lower() in (email, local) for rule in rules)
+    """Whether ``email`` is, or reads as, a reserved sender: case, Unicode look-alikes of the
+    hyphen, fullwidth forms and a subaddress (``evq-notices+x@``) do not make it another sender."""
+    local, _, domain = look_alike(email).rpartition("@")
+    for rule in rules:
+        rule_local, _, rule_domain = look_alike(rule).rpartition("@")
+        if not _local_matches(local, rule_local):
+            continue
+        if not rule_domain or ascii_domain(email) == _ascii(rule_domain):
+            return True
+    return False
+
+
+def _name_impersonates(name: str | None, rules: tuple[str, ...]) -> bool:
+    """Whether a display name shows a reserved sender (``"evq-notices@host" <x@y>``): readers see
+    the name, not the address. A rule for a local part at every domain is evq's own name, refused
+    anywhere in a name; a rule for one address is refused as that local part followed by "@"."""
+    if not name:
+        return False
+    shown = "".join(look_alike(name).split())
+    for rule in rules:
+        rule_local, _, rule_domain = look_alike(rule).rpartition("@")
+        if rule_local and (rule_local + "@" in shown or (not rule_domain and rule_local in shown)):
+            return True
+    return False
 
 
 def ascii_domain(email: str) -> str:
