@@ -548,9 +548,6 @@ def _each_recipient(*lists: list[dict[str, Any]]):
 # Characters that read as a hyphen: every dash (Pd: U+2010 hyphen, U+2011 non-breaking hyphen,
 # dashes) and the minus-like signs that are not dashes to Unicode.
 _HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d\u00ad")
-# What may follow a reserved local part and still read as it: a subaddress (RFC 5233 "+",
-# Postfix's recipient_delimiter is often "-") or an ordinary separator.
-_SUFFIX_SEPARATORS = "+-._="
 
 
 def look_alike(text: str) -> str:
@@ -569,7 +566,9 @@ def look_alike(text: str) -> str:
 
 
 def _local_matches(local: str, reserved: str) -> bool:
-    return local == reserved or (local.startswith(reserved) and local[len(reserved)] in _SUFFIX_SEPARATORS)
+    # A subaddress (RFC 5233: "evq-notices+anything") is the same mailbox, and reads as it.
+    # Another local part that merely starts the same ("evq-notices-team") is another sender.
+    return local.split("+", 1)[0] == reserved.split("+", 1)[0]
 
 
 def _reserved(email: str, rules: tuple[str, ...]) -> bool:
