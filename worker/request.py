@@ -571,6 +571,7 @@ def _local_matches(local: str, reserved: str) -> bool:
     return local.split("+", 1)[0] == reserved.split("+", 1)[0]
 
 
+@lru_cache(maxsize=8192)  # senders repeat: a pure function of the strings
 def _reserved(email: str, rules: tuple[str, ...]) -> bool:
     """Whether ``email`` is, or reads as, a reserved sender: case, Unicode look-alikes of the
     hyphen, fullwidth forms and a subaddress (``evq-notices+x@``) do not make it another sender."""
@@ -584,6 +585,7 @@ def _reserved(email: str, rules: tuple[str, ...]) -> bool:
     return False
 
 
+@lru_cache(maxsize=8192)
 def _name_impersonates(name: str | None, rules: tuple[str, ...]) -> bool:
     """Whether a display name shows a reserved sender (``"evq-notices@host" <x@y>``): readers see
     the name, not the address. A rule for a local part at every domain is evq's own name, refused
