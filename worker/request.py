@@ -14,6 +14,8 @@ CR/LF in it can never smuggle a recipient or a header.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -355,9 +357,6 @@ def header_text_refusal(value: str) -> str | None:
 
 def _decoded(word: re.Match[str]) -> bytes | None:
     """The bytes an encoded word stands for, as a lenient decoder reads them; None if undecodable."""
-    import base64
-    import binascii
-
     text = word[3]
     try:
         if word[2] in "bB":
@@ -546,8 +545,9 @@ def _each_recipient(*lists: list[dict[str, Any]]):
 
 
 # Characters that read as a hyphen: every dash (Pd: U+2010 hyphen, U+2011 non-breaking hyphen,
-# dashes) and the minus-like signs that are not dashes to Unicode.
-_HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d\u00ad")
+# dashes) and the minus-like signs that are not dashes to Unicode. (A soft hyphen is invisible:
+# a format character, dropped with the others.)
+_HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d")
 
 
 def look_alike(text: str) -> str:

@@ -92,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_input_bytes",
         int,
         64 * 1024 * 1024,
-        "Most bytes of request input read at once: the whole of an `evq enqueue --file` file or stdin "
+        "Most bytes of request input read at once: the whole file or stdin `evq enqueue` reads "
         "(all its JSON Lines together), and one line sent to `evq mcp` (E_INVALID_ARG beyond).",
         minimum=1024,
     ),
