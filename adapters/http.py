@@ -51,7 +51,7 @@ from worker.logs import get_logger, register_secrets
 from worker.scrub import scrub_text
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import LookupFailed, LookupResult, SendRequest
-from worker.request import ALLOWED_HEADERS, Policy, check_payload
+from worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
 
 log = get_logger("evq.adapters.http")
 
@@ -88,6 +88,32 @@ def wire_key(idempotency_key: str) -> str:
 def wire_body(request: SendRequest) -> bytes:
     """The JSON body for a step: the same bytes on every attempt, as the provider's
     idempotency check compares bodies (nothing per attempt, no Date)."""
+    return _encode(wire_message(request))
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def wire_refusal(body: Mapping[str, Any]) -> str | None:
+    """Why this body must not be sent, or None. The provider writes every one of these
+    strings into a header of the message as it is, and recipients' software decodes an
+    encoded word in it (CR/LF that becomes a header): so what is about to be sent is
+    checked itself, whatever validated the stored payload."""
+    texts: list[tuple[str, str]] = [("subject", body.get("subject") or "")]
+    for field in ("from", "to", "cc", "bcc", "reply_to"):
+        entries = body.get(field) or []
+        for i, entry in enumerate([entries] if isinstance(entries, str) else entries):
+            texts.append((f"{field}[{i}]", entry))
+    texts += [(f"headers.{name}", value) for name, value in (body.get("headers") or {}).items()]
+    for where, text in texts:
+        if (why := header_text_refusal(str(text))) is not None:
+            return f"not sent: {where} {why}"
+    return None
+
+
+def wire_message(request: SendRequest) -> dict[str, Any]:
+    """The body as a mapping, before it is encoded."""
     p = request.payload
     headers = {ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS}
     # The key travels as the Idempotency-Key request header and, hashed, as a tag; never in
@@ -107,7 +133,7 @@ def wire_body(request: SendRequest) -> bytes:
     for part in ("text", "html"):
         if p.get(part) is not None:
             body[part] = p[part]
-    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return body
 
 
 def _address(entry: Mapping[str, Any]) -> str:
@@ -178,7 +204,7 @@ class HttpProvider:
 
     async def send(self, request: SendRequest) -> Outcome:
         # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
-        refusal = check_payload(request.payload, self.policy)
+        refusal = check_payload(request.payload, self.policy) or wire_refusal(wire_message(request))
         if refusal is not None:
             outcome: Outcome = Rejected(refusal, response=_evidence("policy"), before_send=True)
         elif self._client.is_closed:

@@ -10,26 +10,57 @@ server answers those and passes every other message through unchanged.
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
+from typing import Any, BinaryIO
 
 import anyio
+import anyio.to_thread
 from mcp.server.stdio import stdio_server
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 
+from ops.boundedinput import SETTING, read_line
 from worker.logs import get_logger
 
 log = get_logger("evq.mcp")
 
+# What the bounded reader hands the SDK in place of an over-long line: not JSON, so the
+# SDK passes its parse failure to the relay, which recognises it by this text.
+_TOO_LONG = "\x00evq:line-too-long\n"
 
-def error_for(exc: Exception) -> JSONRPCError:
+
+class BoundedLines:
+    """stdin as the SDK's reader consumes it (``async for line in stdin``), one bounded line at a time.
+
+    Passing it to ``stdio_server`` means the SDK does not divert fd 0 to the null device;
+    nothing in evq reads stdin but this."""
+
+    def __init__(self, stream: BinaryIO, limit: int):
+        self.stream, self.limit = stream, limit
+
+    def __aiter__(self) -> BoundedLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line, too_long = await anyio.to_thread.run_sync(read_line, self.stream, self.limit)
+        if too_long:
+            return _TOO_LONG
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
+def error_for(exc: Exception, limit: int) -> JSONRPCError:
     """The JSON-RPC error for a line the SDK could not read (pydantic's ValidationError)."""
     errors: list[dict[str, Any]] = []
     try:
         errors = list(exc.errors())  # type: ignore[attr-defined]
     except Exception:
         pass
+    if any(e.get("input") == _TOO_LONG for e in errors):
+        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+            code=INVALID_REQUEST, message=f"Invalid Request: a line longer than {limit} bytes ({SETTING}) was skipped"))
     not_json = any(e.get("type") == "json_invalid" for e in errors) or isinstance(exc, (json.JSONDecodeError, UnicodeError))
     if not_json:
         return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message="Parse error"))
@@ -37,17 +68,18 @@ def error_for(exc: Exception) -> JSONRPCError:
                         error=ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a JSON-RPC 2.0 message"))
 
 
-async def run_stdio(server: Any) -> None:
+async def run_stdio(server: Any, *, max_line: int) -> None:
     """Run an ``MCPServer`` on stdin/stdout, answering unreadable lines."""
     lowlevel = server._lowlevel_server
-    async with stdio_server() as (read_stream, write_stream):
+    stdin: Any = BoundedLines(sys.stdin.buffer, max_line)
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         relay_writer, relay_reader = create_context_streams[SessionMessage | Exception](0)
 
         async def relay() -> None:
             async with relay_writer:
                 async for item in read_stream:
                     if isinstance(item, Exception):
-                        answer = error_for(item)
+                        answer = error_for(item, max_line)
                         log.warning("mcp_unreadable_line", code=answer.error.code, error_class=type(item).__name__)
                         await write_stream.send(SessionMessage(answer))
                         continue

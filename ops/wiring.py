@@ -79,11 +79,18 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
 
 @asynccontextmanager
-async def open_store(settings: Settings, *, url: str | None = None, max_size: int = 4) -> AsyncIterator[PostgresStore]:
+async def open_store(
+    settings: Settings, *, url: str | None = None, max_size: int = 4, patient: bool = False
+) -> AsyncIterator[PostgresStore]:
+    """The store. A one-shot command (the default) fails at once when nothing answers at the
+    database's address, rather than waiting 15 s to say so; the long-running processes (the
+    worker, `evq serve`, `evq mcp`) pass ``patient=True`` and wait for a database that is
+    restarting, as they keep reconnecting to one that goes away while they run."""
     # Behind a transaction-mode pooler a server-side prepared statement may be gone
     # (another client's connection) by the next execution.
     store = await PostgresStore.open(
-        url or database_url(settings), max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none"
+        url or database_url(settings), max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none",
+        patient=patient,
     )
     try:
         yield store
@@ -142,7 +149,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     reader = QueueStatsReader(url)
     try:
         with metrics_registry(settings, url) as registry:
-            async with open_store(settings, url=url, max_size=8) as store:
+            async with open_store(settings, url=url, max_size=8, patient=True) as store:
                 yield AppState(
                     settings=settings,
                     store=store,
@@ -180,7 +187,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     try:
         with metrics_endpoint(settings, url):
-            async with open_store(settings, url=url) as store:
+            async with open_store(settings, url=url, patient=True) as store:
                 yield Worker(store, providers, settings, wakeup=wakeup)
     finally:
         for provider in providers.values():

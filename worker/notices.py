@@ -25,6 +25,7 @@ from worker.request import (
     Decision,
     Policy,
     ValidRequest,
+    ascii_domain,
     parse,
     payload_digest,
 )
@@ -126,6 +127,7 @@ def notice_text(original: Mapping[str, Any]) -> str:
     if notice_kind(status, original["reason"]) == PARTIAL_KIND:
         return partial_notice_text(original)
     attempts = original["attempts"]
+    bcc = [entry["email"] for entry in payload.get("bcc") or []]
     headline = (
         "Your email did not go out."
         if status is Status.REJECTED
@@ -137,15 +139,18 @@ def notice_text(original: Mapping[str, Any]) -> str:
         f"  Subject:     {payload.get('subject') or ''}",
         *(
             f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
-            for field, label in (("to", "To"), ("cc", "Cc"), ("bcc", "Bcc"))
+            for field, label in (("to", "To"), ("cc", "Cc"))
             if payload.get(field)
         ),
+        # The notice goes to whoever notify names: Bcc recipients were hidden from everyone
+        # the message went to, and stay hidden from the notice's reader too.
+        *([f"  {'Bcc:':<12} {_count(bcc)}, not listed"] if bcc else []),
         f"  From:        {payload['from']['email']}",
         f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
         f"  Message-ID:  {original['message_id']}",
         f"  Status:      {status.value} after {attempts} attempt{'s' if attempts != 1 else ''}"
         f" ({original['reason'] or 'no reason recorded'})",
-        f"  Reason:      {original['detail'] or '-'}",
+        f"  Reason:      {_hidden(original['detail'], bcc) or '-'}",
         "",
         "What to do:",
         *_wrap(advice(status, original["reason"])),
@@ -249,6 +254,20 @@ _ADVICE = {
         "email is still needed, send it again as a new step."
     ),
 }
+
+
+def _count(bcc: Sequence[str]) -> str:
+    return f"{len(bcc)} recipient{'s' if len(bcc) != 1 else ''}"
+
+
+def _hidden(text: str | None, bcc: Sequence[str]) -> str | None:
+    """``text`` (a provider's answer, which may quote a refused recipient) without the Bcc
+    addresses, in the form stored or the ASCII (IDNA) form a server answers with."""
+    if not text or not bcc:
+        return text
+    forms = {form for email in bcc for form in (email, f"{email.rsplit('@', 1)[0]}@{ascii_domain(email)}")}
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)), re.IGNORECASE)
+    return pattern.sub("(a Bcc recipient)", text)
 
 
 def _addresses(entries: list[Mapping[str, Any]]) -> str:

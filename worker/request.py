@@ -14,6 +14,8 @@ CR/LF in it can never smuggle a recipient or a header.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -81,9 +83,6 @@ MAX_JSON_DEPTH = 16
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # tab allowed
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-# An RFC 2047 encoded word. Adapters encode text themselves; a caller's own encoded
-# word could decode to CR/LF in a recipient's software (CVE-2024-6923), so refuse it.
-_ENCODED_WORD = re.compile(r"=\?[^?\s]+\?[bBqQ]\?[^?\s]*\?=")
 _PROVIDER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ANGLE_FORM = re.compile(r"^(?P<name>[^<>]*)<(?P<addr>[^<>]+)>$")
 
@@ -189,6 +188,8 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     sender = _single_address(data, "from", errors, default=policy.default_from, internal=internal)
     if sender and _reserved(sender["email"], policy.reserved_senders):
         errors.add("from", "this sender is reserved for evq's own notices")
+    elif sender and _name_impersonates(sender["name"], policy.reserved_senders):
+        errors.add("from", "this display name shows a sender reserved for evq's own notices")
     to = _address_list(data, "to", errors, internal)
     cc = _address_list(data, "cc", errors, internal)
     bcc = _address_list(data, "bcc", errors, internal)
@@ -324,6 +325,64 @@ def _identifier(data: Mapping[str, Any], name: str, errors: _Errors, *, required
     return unicodedata.normalize("NFC", value)
 
 
+# -- RFC 2047 encoded words ----------------------------------------------------
+# Adapters encode text themselves, so a caller never needs an encoded word of its own; one
+# could decode to CR/LF in a recipient's software and become a header (CVE-2024-6923).
+# Decoders are more lenient than RFC 2047: Python's email.header and many mail clients
+# decode a word with spaces inside, in an address, in any header. So anything that opens
+# like one (=?charset?q? or =?charset?b?) is refused wherever it would become header text
+# (subject, display names, addresses, header values); each word is decoded only to say why.
+_ENCODED_WORD_START = re.compile(r"=\?[^?]*\?[bBqQ]\?")
+_LENIENT_WORD = re.compile(r"=\?([^?]*)\?([bBqQ])\?(.*?)\?=", re.DOTALL)
+# RFC 2047 section 2: token charset, no space or "?" in the text, at most 75 characters.
+_STRICT_WORD = re.compile(r"=\?[!->@-~]+\?[bBqQ]\?[!->@-~]*\?=")
+_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
+
+
+def encoded_word_refusal(value: str) -> str | None:
+    """Why ``value`` may not become header text because of an encoded word, or None."""
+    if not _ENCODED_WORD_START.search(value):
+        return None
+    words = list(_LENIENT_WORD.finditer(value))
+    if any(_decodes_to_a_break(word) for word in words):
+        return ("RFC 2047 encoded words are not allowed, and this one decodes to a line break or control character "
+                "(a header injection)")
+    if not words or any(len(w[0]) > 75 or not _STRICT_WORD.fullmatch(w[0]) or _decoded(w) is None for w in words):
+        return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed, malformed ones neither; send the text itself"
+    return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself"
+
+
+def header_text_refusal(value: str) -> str | None:
+    """Why ``value`` may not be written as (part of) a header line, or None: CR, LF and other
+    control characters, raw or inside an encoded word. The adapters' last check."""
+    if _CONTROL.search(value):
+        return "holds CR, LF or a control character"
+    return encoded_word_refusal(value)
+
+
+def _decoded(word: re.Match[str]) -> bytes | None:
+    """The bytes an encoded word stands for, as a lenient decoder reads them; None if undecodable."""
+    text = word[3]
+    try:
+        if word[2] in "bB":
+            return base64.b64decode(re.sub(r"\s", "", text) + "===", validate=False)
+        return re.sub(rb"=([0-9A-Fa-f]{2})", lambda m: bytes([int(m[1], 16)]), text.replace("_", " ").encode())
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+
+
+def _decodes_to_a_break(word: re.Match[str]) -> bool:
+    raw = _decoded(word)
+    if raw is None:
+        return False
+    charset = word[1].split("*", 1)[0].strip() or "ascii"
+    try:
+        text = raw.decode(charset, errors="replace")
+    except LookupError:  # an unknown charset: what its ASCII bytes say is what a decoder shows
+        text = raw.decode("latin-1")
+    return bool(_BREAKS.search(text) or _BREAKS.search(raw.decode("latin-1")))
+
+
 def _text(
     data: Mapping[str, Any], name: str, errors: _Errors, *, required: bool, limit: int | None, single_line: bool
 ) -> str | None:
@@ -336,8 +395,8 @@ def _text(
     if single_line and _CONTROL.search(value):
         errors.add(name, "must be one line: CR, LF and control characters are not allowed")
         return None
-    if single_line and _ENCODED_WORD.search(value):
-        errors.add(name, "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself")
+    if single_line and (refusal := encoded_word_refusal(value)):
+        errors.add(name, refusal)
         return None
     if limit is not None and len(value) > limit:
         errors.add(name, f"longer than {limit} characters")
@@ -381,13 +440,17 @@ def _address(raw: Any, where: str, errors: _Errors, internal: tuple[str, ...] = 
         if _CONTROL_OR_TAB.search(name) or not _encodable(name):
             errors.add(where, "display name contains control characters or unpaired surrogates")
             return None
-        if _ENCODED_WORD.search(name):
-            errors.add(where, "RFC 2047 encoded words are not allowed in a display name; send the text itself")
+        if refusal := encoded_word_refusal(name):
+            errors.add(where, f"display name: {refusal}")
             return None
         if len(name) > MAX_NAME:
             errors.add(where, f"display name longer than {MAX_NAME} characters")
             return None
         name = unicodedata.normalize("NFC", name.strip()) or None
+    if refusal := encoded_word_refusal(addr):
+        # Valid atext ("=?utf-8?q?=0D=0A?=@example.com"), and lenient decoders decode it anyway.
+        errors.add(where, f"address: {refusal}")
+        return None
     normalized, problem = _checked_address(addr, internal)
     if problem is not None:
         errors.add(where, f"not a valid address: {problem}")
@@ -518,10 +581,60 @@ def _each_recipient(*lists: list[dict[str, Any]]):
             yield f"{list_name}[{i}]", addr
 
 
+# Characters that read as a hyphen: every dash (Pd: U+2010 hyphen, U+2011 non-breaking hyphen,
+# dashes) and the minus-like signs that are not dashes to Unicode. (A soft hyphen is invisible:
+# a format character, dropped with the others.)
+_HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d")
+
+
+def look_alike(text: str) -> str:
+    """The form in which two strings that look the same to a reader are equal: NFKC (fullwidth
+    letters, compatibility forms), case folded, every hyphen-like character a "-", and the
+    invisible (format) characters gone."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    out = []
+    for ch in folded:
+        category = unicodedata.category(ch)
+        if category == "Pd" or ch in _HYPHEN_LIKE:
+            out.append("-")
+        elif category != "Cf":
+            out.append(ch)
+    return unicodedata.normalize("NFKC", "".join(out))
+
+
+def _local_matches(local: str, reserved: str) -> bool:
+    # A subaddress (RFC 5233: "evq-notices+anything") is the same mailbox, and reads as it.
+    # Another local part that merely starts the same ("evq-notices-team") is another sender.
+    return local.split("+", 1)[0] == reserved.split("+", 1)[0]
+
+
+@lru_cache(maxsize=8192)  # senders repeat: a pure function of the strings
 def _reserved(email: str, rules: tuple[str, ...]) -> bool:
-    email = email.lower()
-    local = email.rsplit("@", 1)[0] + "@"
-    return any(rule.lower() in (email, local) for rule in rules)
+    """Whether ``email`` is, or reads as, a reserved sender: case, Unicode look-alikes of the
+    hyphen, fullwidth forms and a subaddress (``evq-notices+x@``) do not make it another sender."""
+    local, _, domain = look_alike(email).rpartition("@")
+    for rule in rules:
+        rule_local, _, rule_domain = look_alike(rule).rpartition("@")
+        if not _local_matches(local, rule_local):
+            continue
+        if not rule_domain or ascii_domain(email) == _ascii(rule_domain):
+            return True
+    return False
+
+
+@lru_cache(maxsize=8192)
+def _name_impersonates(name: str | None, rules: tuple[str, ...]) -> bool:
+    """Whether a display name shows a reserved sender (``"evq-notices@host" <x@y>``): readers see
+    the name, not the address. A rule for a local part at every domain is evq's own name, refused
+    anywhere in a name; a rule for one address is refused as that local part followed by "@"."""
+    if not name:
+        return False
+    shown = "".join(look_alike(name).split())
+    for rule in rules:
+        rule_local, _, rule_domain = look_alike(rule).rpartition("@")
+        if rule_local and (rule_local + "@" in shown or (not rule_domain and rule_local in shown)):
+            return True
+    return False
 
 
 def ascii_domain(email: str) -> str:
@@ -578,6 +691,9 @@ def _headers(value: Any, errors: _Errors) -> dict[str, str]:
             continue
         if _CONTROL.search(raw_value):
             errors.add(where, "CR, LF and control characters are not allowed in a header")
+            continue
+        if refusal := encoded_word_refusal(raw_value):
+            errors.add(where, refusal)
             continue
         if len(raw_value) > MAX_HEADER_VALUE:
             errors.add(where, f"longer than {MAX_HEADER_VALUE} characters")

@@ -105,6 +105,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max_message_bytes", int, 1024 * 1024, "Largest normalized request, in bytes.", minimum=1024),
     Option("max_recipients", int, 50, "Most recipients (to + cc + bcc) per message.", minimum=1),
+    Option(
+        "max_input_bytes",
+        int,
+        64 * 1024 * 1024,
+        "Most bytes of request input read at once: the whole file or stdin `evq enqueue` reads "
+        "(all its JSON Lines together), and one line sent to `evq mcp` (E_INVALID_ARG beyond).",
+        minimum=1024,
+    ),
     Option("default_from", str, None, "Sender used when a request has no 'from'."),
     Option("smtp_host", str, "localhost", "SMTP server host."),
     Option("smtp_port", int, 25, "SMTP server port.", minimum=1),
@@ -181,6 +189,7 @@ class Settings:
     internal_domains: tuple[str, ...] = ()
     max_message_bytes: int = 1024 * 1024
     max_recipients: int = 50
+    max_input_bytes: int = 64 * 1024 * 1024
     default_from: str | None = None
     smtp_host: str = "localhost"
     smtp_port: int = 25

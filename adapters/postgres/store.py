@@ -88,16 +88,21 @@ class PostgresStore:
         max_size: int = 4,
         prepare: bool = True,
         notices: NoticeConfig = NoticeConfig(),
+        patient: bool = True,
     ) -> PostgresStore:
+        """``patient``: whether a server that does not answer (nothing listening, starting up,
+        shutting down) is waited for, up to 15 s, as a worker restarting with its database wants;
+        a one-shot command passes False and fails at once, as it does for a wrong database."""
         url = normalise(url)
         kwargs: dict[str, Any] = {**connect_kwargs(), "autocommit": True}
         # One direct connection first: a database that does not exist or refuses our login
         # is a clear error now, not a pool retrying it for 15 s. A server that is not
-        # answering (refused, starting, shutting down) may be restarting: the pool waits.
+        # answering (refused, starting, shutting down) may be restarting: the pool waits,
+        # unless the caller is not patient.
         try:
             probe = await psycopg.AsyncConnection.connect(url, **connect_kwargs())
         except psycopg.OperationalError as exc:
-            if _misconfigured(exc):
+            if _misconfigured(exc) or not patient:
                 raise translate(exc) or exc from None
         else:
             await probe.close()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import click
 
 from ops import service, wiring
+from ops.boundedinput import read_request_file
 from ops.cli.auth import Credential, api_key_option, dry_run_option
 from ops.cli.common import command, database_option, load_settings, output_option, run
 from ops.cli.output import Output
@@ -45,7 +44,8 @@ def _request_options(fn: Any) -> Any:
     "file",
     metavar="F",
     default=None,
-    help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue many in one transaction.",
+    help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue many in one "
+    "transaction. At most EVQ_MAX_INPUT_BYTES are read.",
 )
 @dry_run_option
 @api_key_option(Permission.ENQUEUE)
@@ -70,7 +70,7 @@ def enqueue_cmd(
         raise InvalidRequest(
             [{"field": "--file", "message": f"use either --file or request flags, not both (got {', '.join(sorted(request_from_flags))})"}]
         )
-    requests = _read_file(file) if file is not None else [request_from_flags]
+    requests = _read_file(file, settings.max_input_bytes) if file is not None else [request_from_flags]
     # Validated before the database is touched: one bad request writes nothing.
     valid = service.validate_requests(requests, settings.policy())
 
@@ -158,11 +158,8 @@ def _numbers_refused(exc: jsontext.BadNumbers, where: str, line: int | None = No
     return InvalidRequest([{"field": path, "message": f"{at}: {message}"} for path, message in exc.fields])
 
 
-def _read_file(file: str) -> list[Any]:
-    try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequest([{"field": "--file", "message": f"cannot read {file}: {exc}"}]) from None
+def _read_file(file: str, limit: int) -> list[Any]:
+    text = read_request_file(file, limit)
     try:
         return [jsontext.loads(text)]
     except jsontext.BadNumbers as exc:

@@ -38,8 +38,8 @@ def mcp(out: Output, database_url: str | None) -> int:
         from ops.mcpserver import build_server
         from ops.mcpstdio import run_stdio
 
-        async with wiring.open_store(settings, url=url, max_size=4) as store:
-            await run_stdio(build_server(store, settings, key))
+        async with wiring.open_store(settings, url=url, max_size=4, patient=True) as store:
+            await run_stdio(build_server(store, settings, key), max_line=settings.max_input_bytes)
 
     run(serve())
     return 0

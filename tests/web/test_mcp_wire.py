@@ -19,8 +19,8 @@ from tests.support import request, rows
 
 
 class Wire:
-    def __init__(self, db_url: str, key: str):
-        env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json"}
+    def __init__(self, db_url: str, key: str, **extra_env: str):
+        env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json", **extra_env}
         self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "mcp"], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                      start_new_session=True)
@@ -56,14 +56,23 @@ class Wire:
             self.proc.stderr.close()
 
 
-@pytest.fixture
-def wire(db_url):
-    w = Wire(db_url, make_key(db_url, "bot", "agent", created_by=None))
+def initialized(db_url: str, **extra_env: str) -> Wire:
+    w = Wire(db_url, make_key(db_url, "bot", "agent", created_by=None), **extra_env)
     try:
         w.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}))
         assert w.answer()["id"] == 0
         w.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    except BaseException:
+        w.close()
+        raise
+    return w
+
+
+@pytest.fixture
+def wire(db_url):
+    w = initialized(db_url)
+    try:
         yield w
     finally:
         w.close()
@@ -97,3 +106,33 @@ def test_raw_bad_numbers_in_tool_arguments_are_a_field_error(wire, db_url, numbe
         assert body["status"] == "error" and body["error"]["code"] == "E_INVALID_ARG", body
         assert body["error"]["context"]["fields"][0]["field"] == "decision.rationale.score"
     assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+
+
+def _peak_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_line_over_the_limit_is_skipped_with_an_error_and_never_held_in_memory(db_url):
+    """Issue 13: the SDK read a line whole however long; a client (or anything piped in) that never
+    sends a newline grew the server until it died. Lines are now bounded by EVQ_MAX_INPUT_BYTES."""
+    wire = initialized(db_url, EVQ_MAX_INPUT_BYTES="65536")
+    try:
+        # A valid message, only too long: without a bound it is simply answered.
+        padded = {"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"_meta": {"pad": "x" * (1 << 20)}}}
+        wire.send(json.dumps(padded))
+        answer = wire.answer()
+        assert answer["id"] is None and answer["error"]["code"] == -32600, str(answer)[:300]
+        assert "65536 bytes" in answer["error"]["message"] and "EVQ_MAX_INPUT_BYTES" in answer["error"]["message"]
+        before = _peak_kib(wire.proc.pid)
+        chunk = "y" * (1 << 20)
+        for _ in range(64):  # 64 MiB with no newline, then one
+            wire.proc.stdin.write(chunk)
+        wire.send("")
+        assert wire.answer()["error"]["code"] == -32600
+        wire.send(json.dumps({"jsonrpc": "2.0", "id": 8, "method": "ping"}))
+        assert wire.answer() == {"jsonrpc": "2.0", "id": 8, "result": {}}
+        grown = _peak_kib(wire.proc.pid) - before
+        assert grown < 16 * 1024, f"the server's peak memory grew by {grown} KiB reading a 64 MiB line"
+    finally:
+        wire.close()

@@ -1,0 +1,71 @@
+"""Issue 13: with a wrong port in EVQ_DATABASE_URL (nothing listening there) every one-shot command
+waited 15 s, psycopg_pool logging a retry every few seconds, before saying E_DB_UNAVAILABLE. One-shot
+commands now fail at once, as they already did for a database or role that does not exist. The
+long-running processes (the worker, `evq serve`, `evq mcp`) still wait for a database that is not
+answering yet, since it may be restarting. Driven for real: the CLI in subprocesses against a closed
+port, and a store opened through a real TCP proxy that refuses connections until it is healed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import psycopg
+import pytest
+
+from adapters.postgres.store import PostgresStore
+from tests.acceptance.conftest import Evq
+from tests.support import free_port
+from worker.errors import DatabaseUnavailable
+
+PASSWORD = "wrong-port-secret-9f2c"
+# The commands that connect through the store (db status/upgrade connect directly and never waited).
+ONE_SHOT = [
+    ("steps", "list"),
+    ("steps", "show", "1"),
+    ("runs", "show", "r"),
+    ("keys", "list"),
+    ("prune", "--older-than", "90d", "--dry-run"),
+    ("steps", "resolve", "1", "--as", "accepted", "--note", "n", "--dry-run"),
+    ("enqueue", "--run-id", "r", "--step-id", "s", "--to", "a@example.com", "--from", "b@example.org",
+     "--subject", "s", "--text", "t"),
+]
+
+
+def _closed_port_url(db_url: str) -> tuple[str, int]:
+    port = free_port()  # bound and closed again: nothing listens there
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    info.update(host="127.0.0.1", port=str(port), password=PASSWORD)
+    return psycopg.conninfo.make_conninfo(**info), port
+
+
+@pytest.mark.parametrize("args", ONE_SHOT, ids=[" ".join(a[:2]) for a in ONE_SHOT])
+def test_a_one_shot_command_fails_at_once_when_nothing_listens_at_the_port(db_url, args):
+    url, port = _closed_port_url(db_url)
+    evq = Evq(url, api_key="evq_not-checked-before-the-database")
+    done = evq.run(*args, "-o", "json")
+    assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
+    out = json.loads(done.stdout)
+    assert out["error"]["code"] == "E_DB_UNAVAILABLE"
+    assert f"port {port}" in out["error"]["message"] and "refused" in out["error"]["message"], out
+    # Measured inside the command (start-up excluded): one refused connection, no 15 s of pool retries.
+    assert out["meta"]["duration_ms"] < 5000, out["meta"]
+    assert "error connecting" not in done.stderr, done.stderr[-2000:]
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+async def test_a_patient_store_waits_for_a_database_that_comes_back_and_an_impatient_one_does_not(proxied_url):
+    url, proxy = proxied_url
+    proxy.partition()  # every connection is cut at once, as by a server that is restarting
+    with pytest.raises(DatabaseUnavailable):
+        await PostgresStore.open(url, patient=False)
+    opening = asyncio.create_task(PostgresStore.open(url, patient=True))
+    await asyncio.sleep(1.0)
+    assert not opening.done()  # still waiting, not failed
+    proxy.heal()
+    store = await asyncio.wait_for(opening, timeout=30)
+    try:
+        async with store.pool.connection() as conn:
+            assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+    finally:
+        await store.close()
