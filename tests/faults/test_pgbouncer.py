@@ -173,3 +173,15 @@ def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(p
             t.join(120)
     assert len(answers) == 6 * 60
     assert set(answers) == {200}, sorted(set(answers))
+
+
+async def test_the_probe_tells_a_pooler_from_postgresql_itself(pgbouncer: str, db_url: str):
+    from adapters.postgres.pooler import PoolerProbe, probe
+
+    assert await probe(db_url) == PoolerProbe(pooled=False, shares_backends=False)
+    assert await probe(pgbouncer) == PoolerProbe(pooled=True, shares_backends=True)
+
+
+def test_listen_on_behind_a_pooler_is_refused_with_a_clear_error(pgbouncer: str):
+    out = Evq(pgbouncer).json("worker", "run", "--drain", "--listen", "on", expect=2)
+    assert out["error"]["code"] == "E_INVALID_ARG" and "pooler" in out["error"]["message"]
