@@ -127,7 +127,7 @@ def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_on
     workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", "--batch-size", "10", **env)
                for _ in range(2)]
     try:
-        codes = [w.wait(120) for w in workers]
+        codes = [w.wait(75) for w in workers]  # about 15 s on a loaded 2-core machine
     finally:
         for w in workers:
             w.kill()
@@ -157,22 +157,26 @@ def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(p
 
     steps = [with_store(db_url, lambda store, i=i: store.enqueue(valid(run_id="serve", step_id=f"s{i}")))
              for i in range(5)]
-    answers: list[int] = []
+    answers: list[int | str] = []
     with serving(pgbouncer) as served:
 
         def hammer() -> None:
             client = served.client(admin_key)
             for i in range(30):
-                answers.append(client.get("/v1/steps", params={"limit": 3}).status_code)
-                answers.append(client.get(f"/v1/steps/{steps[i % len(steps)].id}").status_code)
+                for path, params in (("/v1/steps", {"limit": 3}), (f"/v1/steps/{steps[i % len(steps)].id}", {})):
+                    try:
+                        answers.append(client.get(path, params=params).status_code)
+                    except Exception as exc:  # noqa: BLE001 - a hung or dropped request is an answer too
+                        answers.append(type(exc).__name__)
+                        return  # one hung request per thread is enough to know
 
         threads = [threading.Thread(target=hammer) for _ in range(6)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
+    assert set(answers) == {200}, sorted(set(map(str, answers)))
     assert len(answers) == 6 * 60
-    assert set(answers) == {200}, sorted(set(answers))
 
 
 async def test_the_probe_tells_a_pooler_from_postgresql_itself(pgbouncer: str, db_url: str):
