@@ -109,7 +109,9 @@ class Case:
 async def fresh_database(pg_server: str, template: str, name: str) -> AsyncIterator[str]:
     async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as conn:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+        # FILE_COPY (PostgreSQL 15+) clones a small template several times faster (as tests/conftest.py).
+        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"{strategy}')
     info = psycopg.conninfo.conninfo_to_dict(pg_server)
     info["dbname"] = name
     try:
