@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from prometheus_client import CollectorRegistry
@@ -78,6 +79,34 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
     return providers
 
 
+async def resolve_pooler(settings: Settings, url: str) -> Settings:
+    """EVQ_POOLER=auto made definite: probe the database (adapters/postgres/pooler.py) and,
+    when a pooler answers, behave as EVQ_POOLER=transaction. A forgotten EVQ_POOLER must not
+    leave prepared statements and LISTEN on behind a pooler that cannot keep them."""
+    if settings.pooler != "auto":
+        return settings
+    from adapters.postgres.pooler import probe
+
+    found = await probe(url)
+    if not found.pooled:
+        return replace(settings, pooler="none")
+    if settings.listen == "on":
+        option = OPTION_BY_NAME["listen"]
+        raise ConfigError(
+            f"{option.env}=on, but a connection pooler answers for PostgreSQL: notifications would never arrive",
+            hint="set EVQ_LISTEN=auto or off (evq then polls), or point LISTEN-capable evq at PostgreSQL directly",
+            field=option.env,
+        )
+    log.warning(
+        "pooler_detected",
+        shares_backends=found.shares_backends,
+        note="a connection pooler answers for PostgreSQL (the backend key it gave is not the server's): "
+        "behaving as EVQ_POOLER=transaction: no prepared statements, no LISTEN (polling every EVQ_POLL_INTERVAL); "
+        "set EVQ_POOLER=transaction to say so and skip this probe",
+    )
+    return replace(settings, pooler="transaction")
+
+
 @asynccontextmanager
 async def open_store(
     settings: Settings, *, url: str | None = None, max_size: int = 4, patient: bool = False
@@ -86,11 +115,12 @@ async def open_store(
     database's address, rather than waiting 15 s to say so; the long-running processes (the
     worker, `evq serve`, `evq mcp`) pass ``patient=True`` and wait for a database that is
     restarting, as they keep reconnecting to one that goes away while they run."""
+    url = url or database_url(settings)
+    settings = await resolve_pooler(settings, url)
     # Behind a transaction-mode pooler a server-side prepared statement may be gone
-    # (another client's connection) by the next execution.
+    # (another client's connection) by the next execution, or have another client's name.
     store = await PostgresStore.open(
-        url or database_url(settings), max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none",
-        patient=patient,
+        url, max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none", patient=patient,
     )
     try:
         yield store
@@ -175,6 +205,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
     url = url or database_url(settings)
     check_at_head(url)
+    settings = await resolve_pooler(settings, url)
     providers = build_providers(settings)
     wakeup = None
     if settings.pooler == "transaction":

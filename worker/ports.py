@@ -56,6 +56,7 @@ class Store(Protocol):
         limit: int,
         lease_seconds: float,
         dedupe_windows: Mapping[str, float],
+        claim_id: str | None = None,
         now: datetime | None = None,
     ) -> list[ClaimedStep]: ...
 
@@ -65,7 +66,9 @@ class Store(Protocol):
 
     async def release(self, steps: Sequence[ClaimedStep], *, actor: str, now: datetime | None = None) -> int: ...
 
-    async def release_orphans(self, *, owner: str, held: Sequence[Any], now: datetime | None = None) -> int: ...
+    async def release_orphans(
+        self, *, owner: str, held: Sequence[Any], claims: Sequence[str], now: datetime | None = None
+    ) -> int: ...
 
     async def rescue(
         self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None

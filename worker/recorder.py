@@ -14,23 +14,30 @@ acknowledgement is a no-op (one answer per lease, enforced by a unique index).
 How much may wait is bounded: the worker frees a send's slot when the adapter
 answers, but holds the row until its outcome is written and never holds more
 than twice its concurrency, so a slow database slows claiming instead of letting
-answers pile up. A waiting row stays held, so the orphan check (which hands back
-claimed rows the worker does not hold) can never release a row already sent.
+answers pile up. A waiting row's lease token stays in the worker's "send began" set
+until its outcome is written, and the orphan check hands back only rows of claims
+whose answer was lost (worker/runner.py), so it can never release a row already sent.
 The claim and the record use separate pool connections, so one batch's outcomes
 are written while the next batch is being claimed.
-Database errors are retried with backoff (Oban's habit: recording is retried on
-database errors only); anything else is a bug and fails the waiting sends loudly.
+Every error is retried with backoff, not only "database unavailable" (unlike Oban,
+which retries on database errors only): an outcome that failed to be written for
+a reason nobody classified (a statement a pooler broke, a bug) is still the
+provider's answer, and forgetting it would leave a send in the worker's memory
+as if it had never begun. A batch that fails for an unclassified reason is then
+written one outcome at a time, so one outcome that cannot be written holds back
+only itself; each waits its own backoff, never the whole recorder's. An outcome
+that never gets written is the rescuer's once its lease expires (``unknown``),
+and a write that lands after that is fenced and kept as late evidence.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from tenacity import AsyncRetrying, retry_if_exception_type
-
-from worker.backoff import exponential_jitter
+from worker.backoff import reconnect_delay
 from worker.errors import DatabaseUnavailable
 from worker.logs import get_logger
 from worker.records import RecordResult, Transition
@@ -42,16 +49,26 @@ class RecordStore(Protocol):
     async def record(self, transitions: Sequence[Transition], *, actor: str) -> list[RecordResult]: ...
 
 
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    transition: Transition
+    future: asyncio.Future[RecordResult]
+    failures: int = 0
+    alone: bool = False  # written on its own since its batch failed for an unclassified reason
+    not_before: float = 0.0  # loop time of its next write
+
+
 class Recorder:
     def __init__(self, store: RecordStore, *, actor: str, max_batch: int = 1000, retry_max_wait: float = 5.0):
         self.store = store
         self.actor = actor
         self.max_batch = max_batch
         self.retry_max_wait = retry_max_wait
-        self._queue: list[tuple[Transition, asyncio.Future[RecordResult]]] = []
+        self._queue: list[_Waiting] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.flushes = 0
+        self.retries = 0
 
     @property
     def pending(self) -> int:
@@ -61,8 +78,9 @@ class Recorder:
         self._task = asyncio.create_task(self._run(), name="evq-recorder")
 
     async def submit(self, transition: Transition) -> RecordResult:
+        """The stored result of ``transition``; waits (retrying) until it is written or the recorder stops."""
         future: asyncio.Future[RecordResult] = asyncio.get_running_loop().create_future()
-        self._queue.append((transition, future))
+        self._queue.append(_Waiting(transition, future))
         self._wake.set()
         return await future
 
@@ -75,7 +93,8 @@ class Recorder:
             await self._task
         except asyncio.CancelledError:
             pass
-        for transition, future in self._queue:
+        for waiting in self._queue:
+            transition = waiting.transition
             # Never written: the row stays in flight and the rescuer makes it unknown.
             log.error(
                 "outcome_not_recorded",
@@ -84,43 +103,70 @@ class Recorder:
                 outcome=transition.outcome,
                 provider_message_id=transition.provider_message_id,
             )
-            if not future.done():
-                future.cancel()
+            if not waiting.future.done():
+                waiting.future.cancel()
         self._queue.clear()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                batch = self._queue[: self.max_batch]
-                try:
-                    results = await self._write([t for t, _ in batch])
-                except Exception as exc:
-                    del self._queue[: len(batch)]
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                del self._queue[: len(batch)]
-                self.flushes += 1
-                by_id = {r.step_id: r for r in results}
-                for transition, future in batch:
-                    if not future.done():
-                        future.set_result(by_id[transition.step_id])
+            batch = self._due(loop.time())
+            if not batch:
+                await self._idle(loop)
+                continue
+            try:
+                results = await self.store.record([w.transition for w in batch], actor=self.actor)
+            except Exception as exc:
+                self._failed(batch, exc, loop.time())
+                continue
+            self.flushes += 1
+            by_id = {r.step_id: r for r in results}
+            done = set(map(id, batch))
+            self._queue = [w for w in self._queue if id(w) not in done]
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_result(by_id[waiting.transition.step_id])
 
-    async def _write(self, transitions: list[Transition]) -> list[RecordResult]:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(DatabaseUnavailable),
-            wait=exponential_jitter(0.05, self.retry_max_wait, 0.05),
-            reraise=True,
-            before_sleep=lambda state: log.warning(
-                "record_retry",
-                outcomes=len(transitions),
-                attempt=state.attempt_number,
-                error=str(state.outcome.exception()) if state.outcome else None,
-            ),
-        ):
-            with attempt:
-                return await self.store.record(transitions, actor=self.actor)
-        raise AssertionError("unreachable")
+    def _due(self, now: float) -> list[_Waiting]:
+        due = [w for w in self._queue if w.not_before <= now]
+        if not due:
+            return []
+        if due[0].alone:
+            return [due[0]]
+        return [w for w in due if not w.alone][: self.max_batch]
+
+    async def _idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._wake.clear()
+        waits = [w.not_before for w in self._queue]
+        timeout = max(0.0, min(waits) - loop.time()) if waits else None
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def _failed(self, batch: list[_Waiting], exc: Exception, now: float) -> None:
+        self.retries += 1
+        unavailable = isinstance(exc, DatabaseUnavailable)
+        split = not unavailable and len(batch) > 1
+        for waiting in batch:
+            waiting.failures += 1
+            if split:
+                waiting.alone = True  # retried at once, one by one
+            else:
+                waiting.not_before = now + reconnect_delay(
+                    waiting.failures, initial=0.05, maximum=self.retry_max_wait
+                )
+        fields = dict(
+            outcomes=len(batch),
+            attempt=max(w.failures for w in batch),
+            error_class=type(exc).__name__,
+            error=getattr(exc, "message", None) or str(exc)[:300],
+            note="retried until written; the sends stay held meanwhile",
+        )
+        if unavailable:
+            log.warning("record_retry", **fields)
+        else:
+            # Nobody classified this error: loud, with its traceback, and still retried.
+            # Its traceback once per outcome, not at every retry.
+            first = any(w.failures == 1 for w in batch)
+            log.error("record_retry", unclassified=True, exc_info=exc if first else None, **fields)

@@ -10,6 +10,14 @@ Signals: the first SIGTERM/SIGINT stops claiming, releases claimed rows whose se
 has not begun, lets in-flight sends finish and record within ``shutdown_grace``,
 and returns 0. A second signal exits 130 at once; rows left in flight are the
 rescuer's, which is exactly what a crash would leave.
+
+Invariant 8 here: the lease token of every row whose adapter call has begun is in
+``_began`` until its outcome is written (or fenced out); nothing removes it on an
+error. The only rows this worker ever hands back are rows whose send never began:
+unstarted rows at shutdown, and rows of claims whose answer was lost (their lease
+tokens derive from the claim id, so the worker names exactly those, and they were
+never passed to an adapter). Any error while claiming counts as such a lost claim;
+any error while recording is retried (worker/recorder.py).
 """
 
 from __future__ import annotations
@@ -65,6 +73,22 @@ class PollOnly:
 def new_owner() -> str:
     """Unique per process: a restarted worker never mistakes an old lease for its own."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class _RescueAfterOrphans:
+    """This worker's rescuer pass, which first hands back the rows of its own lost claims:
+    they were never sent, and past their lease the rescuer would make them ``unknown``.
+    When that hand-back fails the pass is skipped (the next one tries again)."""
+
+    name = "rescuer"
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.interval = worker.rescuer.interval
+
+    async def run_once(self) -> Any:
+        await self.worker._release_lost_claims()
+        return await self.worker.rescuer.run_once()
 
 
 @dataclass
@@ -140,6 +164,13 @@ class Worker:
             metrics.init_provider(name)
         self.stats = RunStats()
         self._held: dict[int, _Held] = {}
+        # Lease tokens whose adapter call has begun and whose outcome is not yet written.
+        self._began: set[Any] = set()
+        # Claims whose answer never arrived (claim id -> monotonic time of the claim), and
+        # the ids of the claim statements of the claim now under way.
+        self._lost_claims: dict[str, float] = {}
+        self._lost_unchecked = False
+        self._claiming: list[str] = []
         self._answered = 0  # held rows whose outcome waits for the recorder
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -178,7 +209,7 @@ class Worker:
         await self._run_once(self.rescuer)
         services = [
             asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
-            for service in (self.rescuer, self.reconciler)
+            for service in (_RescueAfterOrphans(self), self.reconciler)
             if service is not None
         ]
         log.info(
@@ -203,7 +234,6 @@ class Worker:
     async def _claim_loop(self, *, drain: bool) -> None:
         s = self.settings
         failures = 0
-        need_orphan_check = False
         while not self._stopping.is_set():
             # A slot is a send at the provider: it frees when the adapter answers, not
             # when the outcome is written, so sends never wait for a commit. Rows held
@@ -218,31 +248,36 @@ class Worker:
                 continue
             limit = min(s.batch_size, free)
             try:
-                if need_orphan_check:
-                    released = await self.store.release_orphans(
-                        owner=self.owner, held=[h.step.lease_token for h in self._held.values()]
-                    )
-                    if released:
-                        log.warning("orphan_claims_released", count=released)
-                    need_orphan_check = False
+                if self._lost_unchecked:
+                    await self._release_lost_claims()
                 claim_started = time.monotonic()
                 claimed = await self._claim(list(self.providers), limit)
                 failures = 0
-            except DatabaseUnavailable as exc:
+            except Exception as exc:
                 failures += 1
-                # The claim may have committed with its answer lost: look for rows
-                # claimed in our name that we never received once the database answers.
-                need_orphan_check = not isinstance(exc, ReadOnlyDatabase)
+                read_only = isinstance(exc, ReadOnlyDatabase)
+                if not read_only:
+                    # The claim may have committed with its answer lost (or failed in a way
+                    # nobody classified): its rows, if any, were never sent; hand them back
+                    # once the database answers. A read-only refusal committed nothing.
+                    self._lost(self._claiming)
+                self._claiming = []
                 delay = reconnect_delay(failures)
-                log.warning(
-                    "claim_failed",
-                    error=exc.message,
-                    read_only=isinstance(exc, ReadOnlyDatabase),
+                fields = dict(
+                    error=getattr(exc, "message", None) or str(exc)[:300],
+                    error_class=type(exc).__name__,
+                    read_only=read_only,
                     retry_in=round(delay, 2),
-                    note="not claiming until the database accepts writes" if isinstance(exc, ReadOnlyDatabase) else None,
+                    note="not claiming until the database accepts writes" if read_only else None,
                 )
+                if isinstance(exc, DatabaseUnavailable):
+                    log.warning("claim_failed", **fields)
+                else:
+                    log.error("claim_failed", unclassified=True, exc_info=exc, **fields)
                 await self._sleep(delay)
                 continue
+            # Every row of these claims is held now: none of them is an orphan.
+            self._claiming = []
             now = time.monotonic()
             # A stop asked while the claim ran: these rows go back unsent (the shutdown
             # releases every held row whose send has not begun).
@@ -268,8 +303,9 @@ class Worker:
                         await self._run_once(self.reconciler)
                         log.info("drained", **self.stats.__dict__)
                         return
-                except DatabaseUnavailable as exc:
-                    log.warning("drain_check_failed", error=exc.message)
+                except Exception as exc:
+                    log.warning("drain_check_failed", error_class=type(exc).__name__,
+                                error=getattr(exc, "message", None) or str(exc)[:300])
                     await self._sleep(reconnect_delay(1))
                     continue
                 if not self.rates.held_back:
@@ -286,8 +322,40 @@ class Worker:
         kwargs = dict(owner=self.owner, lease_seconds=s.lease_seconds, dedupe_windows=self.dedupe_windows)
         if not self.rates.active:
             # The hot path without limits: exactly the one claim statement.
-            return await self.store.claim(providers=providers, limit=limit, **kwargs)
-        return await self.rates.claim(self.store.claim, providers, limit, **kwargs)
+            return await self._claim_statement(providers=providers, limit=limit, **kwargs)
+        return await self.rates.claim(self._claim_statement, providers, limit, **kwargs)
+
+    async def _claim_statement(self, **kwargs: Any) -> list[ClaimedStep]:
+        # Named before it is sent: if the answer never comes, the id still says which
+        # lease tokens the claim could have given (they derive from it).
+        claim_id = secrets.token_hex(16)
+        self._claiming.append(claim_id)
+        return await self.store.claim(claim_id=claim_id, **kwargs)
+
+    def _lost(self, claim_ids: list[str]) -> None:
+        now = time.monotonic()
+        for claim_id in claim_ids:
+            self._lost_claims[claim_id] = now
+        if claim_ids:
+            self._lost_unchecked = True
+
+    async def _release_lost_claims(self) -> None:
+        """Hand back the rows of claims whose answer was lost; never a row whose send began."""
+        if not self._lost_claims:
+            return
+        claims = list(self._lost_claims)
+        keep = {h.step.lease_token for h in self._held.values()} | self._began
+        released = await self.store.release_orphans(owner=self.owner, held=list(keep), claims=claims)
+        self._lost_unchecked = False
+        if released:
+            self.stats.released += released
+            log.warning("orphan_claims_released", count=released, claims=len(claims))
+        # A claim statement can still commit after its client gave up on it: its ids are
+        # asked about again at each rescuer pass until its lease has surely ended.
+        horizon = time.monotonic() - 2 * self.settings.lease_seconds
+        for claim_id in claims:
+            if self._lost_claims.get(claim_id, horizon) <= horizon:
+                self._lost_claims.pop(claim_id, None)
 
     async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
         if service is None:
@@ -296,6 +364,10 @@ class Worker:
             counts = await service.run_once()
         except DatabaseUnavailable as exc:
             log.warning(f"{service.name}_db_unavailable", error=exc.message)
+            return
+        except Exception:
+            # A failed pass is retried by the next one; it must not stop the worker.
+            log.exception(f"{service.name}_failed")
             return
         if counts.total:
             log.info(f"{service.name}_pass", **{name: getattr(counts, name) for name in counts.__slots__})
@@ -348,6 +420,7 @@ class Worker:
             if held.released:
                 return
             held.started = True
+            self._began.add(step.lease_token)
             provider = self.providers[step.provider]
             bounds = limits.limits(held.lease_from, self.settings.lease_seconds)
             request = SendRequest(
@@ -385,6 +458,8 @@ class Worker:
             self._answered += 1
             self._slot_freed.set()
             result = await self.recorder.submit(transition)
+            # Written (or fenced out: the row is no longer this lease's): no longer ours to guard.
+            self._began.discard(step.lease_token)
             if (result.applied and transition.to_status in TERMINAL) or result.settled:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
                 metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
@@ -417,12 +492,12 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # Recording failed for a reason other than the database being away:
-            # the row stays in flight and the rescuer takes it; say so loudly.
-            log.exception("send_not_recorded")
+            # A bug between the adapter's answer and the recorder (the recorder itself
+            # retries every error). If the send began, its token stays in _began for good:
+            # no path of this worker hands the row back; the rescuer makes it unknown.
+            log.exception("send_not_recorded", send_began=held.started)
         finally:
-            # Held until recorded: the orphan check must never hand back a row
-            # whose answer is still waiting to be written.
+            # The slot is freed; the guard against handing the row back is _began.
             if self._held.pop(step.id, None) is not None and held.answered:
                 self._answered -= 1
             self._slot_freed.set()
@@ -448,8 +523,10 @@ class Worker:
                 n = await self.store.release([h.step for h in unstarted], actor=self.owner)
                 self.stats.released += n
                 log.info("claims_released", count=n)
-            except DatabaseUnavailable as exc:
-                log.warning("release_failed", count=len(unstarted), error=exc.message)
+            except Exception as exc:
+                # Left in flight: the rescuer makes them unknown (a look for an operator, never a resend).
+                log.warning("release_failed", count=len(unstarted), error_class=type(exc).__name__,
+                            error=getattr(exc, "message", None) or str(exc)[:300])
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)

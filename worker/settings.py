@@ -78,10 +78,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "pooler",
         str,
-        "none",
-        "A pooler between evq and PostgreSQL: none, or transaction (PgBouncer in transaction mode: "
+        "auto",
+        "A pooler between evq and PostgreSQL: auto (probe at start; when a pooler answers, behave as "
+        "transaction, with a warning), none (no probe), or transaction (PgBouncer in transaction mode: "
         "no prepared statements, no LISTEN; polling instead).",
-        choices=("none", "transaction"),
+        choices=("auto", "none", "transaction"),
     ),
     Option(
         "rate_limit",
@@ -180,7 +181,7 @@ class Settings:
     retry_base: float = 5.0
     retry_max: float = 900.0
     listen: str = "auto"
-    pooler: str = "none"
+    pooler: str = "auto"
     rate_limit: tuple[RateLimit, ...] = ()
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0

@@ -138,7 +138,10 @@ WITH t AS (
     SET status = 'in_flight',
         attempts = s.attempts + 1,
         lease_owner = %(owner)s,
-        lease_token = gen_random_uuid(),
+        -- Derived from the worker's claim id, not random: a worker whose claim answer
+        -- was lost knows exactly which tokens that claim could have given, so it hands
+        -- back those rows only (step_orphan_claims), never one it may have sent.
+        lease_token = md5(%(claim_id)s || ':' || s.id::text)::uuid,
         lease_expires_at = t.now + make_interval(secs => %(lease_seconds)s),
         first_attempt_at = coalesce(s.first_attempt_at, t.now),
         -- The provider counts its window from the first request it saw with our key,
@@ -312,11 +315,16 @@ FROM released r;
 -- name: step_orphan_claims
 -- After a claim whose answer was lost (the connection dropped as it committed),
 -- rows can be in flight under this worker's name that it never received, so never
--- sent. Owner names are unique per process: any such row the worker does not hold
--- is safe to hand back through step_release (which re-checks the lease).
-SELECT id, lease_token, attempts
-FROM email_steps
-WHERE status = 'in_flight' AND lease_owner = %(owner)s AND NOT (lease_token = ANY(%(held)s::uuid[]));
+-- sent. Only rows whose lease token derives from one of those lost claims qualify
+-- (step_claim derives every token from its claim id): a row of any other claim may
+-- have reached an adapter, whatever the worker's memory says. Tokens the worker
+-- holds or has begun sending are excluded too. step_release re-checks the lease.
+SELECT s.id, s.lease_token, s.attempts
+FROM email_steps s
+JOIN unnest(%(claims)s::text[]) AS c(claim_id)
+  ON s.lease_token = md5(c.claim_id || ':' || s.id::text)::uuid
+WHERE s.status = 'in_flight' AND s.lease_owner = %(owner)s
+  AND NOT (s.lease_token = ANY(%(held)s::uuid[]));
 
 
 -- name: step_rescue

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -186,13 +187,18 @@ class PostgresStore:
         limit: int,
         lease_seconds: float,
         dedupe_windows: Mapping[str, float],
+        claim_id: str | None = None,
         now: datetime | None = None,
     ) -> list[ClaimedStep]:
+        """Claim up to ``limit`` rows. Their lease tokens derive from ``claim_id`` (a fresh
+        one when not given), so a caller that never got the answer can name them later
+        (:meth:`release_orphans`)."""
         rows = await self._fetch(
             "claim",
             Q["step_claim"],
             {
                 "now": now,
+                "claim_id": claim_id or new_claim_id(),
                 "owner": owner,
                 "providers": list(providers),
                 "limit": limit,
@@ -243,9 +249,18 @@ class PostgresStore:
     async def release(self, steps: Sequence[ClaimedStep], *, actor: str, now: datetime | None = None) -> int:
         return await self._release([(s.id, s.lease_token, s.attempt) for s in steps], actor=actor, now=now)
 
-    async def release_orphans(self, *, owner: str, held: Sequence[Any], now: datetime | None = None) -> int:
-        """Release rows this worker claimed but never learned of (the claim's answer was lost)."""
-        rows = await self._fetch("orphan_claims", Q["step_orphan_claims"], {"owner": owner, "held": list(held)})
+    async def release_orphans(
+        self, *, owner: str, held: Sequence[Any], claims: Sequence[str], now: datetime | None = None
+    ) -> int:
+        """Release rows of ``claims`` (claims whose answer was lost) that this worker never
+        received: only tokens derived from those claim ids, never one in ``held``."""
+        if not claims:
+            return 0
+        rows = await self._fetch(
+            "orphan_claims",
+            Q["step_orphan_claims"],
+            {"owner": owner, "held": [str(t) for t in held], "claims": list(claims)},
+        )
         return await self._release([(r["id"], r["lease_token"], r["attempts"]) for r in rows], actor=owner, now=now)
 
     async def _release(self, held: Sequence[tuple[int, Any, int]], *, actor: str, now: datetime | None) -> int:
@@ -606,6 +621,11 @@ class PostgresStore:
     async def schema_revision(self) -> str | None:
         rows = await self._fetch("schema_revision", Q["schema_revision"], {})
         return rows[0]["version_num"] if rows else None
+
+
+def new_claim_id() -> str:
+    """Random and unguessable, so two claims never derive the same lease token."""
+    return uuid.uuid4().hex
 
 
 def _transitions_json(transitions: Sequence[Transition]) -> str:

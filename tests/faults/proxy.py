@@ -36,16 +36,49 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        marked = [False]  # this connection carries the statement whose answer is withheld
+        await asyncio.gather(
+            self._pipe(reader, up_writer, lambda data: self._watch(data, marked)),
+            self._pipe(up_reader, writer, lambda data: self._withhold(data, marked)),
+            return_exceptions=True,
+        )
         self._writers -= {writer, up_writer}
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, forward=None) -> None:
         try:
             while data := await reader.read(65536):
+                if forward is not None and not forward(data):
+                    continue
                 writer.write(data)
                 await writer.drain()
         finally:
             writer.transport.abort()
+
+    def withhold_answer(self, marker: bytes, nth: int = 1) -> threading.Event:
+        """Forward the ``nth`` query whose text holds ``marker`` to the server, but never its
+        answer (nor anything after it on that connection): the statement runs and commits, the
+        client waits. The event is set once the whole answer, through ReadyForQuery, is held back."""
+        self._marker, self._nth, self._seen = marker, nth, 0
+        self._held_back = bytearray()
+        self.withheld = threading.Event()
+        return self.withheld
+
+    def _watch(self, data: bytes, marked: list[bool]) -> bool:
+        marker = getattr(self, "_marker", None)
+        if marker is not None and marker in data:
+            self._seen += 1
+            if self._seen == self._nth:
+                marked[0] = True
+        return True
+
+    def _withhold(self, data: bytes, marked: list[bool]) -> bool:
+        if not marked[0]:
+            return True
+        self._held_back += data
+        # ReadyForQuery, idle: the statement's transaction has committed on the server.
+        if self._held_back.endswith(b"Z\x00\x00\x00\x05I"):
+            self.withheld.set()
+        return False
 
     def partition(self) -> None:
         """Drop every live connection and refuse new ones until heal()."""

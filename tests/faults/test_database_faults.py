@@ -7,10 +7,15 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import psycopg
+import pytest
 
-from tests.acceptance.conftest import Evq, smtp_env
+from tests.acceptance.conftest import Evq, make_key, smtp_env
+from tests.faults.cluster import ThrowawayCluster
+from tests.faults.conftest import with_port
+from tests.faults.proxy import TcpProxy
 from tests.support import evidence_kinds, rows, step_row, wait_until
 
 LEASE = 8
@@ -43,6 +48,59 @@ def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp)
     assert len(smtp.by_message_id()) == 150 and set(smtp.by_message_id().values()) == {1}
     answers = rows(private_pg.url, "SELECT count(*)::int AS n FROM evidence WHERE kind = 'provider_response'")
     assert answers == [{"n": 150}]
+
+
+@pytest.fixture
+def cluster() -> Iterator[ThrowawayCluster]:
+    server = ThrowawayCluster()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+# The first line of the claim statement (adapters/postgres/queries.sql), as the worker sends it.
+CLAIM_TEXT = b"-- One statement: pick claimable rows"
+
+
+def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster, smtp):
+    """Row 2: a claim commits and PostgreSQL stops before its answer reaches the worker, for
+    longer than a lease. Those rows were never sent: the worker hands them back (its rescuer
+    pass does that first), they go out once, and nothing is rescued as unknown."""
+    admin = make_key(cluster.url(), "faults-admin", "admin", created_by=None)
+    proxy = TcpProxy("127.0.0.1", cluster.port).start()
+    worker = None
+    try:
+        evq = Evq(with_port(cluster.url(), "127.0.0.1", proxy.port), api_key=admin)
+        lines = "\n".join(request(f"c-{i}", "ok@example.com") for i in range(12))
+        assert Evq(cluster.url(), api_key=admin).run("enqueue", "--file", "-", input=lines).returncode == 0
+        # The worker's second claim runs and commits; its answer is kept from the worker.
+        withheld = proxy.withhold_answer(CLAIM_TEXT, nth=2)
+        env = smtp_env(smtp, EVQ_LEASE_SECONDS="4", EVQ_SMTP_TIMEOUT="1", EVQ_RESCUE_INTERVAL="0.3",
+                       EVQ_LISTEN="off", EVQ_CONCURRENCY="4", EVQ_BATCH_SIZE="2")
+        worker = evq.popen("worker", "run", "--drain", **env)
+        assert withheld.wait(30), "the worker never made a second claim"
+        # The first claim's sends finish and are recorded: only the lost claim is in flight.
+        wait_until(lambda: rows(cluster.url(), "SELECT count(*)::int AS n FROM email_steps "
+                                               "WHERE status = 'accepted'")[0]["n"] == 2, what="first claim recorded")
+        lost = rows(cluster.url(), "SELECT id FROM email_steps WHERE status = 'in_flight'")
+        cluster.restart(down_for=5.0)  # longer than the lease
+        code = worker.wait(90)
+    finally:
+        if worker is not None:
+            worker.kill()
+            log = worker.communicate()[1]
+        proxy.stop()
+    assert code == 0, log[-3000:]
+    assert len(lost) == 2
+    statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    assert statuses == [{"status": "accepted", "n": 12}], statuses
+    assert len(smtp.by_message_id()) == 12 and set(smtp.by_message_id().values()) == {1}
+    kinds = rows(cluster.url(), "SELECT kind, count(*)::int AS n FROM evidence WHERE step_id = ANY(%s) "
+                                "GROUP BY kind ORDER BY kind", ([r["id"] for r in lost],))
+    assert kinds == [{"kind": "attempt_released", "n": 2}, {"kind": "attempt_started", "n": 4},
+                     {"kind": "provider_response", "n": 2}], kinds
+    assert '"orphan_claims_released"' in log
 
 
 def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp, admin_key):

@@ -15,7 +15,7 @@ import pytest
 
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.faults.conftest import with_port
-from tests.support import free_port, require_binary, rows, wait_until
+from tests.support import free_port, require_binary, rows, valid, wait_until, with_store
 
 
 
@@ -99,11 +99,93 @@ def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: st
 
 
 def test_listen_auto_notices_notifications_do_not_arrive(pgbouncer: str, smtp):
-    """Without EVQ_POOLER set, EVQ_LISTEN=auto probes, finds notifications do not come
-    back through the pooler, warns, and polls."""
-    evq = Evq(pgbouncer)
+    """Even with EVQ_POOLER=none (no pooler probe), EVQ_LISTEN=auto probes, finds notifications
+    do not come back through the pooler, warns, and polls."""
+    evq = Evq(pgbouncer, EVQ_POOLER="none")
     started = time.monotonic()
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"listen_unavailable"' in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_once(pgbouncer: str, db_url: str,
+                                                                                     smtp, admin_key):
+    """A forgotten EVQ_POOLER: the worker finds the pooler at start (its backend key is not the
+    server's), behaves as EVQ_POOLER=transaction and says so. Before, prepared statements broke
+    behind it and an unexpected error while recording made a delivered send look never sent."""
+    sends = 1000
+    evq = Evq(pgbouncer, api_key=admin_key)
+    lines = "\n".join(
+        json.dumps({"run_id": "pgb", "step_id": f"s{i}", "to": [f"u{i}@example.com"], "from": "a@example.org",
+                    "subject": "s", "text": "t"})
+        for i in range(sends)
+    )
+    assert Evq(db_url, api_key=admin_key).run("enqueue", "--file", "-", input=lines).returncode == 0
+    env = smtp_env(smtp, EVQ_LOG_LEVEL="warning")
+    env.pop("EVQ_POOLER", None)
+    workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", "--batch-size", "10", **env)
+               for _ in range(2)]
+    try:
+        codes = [w.wait(75) for w in workers]  # about 15 s on a loaded 2-core machine
+    finally:
+        for w in workers:
+            w.kill()
+        logs = [w.communicate()[1] for w in workers]
+    assert "EVQ_POOLER" not in evq.env
+    assert codes == [0, 0], logs[0][-3000:]
+    assert all('"pooler_detected"' in log for log in logs)
+    delivered = smtp.by_message_id()
+    assert len(delivered) == sends and set(delivered.values()) == {1}
+    assert rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status") == [
+        {"status": "accepted", "n": sends}
+    ]
+    released = rows(db_url, "SELECT s.message_id FROM evidence e JOIN email_steps s ON s.id = e.step_id "
+                            "WHERE e.kind = 'attempt_released'")
+    assert not {r["message_id"] for r in released} & set(delivered)
+    for broken in ("InvalidSqlStatementName", "DuplicatePreparedStatement", '"record_retry"', '"claim_failed"'):
+        assert broken not in "".join(logs)
+
+
+def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(pgbouncer: str, db_url: str,
+                                                                                admin_key):
+    """`evq serve` answered 500s (DuplicatePreparedStatement) behind a transaction pooler once its
+    statements had run five times on a connection; it detects the pooler too."""
+    import threading
+
+    from tests.web.support import serving
+
+    steps = [with_store(db_url, lambda store, i=i: store.enqueue(valid(run_id="serve", step_id=f"s{i}")))
+             for i in range(5)]
+    answers: list[int | str] = []
+    with serving(pgbouncer) as served:
+
+        def hammer() -> None:
+            client = served.client(admin_key)
+            for i in range(30):
+                for path, params in (("/v1/steps", {"limit": 3}), (f"/v1/steps/{steps[i % len(steps)].id}", {})):
+                    try:
+                        answers.append(client.get(path, params=params).status_code)
+                    except Exception as exc:  # noqa: BLE001 - a hung or dropped request is an answer too
+                        answers.append(type(exc).__name__)
+                        return  # one hung request per thread is enough to know
+
+        threads = [threading.Thread(target=hammer) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert set(answers) == {200}, sorted(set(map(str, answers)))
+    assert len(answers) == 6 * 60
+
+
+async def test_the_probe_tells_a_pooler_from_postgresql_itself(pgbouncer: str, db_url: str):
+    from adapters.postgres.pooler import PoolerProbe, probe
+
+    assert await probe(db_url) == PoolerProbe(pooled=False, shares_backends=False)
+    assert await probe(pgbouncer) == PoolerProbe(pooled=True, shares_backends=True)
+
+
+def test_listen_on_behind_a_pooler_is_refused_with_a_clear_error(pgbouncer: str):
+    out = Evq(pgbouncer).json("worker", "run", "--drain", "--listen", "on", expect=2)
+    assert out["error"]["code"] == "E_INVALID_ARG" and "pooler" in out["error"]["message"]

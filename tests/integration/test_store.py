@@ -223,11 +223,21 @@ async def test_release_hands_back_an_unsent_claim(store, db_url):
 async def test_release_orphans_frees_claims_the_worker_never_received(store, db_url):
     a = await store.enqueue(valid(), now=T0)
     b = await store.enqueue(valid(), now=T0)
-    claimed = await claim(store, owner="me")
-    kept = [s for s in claimed if s.id == a.id]
-    assert await store.release_orphans(owner="me", held=[s.lease_token for s in kept]) == 1
-    assert step_row(db_url, a.id)["status"] == "in_flight"
+    c = await store.enqueue(valid(), now=T0)
+    # A claim whose answer arrived: its rows may be at an adapter, whatever the worker holds.
+    [received] = await store.claim(owner="me", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={},
+                                   claim_id="claim-answered", now=T0)
+    # A claim whose answer was lost: the worker never saw these rows, so never sent them.
+    lost = await store.claim(owner="me", providers=["smtp"], limit=2, lease_seconds=60, dedupe_windows={},
+                             claim_id="claim-lost", now=T0)
+    assert received.id == a.id and {s.id for s in lost} == {b.id, c.id}
+    kept = [s for s in lost if s.id == c.id]  # a token the worker holds is never handed back
+    assert await store.release_orphans(owner="me", held=[s.lease_token for s in kept], claims=["claim-lost"]) == 1
+    assert step_row(db_url, a.id)["status"] == "in_flight"  # not held, but not of a lost claim
     assert step_row(db_url, b.id)["status"] == "pending"
+    assert step_row(db_url, c.id)["status"] == "in_flight"
+    assert await store.release_orphans(owner="someone-else", held=[], claims=["claim-answered"]) == 0
+    assert await store.release_orphans(owner="me", held=[], claims=[]) == 0
 
 
 async def test_list_and_show(store, db_url):
@@ -297,7 +307,7 @@ def test_claim_uses_its_partial_index(db_url):
         plan = conn.execute(
             "EXPLAIN (FORMAT JSON) " + Q["step_claim"],
             {"now": None, "owner": "w", "providers": ["smtp"], "limit": 100, "lease_seconds": 60.0,
-             "dedupe_windows": "{}"},
+             "dedupe_windows": "{}", "claim_id": "c"},
         ).fetchone()[0]
         conn.rollback()
     assert "ix_email_steps_claimable" in str(plan)

@@ -195,3 +195,55 @@ async def test_an_idle_worker_wakes_on_notify_not_on_its_poll(store, db_url):
         code = await asyncio.wait_for(task, 30)
         await wakeup.close()
     assert code == 0 and len(provider.calls) == 1
+
+
+async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_holds_back_only_itself(store, db_url):
+    """An error nobody classified while recording (here: every write of one step's outcome
+    fails) is retried with backoff; the other outcomes of its batch are written one by one;
+    the send that began is never handed back, even after a lost claim makes the worker look
+    for orphans; once its lease is gone the rescuer makes it unknown."""
+    from datetime import datetime, timedelta, timezone
+
+    from worker.errors import DatabaseUnavailable
+
+    ids = await enqueue(store, 4)
+    poisoned = ids[0]
+    provider = ScriptedProvider()
+    writes = {"failed": 0, "claims": 0}
+
+    class PoisonedStore:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        async def record(self, transitions, **kw):
+            if any(t.step_id == poisoned for t in transitions):
+                writes["failed"] += 1
+                raise RuntimeError("a write that always fails")
+            return await store.record(transitions, **kw)
+
+        async def claim(self, **kw):
+            # The second claim commits and then its answer is lost: the worker looks for orphans.
+            writes["claims"] += 1
+            claimed = await store.claim(**kw)
+            if writes["claims"] == 2:
+                raise DatabaseUnavailable("the connection was lost as the claim committed")
+            return claimed
+
+    worker = Worker(PoisonedStore(), {"smtp": provider}, replace(SETTINGS, batch_size=4, shutdown_grace=0.5))
+    task = asyncio.create_task(worker.run(install_signals=False))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while loop.time() < deadline and not (
+        all(step_row(db_url, i)["status"] == "accepted" for i in ids[1:]) and writes["failed"] >= 3
+    ):
+        await asyncio.sleep(0.05)
+    assert [step_row(db_url, i)["status"] for i in ids] == ["in_flight", "accepted", "accepted", "accepted"]
+    assert writes["failed"] >= 3  # retried, not given up after the first failure
+    worker.request_stop()
+    assert await asyncio.wait_for(task, 10) == 1  # the poisoned outcome was still being retried
+    assert len(provider.calls) == 4 and set(provider.sent.values()) == {1}
+    assert "attempt_released" not in evidence_kinds(db_url, poisoned)
+    later = datetime.now(timezone.utc) + timedelta(seconds=SETTINGS.lease_seconds + 1)
+    await store.rescue(limit=10, lease_seconds=SETTINGS.lease_seconds, default_max_attempts=5, actor="r", now=later)
+    assert step_row(db_url, poisoned)["status"] == "unknown"
+    assert evidence_kinds(db_url, poisoned) == ["attempt_started", "lease_expired"]
