@@ -64,11 +64,20 @@ def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
 
     from worker.logs import configure, register_secrets
 
+    import structlog
+
     register_secrets([SECRET])
+    root = logging.getLogger()
+    handlers = list(root.handlers)
     configure("json", "info")
-    logging.getLogger("psycopg.pool").warning("error connecting in 'evq': bad dsn %s", f"postgresql://u:{SECRET}@h/d")
-    logging.getLogger("httpx").info("HTTP Request: noise below the threshold")
-    err = capsys.readouterr().err
+    try:
+        logging.getLogger("psycopg.pool").warning("error connecting in 'evq': bad dsn %s", f"postgresql://u:{SECRET}@h/d")
+        logging.getLogger("httpx").info("HTTP Request: noise below the threshold")
+        err = capsys.readouterr().err
+    finally:
+        # The configuration is process-wide: later tests (capture_logs) expect structlog's defaults.
+        structlog.reset_defaults()
+        root.handlers[:] = handlers
     line = json.loads(err.strip().splitlines()[-1])
     assert line["logger"] == "psycopg.pool" and line["level"] == "warning" and "***" in line["event"]
     assert SECRET not in err and "noise below" not in err
