@@ -23,7 +23,7 @@ from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, Verifie
 from worker.ports import StepFilter
 from worker.records import StepSummary
 from worker.request import Policy, ValidRequest, unicode_domain
-from worker.resolution import Resolution
+from worker.resolution import Resolution, Verdict, requeueable
 from worker.states import Status
 from worker.timeline import run_events
 
@@ -342,7 +342,7 @@ async def resolve(
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.RESOLVE)
     rows, _ = await store.list_steps(where, now=now)
     if selection.step_id is not None:
-        _only_unknown(selection.step_id, rows)
+        _only_unknown(selection.step_id, rows, resolution)
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
         plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
@@ -362,9 +362,12 @@ async def resolve(
     return Reply({"dry_run": False, **head, **tally.summary}, status=status)
 
 
-def _only_unknown(step_id: int, rows: list[StepSummary]) -> None:
+def _only_unknown(step_id: int, rows: list[StepSummary], resolution: Resolution) -> None:
     if not rows:
         raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+    if resolution.verdict is Verdict.RETRY and requeueable(rows[0].status, rows[0].reason):
+        # The dead-letter requeue; the statement itself checks that no attempt may have been delivered.
+        return
     if rows[0].status != Status.UNKNOWN:
         raise StateConflict(
             f"step {step_id} is {rows[0].status}, not unknown: only unknown rows can be resolved",

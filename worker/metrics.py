@@ -100,6 +100,17 @@ PROVIDER_PAUSED_UNTIL = Gauge(
     "When the provider's latest pause known to this process ends (Unix time; 0: none seen).",
     ["provider"],
 )
+CIRCUIT_STATES = ("closed", "half_open", "open")
+CIRCUIT_CHANGES = Counter(
+    "evq_provider_circuit_changes_total",
+    "Changes of a provider's circuit made by this process (state: open, half_open, closed; worker/circuit.py).",
+    ["provider", "state"],
+)
+UNCHARGED_ATTEMPTS = Counter(
+    "evq_uncharged_attempts_total",
+    "Attempts that hit a provider-level fault or an open circuit: not counted against their message.",
+    ["provider"],
+)
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
 
 for _to in RESCUED_TO:
@@ -119,6 +130,9 @@ def init_provider(provider: str) -> None:
         RATE_LIMITED.labels(provider=provider, reason=reason)
     PROVIDER_PAUSES.labels(provider=provider)
     PROVIDER_PAUSED_UNTIL.labels(provider=provider)
+    for state in CIRCUIT_STATES:
+        CIRCUIT_CHANGES.labels(provider=provider, state=state)
+    UNCHARGED_ATTEMPTS.labels(provider=provider)
 
 
 def observe_decision_to_enqueue(decided_at: datetime | None, enqueued_at: datetime) -> None:

@@ -38,6 +38,10 @@ class Retryable:
     # The provider said we send too fast (an HTTP 429): not this message's problem, so the
     # whole provider slows down for every worker (worker/ratelimit.py), not only this step.
     throttled: bool = False
+    # A fault of the provider or of our settings, not of this message (worker/circuit.py
+    # names them: connection_refused, tls_failed, auth_failed, ...): every message would
+    # fail the same way, so it opens the provider's circuit and costs the message nothing.
+    fault: str | None = None
     kind: Literal["retryable"] = "retryable"
 
 

@@ -51,6 +51,15 @@ class ClaimedStep:
     dedupe_remaining: float | None
     maybe_delivered: bool
     created_at: datetime
+    # Attempts that hit a provider-level fault (worker/circuit.py): not charged to the message.
+    uncharged_attempts: int = 0
+    # Seconds, by the database clock at claim time, since the retry budget started counting
+    # (the enqueue, or an operator's requeue): EVQ_RETRY_FOR is measured against it.
+    budget_age: float = 0.0
+
+    @property
+    def charged_attempts(self) -> int:
+        return self.attempt - self.uncharged_attempts
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
@@ -69,6 +78,8 @@ class ClaimedStep:
             dedupe_remaining=None if row["dedupe_remaining"] is None else float(row["dedupe_remaining"]),
             maybe_delivered=row["maybe_delivered"],
             created_at=row["created_at"],
+            uncharged_attempts=row.get("uncharged_attempts", 0),
+            budget_age=float(row.get("budget_age") or 0.0),
         )
 
 
@@ -87,6 +98,8 @@ class Transition:
     maybe_delivered: bool = False
     latency_ms: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    # False: the attempt hit a provider-level fault and is not counted against the message.
+    charged: bool = True
 
     @property
     def definite(self) -> bool:
@@ -199,12 +212,14 @@ class Resolved:
     attempts: int
     max_attempts_before: int | None
     max_attempts_after: int | None
+    # unknown, or rejected for a dead-letter requeue (attempts or retry budget spent).
+    from_status: Status = Status.UNKNOWN
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.step_id,
             "run_id": self.run_id,
-            "from_status": str(Status.UNKNOWN),
+            "from_status": str(self.from_status),
             "to_status": str(self.to_status),
             "evidence_id": self.evidence_id,
             "resolved_at": self.resolved_at,
