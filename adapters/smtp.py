@@ -422,8 +422,9 @@ class _Conversation:
             else:
                 conn = smtplib.SMTP(p.host, p.port, local_hostname=helo, timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
-            self._expect((exc.smtp_code, exc.smtp_error), (220,))
-            raise
+            # The server refuses every session, not this message: a provider-level fault.
+            raise _Stop(self._retry(f"smtp {exc.smtp_code} at connect: {_short(self._text(exc.smtp_error))}",
+                                    code=exc.smtp_code, reply=exc.smtp_error, fault="greeting_refused")) from None
         with self._lock:
             self.conn = conn
             if self.cut:  # the deadline passed while connecting
@@ -435,7 +436,7 @@ class _Conversation:
             self.phase = "starttls"
             if not conn.has_extn("starttls"):
                 # Never fall back to plain text when TLS was asked for.
-                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply=""))
+                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply="", fault="tls_failed"))
             try:
                 self._arm()
                 conn.starttls(context=p.ssl_context)
@@ -446,13 +447,13 @@ class _Conversation:
         if p.username is not None:
             self.phase = "auth"
             if not conn.has_extn("auth"):
-                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply=""))
+                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply="", fault="auth_failed"))
             try:
                 self._arm()
                 conn.login(p.username, p._password or "")
             except smtplib.SMTPAuthenticationError as exc:
                 reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
-                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error)) from None
+                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error, fault="auth_failed")) from None
 
         self.phase = "mail"
         if env.smtputf8 and not conn.has_extn("smtputf8"):
@@ -552,10 +553,11 @@ class _Conversation:
             raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
         # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
         # AUTH): a fault of the server or of our settings, not of this message.
-        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply))
+        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply,
+                                fault=_config_fault(code, reply)))
 
-    def _retry(self, reason: str, *, code: int | None, reply: bytes | str) -> Retryable:
-        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(code, self._text(reply)))
+    def _retry(self, reason: str, *, code: int | None, reply: bytes | str, fault: str | None = None) -> Retryable:
+        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(code, self._text(reply)), fault=fault)
 
     def _failed(self, exc: BaseException) -> Outcome:
         error_class = "DeadlineExceeded" if self.cut else _root_class(exc)
@@ -575,7 +577,8 @@ class _Conversation:
             reason = f"tls failed at {self.phase}: {error_class}"
         else:
             reason = f"{error_class} at {self.phase}: {_short(detail)}"
-        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(None, detail, error_class=error_class))
+        return Retryable(self.p.secrets.scrub(reason), response=self._evidence(None, detail, error_class=error_class),
+                         fault=None if self.cut else _transport_fault(exc, self.phase))
 
     def _evidence(self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any) -> dict[str, Any]:
         return {
@@ -619,6 +622,27 @@ def _quietly(call: Any) -> None:
         call()
     except Exception:  # noqa: BLE001 - the outcome is already decided
         pass
+
+
+def _config_fault(code: int, reply: str) -> str | None:
+    """A refusal of the session itself (worker/circuit.py): every message would get it."""
+    if code in _CONFIG_CODES:
+        # 530 is "must issue STARTTLS" or "authentication required"; 538 wants TLS for AUTH.
+        return "starttls_required" if code == 538 or "tls" in reply.lower() else "auth_failed"
+    return None
+
+
+def _transport_fault(exc: BaseException, phase: str) -> str | None:
+    """Nothing listening (refused) or a TLS handshake that fails: the provider, or our
+    settings, not this message. A timeout or a reset stays an ordinary temporary failure."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) and phase == "connect":
+            return "connection_refused"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_failed"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _root_class(exc: BaseException) -> str:

@@ -284,6 +284,40 @@ async def show_run(store: Store, caller: Caller, run_id: str) -> Reply:
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
 
 
+# -- providers' circuits (worker/circuit.py) -----------------------------------------
+
+
+def circuit_view(provider: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One provider's circuit as every interface shows it; no row means closed, never opened."""
+    row = row or {}
+    state = row.get("state") or "closed"
+    held = state != "closed"
+    return {
+        "provider": provider,
+        "state": state,
+        "sending": not held,
+        "reason": row.get("reason") if held else None,
+        "detail": row.get("detail") if held else None,
+        "opened_at": row.get("opened_at"),
+        "open_for_seconds": round(row["open_for"], 3) if held and row.get("open_for") is not None else None,
+        "next_probe_at": row.get("probe_at"),
+        "next_probe_in_seconds": round(max(0.0, row["probe_in"]), 3) if row.get("probe_in") is not None else None,
+        "failed_probes": row.get("probes", 0) if held else 0,
+        "probe_owner": row.get("probe_owner"),
+        "openings": row.get("openings", 0),
+        "updated_at": row.get("updated_at"),
+    }
+
+
+async def list_providers(store: Any, caller: Caller, providers: Sequence[str]) -> Reply:
+    """Every provider's circuit: whether evq sends to it now and, if not, why."""
+    await caller.identify(store, Permission.READ)
+    rows = {r["provider"]: r for r in await store.circuits()}
+    names = list(providers) + sorted(set(rows) - set(providers))
+    data = [circuit_view(name, rows.get(name)) for name in names]
+    return Reply(data, {"count": len(data), "held": sum(1 for d in data if not d["sending"])})
+
+
 # -- operators ----------------------------------------------------------------
 
 

@@ -198,6 +198,8 @@ class QueueStats:
     in_flight_expired: int
     # Statuses whose count is the planner's estimate rather than an exact count.
     estimated: tuple[str, ...] = ()
+    # provider -> circuit state (closed, half_open, open), for providers that ever had one.
+    circuits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1146,7 +1146,9 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pendin
        coalesce(extract(epoch FROM (SELECT now FROM t) - l.oldest_due)::float8, 0) AS pending_oldest_age,
        (SELECT n FROM terminal WHERE status = 'accepted') AS accepted,
        (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
-       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated
+       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated,
+       -- Providers' circuits (worker/circuit.py): a row per provider at most.
+       (SELECT coalesce(jsonb_object_agg(c.provider, c.state), '{}'::jsonb) FROM provider_circuits c) AS circuits
 FROM lag l, in_flight f;
 
 
