@@ -51,7 +51,8 @@ class ClaimedStep:
     dedupe_remaining: float | None
     maybe_delivered: bool
     created_at: datetime
-    # Attempts that hit a provider-level fault (worker/circuit.py): not charged to the message.
+    # Attempts not charged to the message: provider-level faults (worker/circuit.py), and
+    # the attempts an operator's requeue of a dead letter forgave.
     uncharged_attempts: int = 0
     # Seconds, by the database clock at claim time, since the retry budget started counting
     # (the enqueue, or an operator's requeue): EVQ_RETRY_FOR is measured against it.

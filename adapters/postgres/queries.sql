@@ -860,7 +860,7 @@ ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
 -- The dead-letter requeue: 'retryable' is also taken for a rejected row whose
 -- attempts or retry budget ran out on temporary failures only (no attempt may have
 -- been delivered: maybe_delivered is false, else it would have ended unknown). It
--- goes back with a fresh budget (retry_from = now) and as many attempts again.
+-- goes back with a fresh budget (retry_from = now) and its attempts forgiven.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
@@ -891,12 +891,12 @@ WITH t AS (
                                    THEN coalesce(%(provider_message_id)s, s.provider_message_id)
                                    ELSE s.provider_message_id END,
         maybe_delivered = CASE WHEN %(to_status)s = 'retryable' THEN false ELSE s.maybe_delivered END,
-        max_attempts = CASE WHEN cur.requeueable
-                                 AND cur.charged_attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
-                            THEN cur.charged_attempts + coalesce(s.max_attempts, %(default_max_attempts)s)
-                            WHEN %(to_status)s = 'retryable'
+        max_attempts = CASE WHEN %(to_status)s = 'retryable' AND NOT cur.requeueable
                                  AND cur.charged_attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
                             THEN cur.charged_attempts + 1 ELSE s.max_attempts END,
+        -- A requeue forgives the spent attempts (the count itself stays: it numbers the
+        -- evidence) and restarts the retry budget: the step gets what a new one would.
+        uncharged_attempts = CASE WHEN cur.requeueable THEN s.attempts ELSE s.uncharged_attempts END,
         retry_from = CASE WHEN cur.requeueable THEN t.now ELSE s.retry_from END,
         next_attempt_at = CASE WHEN %(to_status)s = 'retryable' THEN t.now ELSE s.next_attempt_at END,
         unknown_since = NULL,
@@ -907,7 +907,8 @@ WITH t AS (
       AND ((cur.status = 'unknown'
             AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false)))
            OR (cur.requeueable AND %(to_status)s = 'retryable'))
-    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.provider, s.closed_at, t.now AS at
+    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.uncharged_attempts, s.provider, s.closed_at,
+              t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
                           provider_message_id, detail, created_at)
@@ -925,6 +926,7 @@ WITH t AS (
                'max_attempts_raised', c.max_attempts IS DISTINCT FROM cur.max_attempts,
                'max_attempts', c.max_attempts,
                'requeued', cur.requeueable,
+               'uncharged_attempts', c.uncharged_attempts,
                'retry_from', CASE WHEN cur.requeueable THEN c.at END),
            c.at
     FROM closed c, cur

@@ -134,7 +134,8 @@ email_steps = Table(
     CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
     CheckConstraint("notice_of IS NULL OR notify IS NULL", name="notice_never_notifies"),
     CheckConstraint("reconcile_checks >= 0", name="reconcile_checks_nonnegative"),
-    # Attempts that hit a provider-level fault (worker/circuit.py): not charged to the message (0011).
+    # Attempts not charged to the message (0011): those that hit a provider-level fault
+    # (worker/circuit.py), and those an operator's requeue forgave.
     Column("uncharged_attempts", Integer, nullable=False, server_default="0"),
     # When the retry budget (EVQ_RETRY_FOR) started counting; NULL: at created_at (0011).
     Column("retry_from", TZ),

@@ -126,6 +126,10 @@ BYPASSES = [
     ["DELETE FROM evidence"],
     ["DELETE FROM decisions"],
     ["DELETE FROM prune_log"],
+    # A provider circuit's history (0011): appended with each change, never rewritten.
+    ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
+    ["DELETE FROM provider_circuit_events"],
+    ["TRUNCATE provider_circuit_events"],
     ["DELETE FROM email_steps"],
     ["INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
      "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"],
