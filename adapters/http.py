@@ -16,7 +16,7 @@ body byte for byte, and the provider sends once. Classification (DESIGN.md "Adap
 | 400, 413, 422, any other 4xx not below | rejected |
 | 409 "same key, different payload" | rejected: a bug (our body for a key never changes); logged as an error |
 | 409 "still in progress", 408, 429 (Retry-After honoured) | retryable; a 429 is `throttled`: it pauses the whole provider |
-| 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message |
+| 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message (401 and 403 open the provider's circuit, worker/circuit.py) |
 | 5xx with the provider's JSON error | retryable (the provider says it failed) |
 | 5xx without it (a gateway answered) | ambiguous: the provider behind it may have acted |
 | no connection, or failed before the whole request was written | retryable |
