@@ -300,6 +300,13 @@ class Worker:
 
     async def _claim(self, providers: list[str], limit: int) -> list[ClaimedStep]:
         s = self.settings
+        if self.circuits.any_held:
+            # What this worker already knows, before the database does: sends that fail at
+            # the same moment as the one that opened the circuit free their slots before its
+            # write commits, and must not be refilled from the same dead provider.
+            providers = [p for p in providers if self.circuits.state(p) is CircuitState.CLOSED]
+            if not providers:
+                return []
         kwargs = dict(owner=self.owner, lease_seconds=s.lease_seconds, dedupe_windows=self.dedupe_windows)
         if not self.rates.active:
             # The hot path without limits: exactly the one claim statement.
