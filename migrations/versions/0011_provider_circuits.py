@@ -33,90 +33,20 @@ branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 
-def _quoted(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-# evq_grant_runtime as 0009 wrote it, with one more line per history table this
-# revision adds ({extra}); the downgrade writes it back without.
-GRANT_RUNTIME = """
-CREATE OR REPLACE FUNCTION evq_grant_runtime(p_role name) RETURNS text[]
-LANGUAGE plpgsql SET search_path = {path} AS $$
-DECLARE
-    schema_oid oid := (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'email_steps'::regclass);
-    schema_name name := (SELECT n.nspname FROM pg_namespace n WHERE n.oid = schema_oid);
-    owner_oid oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = 'email_steps'::regclass);
-    r pg_roles%ROWTYPE;
-    t record;
-    privileges text;
-    done text[] := '{{}}';
-BEGIN
-    SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'evq: role % does not exist', p_role
-            USING ERRCODE = 'undefined_object', HINT = 'create it first, e.g. CREATE ROLE evq_app LOGIN PASSWORD ''...''';
-    END IF;
-    IF r.rolsuper OR r.rolbypassrls OR pg_has_role(r.oid, owner_oid, 'MEMBER') THEN
-        RAISE EXCEPTION 'evq: role % can act as the owner of evq''s tables (superuser, or a member of %): it could rewrite history',
-            p_role, pg_get_userbyid(owner_oid)
-            USING ERRCODE = 'invalid_grant_operation', HINT = 'use a role of its own, with no membership in the owner role';
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = schema_oid AND c.relowner = r.oid) THEN
-        RAISE EXCEPTION 'evq: role % owns objects in schema %: an owner can drop or alter them', p_role, schema_name
-            USING ERRCODE = 'invalid_grant_operation', HINT = 'reassign them to the owner: REASSIGN OWNED BY ... TO ...';
-    END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, p_role);
-    -- PostgreSQL before 15 lets PUBLIC create in the public schema: the runtime role
-    -- could add its own tables and functions beside evq's.
-    IF EXISTS (
-        SELECT 1 FROM pg_namespace n, aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
-        WHERE n.oid = schema_oid AND a.grantee = 0 AND a.privilege_type = 'CREATE'
-    ) THEN
-        EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', schema_name);
-    END IF;
-    IF has_schema_privilege(r.oid, schema_oid, 'CREATE') THEN
-        EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM %I', schema_name, p_role);
-    END IF;
-    FOR t IN
-        SELECT c.relname, c.relkind FROM pg_class c
-        WHERE c.relnamespace = schema_oid AND c.relowner = owner_oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
-        ORDER BY c.relname
-    LOOP
-        IF t.relkind = 'S' THEN
-            EXECUTE format('REVOKE ALL ON SEQUENCE %I.%I FROM %I', schema_name, t.relname, p_role);
-            EXECUTE format('GRANT USAGE, SELECT ON SEQUENCE %I.%I TO %I', schema_name, t.relname, p_role);
-            CONTINUE;
-        END IF;
-        privileges := CASE t.relname
-            WHEN 'evidence' THEN 'SELECT, INSERT'          -- append-only
-            WHEN 'decisions' THEN 'SELECT, INSERT'         -- append-only
-            WHEN 'prune_log' THEN 'SELECT'                 -- written by evq_prune_batch only
-{extra}            WHEN 'alembic_version' THEN 'SELECT'           -- the schema check reads it
-            WHEN 'email_steps' THEN 'SELECT, INSERT, UPDATE'  -- steps go only through evq_prune_batch
-            WHEN 'api_keys' THEN 'SELECT, INSERT, UPDATE'  -- revoked, never deleted
-            ELSE 'SELECT, INSERT, UPDATE, DELETE'
-        END;
-        EXECUTE format('REVOKE ALL ON TABLE %I.%I FROM %I', schema_name, t.relname, p_role);
-        EXECUTE format('GRANT %s ON TABLE %I.%I TO %I', privileges, schema_name, t.relname, p_role);
-        done := done || (t.relname::text || ': ' || privileges);
-    END LOOP;
-    EXECUTE format('GRANT EXECUTE ON FUNCTION %I.evq_prune_batch(timestamptz, integer, text, uuid, integer) TO %I',
-                   schema_name, p_role);
-    RETURN done;
-END
-$$
-"""
-
-
-EVENTS_LINE = "            WHEN 'provider_circuit_events' THEN 'SELECT, INSERT'  -- append-only\n"
+# evq_grant_runtime (0009) grants by table name, and every table it does not name gets
+# the privileges of queue state: the new history table must be named. The function is
+# edited in place (its own text, read back from the catalogue) rather than copied here,
+# so another revision's edits to it are kept.
+_MARKER = "WHEN 'prune_log' THEN 'SELECT'"
+_EVENTS_LINE = "WHEN 'provider_circuit_events' THEN 'SELECT, INSERT'  -- append-only\n            "
 
 TZ = postgresql.TIMESTAMP(timezone=True)
 
 
-def _grant_function(extra: str) -> str:
-    schema = op.get_bind().execute(sa.text("SELECT current_schema()")).scalar_one()
-    path = f"pg_catalog, {_quoted(schema)}, pg_temp"
-    return GRANT_RUNTIME.replace("{extra}", extra).format(path=path)
+def _grant_function() -> str:
+    return op.get_bind().execute(
+        sa.text("SELECT pg_get_functiondef('evq_grant_runtime(name)'::regprocedure)")
+    ).scalar_one()
 
 
 def upgrade() -> None:
@@ -167,13 +97,15 @@ def upgrade() -> None:
         "CREATE TRIGGER provider_circuit_events_no_truncate BEFORE TRUNCATE ON provider_circuit_events "
         "FOR EACH STATEMENT EXECUTE FUNCTION evq_append_only()"
     )
-    op.execute(_grant_function(EVENTS_LINE))
-    op.execute("REVOKE ALL ON FUNCTION evq_grant_runtime(name) FROM PUBLIC")
+    definition = _grant_function()
+    if "'provider_circuit_events'" not in definition:
+        if _MARKER not in definition:
+            raise RuntimeError("evq_grant_runtime does not read as 0009_runtime_role left it")
+        op.execute(definition.replace(_MARKER, _EVENTS_LINE + _MARKER, 1))
 
 
 def downgrade() -> None:
-    op.execute(_grant_function(""))
-    op.execute("REVOKE ALL ON FUNCTION evq_grant_runtime(name) FROM PUBLIC")
+    op.execute(_grant_function().replace(_EVENTS_LINE, "", 1))
     op.execute("DROP TRIGGER IF EXISTS provider_circuit_events_append_only ON provider_circuit_events")
     op.execute("DROP TRIGGER IF EXISTS provider_circuit_events_no_truncate ON provider_circuit_events")
     op.drop_index(op.f('ix_provider_circuit_events_provider_id'), table_name='provider_circuit_events')
