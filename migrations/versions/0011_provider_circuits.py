@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0011_provider_circuits'
-down_revision: Union[str, Sequence[str], None] = '0009_runtime_role'
+down_revision: Union[str, Sequence[str], None] = '0010_key_hmac'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
