@@ -16,7 +16,7 @@ body byte for byte, and the provider sends once. Classification (docs/design.md,
 | 400, 413, 422, any other 4xx not below | rejected |
 | 409 "same key, different payload" | rejected: a bug (our body for a key never changes); logged as an error |
 | 409 "still in progress", 408, 429 (Retry-After honoured) | retryable; a 429 is `throttled`: it pauses the whole provider |
-| 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message |
+| 401, 403, 404, 405, 3xx | retryable, logged as an error: our configuration is wrong, not the message (401 and 403 open the provider's circuit, worker/circuit.py) |
 | 5xx with the provider's JSON error | retryable (the provider says it failed) |
 | 5xx without it (a gateway answered) | ambiguous: the provider behind it may have acted |
 | no connection, or failed before the whole request was written | retryable |
@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import json
 import re
+import ssl
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -263,6 +264,7 @@ class HttpProvider:
         return Retryable(
             f"{error_class} before the request was sent" + (f": {_short(detail)}" if detail else ""),
             response=_evidence("request", error_class=error_class, body=detail, sent=False),
+            fault=_transport_fault(exc),
         )
 
     def _classify(self, response: httpx.Response) -> Outcome:
@@ -292,7 +294,10 @@ class HttpProvider:
                 throttled=code == 429,
             )
         if code in _CONFIG_STATUSES or 300 <= code < 400:
-            return Retryable(f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)", response=evidence)
+            # Our key or URL is wrong for every message alike: the provider's circuit opens
+            # on 401 and 403 (worker/circuit.py) instead of every message spending attempts.
+            return Retryable(f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)", response=evidence,
+                             fault=_STATUS_FAULTS.get(code))
         if 400 <= code < 500:
             return Rejected(what, response=evidence)
         if 500 <= code < 600 and error:
@@ -348,6 +353,29 @@ class HttpProvider:
 
     def _scrub(self, text: str) -> str:
         return scrub_text(text.replace(self._api_key, "***"))[: MAX_BODY * 4]
+
+
+_STATUS_FAULTS = {401: "auth_failed", 403: "forbidden"}
+
+
+def _transport_fault(exc: BaseException) -> str | None:
+    """Nothing listening, or TLS that fails (a certificate that does not verify): the
+    provider or our settings, not this message (worker/circuit.py)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection_refused"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_failed"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    # httpcore re-raises the OS error as its own ConnectError with only the message left.
+    if isinstance(exc, httpx.ConnectError):
+        if "Connection refused" in text or "Errno 111" in text:
+            return "connection_refused"
+        if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+            return "tls_failed"
+    return None
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

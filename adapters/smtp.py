@@ -72,6 +72,8 @@ _QUEUE_ID = (
 # authentication required / encryption required. Retrying after the operator fixes
 # the settings sends the message; rejecting it would lose it.
 _CONFIG_CODES = frozenset({530, 538})
+# The circuit fault (worker/circuit.py) of a 5yz refusal while setting up the session.
+_SESSION_FAULTS = {"connect": "greeting_refused", "ehlo": "greeting_refused", "starttls": "tls_failed", "auth": "auth_failed"}
 # A refusal of our HELO/EHLO name. Postfix (smtpd_delay_reject = yes, its default)
 # gives it at RCPT time, for every recipient, as "504 5.5.2 <name>: Helo command
 # rejected: need fully-qualified hostname": it reads like a refused recipient, but no
@@ -450,8 +452,10 @@ class _Conversation:
             else:
                 conn = smtplib.SMTP(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
-            self._expect((exc.smtp_code, exc.smtp_error), (220,))
-            raise
+            # The server refuses every session, not this message: a provider-level fault.
+            raise _Stop(self._retry(f"smtp {exc.smtp_code} at connect: {_short(self._text(exc.smtp_error))}",
+                                    code=exc.smtp_code, reply=exc.smtp_error, misconfigured=500 <= exc.smtp_code < 600,
+                                    fault="greeting_refused", error_class="GreetingRefused")) from None
         with self._lock:
             self.conn = conn
             if self.cut:  # the deadline passed while connecting
@@ -465,7 +469,8 @@ class _Conversation:
             self.phase = "starttls"
             if not conn.has_extn("starttls"):
                 # Never fall back to plain text when TLS was asked for.
-                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply="", misconfigured=True))
+                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply="", misconfigured=True,
+                                        fault="tls_failed"))
             try:
                 self._arm()
                 conn.starttls(context=p.ssl_context)
@@ -480,15 +485,17 @@ class _Conversation:
                 raise _Stop(self._retry(
                     "refusing SMTP AUTH over a connection without TLS: set EVQ_SMTP_TLS=starttls or ssl "
                     "(or EVQ_SMTP_ALLOW_PLAIN_AUTH=true for a trusted network); nothing was sent",
-                    code=None, reply="", misconfigured=True, error_class="PlainAuthRefused"))
+                    code=None, reply="", misconfigured=True, fault="auth_failed", error_class="PlainAuthRefused"))
             if not conn.has_extn("auth"):
-                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply="", misconfigured=True))
+                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply="", misconfigured=True,
+                                        fault="auth_failed"))
             try:
                 self._arm()
                 conn.login(p.username, p._password or "")
             except smtplib.SMTPAuthenticationError as exc:
                 reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
-                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error, misconfigured=True)) from None
+                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error, misconfigured=True,
+                                        fault="auth_failed")) from None
 
         if env.smtputf8 and not conn.has_extn("smtputf8"):
             self.phase = "mail"
@@ -628,7 +635,7 @@ class _Conversation:
                 raise _Stop(self._retry(
                     f"smtp {code} at rcpt: the server refuses our HELO name {self.helo!r} "
                     f"({_short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
-                    code=code, reply=reply, misconfigured=True, error_class="HeloRefused"))
+                    code=code, reply=reply, misconfigured=True, fault="greeting_refused", error_class="HeloRefused"))
             if code == 452 and accepted and not temporary and _TOO_MANY.search(reply):
                 # Out of RCPTs for this transaction: the rest go in the next one.
                 self.deferred_by = {"code": code, "reply": reply[:200], "deferred": len(recipients) - i}
@@ -667,22 +674,24 @@ class _Conversation:
             raise _Stop(self._retry(
                 f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({_short(reply)}); "
                 "set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
-                code=code, reply=reply, misconfigured=True, error_class="HeloRefused"))
+                code=code, reply=reply, misconfigured=True, fault="greeting_refused", error_class="HeloRefused"))
         if permanent and message_phase and code not in _CONFIG_CODES:
             raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
         # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
         # AUTH): a fault of the server or of our settings, not of this message. The 5yz
-        # ones (and "authentication required" anywhere) last until someone changes them.
+        # ones (and "authentication required" anywhere) last until someone changes them,
+        # and open the provider's circuit (worker/circuit.py).
         misconfigured = permanent and (not message_phase or code in _CONFIG_CODES)
         error_class = ("GreetingRefused" if self.phase in ("connect", "ehlo") else "SessionRefused") if misconfigured else None
+        fault = _config_fault(code, reply) or (_SESSION_FAULTS.get(self.phase) if misconfigured else None)
         raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply,
-                                misconfigured=misconfigured, error_class=error_class))
+                                misconfigured=misconfigured, fault=fault, error_class=error_class))
 
     def _retry(
         self, reason: str, *, code: int | None, reply: bytes | str, misconfigured: bool = False,
-        error_class: str | None = None,
+        fault: str | None = None, error_class: str | None = None,
     ) -> Retryable:
-        return Retryable(self.p.secrets.scrub(reason), misconfigured=misconfigured,
+        return Retryable(self.p.secrets.scrub(reason), misconfigured=misconfigured, fault=fault,
                          response=self._evidence(code, self._text(reply), error_class=error_class))
 
     def _failed(self, exc: BaseException) -> Outcome:
@@ -709,7 +718,8 @@ class _Conversation:
         # cipher, a client certificate the server wants) fails every message alike.
         tls_setup = (isinstance(exc, ssl.SSLError) or error_class.startswith("SSL")) and self.phase in ("connect", "starttls")
         return Retryable(self.p.secrets.scrub(reason), misconfigured=tls_setup and not self.cut,
-                         response=self._evidence(None, detail, error_class=error_class))
+                         response=self._evidence(None, detail, error_class=error_class),
+                         fault=None if self.cut else _transport_fault(exc, self.phase))
 
     def _evidence(self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any) -> dict[str, Any]:
         return {
@@ -760,6 +770,27 @@ def _quietly(call: Any) -> None:
         call()
     except Exception:  # noqa: BLE001 - the outcome is already decided
         pass
+
+
+def _config_fault(code: int, reply: str) -> str | None:
+    """A refusal of the session itself (worker/circuit.py): every message would get it."""
+    if code in _CONFIG_CODES:
+        # 530 is "must issue STARTTLS" or "authentication required"; 538 wants TLS for AUTH.
+        return "starttls_required" if code == 538 or "tls" in reply.lower() else "auth_failed"
+    return None
+
+
+def _transport_fault(exc: BaseException, phase: str) -> str | None:
+    """Nothing listening (refused) or a TLS handshake that fails: the provider, or our
+    settings, not this message. A timeout or a reset stays an ordinary temporary failure."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) and phase == "connect":
+            return "connection_refused"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_failed"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _root_class(exc: BaseException) -> str:

@@ -26,9 +26,11 @@ from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, ma
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from worker.circuit import STATE_VALUES, CircuitState
 from worker.logs import get_logger
 from worker.metrics import UNKNOWN_AGE_BUCKETS
 from worker.records import QueueStats
+from worker.settings import ADAPTERS
 from worker.states import Status
 
 log = get_logger("evq.metrics")
@@ -88,8 +90,14 @@ class QueueCollector(Collector):
         expired = GaugeMetricFamily(
             "evq_in_flight_expired", "In-flight rows whose lease has expired and that no rescuer has taken yet."
         )
+        circuits = GaugeMetricFamily(
+            "evq_provider_circuit_state",
+            "Each provider's circuit (worker/circuit.py): 0 closed (sending), 1 half-open (one probe out), "
+            "2 open (down or misconfigured: nothing is sent).",
+            labels=["provider"],
+        )
         if stats is None:
-            yield from (steps, oldest_unknown, pending, expired)
+            yield from (steps, oldest_unknown, pending, expired, circuits)
             yield GaugeHistogramMetricFamily(
                 "evq_unknown_age_seconds", "Unknown rows by how long they have waited (a gauge histogram)."
             )
@@ -99,7 +107,10 @@ class QueueCollector(Collector):
         oldest_unknown.add_metric([], stats.unknown_oldest_age)
         pending.add_metric([], stats.pending_oldest_age)
         expired.add_metric([], stats.in_flight_expired)
-        yield from (steps, oldest_unknown, pending, expired)
+        for provider in sorted(set(ADAPTERS) | set(stats.circuits)):
+            state = CircuitState(stats.circuits.get(provider, CircuitState.CLOSED))
+            circuits.add_metric([provider], STATE_VALUES[state])
+        yield from (steps, oldest_unknown, pending, expired, circuits)
         buckets = [(floatToGoString(le), float(n)) for le, n in stats.unknown_buckets]
         buckets.append(("+Inf", float(stats.steps[str(Status.UNKNOWN)])))
         yield GaugeHistogramMetricFamily(

@@ -24,7 +24,7 @@ from worker.outcomes import refused_recipients
 from worker.ports import StepFilter
 from worker.records import StepSummary
 from worker.request import Policy, ValidRequest, unicode_domain
-from worker.resolution import Resolution
+from worker.resolution import Resolution, Verdict, requeueable
 from worker.states import Status
 from worker.timeline import run_events
 
@@ -296,6 +296,40 @@ async def show_run(store: Store, caller: Caller, run_id: str) -> Reply:
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
 
 
+# -- providers' circuits (worker/circuit.py) -----------------------------------------
+
+
+def circuit_view(provider: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One provider's circuit as every interface shows it; no row means closed, never opened."""
+    row = row or {}
+    state = row.get("state") or "closed"
+    held = state != "closed"
+    return {
+        "provider": provider,
+        "state": state,
+        "sending": not held,
+        "reason": row.get("reason") if held else None,
+        "detail": row.get("detail") if held else None,
+        "opened_at": row.get("opened_at"),
+        "open_for_seconds": round(row["open_for"], 3) if held and row.get("open_for") is not None else None,
+        "next_probe_at": row.get("probe_at"),
+        "next_probe_in_seconds": round(max(0.0, row["probe_in"]), 3) if row.get("probe_in") is not None else None,
+        "failed_probes": row.get("probes", 0) if held else 0,
+        "probe_owner": row.get("probe_owner"),
+        "openings": row.get("openings", 0),
+        "updated_at": row.get("updated_at"),
+    }
+
+
+async def list_providers(store: Any, caller: Caller, providers: Sequence[str]) -> Reply:
+    """Every provider's circuit: whether evq sends to it now and, if not, why."""
+    await caller.identify(store, Permission.READ)
+    rows = {r["provider"]: r for r in await store.circuits()}
+    names = list(providers) + sorted(set(rows) - set(providers))
+    data = [circuit_view(name, rows.get(name)) for name in names]
+    return Reply(data, {"count": len(data), "held": sum(1 for d in data if not d["sending"])})
+
+
 # -- operators ----------------------------------------------------------------
 
 
@@ -354,7 +388,7 @@ async def resolve(
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.RESOLVE)
     rows, _ = await store.list_steps(where, now=now)
     if selection.step_id is not None:
-        _only_unknown(selection.step_id, rows)
+        _only_unknown(selection.step_id, rows, resolution)
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
         plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
@@ -374,9 +408,12 @@ async def resolve(
     return Reply({"dry_run": False, **head, **tally.summary}, status=status)
 
 
-def _only_unknown(step_id: int, rows: list[StepSummary]) -> None:
+def _only_unknown(step_id: int, rows: list[StepSummary], resolution: Resolution) -> None:
     if not rows:
         raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+    if resolution.verdict is Verdict.RETRY and requeueable(rows[0].status, rows[0].reason):
+        # The dead-letter requeue; the statement itself checks that no attempt may have been delivered.
+        return
     if rows[0].status != Status.UNKNOWN:
         raise StateConflict(
             f"step {step_id} is {rows[0].status}, not unknown: only unknown rows can be resolved",

@@ -110,6 +110,17 @@ RECIPIENTS_REFUSED = Counter(
     "Recipients a provider refused while it accepted the message for others (a partial refusal), by provider.",
     ["provider"],
 )
+CIRCUIT_STATES = ("closed", "half_open", "open")
+CIRCUIT_CHANGES = Counter(
+    "evq_provider_circuit_changes_total",
+    "Changes of a provider's circuit made by this process (state: open, half_open, closed; worker/circuit.py).",
+    ["provider", "state"],
+)
+UNCHARGED_ATTEMPTS = Counter(
+    "evq_uncharged_attempts_total",
+    "Attempts that hit a provider-level fault or an open circuit: not counted against their message.",
+    ["provider"],
+)
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
 SERVE_REFUSED = Counter(
     "evq_serve_refused_total",
@@ -138,6 +149,9 @@ def init_provider(provider: str) -> None:
     PROVIDER_PAUSES.labels(provider=provider)
     RECIPIENTS_REFUSED.labels(provider=provider)
     PROVIDER_PAUSED_UNTIL.labels(provider=provider)
+    for state in CIRCUIT_STATES:
+        CIRCUIT_CHANGES.labels(provider=provider, state=state)
+    UNCHARGED_ATTEMPTS.labels(provider=provider)
 
 
 def observe_decision_to_enqueue(decided_at: datetime | None, enqueued_at: datetime) -> None:

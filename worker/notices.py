@@ -249,6 +249,11 @@ _ADVICE = {
         "The provider failed temporarily on every attempt, and none of them can have been delivered. Sending it "
         "again later as a new step is safe; if this keeps happening, ask the operator to check the provider."
     ),
+    Reason.RETRY_BUDGET_EXHAUSTED.value: (
+        "The provider failed temporarily for as long as evq keeps retrying (EVQ_RETRY_FOR), and no attempt can "
+        "have been delivered. An operator can requeue it (evq steps resolve ID --as retry), or you can send it "
+        "again later as a new step."
+    ),
     Reason.OPERATOR.value: (
         "An operator checked this send and closed it as not delivered (their note is the reason above). If the "
         "email is still needed, send it again as a new step."

@@ -44,6 +44,10 @@ class Retryable:
     # provider's configuration (reason ``provider_misconfigured``), never a rejection of
     # the message, and what a per-provider circuit breaker opens on.
     misconfigured: bool = False
+    # A fault of the provider or of our settings, not of this message (worker/circuit.py
+    # names them: connection_refused, tls_failed, auth_failed, ...): every message would
+    # fail the same way, so it opens the provider's circuit and costs the message nothing.
+    fault: str | None = None
     kind: Literal["retryable"] = "retryable"
 
 

@@ -57,8 +57,12 @@ class Store(Protocol):
         lease_seconds: float,
         dedupe_windows: Mapping[str, float],
         claim_id: str | None = None,
+        probe: bool = False,
         now: datetime | None = None,
-    ) -> list[ClaimedStep]: ...
+    ) -> list[ClaimedStep]:
+        """``probe``: the caller holds the probe of these providers' circuits (worker/circuit.py),
+        so their steps are claimed although the circuit is not closed."""
+        ...
 
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
@@ -77,6 +81,26 @@ class Store(Protocol):
     async def claimable_exists(
         self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
     ) -> bool: ...
+
+    # Provider circuits (worker/circuit.py); each change writes its event row with it.
+    async def circuit_trip(
+        self, *, provider: str, reason: str, detail: str, actor: str, probe_base: float, probe_max: float,
+        now: datetime | None = None,
+    ) -> dict[str, Any] | None: ...
+
+    async def circuit_close(
+        self, *, provider: str, reason: str, detail: str, actor: str, now: datetime | None = None
+    ) -> bool: ...
+
+    async def circuit_probe_take(
+        self, *, provider: str, owner: str, hold_seconds: float, lease_seconds: float, now: datetime | None = None
+    ) -> bool: ...
+
+    async def circuit_probe_idle(
+        self, *, provider: str, owner: str, probe_base: float, now: datetime | None = None
+    ) -> bool: ...
+
+    async def circuits(self, *, now: datetime | None = None) -> list[dict[str, Any]]: ...
 
     async def get_step(self, step_id: int) -> StepDetail: ...
 

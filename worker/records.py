@@ -51,6 +51,16 @@ class ClaimedStep:
     dedupe_remaining: float | None
     maybe_delivered: bool
     created_at: datetime
+    # Attempts not charged to the message: provider-level faults (worker/circuit.py), and
+    # the attempts an operator's requeue of a dead letter forgave.
+    uncharged_attempts: int = 0
+    # Seconds, by the database clock at claim time, since the retry budget started counting
+    # (the enqueue, or an operator's requeue): EVQ_RETRY_FOR is measured against it.
+    budget_age: float = 0.0
+
+    @property
+    def charged_attempts(self) -> int:
+        return self.attempt - self.uncharged_attempts
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
@@ -69,6 +79,8 @@ class ClaimedStep:
             dedupe_remaining=None if row["dedupe_remaining"] is None else float(row["dedupe_remaining"]),
             maybe_delivered=row["maybe_delivered"],
             created_at=row["created_at"],
+            uncharged_attempts=row.get("uncharged_attempts", 0),
+            budget_age=float(row.get("budget_age") or 0.0),
         )
 
 
@@ -87,6 +99,8 @@ class Transition:
     maybe_delivered: bool = False
     latency_ms: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    # False: the attempt hit a provider-level fault and is not counted against the message.
+    charged: bool = True
 
     @property
     def definite(self) -> bool:
@@ -185,6 +199,8 @@ class QueueStats:
     in_flight_expired: int
     # Statuses whose count is the planner's estimate rather than an exact count.
     estimated: tuple[str, ...] = ()
+    # provider -> circuit state (closed, half_open, open), for providers that ever had one.
+    circuits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +215,14 @@ class Resolved:
     attempts: int
     max_attempts_before: int | None
     max_attempts_after: int | None
+    # unknown, or rejected for a dead-letter requeue (attempts or retry budget spent).
+    from_status: Status = Status.UNKNOWN
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.step_id,
             "run_id": self.run_id,
-            "from_status": str(Status.UNKNOWN),
+            "from_status": str(self.from_status),
             "to_status": str(self.to_status),
             "evidence_id": self.evidence_id,
             "resolved_at": self.resolved_at,

@@ -2,7 +2,9 @@
 
 Only ``unknown`` rows are resolved. ``accepted`` and ``rejected`` close the row;
 ``retry`` means "verified not sent": the row goes back to ``retryable`` and the
-next attempt reuses the same idempotency key and Message-ID (invariant 1).
+next attempt reuses the same idempotency key and Message-ID (invariant 1). ``retry``
+also requeues a ``rejected`` row whose attempts or retry budget ran out on temporary
+failures only (:data:`REQUEUE_REASONS`), with a fresh budget.
 Validation here is pure, so every interface refuses the same input the same way.
 """
 
@@ -14,7 +16,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 from worker.errors import InvalidRequest
-from worker.states import Status
+from worker.states import Reason, Status
 
 
 class Verdict(StrEnum):
@@ -27,6 +29,16 @@ class Verdict(StrEnum):
         return {Verdict.ACCEPTED: Status.ACCEPTED, Verdict.REJECTED: Status.REJECTED, Verdict.RETRY: Status.RETRYABLE}[
             self
         ]
+
+
+# A rejected step whose attempts or retry budget ran out on temporary failures only may
+# be requeued (``retry``), like a dead-letter queue: none of its attempts can have been
+# delivered (a step that may have been ends ``unknown``; the statement checks it too).
+REQUEUE_REASONS = frozenset({Reason.ATTEMPTS_EXHAUSTED.value, Reason.RETRY_BUDGET_EXHAUSTED.value})
+
+
+def requeueable(status: str, reason: str | None) -> bool:
+    return status == Status.REJECTED and reason in REQUEUE_REASONS
 
 
 MAX_NOTE = 2000

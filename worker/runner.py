@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from worker import deadline as limits
 from worker import executor, logs, metrics
+from worker.circuit import CircuitBook, CircuitState, Verdict
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
 from worker.ports import Lookup, Provider, SendRequest
@@ -51,6 +52,10 @@ from worker.backoff import Backoff, reconnect_delay
 from worker.transitions import decide
 
 log = get_logger("evq.worker")
+
+# Seconds between reads of the providers' circuits while none is due for a probe: how
+# soon a worker probes a circuit another worker opened, if that one went away.
+CIRCUIT_READ = 5.0
 
 
 class Wakeup(Protocol):
@@ -100,6 +105,7 @@ class _Held:
     lease_from: float = 0.0
     started: bool = False
     released: bool = False
+    probe: bool = False  # the one step let through to probe its provider's open circuit
     answered: bool = False  # the adapter has answered; the outcome waits for the recorder
 
 
@@ -157,6 +163,10 @@ class Worker:
         )
         # Shared per-provider rate limits and 429 pauses; inactive (no statement) without any.
         self.rates = RateGate(store, settings.rate_limit)
+        # Providers' circuits as this worker knows them (worker/circuit.py), re-read from
+        # the database every CIRCUIT_READ seconds, sooner when a probe is due.
+        self.circuits = CircuitBook(settings.circuit())
+        self._circuits_read_at = 0.0  # monotonic
         self.dedupe_windows = {
             name: p.dedupe_window for name, p in self.providers.items() if p.dedupe_window is not None
         }
@@ -251,7 +261,9 @@ class Worker:
                 if self._lost_unchecked:
                     await self._release_lost_claims()
                 claim_started = time.monotonic()
+                probes = await self._circuit_pass()
                 claimed = await self._claim(list(self.providers), limit)
+                claimed.extend(probes)
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -282,8 +294,9 @@ class Worker:
             # A stop asked while the claim ran: these rows go back unsent (the shutdown
             # releases every held row whose send has not begun).
             start = not self._stopping.is_set()
+            probe_ids = {p.id for p in probes}
             for step in claimed:
-                held = self._held[step.id] = _Held(step, now, claim_started)
+                held = self._held[step.id] = _Held(step, now, claim_started, probe=step.id in probe_ids)
                 if start:
                     # Unnamed: naming a task costs a share of a send (the step's identity
                     # is in every log line of the send instead).
@@ -315,10 +328,21 @@ class Worker:
             # held back by its rate limit is asked again as soon as a token may be there.
             wait = max(0.0, s.poll_interval - (time.monotonic() - claim_started))
             hint = self.rates.wait_hint() if self.rates.active else None
+            if self.circuits.any_held:
+                # A probe may be due before the next poll.
+                probe_hint = max(0.01, self._circuits_read_at - time.monotonic())
+                hint = probe_hint if hint is None else min(hint, probe_hint)
             await self._idle(wait if hint is None else min(wait, hint))
 
     async def _claim(self, providers: list[str], limit: int) -> list[ClaimedStep]:
         s = self.settings
+        if self.circuits.any_held:
+            # What this worker already knows, before the database does: sends that fail at
+            # the same moment as the one that opened the circuit free their slots before its
+            # write commits, and must not be refilled from the same dead provider.
+            providers = [p for p in providers if self.circuits.state(p) is CircuitState.CLOSED]
+            if not providers:
+                return []
         kwargs = dict(owner=self.owner, lease_seconds=s.lease_seconds, dedupe_windows=self.dedupe_windows)
         if not self.rates.active:
             # The hot path without limits: exactly the one claim statement.
@@ -356,6 +380,76 @@ class Worker:
         for claim_id in claims:
             if self._lost_claims.get(claim_id, horizon) <= horizon:
                 self._lost_claims.pop(claim_id, None)
+
+    # -- provider circuits (worker/circuit.py) ---------------------------------------
+
+    async def _circuit_pass(self) -> list[ClaimedStep]:
+        """Learn the circuits' states; take and claim the probe of each open one that is due."""
+        now = time.monotonic()
+        if now < self._circuits_read_at:
+            return []
+        s = self.settings
+        rows = [r for r in await self.store.circuits() if r["provider"] in self.providers]
+        self.circuits.learn((r["provider"], CircuitState(r["state"])) for r in rows)
+        self._circuits_read_at = now + CIRCUIT_READ
+        probes: list[ClaimedStep] = []
+        for r in rows:
+            if r["state"] == CircuitState.OPEN and r["probe_in"] > 0:
+                self._circuits_read_at = min(self._circuits_read_at, now + r["probe_in"])
+                continue
+            if r["state"] == CircuitState.HALF_OPEN and (r["probe_hold_left"] or 0) > 0:
+                self._circuits_read_at = min(self._circuits_read_at, now + r["probe_hold_left"])
+                continue
+            if r["state"] == CircuitState.CLOSED or self._stopping.is_set():
+                continue
+            provider = r["provider"]
+            if not await self.store.circuit_probe_take(
+                provider=provider, owner=self.owner, hold_seconds=s.lease_seconds, lease_seconds=s.lease_seconds
+            ):
+                continue  # another worker took it, or no step waits
+            metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "half_open").inc()
+            claimed = await self.store.claim(
+                providers=[provider], limit=1, probe=True, owner=self.owner, lease_seconds=s.lease_seconds,
+                dedupe_windows=self.dedupe_windows,
+            )
+            if not claimed:
+                await self.store.circuit_probe_idle(provider=provider, owner=self.owner, probe_base=s.circuit_probe_base)
+                continue
+            log.info("circuit_probe", provider=provider, step=claimed[0].id, probes=r["probes"],
+                     note="one step let through to see whether the provider is back")
+            probes.extend(claimed)
+        return probes
+
+    async def _circuit_act(self, provider: str, verdict: Verdict, *, probe: bool) -> None:
+        """Write what an outcome means for the provider's circuit; never in the way of recording it."""
+        if verdict.trip is None and not verdict.close:
+            return
+        s = self.settings
+        try:
+            if verdict.trip is not None:
+                row = await self.store.circuit_trip(
+                    provider=provider, reason=verdict.trip.reason, detail=verdict.trip.detail, actor=self.owner,
+                    probe_base=s.circuit_probe_base, probe_max=s.circuit_probe_max,
+                )
+                if row is not None:
+                    metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "open").inc()
+                    self._circuits_read_at = min(self._circuits_read_at, time.monotonic() + row["probe_in"])
+                    log.warning(
+                        "circuit_opened", provider=provider, reason=verdict.trip.reason, detail=verdict.trip.detail,
+                        from_state=row["from_state"], probe_in=round(row["probe_in"], 2), failed_probes=row["probes"],
+                        note="no worker sends to this provider until a probe gets through; attempts are not charged",
+                    )
+            elif await self.store.circuit_close(
+                provider=provider, reason="probe_succeeded" if probe else "provider_answered",
+                detail="the provider answered a send", actor=self.owner,
+            ):
+                metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "closed").inc()
+                log.info("circuit_closed", provider=provider, probe=probe)
+        except Exception as exc:
+            # Every worker still stops for itself (its own view says open); the others
+            # learn of it from their own failures.
+            log.warning("circuit_not_shared", provider=provider, error_class=type(exc).__name__,
+                        error=getattr(exc, "message", None) or str(exc)[:200])
 
     async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
         if service is None:
@@ -442,6 +536,7 @@ class Worker:
                 and step.dedupe_remaining is not None
                 and held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
             )
+            verdict = self.circuits.observe(step.provider, outcome, probe=held.probe)
             transition = decide(
                 step,
                 outcome,
@@ -449,7 +544,12 @@ class Worker:
                 backoff=self.backoff,
                 dedupe_window_open=window_open,
                 latency_ms=latency_ms,
+                retry_for=self.settings.retry_for,
+                charged=verdict.charged,
             )
+            if not verdict.charged:
+                metrics.labelled(metrics.UNCHARGED_ATTEMPTS, step.provider).inc()
+            await self._circuit_act(step.provider, verdict, probe=held.probe)
             if outcome.kind == "retryable" and outcome.throttled:
                 await self._throttled(step.provider, outcome.retry_after)
             self.stats.sent += 1

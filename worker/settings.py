@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from email_validator import EmailNotValidError
 
+from worker.circuit import FAULTS, CircuitConfig, circuit_faults
 from worker.deadline import DEADLINE_SHARE
 from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
@@ -42,6 +43,23 @@ def boolean(value: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ValueError("expected true or false")
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(value: str) -> float:
+    """Seconds, or a number with s, m, h or d: ``5d``, ``12h``, ``90``."""
+    text = value.strip().lower()
+    unit = _DURATION_UNITS.get(text[-1:]) if text else None
+    number = text[:-1] if unit is not None else text
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ValueError("expected seconds or a number with s, m, h or d (e.g. 5d)") from None
+    if not seconds == seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError("expected a finite duration")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +88,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("concurrency", int, 10, "Sends in flight at once per worker process.", minimum=1),
     Option("batch_size", int, 100, "Most rows claimed by one claim statement.", minimum=1),
     Option("lease_seconds", float, 120.0, "How long a claim is held; must exceed the adapter timeout.", minimum=1),
-    Option("max_attempts", int, 5, "Attempts before a step that keeps failing temporarily is rejected.", minimum=1),
+    Option("max_attempts", int, 1000, "Charged attempts before a step that keeps failing temporarily is rejected (a backstop: EVQ_RETRY_FOR decides first).", minimum=1),
     Option("poll_interval", float, 1.0, "Seconds between claims when idle (LISTEN/NOTIFY wakes it sooner).", minimum=0.01),
     Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
     Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
+    Option("retry_for", duration, 432000.0, "How long a step keeps being retried after temporary failures, from its enqueue (seconds, or 30m, 12h, 5d); then it is rejected (retry_budget_exhausted).", minimum=1),
+    Option("circuit_faults", circuit_faults, frozenset(FAULTS), "Provider-level faults that open a provider's circuit at once and cost the message no attempt: " + ", ".join(FAULTS) + " (or all, none).", ),
+    Option("circuit_failures", int, 10, "Consecutive temporary failures (seen by one worker) that open a provider's circuit (0: only the faults do).", minimum=0),
+    Option("circuit_probe_base", float, 10.0, "Seconds from a circuit's opening to its first probe; doubles after each failed probe.", minimum=0.1),
+    Option("circuit_probe_max", float, 600.0, "Longest wait between probes of an open circuit, in seconds.", minimum=0.1),
     Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
     Option(
         "pooler",
@@ -176,10 +199,15 @@ class Settings:
     concurrency: int = 10
     batch_size: int = 100
     lease_seconds: float = 120.0
-    max_attempts: int = 5
+    max_attempts: int = 1000
     poll_interval: float = 1.0
     retry_base: float = 5.0
     retry_max: float = 900.0
+    retry_for: float = 432000.0
+    circuit_faults: frozenset[str] = frozenset(FAULTS)
+    circuit_failures: int = 10
+    circuit_probe_base: float = 10.0
+    circuit_probe_max: float = 600.0
     listen: str = "auto"
     pooler: str = "auto"
     rate_limit: tuple[RateLimit, ...] = ()
@@ -277,6 +305,8 @@ class Settings:
                 raise _bad(
                     OPTION_BY_NAME["rate_limit"], f"names an unknown provider {limit.provider!r}; known: {', '.join(ADAPTERS)}"
                 )
+        if self.circuit_probe_max < self.circuit_probe_base:
+            raise _bad(OPTION_BY_NAME["circuit_probe_max"], "must be at least EVQ_CIRCUIT_PROBE_BASE")
         if self.retry_max < self.retry_base:
             raise _bad(OPTION_BY_NAME["retry_max"], "must be at least EVQ_RETRY_BASE")
         if self.serve_port > 65535:
@@ -340,6 +370,14 @@ class Settings:
         """Hard ceiling on one adapter call, measured from the claim (worker/deadline.py)."""
         return self.lease_seconds * DEADLINE_SHARE
 
+    def circuit(self) -> CircuitConfig:
+        return CircuitConfig(
+            faults=self.circuit_faults,
+            failures=self.circuit_failures,
+            probe_base=self.circuit_probe_base,
+            probe_max=self.circuit_probe_max,
+        )
+
     def policy(self) -> Policy:
         return Policy(
             max_message_bytes=self.max_message_bytes,
@@ -400,7 +438,9 @@ def markdown_table() -> str:
     lines = ["| variable | flag of `evq worker run` | default | meaning |", "|---|---|---|---|"]
     for o in OPTIONS:
         default = o.default
-        if isinstance(default, tuple):
+        if isinstance(default, frozenset):
+            default = "all" if default == frozenset(FAULTS) else ",".join(sorted(default)) or "none"
+        elif isinstance(default, tuple):
             default = ",".join(map(str, default)) or "(none)"
         elif isinstance(default, bool):
             default = str(default).lower()

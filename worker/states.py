@@ -48,6 +48,7 @@ class Reason(StrEnum):
     PARTIALLY_REFUSED = "partially_refused"
     POLICY_REFUSED = "policy_refused"  # the adapter's re-check refused the request
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"  # temporary failures for longer than EVQ_RETRY_FOR
     AMBIGUOUS_RESPONSE = "ambiguous_response"  # the provider may have acted; we cannot tell
     AMBIGUOUS_DEDUPED = "ambiguous_deduped"  # ambiguous, but the provider dedupes our key: safe to retry
     LEASE_EXPIRED = "lease_expired"  # a worker died or stalled while the attempt may have reached the provider

@@ -2,7 +2,10 @@
 
 The rules (docs/design.md, "States and transitions", and invariant 4):
 - Accepted -> accepted; Rejected -> rejected.
-- Retryable -> retryable after a backoff, or rejected once attempts are spent.
+- Retryable -> retryable after a backoff, or rejected once the retry budget
+  (``retry_for``, from the enqueue or an operator's requeue) or the attempts are spent.
+  An attempt that hit a provider-level fault (``charged=False``, worker/circuit.py) is
+  not counted against the attempts: the provider's circuit holds the step instead.
 - A step that an earlier attempt may have delivered never ends ``rejected``: a
   rejection tells the sender (and its failure notice) that it did not go out. Spent
   attempts, and a refusal of a later attempt (the policy re-check, a provider that
@@ -27,9 +30,15 @@ def decide(
     backoff: Backoff,
     dedupe_window_open: bool,
     latency_ms: float | None = None,
+    retry_for: float = float("inf"),
+    charged: bool = True,
 ) -> Transition:
     max_attempts = step.max_attempts or default_max_attempts
-    attempts_left = step.attempt < max_attempts
+    charged_attempts = step.charged_attempts - (0 if charged else 1)
+    attempts_left = charged_attempts < max_attempts
+    # Seconds of the retry budget left when the outcome is decided (an attempt lasts at
+    # most a lease, so counting from the claim is close enough for a budget of days).
+    budget_left = retry_for - step.budget_age
     common = dict(
         step_id=step.id,
         lease_token=step.lease_token,
@@ -62,21 +71,32 @@ def decide(
             return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, **common)
         case Retryable(reason=why, retry_after=retry_after, misconfigured=misconfigured):
             detail["message"] = why
-            if attempts_left:
-                delay = backoff.delay(step.attempt)
+            if not charged:
+                detail["charged"] = False
+            if attempts_left and budget_left > 0:
+                # Uncharged: the circuit holds the step while the provider is down; once it
+                # closes the step goes at once, not after a backoff grown by the outage.
+                delay = backoff.delay(charged_attempts if charged else 1)
                 if retry_after is not None:
                     delay = max(delay, retry_after)
+                # The last retry is at the end of the budget, not after it.
+                delay = min(delay, budget_left)
                 return Transition(
                     to_status=Status.RETRYABLE,
                     reason=Reason.PROVIDER_MISCONFIGURED if misconfigured else Reason.PROVIDER_TEMPORARY,
                     retry_delay=delay,
                     detail=detail,
+                    charged=charged,
                     **common,
                 )
-            detail["attempts"] = f"{step.attempt} of {max_attempts}"
+            reason = Reason.ATTEMPTS_EXHAUSTED if not attempts_left else Reason.RETRY_BUDGET_EXHAUSTED
+            detail["attempts"] = f"{charged_attempts} of {max_attempts}" + (
+                f" ({step.attempt - charged_attempts} not charged)" if step.attempt != charged_attempts else ""
+            )
+            detail["retried_for_seconds"] = round(step.budget_age, 1)
             if step.maybe_delivered:
-                return Transition(to_status=Status.UNKNOWN, reason=Reason.ATTEMPTS_EXHAUSTED, detail=detail, **common)
-            return Transition(to_status=Status.REJECTED, reason=Reason.ATTEMPTS_EXHAUSTED, detail=detail, **common)
+                return Transition(to_status=Status.UNKNOWN, reason=reason, detail=detail, charged=charged, **common)
+            return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, charged=charged, **common)
         case Unknown(reason=why):
             detail["message"] = why
             if dedupe_window_open and attempts_left:

@@ -130,6 +130,10 @@ WITH t AS (
       AND s.provider = ANY(%(providers)s::text[])
       AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= (SELECT now FROM t)
                + make_interval(secs => %(lease_seconds)s), true))
+      -- A provider whose circuit is not closed gets nothing, but the probe the caller
+      -- won (circuit_probe_take) for it (worker/circuit.py).
+      AND (%(probe)s::bool OR NOT EXISTS (
+          SELECT 1 FROM provider_circuits c WHERE c.provider = s.provider AND c.state <> 'closed'))
     ORDER BY s.next_attempt_at, s.id
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -159,7 +163,8 @@ WITH t AS (
     WHERE s.id = picked.id
     RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload,
               s.attempts, s.max_attempts, s.lease_token, s.dedupe_until, s.maybe_delivered,
-              s.created_at, picked.from_status, t.now AS claimed_at
+              s.created_at, s.uncharged_attempts, coalesce(s.retry_from, s.created_at) AS retry_from,
+              picked.from_status, t.now AS claimed_at
 ), started AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token, created_at)
     SELECT c.id, c.run_id, c.attempts, 'attempt_started', %(owner)s, c.from_status, 'in_flight', c.lease_token,
@@ -169,7 +174,8 @@ WITH t AS (
 SELECT id, run_id, step_id, idempotency_key, message_id, provider, payload, attempts, max_attempts,
        lease_token, %(lease_seconds)s::float8 AS lease_seconds,
        extract(epoch FROM dedupe_until - claimed_at)::float8 AS dedupe_remaining,
-       maybe_delivered, created_at
+       maybe_delivered, created_at, uncharged_attempts,
+       extract(epoch FROM claimed_at - retry_from)::float8 AS budget_age
 FROM claimed
 ORDER BY id;
 
@@ -186,10 +192,12 @@ WITH t AS (
     SELECT * FROM jsonb_to_recordset(%(transitions)s::jsonb) AS o(
         id bigint, lease_token uuid, attempt int, to_status text, reason text, outcome text,
         provider_message_id text, retry_delay float8, maybe_delivered bool, latency_ms float8, detail jsonb,
-        message text)
+        message text, charged bool)
 ), applied AS (
     UPDATE email_steps s
     SET status = o.to_status,
+        -- An attempt that hit a provider-level fault is not counted against the message.
+        uncharged_attempts = s.uncharged_attempts + CASE WHEN o.charged THEN 0 ELSE 1 END,
         reason = o.reason,
         detail = o.message,
         provider_message_id = coalesce(o.provider_message_id, s.provider_message_id),
@@ -337,7 +345,7 @@ WITH t AS (
 ), expired AS (
     SELECT s.id, s.lease_token, s.lease_owner, s.lease_expires_at,
            CASE WHEN s.dedupe_until > (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s)
-                     AND s.attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
+                     AND s.attempts - s.uncharged_attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
                 THEN 'retryable' ELSE 'unknown' END AS to_status
     FROM email_steps s
     WHERE s.status = 'in_flight' AND s.lease_expires_at < (SELECT now FROM t)
@@ -410,6 +418,12 @@ SELECT EXISTS (
       AND s.provider = ANY(%(providers)s::text[])
       AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= coalesce(%(now)s::timestamptz, now())
                + make_interval(secs => %(lease_seconds)s), true))
+      -- Held by its provider's circuit: nothing to do until a probe is due.
+      AND NOT EXISTS (
+          SELECT 1 FROM provider_circuits c
+          WHERE c.provider = s.provider AND c.state <> 'closed'
+            AND NOT (c.state = 'open' AND c.probe_at <= coalesce(%(now)s::timestamptz, now()))
+            AND NOT (c.state = 'half_open' AND c.probe_expires_at < coalesce(%(now)s::timestamptz, now())))
 ) AS claimable;
 
 
@@ -474,6 +488,160 @@ FROM t
 ON CONFLICT (provider) DO UPDATE
 SET paused_until = greatest(b.paused_until, excluded.paused_until)
 RETURNING extract(epoch FROM b.paused_until - (SELECT now FROM t))::float8 AS paused_for;
+
+-- name: circuit_trip
+-- Open a provider's circuit (worker/circuit.py): from closed (a fault, or consecutive
+-- failures) with the first probe after probe_base; from half-open (the probe, or a send
+-- while it was out, failed) with the probe backoff doubled, at most probe_max. An open
+-- circuit stays as it is (FOR UPDATE re-reads a row another worker changed meanwhile,
+-- so two workers opening it at once make one change and one event). The event row
+-- goes with the change. `present` false: no row yet, the caller seeds one and asks again.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT c.provider, c.state AS from_state,
+           CASE WHEN c.state = 'half_open' THEN c.probes + 1 ELSE 0 END AS probes
+    FROM provider_circuits c
+    WHERE c.provider = %(provider)s AND c.state <> 'open'
+    FOR UPDATE OF c
+), opened AS (
+    UPDATE provider_circuits c
+    SET state = 'open',
+        reason = %(reason)s,
+        detail = %(detail)s,
+        opened_at = coalesce(c.opened_at, t.now),
+        probes = cur.probes,
+        probe_at = t.now + make_interval(secs => least(%(probe_max)s::float8,
+                                                       %(probe_base)s::float8 * power(2::float8, cur.probes))),
+        probe_owner = NULL,
+        probe_expires_at = NULL,
+        updated_at = t.now
+    FROM cur, t
+    WHERE c.provider = cur.provider
+    RETURNING c.provider, cur.from_state, c.reason, c.detail, c.probes,
+              extract(epoch FROM c.probe_at - t.now)::float8 AS probe_in, t.now AS at
+), ev AS (
+    INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, probe_in, created_at)
+    SELECT o.provider, o.from_state, 'open', o.reason, o.detail, %(actor)s, o.probe_in, o.at
+    FROM opened o
+)
+SELECT EXISTS (SELECT 1 FROM provider_circuits c WHERE c.provider = %(provider)s) AS present,
+       o.from_state, o.probes, o.probe_in
+FROM (SELECT 1) AS one
+LEFT JOIN opened o ON true;
+
+
+-- name: circuit_seed
+-- A provider's first circuit row: closed (a concurrent seed wins, nothing changes).
+INSERT INTO provider_circuits (provider, state, updated_at)
+VALUES (%(provider)s, 'closed', coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (provider) DO NOTHING;
+
+
+-- name: circuit_close
+-- The provider answered (a probe got through, or a send did): the circuit closes and
+-- its steps are claimed again by every worker at its next claim.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT c.provider, c.state AS from_state
+    FROM provider_circuits c
+    WHERE c.provider = %(provider)s AND c.state <> 'closed'
+    FOR UPDATE OF c
+), closed AS (
+    UPDATE provider_circuits c
+    SET state = 'closed',
+        reason = %(reason)s,
+        detail = %(detail)s,
+        opened_at = NULL,
+        probe_at = NULL,
+        probes = 0,
+        probe_owner = NULL,
+        probe_expires_at = NULL,
+        updated_at = t.now
+    FROM cur, t
+    WHERE c.provider = cur.provider
+    RETURNING c.provider, cur.from_state, t.now AS at
+), ev AS (
+    INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, created_at)
+    SELECT c.provider, c.from_state, 'closed', %(reason)s, %(detail)s, %(actor)s, c.at
+    FROM closed c
+)
+SELECT provider, from_state FROM closed;
+
+
+-- name: circuit_probe_take
+-- One worker takes the probe of an open circuit whose probe is due (or of a half-open
+-- one whose prober let its hold lapse: it died), only when a step is there to send:
+-- the circuit turns half-open under its name, and its next claim (probe => true)
+-- may take one step of that provider.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT c.provider, c.state AS from_state
+    FROM provider_circuits c, t
+    WHERE c.provider = %(provider)s
+      AND ((c.state = 'open' AND c.probe_at <= t.now) OR (c.state = 'half_open' AND c.probe_expires_at < t.now))
+      AND EXISTS (
+          SELECT 1 FROM email_steps s
+          WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= t.now AND s.provider = c.provider
+            AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= t.now
+                     + make_interval(secs => %(lease_seconds)s), true)))
+    FOR UPDATE OF c
+), taken AS (
+    UPDATE provider_circuits c
+    SET state = 'half_open',
+        probe_at = NULL,
+        probe_owner = %(owner)s,
+        probe_expires_at = t.now + make_interval(secs => %(hold_seconds)s),
+        updated_at = t.now
+    FROM cur, t
+    WHERE c.provider = cur.provider
+    RETURNING c.provider, cur.from_state, c.probes, t.now AS at
+), ev AS (
+    INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, created_at)
+    SELECT k.provider, k.from_state, 'half_open', 'probe',
+           'probe ' || (k.probes + 1) || ' since the circuit opened', %(owner)s, k.at
+    FROM taken k
+)
+SELECT provider FROM taken;
+
+
+-- name: circuit_probe_idle
+-- A probe taken whose claim found no step after all (another path took it): back to
+-- open, the next probe after probe_base, the backoff unchanged.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), back AS (
+    UPDATE provider_circuits c
+    SET state = 'open',
+        probe_at = t.now + make_interval(secs => %(probe_base)s),
+        probe_owner = NULL,
+        probe_expires_at = NULL,
+        updated_at = t.now
+    FROM t
+    WHERE c.provider = %(provider)s AND c.state = 'half_open' AND c.probe_owner = %(owner)s
+    RETURNING c.provider, c.reason, t.now AS at
+), ev AS (
+    INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, probe_in, created_at)
+    SELECT b.provider, 'half_open', 'open', b.reason, 'the probe found no step to send', %(owner)s,
+           %(probe_base)s::float8, b.at
+    FROM back b
+)
+SELECT provider FROM back;
+
+
+-- name: circuit_list
+-- Every provider circuit there is a row for, as every worker sees it now.
+SELECT c.provider, c.state, c.reason, c.detail, c.opened_at, c.probe_at, c.probes, c.probe_owner,
+       c.probe_expires_at, c.updated_at,
+       extract(epoch FROM c.probe_at - t.now)::float8 AS probe_in,
+       extract(epoch FROM c.probe_expires_at - t.now)::float8 AS probe_hold_left,
+       extract(epoch FROM t.now - c.opened_at)::float8 AS open_for,
+       (SELECT count(*) FROM provider_circuit_events e WHERE e.provider = c.provider AND e.to_state = 'open') AS openings
+FROM provider_circuits c, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
+ORDER BY c.provider;
+
 
 -- name: notice_candidates
 -- Steps just moved to a state that owes a notice (rejected; unknown when so
@@ -704,6 +872,10 @@ ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
 -- from a paused or slow worker: 'retryable' waits until that attempt's lease plus the
 -- adapter's whole deadline (deadline_share of the lease, counted from its start) has
 -- passed, on this database's clock (retry_not_before; NULL: no wait).
+-- The dead-letter requeue: 'retryable' is also taken for a rejected row whose
+-- attempts or retry budget ran out on temporary failures only (no attempt may have
+-- been delivered: maybe_delivered is false, else it would have ended unknown). It
+-- goes back with a fresh budget (retry_from = now) and its attempts forgiven.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
@@ -718,7 +890,10 @@ WITH t AS (
                      FROM evidence le
                      WHERE le.step_id = s.id AND le.kind = 'lease_expired' AND le.attempt = s.attempts
                      ORDER BY le.id DESC LIMIT 1) x
-           ) END AS retry_not_before
+           ) END AS retry_not_before,
+           (s.status = 'rejected' AND s.reason IN ('attempts_exhausted', 'retry_budget_exhausted')
+            AND NOT s.maybe_delivered) AS requeueable,
+           s.attempts - s.uncharged_attempts AS charged_attempts, s.retry_from
     FROM email_steps s
     WHERE s.id = %(id)s
     FOR UPDATE
@@ -731,17 +906,24 @@ WITH t AS (
                                    THEN coalesce(%(provider_message_id)s, s.provider_message_id)
                                    ELSE s.provider_message_id END,
         maybe_delivered = CASE WHEN %(to_status)s = 'retryable' THEN false ELSE s.maybe_delivered END,
-        max_attempts = CASE WHEN %(to_status)s = 'retryable'
-                                 AND s.attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
-                            THEN s.attempts + 1 ELSE s.max_attempts END,
+        max_attempts = CASE WHEN %(to_status)s = 'retryable' AND NOT cur.requeueable
+                                 AND cur.charged_attempts >= coalesce(s.max_attempts, %(default_max_attempts)s)
+                            THEN cur.charged_attempts + 1 ELSE s.max_attempts END,
+        -- A requeue forgives the spent attempts (the count itself stays: it numbers the
+        -- evidence) and restarts the retry budget: the step gets what a new one would.
+        uncharged_attempts = CASE WHEN cur.requeueable THEN s.attempts ELSE s.uncharged_attempts END,
+        retry_from = CASE WHEN cur.requeueable THEN t.now ELSE s.retry_from END,
         next_attempt_at = CASE WHEN %(to_status)s = 'retryable' THEN t.now ELSE s.next_attempt_at END,
         unknown_since = NULL,
         closed_at = CASE WHEN %(to_status)s IN ('accepted', 'rejected') THEN t.now END,
         updated_at = t.now
     FROM cur, t
-    WHERE s.id = cur.id AND cur.status = 'unknown'
-      AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false))
-    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.provider, s.closed_at, t.now AS at
+    WHERE s.id = cur.id
+      AND ((cur.status = 'unknown'
+            AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false)))
+           OR (cur.requeueable AND %(to_status)s = 'retryable'))
+    RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.uncharged_attempts, s.provider, s.closed_at,
+              t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
                           provider_message_id, detail, created_at)
@@ -757,7 +939,10 @@ WITH t AS (
                                               'max_attempts', cur.max_attempts,
                                               'provider_message_id', cur.provider_message_id),
                'max_attempts_raised', c.max_attempts IS DISTINCT FROM cur.max_attempts,
-               'max_attempts', c.max_attempts),
+               'max_attempts', c.max_attempts,
+               'requeued', cur.requeueable,
+               'uncharged_attempts', c.uncharged_attempts,
+               'retry_from', CASE WHEN cur.requeueable THEN c.at END),
            c.at
     FROM closed c, cur
     RETURNING id, created_at
@@ -768,7 +953,7 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
        closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
        CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
             ELSE false END AS woke,
-       cur.retry_not_before, (SELECT now FROM t) AS db_now
+       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;
@@ -1001,7 +1186,9 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pendin
        coalesce(extract(epoch FROM (SELECT now FROM t) - l.oldest_due)::float8, 0) AS pending_oldest_age,
        (SELECT n FROM terminal WHERE status = 'accepted') AS accepted,
        (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
-       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated
+       ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated,
+       -- Providers' circuits (worker/circuit.py): a row per provider at most.
+       (SELECT coalesce(jsonb_object_agg(c.provider, c.state), '{}'::jsonb) FROM provider_circuits c) AS circuits
 FROM lag l, in_flight f;
 
 

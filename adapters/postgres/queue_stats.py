@@ -81,4 +81,5 @@ def _stats(row: dict[str, Any], buckets: Sequence[float]) -> QueueStats:
         pending_oldest_age=float(row["pending_oldest_age"]),
         in_flight_expired=int(row["in_flight_expired"]),
         estimated=tuple(row["estimated"]),
+        circuits=dict(row.get("circuits") or {}),
     )

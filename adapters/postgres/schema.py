@@ -135,6 +135,12 @@ email_steps = Table(
     CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
     CheckConstraint("notice_of IS NULL OR notify IS NULL", name="notice_never_notifies"),
     CheckConstraint("reconcile_checks >= 0", name="reconcile_checks_nonnegative"),
+    # Attempts not charged to the message (0011): those that hit a provider-level fault
+    # (worker/circuit.py), and those an operator's requeue forgave.
+    Column("uncharged_attempts", Integer, nullable=False, server_default="0"),
+    # When the retry budget (EVQ_RETRY_FOR) started counting; NULL: at created_at (0011).
+    Column("retry_from", TZ),
+    CheckConstraint("uncharged_attempts >= 0 AND uncharged_attempts <= attempts", name="uncharged_within_attempts"),
 )
 
 # The claim's index: its predicate and order are exactly the claim query's, so
@@ -292,4 +298,55 @@ provider_rate_limits = Table(
     # Set by a "too fast" answer (HTTP 429 + Retry-After): no worker claims for it before then.
     Column("paused_until", TZ),
     CheckConstraint("tokens >= 0", name="tokens_not_negative"),
+)
+
+# Per-provider circuit breaker (worker/circuit.py), one row per provider whose circuit
+# ever opened; no row means closed. Operational state, rewritten on every change.
+CIRCUIT_STATES = ("closed", "half_open", "open")
+
+provider_circuits = Table(
+    "provider_circuits",
+    metadata,
+    Column("provider", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    # Why it opened: a fault name (connection_refused, auth_failed, ...) or consecutive_failures.
+    Column("reason", Text),
+    # The provider's answer that opened it, as the adapter reported it (scrubbed of secrets).
+    Column("detail", Text),
+    Column("opened_at", TZ),
+    # Open: no probe before then.
+    Column("probe_at", TZ),
+    # Failed probes since it opened: the exponent of the probe backoff.
+    Column("probes", Integer, nullable=False, server_default="0"),
+    # Half-open: the worker whose probe is out, and until when it holds it.
+    Column("probe_owner", Text),
+    Column("probe_expires_at", TZ),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(_in("state", CIRCUIT_STATES), name="state"),
+    CheckConstraint("(state = 'closed') = (opened_at IS NULL)", name="opened_iff_not_closed"),
+    CheckConstraint("(state = 'open') = (probe_at IS NOT NULL)", name="probe_at_iff_open"),
+    CheckConstraint(
+        "(state = 'half_open') = (probe_owner IS NOT NULL AND probe_expires_at IS NOT NULL)",
+        name="probe_held_iff_half_open",
+    ),
+    CheckConstraint("probes >= 0", name="probes_nonnegative"),
+)
+
+# Every change of a circuit: append-only like evidence (the same trigger, 0011).
+provider_circuit_events = Table(
+    "provider_circuit_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("provider", Text, nullable=False),
+    Column("from_state", Text, nullable=False),
+    Column("to_state", Text, nullable=False),
+    Column("reason", Text),
+    Column("detail", Text),
+    Column("actor", Text, nullable=False),
+    # Opened: seconds until its next probe.
+    Column("probe_in", Float),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(_in("from_state", CIRCUIT_STATES), name="from_state"),
+    CheckConstraint(_in("to_state", CIRCUIT_STATES), name="to_state"),
+    Index(None, "provider", "id"),
 )

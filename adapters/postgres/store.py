@@ -188,6 +188,7 @@ class PostgresStore:
         lease_seconds: float,
         dedupe_windows: Mapping[str, float],
         claim_id: str | None = None,
+        probe: bool = False,
         now: datetime | None = None,
     ) -> list[ClaimedStep]:
         """Claim up to ``limit`` rows. Their lease tokens derive from ``claim_id`` (a fresh
@@ -199,6 +200,7 @@ class PostgresStore:
             {
                 "now": now,
                 "claim_id": claim_id or new_claim_id(),
+                "probe": probe,
                 "owner": owner,
                 "providers": list(providers),
                 "limit": limit,
@@ -351,6 +353,62 @@ class PostgresStore:
             "rate_pause", Q["rate_limit_pause"], {"provider": provider, "seconds": seconds, "now": now}
         )
         return float(rows[0]["paused_for"])
+
+    # -- provider circuits (worker/circuit.py) -------------------------------------
+
+    async def circuit_trip(
+        self,
+        *,
+        provider: str,
+        reason: str,
+        detail: str,
+        actor: str,
+        probe_base: float,
+        probe_max: float,
+        now: datetime | None = None,
+    ) -> dict[str, Any] | None:
+        """Open the circuit (or reopen it after a failed probe); the change, or None if it was open."""
+        params = {"provider": provider, "reason": reason, "detail": detail, "actor": actor,
+                  "probe_base": probe_base, "probe_max": probe_max, "now": now}
+        row = (await self._fetch("circuit_trip", Q["circuit_trip"], params))[0]
+        if not row["present"]:
+            await self._fetch("circuit_seed", Q["circuit_seed"], params)
+            row = (await self._fetch("circuit_trip", Q["circuit_trip"], params))[0]
+        return row if row["from_state"] is not None else None
+
+    async def circuit_close(
+        self, *, provider: str, reason: str, detail: str, actor: str, now: datetime | None = None
+    ) -> bool:
+        rows = await self._fetch(
+            "circuit_close",
+            Q["circuit_close"],
+            {"provider": provider, "reason": reason, "detail": detail, "actor": actor, "now": now},
+        )
+        return bool(rows)
+
+    async def circuit_probe_take(
+        self, *, provider: str, owner: str, hold_seconds: float, lease_seconds: float, now: datetime | None = None
+    ) -> bool:
+        rows = await self._fetch(
+            "circuit_probe_take",
+            Q["circuit_probe_take"],
+            {"provider": provider, "owner": owner, "hold_seconds": hold_seconds,
+             "lease_seconds": lease_seconds, "now": now},
+        )
+        return bool(rows)
+
+    async def circuit_probe_idle(
+        self, *, provider: str, owner: str, probe_base: float, now: datetime | None = None
+    ) -> bool:
+        rows = await self._fetch(
+            "circuit_probe_idle",
+            Q["circuit_probe_idle"],
+            {"provider": provider, "owner": owner, "probe_base": probe_base, "now": now},
+        )
+        return bool(rows)
+
+    async def circuits(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._fetch("circuits", Q["circuit_list"], {"now": now})
 
     # -- the reconciler -------------------------------------------------------------
 
@@ -521,7 +579,9 @@ class PostgresStore:
         if row["to_status"] is None:
             log.info("resolve_conflict", step=step_id, status=row["current_status"])
             raise StateConflict(
-                f"step {step_id} is {row['current_status']}, not unknown: only unknown rows can be resolved",
+                f"step {step_id} is {row['current_status']}, not unknown: only unknown rows can be resolved "
+                "(and, with --as retry, rejected rows whose attempts or retry budget ran out on temporary "
+                "failures only)",
                 hint=f"`evq steps show {step_id}` shows who changed it and when",
                 context={"id": step_id, "status": row["current_status"], "reason": row["current_reason"]},
             )
@@ -531,6 +591,7 @@ class PostgresStore:
         return Resolved(
             step_id=row["id"],
             run_id=row["run_id"],
+            from_status=Status(row["current_status"]),
             to_status=Status(row["to_status"]),
             evidence_id=row["evidence_id"],
             resolved_at=row["resolved_at"],
@@ -644,6 +705,7 @@ def _transitions_json(transitions: Sequence[Transition]) -> str:
                 "latency_ms": t.latency_ms,
                 "detail": t.detail,
                 "message": _message(t),
+                "charged": t.charged,
             }
             for t in transitions
         ],

@@ -14,6 +14,7 @@ from ops.cli.enqueue import enqueue_cmd
 from ops.cli.keys import keys
 from ops.cli.mcptools import mcp
 from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from ops.cli.providers import providers
 from ops.cli.prune import prune_cmd
 from ops.cli.runs import runs
 from ops.cli.schema import schema
@@ -41,6 +42,7 @@ def cli() -> None:
     Work:         evq worker run
     Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
+    Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
@@ -56,6 +58,7 @@ cli.add_command(worker_group)
 cli.add_command(steps)
 cli.add_command(runs)
 cli.add_command(keys)
+cli.add_command(providers)
 cli.add_command(schema)
 cli.add_command(serve)
 cli.add_command(mcp)

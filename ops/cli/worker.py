@@ -9,6 +9,7 @@ import click
 from ops import wiring
 from ops.cli.common import DocumentedOption, command, load_settings, output_option, run
 from ops.cli.output import Output
+from worker.circuit import FAULTS
 from worker.settings import OPTIONS
 
 
@@ -18,7 +19,9 @@ _CLICK_TYPES = {int: click.INT, float: click.FLOAT}
 def _setting_options(fn: Any) -> Any:
     for option in reversed(OPTIONS):
         default = option.default
-        if isinstance(default, tuple):
+        if isinstance(default, frozenset):
+            default = "all" if default == frozenset(FAULTS) else ",".join(sorted(default)) or "none"
+        elif isinstance(default, tuple):
             default = ",".join(default)
         elif isinstance(default, bool):
             default = str(default).lower()

@@ -28,6 +28,7 @@ from ops.web.state import AppState
 from worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
 from worker.keys import Permission, authenticate, split_key
 from worker.resolution import Resolution, Verdict
+from worker.settings import ADAPTERS
 from worker.states import Status
 
 SOURCE = "the sign-in form"
@@ -201,8 +202,11 @@ async def overview(request: Request) -> HTMLResponse:
         stats_error = exc
     who = _who(session)
     oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
+    # Providers evq has stopped sending to, and why (worker/circuit.py).
+    circuits = await service.list_providers(state.store, who, ADAPTERS)
+    held = [c for c in circuits.data if not c["sending"]]
     return render(request, "overview.html", session, stats=stats, stats_error=stats_error, statuses=list(Status),
-                  oldest=oldest.data[0] if oldest.data else None)
+                  oldest=oldest.data[0] if oldest.data else None, held=held)
 
 
 @router.get("/unknown", response_class=HTMLResponse)

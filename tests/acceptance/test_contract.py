@@ -82,6 +82,8 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "keys", "create", "--name", "ops2", "--role", "operator", expect=4)
     run(anyone, "keys", "list")
     run(nowhere, "keys", "list", expect=9)
+    run(anyone, "providers", "list")
+    run(nowhere, "providers", "list", expect=9)
     run(admin, "keys", "revoke", "ops")
     run(admin, "keys", "revoke", "nobody", expect=1)
     run(anyone, "schema")

@@ -126,6 +126,10 @@ BYPASSES = [
     ["DELETE FROM evidence"],
     ["DELETE FROM decisions"],
     ["DELETE FROM prune_log"],
+    # A provider circuit's history (0011): appended with each change, never rewritten.
+    ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
+    ["DELETE FROM provider_circuit_events"],
+    ["TRUNCATE provider_circuit_events"],
     ["DELETE FROM email_steps"],
     ["INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
      "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"],
@@ -198,6 +202,14 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
     # It pruned the real table (the resolved step, closed before now()), not the empty temporary one.
     assert counts[0] == 1, counts
     assert history_state(r.admin_url) == before
+    # A provider circuit (0011): its state is the runtime's to change, its history only to append.
+    [granted] = rows(r.admin_url, """
+        SELECT has_table_privilege(%(app)s, 'provider_circuits', 'UPDATE') AS circuit_update,
+               has_table_privilege(%(app)s, 'provider_circuit_events', 'INSERT') AS events_insert,
+               has_table_privilege(%(app)s, 'provider_circuit_events', 'UPDATE') AS events_update,
+               has_table_privilege(%(app)s, 'provider_circuit_events', 'DELETE') AS events_delete
+        """, {"app": r.app})
+    assert granted == {"circuit_update": True, "events_insert": True, "events_update": False, "events_delete": False}
 
 
 def run_as_runtime_role(r: Roles) -> dict:

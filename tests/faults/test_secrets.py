@@ -245,7 +245,10 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path
         done = evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request))
         assert done.returncode == 0, done.stderr[-2000:]
         env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": provider.url, "EVQ_HTTP_API_KEY": ECHOED_KEY,
-               "EVQ_HTTP_TIMEOUT": "5", "EVQ_MAX_ATTEMPTS": "1", "EVQ_LOG_LEVEL": "debug"}
+               "EVQ_HTTP_TIMEOUT": "5", "EVQ_MAX_ATTEMPTS": "1", "EVQ_LOG_LEVEL": "debug",
+               # A 401 would open the provider's circuit and cost the step nothing (issue 12); here
+               # it must end the step so the refusal reaches every output and the failure notice.
+               "EVQ_CIRCUIT_FAULTS": "none", "EVQ_CIRCUIT_FAILURES": "0"}
         for _ in range(2):  # the refusal, then the notice it owes
             done = evq.run("worker", "run", "--drain", "-o", "json", **env)
             outputs += [done.stdout, done.stderr]
@@ -277,6 +280,41 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path
     assert "invalid_api_key" in dump.stdout and "invalid_api_key" in page.text
     assert "invalid_api_key" in provider.notices[0]["text"] or "401" in provider.notices[0]["text"]
     # ...but not the key, in any of the forms the provider sent it back in.
+    for form in _key_forms(ECHOED_KEY):
+        assert form not in everything, form
+
+
+def test_a_provider_echoing_its_key_leaks_it_nowhere_when_its_circuit_opens(db_url, admin_key):
+    """The 401 opens the provider's circuit (issue 12): its answer becomes the circuit's reason, in
+    provider_circuits, provider_circuit_events, `evq providers list`, the ops page and the log;
+    the key is in none of them, in any form."""
+    import subprocess
+
+    evq = Evq(db_url, api_key=admin_key)
+    outputs: list[str] = []
+    with _EchoingProvider() as provider:
+        request = {"run_id": "echo", "step_id": "s1", "to": ["ok@example.com"], "from": "a@example.org",
+                   "subject": "hello", "text": "t", "provider": "http"}
+        assert evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request)).returncode == 0
+        env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": provider.url, "EVQ_HTTP_API_KEY": ECHOED_KEY,
+               "EVQ_HTTP_TIMEOUT": "5", "EVQ_LOG_LEVEL": "debug"}
+        done = evq.run("worker", "run", "--drain", "-o", "json", **env)  # drained: held by the open circuit
+        outputs += [done.stdout, done.stderr]
+        assert done.returncode == 0 and provider.refused == 1, done.stderr[-2000:]
+    listed = evq.json("providers", "list")
+    outputs.append(json.dumps(listed))
+    http = next(p for p in listed["data"] if p["provider"] == "http")
+    assert http["state"] == "open" and http["reason"] == "auth_failed" and "invalid_api_key" in http["detail"]
+    outputs += [evq.run("providers", "list").stdout]
+    from tests.web.support import serving
+
+    with serving(db_url) as served:
+        outputs.append(served.client(admin_key).get("/v1/steps/1").text)
+    dump = subprocess.run(["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url],
+                          capture_output=True, text=True, timeout=120)
+    assert dump.returncode == 0, dump.stderr
+    assert "auth_failed" in dump.stdout
+    everything = "\n".join(outputs) + dump.stdout
     for form in _key_forms(ECHOED_KEY):
         assert form not in everything, form
 

@@ -158,6 +158,7 @@ async def test_connection_refused_is_retryable_and_never_sent(server) -> None:
         await p.close()
     assert isinstance(outcome, Retryable) and outcome.response["sent"] is False
     assert "before the request was sent" in outcome.reason and outcome.response["error_class"] == "ConnectError"
+    assert outcome.fault == "connection_refused"
 
 
 async def test_reset_after_the_request_was_sent_is_ambiguous(provider, server) -> None:
@@ -183,6 +184,7 @@ async def test_bad_credentials_are_retryable_and_logged_as_configuration(server)
     finally:
         await p.close()
     assert isinstance(outcome, Retryable) and outcome.response["code"] == 401
+    assert outcome.fault == "auth_failed"
     assert "EVQ_HTTP_API_KEY" in outcome.reason
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["http_config_failure"]
 

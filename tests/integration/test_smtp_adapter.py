@@ -192,6 +192,7 @@ def test_connection_refused_is_retryable_and_the_retry_delivers(server: DevSmtpS
     assert isinstance(outcome, Retryable)
     assert outcome.response["phase"] == "connect"
     assert outcome.response["error_class"] == "ConnectionRefusedError"
+    assert outcome.fault == "connection_refused"  # the provider is down: it opens the circuit (worker/circuit.py)
     server.start()  # back on the same port
     assert isinstance(send_one(server, make_request(attempt=2)), Accepted)
     assert server.by_message_id() == {MESSAGE_ID: 1}
@@ -392,6 +393,8 @@ def test_the_password_never_appears_in_outcomes_or_logs(capfd: pytest.CaptureFix
     assert isinstance(good, Accepted)
     assert isinstance(bad, Retryable) and bad.response["phase"] == "auth" and bad.response["code"] == 535
     assert isinstance(anonymous, Retryable) and anonymous.response["code"] == 530
+    # Faults of our settings, not of the message: each opens the provider's circuit.
+    assert bad.fault == "auth_failed" and anonymous.fault == "auth_failed" and good.kind == "accepted"
     assert any(e["event"] == "smtp_config_failure" and e["log_level"] == "error" for e in logs)
     out, err = capfd.readouterr()
     provider = SmtpProvider(host="127.0.0.1", port=authed.port, username="evq", password=PASSWORD)
@@ -455,6 +458,7 @@ def test_starttls_missing_never_falls_back_to_plain_text(server: DevSmtpServer) 
     outcome = send_one(server, tls="starttls")
 
     assert isinstance(outcome, Retryable) and outcome.response["phase"] == "starttls"
+    assert outcome.fault == "tls_failed"
     assert server.messages == []
 
 
@@ -467,6 +471,7 @@ def test_untrusted_certificate_is_retryable(tls: tuple[ssl.SSLContext, ssl.SSLCo
     assert isinstance(outcome, Retryable)
     assert outcome.response["phase"] == "starttls"
     assert outcome.response["error_class"] == "SSLCertVerificationError"
+    assert outcome.fault == "tls_failed"
 
 
 def _fields(request: SendRequest) -> dict[str, Any]:

@@ -153,7 +153,8 @@ def test_labels_come_from_fixed_sets():
         s.labels["reason"] for family in REGISTRY.collect() if family.name == "evq_rate_limited" for s in family.samples
     }
     assert rate_reasons == set(metrics.RATE_LIMITED_REASONS)
-    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le"}
+    assert labels["state"] == set(metrics.CIRCUIT_STATES)
+    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le", "state"}
 
 
 def test_validation_errors_are_counted_by_field():

@@ -377,3 +377,24 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
     assert "connection lost after the final dot" in row["provider_response"]
     assert "alice" in row["operator_resolved"] and "unknown → accepted" in row["operator_resolved"]
     assert "in the provider log" in row["operator_resolved"]
+
+
+def test_the_overview_says_which_provider_evq_stopped_sending_to_and_why(server, db_url):
+    """An open circuit (written as a worker writes it) is on the overview with its reason and the
+    provider's own words, escaped; a closed one is not."""
+    async def open_it(store):
+        await store.circuit_trip(provider="smtp", reason="auth_failed", actor="w1", probe_base=60, probe_max=600,
+                                 detail="smtp authentication failed (535) " + XSS)
+        await store.circuit_trip(provider="http", reason="connection_refused", detail="refused", actor="w1",
+                                 probe_base=60, probe_max=600)
+        await store.circuit_close(provider="http", reason="probe_succeeded", detail="back", actor="w1")
+
+    with_store(db_url, open_it)
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops").text
+    banner = re.search(r'<div class="error circuit" id="circuit-smtp">(.*?)</div>', html, flags=re.S)[1]
+    assert "Not sending through smtp" in banner and "<code>auth_failed</code>" in banner
+    assert "535" in banner and "<script>" not in banner and "&lt;script&gt;" in banner
+    assert "Next probe in" in banner
+    assert 'id="circuit-http"' not in html
