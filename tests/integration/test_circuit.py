@@ -125,7 +125,8 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
     """A real 535 from aiosmtpd's AUTH: every message would get it, none is charged for it."""
     with DevSmtpServer(auth=("evq", "the-right-one")) as server:
         ids = await enqueue(store, 20)
-        provider = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="a-wrong-one")
+        provider = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="a-wrong-one",
+                                allow_plain_auth=True)  # a loopback server without TLS
         settings = replace(SETTINGS, concurrency=2, batch_size=2, smtp_username="evq", smtp_password="a-wrong-one")
         try:
             await run_until(Worker(store, {"smtp": provider}, settings), lambda: outage_outlasted(db_url))
@@ -160,7 +161,8 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
         assert page[("evq_provider_circuit_state", (("provider", "http"),))] == 0
 
         # The password fixed: the next probe gets through, the circuit closes, all go once.
-        fixed = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="the-right-one")
+        fixed = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="the-right-one",
+                             allow_plain_auth=True)
         settings = replace(settings, smtp_password="the-right-one")
         try:
             await run_until(Worker(store, {"smtp": fixed}, settings),
