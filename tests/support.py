@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -58,7 +65,6 @@ class ScriptedProvider:
     dedupe_window = None
 
     def __init__(self, script=None, gate=None, delay: float = 0.0):
-        import asyncio
         import collections
 
         self.script = {k: list(v) for k, v in (script or {}).items()}
@@ -199,3 +205,66 @@ def with_store(url: str, use: Any) -> Any:
             await store.close()
 
     return asyncio.run(go())
+
+
+
+class ServeProcess:
+    """An `evq serve` process started by :func:`serve_process`: its URL and what it printed
+    (stderr and stdout, in one file): ``log()`` while it runs, ``stderr`` once the block has ended."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: str):
+        self.proc = proc
+        self.url = url
+        self.stderr = ""
+        self._log_path = log_path
+
+    def log(self) -> str:
+        with open(self._log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+@contextlib.contextmanager
+def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30, **env: str) -> Iterator[ServeProcess]:
+    """`evq serve` in a process of its own (its own event loop and GIL) on a free loopback
+    port, for as long as the block runs; optionally with a lower open-file limit. What it
+    prints goes to a file, not a pipe: a chatty log must never fill a pipe nobody reads and stall
+    the server mid-test."""
+    import httpx
+
+    port = free_port()
+    environ = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", **env}
+    if "EVQ_API_KEY" not in env:
+        environ.pop("EVQ_API_KEY", None)
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    fd, log_path = tempfile.mkstemp(prefix="evq-serve-", suffix=".log")
+    try:
+        with os.fdopen(fd, "w") as stderr:
+            proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=environ,
+                                    stdout=stderr, stderr=subprocess.STDOUT, preexec_fn=limit)
+        served = ServeProcess(proc, f"http://127.0.0.1:{port}", log_path)
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"evq serve exited {proc.returncode}: {served.log()[-2000:]}")
+            try:
+                return httpx.get(served.url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(up, timeout=timeout, what="evq serve")
+            yield served
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            served.stderr = served.log()
+    finally:
+        os.unlink(log_path)

@@ -121,6 +121,33 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
     )
 
 
+def _about(original: Mapping[str, Any], bcc: Sequence[str]) -> list[str]:
+    """The lines every notice starts with: which message, from whom, to whom, which step."""
+    payload = original["payload"]
+    return [
+        f"  Subject:     {payload.get('subject') or ''}",
+        *(
+            f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
+            for field, label in (("to", "To"), ("cc", "Cc"))
+            if payload.get(field)
+        ),
+        # The notice goes to whoever notify names: Bcc recipients were hidden from everyone
+        # the message went to, and stay hidden from the notice's reader too.
+        *([f"  {'Bcc:':<12} {_count(bcc)}, not listed"] if bcc else []),
+        f"  From:        {payload['from']['email']}",
+        f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
+        f"  Message-ID:  {original['message_id']}",
+    ]
+
+
+_SIGNATURE = [
+    "",
+    "-- ",
+    "evq sent this because the request named this address to be told (notify).",
+    "It is an automatic message; replies are not read.",
+]
+
+
 def notice_text(original: Mapping[str, Any]) -> str:
     payload = original["payload"]
     status = Status(original["status"])
@@ -136,18 +163,7 @@ def notice_text(original: Mapping[str, Any]) -> str:
     lines = [
         headline,
         "",
-        f"  Subject:     {payload.get('subject') or ''}",
-        *(
-            f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
-            for field, label in (("to", "To"), ("cc", "Cc"))
-            if payload.get(field)
-        ),
-        # The notice goes to whoever notify names: Bcc recipients were hidden from everyone
-        # the message went to, and stay hidden from the notice's reader too.
-        *([f"  {'Bcc:':<12} {_count(bcc)}, not listed"] if bcc else []),
-        f"  From:        {payload['from']['email']}",
-        f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
-        f"  Message-ID:  {original['message_id']}",
+        *_about(original, bcc),
         f"  Status:      {status.value} after {attempts} attempt{'s' if attempts != 1 else ''}"
         f" ({original['reason'] or 'no reason recorded'})",
         f"  Reason:      {_hidden(original['detail'], bcc) or '-'}",
@@ -156,10 +172,7 @@ def notice_text(original: Mapping[str, Any]) -> str:
         *_wrap(advice(status, original["reason"])),
         "",
         f"The whole record, with every attempt and the provider's answers: evq steps show {original['id']}",
-        "",
-        "-- ",
-        "evq sent this because the request named this address to be told (notify).",
-        "It is an automatic message; replies are not read.",
+        *_SIGNATURE,
     ]
     return "\n".join(lines) + "\n"
 
@@ -170,7 +183,8 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
     Every refused recipient is named with the server's answer, except a Bcc one: the
     notice shows no Bcc address (it says "a Bcc recipient"; `evq steps show` has it)."""
     payload = original["payload"]
-    bcc = {a["email"].lower() for a in payload.get("bcc") or ()}
+    bcc_list = [entry["email"] for entry in payload.get("bcc") or []]
+    bcc = {email.lower() for email in bcc_list}
     refused = original.get("refused") or {}
     lines_refused = []
     for recipient, answer in refused.items() if isinstance(refused, Mapping) else ():
@@ -178,25 +192,16 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
         hidden = recipient.lower() in bcc
         shown = "a Bcc recipient" if hidden else recipient
         code = answer.get("code")
-        why = " ".join(str(answer.get("reply") or "").split())
-        if hidden:  # servers quote the address in their reply
-            why = re.sub(re.escape(recipient), "(Bcc)", why, flags=re.I)
+        # Servers quote the address in their reply, and may quote another recipient's.
+        why = _hidden(" ".join(str(answer.get("reply") or "").split()), bcc_list) or ""
         lines_refused.append(f"  - {shown}: {code if code is not None else 'not sent'} {why}".rstrip())
     if not lines_refused:
-        lines_refused = [f"  {original['detail'] or 'the provider did not say which'}"]
+        lines_refused = [f"  {_hidden(original['detail'], bcc_list) or 'the provider did not say which'}"]
     recipients = sum(len(payload.get(k) or ()) for k in ("to", "cc", "bcc"))
     lines = [
         f"Your email went out, but not to every recipient: {len(lines_refused)} of {recipients} refused it.",
         "",
-        f"  Subject:     {payload.get('subject') or ''}",
-        *(
-            f"  {label + ':':<12} {_addresses(payload.get(field) or [])}"
-            for field, label in (("to", "To"), ("cc", "Cc"))
-            if payload.get(field)
-        ),
-        f"  From:        {payload['from']['email']}",
-        f"  Step:        run {original['run_id']}, step {original['step_id']} (evq step {original['id']})",
-        f"  Message-ID:  {original['message_id']}",
+        *_about(original, bcc_list),
         f"  Status:      accepted for the others ({original['reason']})",
         "",
         "Refused by the server:",
@@ -209,10 +214,7 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
         ),
         "",
         f"The whole record, with the provider's answers: evq steps show {original['id']}",
-        "",
-        "-- ",
-        "evq sent this because the request named this address to be told (notify).",
-        "It is an automatic message; replies are not read.",
+        *_SIGNATURE,
     ]
     return "\n".join(lines) + "\n"
 

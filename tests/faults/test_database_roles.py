@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ import pytest
 from adapters.postgres.database import head_revision
 from ops.devsmtp import DevSmtpServer
 from tests.acceptance.conftest import Evq, make_key, smtp_env
-from tests.support import free_port, request, rows, wait_until
+from tests.support import request, rows, serve_process
 
 
 @dataclass(frozen=True)
@@ -254,23 +253,8 @@ def run_as_runtime_role(r: Roles) -> dict:
 
 
 def serve_as_runtime_role(r: Roles, admin: str, step_id: int) -> None:
-    port = free_port()
-    env = {**os.environ, "EVQ_DATABASE_URL": r.app_url, "EVQ_LOG_FORMAT": "json"}
-    env.pop("EVQ_API_KEY", None)
-    server = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert server.poll() is None, server.communicate()[1][-2000:]
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=60, what="evq serve")
-        with httpx.Client(base_url=url, timeout=30) as web:
+    with serve_process(r.app_url, timeout=60) as served:
+        with httpx.Client(base_url=served.url, timeout=30) as web:
             auth = {"Authorization": f"Bearer {admin}"}
             made = web.post("/v1/steps", json=request(run_id="roles-http", step_id="http"), headers=auth)
             assert made.status_code == 201, made.text
@@ -284,9 +268,6 @@ def serve_as_runtime_role(r: Roles, admin: str, step_id: int) -> None:
             page = web.get(f"/ops/steps/{step_id}")
             assert page.status_code == 200 and "found in the provider" in page.text, page.text[-500:]
             assert web.get("/metrics").status_code == 200
-    finally:
-        os.killpg(server.pid, 15)
-        server.communicate(timeout=30)
 
 
 def mcp_as_runtime_role(r: Roles, admin: str) -> None:

@@ -96,39 +96,22 @@ def test_no_api_key_in_what_evq_serve_logs_or_answers(db_url, admin_key):
     """`evq serve` at debug level, used with a good key, a wrong one, a key pasted where it does not
     belong (a query parameter, a body field, the page's sign-in form): no answer and no log line
     holds the key or its secret part."""
-    import os
     import re
-    import subprocess
-    import sys
 
     import httpx
 
     from tests.acceptance.conftest import make_key
-    from tests.support import free_port, wait_until
+    from tests.support import serve_process
 
     operator = make_key(db_url, "alice", "operator")
-    port = free_port()
-    env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", "EVQ_LOG_LEVEL": "debug"}
-    env.pop("EVQ_API_KEY", None)
-    server = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
     answers: list[str] = []
-
-    def up() -> bool:
-        assert server.poll() is None, server.communicate()[1][-2000:]
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     def keep(response: httpx.Response) -> httpx.Response:
         answers.append(f"{response.status_code} {dict(response.headers)} {response.text}")
         return response
 
-    try:
-        wait_until(up, timeout=30, what="evq serve")
-        with httpx.Client(base_url=url, timeout=30) as web:
+    with serve_process(db_url, EVQ_LOG_LEVEL="debug") as served:
+        with httpx.Client(base_url=served.url, timeout=30) as web:
             request = {"run_id": "secrets", "step_id": "http", "to": ["ok@example.com"], "from": "a@example.org",
                        "subject": "s", "text": "t"}
             for key in (admin_key, admin_key + "x", admin_key[:-1], "evq_000000000000_" + admin_key[-43:]):
@@ -142,11 +125,9 @@ def test_no_api_key_in_what_evq_serve_logs_or_answers(db_url, admin_key):
                 csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)[1]
                 keep(web.post("/ops/login", data={"csrf": csrf, "key": key}))
             keep(web.get("/ops"))
-    finally:
-        server.terminate()
-        out, err = server.communicate(timeout=30)
+    err = served.stderr
     assert "serve_listening" in err, err[-2000:]  # its log was captured
-    everything = "\n".join(answers) + out + err
+    everything = "\n".join(answers) + err
     assert "E_AUTH_FAILED" in everything and "201" in everything  # both paths were taken
     for key in (admin_key, operator):
         for secret in (key, split_key(key)[1], split_key(key)[1][:-1]):

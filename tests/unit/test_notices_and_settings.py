@@ -120,7 +120,8 @@ def test_a_partial_refusal_owes_a_notice_naming_each_refused_recipient():
     text = notice.payload["text"]
     assert "2 of 2 refused it" in text and "a@example.com: 550 5.1.1 <a@example.com>: no such user" in text
     # The Bcc recipient is never named, not even inside the server's reply.
-    assert "a Bcc recipient: 550 5.1.1 <(Bcc)>: no such user" in text and "b@example.com" not in text.lower()
+    assert "a Bcc recipient: 550 5.1.1 <(a Bcc recipient)>: no such user" in text and "b@example.com" not in text.lower()
+    assert "Bcc:         1 recipient, not listed" in text
     assert "do not send it to them again" in " ".join(text.split())
 
 

@@ -6,10 +6,7 @@ Screenshots of every page go to test-artifacts/ops-page/."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,7 +15,7 @@ import httpx
 import pytest
 
 from tests.acceptance.conftest import make_key
-from tests.support import free_port, require_binary, rows, step_row, unknown_steps, wait_until, with_store
+from tests.support import require_binary, rows, serve_process, step_row, unknown_steps, with_store
 from worker.resolution import Resolution
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,27 +26,8 @@ XSS = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>Invoic
 @pytest.fixture
 def server(db_url: str) -> Iterator[str]:
     """`evq serve` on a free loopback port, until the test ends."""
-    port = free_port()
-    env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json"}
-    env.pop("EVQ_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"evq serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=30, what="evq serve")
-        yield url
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
+    with serve_process(db_url) as served:
+        yield served.url
 
 
 @pytest.fixture

@@ -9,12 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import resource
 import re
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.faults.test_database_roles import migrated, roles  # noqa: F401  (the fixture)
-from tests.support import execute, free_port, request, rows, wait_until
+from tests.support import execute, request, rows, serve_process
 from tests.web.support import checked, serving
 
 ATTACKER = "127.0.0.2"  # the whole of 127/8 is loopback: a second client address on this machine
@@ -33,38 +30,9 @@ ATTACKER = "127.0.0.2"  # the whole of 127/8 is loopback: a second client addres
 
 @contextmanager
 def evq_serve(db_url: str, *, nofile: int | None = None, **env: str) -> Iterator[str]:
-    """`evq serve` in a process of its own (its own event loop and GIL), optionally with a
-    lower open-file limit; its URL while the block runs."""
-    port = free_port()
-    environ = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", "EVQ_LOG_LEVEL": "warning", **env}
-    environ.pop("EVQ_API_KEY", None)
-
-    def limit() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=environ,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"evq serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=30, what="evq serve")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+    """`evq serve` in a process of its own, optionally with a lower open-file limit; its URL."""
+    with serve_process(db_url, nofile=nofile, EVQ_LOG_LEVEL="warning", **env) as served:
+        yield served.url
 
 
 def from_address(url: str, address: str, key: str | None = None, *, timeout: float = 60) -> httpx.Client:
