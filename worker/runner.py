@@ -408,7 +408,10 @@ class Worker:
             ):
                 continue  # another worker took it, or no step waits
             metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "half_open").inc()
-            claimed = await self.store.claim(
+            # Through _claim_statement, so the probe's claim is named too: if its answer is
+            # lost (or a later statement of this pass fails and the probe is dropped), the
+            # row, never sent, is handed back instead of waiting in flight for the rescuer.
+            claimed = await self._claim_statement(
                 providers=[provider], limit=1, probe=True, owner=self.owner, lease_seconds=s.lease_seconds,
                 dedupe_windows=self.dedupe_windows,
             )
