@@ -893,6 +893,15 @@ WITH t AS (
            ) END AS retry_not_before,
            (s.status = 'rejected' AND s.reason IN ('attempts_exhausted', 'retry_budget_exhausted')
             AND NOT s.maybe_delivered) AS requeueable,
+           -- The provider's own answer that it took this message for some recipients (an
+           -- SMTP transaction accepted before a later one's reply was lost, split by a
+           -- 452; an accepted answer that came too late to close the row): a retry would
+           -- send it to them again, whatever an operator verified, so it is refused.
+           (SELECT max(e.id) FROM evidence e
+            WHERE e.step_id = s.id AND e.kind IN ('provider_response', 'late_response')
+              AND (e.outcome = 'accepted'
+                   OR (jsonb_typeof(e.detail -> 'accepted') = 'number' AND (e.detail ->> 'accepted')::numeric > 0))
+           ) AS accepted_evidence,
            s.attempts - s.uncharged_attempts AS charged_attempts, s.retry_from
     FROM email_steps s
     WHERE s.id = %(id)s
@@ -919,6 +928,7 @@ WITH t AS (
         updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id
+      AND NOT (%(to_status)s = 'retryable' AND cur.accepted_evidence IS NOT NULL)
       AND ((cur.status = 'unknown'
             AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false)))
            OR (cur.requeueable AND %(to_status)s = 'retryable'))
@@ -953,7 +963,7 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
        closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
        CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
             ELSE false END AS woke,
-       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable
+       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable, cur.accepted_evidence
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;

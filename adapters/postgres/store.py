@@ -52,8 +52,8 @@ from worker.records import (
     UnknownStep,
 )
 from worker.request import ValidRequest
-from worker.resolution import Resolution
-from worker.retry_guard import retry_too_soon
+from worker.resolution import Resolution, Verdict
+from worker.retry_guard import retry_after_acceptance, retry_too_soon
 from worker.states import Status
 
 log = get_logger("evq.store")
@@ -574,6 +574,9 @@ class PostgresStore:
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
         row = rows[0]
+        if (row["to_status"] is None and resolution.verdict is Verdict.RETRY and row["accepted_evidence"] is not None
+                and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])):
+            raise retry_after_acceptance(step_id, row["accepted_evidence"], row["current_status"])
         if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
             raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])
         if row["to_status"] is None:
