@@ -605,6 +605,27 @@ class Worker:
                 self._answered -= 1
             self._slot_freed.set()
 
+    async def _hand_back_lost_claims(self, until: float) -> None:
+        """A stop asked while a claim's answer was lost (the database went away, often the
+        very reason for the restart): those rows were never sent. Hand them back while the
+        grace lasts, as the database may be coming back; a worker started later does not
+        know their claim ids, and its rescuer would make them ``unknown``."""
+        failures = 0
+        while self._lost_claims:
+            left = until - time.monotonic()
+            try:
+                await asyncio.wait_for(self._release_lost_claims(), timeout=max(0.1, left))
+                return
+            except Exception as exc:
+                failures += 1
+                left = until - time.monotonic()
+                if left <= 0:
+                    log.warning("lost_claims_not_released", claims=len(self._lost_claims),
+                                error_class=type(exc).__name__, error=getattr(exc, "message", None) or str(exc)[:300],
+                                note="never sent; past their lease the rescuer makes them unknown")
+                    return
+                await asyncio.sleep(min(left, reconnect_delay(failures)))
+
     async def _throttled(self, provider: str, retry_after: float | None) -> None:
         try:
             await self.rates.throttled(provider, retry_after)
@@ -617,6 +638,7 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------
 
     async def _shutdown(self) -> bool:
+        until = time.monotonic() + self.settings.shutdown_grace
         unstarted = [h for h in self._held.values() if not h.started]
         for h in unstarted:
             h.released = True
@@ -640,6 +662,7 @@ class Worker:
                 for task in still:
                     task.cancel()
                 await asyncio.gather(*still, return_exceptions=True)
+        await self._hand_back_lost_claims(until)
         await self.recorder.stop()
         await self.wakeup.close()
         return clean
