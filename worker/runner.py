@@ -652,6 +652,18 @@ class Worker:
                 # Left in flight: the rescuer makes them unknown (a look for an operator, never a resend).
                 log.warning("release_failed", count=len(unstarted), error_class=type(exc).__name__,
                             error=getattr(exc, "message", None) or str(exc)[:300])
+        for h in unstarted:
+            if h.probe:
+                # The probe never went out: its hold would keep every worker from the
+                # provider for a whole lease; back to open, probed again after the base delay.
+                try:
+                    await self.store.circuit_probe_idle(
+                        provider=h.step.provider, owner=self.owner, probe_base=self.settings.circuit_probe_base,
+                        detail="the worker stopped before sending the probe; its step was handed back",
+                    )
+                except Exception as exc:
+                    log.warning("circuit_probe_not_returned", provider=h.step.provider, error_class=type(exc).__name__,
+                                error=getattr(exc, "message", None) or str(exc)[:200])
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)

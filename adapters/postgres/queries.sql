@@ -608,8 +608,9 @@ SELECT provider FROM taken;
 
 
 -- name: circuit_probe_idle
--- A probe taken whose claim found no step after all (another path took it): back to
--- open, the next probe after probe_base, the backoff unchanged.
+-- A probe taken whose claim found no step after all (another path took it), or whose
+-- step was handed back unsent (its worker stopped): back to open, the next probe after
+-- probe_base, the backoff unchanged.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), back AS (
@@ -624,7 +625,7 @@ WITH t AS (
     RETURNING c.provider, c.reason, t.now AS at
 ), ev AS (
     INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, probe_in, created_at)
-    SELECT b.provider, 'half_open', 'open', b.reason, 'the probe found no step to send', %(owner)s,
+    SELECT b.provider, 'half_open', 'open', b.reason, %(detail)s, %(owner)s,
            %(probe_base)s::float8, b.at
     FROM back b
 )

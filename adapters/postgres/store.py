@@ -398,12 +398,13 @@ class PostgresStore:
         return bool(rows)
 
     async def circuit_probe_idle(
-        self, *, provider: str, owner: str, probe_base: float, now: datetime | None = None
+        self, *, provider: str, owner: str, probe_base: float, detail: str = "the probe found no step to send",
+        now: datetime | None = None,
     ) -> bool:
         rows = await self._fetch(
             "circuit_probe_idle",
             Q["circuit_probe_idle"],
-            {"provider": provider, "owner": owner, "probe_base": probe_base, "now": now},
+            {"provider": provider, "owner": owner, "probe_base": probe_base, "detail": detail, "now": now},
         )
         return bool(rows)
 

@@ -265,3 +265,44 @@ async def test_a_probe_claim_whose_answer_is_lost_is_handed_back_and_sent_once(s
     released = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'attempt_released'")[0]["n"]
     assert released == 1  # the lost probe's attempt, handed back unsent
     assert rows(db_url, "SELECT state FROM provider_circuits") == [{"state": "closed"}]
+
+
+class StopAsProbeIsClaimed:
+    """The real store; the worker is told to stop (as SIGTERM does) while its probe is claimed."""
+
+    def __init__(self, store: PostgresStore):
+        self.store = store
+        self.worker: Worker | None = None
+        self.probes = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def claim(self, **kwargs):
+        claimed = await self.store.claim(**kwargs)
+        if kwargs.get("probe") and claimed:
+            self.probes += 1
+            assert self.worker is not None
+            self.worker.request_stop()
+        return claimed
+
+
+async def test_a_worker_stopped_as_it_takes_a_probe_gives_the_probe_back(store, db_url):
+    """SIGTERM while the circuit is half-open under this worker, its probe not yet sent: the
+    step is handed back and so is the probe, so another worker probes after
+    EVQ_CIRCUIT_PROBE_BASE, not after the stopped worker's hold (a whole lease) runs out."""
+    server = DevSmtpServer().start()
+    server.stop()
+    [step] = await enqueue(store, 1)
+    provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=2.0)
+    stopping = StopAsProbeIsClaimed(store)
+    worker = stopping.worker = Worker(stopping, {"smtp": provider}, replace(SETTINGS, circuit_probe_base=0.1))
+    try:
+        assert await asyncio.wait_for(worker.run(install_signals=False), 30) == 0
+    finally:
+        await provider.close()
+    assert stopping.probes == 1
+    assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (step,)) == [{"status": "retryable"}]
+    [circuit] = rows(db_url, "SELECT state, probe_owner FROM provider_circuits WHERE provider = 'smtp'")
+    assert circuit == {"state": "open", "probe_owner": None}, circuit
+    assert events(db_url)[-2:] == [("open", "half_open", "probe"), ("half_open", "open", "connection_refused")]
