@@ -6,7 +6,8 @@ deadline has passed, it could still be talking to the provider (a process woken 
 SIGSTOP acts before it notices). A retry in that window could send the message a
 second time; checking the provider first would not help, as the first send may not
 have happened yet. The database computes the instant (step_resolve); this is the
-refusal that tells the operator when to come back.
+refusal that tells the operator when to come back. A retry of a step whose provider
+said it took the message (for some recipients) is refused for good.
 """
 
 from __future__ import annotations
@@ -25,4 +26,16 @@ def retry_too_soon(step_id: int, not_before: datetime | None, now: datetime) -> 
         hint=f"wait until {when}, or close it as accepted/rejected if you know what the provider did",
         context={"id": step_id, "status": "unknown", "reason": "lease_expired",
                  "retry_possible_at": when, "retry_in_seconds": round(wait, 1)},
+    )
+
+
+def retry_after_acceptance(step_id: int, evidence_id: int, status: str) -> StateConflict:
+    """A retry of a step the provider said it took, for some recipients at least: the
+    same bytes would reach them a second time. An operator's check of a mailbox cannot
+    outweigh the provider's own answer, so the way out is to close it, not resend it."""
+    return StateConflict(
+        f"step {step_id}: the provider accepted this message (evidence {evidence_id}), for some recipients "
+        "at least; a retry would send it to them again",
+        hint=f"`evq steps show {step_id}` shows the answer; close it as accepted (or rejected) instead",
+        context={"id": step_id, "status": status, "accepted_evidence": evidence_id},
     )

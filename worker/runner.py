@@ -408,7 +408,10 @@ class Worker:
             ):
                 continue  # another worker took it, or no step waits
             metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "half_open").inc()
-            claimed = await self.store.claim(
+            # Through _claim_statement, so the probe's claim is named too: if its answer is
+            # lost (or a later statement of this pass fails and the probe is dropped), the
+            # row, never sent, is handed back instead of waiting in flight for the rescuer.
+            claimed = await self._claim_statement(
                 providers=[provider], limit=1, probe=True, owner=self.owner, lease_seconds=s.lease_seconds,
                 dedupe_windows=self.dedupe_windows,
             )
@@ -602,6 +605,27 @@ class Worker:
                 self._answered -= 1
             self._slot_freed.set()
 
+    async def _hand_back_lost_claims(self, until: float) -> None:
+        """A stop asked while a claim's answer was lost (the database went away, often the
+        very reason for the restart): those rows were never sent. Hand them back while the
+        grace lasts, as the database may be coming back; a worker started later does not
+        know their claim ids, and its rescuer would make them ``unknown``."""
+        failures = 0
+        while self._lost_claims:
+            left = until - time.monotonic()
+            try:
+                await asyncio.wait_for(self._release_lost_claims(), timeout=max(0.1, left))
+                return
+            except Exception as exc:
+                failures += 1
+                left = until - time.monotonic()
+                if left <= 0:
+                    log.warning("lost_claims_not_released", claims=len(self._lost_claims),
+                                error_class=type(exc).__name__, error=getattr(exc, "message", None) or str(exc)[:300],
+                                note="never sent; past their lease the rescuer makes them unknown")
+                    return
+                await asyncio.sleep(min(left, reconnect_delay(failures)))
+
     async def _throttled(self, provider: str, retry_after: float | None) -> None:
         try:
             await self.rates.throttled(provider, retry_after)
@@ -614,6 +638,7 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------
 
     async def _shutdown(self) -> bool:
+        until = time.monotonic() + self.settings.shutdown_grace
         unstarted = [h for h in self._held.values() if not h.started]
         for h in unstarted:
             h.released = True
@@ -627,6 +652,18 @@ class Worker:
                 # Left in flight: the rescuer makes them unknown (a look for an operator, never a resend).
                 log.warning("release_failed", count=len(unstarted), error_class=type(exc).__name__,
                             error=getattr(exc, "message", None) or str(exc)[:300])
+        for h in unstarted:
+            if h.probe:
+                # The probe never went out: its hold would keep every worker from the
+                # provider for a whole lease; back to open, probed again after the base delay.
+                try:
+                    await self.store.circuit_probe_idle(
+                        provider=h.step.provider, owner=self.owner, probe_base=self.settings.circuit_probe_base,
+                        detail="the worker stopped before sending the probe; its step was handed back",
+                    )
+                except Exception as exc:
+                    log.warning("circuit_probe_not_returned", provider=h.step.provider, error_class=type(exc).__name__,
+                                error=getattr(exc, "message", None) or str(exc)[:200])
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)
@@ -637,6 +674,7 @@ class Worker:
                 for task in still:
                     task.cancel()
                 await asyncio.gather(*still, return_exceptions=True)
+        await self._hand_back_lost_claims(until)
         await self.recorder.stop()
         await self.wakeup.close()
         return clean

@@ -7,6 +7,8 @@ and the validation messages, so none of them can drift from the others.
 
 from __future__ import annotations
 
+import math
+
 import os
 import re
 import ssl
@@ -278,6 +280,11 @@ class Settings:
     def validate(self) -> None:
         for option in OPTIONS:
             value = getattr(self, option.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                # float() reads "nan", "inf" and "1e999"; NaN passes every minimum (all its
+                # comparisons are false). Either would be a lease, a timeout or a window that
+                # no clock, socket or PostgreSQL interval can hold.
+                raise _bad(option, f"must be a finite number, got {value}")
             if option.minimum is not None and value is not None and value < option.minimum:
                 raise _bad(option, f"must be at least {option.minimum:g}, got {value}")
             if option.choices and value not in option.choices:

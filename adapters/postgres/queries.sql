@@ -608,8 +608,9 @@ SELECT provider FROM taken;
 
 
 -- name: circuit_probe_idle
--- A probe taken whose claim found no step after all (another path took it): back to
--- open, the next probe after probe_base, the backoff unchanged.
+-- A probe taken whose claim found no step after all (another path took it), or whose
+-- step was handed back unsent (its worker stopped): back to open, the next probe after
+-- probe_base, the backoff unchanged.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), back AS (
@@ -624,7 +625,7 @@ WITH t AS (
     RETURNING c.provider, c.reason, t.now AS at
 ), ev AS (
     INSERT INTO provider_circuit_events (provider, from_state, to_state, reason, detail, actor, probe_in, created_at)
-    SELECT b.provider, 'half_open', 'open', b.reason, 'the probe found no step to send', %(owner)s,
+    SELECT b.provider, 'half_open', 'open', b.reason, %(detail)s, %(owner)s,
            %(probe_base)s::float8, b.at
     FROM back b
 )
@@ -893,6 +894,15 @@ WITH t AS (
            ) END AS retry_not_before,
            (s.status = 'rejected' AND s.reason IN ('attempts_exhausted', 'retry_budget_exhausted')
             AND NOT s.maybe_delivered) AS requeueable,
+           -- The provider's own answer that it took this message for some recipients (an
+           -- SMTP transaction accepted before a later one's reply was lost, split by a
+           -- 452; an accepted answer that came too late to close the row): a retry would
+           -- send it to them again, whatever an operator verified, so it is refused.
+           (SELECT max(e.id) FROM evidence e
+            WHERE e.step_id = s.id AND e.kind IN ('provider_response', 'late_response')
+              AND (e.outcome = 'accepted'
+                   OR (jsonb_typeof(e.detail -> 'accepted') = 'number' AND (e.detail ->> 'accepted')::numeric > 0))
+           ) AS accepted_evidence,
            s.attempts - s.uncharged_attempts AS charged_attempts, s.retry_from
     FROM email_steps s
     WHERE s.id = %(id)s
@@ -919,6 +929,7 @@ WITH t AS (
         updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id
+      AND NOT (%(to_status)s = 'retryable' AND cur.accepted_evidence IS NOT NULL)
       AND ((cur.status = 'unknown'
             AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false)))
            OR (cur.requeueable AND %(to_status)s = 'retryable'))
@@ -953,7 +964,7 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
        closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
        CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
             ELSE false END AS woke,
-       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable
+       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable, cur.accepted_evidence
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;

@@ -52,8 +52,8 @@ from worker.records import (
     UnknownStep,
 )
 from worker.request import ValidRequest
-from worker.resolution import Resolution
-from worker.retry_guard import retry_too_soon
+from worker.resolution import Resolution, Verdict
+from worker.retry_guard import retry_after_acceptance, retry_too_soon
 from worker.states import Status
 
 log = get_logger("evq.store")
@@ -398,12 +398,13 @@ class PostgresStore:
         return bool(rows)
 
     async def circuit_probe_idle(
-        self, *, provider: str, owner: str, probe_base: float, now: datetime | None = None
+        self, *, provider: str, owner: str, probe_base: float, detail: str = "the probe found no step to send",
+        now: datetime | None = None,
     ) -> bool:
         rows = await self._fetch(
             "circuit_probe_idle",
             Q["circuit_probe_idle"],
-            {"provider": provider, "owner": owner, "probe_base": probe_base, "now": now},
+            {"provider": provider, "owner": owner, "probe_base": probe_base, "detail": detail, "now": now},
         )
         return bool(rows)
 
@@ -574,6 +575,9 @@ class PostgresStore:
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
         row = rows[0]
+        if (row["to_status"] is None and resolution.verdict is Verdict.RETRY and row["accepted_evidence"] is not None
+                and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])):
+            raise retry_after_acceptance(step_id, row["accepted_evidence"], row["current_status"])
         if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
             raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])
         if row["to_status"] is None:

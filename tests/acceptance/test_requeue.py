@@ -109,3 +109,25 @@ def test_a_step_whose_attempts_ran_out_is_a_dead_letter_too_and_its_attempts_are
         server.fault = None
         asyncio.run(_work_until(db_url, server, settings, lambda: step_row(db_url, dead)["status"] == "accepted"))
         assert list(server.by_message_id().values()) == [1]
+
+
+def test_a_retry_of_a_step_the_server_took_for_some_recipients_is_refused(db_url):
+    """A server out of RCPTs (452 4.5.3 after one) takes the message for the first recipient,
+    then drops the connection after the final '.' of the second transaction: `unknown`. The
+    operator, seeing nothing for the second recipient, asks for a retry: that would deliver
+    the same message to the first recipient twice, so it is refused and nothing changes."""
+    operator = Evq(db_url, api_key=make_key(db_url, "ops-3", "operator"))
+    with DevSmtpServer(max_recipients=1) as server:
+        split = _enqueue(db_url, step_id="split", to=["ok@example.com", "lose-reply@example.com"])
+        asyncio.run(_work_until(db_url, server, SETTINGS, lambda: step_row(db_url, split)["status"] == "unknown"))
+        assert [m["rcpt_tos"] for m in server.messages] == [["ok@example.com"], ["lose-reply@example.com"]]
+        error = operator.json("steps", "resolve", str(split), "--as", "retry", "--note", "not in the mailbox",
+                              expect=3)
+        assert error["error"]["code"] == "E_CONFLICT" and "accepted this message" in error["error"]["message"]
+        row = step_row(db_url, split)
+        assert row["status"] == "unknown" and row["attempts"] == 1
+        assert rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'operator_resolved'")[0]["n"] == 0
+        # Closing it stays possible, and is what the evidence supports.
+        operator.json("steps", "resolve", str(split), "--as", "accepted", "--note", "the server took it")
+        assert step_row(db_url, split)["status"] == "accepted"
+    assert [m["rcpt_tos"] for m in server.messages] == [["ok@example.com"], ["lose-reply@example.com"]]

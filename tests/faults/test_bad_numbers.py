@@ -92,3 +92,22 @@ def test_notify_is_checked_against_the_domain_rules_at_enqueue(db_url):
             enqueue(conn, data, policy=policy)
         assert [f["field"] for f in refused.value.context["fields"]] == ["notify"]
     _nothing_written(db_url)
+
+
+@pytest.mark.parametrize("setting", ["EVQ_SMTP_TIMEOUT=nan", "EVQ_LEASE_SECONDS=inf", "EVQ_HTTP_DEDUPE_WINDOW=1e999"])
+def test_a_worker_refuses_a_setting_that_is_not_a_finite_number(db_url, admin_key, smtp, setting):
+    """float() reads "nan", "inf" and "1e999", and NaN passes every minimum. A worker that
+    started with EVQ_SMTP_TIMEOUT=nan failed every send at connect ('Invalid value NaN'),
+    spending attempts until the message was rejected; an infinite lease or dedupe window is
+    an interval PostgreSQL cannot hold. Refused at start, naming the setting; nothing sent."""
+    from tests.acceptance.conftest import smtp_env
+
+    evq = Evq(db_url, api_key=admin_key)
+    assert evq.run("enqueue", "--file", "-", input=json.dumps(request(run_id="nums", step_id="w"))).returncode == 0
+    name, value = setting.split("=")
+    done = evq.run("worker", "run", "--drain", "-o", "json", **smtp_env(smtp, EVQ_LISTEN="off", **{name: value}))
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "E_INVALID_ARG" and name in error["message"], error
+    assert rows(db_url, "SELECT status, attempts FROM email_steps") == [{"status": "pending", "attempts": 0}]
+    assert smtp.messages == []

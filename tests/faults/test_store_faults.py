@@ -204,3 +204,49 @@ async def test_a_store_error_of_any_class_at_any_call_never_sends_twice_or_lies(
         cases, failed = await sweep(pg_server, template_db, sink, clean.calls + 2)
     assert cases >= 3 * clean.calls
     assert failed == [], f"{len(failed)} of {cases} runs broke a promise:\n" + "\n".join(failed)
+
+
+class StopAsClaimIsLost:
+    """The real store; the first claim that gets rows commits, then its answer is lost (the
+    database went away), and at that moment the worker is told to stop, as SIGTERM does."""
+
+    def __init__(self, store: PostgresStore):
+        self.store = store
+        self.worker: Worker | None = None
+        self.lost: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def claim(self, **kwargs: Any) -> Any:
+        claimed = await self.store.claim(**kwargs)
+        if claimed and not self.lost:
+            self.lost = [step.id for step in claimed]
+            assert self.worker is not None
+            self.worker.request_stop()
+            raise translate(psycopg.OperationalError("injected: the claim's answer was lost"))
+        return claimed
+
+
+async def test_a_stop_asked_while_a_claims_answer_is_lost_hands_its_rows_back(db_url):
+    """Row 2b at shutdown: the rows of a claim whose answer was lost were never sent. A
+    worker stopped before its next claim or rescuer pass hands them back within its grace;
+    a worker started later could not name them, and they would be rescued as unknown."""
+    with DevSmtpServer() as sink:
+        store = await PostgresStore.open(db_url, max_size=2)
+        provider = SmtpProvider(host=sink.host, port=sink.port, timeout=5, policy=SETTINGS.policy())
+        try:
+            for i in range(MESSAGES):
+                await store.enqueue(valid(run_id="stop", step_id=f"m{i}", to=[f"u{i}@example.com"]))
+            lossy = StopAsClaimIsLost(store)
+            worker = lossy.worker = Worker(lossy, {"smtp": provider}, SETTINGS)
+            assert await asyncio.wait_for(worker.run(install_signals=False), 20) == 0
+        finally:
+            await provider.close()
+            await store.close()
+        assert sink.messages == []
+    assert len(lossy.lost) == SETTINGS.batch_size
+    got = rows(db_url, "SELECT id, status FROM email_steps WHERE id = ANY(%s) ORDER BY id", (lossy.lost,))
+    assert [r["status"] for r in got] == ["pending"] * len(lossy.lost), got
+    released = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'attempt_released'")[0]["n"]
+    assert released == len(lossy.lost)

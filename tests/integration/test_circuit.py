@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import psycopg
 import pytest
 
 from adapters.http import HttpProvider
+from adapters.postgres.database import translate
 from adapters.postgres.queue_stats import QueueStatsReader
 from adapters.postgres.store import PostgresStore
 from adapters.smtp import SmtpProvider
@@ -213,3 +215,94 @@ async def test_an_http_401_opens_the_circuit_and_charges_nothing(store, db_url):
         assert circuit["provider"] == "http" and circuit["reason"] == "auth_failed" and "401" in circuit["detail"]
         assert "a-revoked-key" not in str(rows(db_url, "SELECT * FROM provider_circuit_events"))
         assert len(ids) == 8
+
+
+class ProbeClaimAnswerLost:
+    """The real store, except that the answer to the first probe claim is lost: the claim
+    runs and commits, then the call fails as a dropped connection does."""
+
+    def __init__(self, store: PostgresStore):
+        self.store = store
+        self.lost = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def claim(self, **kwargs):
+        claimed = await self.store.claim(**kwargs)
+        if kwargs.get("probe") and not self.lost:
+            self.lost = len(claimed)
+            raise translate(psycopg.OperationalError("injected: the probe claim's answer was lost"))
+        return claimed
+
+
+async def test_a_probe_claim_whose_answer_is_lost_is_handed_back_and_sent_once(store, db_url):
+    """The probe of an open circuit is claimed, its answer lost: the row was never sent, so it
+    is handed back (its claim is named like any other) and goes out once the provider is back,
+    not left in flight for the rescuer to call 'may have been delivered'."""
+    server = DevSmtpServer().start()
+    server.stop()  # connection refused: the first send opens the circuit
+    [step] = await enqueue(store, 1)
+    provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=2.0)
+    lossy = ProbeClaimAnswerLost(store)
+    # A short lease: on the bug the rescuer finds the lost probe's row within seconds.
+    settings = replace(SETTINGS, lease_seconds=3, rescue_interval=0.2, circuit_probe_base=0.1, circuit_probe_max=0.2)
+    worker = Worker(lossy, {"smtp": provider}, settings)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await wait_until(lambda: events(db_url)[:1] == [("closed", "open", "connection_refused")] or task.done())
+        server.start()  # back: the probe would get through, but its claim's answer is lost
+        await wait_until(lambda: lossy.lost == 1 or task.done())
+        await wait_until(lambda: bool({"accepted", "unknown"} & set(statuses(db_url))) or task.done(), timeout=20)
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        await provider.close()
+        server.stop()
+    [row] = rows(db_url, "SELECT status, reason FROM email_steps WHERE id = %s", (step,))
+    assert row == {"status": "accepted", "reason": "provider_accepted"}, row
+    assert list(server.by_message_id().values()) == [1]
+    released = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'attempt_released'")[0]["n"]
+    assert released == 1  # the lost probe's attempt, handed back unsent
+    assert rows(db_url, "SELECT state FROM provider_circuits") == [{"state": "closed"}]
+
+
+class StopAsProbeIsClaimed:
+    """The real store; the worker is told to stop (as SIGTERM does) while its probe is claimed."""
+
+    def __init__(self, store: PostgresStore):
+        self.store = store
+        self.worker: Worker | None = None
+        self.probes = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def claim(self, **kwargs):
+        claimed = await self.store.claim(**kwargs)
+        if kwargs.get("probe") and claimed:
+            self.probes += 1
+            assert self.worker is not None
+            self.worker.request_stop()
+        return claimed
+
+
+async def test_a_worker_stopped_as_it_takes_a_probe_gives_the_probe_back(store, db_url):
+    """SIGTERM while the circuit is half-open under this worker, its probe not yet sent: the
+    step is handed back and so is the probe, so another worker probes after
+    EVQ_CIRCUIT_PROBE_BASE, not after the stopped worker's hold (a whole lease) runs out."""
+    server = DevSmtpServer().start()
+    server.stop()
+    [step] = await enqueue(store, 1)
+    provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=2.0)
+    stopping = StopAsProbeIsClaimed(store)
+    worker = stopping.worker = Worker(stopping, {"smtp": provider}, replace(SETTINGS, circuit_probe_base=0.1))
+    try:
+        assert await asyncio.wait_for(worker.run(install_signals=False), 30) == 0
+    finally:
+        await provider.close()
+    assert stopping.probes == 1
+    assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (step,)) == [{"status": "retryable"}]
+    [circuit] = rows(db_url, "SELECT state, probe_owner FROM provider_circuits WHERE provider = 'smtp'")
+    assert circuit == {"state": "open", "probe_owner": None}, circuit
+    assert events(db_url)[-2:] == [("open", "half_open", "probe"), ("half_open", "open", "connection_refused")]
