@@ -162,5 +162,9 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> Any:
         app,
         http=protocol(header_timeout=settings.serve_header_timeout, body_timeout=settings.serve_body_timeout,
                       max_connections=settings.serve_max_connections),
+        # uvicorn would take X-Forwarded-For from any loopback peer as the client's address, so a
+        # local client, or anyone behind a TLS terminator or proxy that passes the header through,
+        # would pick its own address for every guess and never be throttled (ops/throttle.py).
+        proxy_headers=False,
         **options,
     )

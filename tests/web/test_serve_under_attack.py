@@ -191,6 +191,22 @@ def test_an_address_that_keeps_presenting_wrong_keys_is_refused_with_429_and_oth
             assert other.get("/v1/steps", headers={"Authorization": f"Bearer {good}"}).status_code == 200
 
 
+def test_a_forged_x_forwarded_for_does_not_reset_the_count(db_url):
+    """A client on the loopback address (a local process, or any client behind a TLS terminator
+    in TCP mode or an nginx that forwards the client's own X-Forwarded-For) sends a new
+    X-Forwarded-For with every wrong key: it is still one address, refused after the limit."""
+    good = make_key(db_url, "bot", "agent", created_by=None)
+    with evq_serve(db_url, EVQ_SERVE_AUTH_FAILURES="5", EVQ_SERVE_AUTH_WINDOW="60") as url:
+        with from_address(url, "127.0.0.1") as attacker:
+            answers = [attacker.get("/v1/steps", headers={"Authorization": f"Bearer {wrong_key(good)}",
+                                                          "X-Forwarded-For": f"203.0.113.{n}"}).status_code
+                       for n in range(1, 9)]
+        assert answers == [401] * 5 + [429] * 3, answers
+        # The address the server counted is the socket's, so another address is still served.
+        with from_address(url, ATTACKER, good) as other:
+            assert other.get("/v1/steps").status_code == 200
+
+
 def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_first_use(empty_db_url):
     """A database with a key made by an evq before 0010_key_hmac (a scrypt hash), upgraded:
     the key still works over HTTP, its row now holds an HMAC, and it keeps working."""
