@@ -22,7 +22,7 @@ import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.faults.test_database_roles import migrated, roles  # noqa: F401  (the fixture)
-from tests.support import execute, request, rows, serve_process
+from tests.support import execute, request, rows, serve_process, wait_until
 from tests.web.support import checked, serving
 
 ATTACKER = "127.0.0.2"  # the whole of 127/8 is loopback: a second client address on this machine
@@ -417,3 +417,40 @@ def test_the_runtime_role_reads_the_pepper_and_cannot_change_it(roles):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     assert rows(roles.admin_url, "SELECT pepper FROM api_key_pepper") == [{"pepper": pepper}]
+
+
+def _healthy(url: str) -> bool:
+    with from_address(url, "127.0.0.1", timeout=10) as legit:
+        return legit.get("/healthz").status_code == 200
+
+
+def test_a_client_that_never_reads_its_answers_cannot_lock_others_out(db_url):
+    """The reverse of slowloris: a client pipelines requests on a socket with a tiny receive
+    window and never reads, so the server's answer can never be written out. Such a
+    connection is "being answered" for ever, which the cap never closes; a few of them
+    filled it and every newcomer got 503. An answer that cannot be written within
+    EVQ_SERVE_BODY_TIMEOUT ends its connection."""
+    held: list[socket.socket] = []
+    pipelined = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2000
+    with evq_serve(db_url, EVQ_SERVE_MAX_CONNECTIONS="4", EVQ_SERVE_BODY_TIMEOUT="2") as url:
+        try:
+            for _ in range(4):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
+                sock.bind((ATTACKER, 0))
+                sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+                sock.setblocking(False)
+                try:
+                    sock.send(pipelined)
+                except BlockingIOError:
+                    pass  # the server stopped reading: its answers are stuck, as intended
+                held.append(sock)
+            wait_until(lambda: not _healthy(url), timeout=10, what="the four held connections filling the cap")
+            # Without a write deadline every newcomer got 503 for as long as the sockets were held.
+            # With it: once the server's socket buffers are full (a second or two here) and
+            # EVQ_SERVE_BODY_TIMEOUT has passed, the stuck connections are closed.
+            wait_until(lambda: _healthy(url), timeout=30, what="a newcomer served while the stuck clients hold on")
+            wait_until(lambda: refusals(url, "unread") == 4, timeout=30, what="each stuck connection closed")
+        finally:
+            for sock in held:
+                sock.close()
