@@ -89,8 +89,16 @@ def render(request: Request, template: str, session: Session, status: int = 200,
 def set_cookie(request: Request, response: Response, session: Session) -> None:
     response.set_cookie(
         COOKIE, _state(request).sessions.dump(session), max_age=_state(request).sessions.max_age, path="/ops",
-        httponly=True, samesite="strict", secure=request.url.scheme == "https",
+        httponly=True, samesite="strict", secure=_over_tls(request),
     )
+
+
+def _over_tls(request: Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a proxy that says so.
+    `evq serve` trusts no proxy header for who the client is (ops/web/slowclients.py), but a
+    forged X-Forwarded-Proto can only make the cookie Secure, which costs the forger alone."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.url.scheme == "https" or forwarded == "https"
 
 
 def _who(session: Session) -> Caller:

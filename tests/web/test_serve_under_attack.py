@@ -207,6 +207,18 @@ def test_a_forged_x_forwarded_for_does_not_reset_the_count(db_url):
             assert other.get("/v1/steps").status_code == 200
 
 
+def test_behind_a_tls_proxy_the_session_cookie_stays_secure(db_url):
+    """X-Forwarded-For is not trusted (above), so uvicorn no longer rewrites the scheme from
+    X-Forwarded-Proto either; the page still marks its cookie Secure when a TLS proxy says
+    the browser came over https, and not when nothing says so."""
+    with evq_serve(db_url) as url:
+        with from_address(url, "127.0.0.1") as browser:
+            proxied = browser.get("/ops/login", headers={"X-Forwarded-Proto": "https"})
+            direct = browser.get("/ops/login")
+    assert "secure" in proxied.headers["set-cookie"].lower()
+    assert "secure" not in direct.headers["set-cookie"].lower()
+
+
 def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_first_use(empty_db_url):
     """A database with a key made by an evq before 0010_key_hmac (a scrypt hash), upgraded:
     the key still works over HTTP, its row now holds an HMAC, and it keeps working."""
