@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import anyio.to_thread
 from fastapi import APIRouter, Request
@@ -270,11 +270,14 @@ async def _step_page(request: Request, session: Session, step_id: int, back: dic
 
 @router.get("/runs", response_class=HTMLResponse)
 async def find_run(request: Request) -> Response:
+    """The run search, and the form of a run's address the page links to: a run id in the
+    query never meets path normalisation, which browsers apply even to %2E%2E, so ids such as
+    "..", "." or "a/../b" (the CLI takes any) are reachable too."""
     await signed_in(request)
     run_id = (request.query_params.get("run_id") or "").strip()
     if not run_id:
         raise Redirect("/ops")
-    return RedirectResponse(f"/ops/runs/{quote(run_id, safe='')}", status_code=303)
+    return await trace(request, run_id)
 
 
 @router.get("/runs/{run_id:path}", response_class=HTMLResponse)  # run ids may hold "/"
