@@ -28,6 +28,10 @@ log = get_logger("evq.mcp")
 # What the bounded reader hands the SDK in place of an over-long line: not JSON, so the
 # SDK passes its parse failure to the relay, which recognises it by this text.
 _TOO_LONG = "\x00evq:line-too-long\n"
+# In place of a request whose id is neither a string nor an integer (1.5, 1e999, null, true):
+# the SDK would read it as a notification (its id dropped) and answer nothing, so the client
+# would wait for ever; JSON-RPC says Invalid Request, id null.
+_BAD_ID = "\x00evq:bad-request-id\n"
 
 
 class BoundedLines:
@@ -48,7 +52,23 @@ class BoundedLines:
             return _TOO_LONG
         if not line:
             raise StopAsyncIteration
+        if _bad_id(line):
+            return _BAD_ID
         return line.decode("utf-8", errors="replace")
+
+
+def _bad_id(line: bytes) -> bool:
+    """Whether ``line`` is a request (it names a method) with an id JSON-RPC and MCP do not allow."""
+    if b'"id"' not in line:
+        return False
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return False  # not JSON (or too deep): the SDK's parse error answers it
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return False
+    rid = message["id"]
+    return not (isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool)))
 
 
 def error_for(exc: Exception, limit: int) -> JSONRPCError:
@@ -58,6 +78,9 @@ def error_for(exc: Exception, limit: int) -> JSONRPCError:
         errors = list(exc.errors())  # type: ignore[attr-defined]
     except Exception:
         pass
+    if any(e.get("input") == _BAD_ID for e in errors):
+        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+            code=INVALID_REQUEST, message="Invalid Request: a request's id must be a string or an integer"))
     if any(e.get("input") == _TOO_LONG for e in errors):
         return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
             code=INVALID_REQUEST, message=f"Invalid Request: a line longer than {limit} bytes ({SETTING}) was skipped"))

@@ -7,8 +7,9 @@ A key check is cheap (worker/keys.py), so this is not what keeps `evq serve`
 responsive under a flood; it caps how many guesses an address gets, and how much of
 the database's time a flood takes. IPv6 clients are counted by their /64 (one host
 usually holds a whole /64, so counting single addresses would be no limit). Behind a
-reverse proxy every client has the proxy's address unless uvicorn is told to trust
-its X-Forwarded-For (its ``--forwarded-allow-ips``).
+reverse proxy every client has the proxy's address: `evq serve` turns off uvicorn's
+X-Forwarded-For handling (ops/web/slowclients.py), which would let a client name a new
+address with every guess.
 
 Memory is bounded: at most ``size`` addresses are remembered, the one idle longest
 is forgotten first.

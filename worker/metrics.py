@@ -34,7 +34,7 @@ RATE_LIMITED_REASONS = ("tokens", "paused")
 # Why `evq serve` turned a client away unanswered by the app (ops/throttle.py, ops/web/slowclients.py):
 # too many wrong keys from its address, headers or body not in time, closed to make room
 # under the connection cap, or refused because every connection was being answered.
-SERVE_REFUSED_REASONS = ("throttled", "header_timeout", "body_timeout", "evicted", "full")
+SERVE_REFUSED_REASONS = ("throttled", "header_timeout", "body_timeout", "unread", "evicted", "full")
 
 # Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
 UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
@@ -125,7 +125,7 @@ NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step t
 SERVE_REFUSED = Counter(
     "evq_serve_refused_total",
     "Clients `evq serve` turned away: throttled (too many wrong keys), header_timeout, body_timeout, "
-    "evicted (closed for a newcomer under the connection cap), full (every connection busy).",
+    "unread (an answer the client did not read within the body timeout), evicted (closed for a newcomer under the connection cap), full (every connection busy).",
     ["reason"],
 )
 

@@ -585,13 +585,31 @@ def _each_recipient(*lists: list[dict[str, Any]]):
 # dashes) and the minus-like signs that are not dashes to Unicode. (A soft hyphen is invisible:
 # a format character, dropped with the others.)
 _HYPHEN_LIKE = frozenset("\u2212\u02d7\u2043\u2796\ufe63\uff0d")
+# Letters of other scripts drawn like Latin ones (a subset of Unicode's confusables, UTS #39:
+# Cyrillic, Greek, Armenian, Latin small capitals and IPA), so "\u0435vq-notices" (a Cyrillic
+# "e") reads as evq's sender and is compared as it. Case matters here (Greek "\u039d" looks like
+# "N", its lower case "\u03bd" like "v"), so they are mapped before case folding.
+_LATIN_LOOK_ALIKES = str.maketrans(
+    "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0423\u0425\u0405\u0406\u0408\u051a\u051c\u04ae\u04c0"
+    "\u0430\u0435\u043e\u0440\u0441\u0443\u0445\u0455\u0456\u0458\u04bb\u0501\u051b\u051d\u04af\u04cf\u0475\u0461\u04bd"
+    "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5\u03a7"
+    "\u03b1\u03bf\u03c1\u03bd\u03b9\u03ba\u03c5\u03f2\u03f3"
+    "\u0251\u0261\u0131\u0269\u1d04\u1d0f\u1d1c\u1d20\u1d21\u1d22\ua731"
+    "\u0585\u0578\u057d\u0566\u0570",
+    "ABEKMHOPCTYXSIJQWYI"
+    "aeopcyxsijhdqwylvwe"
+    "ABEZHIKMNOPTYX"
+    "aopvikucj"
+    "agiicouvwzs"
+    "onuqh",
+)
 
 
 def look_alike(text: str) -> str:
     """The form in which two strings that look the same to a reader are equal: NFKC (fullwidth
-    letters, compatibility forms), case folded, every hyphen-like character a "-", and the
+    letters, compatibility forms), letters of other scripts drawn like Latin ones made Latin, case folded, every hyphen-like character a "-", and the
     invisible (format) characters gone."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
+    folded = unicodedata.normalize("NFKC", text).translate(_LATIN_LOOK_ALIKES).casefold()
     out = []
     for ch in folded:
         category = unicodedata.category(ch)
@@ -691,6 +709,9 @@ def _headers(value: Any, errors: _Errors) -> dict[str, str]:
             continue
         if _CONTROL.search(raw_value):
             errors.add(where, "CR, LF and control characters are not allowed in a header")
+            continue
+        if not _encodable(raw_value):  # half a UTF-16 pair (a JSON escape) is no text to send or store
+            errors.add(where, "contains an unpaired surrogate")
             continue
         if refusal := encoded_word_refusal(raw_value):
             errors.add(where, refusal)

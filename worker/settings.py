@@ -185,7 +185,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("serve_auth_failures", int, 10, "Wrong or revoked API keys one client address may present within EVQ_SERVE_AUTH_WINDOW before `evq serve` answers its key checks 429 (Retry-After) without looking.", minimum=1),
     Option("serve_auth_window", float, 60.0, "Seconds over which `evq serve` counts a client address's failed key checks (and the longest it refuses that address).", minimum=1),
     Option("serve_header_timeout", float, 10.0, "Seconds a client of `evq serve` has to send a request's line and headers, counted from its first byte (or the connection); then 408 and closed.", minimum=0.1),
-    Option("serve_body_timeout", float, 30.0, "Seconds a client of `evq serve` has to send a request's whole body once its headers are in; then 408 and closed.", minimum=0.1),
+    Option("serve_body_timeout", float, 30.0, "Seconds a client of `evq serve` has to send a request's whole body once its headers are in (then 408 and closed), and to take in more of an answer it stopped reading (then closed).", minimum=0.1),
     Option("serve_max_connections", int, 512, "Most connections `evq serve` holds open; beyond it the one waiting longest on its client is closed (keep it under the open-file limit, ulimit -n).", minimum=2),
     Option("mcp_resolve", boolean, False, "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false)."),
 )

@@ -21,6 +21,9 @@ from worker.errors import ConfigError
 _SCHEME = re.compile(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", re.IGNORECASE)
 # user:password@ in anything URL-shaped, and password=... in a key=value string.
 _URL_PASSWORD = re.compile(r"://[^:/@\s]*:([^@\s]+)@")
+# A URL whose authority (up to the first "/", "?" or "#") holds two "@": an unencoded one in
+# the user name or password.
+_AUTHORITY_AT = re.compile(r"^postgres(?:ql)?://[^/?#]*@[^/?#]*@", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
@@ -28,6 +31,15 @@ def normalise(url: str) -> str:
     """The libpq form of ``url`` (a driver suffix on the scheme dropped); raises ConfigError
     with a message free of the URL when libpq cannot parse it."""
     url = _SCHEME.sub(lambda m: "postgresql://", url, count=1)
+    if _AUTHORITY_AT.match(url):
+        # libpq ends the password at the first "@" and takes the rest for the host, so its
+        # error ("failed to resolve host 'word@db'") would show the password's tail.
+        raise ConfigError(
+            "EVQ_DATABASE_URL (--database-url) has more than one '@' before its host: "
+            "a user name or password holding '@' must be percent-encoded (%40)",
+            hint="e.g. postgresql://user:p%40ss@host:5432/evq; ':' is %3A and '/' is %2F",
+            field="database_url",
+        )
     try:
         psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:

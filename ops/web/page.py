@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import anyio.to_thread
 from fastapi import APIRouter, Request
@@ -89,8 +89,16 @@ def render(request: Request, template: str, session: Session, status: int = 200,
 def set_cookie(request: Request, response: Response, session: Session) -> None:
     response.set_cookie(
         COOKIE, _state(request).sessions.dump(session), max_age=_state(request).sessions.max_age, path="/ops",
-        httponly=True, samesite="strict", secure=request.url.scheme == "https",
+        httponly=True, samesite="strict", secure=_over_tls(request),
     )
+
+
+def _over_tls(request: Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a proxy that says so.
+    `evq serve` trusts no proxy header for who the client is (ops/web/slowclients.py), but a
+    forged X-Forwarded-Proto can only make the cookie Secure, which costs the forger alone."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.url.scheme == "https" or forwarded == "https"
 
 
 def _who(session: Session) -> Caller:
@@ -262,11 +270,14 @@ async def _step_page(request: Request, session: Session, step_id: int, back: dic
 
 @router.get("/runs", response_class=HTMLResponse)
 async def find_run(request: Request) -> Response:
+    """The run search, and the form of a run's address the page links to: a run id in the
+    query never meets path normalisation, which browsers apply even to %2E%2E, so ids such as
+    "..", "." or "a/../b" (the CLI takes any) are reachable too."""
     await signed_in(request)
     run_id = (request.query_params.get("run_id") or "").strip()
     if not run_id:
         raise Redirect("/ops")
-    return RedirectResponse(f"/ops/runs/{quote(run_id, safe='')}", status_code=303)
+    return await trace(request, run_id)
 
 
 @router.get("/runs/{run_id:path}", response_class=HTMLResponse)  # run ids may hold "/"

@@ -8,6 +8,10 @@ HTTP protocol itself (uvicorn's h11 protocol, which has neither).
 - **Body**: once the headers are in, the whole body must arrive within
   ``body_timeout`` seconds; otherwise 408 and closed (the app, waiting to read it,
   sees the client gone).
+- **Answers**: an answer the client does not take in (it stopped reading, with requests
+  pipelined behind it, or a tiny receive window) may wait ``body_timeout`` seconds for
+  the socket to take more; then the connection is closed. Otherwise such a connection
+  counts as "being answered" for ever, which the cap below never closes.
 - **Connections**: at most ``max_connections`` are held. One more makes room by
   closing the connection that has waited longest on its client (reading headers or
   a body, or idle between requests), never one whose request is in and being
@@ -47,6 +51,7 @@ class GuardedH11(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._phase: str | None = None
         self._partial = False  # bytes of a request whose headers are not complete yet
+        self._unread: asyncio.TimerHandle | None = None  # armed while the client takes in no answer
         self.waiting_since: float | None = time.monotonic()
         super().connection_made(transport)
         self._arm("headers", self.header_timeout)
@@ -65,8 +70,30 @@ class GuardedH11(H11Protocol):
         super().on_response_complete()
         self._follow()
 
+    def pause_writing(self) -> None:
+        """The socket takes no more of the answer: the client has ``body_timeout`` to read."""
+        super().pause_writing()
+        if self._unread is None:
+            self._unread = self.loop.call_later(self.body_timeout, self._not_read)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+
+    def _not_read(self) -> None:
+        self._unread = None
+        if not self.transport.is_closing():
+            metrics.labelled(metrics.SERVE_REFUSED, "unread").inc()
+            # abort, not close: close would wait to flush the buffer the client never reads.
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
         self.waiting_since = None
         super().connection_lost(exc)
 
@@ -162,5 +189,9 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> Any:
         app,
         http=protocol(header_timeout=settings.serve_header_timeout, body_timeout=settings.serve_body_timeout,
                       max_connections=settings.serve_max_connections),
+        # uvicorn would take X-Forwarded-For from any loopback peer as the client's address, so a
+        # local client, or anyone behind a TLS terminator or proxy that passes the header through,
+        # would pick its own address for every guess and never be throttled (ops/throttle.py).
+        proxy_headers=False,
         **options,
     )

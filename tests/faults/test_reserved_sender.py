@@ -26,12 +26,20 @@ LOOK_ALIKES = [
     '"evq-notices@example.org" <agent@example.org>',
     '"EVQ\u2010NOTICES" <agent@example.org>',
     {"email": "agent@example.org", "name": "evq-notices\uff20example.org"},  # fullwidth @ in a name
+    # Letters of other scripts that look like Latin ones (Unicode's confusables, UTS #39).
+    "\u0435vq-notices@example.org",  # CYRILLIC SMALL LETTER IE for "e"
+    "evq-n\u043etices@example.org",  # CYRILLIC SMALL LETTER O for "o"
+    "\u0395VQ-\u039dOTICES@example.org",  # GREEK CAPITAL EPSILON and NU for "E" and "N"
+    "evq-notic\u0435s@example.org",  # CYRILLIC SMALL LETTER IE for the second "e"
+    '"\u0435vq-notices@example.org" <agent@example.org>',  # the same, in a display name
+    {"email": "agent@example.org", "name": "\u0435vq-n\u03bftices"},  # Cyrillic e, Greek omicron
 ]
 IDS = ["plus", "case", "u2010", "u2011", "u2212", "en-dash", "fullwidth", "name-address",
-       "name-hyphen", "name-fullwidth-at"]
+       "name-hyphen", "name-fullwidth-at", "cyrillic-e", "cyrillic-o", "greek-capitals", "cyrillic-e-2",
+       "name-cyrillic", "name-mixed-scripts"]
 # Other senders, however close: a local part that only starts the same is another mailbox.
 FINE = ["agent@example.org", "Evq Agent <agent@example.org>", "notices@example.org", "evq-noticesx@example.org",
-        "evq-notices-team@example.org"]
+        "evq-notices-team@example.org", "\u0434\u0438\u043c\u0430@example.org"]  # a Cyrillic name is just a name
 
 
 @pytest.mark.parametrize("sender", LOOK_ALIKES, ids=IDS)

@@ -334,3 +334,21 @@ def test_a_database_url_that_cannot_be_used_fails_fast_and_never_shows_its_passw
             else:
                 assert out["status"] == "error" and out["error"]["code"] == expect, (url, out)
                 assert "EVQ_DATABASE_URL" in out["error"]["message"] + out["error"].get("hint", "")
+
+
+def test_a_database_url_whose_password_holds_a_raw_at_sign_is_refused_without_showing_it(db_url):
+    """A password with an "@" the operator did not percent-encode (``user:Pass@word@host``):
+    libpq takes the password to end at the first "@" and the rest for the host, and the error
+    ("failed to resolve host 'word@host'") showed the password's tail. Refused before any
+    connection, naming the setting and the fix, with no part of the password anywhere."""
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    host, port, dbname = info.get("host", "127.0.0.1"), info.get("port", "5432"), info["dbname"]
+    head, tail = "url-Secret", "Pa55word-3e8b"
+    url = f"postgresql://postgres:{head}@{tail}@{host}:{port}/{dbname}"
+    for args in (("steps", "list", "-o", "json"), ("worker", "run", "--drain", "-o", "json")):
+        done = Evq(url).run(*args, EVQ_ADAPTER="null", EVQ_LOG_LEVEL="debug", timeout=60)
+        for part in (head, tail):
+            assert part not in done.stdout + done.stderr, (args, done.stdout, done.stderr[-2000:])
+        out = json.loads(done.stdout)
+        assert out["status"] == "error" and out["error"]["code"] == "E_INVALID_ARG", out
+        assert "EVQ_DATABASE_URL" in out["error"]["message"] and "%40" in out["error"]["message"] + out["error"].get("hint", "")

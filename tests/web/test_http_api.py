@@ -193,6 +193,9 @@ JSON = {"Content-Type": "application/json"}
         ("too large", "POST", "/v1/steps", b'{"text": "' + b"x" * 70_000 + b'"}', JSON, 413, "$body"),
         ("unknown field", "POST", "/v1/steps", json.dumps({**request(), "bogus": 1}).encode(), JSON, 422, "bogus"),
         ("wrong type", "POST", "/v1/steps", json.dumps({**request(), "subject": 7}).encode(), JSON, 422, "subject"),
+        # A JSON escape of half a UTF-16 pair: valid JSON, not text (it was a 500 in a header value).
+        ("unpaired surrogate in a header", "POST", "/v1/steps",
+         json.dumps({**request(), "headers": {"In-Reply-To": "<a\ud800@b>"}}).encode(), JSON, 422, "headers.In-Reply-To"),
         ("not an object", "POST", "/v1/steps", b'"hello"', JSON, 422, "$"),
         ("empty batch", "POST", "/v1/steps", b"[]", JSON, 422, "$"),
         ("unknown resolve field", "POST", "/v1/steps/1/resolve", b'{"as": "accepted", "note": "x", "actor": "me"}', JSON, 422, "actor"),

@@ -91,6 +91,18 @@ def test_a_line_that_is_not_json_gets_a_parse_error_and_the_server_keeps_going(w
     assert answer["id"] == 9 and "evq_email_send" in {t["name"] for t in answer["result"]["tools"]}
 
 
+def test_a_request_whose_id_is_not_a_string_or_an_integer_gets_an_error_not_silence(wire):
+    """The SDK read `"id": 1.5` (or 1e999, null, true) as a notification, dropped the id and
+    answered nothing: a client waiting for its answer waited for ever. Each now gets -32600
+    with id null, and the server keeps serving."""
+    for rid in ("1.5", "1e999", "null", "true", "[1]"):
+        wire.send('{"jsonrpc": "2.0", "id": %s, "method": "tools/list"}' % rid)
+        answer = wire.answer()
+        assert answer["id"] is None and answer["error"]["code"] == -32600, (rid, answer)
+    wire.send(json.dumps({"jsonrpc": "2.0", "id": "s-1", "method": "tools/list"}))
+    assert wire.answer()["id"] == "s-1"
+
+
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", "9" * 5000], ids=["nan", "inf", "1e999", "5000-digits"])
 def test_raw_bad_numbers_in_tool_arguments_are_a_field_error(wire, db_url, number):
     data = request(run_id="wire", step_id="n")

@@ -22,7 +22,7 @@ import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.faults.test_database_roles import migrated, roles  # noqa: F401  (the fixture)
-from tests.support import execute, request, rows, serve_process
+from tests.support import execute, request, rows, serve_process, wait_until
 from tests.web.support import checked, serving
 
 ATTACKER = "127.0.0.2"  # the whole of 127/8 is loopback: a second client address on this machine
@@ -191,6 +191,34 @@ def test_an_address_that_keeps_presenting_wrong_keys_is_refused_with_429_and_oth
             assert other.get("/v1/steps", headers={"Authorization": f"Bearer {good}"}).status_code == 200
 
 
+def test_a_forged_x_forwarded_for_does_not_reset_the_count(db_url):
+    """A client on the loopback address (a local process, or any client behind a TLS terminator
+    in TCP mode or an nginx that forwards the client's own X-Forwarded-For) sends a new
+    X-Forwarded-For with every wrong key: it is still one address, refused after the limit."""
+    good = make_key(db_url, "bot", "agent", created_by=None)
+    with evq_serve(db_url, EVQ_SERVE_AUTH_FAILURES="5", EVQ_SERVE_AUTH_WINDOW="60") as url:
+        with from_address(url, "127.0.0.1") as attacker:
+            answers = [attacker.get("/v1/steps", headers={"Authorization": f"Bearer {wrong_key(good)}",
+                                                          "X-Forwarded-For": f"203.0.113.{n}"}).status_code
+                       for n in range(1, 9)]
+        assert answers == [401] * 5 + [429] * 3, answers
+        # The address the server counted is the socket's, so another address is still served.
+        with from_address(url, ATTACKER, good) as other:
+            assert other.get("/v1/steps").status_code == 200
+
+
+def test_behind_a_tls_proxy_the_session_cookie_stays_secure(db_url):
+    """X-Forwarded-For is not trusted (above), so uvicorn no longer rewrites the scheme from
+    X-Forwarded-Proto either; the page still marks its cookie Secure when a TLS proxy says
+    the browser came over https, and not when nothing says so."""
+    with evq_serve(db_url) as url:
+        with from_address(url, "127.0.0.1") as browser:
+            proxied = browser.get("/ops/login", headers={"X-Forwarded-Proto": "https"})
+            direct = browser.get("/ops/login")
+    assert "secure" in proxied.headers["set-cookie"].lower()
+    assert "secure" not in direct.headers["set-cookie"].lower()
+
+
 def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_first_use(empty_db_url):
     """A database with a key made by an evq before 0010_key_hmac (a scrypt hash), upgraded:
     the key still works over HTTP, its row now holds an HMAC, and it keeps working."""
@@ -256,12 +284,44 @@ def test_run_ids_with_a_slash_are_reachable_over_http_and_on_the_page(db_url):
             csrf = re.search(r'name="csrf" value="([^"]+)"', web.get("/ops/login").text)[1]
             assert web.post("/ops/login", data={"csrf": csrf, "key": alice}).status_code == 303
             step_page = web.get(f"/ops/steps/{made.json()['data']['id']}")
-            link = re.search(r'href="(/ops/runs/[^"]+)"', step_page.text)[1]
-            for path in (link, "/ops/runs/team-a%2F2026%2Frun-7"):
+            link = re.search(r'href="(/ops/runs[^"]+)"', step_page.text)[1].replace("&amp;", "&")
+            for path in (link, "/ops/runs/team-a%2F2026%2Frun-7", "/ops/runs/team-a/2026/run-7"):
                 trace = web.get(path)
                 assert trace.status_code == 200 and run_id in trace.text, (path, trace.status_code)
             found = web.get("/ops/runs", params={"run_id": run_id})
-            assert found.status_code == 303 and web.get(found.headers["location"]).status_code == 200
+            assert found.status_code == 200 and "welcome" in found.text
+
+
+def test_run_ids_with_dot_segments_are_reachable_on_the_page_and_over_http(db_url):
+    """A browser (and httpx) resolves "." and ".." path segments, even as %2E%2E, before it
+    sends the request: a page link /ops/runs/.. led to the overview, /ops/runs/a/../b to a
+    404. The page links to runs by a query parameter; the API takes the encoded form."""
+    agent = make_key(db_url, "bot", "agent", created_by=None)
+    alice = make_key(db_url, "alice", "operator")
+    run_ids = ["..", ".", "a/../b", "./x", "x/.."]
+    with serving(db_url) as api:
+        made = {}
+        for run_id in run_ids:
+            answer = api.client(agent).post("/v1/steps", json=request(run_id=run_id, step_id=f"s-{len(made)}"))
+            assert answer.status_code == 201, answer.text
+            made[run_id] = answer.json()["data"]["id"]
+        with httpx.Client(base_url=api.url, timeout=30) as web:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', web.get("/ops/login").text)[1]
+            assert web.post("/ops/login", data={"csrf": csrf, "key": alice}).status_code == 303
+            for run_id, step in made.items():
+                page = web.get(f"/ops/steps/{step}")
+                link = re.search(r'href="(/ops/runs[^"]+)"', page.text)[1].replace("&amp;", "&")
+                trace = web.get(link)
+                assert trace.status_code == 200 and f"s-{list(made).index(run_id)}" in trace.text, (run_id, link)
+                found = web.get("/ops/runs", params={"run_id": run_id})
+                assert found.status_code == 200 and f"/ops/steps/{step}" in found.text, run_id
+        for run_id, step in made.items():
+            # The raw request target, as a client that does not normalise sends it.
+            raw = "/v1/runs/" + "".join(f"%{b:02X}" for b in run_id.encode())
+            with httpx.Client(base_url=api.url, timeout=30) as plain:
+                answer = plain.send(plain.build_request("GET", api.url, headers={"Authorization": f"Bearer {agent}"},
+                                                        extensions={"target": raw.encode()}))
+            assert answer.status_code == 200 and answer.json()["data"]["run_id"] == run_id, (run_id, answer.text[:200])
 
 
 # -- slow clients ------------------------------------------------------------------------
@@ -401,3 +461,40 @@ def test_the_runtime_role_reads_the_pepper_and_cannot_change_it(roles):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     assert rows(roles.admin_url, "SELECT pepper FROM api_key_pepper") == [{"pepper": pepper}]
+
+
+def _healthy(url: str) -> bool:
+    with from_address(url, "127.0.0.1", timeout=10) as legit:
+        return legit.get("/healthz").status_code == 200
+
+
+def test_a_client_that_never_reads_its_answers_cannot_lock_others_out(db_url):
+    """The reverse of slowloris: a client pipelines requests on a socket with a tiny receive
+    window and never reads, so the server's answer can never be written out. Such a
+    connection is "being answered" for ever, which the cap never closes; a few of them
+    filled it and every newcomer got 503. An answer that cannot be written within
+    EVQ_SERVE_BODY_TIMEOUT ends its connection."""
+    held: list[socket.socket] = []
+    pipelined = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2000
+    with evq_serve(db_url, EVQ_SERVE_MAX_CONNECTIONS="4", EVQ_SERVE_BODY_TIMEOUT="2") as url:
+        try:
+            for _ in range(4):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
+                sock.bind((ATTACKER, 0))
+                sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+                sock.setblocking(False)
+                try:
+                    sock.send(pipelined)
+                except BlockingIOError:
+                    pass  # the server stopped reading: its answers are stuck, as intended
+                held.append(sock)
+            wait_until(lambda: not _healthy(url), timeout=10, what="the four held connections filling the cap")
+            # Without a write deadline every newcomer got 503 for as long as the sockets were held.
+            # With it: once the server's socket buffers are full (a second or two here) and
+            # EVQ_SERVE_BODY_TIMEOUT has passed, the stuck connections are closed.
+            wait_until(lambda: _healthy(url), timeout=30, what="a newcomer served while the stuck clients hold on")
+            wait_until(lambda: refusals(url, "unread") == 4, timeout=30, what="each stuck connection closed")
+        finally:
+            for sock in held:
+                sock.close()
