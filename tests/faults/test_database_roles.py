@@ -150,6 +150,17 @@ BYPASSES = [
 ]
 
 
+# What the runtime role could do with UPDATE on email_steps, were the rows not guarded.
+STEP_REWRITES = [
+    "UPDATE email_steps SET payload = payload || '{\"subject\": \"rewritten\"}' WHERE status = 'accepted'",
+    "UPDATE email_steps SET message_id = '<forged@example.com>' WHERE status = 'accepted'",
+    "UPDATE email_steps SET idempotency_key = idempotency_key || 'x' WHERE status = 'accepted'",
+    "UPDATE email_steps SET run_id = 'elsewhere' WHERE status = 'accepted'",
+    "UPDATE email_steps SET status = 'pending', closed_at = NULL, next_attempt_at = now() WHERE status = 'accepted'",
+    "UPDATE email_steps SET status = 'unknown', closed_at = NULL, unknown_since = now() WHERE status = 'accepted'",
+]
+
+
 def history_state(url: str) -> dict:
     return rows(
         url,
@@ -185,6 +196,17 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
             conn.rollback()
             went_through.append(statements)
     assert went_through == [], went_through
+    # The runtime role updates steps (every transition is an UPDATE), but cannot rewrite what a
+    # step is, nor reopen a closed one so that it is sent again (migration 0012's trigger).
+    reopened = []
+    for sql in STEP_REWRITES:
+        with psycopg.connect(r.app_url) as conn:
+            try:
+                if conn.execute(sql).rowcount:
+                    reopened.append(sql)
+            except psycopg.errors.CheckViolation:
+                conn.rollback()
+    assert reopened == [], reopened
     # Pruning through the function is allowed, and bounded: terminal steps, a cutoff
     # no later than the database's clock, logged.
     with psycopg.connect(r.app_url) as conn, pytest.raises(psycopg.errors.InvalidParameterValue):
