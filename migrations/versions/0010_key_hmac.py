@@ -12,7 +12,9 @@ slow one does, and costs microseconds. Now:
 - ``api_key_pepper`` holds one random 32-byte secret, made here; a key's
   ``secret_hash`` is ``hmac-sha256$<hex>`` of its secret under that pepper. The
   runtime role may only read it (``evq_grant_runtime`` is extended below), so the
-  role that checks keys cannot replace the pepper and mint hashes of its own;
+  role that checks keys cannot replace it and invalidate every key at once. It can
+  still write ``api_keys`` (keys are created, rehashed and revoked at run time), so it
+  can make a key of its own: as before, whoever holds the database's credentials can;
 - keys made before keep their ``scrypt$...`` hash and still work; the first
   successful check rehashes them to HMAC (the CHECK allows both schemes);
 - ``api_keys.session_generation`` is bumped when someone signs out of the ops page:
