@@ -358,20 +358,25 @@ def _answer(sock: socket.socket, within: float) -> bytes:
     return got
 
 
+def _trickled_answer(url: str, sock: socket.socket, data: bytes) -> bytes:
+    """Trickle ``data`` on ``sock`` from a thread while a legitimate request is served; then what
+    the server answered the trickler before closing its connection."""
+    stop = threading.Event()
+    sender = threading.Thread(target=_trickle, args=(sock, data, stop), daemon=True)
+    sender.start()
+    try:
+        assert httpx.get(url + "/healthz", timeout=10).status_code == 200
+        return _answer(sock, within=15)
+    finally:
+        stop.set()
+        sender.join(timeout=10)
+        sock.close()
+
+
 def test_a_client_trickling_its_headers_gets_408_and_is_closed_while_others_are_served(db_url):
     with evq_serve(db_url, EVQ_SERVE_HEADER_TIMEOUT="1") as url:
         sock = _connect(url, ATTACKER)
-        stop = threading.Event()
-        sender = threading.Thread(target=_trickle, args=(sock, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 500, stop),
-                                  daemon=True)
-        sender.start()
-        try:
-            assert httpx.get(url + "/healthz", timeout=10).status_code == 200
-            got = _answer(sock, within=15)
-        finally:
-            stop.set()
-            sender.join(timeout=10)
-            sock.close()
+        got = _trickled_answer(url, sock, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 500)
         assert refusals(url, "header_timeout") == 1
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
     assert b"EVQ_SERVE_HEADER_TIMEOUT" in got
@@ -384,16 +389,7 @@ def test_a_client_trickling_its_body_gets_408_and_is_closed(db_url):
         head = (f"POST /v1/steps HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent}\r\n"
                 "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n").encode()
         sock.sendall(head)
-        stop = threading.Event()
-        sender = threading.Thread(target=_trickle, args=(sock, b'{"run_id": "' + b"r" * 380, stop), daemon=True)
-        sender.start()
-        try:
-            assert httpx.get(url + "/healthz", timeout=10).status_code == 200
-            got = _answer(sock, within=15)
-        finally:
-            stop.set()
-            sender.join(timeout=10)
-            sock.close()
+        got = _trickled_answer(url, sock, b'{"run_id": "' + b"r" * 380)
         assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
         assert refusals(url, "body_timeout") == 1
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
