@@ -41,7 +41,7 @@ import json
 import re
 import ssl
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -49,10 +49,10 @@ import httpx
 
 from worker import deadline as limits
 from worker.logs import get_logger, register_secrets
-from worker.scrub import scrub_text
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from worker.ports import LookupFailed, LookupResult, SendRequest
 from worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
+from worker.scrub import scrub_text
 
 log = get_logger("evq.adapters.http")
 
@@ -158,7 +158,7 @@ def retry_after(value: str | None, *, now: datetime | None = None) -> float | No
         return None
     if when.tzinfo is None:
         return None
-    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 class HttpProvider:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email import policy as email_policy
 from email.header import Header
 from email.message import EmailMessage
@@ -147,7 +147,7 @@ def build_message(
     if groups["reply_to"]:
         headers.append(("Reply-To", _addresses(groups["reply_to"])))
     headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
-    headers.append(("Date", format_datetime(now or datetime.now(timezone.utc))))
+    headers.append(("Date", format_datetime(now or datetime.now(UTC))))
     headers.append(("Message-ID", request.message_id))
     ours = {name.lower() for name, _ in headers}
     for name, value in (payload.get("headers") or {}).items():
@@ -373,7 +373,7 @@ class _Conversation:
             outcome = self._talk()
         except _Stop as stop:
             outcome, polite = stop.outcome, stop.polite
-        except Exception as exc:  # noqa: BLE001 - every failure must become one outcome
+        except Exception as exc:  # every failure must become one outcome
             outcome = self._failed(exc)
         self._hang_up(polite=polite and not self.cut and not isinstance(outcome, Unknown))
         return outcome
@@ -517,7 +517,7 @@ class _Conversation:
             except _Stop as stop:
                 self._not_served(rest, stop.outcome)
                 raise _Stop(self._partial_outcome(stop.outcome), polite=stop.polite) from None
-            except Exception as exc:  # noqa: BLE001 - classified by phase, as any failure
+            except Exception as exc:  # classified by phase, as any failure
                 failed = self._failed(exc)
                 self._not_served(rest, failed)
                 raise _Stop(self._partial_outcome(failed), polite=not self.cut and self.phase != "final") from None
@@ -768,7 +768,7 @@ def _dot_stuff(data: bytes) -> bytes:
 def _quietly(call: Any) -> None:
     try:
         call()
-    except Exception:  # noqa: BLE001 - the outcome is already decided
+    except Exception:  # the outcome is already decided
         pass
 
 
@@ -922,7 +922,7 @@ class SmtpProvider:
         def run() -> None:
             try:
                 outcome = self._attempt(request, holder)
-            except BaseException as exc:  # noqa: BLE001 - a bug here must still become an outcome
+            except BaseException as exc:  # a bug here must still become an outcome
                 outcome = Unknown(f"the smtp conversation raised {type(exc).__name__}",
                                   response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__})
             finally:

@@ -29,6 +29,7 @@ server it is pointed at (it needs CREATE DATABASE) and drops them afterwards.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -480,7 +481,7 @@ class Bench:
     def mode_drain(self) -> None:
         self.batch_enqueue_seconds = []
         for processes in self.config.drain_processes:
-            values, rss = self.repeat(lambda: self._drain_once(processes))
+            values, rss = self.repeat(functools.partial(self._drain_once, processes))
             self.add(Figure("drain", f"evq drain, {processes} process{'es' if processes > 1 else ''}", "steps/s",
                             values, rss, note=f"concurrency {self.config.drain_concurrency}, batch {self.config.batch_size}, null adapter"))
 
@@ -491,7 +492,8 @@ class Bench:
         for concurrency in c.latency_concurrency:
             n = concurrency * c.latency_waves
 
-            def once() -> tuple[float, float]:
+            # The loop's values are bound as defaults: a closure would read the variables, not this pass's values.
+            def once(n: int = n, concurrency: int = concurrency) -> tuple[float, float]:
                 with self.db.fresh() as url:
                     self.prefill.enqueue(url, n)
                     results = run_children([evq_worker_spec(
@@ -555,7 +557,7 @@ class Bench:
             # hits one run of both does not skew the ratio of the medians.
             for fig, key, i in figures:
                 if len(fig.values) == len(peer):
-                    fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer))
+                    fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer, strict=True))
         validate = self.prefill.validate_seconds.get(c.steps)
         if validate:
             self.add(Figure("enqueue", "evq request validation (before any write)", "requests/s",
@@ -658,7 +660,7 @@ class Bench:
             (False, "raw SQL ceiling: claim 100 SKIP LOCKED + one batched UPDATE", c.steps),
             (True, "raw SQL, claim 100 + one commit per row", max(1000, c.steps // 4)),
         ):
-            def once() -> tuple[float, None]:
+            def once(n: int = n, per_row: bool = per_row) -> tuple[float, None]:
                 name = self.db.create()
                 try:
                     return raw_sql_drain(self.db.url(name), n, per_row=per_row), None
@@ -679,7 +681,7 @@ class Bench:
             ("pgqueuer drain, best (2 processes, batch 50, task cap 100)", 2, 50, 100),
         )
         for label, processes, batch, cap in configs:
-            def once() -> tuple[float, float]:
+            def once(processes: int = processes, batch: int = batch, cap: int | None = cap) -> tuple[float, float]:
                 name = self.db.create()
                 url = self.db.url(name)
                 try:
@@ -945,7 +947,7 @@ def human(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) if k in (0, 3, 4) else cell.rjust(w)
-                               for k, (cell, w) in enumerate(zip(row, widths))).rstrip())
+                               for k, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines += ["", "targets:"]

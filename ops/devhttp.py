@@ -42,7 +42,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
@@ -281,7 +281,7 @@ class DevHttpServer(devserver.FaultInjection):
             "html": body.get("html"),
             "headers": body.get("headers") or {},
             "tags": body.get("tags") or [],
-            "created_at": datetime.now(timezone.utc).isoformat(),
+            "created_at": datetime.now(UTC).isoformat(),
             "last_event": "delivered",
         }
         self._messages.append(message)

@@ -32,7 +32,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.parser import BytesHeaderParser
 from ssl import SSLContext
 from typing import Any, ClassVar
@@ -237,7 +237,7 @@ class DevSmtpServer(devserver.FaultInjection):
             "mail_from": envelope.mail_from,
             "rcpt_tos": list(envelope.rcpt_tos),
             "data": bytes(data),
-            "received_at": datetime.now(timezone.utc),
+            "received_at": datetime.now(UTC),
             "queue_id": uuid.uuid4().hex[:12].upper(),
         }
         with self._lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from adapters.postgres.enqueue import validate_many
@@ -244,7 +244,7 @@ async def list_steps(
     now: datetime | None = None,
 ) -> Reply:
     """Steps, unknown ones oldest first (the operator's queue), the rest newest first."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset)
     await caller.identify(store, Permission.READ)
     rows, total = await store.list_steps(where, now=now)
@@ -383,7 +383,7 @@ async def resolve(
     Bulk: each row on its own; some may fail (someone closed them first) while the rest
     succeed (status partial_failure). A dry run is a read: the rows that would change."""
     selection.check()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     where = selection.where(now)
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.RESOLVE)
     rows, _ = await store.list_steps(where, now=now)

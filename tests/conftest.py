@@ -20,12 +20,20 @@ import tempfile
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting tests does not load the store
+    from adapters.postgres.store import PostgresStore
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# Fixtures more than one test folder asks for, by name (a fixture imported into a test module
+# would be a name the module never uses, and shadowed by the test's own parameter).
+pytest_plugins = ["tests.database_roles"]
 
 # Under CI the property tests replay the same examples every run, so a red build names a change,
 # not a lucky draw; on a developer's machine they keep exploring new inputs (a failure prints the
@@ -166,7 +174,7 @@ def empty_db_url(pg_server: str) -> Iterator[str]:
 
 
 @pytest.fixture
-async def store(db_url: str) -> AsyncIterator["PostgresStore"]:  # noqa: F821
+async def store(db_url: str) -> AsyncIterator[PostgresStore]:
     from adapters.postgres.store import PostgresStore
 
     s = await PostgresStore.open(db_url, max_size=4)

@@ -33,8 +33,8 @@ from worker import metrics
 from worker.errors import ConfigError
 from worker.logs import get_logger
 from worker.ports import Lookup, LookupFailed, LookupResult
-from worker.scrub import scrub_record
 from worker.records import ReconcileCounts, UnknownStep
+from worker.scrub import scrub_record
 
 log = get_logger("evq.reconciler")
 

@@ -22,8 +22,8 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
@@ -576,7 +576,7 @@ def _single_address(
 
 
 def _each_recipient(*lists: list[dict[str, Any]]):
-    for list_name, items in zip(("to", "cc", "bcc"), lists):
+    for list_name, items in zip(("to", "cc", "bcc"), lists, strict=True):
         for i, addr in enumerate(items):
             yield f"{list_name}[{i}]", addr
 
@@ -630,7 +630,7 @@ def _local_matches(local: str, reserved: str) -> bool:
 def _reserved(email: str, rules: tuple[str, ...]) -> bool:
     """Whether ``email`` is, or reads as, a reserved sender: case, Unicode look-alikes of the
     hyphen, fullwidth forms and a subaddress (``evq-notices+x@``) do not make it another sender."""
-    local, _, domain = look_alike(email).rpartition("@")
+    local = look_alike(email).rpartition("@")[0]
     for rule in rules:
         rule_local, _, rule_domain = look_alike(rule).rpartition("@")
         if not _local_matches(local, rule_local):

@@ -31,24 +31,24 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from worker import deadline as limits
 from worker import executor, logs, metrics
+from worker.backoff import Backoff, reconnect_delay
 from worker.circuit import CircuitBook, CircuitState, Verdict
 from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from worker.logs import get_logger
 from worker.ports import Lookup, Provider, SendRequest
 from worker.ratelimit import RateGate
 from worker.reconciler import Reconciler, ReconcilerConfig
-from worker.records import ClaimedStep
 from worker.recorder import Recorder
+from worker.records import ClaimedStep
 from worker.rescuer import Rescuer, RescuerConfig
 from worker.service import run_periodically
 from worker.settings import Settings
 from worker.states import TERMINAL
-from worker.backoff import Backoff, reconnect_delay
 from worker.transitions import decide
 
 log = get_logger("evq.worker")
@@ -565,7 +565,7 @@ class Worker:
             self._began.discard(step.lease_token)
             if (result.applied and transition.to_status in TERMINAL) or result.settled:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
-                metrics.observe_closed(step.created_at, datetime.now(timezone.utc))
+                metrics.observe_closed(step.created_at, datetime.now(UTC))
             if result.applied:
                 # An accepted send's proof is its evidence row; at thousands a second a
                 # log line each is noise (and a fifth of a send's CPU): debug, and its
@@ -667,7 +667,7 @@ class Worker:
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)
-            done, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace)
+            _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace)
             if still:
                 clean = False
                 log.warning("grace_expired", left_in_flight=len(still))

@@ -8,7 +8,6 @@ and the validation messages, so none of them can drift from the others.
 from __future__ import annotations
 
 import math
-
 import os
 import re
 import ssl
@@ -25,7 +24,6 @@ from worker.errors import ConfigError
 from worker.notices import NoticeConfig, reserved_sender
 from worker.ratelimit import RateLimit, rate_limits
 from worker.request import Policy, validate_address
-
 
 # A HELO/EHLO name: a domain of at least two labels, or an RFC 5321 address literal.
 _HELO_NAME = re.compile(

@@ -29,8 +29,8 @@ from worker import metrics
 from worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
 from worker.errors import Conflict, InvalidRequest
 from worker.records import EnqueueResult
-from worker.states import Status
 from worker.request import Policy, ValidRequest
+from worker.states import Status
 
 Rows = list[dict[str, Any]]
 Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
@@ -90,7 +90,7 @@ def enqueue_many_params(
     """The batch statement's parameters, and the Message-ID given to each request."""
     message_ids = [new_message_id(request) for request in requests]
     rows = []
-    for request, message_id in zip(requests, message_ids):
+    for request, message_id in zip(requests, message_ids, strict=True):
         d = request.decision
         head = _dumps([
             request.run_id, request.step_id, request.idempotency_key, message_id, request.provider,
@@ -117,7 +117,7 @@ def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = Non
         for row in (yield Q["step_enqueue_many"], params):
             by_ord[row["ord"] - 1] = row
         created = 0
-        for request, message_id, row in zip(chunk, message_ids, by_ord):
+        for request, message_id, row in zip(chunk, message_ids, by_ord, strict=True):
             if row is None:
                 raise RuntimeError("step_enqueue_many returned no row for a request")
             if row["id"] is not None:

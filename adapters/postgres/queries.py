@@ -12,7 +12,7 @@ def _load() -> dict[str, str]:
     text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise RuntimeError(f"queries.sql names {name!r} twice")
         queries[name] = body.strip().rstrip(";").strip()

@@ -268,7 +268,7 @@ class PostgresStore:
     async def _release(self, held: Sequence[tuple[int, Any, int]], *, actor: str, now: datetime | None) -> int:
         if not held:
             return 0
-        ids, tokens, attempts = (list(column) for column in zip(*held))
+        ids, tokens, attempts = (list(column) for column in zip(*held, strict=True))
         rows = await self._fetch(
             "release",
             Q["step_release"],

@@ -19,15 +19,15 @@ matches. A step's life is pending -> in_flight -> accepted: two rewrites.
 
 Self-contained on purpose (no application imports).
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision: str = '0005_lean_indexes'
-down_revision: Union[str, Sequence[str], None] = '0004_prune'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0004_prune'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -29,15 +29,15 @@ switch (``evq.pruning``) was a setting any session could turn on. Now:
 
 Self-contained on purpose (no application imports).
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision: str = '0009_runtime_role'
-down_revision: Union[str, Sequence[str], None] = '0007_rate_limits'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0007_rate_limits'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def _quoted(identifier: str) -> str:

@@ -24,16 +24,16 @@ slow one does, and costs microseconds. Now:
 Self-contained on purpose (no application imports).
 """
 import secrets
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0010_key_hmac'
-down_revision: Union[str, Sequence[str], None] = '0009_runtime_role'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0009_runtime_role'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 # evq_grant_runtime (0009) grants by table name; the pepper is read-only for the runtime.
 # The function is edited in place (its own text, read back from the catalogue) rather

@@ -21,16 +21,16 @@ Create Date: 2026-12-01
 
 Self-contained on purpose (no application imports).
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0011_provider_circuits'
-down_revision: Union[str, Sequence[str], None] = '0010_key_hmac'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0010_key_hmac'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 # evq_grant_runtime (0009) grants by table name, and every table it does not name gets

@@ -22,14 +22,14 @@ disable the trigger anyway, and tests and repairs run as it, as with the prune s
 
 Self-contained on purpose (no application imports).
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 
 revision: str = '0012_step_guard'
-down_revision: Union[str, Sequence[str], None] = '0011_provider_circuits'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0011_provider_circuits'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 FIXED = ('id', 'run_id', 'step_id', 'decision_id', 'idempotency_key', 'message_id', 'provider', 'payload',
          'payload_sha256', 'notify', 'created_at')

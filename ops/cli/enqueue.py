@@ -99,7 +99,7 @@ def _human_plan(d: dict[str, Any]) -> str:
         + (f" {p['existing_id']}" if p["existing_id"] else "")
         for p in d["plan"]
     ]
-    return "\n".join(lines + ["dry run: nothing was changed"])
+    return "\n".join([*lines, "dry run: nothing was changed"])
 
 
 def _human_one(d: dict[str, Any]) -> str:

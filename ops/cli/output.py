@@ -18,7 +18,7 @@ import click
 from ops.contract import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Timer, failure, success, to_json
 from worker.errors import EvqError
 
-__all__ = ["SCHEMA_VERSION", "EXIT_CODES", "EXIT_INTERRUPTED", "Output", "to_json", "table", "age", "json_requested"]
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "SCHEMA_VERSION", "Output", "age", "json_requested", "table", "to_json"]
 
 class Output:
     """What one command prints, in the format asked for."""
@@ -81,8 +81,8 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]],
         return empty
     cells = [[_cell(row.get(key)) for key, _ in columns] for row in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(columns)]
-    lines = ["  ".join(h.upper().ljust(w) for (_, h), w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(h.upper().ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return "\n".join(lines)
 
 

@@ -84,7 +84,7 @@ def _server_class() -> type:
     return Server
 
 
-def _Server(config: Any) -> Any:  # noqa: N802  (uvicorn is imported only by this command)
+def _Server(config: Any) -> Any:  # uvicorn is imported only by this command
     return _server_class()(config)
 
 

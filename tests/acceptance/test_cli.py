@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from email import message_from_bytes
 
 from tests.acceptance.conftest import Evq, smtp_env
@@ -86,7 +87,7 @@ def test_jsonl_file_enqueues_many_or_none(evq: Evq, db_url, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     out = evq.json("enqueue", "--file", str(path))
     assert out["meta"] == {**out["meta"], "count": 5, "created": 5}
-    path.write_text("\n".join(lines[:2] + [json.dumps({**REQUEST, "step_id": "bad", "to": []})]))
+    path.write_text("\n".join([*lines[:2], json.dumps({**REQUEST, "step_id": "bad", "to": []})]))
     out = evq.json("enqueue", "--file", str(path), expect=2)
     assert out["error"]["context"]["fields"][0]["field"].startswith("[2].")
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 5
@@ -208,12 +209,12 @@ def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_
 
 
 def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from tests.support import unknown_steps, valid, with_store
 
     def unknown(hours_ago: float, **request) -> int:
-        at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+        at = datetime.now(UTC) - timedelta(hours=hours_ago)
         return with_store(db_url, lambda store: unknown_steps(store, now=at, **request))[0].id
 
     old = unknown(5, to=["a@Example.NET"])

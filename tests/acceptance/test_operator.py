@@ -8,7 +8,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -18,7 +18,7 @@ from tests.support import execute, rows, step_row, unknown_steps, wait_for_lock_
 
 
 def make_unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
-    at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
     return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **request))
 
 

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from adapters.postgres.database import upgrade
+
 # The `evq` (as the admin key), `admin_key` and `smtp` fixtures of the acceptance tests.
 from tests.acceptance.conftest import admin_key, evq, make_key, smtp  # noqa: F401
 from tests.faults.proxy import TcpProxy

@@ -45,7 +45,7 @@ def test_the_cli_refuses_each_bad_number_naming_its_field(db_url, admin_key, num
     assert out["error"]["context"]["fields"][0]["field"] == "decision.rationale.score"
     assert "line 2" in out["error"]["context"]["fields"][0]["message"]
     flags = ("enqueue", "--run-id", "nums", "--step-id", "f", "--to", "ok@example.com", "--from", "a@example.org",
-             "--subject", "s", "--text", "t", "--rationale", '{"score": %s}' % number)
+             "--subject", "s", "--text", "t", "--rationale", f'{{"score": {number}}}')
     out = evq.json(*flags, expect=2)
     assert out["error"]["code"] == "E_INVALID_ARG" and "score" in out["error"]["context"]["fields"][0]["field"]
     _nothing_written(db_url)

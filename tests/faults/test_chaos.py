@@ -34,7 +34,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     env = smtp_env(smtp, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS=str(LEASE), EVQ_RESCUE_INTERVAL="0.5",
                    EVQ_LOG_LEVEL="warning")
     rng = random.Random(int(os.environ.get("EVQ_CHAOS_SEED", "7")))
-    log = open(tmp_path / "workers.log", "ab")  # noqa: SIM115 - shared by every worker started below
+    log = open(tmp_path / "workers.log", "ab")  # shared by every worker started below
 
     def start() -> subprocess.Popen:
         # Output to a file: a pipe nobody reads would fill up and stall the worker.

@@ -16,8 +16,6 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import psycopg
@@ -26,55 +24,8 @@ import pytest
 from adapters.postgres.database import head_revision
 from ops.devsmtp import DevSmtpServer
 from tests.acceptance.conftest import Evq, make_key, smtp_env
+from tests.database_roles import Roles, migrated, upgrade
 from tests.support import request, rows, serve_process
-
-
-@dataclass(frozen=True)
-class Roles:
-    owner: str
-    app: str
-    owner_url: str
-    app_url: str
-    admin_url: str  # the server's superuser, on this database: for checks only
-
-
-def _url(server: str, **overrides: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(server)
-    info.update(overrides)
-    return psycopg.conninfo.make_conninfo(**info)
-
-
-@pytest.fixture
-def roles(pg_server: str) -> Iterator[Roles]:
-    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    owner, app, database = f"evq_owner_{tag}", f"evq_app_{tag}", f"evq_roles_{tag}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        try:
-            # Trust auth on loopback (the test cluster): LOGIN without a password.
-            conn.execute(f'CREATE ROLE "{owner}" LOGIN')
-            conn.execute(f'CREATE ROLE "{app}" LOGIN')
-            conn.execute(f'CREATE DATABASE "{database}" OWNER "{owner}"')
-            yield Roles(
-                owner=owner,
-                app=app,
-                owner_url=_url(pg_server, user=owner, dbname=database),
-                app_url=_url(pg_server, user=app, dbname=database),
-                admin_url=_url(pg_server, dbname=database),
-            )
-        finally:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            conn.execute(f'DROP ROLE IF EXISTS "{app}"')
-            conn.execute(f'DROP ROLE IF EXISTS "{owner}"')
-
-
-def upgrade(url: str, *args: str, expect: int = 0) -> dict:
-    return Evq(url).json("db", "upgrade", *args, expect=expect)
-
-
-def migrated(r: Roles) -> dict:
-    done = upgrade(r.owner_url, "--runtime-role", r.app)
-    assert done["data"]["runtime_roles"] == [r.app], done
-    return done
 
 
 def test_db_upgrade_refuses_a_role_that_does_not_own_the_schema(roles):

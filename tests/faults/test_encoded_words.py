@@ -21,8 +21,8 @@ from ops.devhttp import DevHttpServer
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import request, rows, valid
 from tests.web.support import checked, serving
-from worker.ports import SendRequest
 from worker.outcomes import Rejected
+from worker.ports import SendRequest
 from worker.request import payload_digest
 
 SPACED = "=?utf-8?q?hi =0D=0ABcc:evil@evil.com?="

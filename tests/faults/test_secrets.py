@@ -189,7 +189,7 @@ class _EchoingProvider:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "_EchoingProvider":
+    def __enter__(self) -> _EchoingProvider:
         self.thread.start()
         return self
 

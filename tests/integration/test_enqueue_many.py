@@ -62,7 +62,7 @@ def test_batch_and_single_enqueue_store_the_same_rows(db_url):
     ]
     extra = [{"max_attempts": 3, "notify": "ops@example.org", "headers": {"References": "<a@b>"}}, {}, {"cc": ["c@example.com"]}, {}]
     reqs = [request(run_id="batch", step_id=f"s{i}", decision=d, intent=None if d is None else "why", **x)
-            for i, (d, x) in enumerate(zip(decisions, extra))]
+            for i, (d, x) in enumerate(zip(decisions, extra, strict=True))]
     batch = enqueue_many_own(db_url, reqs)
     singles = [enqueue_own(db_url, {**q, "run_id": "single"}, policy=POLICY) for q in reqs]
     cols = ("step_id", "provider", "payload", "payload_sha256", "max_attempts", "notify", "status", "attempts",
@@ -84,7 +84,7 @@ def test_repeats_return_the_existing_step_and_write_no_decision(db_url):
     first = enqueue_own(db_url, old, policy=POLICY)
     again = [old, request(run_id="bulk", step_id="new")]
     # The same request twice in one batch, too: the second gets the first's step.
-    results = enqueue_many_own(db_url, again + [again[1]], policy=POLICY)
+    results = enqueue_many_own(db_url, [*again, again[1]], policy=POLICY)
     assert [(r.step_id, r.created) for r in results] == [("old", False), ("new", True), ("new", False)]
     assert results[0].id == first.id and results[0].message_id == first.message_id
     assert results[2].id == results[1].id

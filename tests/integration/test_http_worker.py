@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -30,7 +30,7 @@ SETTINGS = Settings(
     poll_interval=0.05, retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5,
     reconcile_checks=0,  # the reconciler has its own tests; here unknown rows stay unknown
 )
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ async def test_a_window_that_closes_before_the_retry_sends_nothing_more(store, d
     assert await drain(store, provider, settings) == 0
     assert step_row(db_url, e.id)["status"] == "retryable"
     # Time passes: the retry is due, but the provider's window no longer covers a lease.
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows(db_url, "UPDATE email_steps SET next_attempt_at = %s, dedupe_until = %s WHERE id = %s RETURNING id",
          (now, now + timedelta(seconds=10), e.id))
     assert await drain(store, provider, settings) == 0

@@ -8,7 +8,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -75,10 +75,11 @@ async def test_scrape_reports_counts_ages_and_buckets_from_the_database(store, d
     with metrics_endpoint(Settings(metrics_port=0), db_url) as server:
         base = f"http://127.0.0.1:{server.port}"
         page = scrape(f"{base}/metrics")
-        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as response:
+        # Off the event loop: a blocking call on it would stall whatever else the loop runs.
+        with await asyncio.to_thread(urllib.request.urlopen, f"{base}/healthz", timeout=5) as response:
             assert response.status == 200 and response.read() == b"ok\n"
         with pytest.raises(urllib.error.HTTPError) as missing:
-            urllib.request.urlopen(f"{base}/nothing", timeout=5)
+            await asyncio.to_thread(urllib.request.urlopen, f"{base}/nothing", timeout=5)
         assert missing.value.code == 404
         missing.value.close()
 
@@ -102,7 +103,7 @@ async def test_scrape_reports_counts_ages_and_buckets_from_the_database(store, d
 
 
 async def test_ages_are_exact_against_a_fixed_clock_and_bucket_bounds_are_inclusive(store, db_url):
-    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
     for age in (60, 3600, 3601):
         step = await store.enqueue(valid())
         execute(
@@ -127,7 +128,7 @@ async def test_ages_are_exact_against_a_fixed_clock_and_bucket_bounds_are_inclus
 async def test_queue_lag_ignores_rows_waiting_for_their_backoff_or_their_schedule(store, db_url):
     """A healthy retry (enqueued long ago, backing off) and a send scheduled for later are not lag:
     only rows claimable now count, from the moment they became due."""
-    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
     backing_off = await store.enqueue(valid(), now=now - timedelta(hours=5))
     execute(
         db_url,
@@ -250,7 +251,7 @@ def _value(name: str, **labels: str) -> float:
 
 
 async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
-    enqueued_at = datetime.now(timezone.utc) - timedelta(hours=1)
+    enqueued_at = datetime.now(UTC) - timedelta(hours=1)
     decided = {"model": "m-1", "decided_at": (enqueued_at - timedelta(seconds=30)).isoformat()}
     before = {
         "accepted": _value("evq_send_attempts_total", provider="smtp", outcome="accepted"),
@@ -312,7 +313,7 @@ async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settleme
         while provider.in_send < 1:
             await asyncio.sleep(0.01)
         # Meanwhile its lease runs out and a rescuer makes the row unknown.
-        past_lease = datetime.now(timezone.utc) + timedelta(seconds=WORKER.lease_seconds + 1)
+        past_lease = datetime.now(UTC) + timedelta(seconds=WORKER.lease_seconds + 1)
         rescued = await store.rescue(limit=10, lease_seconds=WORKER.lease_seconds, default_max_attempts=5,
                                      actor="rescuer", now=past_lease)
         assert rescued.unknown == 1
@@ -332,7 +333,7 @@ async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settleme
 async def test_operators_verdicts_are_counted_by_verdict(store, db_url):
     steps = await unknown_steps(store, 3)
     before = {v: _value("evq_resolutions_total", **{"as": v}) for v in ("accepted", "rejected", "retry")}
-    for step, verdict in zip(steps, ("accepted", "rejected", "retry")):
+    for step, verdict in zip(steps, ("accepted", "rejected", "retry"), strict=True):
         await store.resolve(step.id, Resolution.parse(verdict, "checked"), actor="alice", default_max_attempts=3)
     with pytest.raises(StateConflict):  # refused: counts nothing
         await store.resolve(steps[0].id, Resolution.parse("rejected", "again"), actor="bob", default_max_attempts=3)

@@ -3,7 +3,7 @@ enqueued in the transaction of the transition, never twice, never about a notice
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
 
 import psycopg
@@ -28,7 +28,7 @@ SETTINGS = Settings(
     adapter=("smtp",), concurrency=4, batch_size=4, lease_seconds=30, poll_interval=0.05,
     retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5, smtp_timeout=5,
 )
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 NOTIFY = "agent-inbox@example.org"
 
 
@@ -174,7 +174,7 @@ async def test_a_notice_on_unknown_when_configured(db_url):
     try:
         a = await store.enqueue(valid(notify=NOTIFY), now=T0)
         b = await store.enqueue(valid(notify=NOTIFY), now=T0)
-        [sa, sb] = await store.claim(owner="w", providers=["smtp"], limit=2, lease_seconds=30, dedupe_windows={},
+        [sa, _] = await store.claim(owner="w", providers=["smtp"], limit=2, lease_seconds=30, dedupe_windows={},
                                      now=T0)
         await store.record([settle(sa, Unknown("reset after the final dot"))], actor="w", now=T0)
         # b's worker dies: the rescuer makes it unknown, and its notice goes in the same transaction.

@@ -7,7 +7,7 @@ history here is written at times relative to the real clock."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -20,7 +20,7 @@ from worker.outcomes import Accepted, Rejected, Unknown
 from worker.pruner import PruneCounts, Pruner, PrunerConfig
 from worker.transitions import decide
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 OLD = NOW - timedelta(days=120)
 RECENT = NOW - timedelta(days=10)
 PRUNE_ON = "SELECT set_config('evq.pruning', 'on', true)"
@@ -204,7 +204,7 @@ def test_prune_finds_its_rows_through_an_index(db_url):
             conn.execute(f"SET auto_explain.{setting} = {value}")
         conn.execute(
             Q["steps_prune"],
-            {"cutoff": datetime.now(timezone.utc) - timedelta(days=190), "limit": 1000, "actor": "a",
+            {"cutoff": datetime.now(UTC) - timedelta(days=190), "limit": 1000, "actor": "a",
              "run": "00000000-0000-0000-0000-000000000000", "batch": 1},
         ).fetchone()
         conn.rollback()
@@ -244,7 +244,10 @@ async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_
     # The notice is still pending (not terminal): neither goes, the original waits for it.
     # (Made last: the helpers claim whatever is due.)
     notice_pending = await with_notice(store, db_url, at=OLD, notice_outcome=None, notice_at=OLD)
-    evidence_of = lambda ids: count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (list(ids),))
+
+    def evidence_of(ids):
+        return count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (list(ids),))
+
     doomed = [*both_old, plain]
 
     dry = await pruner(store, batch=1, dry_run=True).run_once()

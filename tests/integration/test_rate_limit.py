@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ SETTINGS = Settings(
     adapter=("http",), http_api_key=API_KEY, http_timeout=2, concurrency=4, batch_size=4, lease_seconds=30,
     poll_interval=0.05, retry_base=0, retry_max=0, rescue_interval=5, shutdown_grace=5, reconcile_checks=0,
 )
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ async def running(db_url: str, api: DevHttpServer, settings: Settings, count: in
     until the block ends; then stopped, and each must have stopped cleanly."""
     stores = [await PostgresStore.open(db_url, max_size=2) for _ in range(count)]
     providers = [HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, dedupe_window=3600) for _ in stores]
-    fleet = [Worker(s, {"http": p}, settings) for s, p in zip(stores, providers)]
+    fleet = [Worker(s, {"http": p}, settings) for s, p in zip(stores, providers, strict=True)]
     tasks = [asyncio.create_task(w.run(install_signals=False)) for w in fleet]
     try:
         yield fleet

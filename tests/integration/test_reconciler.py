@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import REGISTRY
@@ -31,7 +31,7 @@ from worker.settings import Settings
 from worker.transitions import decide
 
 API_KEY = "devhttp-key"
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 CONFIG = ReconcilerConfig(interval=60, rate=1000, max_checks=3, hold_seconds=120)
 
 

@@ -4,7 +4,7 @@ evidence, its guard, and two operators closing the same row at once."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -14,8 +14,8 @@ from tests.support import evidence_kinds, rows, step_row, unknown_steps, valid, 
 from worker.errors import InvalidRequest, NotFound, StateConflict
 from worker.resolution import Resolution
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
-T1 = datetime(2030, 1, 1, 15, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+T1 = datetime(2030, 1, 1, 15, 0, tzinfo=UTC)
 
 
 def verdict(kind: str, note: str = "checked the provider log", **extra) -> Resolution:

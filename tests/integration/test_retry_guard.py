@@ -4,7 +4,7 @@ clock injected."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +12,7 @@ from tests.integration.test_resolve import verdict
 from tests.support import evidence_kinds, step_row, unknown_steps, valid
 from worker.errors import StateConflict
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 40.0  # seconds; the adapter's whole deadline is 0.75 of it (worker/deadline.py)
 POSSIBLE_AT = T0 + timedelta(seconds=LEASE + 0.75 * LEASE)
 

@@ -8,8 +8,6 @@ re-check, and no password anywhere. Nothing here mocks smtplib.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import asyncio
 import base64
 import datetime as dt
@@ -19,6 +17,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from email import policy as email_policy
 from email.parser import BytesParser
 from pathlib import Path
@@ -408,7 +407,7 @@ def _certificate(directory: Any) -> tuple[str, str]:
     """A self-signed certificate for 127.0.0.1, written as PEM files."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "evq test")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -17,7 +17,7 @@ from worker.ports import StepFilter
 from worker.states import Status
 from worker.transitions import decide
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 60.0
 
 

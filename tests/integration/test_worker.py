@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC
 
 import psycopg
 
@@ -202,7 +203,7 @@ async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_h
     fails) is retried with backoff; the other outcomes of its batch are written one by one;
     the send that began is never handed back, even after a lost claim makes the worker look
     for orphans; once its lease is gone the rescuer makes it unknown."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from worker.errors import DatabaseUnavailable
 
@@ -243,7 +244,7 @@ async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_h
     assert await asyncio.wait_for(task, 10) == 1  # the poisoned outcome was still being retried
     assert len(provider.calls) == 4 and set(provider.sent.values()) == {1}
     assert "attempt_released" not in evidence_kinds(db_url, poisoned)
-    later = datetime.now(timezone.utc) + timedelta(seconds=SETTINGS.lease_seconds + 1)
+    later = datetime.now(UTC) + timedelta(seconds=SETTINGS.lease_seconds + 1)
     await store.rescue(limit=10, lease_seconds=SETTINGS.lease_seconds, default_max_attempts=5, actor="r", now=later)
     assert step_row(db_url, poisoned)["status"] == "unknown"
     assert evidence_kinds(db_url, poisoned) == ["attempt_started", "lease_expired"]

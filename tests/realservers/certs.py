@@ -42,7 +42,7 @@ def _write_cert(path: Path, cert: x509.Certificate) -> str:
 
 
 def make_private_ca(directory: Path) -> PrivateCA:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     valid = dict(not_valid_before=now - dt.timedelta(minutes=5), not_valid_after=now + dt.timedelta(days=2))
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("evq private test CA")

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -70,7 +70,7 @@ def transition_of(outcome: Outcome) -> Transition:
     step = ClaimedStep(id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@example.org>",
                        provider="smtp", payload={}, attempt=1, max_attempts=5, lease_token=uuid.uuid4(),
                        lease_seconds=60, dedupe_remaining=None, maybe_delivered=False,
-                       created_at=datetime.now(timezone.utc))
+                       created_at=datetime.now(UTC))
     return decide(step, outcome, default_max_attempts=5, backoff=Backoff(0, 0), dedupe_window_open=False)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -108,7 +108,7 @@ def step(attempt=1, uncharged=0, budget_age=0.0, max_attempts=None, maybe_delive
     return ClaimedStep(
         id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="smtp", payload={},
         attempt=attempt, max_attempts=max_attempts, lease_token=uuid.uuid4(), lease_seconds=60,
-        dedupe_remaining=None, maybe_delivered=maybe_delivered, created_at=datetime.now(timezone.utc),
+        dedupe_remaining=None, maybe_delivered=maybe_delivered, created_at=datetime.now(UTC),
         uncharged_attempts=uncharged, budget_age=budget_age,
     )
 

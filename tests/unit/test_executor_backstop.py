@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from worker import executor
 from worker.backoff import Backoff
@@ -67,5 +67,5 @@ def _claimed() -> ClaimedStep:
     return ClaimedStep(
         id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="raising",
         payload={}, attempt=1, max_attempts=None, lease_token=uuid.uuid4(), lease_seconds=120.0,
-        dedupe_remaining=None, maybe_delivered=False, created_at=datetime.now(timezone.utc),
+        dedupe_remaining=None, maybe_delivered=False, created_at=datetime.now(UTC),
     )

@@ -6,7 +6,16 @@ import pytest
 
 from worker.errors import InvalidRequest
 from worker.keys import (
-    ALLOWED, Identity, Permission, Role, check_name, generate, hash_secret, scrypt_hash, split_key, verify_secret,
+    ALLOWED,
+    Identity,
+    Permission,
+    Role,
+    check_name,
+    generate,
+    hash_secret,
+    scrypt_hash,
+    split_key,
+    verify_secret,
 )
 
 PEPPER = b"p" * 32

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import REGISTRY
@@ -24,7 +24,7 @@ STATS = QueueStats(
     unknown_oldest_age=259200.0,
     unknown_age_sum=264690.0,
     unknown_buckets=tuple(
-        (le, n) for le, n in zip(metrics.UNKNOWN_AGE_BUCKETS, (0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3))
+        (le, n) for le, n in zip(metrics.UNKNOWN_AGE_BUCKETS, (0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3), strict=True)
     ),
     pending_oldest_age=600.0,
     in_flight_expired=1,
@@ -176,7 +176,7 @@ def test_a_callers_unknown_field_names_never_become_label_values():
 
 
 def test_decision_time_after_enqueue_is_clock_skew_counted_as_zero():
-    enqueued = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    enqueued = datetime(2026, 1, 1, tzinfo=UTC)
     count = REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_count")
     zero = REGISTRY.get_sample_value("evq_decision_to_enqueue_seconds_bucket", {"le": "0.05"})
     metrics.observe_decision_to_enqueue(enqueued + timedelta(seconds=5), enqueued)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -89,7 +89,7 @@ def test_settings_from_the_environment():
 
 
 def test_retry_after_reads_seconds_and_dates():
-    now = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
     assert retry_after("30") == 30 and retry_after(None) is None and retry_after("soon") is None
     assert retry_after("Tue, 01 Jan 2030 12:01:00 GMT", now=now) == 60
     assert retry_after("Tue, 01 Jan 2030 11:00:00 GMT", now=now) == 0
@@ -132,14 +132,14 @@ def test_smtp_settings_are_validated(tmp_path):
     for bad in ("localhost", "two words.example", "a..b", "[not-an-ip]"):
         with pytest.raises(ConfigError, match="EVQ_SMTP_HELO_NAME"):
             Settings.load({**base, "EVQ_SMTP_HELO_NAME": bad})
-    with pytest.raises(ConfigError, match="EVQ_SMTP_CA_FILE.*no readable file"):
+    with pytest.raises(ConfigError, match=r"EVQ_SMTP_CA_FILE.*no readable file"):
         Settings.load({**base, "EVQ_SMTP_CA_FILE": str(tmp_path / "missing.pem")})
     (tmp_path / "junk.pem").write_text("not a certificate")
-    with pytest.raises(ConfigError, match="EVQ_SMTP_CA_FILE.*cannot be loaded"):
+    with pytest.raises(ConfigError, match=r"EVQ_SMTP_CA_FILE.*cannot be loaded"):
         Settings.load({**base, "EVQ_SMTP_CA_FILE": str(tmp_path / "junk.pem")})
     with pytest.raises(ConfigError, match="EVQ_SMTP_CLIENT_CERT"):
         Settings.load({**base, "EVQ_SMTP_CLIENT_CERT": str(tmp_path / "junk.pem")})
-    with pytest.raises(ConfigError, match="EVQ_SMTP_CLIENT_KEY.*needs EVQ_SMTP_CLIENT_CERT"):
+    with pytest.raises(ConfigError, match=r"EVQ_SMTP_CLIENT_KEY.*needs EVQ_SMTP_CLIENT_CERT"):
         Settings.load({**base, "EVQ_SMTP_CLIENT_KEY": str(tmp_path / "junk.pem")})
     plain = {"EVQ_SMTP_USERNAME": "u", "EVQ_SMTP_PASSWORD": "p"}
     with pytest.raises(ConfigError, match="without TLS"):

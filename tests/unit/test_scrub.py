@@ -62,9 +62,9 @@ def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
     must be redacted (and rendered like evq's) rather than printed raw by Python's last resort."""
     import logging
 
-    from worker.logs import configure, register_secrets
-
     import structlog
+
+    from worker.logs import configure, register_secrets
 
     register_secrets([SECRET])
     root = logging.getLogger()

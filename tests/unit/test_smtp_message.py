@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email import policy as email_policy
 from email.message import EmailMessage
 from email.parser import BytesParser, Parser
@@ -17,7 +17,7 @@ from worker.ports import SendRequest
 from worker.request import parse
 
 MESSAGE_ID = "<evq.feedface@example.org>"
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def payload(**fields: Any) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from worker.timeline import run_events
 
-T = datetime(2030, 1, 1, tzinfo=timezone.utc)
+T = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def test_decision_then_action_then_evidence_even_at_the_same_instant():

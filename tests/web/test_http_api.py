@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -33,7 +33,7 @@ def keys(db_url: str) -> dict[str, str]:
 
 
 def make_unknown(db_url: str, n: int = 1, *, hours_ago: float = 1, **overrides) -> list:
-    at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
     return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **overrides))
 
 

@@ -39,8 +39,9 @@ class Wire:
         return json.loads(line)
 
     def call(self, rid: int, name: str, arguments_json: str) -> dict[str, Any]:
-        self.send('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
-                  % (rid, name, arguments_json))
+        # Raw text, not json.dumps: the arguments go on the wire exactly as the test wrote them.
+        self.send(f'{{"jsonrpc": "2.0", "id": {rid:d}, "method": "tools/call", '
+                  f'"params": {{"name": "{name}", "arguments": {arguments_json}}}}}')
         return self.answer()
 
     def close(self) -> None:
@@ -96,7 +97,7 @@ def test_a_request_whose_id_is_not_a_string_or_an_integer_gets_an_error_not_sile
     answered nothing: a client waiting for its answer waited for ever. Each now gets -32600
     with id null, and the server keeps serving."""
     for rid in ("1.5", "1e999", "null", "true", "[1]"):
-        wire.send('{"jsonrpc": "2.0", "id": %s, "method": "tools/list"}' % rid)
+        wire.send(f'{{"jsonrpc": "2.0", "id": {rid}, "method": "tools/list"}}')
         answer = wire.answer()
         assert answer["id"] is None and answer["error"]["code"] == -32600, (rid, answer)
     wire.send(json.dumps({"jsonrpc": "2.0", "id": "s-1", "method": "tools/list"}))

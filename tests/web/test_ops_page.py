@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -55,7 +55,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
 
 def unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
-    at = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    at = datetime.now(UTC) - timedelta(hours=hours_ago)
     return with_store(db_url, lambda store: unknown_steps(store, n, now=at, **request))
 
 
@@ -319,7 +319,7 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
 
     [oldest] = unknown(db_url, hours_ago=3)
     unknown(db_url, hours_ago=1)
-    at = datetime.now(timezone.utc) - timedelta(hours=2)
+    at = datetime.now(UTC) - timedelta(hours=2)
     with_store(db_url, lambda store: store.enqueue(valid(), now=at))  # claimable for two hours: the lag
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, make_key(db_url, "bot", "agent"))
@@ -329,7 +329,7 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
     answers = re.findall(r'<tr data-step="\d+">.*?</tr>', listed, flags=re.S)
     assert len(answers) == 2 and all("connection lost after the final dot" in a for a in answers)
     counts = re.search(r'<table class="counts" id="counts">.*?</table>', html, flags=re.S)[0]
-    shown = dict(zip(re.findall(r"<th>(\w+)</th>", counts), re.findall(r'<td class="status-\w+">(\d+)</td>', counts)))
+    shown = dict(zip(re.findall(r"<th>(\w+)</th>", counts), re.findall(r'<td class="status-\w+">(\d+)</td>', counts), strict=True))
     assert shown == {"pending": "1", "in_flight": "0", "retryable": "0", "unknown": "2", "accepted": "0",
                      "rejected": "0"}
     oldest_shown = re.search(r'<dd id="oldest-unknown">(.*?)</dd>', html, flags=re.S)[1]
@@ -349,7 +349,7 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
     trace = re.search(r'<table class="rows" id="trace">.*?</table>', html, flags=re.S)[0]
     kinds = re.findall(r'<tr class="kind-(\w+)">', trace)
     assert kinds == ["decision", "enqueued", "attempt_started", "provider_response", "operator_resolved"]
-    row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S)))
+    row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S), strict=True))
     for shown in ("m-7", "send_email", "p-3", "v2", "remind &lt;b&gt;bob&lt;/b&gt;"):
         assert shown in row["decision"], (shown, row["decision"])
     assert "connection lost after the final dot" in row["provider_response"]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.acceptance.conftest import make_key
-from tests.faults.test_database_roles import migrated, roles  # noqa: F401  (the fixture)
+from tests.database_roles import migrated
 from tests.support import execute, request, rows, serve_process, wait_until
 from tests.web.support import checked, serving
 
@@ -315,7 +315,7 @@ def test_run_ids_with_dot_segments_are_reachable_on_the_page_and_over_http(db_ur
                 assert trace.status_code == 200 and f"s-{list(made).index(run_id)}" in trace.text, (run_id, link)
                 found = web.get("/ops/runs", params={"run_id": run_id})
                 assert found.status_code == 200 and f"/ops/steps/{step}" in found.text, run_id
-        for run_id, step in made.items():
+        for run_id in made:
             # The raw request target, as a client that does not normalise sends it.
             raw = "/v1/runs/" + "".join(f"%{b:02X}" for b in run_id.encode())
             with httpx.Client(base_url=api.url, timeout=30) as plain:
@@ -351,7 +351,7 @@ def _answer(sock: socket.socket, within: float) -> bytes:
     try:
         while chunk := sock.recv(65536):
             got += chunk
-    except socket.timeout:
+    except TimeoutError:
         raise AssertionError(f"the server kept the connection open for {within} s; got {got[:200]!r}") from None
     except ConnectionResetError:
         pass
