@@ -36,6 +36,7 @@ from ops.devsmtp import DevSmtpServer, Fault
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
 from worker.ports import Provider, SendRequest
 from worker.request import Policy, parse
+from tests.support import spawn, stop
 
 MESSAGE_ID = "<evq.0123456789abcdef@example.org>"
 PASSWORD = "Tr0ub4dor-&-3-horse-battery"  # a known secret to hunt for
@@ -479,7 +480,7 @@ def _fields(request: SendRequest) -> dict[str, Any]:
 
 
 def test_standalone_sink_prints_each_message_id() -> None:
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
@@ -492,10 +493,8 @@ def test_standalone_sink_prints_each_message_id() -> None:
         assert isinstance(send_one(port), Accepted)
         assert MESSAGE_ID in proc.stderr.readline()
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
-        if proc.stderr is not None:
-            proc.stderr.close()
+        code = stop(proc, signal.SIGINT, grace=10)
+    assert code == 0  # Ctrl-C is its documented way to stop
 
 
 # -- more recipients than one transaction takes (452 4.5.3) -------------------
