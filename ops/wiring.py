@@ -11,14 +11,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from adapters.postgres.conninfo import passwords
-from adapters.postgres.database import check_at_head, resolve_url
 from worker.errors import ConfigError
 from worker.logs import configure, get_logger, register_secrets
 from worker.settings import OPTION_BY_NAME, Settings
 
-# Every `evq` command imports this module, most only to set up logging: the store, the worker,
-# the providers and /metrics (psycopg_pool, prometheus_client, the core's runner) are imported by
-# the function that builds them, so `evq --help` and one-shot commands do not pay for them.
+# Every `evq` command imports this module, most only to set up logging: the database, the store,
+# the worker, the providers and /metrics (psycopg, psycopg_pool, prometheus_client, the core's
+# runner) are imported by the function that builds them, so `evq --help` does not pay for them.
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -39,6 +38,8 @@ def setup_logging(settings: Settings) -> None:
 
 
 def database_url(settings: Settings) -> str:
+    from adapters.postgres.database import resolve_url
+
     return resolve_url(settings.database_url, settings.data_dir)
 
 
@@ -178,6 +179,7 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
+    from adapters.postgres.database import check_at_head
     from adapters.postgres.queue_stats import QueueStatsReader
     from ops.throttle import FailureThrottle
     from ops.web.session import Sessions
@@ -213,6 +215,7 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
     """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
+    from adapters.postgres.database import check_at_head
     from adapters.postgres.listen import PostgresWakeup
     from worker.runner import Worker
 
