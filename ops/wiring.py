@@ -43,6 +43,13 @@ def database_url(settings: Settings) -> str:
     return resolve_url(settings.database_url, settings.data_dir)
 
 
+def check_at_head(url: str) -> None:
+    """E_SCHEMA_MISMATCH unless the database is at this evq's head revision."""
+    from adapters.postgres.database import check_at_head as at_head
+
+    at_head(url)
+
+
 def build_providers(settings: Settings) -> dict[str, Provider]:
     providers: dict[str, Provider] = {}
     for name in settings.adapter:
@@ -179,7 +186,6 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
-    from adapters.postgres.database import check_at_head
     from adapters.postgres.queue_stats import QueueStatsReader
     from ops.throttle import FailureThrottle
     from ops.web.session import Sessions
@@ -215,7 +221,6 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
     """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
-    from adapters.postgres.database import check_at_head
     from adapters.postgres.listen import PostgresWakeup
     from worker.runner import Worker
 
