@@ -47,10 +47,10 @@ from typing import Any
 
 import psycopg
 
+from ops.benchmodes import MODES
 from worker.errors import ConfigError, EvqError
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:

@@ -75,8 +75,10 @@ def serve_until_interrupted(server: FaultInjection, fault: str | None, where: Ca
     """``python -m ops.devX``: run with a standing fault until Ctrl-C."""
     server.fault = fault
     with server:
-        print(f"{type(server).__name__} listening on {where()} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        # The banner inside the try: a Ctrl-C sent the moment it appears (as a script or a test
+        # does once it has read it) must still be a clean stop, not a traceback and exit -2.
         try:
+            print(f"{type(server).__name__} listening on {where()} (Ctrl-C to stop)", file=sys.stderr, flush=True)
             threading.Event().wait()
         except KeyboardInterrupt:
             pass

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from adapters.postgres.enqueue import validate_many
 from ops.longwork import Tally, each
 from worker.enqueue import existing_or_conflict, validate
 from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
@@ -139,6 +138,9 @@ def validate_requests(requests: Sequence[Any], policy: Policy) -> list[ValidRequ
     """Every request checked before anything is written: one bad request writes nothing."""
     if not requests:
         raise InvalidRequest([{"field": "$", "message": "no request given"}])
+    # Imported here: it brings psycopg, which `evq --help` (every interface imports this module) never needs.
+    from adapters.postgres.enqueue import validate_many
+
     return validate_many(requests, policy) if len(requests) > 1 else [validate(requests[0], policy)]
 
 

@@ -10,24 +10,22 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
-from adapters.null import NullProvider
 from adapters.postgres.conninfo import passwords
-from adapters.postgres.database import check_at_head, resolve_url
-from adapters.postgres.listen import PostgresWakeup
-from adapters.postgres.queue_stats import QueueStatsReader
-from adapters.postgres.store import PostgresStore
-from ops.metrics import MetricsServer, QueueCollector, build_registry, wsgi_app
 from worker.errors import ConfigError
 from worker.logs import configure, get_logger, register_secrets
-from worker.metrics import UNKNOWN_AGE_BUCKETS
-from worker.ports import Provider
-from worker.runner import Worker
 from worker.settings import OPTION_BY_NAME, Settings
 
+# Every `evq` command imports this module, most only to set up logging: the database, the store,
+# the worker, the providers and /metrics (psycopg, psycopg_pool, prometheus_client, the core's
+# runner) are imported by the function that builds them, so `evq --help` does not pay for them.
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from adapters.postgres.store import PostgresStore
+    from ops.metrics import MetricsServer
     from ops.web.state import AppState
+    from worker.ports import Provider
+    from worker.runner import Worker
 
 log = get_logger("evq.wiring")
 
@@ -40,7 +38,16 @@ def setup_logging(settings: Settings) -> None:
 
 
 def database_url(settings: Settings) -> str:
+    from adapters.postgres.database import resolve_url
+
     return resolve_url(settings.database_url, settings.data_dir)
+
+
+def check_at_head(url: str) -> None:
+    """E_SCHEMA_MISMATCH unless the database is at this evq's head revision."""
+    from adapters.postgres.database import check_at_head as at_head
+
+    at_head(url)
 
 
 def build_providers(settings: Settings) -> dict[str, Provider]:
@@ -75,6 +82,8 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 max_connections=settings.concurrency,
             )
         elif name == "null":
+            from adapters.null import NullProvider
+
             providers[name] = NullProvider(delay=settings.null_delay)
     return providers
 
@@ -115,6 +124,8 @@ async def open_store(
     database's address, rather than waiting 15 s to say so; the long-running processes (the
     worker, `evq serve`, `evq mcp`) pass ``patient=True`` and wait for a database that is
     restarting, as they keep reconnecting to one that goes away while they run."""
+    from adapters.postgres.store import PostgresStore
+
     url = url or database_url(settings)
     settings = await resolve_pooler(settings, url)
     # Behind a transaction-mode pooler a server-side prepared statement may be gone
@@ -135,6 +146,9 @@ def metrics_registry(settings: Settings, url: str) -> Iterator[CollectorRegistry
     The queue gauges come from the database at scrape time unless EVQ_METRICS_QUEUE=off;
     every process that exports them reports the same numbers, so a second one is harmless.
     """
+    from adapters.postgres.queue_stats import QueueStatsReader
+    from ops.metrics import QueueCollector, build_registry
+
     reader = QueueStatsReader(url) if settings.metrics_queue == "on" else None
     try:
         yield build_registry(QueueCollector(reader.read) if reader is not None else None)
@@ -149,6 +163,8 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
     if settings.metrics_port is None:
         yield None
         return
+    from ops.metrics import MetricsServer, wsgi_app
+
     with metrics_registry(settings, url) as registry:
         try:
             server = MetricsServer(wsgi_app(registry), settings.metrics_host, settings.metrics_port)
@@ -170,9 +186,11 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
+    from adapters.postgres.queue_stats import QueueStatsReader
     from ops.throttle import FailureThrottle
     from ops.web.session import Sessions
     from ops.web.state import AppState
+    from worker.metrics import UNKNOWN_AGE_BUCKETS
 
     url = url or database_url(settings)
     check_at_head(url)
@@ -203,6 +221,9 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
     """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
+    from adapters.postgres.listen import PostgresWakeup
+    from worker.runner import Worker
+
     url = url or database_url(settings)
     check_at_head(url)
     settings = await resolve_pooler(settings, url)

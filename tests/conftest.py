@@ -13,9 +13,9 @@ connections and kill processes without seeing each other.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
+import secrets
 import tempfile
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -119,33 +119,24 @@ def _with_database(url: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(**info)
 
 
-def _migrations_digest() -> str:
-    h = hashlib.sha256()
-    for path in sorted((ROOT / "migrations").rglob("*.py")):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
-
-
 @pytest.fixture(scope="session")
-def template_db(pg_server: str) -> str:
-    """A database migrated to head once per session (per migration contents), cloned by each test."""
+def template_db(pg_server: str) -> Iterator[str]:
+    """A database migrated to head once per session, cloned by each test, dropped when the
+    session ends (passed or failed). The name is this run's own, so concurrent sessions on one
+    server (other checkouts, other migrations) never share, lock or drop each other's template;
+    migrating costs under a second, so there is nothing worth caching across runs. Only a
+    session killed outright (SIGKILL) leaves its ``evq_tpl_*``/``evq_t_*`` databases behind."""
     from adapters.postgres.database import upgrade
 
-    name = f"evq_tpl_{_migrations_digest()}"
+    name = f"evq_tpl_{os.getpid()}_{secrets.token_hex(4)}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(424242)")
-        try:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-            if not exists:
-                conn.execute(f'CREATE DATABASE "{name}"')
-                try:
-                    upgrade(_with_database(pg_server, name))
-                except BaseException:
-                    conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-                    raise
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(424242)")
-    return name
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        upgrade(_with_database(pg_server, name))
+        yield name
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -208,6 +209,47 @@ def with_store(url: str, use: Any) -> Any:
 
 
 
+def _default_signals() -> None:
+    # A suite launched in the background (`pytest &`, some CI runners) starts with SIGINT ignored,
+    # and an ignored signal stays ignored across exec: without this a child could never be stopped
+    # by the SIGINT a test sends it (nor would it test its own Ctrl-C handling).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def spawn(argv: list[str], *, preexec_fn: Any = None, **popen: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` for a child a test will stop: SIGINT and SIGTERM are back at their
+    defaults in the child whatever the suite inherited. Stop it with :func:`stop`."""
+
+    def prepare() -> None:
+        _default_signals()
+        if preexec_fn is not None:
+            preexec_fn()
+
+    return subprocess.Popen(argv, preexec_fn=prepare, **popen)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, *, grace: float = 15) -> int:
+    """Stop ``proc`` in a way that always works: ``sig`` (if it still runs), then SIGKILL after
+    ``grace`` seconds; then close every pipe, so no unread pipe outlives the test (under
+    ``filterwarnings = error`` a leaked pipe fails whichever test the garbage collector runs in).
+    Returns the exit status (negative: killed by that signal)."""
+    try:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+    return proc.returncode
+
+
 class ServeProcess:
     """An `evq serve` process started by :func:`serve_process`: its URL and what it printed
     (stderr and stdout, in one file): ``log()`` while it runs, ``stderr`` once the block has ended."""
@@ -243,8 +285,8 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
     fd, log_path = tempfile.mkstemp(prefix="evq-serve-", suffix=".log")
     try:
         with os.fdopen(fd, "w") as stderr:
-            proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=environ,
-                                    stdout=stderr, stderr=subprocess.STDOUT, preexec_fn=limit)
+            proc = spawn([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=environ,
+                         stdout=stderr, stderr=subprocess.STDOUT, preexec_fn=limit)
         served = ServeProcess(proc, f"http://127.0.0.1:{port}", log_path)
 
         def up() -> bool:
@@ -259,12 +301,7 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
             wait_until(up, timeout=timeout, what="evq serve")
             yield served
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
             served.stderr = served.log()
     finally:
         os.unlink(log_path)

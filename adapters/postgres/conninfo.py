@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-import psycopg
-
 from worker.errors import ConfigError
 
 # Driver suffixes SQLAlchemy and others put on the scheme; libpq knows only the bare one.
@@ -40,6 +38,8 @@ def normalise(url: str) -> str:
             hint="e.g. postgresql://user:p%40ss@host:5432/evq; ':' is %3A and '/' is %2F",
             field="database_url",
         )
+    import psycopg  # here, not above: every `evq` command imports this module, `evq --help` too
+
     try:
         psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
@@ -68,6 +68,8 @@ def passwords(url: str | None) -> list[str]:
         found.add(value)
         if value.startswith("'") and value.endswith("'"):
             found.add(value[1:-1].replace("\\'", "'").replace("\\\\", "\\"))
+    import psycopg
+
     try:
         if (password := psycopg.conninfo.conninfo_to_dict(_SCHEME.sub("postgresql://", url, count=1)).get("password")):
             found.add(str(password))

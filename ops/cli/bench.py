@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ops import wiring
-from ops.bench import MODES, Bench, BenchConfig, human
+from ops.benchmodes import MODES
 from ops.cli.common import command, database_option, load_settings, output_option
 from ops.cli.output import Output
 from worker.errors import InvalidRequest
@@ -39,6 +39,7 @@ def bench_cmd(out: Output, quick: bool, steps: int | None, runs: int | None, mod
     evq bench                  # every mode, 3 runs each: a few minutes
     evq bench --quick -o json  # CI-sized
     """
+    from ops.bench import Bench, BenchConfig, human
 
     settings = load_settings(database_url=database_url)
     url = wiring.database_url(settings)

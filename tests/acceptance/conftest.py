@@ -13,7 +13,7 @@ import pytest
 
 from ops.devsmtp import DevSmtpServer
 from tests import contract
-from tests.support import with_store
+from tests.support import spawn, with_store
 
 
 class Evq:
@@ -46,9 +46,7 @@ class Evq:
         return out
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            self.cmd(*args), env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        return spawn(self.cmd(*args), env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def make_key(db_url: str, name: str, role: str, *, created_by: str | None = "test-admin") -> str:

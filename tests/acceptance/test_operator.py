@@ -14,7 +14,7 @@ import psycopg
 
 from adapters.postgres.queries import Q
 from tests.acceptance.conftest import Evq, make_key, smtp_env
-from tests.support import execute, rows, step_row, unknown_steps, wait_for_lock_waiters, with_store
+from tests.support import execute, rows, step_row, stop, unknown_steps, wait_for_lock_waiters, with_store
 
 
 def make_unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:
@@ -52,8 +52,11 @@ def bulk_waiting_on(db_url: str, statements: list, *flags: str) -> Iterator[tupl
             other.execute(sql, params)
         proc = Evq(db_url, api_key=make_key(db_url, "alice", "operator")).popen(
             "steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "bulk close", *flags, "-o", "json")
-        wait_for_lock_waiters(db_url, 1)
-        yield proc, other
+        try:
+            wait_for_lock_waiters(db_url, 1)
+            yield proc, other
+        finally:
+            stop(proc)  # a test that failed before finish() must not leave the bulk close running
     finally:
         other.close()
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from adapters.postgres.enqueue import enqueue_own
-from tests.support import POLICY, execute, free_port, request, require_binary
+from tests.support import POLICY, execute, free_port, request, require_binary, spawn, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "ops" / "prometheus" / "rules"
@@ -50,18 +50,12 @@ def _wait_for(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
 def _running(argv: list[str], *, log: Path, ready: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """A process started with its output in ``log``, once ``ready`` answers 200; stopped afterwards."""
     with open(log, "w") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_for(ready, lambda: urllib.request.urlopen(ready, timeout=2).close() or True)
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.acceptance.conftest import Evq, smtp_env
-from tests.support import rows, wait_until
+from tests.support import rows, spawn, wait_until
 
 SENDS = int(os.environ.get("EVQ_CHAOS_SENDS", "2000"))
 WORKERS = 3
@@ -38,7 +38,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
 
     def start() -> subprocess.Popen:
         # Output to a file: a pipe nobody reads would fill up and stall the worker.
-        return subprocess.Popen(evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
+        return spawn(evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
                                 env={**evq.env, **env}, stdout=subprocess.DEVNULL, stderr=log)
 
     workers = [start() for _ in range(WORKERS)]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.faults.conftest import with_port
-from tests.support import free_port, require_binary, rows, valid, wait_until, with_store
+from tests.support import free_port, require_binary, rows, spawn, stop, valid, wait_until, with_store
 
 
 @pytest.fixture
@@ -49,15 +49,14 @@ pidfile = {folder}/pgbouncer.pid
         os.chmod(os.path.join(folder, name), 0o666)
     # PgBouncer refuses to run as root; -u drops to an ordinary user.
     user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    proc = subprocess.Popen([pgbouncer_bin, *user, os.path.join(folder, "pgbouncer.ini")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn([pgbouncer_bin, *user, os.path.join(folder, "pgbouncer.ini")],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = with_port(db_url, "127.0.0.1", port)
     try:
         wait_until(lambda: _answers(url), timeout=10, what="pgbouncer")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc, grace=10)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -28,7 +28,7 @@ import pytest
 from adapters.http import HttpProvider
 from adapters.postgres.store import PostgresStore
 from ops.devhttp import DevHttpServer
-from tests.support import ScriptedProvider, rows, valid
+from tests.support import ScriptedProvider, rows, spawn, valid
 from worker.ratelimit import rate_limits
 from worker.runner import Worker
 from worker.settings import Settings
@@ -69,7 +69,7 @@ def workers(db_url: str, api: DevHttpServer, count: int, **env: str) -> list[sub
     )
     cmd = [sys.executable, "-m", "ops.cli", "worker", "run", "--drain"]
     return [
-        subprocess.Popen(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        spawn(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         for _ in range(count)
     ]
 

@@ -32,6 +32,7 @@ from cryptography.x509.oid import NameOID
 
 from adapters.smtp import SmtpProvider
 from ops.devsmtp import DevSmtpServer, Fault
+from tests.support import spawn, stop
 from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
 from worker.ports import Provider, SendRequest
 from worker.request import Policy, parse
@@ -478,7 +479,7 @@ def _fields(request: SendRequest) -> dict[str, Any]:
 
 
 def test_standalone_sink_prints_each_message_id() -> None:
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
@@ -491,10 +492,8 @@ def test_standalone_sink_prints_each_message_id() -> None:
         assert isinstance(send_one(port), Accepted)
         assert MESSAGE_ID in proc.stderr.readline()
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
-        if proc.stderr is not None:
-            proc.stderr.close()
+        code = stop(proc, signal.SIGINT, grace=10)
+    assert code == 0  # Ctrl-C is its documented way to stop
 
 
 # -- more recipients than one transaction takes (452 4.5.3) -------------------

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from tests.acceptance.conftest import make_key
-from tests.support import request, rows
+from tests.support import request, rows, spawn
 
 
 class Wire:
     def __init__(self, db_url: str, key: str, **extra_env: str):
         env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json", **extra_env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "mcp"], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     start_new_session=True)
+        self.proc = spawn([sys.executable, "-m", "ops.cli", "mcp"], env=env, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                          start_new_session=True)
         self.err: list[str] = []
         self._drain = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
         self._drain.start()
