@@ -116,7 +116,9 @@ def wire_refusal(body: Mapping[str, Any]) -> str | None:
 def wire_message(request: SendRequest) -> dict[str, Any]:
     """The body as a mapping, before it is encoded."""
     p = request.payload
-    headers = {ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS}
+    headers = {
+        ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS
+    }
     # The key travels as the Idempotency-Key request header and, hashed, as a tag; never in
     # the message, whose recipients would read the caller's run and step ids in it.
     headers[MESSAGE_ID_HEADER] = request.message_id
@@ -274,12 +276,16 @@ class HttpProvider:
         evidence = _evidence("answer", code=code, body=text, sent=True, error_name=error.get("name"))
         # The provider's own error text is parsed from its JSON, so it can hold the key
         # unescaped where the raw body held it escaped: scrubbed again here.
-        what = self._scrub(f"http {code}" + (f" {error['name']}" if error.get("name") else "") + (
-            f": {_short(str(error['message']))}" if error.get("message") else ""
-        ))
+        what = self._scrub(
+            f"http {code}"
+            + (f" {error['name']}" if error.get("name") else "")
+            + (f": {_short(str(error['message']))}" if error.get("message") else "")
+        )
         if 200 <= code < 300:
             provider_id = _json(response).get("id")
-            return Accepted(provider_message_id=provider_id if isinstance(provider_id, str) else None, response=evidence)
+            return Accepted(
+                provider_message_id=provider_id if isinstance(provider_id, str) else None, response=evidence
+            )
         if code == 409:
             if error.get("name") == _KEY_REUSED:
                 # Our body for a key never changes, so this is a bug (or a key shared with
@@ -296,8 +302,11 @@ class HttpProvider:
         if code in _CONFIG_STATUSES or 300 <= code < 400:
             # Our key or URL is wrong for every message alike: the provider's circuit opens
             # on 401 and 403 (worker/circuit.py) instead of every message spending attempts.
-            return Retryable(f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)", response=evidence,
-                             fault=_STATUS_FAULTS.get(code))
+            return Retryable(
+                f"{what} (check EVQ_HTTP_BASE_URL and EVQ_HTTP_API_KEY)",
+                response=evidence,
+                fault=_STATUS_FAULTS.get(code),
+            )
         if 400 <= code < 500:
             return Rejected(what, response=evidence)
         if 500 <= code < 600 and error:
@@ -309,7 +318,9 @@ class HttpProvider:
         fields = log_fields(request.step_id, request.attempt, outcome, sent=r.get("sent"), base_url=self.base_url)
         if r.get("error_name") == _KEY_REUSED:
             log.error("http_idempotency_key_reused", reason=getattr(outcome, "reason", None), **fields)
-        elif isinstance(outcome, Retryable) and (r.get("code") in _CONFIG_STATUSES or 300 <= (r.get("code") or 0) < 400):
+        elif isinstance(outcome, Retryable) and (
+            r.get("code") in _CONFIG_STATUSES or 300 <= (r.get("code") or 0) < 400
+        ):
             # Retried, but no retry succeeds until someone fixes the settings.
             log.error("http_config_failure", reason=outcome.reason, **fields)
         else:
@@ -406,8 +417,15 @@ def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: record[k] for k in keep if k in record}
 
 
-def _evidence(phase: str, *, code: int | None = None, body: str = "", error_class: str | None = None,
-              sent: bool = False, error_name: str | None = None) -> dict[str, Any]:
+def _evidence(
+    phase: str,
+    *,
+    code: int | None = None,
+    body: str = "",
+    error_class: str | None = None,
+    sent: bool = False,
+    error_name: str | None = None,
+) -> dict[str, Any]:
     return {
         "phase": phase,
         "code": code,

@@ -73,7 +73,12 @@ _QUEUE_ID = (
 # the settings sends the message; rejecting it would lose it.
 _CONFIG_CODES = frozenset({530, 538})
 # The circuit fault (worker/circuit.py) of a 5yz refusal while setting up the session.
-_SESSION_FAULTS = {"connect": "greeting_refused", "ehlo": "greeting_refused", "starttls": "tls_failed", "auth": "auth_failed"}
+_SESSION_FAULTS = {
+    "connect": "greeting_refused",
+    "ehlo": "greeting_refused",
+    "starttls": "tls_failed",
+    "auth": "auth_failed",
+}
 # A refusal of our HELO/EHLO name. Postfix (smtpd_delay_reject = yes, its default)
 # gives it at RCPT time, for every recipient, as "504 5.5.2 <name>: Helo command
 # rejected: need fully-qualified hostname": it reads like a refused recipient, but no
@@ -138,7 +143,9 @@ def build_message(
     if not _MESSAGE_ID.match(request.message_id or ""):
         raise BuildError(f"step Message-ID {request.message_id!r} is not of the form <left@right>")
     sender = _addr(payload["from"], internal_domains)
-    groups = {key: [_addr(a, internal_domains) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")}
+    groups = {
+        key: [_addr(a, internal_domains) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")
+    }
     smtputf8 = any(a.needs_utf8 for a in (sender, *(a for group in groups.values() for a in group)))
 
     headers = [("From", _addresses([sender])), ("To", _addresses(groups["to"]))]
@@ -447,15 +454,23 @@ class _Conversation:
         timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = smtplib.SMTP_SSL(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout,
-                                        context=p.ssl_context)
+                conn = smtplib.SMTP_SSL(
+                    p.host, p.port, local_hostname=helo or "localhost", timeout=timeout, context=p.ssl_context
+                )
             else:
                 conn = smtplib.SMTP(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             # The server refuses every session, not this message: a provider-level fault.
-            raise _Stop(self._retry(f"smtp {exc.smtp_code} at connect: {_short(self._text(exc.smtp_error))}",
-                                    code=exc.smtp_code, reply=exc.smtp_error, misconfigured=500 <= exc.smtp_code < 600,
-                                    fault="greeting_refused", error_class="GreetingRefused")) from None
+            raise _Stop(
+                self._retry(
+                    f"smtp {exc.smtp_code} at connect: {_short(self._text(exc.smtp_error))}",
+                    code=exc.smtp_code,
+                    reply=exc.smtp_error,
+                    misconfigured=500 <= exc.smtp_code < 600,
+                    fault="greeting_refused",
+                    error_class="GreetingRefused",
+                )
+            ) from None
         with self._lock:
             self.conn = conn
             if self.cut:  # the deadline passed while connecting
@@ -469,8 +484,15 @@ class _Conversation:
             self.phase = "starttls"
             if not conn.has_extn("starttls"):
                 # Never fall back to plain text when TLS was asked for.
-                raise _Stop(self._retry("the server does not offer STARTTLS", code=None, reply="", misconfigured=True,
-                                        fault="tls_failed"))
+                raise _Stop(
+                    self._retry(
+                        "the server does not offer STARTTLS",
+                        code=None,
+                        reply="",
+                        misconfigured=True,
+                        fault="tls_failed",
+                    )
+                )
             try:
                 self._arm()
                 conn.starttls(context=p.ssl_context)
@@ -482,20 +504,33 @@ class _Conversation:
             self.phase = "auth"
             if not isinstance(conn.sock, ssl.SSLSocket) and not p.allow_plain_auth:
                 # The password would cross the network in clear (base64 is no cipher).
-                raise _Stop(self._retry(
-                    "refusing SMTP AUTH over a connection without TLS: set EVQ_SMTP_TLS=starttls or ssl "
-                    "(or EVQ_SMTP_ALLOW_PLAIN_AUTH=true for a trusted network); nothing was sent",
-                    code=None, reply="", misconfigured=True, fault="auth_failed", error_class="PlainAuthRefused"))
+                raise _Stop(
+                    self._retry(
+                        "refusing SMTP AUTH over a connection without TLS: set EVQ_SMTP_TLS=starttls or ssl "
+                        "(or EVQ_SMTP_ALLOW_PLAIN_AUTH=true for a trusted network); nothing was sent",
+                        code=None,
+                        reply="",
+                        misconfigured=True,
+                        fault="auth_failed",
+                        error_class="PlainAuthRefused",
+                    )
+                )
             if not conn.has_extn("auth"):
-                raise _Stop(self._retry("the server does not offer AUTH", code=None, reply="", misconfigured=True,
-                                        fault="auth_failed"))
+                raise _Stop(
+                    self._retry(
+                        "the server does not offer AUTH", code=None, reply="", misconfigured=True, fault="auth_failed"
+                    )
+                )
             try:
                 self._arm()
                 conn.login(p.username, p._password or "")
             except smtplib.SMTPAuthenticationError as exc:
                 reason = f"smtp authentication failed ({exc.smtp_code}); check the SMTP username and password"
-                raise _Stop(self._retry(reason, code=exc.smtp_code, reply=exc.smtp_error, misconfigured=True,
-                                        fault="auth_failed")) from None
+                raise _Stop(
+                    self._retry(
+                        reason, code=exc.smtp_code, reply=exc.smtp_error, misconfigured=True, fault="auth_failed"
+                    )
+                ) from None
 
         if env.smtputf8 and not conn.has_extn("smtputf8"):
             self.phase = "mail"
@@ -526,7 +561,9 @@ class _Conversation:
         extra: dict[str, Any] = {"accepted": sum(len(t["recipients"]) for t in self.transactions)}
         if len(self.transactions) > 1:
             extra["transactions"] = [{**t, "recipients": len(t["recipients"])} for t in self.transactions]
-        return Accepted(provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra))
+        return Accepted(
+            provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra)
+        )
 
     def _transaction(self, recipients: list[str], *, first: bool) -> tuple[int, str, list[str], list[str]]:
         """One MAIL, RCPT..., DATA, body, "." exchange: (code, reply, accepted, deferred).
@@ -570,15 +607,28 @@ class _Conversation:
         if 200 <= code < 300:
             return code, reply, accepted, rest
         if 400 <= code < 500:
-            raise _Stop(Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply)))
+            raise _Stop(
+                Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+            )
         if 500 <= code < 600:
-            raise _Stop(Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply)))
-        raise _Stop(Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply)),
-                    polite=False)
+            raise _Stop(
+                Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+            )
+        raise _Stop(
+            Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply)),
+            polite=False,
+        )
 
     def _served(self, code: int, reply: str, accepted: list[str]) -> None:
-        self.transactions.append({"recipients": accepted, "code": code, "reply": reply[:200], "queue_id": queue_id(reply),
-                                  "deferred_by": self.deferred_by})
+        self.transactions.append(
+            {
+                "recipients": accepted,
+                "code": code,
+                "reply": reply[:200],
+                "queue_id": queue_id(reply),
+                "deferred_by": self.deferred_by,
+            }
+        )
         self.deferred_by = None
 
     def _not_served(self, recipients: list[str], outcome: Outcome) -> None:
@@ -596,8 +646,12 @@ class _Conversation:
         served = sum(len(t["recipients"]) for t in self.transactions)
         # The answer that decides is the first transaction's (after its final "."); the
         # phase the later one stopped in is kept beside it.
-        extra = {"accepted": served, "transactions": [{**t, "recipients": len(t["recipients"])} for t in self.transactions],
-                 "later_phase": self.phase, "phase": "final"}
+        extra = {
+            "accepted": served,
+            "transactions": [{**t, "recipients": len(t["recipients"])} for t in self.transactions],
+            "later_phase": self.phase,
+            "phase": "final",
+        }
         if isinstance(outcome, Unknown):
             # Past a later "." with no answer: those recipients may have it as well.
             return Unknown(
@@ -605,7 +659,9 @@ class _Conversation:
                 f"no answer after the final '.' of a further transaction: {outcome.reason}",
                 response=self._evidence(first["code"], first["reply"], **extra),
             )
-        return Accepted(provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra))
+        return Accepted(
+            provider_message_id=first["queue_id"], response=self._evidence(first["code"], first["reply"], **extra)
+        )
 
     def _ehlo(self) -> None:
         conn = self.conn
@@ -632,10 +688,17 @@ class _Conversation:
             reply = self._text(raw)
             if first and rcpt.lower() not in reply.lower() and _helo_refused(code, reply, self.helo):
                 _quietly(conn.rset)
-                raise _Stop(self._retry(
-                    f"smtp {code} at rcpt: the server refuses our HELO name {self.helo!r} "
-                    f"({_short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
-                    code=code, reply=reply, misconfigured=True, fault="greeting_refused", error_class="HeloRefused"))
+                raise _Stop(
+                    self._retry(
+                        f"smtp {code} at rcpt: the server refuses our HELO name {self.helo!r} "
+                        f"({_short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
+                        code=code,
+                        reply=reply,
+                        misconfigured=True,
+                        fault="greeting_refused",
+                        error_class="HeloRefused",
+                    )
+                )
             if code == 452 and accepted and not temporary and _TOO_MANY.search(reply):
                 # Out of RCPTs for this transaction: the rest go in the next one.
                 self.deferred_by = {"code": code, "reply": reply[:200], "deferred": len(recipients) - i}
@@ -671,10 +734,17 @@ class _Conversation:
         permanent = 500 <= code < 600
         message_phase = self.phase in ("mail", "data")
         if permanent and self.phase == "mail" and not self.transactions and _helo_refused(code, reply, self.helo):
-            raise _Stop(self._retry(
-                f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({_short(reply)}); "
-                "set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
-                code=code, reply=reply, misconfigured=True, fault="greeting_refused", error_class="HeloRefused"))
+            raise _Stop(
+                self._retry(
+                    f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({_short(reply)}); "
+                    "set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
+                    code=code,
+                    reply=reply,
+                    misconfigured=True,
+                    fault="greeting_refused",
+                    error_class="HeloRefused",
+                )
+            )
         if permanent and message_phase and code not in _CONFIG_CODES:
             raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
         # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
@@ -682,17 +752,37 @@ class _Conversation:
         # ones (and "authentication required" anywhere) last until someone changes them,
         # and open the provider's circuit (worker/circuit.py).
         misconfigured = permanent and (not message_phase or code in _CONFIG_CODES)
-        error_class = ("GreetingRefused" if self.phase in ("connect", "ehlo") else "SessionRefused") if misconfigured else None
+        error_class = (
+            ("GreetingRefused" if self.phase in ("connect", "ehlo") else "SessionRefused") if misconfigured else None
+        )
         fault = _config_fault(code, reply) or (_SESSION_FAULTS.get(self.phase) if misconfigured else None)
-        raise _Stop(self._retry(f"smtp {code} at {self.phase}: {_short(reply)}", code=code, reply=reply,
-                                misconfigured=misconfigured, fault=fault, error_class=error_class))
+        raise _Stop(
+            self._retry(
+                f"smtp {code} at {self.phase}: {_short(reply)}",
+                code=code,
+                reply=reply,
+                misconfigured=misconfigured,
+                fault=fault,
+                error_class=error_class,
+            )
+        )
 
     def _retry(
-        self, reason: str, *, code: int | None, reply: bytes | str, misconfigured: bool = False,
-        fault: str | None = None, error_class: str | None = None,
+        self,
+        reason: str,
+        *,
+        code: int | None,
+        reply: bytes | str,
+        misconfigured: bool = False,
+        fault: str | None = None,
+        error_class: str | None = None,
     ) -> Retryable:
-        return Retryable(self.p.secrets.scrub(reason), misconfigured=misconfigured, fault=fault,
-                         response=self._evidence(code, self._text(reply), error_class=error_class))
+        return Retryable(
+            self.p.secrets.scrub(reason),
+            misconfigured=misconfigured,
+            fault=fault,
+            response=self._evidence(code, self._text(reply), error_class=error_class),
+        )
 
     def _failed(self, exc: BaseException) -> Outcome:
         error_class = "DeadlineExceeded" if self.cut else _root_class(exc)
@@ -716,12 +806,20 @@ class _Conversation:
             reason = f"{error_class} at {self.phase}: {_short(detail)}"
         # A TLS handshake that fails (an untrusted certificate, no common protocol or
         # cipher, a client certificate the server wants) fails every message alike.
-        tls_setup = (isinstance(exc, ssl.SSLError) or error_class.startswith("SSL")) and self.phase in ("connect", "starttls")
-        return Retryable(self.p.secrets.scrub(reason), misconfigured=tls_setup and not self.cut,
-                         response=self._evidence(None, detail, error_class=error_class),
-                         fault=None if self.cut else _transport_fault(exc, self.phase))
+        tls_setup = (isinstance(exc, ssl.SSLError) or error_class.startswith("SSL")) and self.phase in (
+            "connect",
+            "starttls",
+        )
+        return Retryable(
+            self.p.secrets.scrub(reason),
+            misconfigured=tls_setup and not self.cut,
+            response=self._evidence(None, detail, error_class=error_class),
+            fault=None if self.cut else _transport_fault(exc, self.phase),
+        )
 
-    def _evidence(self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any) -> dict[str, Any]:
+    def _evidence(
+        self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
         return {
             "phase": self.phase,
             "code": code,
@@ -824,7 +922,6 @@ def tls_context(
     return context
 
 
-
 class SmtpProvider:
     """The SMTP adapter: satisfies :class:`worker.ports.Provider`."""
 
@@ -923,8 +1020,10 @@ class SmtpProvider:
             try:
                 outcome = self._attempt(request, holder)
             except BaseException as exc:  # a bug here must still become an outcome
-                outcome = Unknown(f"the smtp conversation raised {type(exc).__name__}",
-                                  response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__})
+                outcome = Unknown(
+                    f"the smtp conversation raised {type(exc).__name__}",
+                    response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__},
+                )
             finally:
                 with self._track:
                     self._threads.discard(threading.current_thread())
@@ -962,8 +1061,10 @@ class SmtpProvider:
         phase = holder[0].phase if holder else "build"
         response = {**_bare(phase), "error_class": "DeadlineExceeded", "abandoned": True}
         if phase == "final":
-            return Unknown("no answer after the final '.' by the send's deadline; the server may have accepted the message",
-                           response=response)
+            return Unknown(
+                "no answer after the final '.' by the send's deadline; the server may have accepted the message",
+                response=response,
+            )
         return Retryable(f"cut off at {phase}: the send's deadline passed; nothing was sent", response=response)
 
     def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
@@ -988,7 +1089,9 @@ class SmtpProvider:
         # Logged here on the loop, not in the worker thread, so the caller's bound
         # context (run_id, step_id) is present.
         r = outcome.response
-        fields = log_fields(request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port)
+        fields = log_fields(
+            request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port
+        )
         if isinstance(outcome, Retryable) and outcome.misconfigured:
             # Retried, but no retry succeeds until someone fixes the settings.
             log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)
@@ -1004,4 +1107,3 @@ def _join_all(threads: list[threading.Thread], seconds: float) -> None:
 
 def _bare(phase: str) -> dict[str, Any]:
     return {"phase": phase, "code": None, "reply": "", "error_class": None, "refused": {}}
-

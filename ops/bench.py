@@ -52,6 +52,7 @@ from worker.errors import ConfigError, EvqError
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
     server_url: str
@@ -74,8 +75,13 @@ class BenchConfig:
     def quick(cls, server_url: str, **overrides: Any) -> BenchConfig:
         """CI-sized: every mode, seconds each, one run."""
         base = cls(
-            server_url, steps=2_000, runs=1, latency_waves=4, enqueue_single=200,
-            pickup_samples=20, scale_rows=20_000,
+            server_url,
+            steps=2_000,
+            runs=1,
+            latency_waves=4,
+            enqueue_single=200,
+            pickup_samples=20,
+            scale_rows=20_000,
         )
         return replace(base, **overrides)
 
@@ -241,8 +247,9 @@ class Prefill:
 
         valid = self.valid(n)
         if run_id != "bench":
-            valid = [replace(v, run_id=run_id, idempotency_key=default_idempotency_key(run_id, v.step_id))
-                     for v in valid]
+            valid = [
+                replace(v, run_id=run_id, idempotency_key=default_idempotency_key(run_id, v.step_id)) for v in valid
+            ]
         with psycopg.connect(url) as conn:
             started = time.perf_counter()
             results = run_sync(conn, enqueue_many_op(valid))
@@ -273,7 +280,12 @@ class Child:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ops.bench", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, env=env, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd=ROOT,
+            env=env,
+            text=True,
         )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -360,15 +372,28 @@ def _span(results: Sequence[ChildResult]) -> float:
     return max(r.finished for r in results) - min(r.started for r in results)
 
 
-def evq_worker_spec(url: str, *, concurrency: int, batch_size: int, delay: float = 0.0,
-                    listen: str = "off", poll_interval: float = 1.0, drain: bool = True) -> dict[str, Any]:
+def evq_worker_spec(
+    url: str,
+    *,
+    concurrency: int,
+    batch_size: int,
+    delay: float = 0.0,
+    listen: str = "off",
+    poll_interval: float = 1.0,
+    drain: bool = True,
+) -> dict[str, Any]:
     return {
         "kind": "evq",
         "url": url,
         "drain": drain,
         "settings": {
-            "adapter": "null", "null_delay": delay, "concurrency": concurrency, "batch_size": batch_size,
-            "listen": listen, "poll_interval": poll_interval, "log_format": "json",
+            "adapter": "null",
+            "null_delay": delay,
+            "concurrency": concurrency,
+            "batch_size": batch_size,
+            "listen": listen,
+            "poll_interval": poll_interval,
+            "log_format": "json",
         },
     }
 
@@ -482,8 +507,16 @@ class Bench:
         self.batch_enqueue_seconds = []
         for processes in self.config.drain_processes:
             values, rss = self.repeat(functools.partial(self._drain_once, processes))
-            self.add(Figure("drain", f"evq drain, {processes} process{'es' if processes > 1 else ''}", "steps/s",
-                            values, rss, note=f"concurrency {self.config.drain_concurrency}, batch {self.config.batch_size}, null adapter"))
+            self.add(
+                Figure(
+                    "drain",
+                    f"evq drain, {processes} process{'es' if processes > 1 else ''}",
+                    "steps/s",
+                    values,
+                    rss,
+                    note=f"concurrency {self.config.drain_concurrency}, batch {self.config.batch_size}, null adapter",
+                )
+            )
 
     # latency-bound ------------------------------------------------------------------------
 
@@ -496,15 +529,24 @@ class Bench:
             def once(n: int = n, concurrency: int = concurrency) -> tuple[float, float]:
                 with self.db.fresh() as url:
                     self.prefill.enqueue(url, n)
-                    results = run_children([evq_worker_spec(
-                        url, concurrency=concurrency, batch_size=c.batch_size, delay=c.latency_delay)])
+                    results = run_children(
+                        [evq_worker_spec(url, concurrency=concurrency, batch_size=c.batch_size, delay=c.latency_delay)]
+                    )
                     self._check_drained(url, n)
                     return n / _span(results), results[0].rss_mb
 
             values, rss = self.repeat(once)
             ideal = concurrency / c.latency_delay
-            fig = self.add(Figure("latency", f"evq latency-bound, concurrency {concurrency}", "steps/s", values, rss,
-                                  note=f"null adapter answering after {c.latency_delay * 1000:g} ms, 1 process, {n} steps"))
+            fig = self.add(
+                Figure(
+                    "latency",
+                    f"evq latency-bound, concurrency {concurrency}",
+                    "steps/s",
+                    values,
+                    rss,
+                    note=f"null adapter answering after {c.latency_delay * 1000:g} ms, 1 process, {n} steps",
+                )
+            )
             fig.ratios["ideal"] = fig.median / ideal
 
     # enqueue ---------------------------------------------------------------------------------
@@ -540,16 +582,45 @@ class Bench:
             if not writes:
                 batch.append(self._batch_once()[0])
         figures = (
-            (self.add(Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", own,
-                             note="validation + decision and step in one statement, autocommit: one round trip each")),
-             "pgqueuer_single", 0),
-            (self.add(Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s",
-                             in_caller, note="BEGIN, validation + decision and step, COMMIT: three round trips each")),
-             "pgqueuer_single", 0),
-            (self.add(Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s",
-                             batch or [c.steps / s for s in writes],
-                             note=f"{c.steps} validated requests in one transaction")),
-             "pgqueuer_batch", 1),
+            (
+                self.add(
+                    Figure(
+                        "enqueue",
+                        "evq single enqueue (Python API, own transaction)",
+                        "steps/s",
+                        own,
+                        note="validation + decision and step in one statement, autocommit: one round trip each",
+                    )
+                ),
+                "pgqueuer_single",
+                0,
+            ),
+            (
+                self.add(
+                    Figure(
+                        "enqueue",
+                        "evq single enqueue (Python API, in a caller's transaction)",
+                        "steps/s",
+                        in_caller,
+                        note="BEGIN, validation + decision and step, COMMIT: three round trips each",
+                    )
+                ),
+                "pgqueuer_single",
+                0,
+            ),
+            (
+                self.add(
+                    Figure(
+                        "enqueue",
+                        "evq batch enqueue (enqueue_many)",
+                        "steps/s",
+                        batch or [c.steps / s for s in writes],
+                        note=f"{c.steps} validated requests in one transaction",
+                    )
+                ),
+                "pgqueuer_batch",
+                1,
+            ),
         )
         if peer:
             self._add_pgqueuer_enqueue(peer, "measured alternately with evq's enqueue")
@@ -560,8 +631,15 @@ class Bench:
                     fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer, strict=True))
         validate = self.prefill.validate_seconds.get(c.steps)
         if validate:
-            self.add(Figure("enqueue", "evq request validation (before any write)", "requests/s",
-                            [c.steps / validate], note="parse + address checks, in the caller's process"))
+            self.add(
+                Figure(
+                    "enqueue",
+                    "evq request validation (before any write)",
+                    "requests/s",
+                    [c.steps / validate],
+                    note="parse + address checks, in the caller's process",
+                )
+            )
 
     def _batch_once(self) -> tuple[float, None]:
         with self.db.fresh() as url:
@@ -578,8 +656,16 @@ class Bench:
                 p50s.append(p50)
                 p99s.append(p99)
                 rss = max(rss or 0, run_rss)
-            self.add(Figure("pickup", f"evq pickup p50, {label}", "ms", p50s, rss, note="enqueue commit to claim, idle worker"))
-            self.add(Figure("pickup", f"evq pickup p99, {label}", "ms", p99s, rss, note="enqueue commit to claim, idle worker"))
+            self.add(
+                Figure(
+                    "pickup", f"evq pickup p50, {label}", "ms", p50s, rss, note="enqueue commit to claim, idle worker"
+                )
+            )
+            self.add(
+                Figure(
+                    "pickup", f"evq pickup p99, {label}", "ms", p99s, rss, note="enqueue commit to claim, idle worker"
+                )
+            )
 
     def _pickup_once(self, listen: str) -> tuple[float, float, float]:
         from adapters.postgres.enqueue import enqueue
@@ -587,8 +673,16 @@ class Bench:
         c = self.config
         samples = c.pickup_samples if listen == "on" else max(10, c.pickup_samples // 5)
         with self.db.fresh() as url:
-            child = Child(evq_worker_spec(url, concurrency=10, batch_size=c.batch_size, listen=listen,
-                                          poll_interval=c.poll_interval, drain=False))
+            child = Child(
+                evq_worker_spec(
+                    url,
+                    concurrency=10,
+                    batch_size=c.batch_size,
+                    listen=listen,
+                    poll_interval=c.poll_interval,
+                    drain=False,
+                )
+            )
             try:
                 child.wait_ready()
                 child.go()
@@ -642,13 +736,21 @@ class Bench:
                 value, run_rss = self._drain_once(1, url=url, run_id=f"scale{run}")
                 values.append(value)
                 rss = max(rss or 0, run_rss)
-            drain = self.add(Figure("scale", f"evq drain, 1 process, {c.scale_rows:,} terminal rows present",
-                                    "steps/s", values, rss))
+            drain = self.add(
+                Figure("scale", f"evq drain, 1 process, {c.scale_rows:,} terminal rows present", "steps/s", values, rss)
+            )
             empty = self._find("drain", "evq drain, 1 process")
             drain.ratios["empty_table"] = drain.median / empty.median if empty else None
             timings = time_collector(url, repeat=max(5, 3 * c.runs))
-            self.add(Figure("scale", "metrics collector query", "ms", timings,
-                            note=f"QueueStatsReader (ops/metrics.py's query); {c.scale_rows:,} terminal rows"))
+            self.add(
+                Figure(
+                    "scale",
+                    "metrics collector query",
+                    "ms",
+                    timings,
+                    note=f"QueueStatsReader (ops/metrics.py's query); {c.scale_rows:,} terminal rows",
+                )
+            )
         finally:
             self.db.drop(name)
 
@@ -660,6 +762,7 @@ class Bench:
             (False, "raw SQL ceiling: claim 100 SKIP LOCKED + one batched UPDATE", c.steps),
             (True, "raw SQL, claim 100 + one commit per row", max(1000, c.steps // 4)),
         ):
+
             def once(n: int = n, per_row: bool = per_row) -> tuple[float, None]:
                 name = self.db.create()
                 try:
@@ -681,13 +784,20 @@ class Bench:
             ("pgqueuer drain, best (2 processes, batch 50, task cap 100)", 2, 50, 100),
         )
         for label, processes, batch, cap in configs:
+
             def once(processes: int = processes, batch: int = batch, cap: int | None = cap) -> tuple[float, float]:
                 name = self.db.create()
                 url = self.db.url(name)
                 try:
                     asyncio.run(pgqueuer_setup(url, self.peer_driver, c.steps))
-                    spec = {"kind": "pgqueuer", "url": url, "driver": self.peer_driver, "batch_size": batch,
-                            "max_concurrent_tasks": cap, "expected": c.steps}
+                    spec = {
+                        "kind": "pgqueuer",
+                        "url": url,
+                        "driver": self.peer_driver,
+                        "batch_size": batch,
+                        "max_concurrent_tasks": cap,
+                        "expected": c.steps,
+                    }
                     results = run_children([spec] * processes)
                     if sum(r.detail["jobs"] for r in results) != c.steps:
                         raise EvqError("pgqueuer drain did not run every job")
@@ -712,10 +822,20 @@ class Bench:
 
     def _add_pgqueuer_enqueue(self, runs: list[tuple[float, float]], how: str | None) -> None:
         c, when = self.config, f", {how}" if how else ""
-        self.add(Figure("peer", "pgqueuer single enqueue", "jobs/s", [s for s, _ in runs],
-                        note=f"{c.enqueue_single} jobs{when}"))
-        self.add(Figure("peer", "pgqueuer batch enqueue", "jobs/s", [b for _, b in runs],
-                        note=f"{c.steps} jobs in one call{when}"))
+        self.add(
+            Figure(
+                "peer", "pgqueuer single enqueue", "jobs/s", [s for s, _ in runs], note=f"{c.enqueue_single} jobs{when}"
+            )
+        )
+        self.add(
+            Figure(
+                "peer",
+                "pgqueuer batch enqueue",
+                "jobs/s",
+                [b for _, b in runs],
+                note=f"{c.steps} jobs in one call{when}",
+            )
+        )
 
     # ratios ------------------------------------------------------------------------------------------
 
@@ -775,7 +895,9 @@ def fill_terminal(url: str, rows: int) -> None:
             conn.execute(
                 "INSERT INTO decisions (id, run_id, step_id, intent, model, tool, created_at)"
                 " SELECT g, 'hist-' || (g / 1000), 's' || g, 'history', 'm', 'send_email', now() - interval '30 days'"
-                " FROM generate_series(%(a)s::bigint, %(b)s::bigint) g", params)
+                " FROM generate_series(%(a)s::bigint, %(b)s::bigint) g",
+                params,
+            )
             conn.execute(
                 "INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider,"
                 " payload, payload_sha256, status, reason, attempts, first_attempt_at, closed_at,"
@@ -785,7 +907,9 @@ def fill_terminal(url: str, rows: int) -> None:
                 "   'subject', 'history ' || g, 'text', 'old message'), repeat('0', 64), 'accepted',"
                 " 'provider_accepted', 1, now() - interval '30 days', now() - interval '30 days', 'null-' || g,"
                 " now() - interval '30 days', now() - interval '30 days'"
-                " FROM generate_series(%(a)s::bigint, %(b)s::bigint) g", params)
+                " FROM generate_series(%(a)s::bigint, %(b)s::bigint) g",
+                params,
+            )
             conn.execute(
                 "INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, outcome,"
                 " reason, lease_token, created_at)"
@@ -794,7 +918,9 @@ def fill_terminal(url: str, rows: int) -> None:
                 " FROM email_steps s CROSS JOIN (VALUES ('attempt_started', 'pending', 'in_flight', NULL, NULL),"
                 "   ('provider_response', 'in_flight', 'accepted', 'accepted', 'provider_accepted'))"
                 "   AS k(kind, from_status, to_status, outcome, reason)"
-                " WHERE s.decision_id BETWEEN %(a)s AND %(b)s", params)
+                " WHERE s.decision_id BETWEEN %(a)s AND %(b)s",
+                params,
+            )
         conn.execute("SELECT setval(pg_get_serial_sequence('decisions', 'id'), %s)", (rows,))
         conn.execute("VACUUM ANALYZE")
 
@@ -902,8 +1028,9 @@ def targets(figures: Sequence[Figure]) -> list[dict[str, Any]]:
 
     def check(target: str, value: float | None, threshold: float, *, below: bool = False) -> None:
         met = None if value is None else (value < threshold if below else value >= threshold)
-        out.append({"target": target, "value": None if value is None else round(value, 3),
-                    "threshold": threshold, "met": met})
+        out.append(
+            {"target": target, "value": None if value is None else round(value, 3), "threshold": threshold, "met": met}
+        )
 
     d2, d1 = find("evq drain, 2 processes"), find("evq drain, 1 process")
     check("drain 2 processes / pgqueuer best >= 1", d2 and d2.ratios.get("pgqueuer_best"), 1.0)
@@ -946,8 +1073,12 @@ def human(report: dict[str, Any]) -> str:
         rows.append((r["name"], _num(r["median"]), f"{_num(r['min'])}-{_num(r['max'])}", r["unit"], ratios, rss))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) if k in (0, 3, 4) else cell.rjust(w)
-                               for k, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if k in (0, 3, 4) else cell.rjust(w)
+                for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines += ["", "targets:"]
@@ -968,10 +1099,16 @@ def _num(value: float) -> str:
 
 def git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return rev + ("-dirty" if dirty else "")
@@ -1018,9 +1155,17 @@ async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
         code = await worker.run(drain=spec["drain"], install_signals=not spec["drain"])
         finished = time.time()
         cpu = _cpu_seconds() - cpu
-    return {"started": started, "finished": finished, "rss_mb": _rss_mb(),
-            "detail": {"exit_code": code, "claimed": worker.stats.claimed, "flushes": worker.recorder.flushes,
-                       "cpu_seconds": round(cpu, 3)}}
+    return {
+        "started": started,
+        "finished": finished,
+        "rss_mb": _rss_mb(),
+        "detail": {
+            "exit_code": code,
+            "claimed": worker.stats.claimed,
+            "flushes": worker.recorder.flushes,
+            "cpu_seconds": round(cpu, 3),
+        },
+    }
 
 
 async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
@@ -1036,8 +1181,9 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
         jobs += 1
 
     started = await _wait_go()
-    await pgq.run(batch_size=spec["batch_size"], mode=QueueExecutionMode.drain,
-                  max_concurrent_tasks=spec["max_concurrent_tasks"])
+    await pgq.run(
+        batch_size=spec["batch_size"], mode=QueueExecutionMode.drain, max_concurrent_tasks=spec["max_concurrent_tasks"]
+    )
     return {"started": started, "finished": time.time(), "rss_mb": _rss_mb(), "detail": {"jobs": jobs}}
 
 

@@ -28,7 +28,14 @@ from worker.metrics import UNKNOWN_AGE_BUCKETS
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # Live rows: a backlog a healthy queue could plausibly carry, in every live state.
-LIVE = {"pending_due": 200, "pending_later": 100, "retryable_backoff": 100, "in_flight": 50, "expired": 5, "unknown": 40}
+LIVE = {
+    "pending_due": 200,
+    "pending_later": 100,
+    "retryable_backoff": 100,
+    "in_flight": 50,
+    "expired": 5,
+    "unknown": 40,
+}
 
 _FILL = """
 WITH d AS (
@@ -76,9 +83,7 @@ def fill(url: str, *, terminal: int, live: dict[str, int] | None = None) -> dict
     with psycopg.connect(url, autocommit=True) as conn:
         for i, (status, n, due_in, lease_in) in enumerate(batches):
             if n:
-                conn.execute(
-                    _FILL, {"tag": f"b{i}-", "status": status, "n": n, "due_in": due_in, "lease_in": lease_in}
-                )
+                conn.execute(_FILL, {"tag": f"b{i}-", "status": status, "n": n, "due_in": due_in, "lease_in": lease_in})
         # Index-only scans need the visibility map; the planner needs statistics.
         conn.execute("VACUUM ANALYZE email_steps")
     totals: dict[str, int] = {}

@@ -45,24 +45,71 @@ class DemoResult:
 
 
 def requests(run_id: str) -> list[dict[str, Any]]:
-    base = {"run_id": run_id, "from": f"Demo Assistant <{SENDER}>", "decision": {
-        "model": "demo-model", "tool": "send_email", "instruction_version": "demo-v1",
-        "rationale": "the user asked for this", "decided_at": "2026-01-01T09:00:00+00:00"}}
+    base = {
+        "run_id": run_id,
+        "from": f"Demo Assistant <{SENDER}>",
+        "decision": {
+            "model": "demo-model",
+            "tool": "send_email",
+            "instruction_version": "demo-v1",
+            "rationale": "the user asked for this",
+            "decided_at": "2026-01-01T09:00:00+00:00",
+        },
+    }
     return [
-        {**base, "step_id": "welcome", "to": ["Ada <ada@example.com>"], "subject": "Welcome aboard",
-         "text": "Hi Ada, welcome!", "intent": "welcome a new user"},
-        {**base, "step_id": "receipt", "to": ["grace@example.com"], "subject": "Your receipt", "provider": "http",
-         "text": "Thanks for your order.", "html": "<p>Thanks for your <b>order</b>.</p>", "intent": "send a receipt"},
-        {**base, "step_id": "team-update", "to": ["alan@example.com"], "cc": ["edsger@example.com"],
-         "subject": "Weekly update", "text": "All green.", "intent": "weekly status"},
-        {**base, "step_id": "report", "to": ["lose-reply@example.com"], "subject": "Quarterly report",
-         "text": "The SMTP server will take this and drop the connection before answering.",
-         "intent": "deliver the quarterly report"},
-        {**base, "step_id": "statement", "to": ["lose-reply@example.com"], "subject": "Monthly statement",
-         "provider": "http", "text": "The HTTP API will take this and reset the connection before answering.",
-         "intent": "deliver the monthly statement"},
-        {**base, "step_id": "invite", "to": ["reject@example.net"], "subject": "Invitation", "notify": SENDER,
-         "text": "The server will refuse this recipient.", "intent": "invite a partner"},
+        {
+            **base,
+            "step_id": "welcome",
+            "to": ["Ada <ada@example.com>"],
+            "subject": "Welcome aboard",
+            "text": "Hi Ada, welcome!",
+            "intent": "welcome a new user",
+        },
+        {
+            **base,
+            "step_id": "receipt",
+            "to": ["grace@example.com"],
+            "subject": "Your receipt",
+            "provider": "http",
+            "text": "Thanks for your order.",
+            "html": "<p>Thanks for your <b>order</b>.</p>",
+            "intent": "send a receipt",
+        },
+        {
+            **base,
+            "step_id": "team-update",
+            "to": ["alan@example.com"],
+            "cc": ["edsger@example.com"],
+            "subject": "Weekly update",
+            "text": "All green.",
+            "intent": "weekly status",
+        },
+        {
+            **base,
+            "step_id": "report",
+            "to": ["lose-reply@example.com"],
+            "subject": "Quarterly report",
+            "text": "The SMTP server will take this and drop the connection before answering.",
+            "intent": "deliver the quarterly report",
+        },
+        {
+            **base,
+            "step_id": "statement",
+            "to": ["lose-reply@example.com"],
+            "subject": "Monthly statement",
+            "provider": "http",
+            "text": "The HTTP API will take this and reset the connection before answering.",
+            "intent": "deliver the monthly statement",
+        },
+        {
+            **base,
+            "step_id": "invite",
+            "to": ["reject@example.net"],
+            "subject": "Invitation",
+            "notify": SENDER,
+            "text": "The server will refuse this recipient.",
+            "intent": "invite a partner",
+        },
     ]
 
 
@@ -73,11 +120,19 @@ async def _run(settings: Settings, url: str, run_id: str) -> tuple[int, list[dic
         steps = []
         for r in sorted(rows, key=lambda r: r.id):
             step = (await store.get_step(r.id)).step
-            steps.append({
-                "id": r.id, "step_id": r.step_id, "provider": r.provider, "status": str(r.status),
-                "reason": r.reason, "to": r.recipients, "subject": r.subject,
-                "provider_message_id": step["provider_message_id"], "notice_of": step["notice_of"],
-            })
+            steps.append(
+                {
+                    "id": r.id,
+                    "step_id": r.step_id,
+                    "provider": r.provider,
+                    "status": str(r.status),
+                    "reason": r.reason,
+                    "to": r.recipients,
+                    "subject": r.subject,
+                    "provider_message_id": step["provider_message_id"],
+                    "notice_of": step["notice_of"],
+                }
+            )
     return code, steps
 
 

@@ -184,7 +184,8 @@ class DevHttpServer(devserver.FaultInjection):
 
     def posts(self, idempotency_key: str | None = None) -> list[dict[str, Any]]:
         return [
-            r for r in self.requests
+            r
+            for r in self.requests
             if r["method"] == "POST" and (idempotency_key is None or r["idempotency_key"] == idempotency_key)
         ]
 
@@ -302,7 +303,9 @@ class DevHttpServer(devserver.FaultInjection):
         with self._lock:
             messages = list(self._messages)
         if self.lookup_fault != "ignore-filter":
-            messages = [m for m in messages if any(t.get("name") == name and t.get("value") == value for t in m["tags"])]
+            messages = [
+                m for m in messages if any(t.get("name") == name and t.get("value") == value for t in m["tags"])
+            ]
         items = [_public(m) for m in messages]
         if self.lookup_fault == "no-tags":
             items = [{k: v for k, v in item.items() if k != "tags"} for item in items]
@@ -436,8 +439,13 @@ class _Handler(BaseHTTPRequestHandler):
         return self._answer(entry, status, answer)
 
     def _answer(
-        self, entry: dict[str, Any], status: int, answer: dict[str, Any] | None, *,
-        headers: dict[str, str] | None = None, html: str | None = None,
+        self,
+        entry: dict[str, Any],
+        status: int,
+        answer: dict[str, Any] | None,
+        *,
+        headers: dict[str, str] | None = None,
+        html: str | None = None,
     ) -> None:
         data = (html or json.dumps(answer)).encode()
         try:
@@ -454,7 +462,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.devhttp", description="A local Resend-style email API that keeps what it receives.")
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.devhttp", description="A local Resend-style email API that keeps what it receives."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8025)
     parser.add_argument("--api-key", default="devhttp-key")
@@ -464,10 +474,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def show(message: dict[str, Any]) -> None:
-        print(f"received {message['id']} from {message['from']} to {', '.join(message['to'])}", file=sys.stderr, flush=True)
+        print(
+            f"received {message['id']} from {message['from']} to {', '.join(message['to'])}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     server = DevHttpServer(
-        args.host, args.port, api_key=args.api_key, dedupe_window=args.dedupe_window or None, on_message=show,
+        args.host,
+        args.port,
+        api_key=args.api_key,
+        dedupe_window=args.dedupe_window or None,
+        on_message=show,
         rate_limit=args.rate_limit,
     )
     return devserver.serve_until_interrupted(server, args.fault, lambda: server.url)

@@ -265,7 +265,9 @@ class DevSmtpServer(devserver.FaultInjection):
                 self._held -= 1
                 self._lock.notify_all()
 
-    def _authenticate(self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, data: Any) -> AuthResult:
+    def _authenticate(
+        self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, data: Any
+    ) -> AuthResult:
         assert self._auth is not None
         user, password = (s.encode() for s in self._auth)
         ok = (
@@ -282,14 +284,18 @@ class _Handler:
     def __init__(self, sink: DevSmtpServer):
         self.sink = sink
 
-    async def handle_EHLO(self, server: SMTP, session: Session, envelope: Envelope, hostname: str, responses: list[str]) -> list[str]:
+    async def handle_EHLO(
+        self, server: SMTP, session: Session, envelope: Envelope, hostname: str, responses: list[str]
+    ) -> list[str]:
         fault = self.sink._session_fault(session)
         if fault is not None and fault.mode == "slow-ehlo":
             await asyncio.sleep(self.sink._seconds(fault))
         session.host_name = hostname  # the hook replaces the default, which sets it
         return responses
 
-    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]) -> str:
+    async def handle_MAIL(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
         self.sink._session_fault(session)
         if self.sink._auth is not None and not session.authenticated:
             return "530 5.7.0 Authentication required"
@@ -297,7 +303,9 @@ class _Handler:
         envelope.mail_options.extend(options)
         return "250 2.1.0 Ok"
 
-    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]) -> str:
+    async def handle_RCPT(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
         limit = self.sink.max_recipients
         if limit is not None and len(envelope.rcpt_tos) >= limit:
             return "452 4.5.3 Error: too many recipients"
@@ -336,7 +344,9 @@ class _Handler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.devsmtp", description="A local SMTP sink that keeps what it receives.")
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.devsmtp", description="A local SMTP sink that keeps what it receives."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=2525)
     parser.add_argument("--fault", choices=sorted(FAULTS), help="fail every connection this way")
@@ -344,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def show(record: dict[str, Any]) -> None:
-        print(f"received {record['message_id']} from {record['mail_from']} to {', '.join(record['rcpt_tos'])}", file=sys.stderr, flush=True)
+        print(
+            f"received {record['message_id']} from {record['mail_from']} to {', '.join(record['rcpt_tos'])}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     server = DevSmtpServer(args.host, args.port, slow_seconds=args.slow_seconds, on_message=show)
     return devserver.serve_until_interrupted(server, args.fault, lambda: f"{server.host}:{server.port}")

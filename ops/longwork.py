@@ -108,8 +108,9 @@ async def each(
             now = time.monotonic()
             if done % PROGRESS_ROWS == 0 or now - last_progress >= PROGRESS_SECONDS:
                 last_progress = now
-                log.info("progress", work=what, done=done, total=tally.total, succeeded=tally.succeeded,
-                         failed=tally.failed)
+                log.info(
+                    "progress", work=what, done=done, total=tally.total, succeeded=tally.succeeded, failed=tally.failed
+                )
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)

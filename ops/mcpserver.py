@@ -73,8 +73,9 @@ class ContractTool(Tool):
         )
 
 
-def _tool(name: str, description: str, schema: dict[str, Any], output: str, handler: Handler, *,
-          read_only: bool) -> ContractTool:
+def _tool(
+    name: str, description: str, schema: dict[str, Any], output: str, handler: Handler, *, read_only: bool
+) -> ContractTool:
     out = output_schema(output)
     out.setdefault("type", "object")
     return ContractTool(
@@ -85,15 +86,19 @@ def _tool(name: str, description: str, schema: dict[str, Any], output: str, hand
         fn_metadata=FuncMetadata(arg_model=ArgModelBase, output_schema=out),
         is_async=True,
         handler=handler,
-        annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=False, idempotent_hint=True,
-                                    open_world_hint=not read_only),
+        annotations=ToolAnnotations(
+            read_only_hint=read_only, destructive_hint=False, idempotent_hint=True, open_world_hint=not read_only
+        ),
     )
 
 
 def send_schema() -> dict[str, Any]:
     schema = request_schema()
-    schema["properties"]["dry_run"] = {"type": "boolean", "default": False,
-                                       "description": "Say what would happen; change nothing."}
+    schema["properties"]["dry_run"] = {
+        "type": "boolean",
+        "default": False,
+        "description": "Say what would happen; change nothing.",
+    }
     return schema
 
 
@@ -133,8 +138,9 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
     async def list_(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(list_schema(), args)
         filters = {k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")}
-        return await service.list_steps(store, caller(), statuses=a["status"] or (), filters=filters,
-                                        limit=a["limit"], offset=a["offset"])
+        return await service.list_steps(
+            store, caller(), statuses=a["status"] or (), filters=filters, limit=a["limit"], offset=a["offset"]
+        )
 
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
@@ -142,31 +148,72 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(resolve_schema(), args)
-        resolution = Resolution.parse(a["as"], a["note"], reason=a["reason"],
-                                      provider_message_id=a["provider_message_id"], evidence_url=a["evidence_url"])
-        selection = Selection(
-            step_id=a["id"], statuses=tuple(a["status"] or ()),
-            filters={k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
-            limit=a["limit"], max_failures=a["max_failures"],
+        resolution = Resolution.parse(
+            a["as"],
+            a["note"],
+            reason=a["reason"],
+            provider_message_id=a["provider_message_id"],
+            evidence_url=a["evidence_url"],
         )
-        return await service.resolve(store, caller(), resolution, selection,
-                                     default_max_attempts=settings.max_attempts, dry_run=a["dry_run"])
+        selection = Selection(
+            step_id=a["id"],
+            statuses=tuple(a["status"] or ()),
+            filters={k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
+            limit=a["limit"],
+            max_failures=a["max_failures"],
+        )
+        return await service.resolve(
+            store, caller(), resolution, selection, default_max_attempts=settings.max_attempts, dry_run=a["dry_run"]
+        )
 
     tools = [
-        _tool("evq_email_send", "Enqueue an email send, once however often it is repeated: the same request again "
-              "returns the same step (created: false); the same run_id/step_id with a different request is refused "
-              "(E_CONFLICT). Needs a key with role agent or admin.", send_schema(), "enqueue", send, read_only=False),
-        _tool("evq_steps_get", "One step: its state, the decision behind it, the request, and every evidence row "
-              "(attempts and the provider's answers) in order.", get_schema(), "steps.show", get, read_only=True),
-        _tool("evq_steps_list", "List steps: unknown ones oldest first, the rest newest first, with filters.",
-              list_schema(), "steps.list", list_, read_only=True),
-        _tool("evq_runs_get", "One run's whole chain in time order: each decision, its action, every attempt with "
-              "the provider's answer, and every operator close.", run_schema(), "runs.show", run, read_only=True),
+        _tool(
+            "evq_email_send",
+            "Enqueue an email send, once however often it is repeated: the same request again "
+            "returns the same step (created: false); the same run_id/step_id with a different request is refused "
+            "(E_CONFLICT). Needs a key with role agent or admin.",
+            send_schema(),
+            "enqueue",
+            send,
+            read_only=False,
+        ),
+        _tool(
+            "evq_steps_get",
+            "One step: its state, the decision behind it, the request, and every evidence row "
+            "(attempts and the provider's answers) in order.",
+            get_schema(),
+            "steps.show",
+            get,
+            read_only=True,
+        ),
+        _tool(
+            "evq_steps_list",
+            "List steps: unknown ones oldest first, the rest newest first, with filters.",
+            list_schema(),
+            "steps.list",
+            list_,
+            read_only=True,
+        ),
+        _tool(
+            "evq_runs_get",
+            "One run's whole chain in time order: each decision, its action, every attempt with "
+            "the provider's answer, and every operator close.",
+            run_schema(),
+            "runs.show",
+            run,
+            read_only=True,
+        ),
     ]
     if settings.mcp_resolve:
-        tools.append(_tool(
-            "evq_steps_resolve", "Close unknown steps with an audited verdict (operator or admin key). Dry-runs "
-            "unless dry_run is false: look at what would change first.", resolve_schema(), "steps.resolve", resolve,
-            read_only=False,
-        ))
+        tools.append(
+            _tool(
+                "evq_steps_resolve",
+                "Close unknown steps with an audited verdict (operator or admin key). Dry-runs "
+                "unless dry_run is false: look at what would change first.",
+                resolve_schema(),
+                "steps.resolve",
+                resolve,
+                read_only=False,
+            )
+        )
     return MCPServer("evq", instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")

@@ -79,16 +79,32 @@ def error_for(exc: Exception, limit: int) -> JSONRPCError:
     except Exception:
         pass
     if any(e.get("input") == _BAD_ID for e in errors):
-        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
-            code=INVALID_REQUEST, message="Invalid Request: a request's id must be a string or an integer"))
+        return JSONRPCError(
+            jsonrpc="2.0",
+            id=None,
+            error=ErrorData(
+                code=INVALID_REQUEST, message="Invalid Request: a request's id must be a string or an integer"
+            ),
+        )
     if any(e.get("input") == _TOO_LONG for e in errors):
-        return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
-            code=INVALID_REQUEST, message=f"Invalid Request: a line longer than {limit} bytes ({SETTING}) was skipped"))
-    not_json = any(e.get("type") == "json_invalid" for e in errors) or isinstance(exc, (json.JSONDecodeError, UnicodeError))
+        return JSONRPCError(
+            jsonrpc="2.0",
+            id=None,
+            error=ErrorData(
+                code=INVALID_REQUEST,
+                message=f"Invalid Request: a line longer than {limit} bytes ({SETTING}) was skipped",
+            ),
+        )
+    not_json = any(e.get("type") == "json_invalid" for e in errors) or isinstance(
+        exc, (json.JSONDecodeError, UnicodeError)
+    )
     if not_json:
         return JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message="Parse error"))
-    return JSONRPCError(jsonrpc="2.0", id=None,
-                        error=ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a JSON-RPC 2.0 message"))
+    return JSONRPCError(
+        jsonrpc="2.0",
+        id=None,
+        error=ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a JSON-RPC 2.0 message"),
+    )
 
 
 async def run_stdio(server: Any, *, max_line: int) -> None:

@@ -189,7 +189,9 @@ async def _plan(store: Store, request: ValidRequest) -> dict[str, Any]:
 def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text.strip())
     if not match:
-        raise InvalidRequest([{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text[:40]!r}"}])
+        raise InvalidRequest(
+            [{"field": "--older-than", "message": f"expected a duration like 30m, 2h or 3d, got {text[:40]!r}"}]
+        )
     duration = timedelta(seconds=int(match[1]) * _UNITS[match[2]])
     if duration > MAX_DURATION:
         raise InvalidRequest([{"field": "--older-than", "message": f"at most {MAX_DURATION.days}d, got {text[:40]!r}"}])
@@ -282,8 +284,21 @@ def accepted_refusals(step: Mapping[str, Any], evidence: Sequence[Mapping[str, A
     return []
 
 
-RUN_STEP_FIELDS = ("id", "step_id", "status", "reason", "provider", "attempts", "max_attempts", "idempotency_key",
-                   "message_id", "provider_message_id", "created_at", "unknown_since", "closed_at")
+RUN_STEP_FIELDS = (
+    "id",
+    "step_id",
+    "status",
+    "reason",
+    "provider",
+    "attempts",
+    "max_attempts",
+    "idempotency_key",
+    "message_id",
+    "provider_message_id",
+    "created_at",
+    "unknown_since",
+    "closed_at",
+)
 
 
 async def show_run(store: Store, caller: Caller, run_id: str) -> Reply:
@@ -402,10 +417,18 @@ async def resolve(
         return done.to_dict()
 
     if selection.step_id is not None:
-        tally: Tally[StepSummary] = Tally(total=1, succeeded=1, results=[{"outcome": "succeeded", **await close(rows[0])}])
+        tally: Tally[StepSummary] = Tally(
+            total=1, succeeded=1, results=[{"outcome": "succeeded", **await close(rows[0])}]
+        )
     else:
-        tally = await each(rows, close, key=lambda r: {"id": r.id}, what="steps resolve",
-                           max_failures=selection.max_failures, handle_signals=signals)
+        tally = await each(
+            rows,
+            close,
+            key=lambda r: {"id": r.id},
+            what="steps resolve",
+            max_failures=selection.max_failures,
+            handle_signals=signals,
+        )
     status = "partial_failure" if tally.failed else "success"
     return Reply({"dry_run": False, **head, **tally.summary}, status=status)
 

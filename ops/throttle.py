@@ -25,8 +25,9 @@ from collections.abc import Callable
 
 
 class FailureThrottle:
-    def __init__(self, failures: int, window: float, *, size: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, failures: int, window: float, *, size: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ):
         if failures < 1 or window <= 0:
             raise ValueError("failures must be at least 1 and window positive")
         self.failures = failures

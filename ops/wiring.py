@@ -131,7 +131,11 @@ async def open_store(
     # Behind a transaction-mode pooler a server-side prepared statement may be gone
     # (another client's connection) by the next execution, or have another client's name.
     store = await PostgresStore.open(
-        url, max_size=max_size, notices=settings.notices(), prepare=settings.pooler == "none", patient=patient,
+        url,
+        max_size=max_size,
+        notices=settings.notices(),
+        prepare=settings.pooler == "none",
+        patient=patient,
     )
     try:
         yield store

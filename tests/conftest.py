@@ -107,7 +107,9 @@ def pg_server() -> Iterator[str]:
             break
         errors.append(f"{name}: not reachable")
     if not url:
-        pytest.fail("no PostgreSQL for the tests (this is a failure, never a skip): " + "; ".join(errors), pytrace=False)
+        pytest.fail(
+            "no PostgreSQL for the tests (this is a failure, never a skip): " + "; ".join(errors), pytrace=False
+        )
     yield url
     for cleanup in reversed(stack):
         cleanup()

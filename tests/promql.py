@@ -16,7 +16,7 @@ def metric_names(expr: str) -> set[str]:
     text = _GROUPING.sub(" ", _RANGES.sub(" ", _MATCHERS.sub(" ", _STRINGS.sub('""', expr))))
     names = set()
     for match in _IDENT.finditer(text):
-        followed_by = text[match.end():].lstrip()[:1]
+        followed_by = text[match.end() :].lstrip()[:1]
         if followed_by == "(" or match.group().lower() in _KEYWORDS:
             continue  # a function, an aggregation, or an operator
         names.add(match.group())

@@ -140,7 +140,9 @@ class SlowSmtp:
                     body += chunk
                 match = _MESSAGE_ID.search(bytes(body))
                 with self._lock:
-                    self.messages.append({"data": bytes(body), "message_id": match.group(1).decode() if match else None})
+                    self.messages.append(
+                        {"data": bytes(body), "message_id": match.group(1).decode() if match else None}
+                    )
                 if mode == "trickle-final":
                     self._trickle(conn)
                     return

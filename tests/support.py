@@ -174,8 +174,13 @@ async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides:
         owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=now
     )
     settled = [
-        decide(c, Unknown("connection lost after the final dot"), default_max_attempts=3, backoff=Backoff(1, 1),
-               dedupe_window_open=False)
+        decide(
+            c,
+            Unknown("connection lost after the final dot"),
+            default_max_attempts=3,
+            backoff=Backoff(1, 1),
+            dedupe_window_open=False,
+        )
         for c in claimed
     ]
     await store.record(settled, actor="w-test", now=now)
@@ -188,8 +193,12 @@ def wait_for_lock_waiters(url: str, n: int, timeout: float = 20) -> None:
         "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND application_name = 'evq'"
     )
-    wait_until(lambda: rows(url, query)[0]["n"] >= n, timeout=timeout, interval=0.02,
-               what=f"{n} evq session(s) waiting on a lock")
+    wait_until(
+        lambda: rows(url, query)[0]["n"] >= n,
+        timeout=timeout,
+        interval=0.02,
+        what=f"{n} evq session(s) waiting on a lock",
+    )
 
 
 def with_store(url: str, use: Any) -> Any:
@@ -206,7 +215,6 @@ def with_store(url: str, use: Any) -> Any:
             await store.close()
 
     return asyncio.run(go())
-
 
 
 def _default_signals() -> None:
@@ -285,8 +293,13 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
     fd, log_path = tempfile.mkstemp(prefix="evq-serve-", suffix=".log")
     try:
         with os.fdopen(fd, "w") as stderr:
-            proc = spawn([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=environ,
-                         stdout=stderr, stderr=subprocess.STDOUT, preexec_fn=limit)
+            proc = spawn(
+                [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+                env=environ,
+                stdout=stderr,
+                stderr=subprocess.STDOUT,
+                preexec_fn=limit,
+            )
         served = ServeProcess(proc, f"http://127.0.0.1:{port}", log_path)
 
         def up() -> bool:

@@ -38,7 +38,9 @@ class Limits:
 
 
 def limits(lease_from: float, lease_seconds: float) -> Limits:
-    return Limits(deadline=lease_from + lease_seconds * DEADLINE_SHARE, send_by=lease_from + lease_seconds * SEND_BY_SHARE)
+    return Limits(
+        deadline=lease_from + lease_seconds * DEADLINE_SHARE, send_by=lease_from + lease_seconds * SEND_BY_SHARE
+    )
 
 
 def left(instant: float | None, *, now: float | None = None) -> float | None:

@@ -35,8 +35,26 @@ def _reason(field: str) -> str:
 
 
 _REASONS = frozenset(
-    ("run_id", "step_id", "to", "cc", "bcc", "from", "reply_to", "subject", "text", "html", "headers",
-     "intent", "decision", "notify", "idempotency_key", "provider", "max_attempts", "$")
+    (
+        "run_id",
+        "step_id",
+        "to",
+        "cc",
+        "bcc",
+        "from",
+        "reply_to",
+        "subject",
+        "text",
+        "html",
+        "headers",
+        "intent",
+        "decision",
+        "notify",
+        "idempotency_key",
+        "provider",
+        "max_attempts",
+        "$",
+    )
 )
 
 

@@ -124,8 +124,10 @@ def configure_from_env(env: Any = None) -> None:
     env = os.environ if env is None else env
     fmt = env.get("EVQ_LOG_FORMAT", "auto")
     level = env.get("EVQ_LOG_LEVEL", "info")
-    configure(fmt if fmt in ("auto", "json", "console") else "auto",
-              level if level in ("debug", "info", "warning", "error") else "info")
+    configure(
+        fmt if fmt in ("auto", "json", "console") else "auto",
+        level if level in ("debug", "info", "warning", "error") else "info",
+    )
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -98,7 +98,9 @@ RATE_LIMITED = Counter(
     ["provider", "reason"],
 )
 PROVIDER_PAUSES = Counter(
-    "evq_provider_pauses_total", "Answers that said we send too fast (HTTP 429) and paused the whole provider.", ["provider"]
+    "evq_provider_pauses_total",
+    "Answers that said we send too fast (HTTP 429) and paused the whole provider.",
+    ["provider"],
 )
 PROVIDER_PAUSED_UNTIL = Gauge(
     "evq_provider_paused_until_timestamp_seconds",

@@ -100,8 +100,15 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         "headers": {"Auto-Submitted": "auto-generated", "References": original["message_id"]},
     }
     # evq itself is the one sender allowed to use the reserved address.
-    checked = parse(request, Policy(providers=(provider,), default_provider=provider, reserved_senders=(),
-                                    internal_domains=config.internal_domains))
+    checked = parse(
+        request,
+        Policy(
+            providers=(provider,),
+            default_provider=provider,
+            reserved_senders=(),
+            internal_domains=config.internal_domains,
+        ),
+    )
     payload_json, digest = payload_digest(checked.payload)
     return ValidRequest(
         run_id=original["run_id"],

@@ -81,5 +81,6 @@ def refused_recipients(response: dict[str, Any] | None) -> list[dict[str, Any]]:
 def log_fields(step: int, attempt: int, outcome: Outcome, **extra: Any) -> dict[str, Any]:
     """What every adapter logs about one attempt's outcome (never the request itself)."""
     r = outcome.response
-    return dict(step=step, attempt=attempt, outcome=outcome.kind, code=r.get("code"),
-                error_class=r.get("error_class"), **extra)
+    return dict(
+        step=step, attempt=attempt, outcome=outcome.kind, code=r.get("code"), error_class=r.get("error_class"), **extra
+    )

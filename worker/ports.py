@@ -84,7 +84,14 @@ class Store(Protocol):
 
     # Provider circuits (worker/circuit.py); each change writes its event row with it.
     async def circuit_trip(
-        self, *, provider: str, reason: str, detail: str, actor: str, probe_base: float, probe_max: float,
+        self,
+        *,
+        provider: str,
+        reason: str,
+        detail: str,
+        actor: str,
+        probe_base: float,
+        probe_max: float,
         now: datetime | None = None,
     ) -> dict[str, Any] | None: ...
 

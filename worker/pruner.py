@@ -53,8 +53,13 @@ def parse_retention(text: str) -> timedelta:
     unit = match[2] if match else None
     if match and unit == "m":
         raise InvalidRequest(
-            [{"field": "--older-than", "message": f"{text[:40]!r} is ambiguous: write {match[1]}min for minutes "
-              f"or {match[1]}mo for months"}]
+            [
+                {
+                    "field": "--older-than",
+                    "message": f"{text[:40]!r} is ambiguous: write {match[1]}min for minutes "
+                    f"or {match[1]}mo for months",
+                }
+            ]
         )
     if not match or unit not in RETENTION_UNITS:
         raise InvalidRequest(
@@ -62,7 +67,9 @@ def parse_retention(text: str) -> timedelta:
         )
     duration = int(match[1]) * RETENTION_UNITS[unit]
     if duration > MAX_RETENTION:
-        raise InvalidRequest([{"field": "--older-than", "message": f"at most {MAX_RETENTION.days}d, got {text[:40]!r}"}])
+        raise InvalidRequest(
+            [{"field": "--older-than", "message": f"at most {MAX_RETENTION.days}d, got {text[:40]!r}"}]
+        )
     return duration
 
 
@@ -89,7 +96,9 @@ class PruneCounts:
 class PruneStore(Protocol):
     async def prune_cutoff(self, *, older_than: timedelta) -> datetime: ...
 
-    async def prune_batch(self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int) -> PruneCounts: ...
+    async def prune_batch(
+        self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int
+    ) -> PruneCounts: ...
 
     async def prune_count(self, *, cutoff: datetime) -> PruneCounts: ...
 

@@ -51,7 +51,9 @@ MAX_PAUSE = 3600.0
 MIN_RECHECK = 0.01
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
-_ITEM = re.compile(r"^(?P<provider>[a-z][a-z0-9_-]*)=(?P<count>[0-9]+(?:\.[0-9]+)?)/(?P<unit>[a-z]+)(?::(?P<burst>[0-9]+))?$")
+_ITEM = re.compile(
+    r"^(?P<provider>[a-z][a-z0-9_-]*)=(?P<count>[0-9]+(?:\.[0-9]+)?)/(?P<unit>[a-z]+)(?::(?P<burst>[0-9]+))?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,9 @@ class RateGate:
             if left <= 0:
                 break
             rate = self.limits[provider]
-            grant = await self.store.rate_take(provider=provider, per_second=rate.per_second, burst=rate.burst, want=left)
+            grant = await self.store.rate_take(
+                provider=provider, per_second=rate.per_second, burst=rate.burst, want=left
+            )
             if grant.paused_for > 0:
                 self._paused(provider, grant.paused_for, observed=False)
             if grant.granted < left:

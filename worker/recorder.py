@@ -153,9 +153,7 @@ class Recorder:
             if split:
                 waiting.alone = True  # retried at once, one by one
             else:
-                waiting.not_before = now + reconnect_delay(
-                    waiting.failures, initial=0.05, maximum=self.retry_max_wait
-                )
+                waiting.not_before = now + reconnect_delay(waiting.failures, initial=0.05, maximum=self.retry_max_wait)
         fields = dict(
             outcomes=len(batch),
             attempt=max(w.failures for w in batch),

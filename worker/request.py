@@ -345,10 +345,14 @@ def encoded_word_refusal(value: str) -> str | None:
         return None
     words = list(_LENIENT_WORD.finditer(value))
     if any(_decodes_to_a_break(word) for word in words):
-        return ("RFC 2047 encoded words are not allowed, and this one decodes to a line break or control character "
-                "(a header injection)")
+        return (
+            "RFC 2047 encoded words are not allowed, and this one decodes to a line break or control character "
+            "(a header injection)"
+        )
     if not words or any(len(w[0]) > 75 or not _STRICT_WORD.fullmatch(w[0]) or _decoded(w) is None for w in words):
-        return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed, malformed ones neither; send the text itself"
+        return (
+            "RFC 2047 encoded words (=?charset?q?...?=) are not allowed, malformed ones neither; send the text itself"
+        )
     return "RFC 2047 encoded words (=?charset?q?...?=) are not allowed; send the text itself"
 
 
@@ -596,12 +600,7 @@ _LATIN_LOOK_ALIKES = str.maketrans(
     "\u03b1\u03bf\u03c1\u03bd\u03b9\u03ba\u03c5\u03f2\u03f3"
     "\u0251\u0261\u0131\u0269\u1d04\u1d0f\u1d1c\u1d20\u1d21\u1d22\ua731"
     "\u0585\u0578\u057d\u0566\u0570",
-    "ABEKMHOPCTYXSIJQWYI"
-    "aeopcyxsijhdqwylvwe"
-    "ABEZHIKMNOPTYX"
-    "aopvikucj"
-    "agiicouvwzs"
-    "onuqh",
+    "ABEKMHOPCTYXSIJQWYIaeopcyxsijhdqwylvweABEZHIKMNOPTYXaopvikucjagiicouvwzsonuqh",
 )
 
 

@@ -81,8 +81,10 @@ class Resolution:
         if provider_message_id is not None:
             if v is Verdict.RETRY:
                 errors.append({"field": "--provider-message-id", "message": "a send verified as not sent has none"})
-            elif not provider_message_id.strip() or len(provider_message_id) > MAX_REFERENCE or _has_control(
-                provider_message_id
+            elif (
+                not provider_message_id.strip()
+                or len(provider_message_id) > MAX_REFERENCE
+                or _has_control(provider_message_id)
             ):
                 errors.append(
                     {"field": "--provider-message-id", "message": f"1 to {MAX_REFERENCE} characters, one line"}

@@ -24,8 +24,13 @@ def retry_too_soon(step_id: int, not_before: datetime | None, now: datetime) -> 
         f"step {step_id} was rescued while its attempt may still be in progress: "
         f"a retry is possible from {when} (in {wait:.0f}s)",
         hint=f"wait until {when}, or close it as accepted/rejected if you know what the provider did",
-        context={"id": step_id, "status": "unknown", "reason": "lease_expired",
-                 "retry_possible_at": when, "retry_in_seconds": round(wait, 1)},
+        context={
+            "id": step_id,
+            "status": "unknown",
+            "reason": "lease_expired",
+            "retry_possible_at": when,
+            "retry_in_seconds": round(wait, 1),
+        },
     )
 
 

@@ -317,8 +317,11 @@ class Worker:
                         log.info("drained", **self.stats.__dict__)
                         return
                 except Exception as exc:
-                    log.warning("drain_check_failed", error_class=type(exc).__name__,
-                                error=getattr(exc, "message", None) or str(exc)[:300])
+                    log.warning(
+                        "drain_check_failed",
+                        error_class=type(exc).__name__,
+                        error=getattr(exc, "message", None) or str(exc)[:300],
+                    )
                     await self._sleep(reconnect_delay(1))
                     continue
                 if not self.rates.held_back:
@@ -412,14 +415,25 @@ class Worker:
             # lost (or a later statement of this pass fails and the probe is dropped), the
             # row, never sent, is handed back instead of waiting in flight for the rescuer.
             claimed = await self._claim_statement(
-                providers=[provider], limit=1, probe=True, owner=self.owner, lease_seconds=s.lease_seconds,
+                providers=[provider],
+                limit=1,
+                probe=True,
+                owner=self.owner,
+                lease_seconds=s.lease_seconds,
                 dedupe_windows=self.dedupe_windows,
             )
             if not claimed:
-                await self.store.circuit_probe_idle(provider=provider, owner=self.owner, probe_base=s.circuit_probe_base)
+                await self.store.circuit_probe_idle(
+                    provider=provider, owner=self.owner, probe_base=s.circuit_probe_base
+                )
                 continue
-            log.info("circuit_probe", provider=provider, step=claimed[0].id, probes=r["probes"],
-                     note="one step let through to see whether the provider is back")
+            log.info(
+                "circuit_probe",
+                provider=provider,
+                step=claimed[0].id,
+                probes=r["probes"],
+                note="one step let through to see whether the provider is back",
+            )
             probes.extend(claimed)
         return probes
 
@@ -431,28 +445,43 @@ class Worker:
         try:
             if verdict.trip is not None:
                 row = await self.store.circuit_trip(
-                    provider=provider, reason=verdict.trip.reason, detail=verdict.trip.detail, actor=self.owner,
-                    probe_base=s.circuit_probe_base, probe_max=s.circuit_probe_max,
+                    provider=provider,
+                    reason=verdict.trip.reason,
+                    detail=verdict.trip.detail,
+                    actor=self.owner,
+                    probe_base=s.circuit_probe_base,
+                    probe_max=s.circuit_probe_max,
                 )
                 if row is not None:
                     metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "open").inc()
                     self._circuits_read_at = min(self._circuits_read_at, time.monotonic() + row["probe_in"])
                     log.warning(
-                        "circuit_opened", provider=provider, reason=verdict.trip.reason, detail=verdict.trip.detail,
-                        from_state=row["from_state"], probe_in=round(row["probe_in"], 2), failed_probes=row["probes"],
+                        "circuit_opened",
+                        provider=provider,
+                        reason=verdict.trip.reason,
+                        detail=verdict.trip.detail,
+                        from_state=row["from_state"],
+                        probe_in=round(row["probe_in"], 2),
+                        failed_probes=row["probes"],
                         note="no worker sends to this provider until a probe gets through; attempts are not charged",
                     )
             elif await self.store.circuit_close(
-                provider=provider, reason="probe_succeeded" if probe else "provider_answered",
-                detail="the provider answered a send", actor=self.owner,
+                provider=provider,
+                reason="probe_succeeded" if probe else "provider_answered",
+                detail="the provider answered a send",
+                actor=self.owner,
             ):
                 metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "closed").inc()
                 log.info("circuit_closed", provider=provider, probe=probe)
         except Exception as exc:
             # Every worker still stops for itself (its own view says open); the others
             # learn of it from their own failures.
-            log.warning("circuit_not_shared", provider=provider, error_class=type(exc).__name__,
-                        error=getattr(exc, "message", None) or str(exc)[:200])
+            log.warning(
+                "circuit_not_shared",
+                provider=provider,
+                error_class=type(exc).__name__,
+                error=getattr(exc, "message", None) or str(exc)[:200],
+            )
 
     async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
         if service is None:
@@ -620,9 +649,13 @@ class Worker:
                 failures += 1
                 left = until - time.monotonic()
                 if left <= 0:
-                    log.warning("lost_claims_not_released", claims=len(self._lost_claims),
-                                error_class=type(exc).__name__, error=getattr(exc, "message", None) or str(exc)[:300],
-                                note="never sent; past their lease the rescuer makes them unknown")
+                    log.warning(
+                        "lost_claims_not_released",
+                        claims=len(self._lost_claims),
+                        error_class=type(exc).__name__,
+                        error=getattr(exc, "message", None) or str(exc)[:300],
+                        note="never sent; past their lease the rescuer makes them unknown",
+                    )
                     return
                 await asyncio.sleep(min(left, reconnect_delay(failures)))
 
@@ -632,8 +665,12 @@ class Worker:
         except Exception as exc:
             # This worker pauses anyway (in memory); the others learn of it from their own 429s.
             # Never let it keep the outcome from being recorded.
-            log.warning("provider_pause_not_shared", provider=provider, error_class=type(exc).__name__,
-                        error=getattr(exc, "message", None) or str(exc)[:200])
+            log.warning(
+                "provider_pause_not_shared",
+                provider=provider,
+                error_class=type(exc).__name__,
+                error=getattr(exc, "message", None) or str(exc)[:200],
+            )
 
     # -- shutdown -------------------------------------------------------------------
 
@@ -650,20 +687,30 @@ class Worker:
                 log.info("claims_released", count=n)
             except Exception as exc:
                 # Left in flight: the rescuer makes them unknown (a look for an operator, never a resend).
-                log.warning("release_failed", count=len(unstarted), error_class=type(exc).__name__,
-                            error=getattr(exc, "message", None) or str(exc)[:300])
+                log.warning(
+                    "release_failed",
+                    count=len(unstarted),
+                    error_class=type(exc).__name__,
+                    error=getattr(exc, "message", None) or str(exc)[:300],
+                )
         for h in unstarted:
             if h.probe:
                 # The probe never went out: its hold would keep every worker from the
                 # provider for a whole lease; back to open, probed again after the base delay.
                 try:
                     await self.store.circuit_probe_idle(
-                        provider=h.step.provider, owner=self.owner, probe_base=self.settings.circuit_probe_base,
+                        provider=h.step.provider,
+                        owner=self.owner,
+                        probe_base=self.settings.circuit_probe_base,
                         detail="the worker stopped before sending the probe; its step was handed back",
                     )
                 except Exception as exc:
-                    log.warning("circuit_probe_not_returned", provider=h.step.provider, error_class=type(exc).__name__,
-                                error=getattr(exc, "message", None) or str(exc)[:200])
+                    log.warning(
+                        "circuit_probe_not_returned",
+                        provider=h.step.provider,
+                        error_class=type(exc).__name__,
+                        error=getattr(exc, "message", None) or str(exc)[:200],
+                    )
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)

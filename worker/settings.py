@@ -83,21 +83,69 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
-    Option("data_dir", str, None, "Folder for the embedded PostgreSQL (default: the user data dir, e.g. ~/.local/share/evq)."),
-    Option("adapter", _csv, ("smtp",), "Provider adapter(s) this worker sends through, comma-separated: smtp, http, null."),
+    Option(
+        "data_dir",
+        str,
+        None,
+        "Folder for the embedded PostgreSQL (default: the user data dir, e.g. ~/.local/share/evq).",
+    ),
+    Option(
+        "adapter", _csv, ("smtp",), "Provider adapter(s) this worker sends through, comma-separated: smtp, http, null."
+    ),
     Option("concurrency", int, 10, "Sends in flight at once per worker process.", minimum=1),
     Option("batch_size", int, 100, "Most rows claimed by one claim statement.", minimum=1),
     Option("lease_seconds", float, 120.0, "How long a claim is held; must exceed the adapter timeout.", minimum=1),
-    Option("max_attempts", int, 1000, "Charged attempts before a step that keeps failing temporarily is rejected (a backstop: EVQ_RETRY_FOR decides first).", minimum=1),
-    Option("poll_interval", float, 1.0, "Seconds between claims when idle (LISTEN/NOTIFY wakes it sooner).", minimum=0.01),
+    Option(
+        "max_attempts",
+        int,
+        1000,
+        "Charged attempts before a step that keeps failing temporarily is rejected (a backstop: EVQ_RETRY_FOR decides first).",
+        minimum=1,
+    ),
+    Option(
+        "poll_interval", float, 1.0, "Seconds between claims when idle (LISTEN/NOTIFY wakes it sooner).", minimum=0.01
+    ),
     Option("retry_base", float, 5.0, "First retry delay in seconds; doubles per attempt, with jitter.", minimum=0),
     Option("retry_max", float, 900.0, "Longest retry delay in seconds.", minimum=0),
-    Option("retry_for", duration, 432000.0, "How long a step keeps being retried after temporary failures, from its enqueue (seconds, or 30m, 12h, 5d); then it is rejected (retry_budget_exhausted).", minimum=1),
-    Option("circuit_faults", circuit_faults, frozenset(FAULTS), "Provider-level faults that open a provider's circuit at once and cost the message no attempt: " + ", ".join(FAULTS) + " (or all, none).", ),
-    Option("circuit_failures", int, 10, "Consecutive temporary failures (seen by one worker) that open a provider's circuit (0: only the faults do).", minimum=0),
-    Option("circuit_probe_base", float, 10.0, "Seconds from a circuit's opening to its first probe; doubles after each failed probe.", minimum=0.1),
-    Option("circuit_probe_max", float, 600.0, "Longest wait between probes of an open circuit, in seconds.", minimum=0.1),
-    Option("listen", str, "auto", "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.", choices=("auto", "on", "off")),
+    Option(
+        "retry_for",
+        duration,
+        432000.0,
+        "How long a step keeps being retried after temporary failures, from its enqueue (seconds, or 30m, 12h, 5d); then it is rejected (retry_budget_exhausted).",
+        minimum=1,
+    ),
+    Option(
+        "circuit_faults",
+        circuit_faults,
+        frozenset(FAULTS),
+        "Provider-level faults that open a provider's circuit at once and cost the message no attempt: "
+        + ", ".join(FAULTS)
+        + " (or all, none).",
+    ),
+    Option(
+        "circuit_failures",
+        int,
+        10,
+        "Consecutive temporary failures (seen by one worker) that open a provider's circuit (0: only the faults do).",
+        minimum=0,
+    ),
+    Option(
+        "circuit_probe_base",
+        float,
+        10.0,
+        "Seconds from a circuit's opening to its first probe; doubles after each failed probe.",
+        minimum=0.1,
+    ),
+    Option(
+        "circuit_probe_max", float, 600.0, "Longest wait between probes of an open circuit, in seconds.", minimum=0.1
+    ),
+    Option(
+        "listen",
+        str,
+        "auto",
+        "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.",
+        choices=("auto", "on", "off"),
+    ),
     Option(
         "pooler",
         str,
@@ -116,7 +164,13 @@ OPTIONS: tuple[Option, ...] = (
         "A 429 from a limited provider pauses it for every worker. Unset: no limit, no extra statement.",
     ),
     Option("rescue_interval", float, 15.0, "Seconds between rescuer passes over expired leases.", minimum=0.1),
-    Option("shutdown_grace", float, 30.0, "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.", minimum=0),
+    Option(
+        "shutdown_grace",
+        float,
+        30.0,
+        "Seconds SIGTERM waits for in-flight sends before leaving them to the rescuer.",
+        minimum=0,
+    ),
     Option("allowed_domains", _csv, (), "Comma-separated recipient domains allowed (empty: all). Subdomains match."),
     Option("blocked_domains", _csv, (), "Comma-separated recipient domains refused. Subdomains match."),
     Option(
@@ -142,7 +196,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("smtp_port", int, 25, "SMTP server port.", minimum=1),
     Option("smtp_username", str, None, "SMTP AUTH user (optional)."),
     Option("smtp_password", str, None, "SMTP AUTH password (never logged).", secret=True),
-    Option("smtp_tls", str, "none", "SMTP transport security: none, starttls, ssl.", choices=("none", "starttls", "ssl")),
+    Option(
+        "smtp_tls", str, "none", "SMTP transport security: none, starttls, ssl.", choices=("none", "starttls", "ssl")
+    ),
     Option("smtp_timeout", float, 30.0, "Seconds for each SMTP network operation.", minimum=0.1),
     Option(
         "smtp_helo_name",
@@ -151,9 +207,24 @@ OPTIONS: tuple[Option, ...] = (
         "Name evq greets the SMTP server with (EHLO/HELO). Unset: the host's fully-qualified name if it has a dot, "
         "else the address literal of the connection, e.g. [10.0.0.5] (never 'localhost', which strict servers refuse).",
     ),
-    Option("smtp_ca_file", str, None, "PEM bundle of the CA(s) trusted for the SMTP server's certificate (a private CA); unset: the system's trust store."),
-    Option("smtp_client_cert", str, None, "PEM client certificate (chain) for SMTP servers that require one; with EVQ_SMTP_CLIENT_KEY."),
-    Option("smtp_client_key", str, None, "PEM private key of EVQ_SMTP_CLIENT_CERT (unset: the key is in the certificate file)."),
+    Option(
+        "smtp_ca_file",
+        str,
+        None,
+        "PEM bundle of the CA(s) trusted for the SMTP server's certificate (a private CA); unset: the system's trust store.",
+    ),
+    Option(
+        "smtp_client_cert",
+        str,
+        None,
+        "PEM client certificate (chain) for SMTP servers that require one; with EVQ_SMTP_CLIENT_KEY.",
+    ),
+    Option(
+        "smtp_client_key",
+        str,
+        None,
+        "PEM private key of EVQ_SMTP_CLIENT_CERT (unset: the key is in the certificate file).",
+    ),
     Option(
         "smtp_allow_plain_auth",
         boolean,
@@ -161,31 +232,148 @@ OPTIONS: tuple[Option, ...] = (
         "Allow SMTP AUTH (EVQ_SMTP_USERNAME) over a connection without TLS, i.e. the password in clear; "
         "only for a trusted network. Default: refused.",
     ),
-    Option("http_base_url", str, "https://api.resend.com", "Base URL of the Resend-style HTTP email API (POST {base}/emails)."),
-    Option("http_api_key", str, None, "Bearer API key of the HTTP email API (required with EVQ_ADAPTER=http; never logged).", secret=True),
-    Option("http_timeout", float, 10.0, "Seconds for each HTTP network operation (connect, send, answer).", minimum=0.1),
-    Option("http_dedupe_window", float, 86400.0, "Seconds the HTTP provider honours our Idempotency-Key, counted from the first attempt (0: it does not).", minimum=0),
-    Option("notice_from", str, None, "Sender of failure notices, refused from every caller (default: evq-notices@ the failed step's sender domain)."),
-    Option("notice_on_unknown", boolean, False, "Also send a notice when a step becomes unknown (outcome uncertain, an operator will check)."),
-    Option("reconcile_interval", float, 30.0, "Seconds between reconciler passes over unknown rows whose provider can look messages up.", minimum=0.1),
+    Option(
+        "http_base_url",
+        str,
+        "https://api.resend.com",
+        "Base URL of the Resend-style HTTP email API (POST {base}/emails).",
+    ),
+    Option(
+        "http_api_key",
+        str,
+        None,
+        "Bearer API key of the HTTP email API (required with EVQ_ADAPTER=http; never logged).",
+        secret=True,
+    ),
+    Option(
+        "http_timeout", float, 10.0, "Seconds for each HTTP network operation (connect, send, answer).", minimum=0.1
+    ),
+    Option(
+        "http_dedupe_window",
+        float,
+        86400.0,
+        "Seconds the HTTP provider honours our Idempotency-Key, counted from the first attempt (0: it does not).",
+        minimum=0,
+    ),
+    Option(
+        "notice_from",
+        str,
+        None,
+        "Sender of failure notices, refused from every caller (default: evq-notices@ the failed step's sender domain).",
+    ),
+    Option(
+        "notice_on_unknown",
+        boolean,
+        False,
+        "Also send a notice when a step becomes unknown (outcome uncertain, an operator will check).",
+    ),
+    Option(
+        "reconcile_interval",
+        float,
+        30.0,
+        "Seconds between reconciler passes over unknown rows whose provider can look messages up.",
+        minimum=0.1,
+    ),
     Option("reconcile_rate", float, 2.0, "Most provider lookups per second, per worker.", minimum=0.01),
-    Option("reconcile_checks", int, 5, "Lookups per unknown row before it is left to an operator alone (0: no reconciler).", minimum=0),
+    Option(
+        "reconcile_checks",
+        int,
+        5,
+        "Lookups per unknown row before it is left to an operator alone (0: no reconciler).",
+        minimum=0,
+    ),
     Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
-    Option("log_format", str, "auto", "Log format: auto (console on a terminal, else JSON), json, console.", choices=("auto", "json", "console")),
-    Option("log_level", str, "info", "Log level: debug, info, warning, error.", choices=("debug", "info", "warning", "error")),
-    Option("metrics_port", int, None, "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).", minimum=0),
-    Option("metrics_host", str, "127.0.0.1", "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it)."),
-    Option("metrics_queue", str, "on", "Also export the queue gauges read from the database at scrape time: on, off.", choices=("on", "off")),
+    Option(
+        "log_format",
+        str,
+        "auto",
+        "Log format: auto (console on a terminal, else JSON), json, console.",
+        choices=("auto", "json", "console"),
+    ),
+    Option(
+        "log_level",
+        str,
+        "info",
+        "Log level: debug, info, warning, error.",
+        choices=("debug", "info", "warning", "error"),
+    ),
+    Option(
+        "metrics_port",
+        int,
+        None,
+        "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).",
+        minimum=0,
+    ),
+    Option(
+        "metrics_host",
+        str,
+        "127.0.0.1",
+        "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it).",
+    ),
+    Option(
+        "metrics_queue",
+        str,
+        "on",
+        "Also export the queue gauges read from the database at scrape time: on, off.",
+        choices=("on", "off"),
+    ),
     Option("serve_host", str, "127.0.0.1", "Address `evq serve` (HTTP API, ops page, /metrics) listens on."),
     Option("serve_port", int, 8080, "Port `evq serve` listens on (0: any free port).", minimum=0),
-    Option("serve_secret", str, None, "Secret that signs ops-page session cookies (unset: a new one per process, so sessions end at a restart; set it when several `evq serve` share users).", secret=True),
-    Option("serve_max_body", int, 4 * 1024 * 1024, "Largest HTTP request body `evq serve` reads, in bytes (413 beyond).", minimum=1024),
-    Option("serve_auth_failures", int, 10, "Wrong or revoked API keys one client address may present within EVQ_SERVE_AUTH_WINDOW before `evq serve` answers its key checks 429 (Retry-After) without looking.", minimum=1),
-    Option("serve_auth_window", float, 60.0, "Seconds over which `evq serve` counts a client address's failed key checks (and the longest it refuses that address).", minimum=1),
-    Option("serve_header_timeout", float, 10.0, "Seconds a client of `evq serve` has to send a request's line and headers, counted from its first byte (or the connection); then 408 and closed.", minimum=0.1),
-    Option("serve_body_timeout", float, 30.0, "Seconds a client of `evq serve` has to send a request's whole body once its headers are in (then 408 and closed), and to take in more of an answer it stopped reading (then closed).", minimum=0.1),
-    Option("serve_max_connections", int, 512, "Most connections `evq serve` holds open; beyond it the one waiting longest on its client is closed (keep it under the open-file limit, ulimit -n).", minimum=2),
-    Option("mcp_resolve", boolean, False, "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false)."),
+    Option(
+        "serve_secret",
+        str,
+        None,
+        "Secret that signs ops-page session cookies (unset: a new one per process, so sessions end at a restart; set it when several `evq serve` share users).",
+        secret=True,
+    ),
+    Option(
+        "serve_max_body",
+        int,
+        4 * 1024 * 1024,
+        "Largest HTTP request body `evq serve` reads, in bytes (413 beyond).",
+        minimum=1024,
+    ),
+    Option(
+        "serve_auth_failures",
+        int,
+        10,
+        "Wrong or revoked API keys one client address may present within EVQ_SERVE_AUTH_WINDOW before `evq serve` answers its key checks 429 (Retry-After) without looking.",
+        minimum=1,
+    ),
+    Option(
+        "serve_auth_window",
+        float,
+        60.0,
+        "Seconds over which `evq serve` counts a client address's failed key checks (and the longest it refuses that address).",
+        minimum=1,
+    ),
+    Option(
+        "serve_header_timeout",
+        float,
+        10.0,
+        "Seconds a client of `evq serve` has to send a request's line and headers, counted from its first byte (or the connection); then 408 and closed.",
+        minimum=0.1,
+    ),
+    Option(
+        "serve_body_timeout",
+        float,
+        30.0,
+        "Seconds a client of `evq serve` has to send a request's whole body once its headers are in (then 408 and closed), and to take in more of an answer it stopped reading (then closed).",
+        minimum=0.1,
+    ),
+    Option(
+        "serve_max_connections",
+        int,
+        512,
+        "Most connections `evq serve` holds open; beyond it the one waiting longest on its client is closed (keep it under the open-file limit, ulimit -n).",
+        minimum=2,
+    ),
+    Option(
+        "mcp_resolve",
+        boolean,
+        False,
+        "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false).",
+    ),
 )
 
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
@@ -300,7 +488,9 @@ class Settings:
                 f"must exceed 3 x EVQ_SMTP_TIMEOUT ({self.smtp_timeout * 3:g}s) so a live send is never rescued",
             )
         if self.pooler == "transaction" and self.listen == "on":
-            raise _bad(OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)")
+            raise _bad(
+                OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)"
+            )
         if bool(self.smtp_username) != bool(self.smtp_password) and "smtp" in self.adapter:
             raise _bad(OPTION_BY_NAME["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if "smtp" in self.adapter:
@@ -308,7 +498,8 @@ class Settings:
         for limit in self.rate_limit:
             if limit.provider not in ADAPTERS:
                 raise _bad(
-                    OPTION_BY_NAME["rate_limit"], f"names an unknown provider {limit.provider!r}; known: {', '.join(ADAPTERS)}"
+                    OPTION_BY_NAME["rate_limit"],
+                    f"names an unknown provider {limit.provider!r}; known: {', '.join(ADAPTERS)}",
                 )
         if self.circuit_probe_max < self.circuit_probe_base:
             raise _bad(OPTION_BY_NAME["circuit_probe_max"], "must be at least EVQ_CIRCUIT_PROBE_BASE")
@@ -397,8 +588,9 @@ class Settings:
         )
 
     def notices(self) -> NoticeConfig:
-        return NoticeConfig(sender=self.notice_from, on_unknown=self.notice_on_unknown,
-                            internal_domains=self.internal_domains)
+        return NoticeConfig(
+            sender=self.notice_from, on_unknown=self.notice_on_unknown, internal_domains=self.internal_domains
+        )
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log line, an evidence row or an error."""

@@ -25,9 +25,7 @@ TERMINAL = frozenset({Status.ACCEPTED, Status.REJECTED})
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.IN_FLIGHT, Status.REJECTED}),
     Status.RETRYABLE: frozenset({Status.IN_FLIGHT, Status.UNKNOWN, Status.REJECTED, Status.ACCEPTED}),
-    Status.IN_FLIGHT: frozenset(
-        {Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE, Status.UNKNOWN, Status.PENDING}
-    ),
+    Status.IN_FLIGHT: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE, Status.UNKNOWN, Status.PENDING}),
     Status.UNKNOWN: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE}),
     Status.ACCEPTED: frozenset(),
     Status.REJECTED: frozenset(),

@@ -26,8 +26,14 @@ def run_events(
     for d in decisions:
         step = by_decision.get(d["id"])
         if step is not None:
-            events.append((d["created_at"], 0, d["id"], _event(d["created_at"], "decision", step,
-                                                                  detail={k: d.get(k) for k in DECISION_FIELDS})))
+            events.append(
+                (
+                    d["created_at"],
+                    0,
+                    d["id"],
+                    _event(d["created_at"], "decision", step, detail={k: d.get(k) for k in DECISION_FIELDS}),
+                )
+            )
     for s in steps:
         payload = s["payload"]
         action = {k: s.get(k) for k in ACTION_FIELDS}
@@ -35,18 +41,39 @@ def run_events(
             {k: [a["email"] for a in payload.get(k, [])] for k in ("to", "cc", "bcc")},
             subject=payload.get("subject"),
         )
-        events.append((s["created_at"], 1, s["id"], _event(s["created_at"], "enqueued", s, to_status="pending",
-                                                            detail=action)))
+        events.append(
+            (s["created_at"], 1, s["id"], _event(s["created_at"], "enqueued", s, to_status="pending", detail=action))
+        )
     for e in evidence:
         step = by_id.get(e["step_id"])
         if step is not None:
-            events.append((e["created_at"], 2, e["id"], _event(
-                e["created_at"], e["kind"], step,
-                evidence_id=e["id"],
-                **{k: e.get(k) for k in ("attempt", "actor", "from_status", "to_status", "outcome", "reason",
-                                         "provider_message_id", "latency_ms")},
-                detail=e.get("detail") or {},
-            )))
+            events.append(
+                (
+                    e["created_at"],
+                    2,
+                    e["id"],
+                    _event(
+                        e["created_at"],
+                        e["kind"],
+                        step,
+                        evidence_id=e["id"],
+                        **{
+                            k: e.get(k)
+                            for k in (
+                                "attempt",
+                                "actor",
+                                "from_status",
+                                "to_status",
+                                "outcome",
+                                "reason",
+                                "provider_message_id",
+                                "latency_ms",
+                            )
+                        },
+                        detail=e.get("detail") or {},
+                    ),
+                )
+            )
     # Same-instant events keep their causal order: decision, then action, then evidence.
     events.sort(key=lambda item: item[:3])
     return [event for *_, event in events]

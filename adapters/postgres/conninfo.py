@@ -57,7 +57,7 @@ def passwords(url: str | None) -> list[str]:
         return []
     found: set[str] = set()
     try:
-        if (password := urlsplit(url).password):
+        if password := urlsplit(url).password:
             found.add(password)
     except ValueError:
         pass
@@ -71,7 +71,7 @@ def passwords(url: str | None) -> list[str]:
     import psycopg
 
     try:
-        if (password := psycopg.conninfo.conninfo_to_dict(_SCHEME.sub("postgresql://", url, count=1)).get("password")):
+        if password := psycopg.conninfo.conninfo_to_dict(_SCHEME.sub("postgresql://", url, count=1)).get("password"):
             found.add(str(password))
     except psycopg.ProgrammingError:
         pass

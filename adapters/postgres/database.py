@@ -28,7 +28,9 @@ from worker.errors import (
 )
 
 UPGRADE_HINT = "run `evq db upgrade` (same EVQ_DATABASE_URL) to migrate it"
-NEWER_HINT = "a newer evq migrated this database: run that evq version (or a later one) here; `evq db upgrade` never goes back"
+NEWER_HINT = (
+    "a newer evq migrated this database: run that evq version (or a later one) here; `evq db upgrade` never goes back"
+)
 
 
 def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
@@ -54,9 +56,9 @@ def sqlalchemy_url(url: str) -> str:
     user, password, dbname = params.pop("user", None), params.pop("password", None), params.pop("dbname", None)
     # Everything else (host, port, sslmode, a socket directory as host) goes through as a query parameter.
     query = {k: str(v) for k, v in params.items()}
-    return URL.create("postgresql+psycopg", username=user, password=password, database=dbname, query=query).render_as_string(
-        hide_password=False
-    )
+    return URL.create(
+        "postgresql+psycopg", username=user, password=password, database=dbname, query=query
+    ).render_as_string(hide_password=False)
 
 
 def alembic_config(url: str) -> Any:
@@ -112,9 +114,7 @@ def upgrade(url: str, revision: str = "head", *, runtime_role: str | None = None
     return before, after
 
 
-def migrate(
-    url: str, revision: str = "head", *, runtime_role: str | None = None
-) -> tuple[str | None, str, list[str]]:
+def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None) -> tuple[str | None, str, list[str]]:
     """Migrate as the owner of evq's tables, then grant the runtime privileges again
     (to every role granted them before, and to ``runtime_role``).
 

@@ -64,11 +64,14 @@ def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
     if not rows:
         # A concurrent enqueue of the same key committed after this statement's
         # snapshot: ON CONFLICT skipped our insert, and only a new snapshot sees theirs.
-        rows = yield Q["step_get_by_key"], {
-            "idempotency_key": request.idempotency_key,
-            "run_id": request.run_id,
-            "step_id": request.step_id,
-        }
+        rows = yield (
+            Q["step_get_by_key"],
+            {
+                "idempotency_key": request.idempotency_key,
+                "run_id": request.run_id,
+                "step_id": request.step_id,
+            },
+        )
         if not rows:
             raise Conflict("a concurrent enqueue holds this key; retry", context={"key": request.idempotency_key})
     row = rows[0]
@@ -92,11 +95,25 @@ def enqueue_many_params(
     rows = []
     for request, message_id in zip(requests, message_ids, strict=True):
         d = request.decision
-        head = _dumps([
-            request.run_id, request.step_id, request.idempotency_key, message_id, request.provider,
-            request.payload_sha256, request.max_attempts, request.notify, d.intent, d.instruction_version,
-            d.prompt_version, d.model, d.tool, d.rationale, None if d.decided_at is None else d.decided_at.isoformat(),
-        ])
+        head = _dumps(
+            [
+                request.run_id,
+                request.step_id,
+                request.idempotency_key,
+                message_id,
+                request.provider,
+                request.payload_sha256,
+                request.max_attempts,
+                request.notify,
+                d.intent,
+                d.instruction_version,
+                d.prompt_version,
+                d.model,
+                d.tool,
+                d.rationale,
+                None if d.decided_at is None else d.decided_at.isoformat(),
+            ]
+        )
         # The payload goes in as the canonical JSON text validation made (and hashed),
         # not serialised a second time: a JSON value, not a string of JSON.
         rows.append(f"{head[:-1]},{request.payload_json}]")
@@ -124,11 +141,17 @@ def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = Non
                 created += 1
                 # Written by this statement: everything but the id is what we sent,
                 # and a new step starts pending (the column's default).
-                results.append(EnqueueResult(
-                    id=row["id"], run_id=request.run_id, step_id=request.step_id,
-                    idempotency_key=request.idempotency_key, message_id=message_id, status=Status.PENDING,
-                    created=True,
-                ))
+                results.append(
+                    EnqueueResult(
+                        id=row["id"],
+                        run_id=request.run_id,
+                        step_id=request.step_id,
+                        idempotency_key=request.idempotency_key,
+                        message_id=message_id,
+                        status=Status.PENDING,
+                        created=True,
+                    )
+                )
             elif row["existing_id"] is not None:
                 results.append(existing_or_conflict({**row, "id": row["existing_id"], "created": False}, request))
             else:

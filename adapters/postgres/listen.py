@@ -69,9 +69,7 @@ class PostgresWakeup:
         failures = 0
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, **connect_kwargs()
-                ) as conn:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True, **connect_kwargs()) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     await conn.execute(f"LISTEN {self._probe_channel}")
                     failures = 0

@@ -77,7 +77,9 @@ def _stats(row: dict[str, Any], buckets: Sequence[float]) -> QueueStats:
         steps={str(s): int(row[str(s)]) for s in Status},
         unknown_oldest_age=float(row["unknown_oldest_age"]),
         unknown_age_sum=float(row["unknown_age_sum"]),
-        unknown_buckets=tuple(zip((float(b) for b in sorted(buckets)), (int(n) for n in row["unknown_buckets"]), strict=True)),
+        unknown_buckets=tuple(
+            zip((float(b) for b in sorted(buckets)), (int(n) for n in row["unknown_buckets"]), strict=True)
+        ),
         pending_oldest_age=float(row["pending_oldest_age"]),
         in_flight_expired=int(row["in_flight_expired"]),
         estimated=tuple(row["estimated"]),

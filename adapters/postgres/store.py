@@ -113,7 +113,13 @@ class PostgresStore:
         pool = AsyncConnectionPool(
             # A short wait for a connection: when the database is out of reach the caller
             # hears about it (and logs it) within seconds, instead of hanging silently.
-            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="evq", timeout=10
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=kwargs,
+            open=False,
+            name="evq",
+            timeout=10,
         )
         try:
             await pool.open(wait=True, timeout=15)
@@ -346,7 +352,9 @@ class PostgresStore:
         return Grant(granted=row["granted"], paused_for=row["paused_for"], next_token_in=row["next_token_in"])
 
     async def rate_refund(self, *, provider: str, burst: int, tokens: int, now: datetime | None = None) -> None:
-        await self._fetch("rate_refund", Q["rate_limit_refund"], {"provider": provider, "burst": burst, "tokens": tokens})
+        await self._fetch(
+            "rate_refund", Q["rate_limit_refund"], {"provider": provider, "burst": burst, "tokens": tokens}
+        )
 
     async def rate_pause(self, *, provider: str, seconds: float, now: datetime | None = None) -> float:
         rows = await self._fetch(
@@ -368,8 +376,15 @@ class PostgresStore:
         now: datetime | None = None,
     ) -> dict[str, Any] | None:
         """Open the circuit (or reopen it after a failed probe); the change, or None if it was open."""
-        params = {"provider": provider, "reason": reason, "detail": detail, "actor": actor,
-                  "probe_base": probe_base, "probe_max": probe_max, "now": now}
+        params = {
+            "provider": provider,
+            "reason": reason,
+            "detail": detail,
+            "actor": actor,
+            "probe_base": probe_base,
+            "probe_max": probe_max,
+            "now": now,
+        }
         row = (await self._fetch("circuit_trip", Q["circuit_trip"], params))[0]
         if not row["present"]:
             await self._fetch("circuit_seed", Q["circuit_seed"], params)
@@ -392,13 +407,23 @@ class PostgresStore:
         rows = await self._fetch(
             "circuit_probe_take",
             Q["circuit_probe_take"],
-            {"provider": provider, "owner": owner, "hold_seconds": hold_seconds,
-             "lease_seconds": lease_seconds, "now": now},
+            {
+                "provider": provider,
+                "owner": owner,
+                "hold_seconds": hold_seconds,
+                "lease_seconds": lease_seconds,
+                "now": now,
+            },
         )
         return bool(rows)
 
     async def circuit_probe_idle(
-        self, *, provider: str, owner: str, probe_base: float, detail: str = "the probe found no step to send",
+        self,
+        *,
+        provider: str,
+        owner: str,
+        probe_base: float,
+        detail: str = "the probe found no step to send",
         now: datetime | None = None,
     ) -> bool:
         rows = await self._fetch(
@@ -575,8 +600,12 @@ class PostgresStore:
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
         row = rows[0]
-        if (row["to_status"] is None and resolution.verdict is Verdict.RETRY and row["accepted_evidence"] is not None
-                and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])):
+        if (
+            row["to_status"] is None
+            and resolution.verdict is Verdict.RETRY
+            and row["accepted_evidence"] is not None
+            and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])
+        ):
             raise retry_after_acceptance(step_id, row["accepted_evidence"], row["current_status"])
         if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
             raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])

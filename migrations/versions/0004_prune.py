@@ -15,34 +15,38 @@ itself is append-only without exception.
 
 Self-contained on purpose (no application imports).
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0004_prune'
-down_revision: str | Sequence[str] | None = '0003_notices'
+revision: str = "0004_prune"
+down_revision: str | Sequence[str] | None = "0003_notices"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_table('prune_log',
-    sa.Column('id', sa.BigInteger(), autoincrement=True, nullable=False),
-    sa.Column('run', sa.UUID(), nullable=False),
-    sa.Column('batch', sa.Integer(), nullable=False),
-    sa.Column('actor', sa.Text(), nullable=False),
-    sa.Column('cutoff', postgresql.TIMESTAMP(timezone=True), nullable=False),
-    sa.Column('steps', sa.Integer(), nullable=False),
-    sa.Column('evidence', sa.Integer(), nullable=False),
-    sa.Column('decisions', sa.Integer(), nullable=False),
-    sa.Column('first_step_id', sa.BigInteger(), nullable=True),
-    sa.Column('last_step_id', sa.BigInteger(), nullable=True),
-    sa.Column('created_at', postgresql.TIMESTAMP(timezone=True), server_default=sa.text('now()'), nullable=False),
-    sa.CheckConstraint('steps >= 0 AND evidence >= 0 AND decisions >= 0', name=op.f('ck_prune_log_counts_nonnegative')),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_prune_log')),
-    sa.UniqueConstraint('run', 'batch', name=op.f('uq_prune_log_run_batch'))
+    op.create_table(
+        "prune_log",
+        sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
+        sa.Column("run", sa.UUID(), nullable=False),
+        sa.Column("batch", sa.Integer(), nullable=False),
+        sa.Column("actor", sa.Text(), nullable=False),
+        sa.Column("cutoff", postgresql.TIMESTAMP(timezone=True), nullable=False),
+        sa.Column("steps", sa.Integer(), nullable=False),
+        sa.Column("evidence", sa.Integer(), nullable=False),
+        sa.Column("decisions", sa.Integer(), nullable=False),
+        sa.Column("first_step_id", sa.BigInteger(), nullable=True),
+        sa.Column("last_step_id", sa.BigInteger(), nullable=True),
+        sa.Column("created_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.CheckConstraint(
+            "steps >= 0 AND evidence >= 0 AND decisions >= 0", name=op.f("ck_prune_log_counts_nonnegative")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_prune_log")),
+        sa.UniqueConstraint("run", "batch", name=op.f("uq_prune_log_run_batch")),
     )
     op.execute(APPEND_ONLY_WITH_PRUNE)
     op.execute(
@@ -90,5 +94,5 @@ $$
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS prune_log_append_only ON prune_log")
     op.execute("DROP TRIGGER IF EXISTS prune_log_no_truncate ON prune_log")
-    op.drop_table('prune_log')
+    op.drop_table("prune_log")
     op.execute(APPEND_ONLY_ORIGINAL)

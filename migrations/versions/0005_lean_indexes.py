@@ -19,26 +19,33 @@ matches. A step's life is pending -> in_flight -> accepted: two rewrites.
 
 Self-contained on purpose (no application imports).
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0005_lean_indexes'
-down_revision: str | Sequence[str] | None = '0004_prune'
+revision: str = "0005_lean_indexes"
+down_revision: str | Sequence[str] | None = "0004_prune"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.drop_index('ix_email_steps_status_created_at', table_name='email_steps')
-    op.create_index('ix_email_steps_status_created_at', 'email_steps', ['status', 'created_at'], unique=False,
-                    postgresql_where=sa.text("status <> 'in_flight'"))
-    op.drop_index('ix_evidence_run_id_id', table_name='evidence')
+    op.drop_index("ix_email_steps_status_created_at", table_name="email_steps")
+    op.create_index(
+        "ix_email_steps_status_created_at",
+        "email_steps",
+        ["status", "created_at"],
+        unique=False,
+        postgresql_where=sa.text("status <> 'in_flight'"),
+    )
+    op.drop_index("ix_evidence_run_id_id", table_name="evidence")
 
 
 def downgrade() -> None:
-    op.create_index('ix_evidence_run_id_id', 'evidence', ['run_id', 'id'], unique=False)
-    op.drop_index('ix_email_steps_status_created_at', table_name='email_steps',
-                  postgresql_where=sa.text("status <> 'in_flight'"))
-    op.create_index('ix_email_steps_status_created_at', 'email_steps', ['status', 'created_at'], unique=False)
+    op.create_index("ix_evidence_run_id_id", "evidence", ["run_id", "id"], unique=False)
+    op.drop_index(
+        "ix_email_steps_status_created_at", table_name="email_steps", postgresql_where=sa.text("status <> 'in_flight'")
+    )
+    op.create_index("ix_email_steps_status_created_at", "email_steps", ["status", "created_at"], unique=False)

@@ -29,13 +29,14 @@ switch (``evq.pruning``) was a setting any session could turn on. Now:
 
 Self-contained on purpose (no application imports).
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0009_runtime_role'
-down_revision: str | Sequence[str] | None = '0007_rate_limits'
+revision: str = "0009_runtime_role"
+down_revision: str | Sequence[str] | None = "0007_rate_limits"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -112,9 +113,9 @@ def _roots(cutoff: str) -> str:
     # A batch is counted in roots: the steps that are not a notice of an original that
     # also goes (those ride along with their original).
     return f"""
-    {_eligible('s', cutoff)}
+    {_eligible("s", cutoff)}
     AND NOT (s.notice_of IS NOT NULL AND EXISTS (
-        SELECT 1 FROM email_steps o WHERE o.id = s.notice_of AND {_eligible('o', cutoff)}
+        SELECT 1 FROM email_steps o WHERE o.id = s.notice_of AND {_eligible("o", cutoff)}
     ))
     """
 
@@ -282,8 +283,13 @@ def upgrade() -> None:
     path = f"pg_catalog, {_quoted(schema)}, pg_temp"
     # A failure notice's reverse lookup: the prune predicate asks "does a notice point
     # at this step?", and the foreign key asks the same for every step it deletes.
-    op.create_index('ix_email_steps_notice_of', 'email_steps', ['notice_of'], unique=False,
-                    postgresql_where=sa.text('notice_of IS NOT NULL'))
+    op.create_index(
+        "ix_email_steps_notice_of",
+        "email_steps",
+        ["notice_of"],
+        unique=False,
+        postgresql_where=sa.text("notice_of IS NOT NULL"),
+    )
     op.execute(APPEND_ONLY_OWNER_ONLY)
     for statement in _prune_functions(schema):
         op.execute(statement)
@@ -296,4 +302,6 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS evq_prune_batch(timestamptz, integer, text, uuid, integer)")
     op.execute("DROP FUNCTION IF EXISTS evq_prune_count(timestamptz)")
     op.execute(APPEND_ONLY_0004)
-    op.drop_index('ix_email_steps_notice_of', table_name='email_steps', postgresql_where=sa.text('notice_of IS NOT NULL'))
+    op.drop_index(
+        "ix_email_steps_notice_of", table_name="email_steps", postgresql_where=sa.text("notice_of IS NOT NULL")
+    )

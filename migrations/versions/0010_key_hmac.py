@@ -23,6 +23,7 @@ slow one does, and costs microseconds. Now:
 
 Self-contained on purpose (no application imports).
 """
+
 import secrets
 from collections.abc import Sequence
 
@@ -30,8 +31,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0010_key_hmac'
-down_revision: str | Sequence[str] | None = '0009_runtime_role'
+revision: str = "0010_key_hmac"
+down_revision: str | Sequence[str] | None = "0009_runtime_role"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -39,30 +40,41 @@ depends_on: str | Sequence[str] | None = None
 # The function is edited in place (its own text, read back from the catalogue) rather
 # than copied here, so another revision's edits to it are kept.
 _MARKER = "WHEN 'prune_log' THEN 'SELECT'"
-_PEPPER_LINE = "WHEN 'api_key_pepper' THEN 'SELECT'            -- read by key checks, written by migrations only\n            "
+_PEPPER_LINE = (
+    "WHEN 'api_key_pepper' THEN 'SELECT'            -- read by key checks, written by migrations only\n            "
+)
 
 
 def _grant_function() -> str:
-    return op.get_bind().execute(
-        sa.text("SELECT pg_get_functiondef('evq_grant_runtime(name)'::regprocedure)")
-    ).scalar_one()
+    return (
+        op.get_bind()
+        .execute(sa.text("SELECT pg_get_functiondef('evq_grant_runtime(name)'::regprocedure)"))
+        .scalar_one()
+    )
 
 
 def upgrade() -> None:
-    op.create_table('api_key_pepper',
-    sa.Column('id', sa.SmallInteger(), server_default=sa.text('1'), nullable=False),
-    sa.Column('pepper', postgresql.BYTEA(), nullable=False),
-    sa.Column('created_at', postgresql.TIMESTAMP(timezone=True), server_default=sa.text('now()'), nullable=False),
-    sa.CheckConstraint('id = 1', name=op.f('ck_api_key_pepper_one_row')),
-    sa.CheckConstraint('octet_length(pepper) >= 32', name=op.f('ck_api_key_pepper_long_enough')),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_api_key_pepper'))
+    op.create_table(
+        "api_key_pepper",
+        sa.Column("id", sa.SmallInteger(), server_default=sa.text("1"), nullable=False),
+        sa.Column("pepper", postgresql.BYTEA(), nullable=False),
+        sa.Column("created_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.CheckConstraint("id = 1", name=op.f("ck_api_key_pepper_one_row")),
+        sa.CheckConstraint("octet_length(pepper) >= 32", name=op.f("ck_api_key_pepper_long_enough")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_api_key_pepper")),
     )
-    op.get_bind().execute(sa.text("INSERT INTO api_key_pepper (id, pepper) VALUES (1, :pepper)"),
-                          {"pepper": secrets.token_bytes(32)})
-    op.add_column('api_keys', sa.Column('session_generation', sa.Integer(), server_default=sa.text('0'), nullable=False))
-    op.drop_constraint(op.f('ck_api_keys_secret_hash_scheme'), 'api_keys', type_='check')
-    op.create_check_constraint(op.f('ck_api_keys_secret_hash_scheme'), 'api_keys',
-                               "secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'")
+    op.get_bind().execute(
+        sa.text("INSERT INTO api_key_pepper (id, pepper) VALUES (1, :pepper)"), {"pepper": secrets.token_bytes(32)}
+    )
+    op.add_column(
+        "api_keys", sa.Column("session_generation", sa.Integer(), server_default=sa.text("0"), nullable=False)
+    )
+    op.drop_constraint(op.f("ck_api_keys_secret_hash_scheme"), "api_keys", type_="check")
+    op.create_check_constraint(
+        op.f("ck_api_keys_secret_hash_scheme"),
+        "api_keys",
+        "secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'",
+    )
     definition = _grant_function()
     if "'api_key_pepper'" not in definition:
         if _MARKER not in definition:
@@ -73,10 +85,12 @@ def upgrade() -> None:
 def downgrade() -> None:
     definition = _grant_function()
     op.execute(definition.replace(_PEPPER_LINE, "", 1))
-    op.drop_constraint(op.f('ck_api_keys_secret_hash_scheme'), 'api_keys', type_='check')
+    op.drop_constraint(op.f("ck_api_keys_secret_hash_scheme"), "api_keys", type_="check")
     # A key rehashed to HMAC cannot go back to scrypt (its secret is not stored): it stops
     # working, and its row (its name, never reused, is an actor in evidence) stays.
-    op.execute("UPDATE api_keys SET secret_hash = 'scrypt$rehashed-by-0010_key_hmac' WHERE secret_hash NOT LIKE 'scrypt$%'")
-    op.create_check_constraint(op.f('ck_api_keys_secret_hash_scheme'), 'api_keys', "secret_hash LIKE 'scrypt$%'")
-    op.drop_column('api_keys', 'session_generation')
-    op.drop_table('api_key_pepper')
+    op.execute(
+        "UPDATE api_keys SET secret_hash = 'scrypt$rehashed-by-0010_key_hmac' WHERE secret_hash NOT LIKE 'scrypt$%'"
+    )
+    op.create_check_constraint(op.f("ck_api_keys_secret_hash_scheme"), "api_keys", "secret_hash LIKE 'scrypt$%'")
+    op.drop_column("api_keys", "session_generation")
+    op.drop_table("api_key_pepper")

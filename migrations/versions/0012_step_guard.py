@@ -22,17 +22,29 @@ disable the trigger anyway, and tests and repairs run as it, as with the prune s
 
 Self-contained on purpose (no application imports).
 """
+
 from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = '0012_step_guard'
-down_revision: str | Sequence[str] | None = '0011_provider_circuits'
+revision: str = "0012_step_guard"
+down_revision: str | Sequence[str] | None = "0011_provider_circuits"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-FIXED = ('id', 'run_id', 'step_id', 'decision_id', 'idempotency_key', 'message_id', 'provider', 'payload',
-         'payload_sha256', 'notify', 'created_at')
+FIXED = (
+    "id",
+    "run_id",
+    "step_id",
+    "decision_id",
+    "idempotency_key",
+    "message_id",
+    "provider",
+    "payload",
+    "payload_sha256",
+    "notify",
+    "created_at",
+)
 
 GUARD = """
 CREATE FUNCTION evq_step_guard() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -62,8 +74,9 @@ $$
 def upgrade() -> None:
     changed = " OR ".join(f"NEW.{c} IS DISTINCT FROM OLD.{c}" for c in FIXED)
     op.execute(GUARD.format(changed=changed))
-    op.execute("CREATE TRIGGER email_steps_guard BEFORE UPDATE ON email_steps "
-               "FOR EACH ROW EXECUTE FUNCTION evq_step_guard()")
+    op.execute(
+        "CREATE TRIGGER email_steps_guard BEFORE UPDATE ON email_steps FOR EACH ROW EXECUTE FUNCTION evq_step_guard()"
+    )
 
 
 def downgrade() -> None:

@@ -47,7 +47,9 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
         current = current_revision(url)
         out.success(
             {"dry_run": True, "revision": current, "target": head_revision(), "pending": pending},
-            human=lambda d: f"dry run: would apply {', '.join(d['pending'])}" if d["pending"] else "dry run: already current",
+            human=lambda d: (
+                f"dry run: would apply {', '.join(d['pending'])}" if d["pending"] else "dry run: already current"
+            ),
         )
         return
     before, after, granted = migrate(url, runtime_role=runtime_role)
@@ -60,9 +62,11 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
     }
     out.success(
         data,
-        human=lambda d: f"database at revision {d['revision']}"
-        + (f" (migrated from {d['revision_before'] or 'empty'})" if d["changed"] else " (already current)")
-        + (f"; runtime privileges granted to {', '.join(d['runtime_roles'])}" if d["runtime_roles"] else ""),
+        human=lambda d: (
+            f"database at revision {d['revision']}"
+            + (f" (migrated from {d['revision_before'] or 'empty'})" if d["changed"] else " (already current)")
+            + (f"; runtime privileges granted to {', '.join(d['runtime_roles'])}" if d["runtime_roles"] else "")
+        ),
     )
 
 

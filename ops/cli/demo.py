@@ -31,8 +31,14 @@ def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
 
 
 def _human(d: dict) -> str:
-    columns = [("id", "step"), ("step_id", "name"), ("provider", "via"), ("to", "to"), ("status", "status"),
-               ("reason", "reason")]
+    columns = [
+        ("id", "step"),
+        ("step_id", "name"),
+        ("provider", "via"),
+        ("to", "to"),
+        ("status", "status"),
+        ("reason", "reason"),
+    ]
     lines = [
         f"evq demo — run {d['run_id']} (database: {d['database']})",
         "",

@@ -68,7 +68,12 @@ def enqueue_cmd(
     request_from_flags = _request_from_flags(flags)
     if file is not None and request_from_flags:
         raise InvalidRequest(
-            [{"field": "--file", "message": f"use either --file or request flags, not both (got {', '.join(sorted(request_from_flags))})"}]
+            [
+                {
+                    "field": "--file",
+                    "message": f"use either --file or request flags, not both (got {', '.join(sorted(request_from_flags))})",
+                }
+            ]
         )
     requests = _read_file(file, settings.max_input_bytes) if file is not None else [request_from_flags]
     # Validated before the database is touched: one bad request writes nothing.
@@ -92,8 +97,11 @@ def enqueue_cmd(
 
 
 def _human_plan(d: dict[str, Any]) -> str:
-    words = {"create": "would create", "return_existing": "would return existing step",
-             "refuse_conflict": "would be REFUSED (key taken by a different request): step"}
+    words = {
+        "create": "would create",
+        "return_existing": "would return existing step",
+        "refuse_conflict": "would be REFUSED (key taken by a different request): step",
+    }
     lines = [
         f"{p['run_id']}/{p['step_id']} (key {p['idempotency_key']}): {words[p['action']]}"
         + (f" {p['existing_id']}" if p["existing_id"] else "")

@@ -117,8 +117,15 @@ def keys_list(out: Output, limit: int, offset: int, database_url: str | None) ->
         data,
         human=lambda d: table(
             [{**k, "state": "active" if k["active"] else "revoked"} for k in d],
-            [("name", "name"), ("role", "role"), ("state", "state"), ("key_prefix", "key"),
-             ("created_at", "created"), ("created_by", "by"), ("revoked_at", "revoked")],
+            [
+                ("name", "name"),
+                ("role", "role"),
+                ("state", "state"),
+                ("key_prefix", "key"),
+                ("created_at", "created"),
+                ("created_by", "by"),
+                ("revoked_at", "revoked"),
+            ],
         ),
         meta={"count": len(data), "total": len(every), "limit": limit, "offset": offset},
     )

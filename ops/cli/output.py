@@ -20,6 +20,7 @@ from worker.errors import EvqError
 
 __all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "SCHEMA_VERSION", "Output", "age", "json_requested", "table", "to_json"]
 
+
 class Output:
     """What one command prints, in the format asked for."""
 

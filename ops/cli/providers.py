@@ -44,5 +44,14 @@ def _human(data: list[dict[str, Any]]) -> str:
         }
         for d in data
     ]
-    return table(rows, [("provider", "provider"), ("state", "circuit"), ("opened_at", "since"),
-                        ("failed_probes", "failed probes"), ("probe", "next probe"), ("why", "why")])
+    return table(
+        rows,
+        [
+            ("provider", "provider"),
+            ("state", "circuit"),
+            ("opened_at", "since"),
+            ("failed_probes", "failed probes"),
+            ("probe", "next probe"),
+            ("why", "why"),
+        ],
+    )

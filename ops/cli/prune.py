@@ -77,6 +77,9 @@ def prune_cmd(
     verb = "would delete" if dry_run else "deleted"
     out.success(
         data,
-        human=lambda d: f"{verb} {d['steps']} steps, {d['evidence']} evidence rows and {d['decisions']} decisions "
-        f"created and closed before {d['cutoff']}" + ("" if dry_run else f" ({d['batches']} batches, see prune_log)"),
+        human=lambda d: (
+            f"{verb} {d['steps']} steps, {d['evidence']} evidence rows and {d['decisions']} decisions "
+            f"created and closed before {d['cutoff']}"
+            + ("" if dry_run else f" ({d['batches']} batches, see prune_log)")
+        ),
     )

@@ -39,12 +39,23 @@ def runs_show(out: Output, run_id: str, database_url: str | None) -> None:
 def _human(d: dict[str, Any]) -> str:
     lines = [
         f"run {d['run_id']}: {len(d['steps'])} step{'s' * (len(d['steps']) != 1)}",
-        table(d["steps"], [("id", "id"), ("step_id", "step"), ("status", "status"), ("reason", "reason"),
-                           ("attempts", "tries"), ("message_id", "message-id")]),
+        table(
+            d["steps"],
+            [
+                ("id", "id"),
+                ("step_id", "step"),
+                ("status", "status"),
+                ("reason", "reason"),
+                ("attempts", "tries"),
+                ("message_id", "message-id"),
+            ],
+        ),
         "",
         "chain",
-        table([{**evidence_line(e), "step": e["step"], "note": _note(e)} for e in d["events"]],
-              [("at", "at"), ("step", "step"), *EVIDENCE_COLUMNS[1:]]),
+        table(
+            [{**evidence_line(e), "step": e["step"], "note": _note(e)} for e in d["events"]],
+            [("at", "at"), ("step", "step"), *EVIDENCE_COLUMNS[1:]],
+        ),
     ]
     return "\n".join(lines)
 

@@ -1,9 +1,9 @@
 """evq schema: the command surface, disclosed a level at a time.
 
-    evq schema                   the command groups (and the error codes)
-    evq schema steps             the commands of a group
-    evq schema steps.resolve     one command: its parameters and output schema
-    evq schema --all             every command at once
+evq schema                   the command groups (and the error codes)
+evq schema steps             the commands of a group
+evq schema steps.resolve     one command: its parameters and output schema
+evq schema --all             every command at once
 """
 
 from __future__ import annotations
@@ -99,8 +99,18 @@ def _human_command(d: dict[str, Any]) -> str:
     lines = [d["usage"], "", d["help"], ""]
     if d["api_key"]:
         lines.append(f"needs an API key with role {' or '.join(d['api_key']['roles'])} (not with --dry-run)\n")
-    lines.append(table(params, [("name", "parameter"), ("type", "type"), ("required", "required"),
-                                ("default", "default"), ("help", "help")]))
+    lines.append(
+        table(
+            params,
+            [
+                ("name", "parameter"),
+                ("type", "type"),
+                ("required", "required"),
+                ("default", "default"),
+                ("help", "help"),
+            ],
+        )
+    )
     lines.append("\noutput schema: evq schema " + d["command"] + " -o json")
     return "\n".join(lines)
 

@@ -21,10 +21,24 @@ log = get_logger("evq.serve")
 
 
 @click.command("serve")
-@click.option("--host", cls=DocumentedOption, documented_envvar="EVQ_SERVE_HOST", documented_default="127.0.0.1",
-              default=None, metavar="ADDR", help="Address to listen on [env: EVQ_SERVE_HOST; default: 127.0.0.1].")
-@click.option("--port", type=click.IntRange(0, 65535), cls=DocumentedOption, documented_envvar="EVQ_SERVE_PORT",
-              documented_default=8080, default=None, help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].")
+@click.option(
+    "--host",
+    cls=DocumentedOption,
+    documented_envvar="EVQ_SERVE_HOST",
+    documented_default="127.0.0.1",
+    default=None,
+    metavar="ADDR",
+    help="Address to listen on [env: EVQ_SERVE_HOST; default: 127.0.0.1].",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    cls=DocumentedOption,
+    documented_envvar="EVQ_SERVE_PORT",
+    documented_default=8080,
+    default=None,
+    help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].",
+)
 @output_option
 @database_option
 @command

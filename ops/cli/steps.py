@@ -33,10 +33,22 @@ def steps() -> None:
 
 
 @steps.command("list")
-@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in Status]), help="Only these states; repeatable.")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([s.value for s in Status]),
+    help="Only these states; repeatable.",
+)
 @filter_options
 @click.option("--limit", type=click.IntRange(1, LIST_LIMIT_MAX), default=50, show_default=True, help="Rows per page.")
-@click.option("--offset", type=click.IntRange(0, MAX_ID), default=0, show_default=True, help="Rows to skip (meta.total counts them all).")
+@click.option(
+    "--offset",
+    type=click.IntRange(0, MAX_ID),
+    default=0,
+    show_default=True,
+    help="Rows to skip (meta.total counts them all).",
+)
 @output_option
 @database_option
 @command
@@ -56,7 +68,8 @@ def steps_list(
     reply = run(fetch())
     total = reply.meta["total"]
     out.reply(
-        reply, human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else "")
+        reply,
+        human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else ""),
     )
 
 
@@ -64,9 +77,19 @@ def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
     shown = [{**r, "age": age(r["age_seconds"])} for r in rows]
     return table(
         shown,
-        [("id", "id"), ("status", "status"), ("age", "age"), ("run_id", "run"), ("step_id", "step"),
-         ("provider", "provider"), ("attempts", "tries"), ("recipients", "to"), ("subject", "subject"),
-         ("reason", "reason"), *extra],
+        [
+            ("id", "id"),
+            ("status", "status"),
+            ("age", "age"),
+            ("run_id", "run"),
+            ("step_id", "step"),
+            ("provider", "provider"),
+            ("attempts", "tries"),
+            ("recipients", "to"),
+            ("subject", "subject"),
+            ("reason", "reason"),
+            *extra,
+        ],
     )
 
 
@@ -101,8 +124,15 @@ def evidence_line(e: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-EVIDENCE_COLUMNS = [("at", "at"), ("kind", "kind"), ("attempt", "try"), ("change", "state"), ("outcome", "outcome"),
-                    ("actor", "actor"), ("note", "note")]
+EVIDENCE_COLUMNS = [
+    ("at", "at"),
+    ("kind", "kind"),
+    ("attempt", "try"),
+    ("change", "state"),
+    ("outcome", "outcome"),
+    ("actor", "actor"),
+    ("note", "note"),
+]
 
 
 def _human_detail(d: dict[str, Any]) -> str:
@@ -151,18 +181,39 @@ def _human_detail(d: dict[str, Any]) -> str:
 
 @steps.command("resolve")
 @click.argument("step_id", type=click.IntRange(1, MAX_ID), required=False)
-@click.option("--as", "verdict", required=True, type=click.Choice([v.value for v in Verdict]),
-              help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same Message-ID).")
+@click.option(
+    "--as",
+    "verdict",
+    required=True,
+    type=click.Choice([v.value for v in Verdict]),
+    help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same Message-ID).",
+)
 @click.option("--note", required=True, help="Why: what was checked and what was found (kept in the evidence).")
-@click.option("--reason", default=None, metavar="CODE", help="A machine key for the verdict, e.g. found_in_provider_log.")
-@click.option("--provider-message-id", default=None, metavar="ID", help="The provider's id for the message, when found.")
+@click.option(
+    "--reason", default=None, metavar="CODE", help="A machine key for the verdict, e.g. found_in_provider_log."
+)
+@click.option(
+    "--provider-message-id", default=None, metavar="ID", help="The provider's id for the message, when found."
+)
 @click.option("--evidence-url", default=None, metavar="URL", help="Where the proof is (a log search, a ticket).")
-@click.option("--status", "statuses", multiple=True, type=click.Choice([Status.UNKNOWN.value]),
-              help="Bulk (no STEP_ID): every row in this state that matches the filters below.")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([Status.UNKNOWN.value]),
+    help="Bulk (no STEP_ID): every row in this state that matches the filters below.",
+)
 @filter_options
-@click.option("--limit", type=click.IntRange(1, MAX_ID), default=None, help="Bulk: at most this many rows, oldest first.")
-@click.option("--max-failures", type=click.IntRange(1), default=None, metavar="N",
-              help="Bulk: stop after N consecutive failures (exit 8).")
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_ID), default=None, help="Bulk: at most this many rows, oldest first."
+)
+@click.option(
+    "--max-failures",
+    type=click.IntRange(1),
+    default=None,
+    metavar="N",
+    help="Bulk: stop after N consecutive failures (exit 8).",
+)
 @dry_run_option
 @api_key_option(Permission.RESOLVE)
 @output_option
@@ -209,8 +260,13 @@ def steps_resolve(
     async def work() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
             return await service.resolve(
-                store, credential.caller, resolution, selection,
-                default_max_attempts=settings.max_attempts, dry_run=dry_run, signals=True,
+                store,
+                credential.caller,
+                resolution,
+                selection,
+                default_max_attempts=settings.max_attempts,
+                dry_run=dry_run,
+                signals=True,
             )
 
     reply = run(work())

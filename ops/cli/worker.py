@@ -33,7 +33,8 @@ def _setting_options(fn: Any) -> Any:
             documented_envvar=option.env,
             type=click.Choice(option.choices) if option.choices else _CLICK_TYPES.get(option.parse, click.STRING),
             default=None,
-            metavar=(option.choices and "|".join(option.choices)) or option.parse.__name__.upper().replace("_CSV", "LIST"),
+            metavar=(option.choices and "|".join(option.choices))
+            or option.parse.__name__.upper().replace("_CSV", "LIST"),
             help=f"{option.help} [env: {option.env}; default: {shown}]",
         )(fn)
     return fn

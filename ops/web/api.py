@@ -85,19 +85,26 @@ def _error(description: str) -> dict[str, Any]:
 def _responses(command: str, *ok: int, **more: str) -> dict[int | str, Any]:
     """The success codes (the command's output schema) and every error a route can answer."""
     out: dict[int | str, Any] = {
-        code: {"description": "the contract's wrapper", "content": {"application/json": {"schema": ref(component_name(command))}}}
+        code: {
+            "description": "the contract's wrapper",
+            "content": {"application/json": {"schema": ref(component_name(command))}},
+        }
         for code in ok
     }
-    out.update({
-        400: _error("a malformed request: NUL in the path or query, a bad Content-Length (E_INVALID_ARG)"),
-        401: _error("no key, or a wrong or revoked one (E_AUTH_FAILED)"),
-        403: _error("the key's role may not do this (E_AUTH_FAILED)"),
-        408: _error("the request's headers or body did not arrive in time (E_INVALID_ARG)"),
-        413: _error("the body is larger than EVQ_SERVE_MAX_BODY (E_INVALID_ARG)"),
-        422: _error("invalid parameters or body; error.context.fields names each (E_INVALID_ARG)"),
-        429: _error("this address presented too many wrong keys lately; Retry-After says when to try again (E_AUTH_FAILED)"),
-        503: _error("the database is unavailable or not at this evq's schema"),
-    })
+    out.update(
+        {
+            400: _error("a malformed request: NUL in the path or query, a bad Content-Length (E_INVALID_ARG)"),
+            401: _error("no key, or a wrong or revoked one (E_AUTH_FAILED)"),
+            403: _error("the key's role may not do this (E_AUTH_FAILED)"),
+            408: _error("the request's headers or body did not arrive in time (E_INVALID_ARG)"),
+            413: _error("the body is larger than EVQ_SERVE_MAX_BODY (E_INVALID_ARG)"),
+            422: _error("invalid parameters or body; error.context.fields names each (E_INVALID_ARG)"),
+            429: _error(
+                "this address presented too many wrong keys lately; Retry-After says when to try again (E_AUTH_FAILED)"
+            ),
+            503: _error("the database is unavailable or not at this evq's schema"),
+        }
+    )
     out.update({int(code[1:]): _error(text) for code, text in more.items()})
     return out
 
@@ -138,8 +145,11 @@ async def enqueue(
     return _answer(reply, request.state.timer, 201 if reply.created else 200)
 
 
-@router.get("/steps", summary="List steps: unknown ones oldest first, the rest newest first",
-            responses=_responses("steps.list", 200))
+@router.get(
+    "/steps",
+    summary="List steps: unknown ones oldest first, the rest newest first",
+    responses=_responses("steps.list", 200),
+)
 async def list_steps(
     request: Request,
     who: Caller = Depends(caller),
@@ -147,9 +157,7 @@ async def list_steps(
     run_id: str | None = Query(None, max_length=200, description=_FILTER_HELP["run_id"]),
     provider: str | None = Query(None, max_length=200, description=_FILTER_HELP["provider"]),
     older_than: str | None = Query(None, max_length=20, description=_FILTER_HELP["older_than"]),
-    recipient_domain: str | None = Query(
-        None, max_length=255, description=_FILTER_HELP["recipient_domain"]
-    ),
+    recipient_domain: str | None = Query(None, max_length=255, description=_FILTER_HELP["recipient_domain"]),
     limit: int = Query(50, ge=1, le=LIST_LIMIT_MAX, description="Rows per page."),
     offset: int = Query(0, ge=0, le=2**31 - 1, description="Rows to skip (meta.total counts them all)."),
 ) -> JSONResponse:
@@ -161,17 +169,25 @@ async def list_steps(
     return _answer(reply, request.state.timer)
 
 
-@router.get("/steps/{step_id}", summary="One step: the decision behind it, the request, every evidence row",
-            responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"))
-async def show_step(request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)) -> JSONResponse:
+@router.get(
+    "/steps/{step_id}",
+    summary="One step: the decision behind it, the request, every evidence row",
+    responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"),
+)
+async def show_step(
+    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+) -> JSONResponse:
     state: AppState = request.app.state.evq
     return _answer(await service.show_step(state.store, who, step_id), request.state.timer)
 
 
 # A path converter: run ids may hold "/" (the CLI takes any), sent as is or as %2F.
-@router.get("/runs/{run_id:path}", summary="One run's whole chain in time order",
-            description="The run id may contain `/`, as is or encoded (`%2F`).",
-            responses=_responses("runs.show", 200, s404="no such run (E_NOT_FOUND)"))
+@router.get(
+    "/runs/{run_id:path}",
+    summary="One run's whole chain in time order",
+    description="The run id may contain `/`, as is or encoded (`%2F`).",
+    responses=_responses("runs.show", 200, s404="no such run (E_NOT_FOUND)"),
+)
 async def show_run(
     request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)
 ) -> JSONResponse:
@@ -184,11 +200,14 @@ async def show_run(
     summary="Close one unknown step with an audited verdict",
     description="Only unknown rows can be resolved (409 otherwise, with the state it is in). Needs a key with "
     "role operator or admin (dry_run: any role).",
-    responses=_responses("steps.resolve", 200, s404="no such step (E_NOT_FOUND)",
-                         s409="the step is not unknown (E_CONFLICT)"),
+    responses=_responses(
+        "steps.resolve", 200, s404="no such step (E_NOT_FOUND)", s409="the step is not unknown (E_CONFLICT)"
+    ),
     openapi_extra=_body(resolve_one_schema()),
 )
-async def resolve_one(request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)) -> JSONResponse:
+async def resolve_one(
+    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+) -> JSONResponse:
     args = await _arguments(request, resolve_one_schema())
     selection = service.Selection(step_id=step_id)
     return await _resolve(request, who, args, selection)
@@ -220,11 +239,18 @@ async def _arguments(request: Request, schema: dict[str, Any]) -> dict[str, Any]
 async def _resolve(request: Request, who: Caller, args: dict[str, Any], selection: service.Selection) -> JSONResponse:
     state: AppState = request.app.state.evq
     resolution = Resolution.parse(
-        args["as"], args["note"], reason=args["reason"], provider_message_id=args["provider_message_id"],
+        args["as"],
+        args["note"],
+        reason=args["reason"],
+        provider_message_id=args["provider_message_id"],
         evidence_url=args["evidence_url"],
     )
     reply = await service.resolve(
-        state.store, who, resolution, selection, default_max_attempts=state.settings.max_attempts,
+        state.store,
+        who,
+        resolution,
+        selection,
+        default_max_attempts=state.settings.max_attempts,
         dry_run=bool(args["dry_run"]),
     )
     return _answer(reply, request.state.timer)

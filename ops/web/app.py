@@ -53,8 +53,15 @@ def create_app(state: Callable[[], AbstractAsyncContextManager[AppState]], *, ma
             app.state.evq = shared
             yield
 
-    app = FastAPI(title="evq", version=_version(), description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="evq",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.include_router(api.router)
     app.include_router(page.router)
 
@@ -102,7 +109,9 @@ def _handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             return _error(request, api.method_not_allowed(request.method))
         if exc.status_code == 404:
-            return _error(request, NotFound(f"no route {request.url.path[:200]!r}", hint="GET /openapi.json lists the routes"))
+            return _error(
+                request, NotFound(f"no route {request.url.path[:200]!r}", hint="GET /openapi.json lists the routes")
+            )
         return _error(request, InvalidRequest([{"field": "$request", "message": str(exc.detail)[:200]}]))
 
     @app.exception_handler(page.Redirect)
@@ -154,4 +163,3 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 operation["security"] = [{"bearer": []}]
     app.openapi_schema = doc
     return doc
-

@@ -79,8 +79,9 @@ def _session(request: Request) -> tuple[Session, bool]:
 
 
 def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
-    html = env.get_template(template).render(session=session, identity=session.identity, request=request,
-                                              may_close=_may_close(session), **context)
+    html = env.get_template(template).render(
+        session=session, identity=session.identity, request=request, may_close=_may_close(session), **context
+    )
     response = HTMLResponse(html, status_code=status)
     set_cookie(request, response, session)
     return response
@@ -88,8 +89,13 @@ def render(request: Request, template: str, session: Session, status: int = 200,
 
 def set_cookie(request: Request, response: Response, session: Session) -> None:
     response.set_cookie(
-        COOKIE, _state(request).sessions.dump(session), max_age=_state(request).sessions.max_age, path="/ops",
-        httponly=True, samesite="strict", secure=_over_tls(request),
+        COOKIE,
+        _state(request).sessions.dump(session),
+        max_age=_state(request).sessions.max_age,
+        path="/ops",
+        httponly=True,
+        samesite="strict",
+        secure=_over_tls(request),
     )
 
 
@@ -134,8 +140,10 @@ async def form(request: Request, session: Session) -> dict[str, str]:
         raise InvalidRequest([{"field": "$body", "message": "not a form"}]) from None
     values = {k: v for k, v in data.items() if isinstance(v, str)}
     if not session.csrf_ok(values.get("csrf")):
-        raise PageError(AuthFailed("the form is stale or not from this page (CSRF token)",
-                                   hint="reload the page and try again"), 403)
+        raise PageError(
+            AuthFailed("the form is stale or not from this page (CSRF token)", hint="reload the page and try again"),
+            403,
+        )
     return values
 
 
@@ -164,8 +172,9 @@ async def login(request: Request) -> Response:
     key = values.get("key", "").strip()
     state = _state(request)
     try:
-        identity = await api.checked(state, api.client_address(request),
-                                     lambda: authenticate(state.store, key, Permission.READ, source=SOURCE))
+        identity = await api.checked(
+            state, api.client_address(request), lambda: authenticate(state.store, key, Permission.READ, source=SOURCE)
+        )
     except TooManyFailures as exc:
         refused = render(request, "login.html", session, status=429, error=exc)
         refused.headers["Retry-After"] = str(exc.retry_after)
@@ -213,8 +222,16 @@ async def overview(request: Request) -> HTMLResponse:
     # Providers evq has stopped sending to, and why (worker/circuit.py).
     circuits = await service.list_providers(state.store, who, ADAPTERS)
     held = [c for c in circuits.data if not c["sending"]]
-    return render(request, "overview.html", session, stats=stats, stats_error=stats_error, statuses=list(Status),
-                  oldest=oldest.data[0] if oldest.data else None, held=held)
+    return render(
+        request,
+        "overview.html",
+        session,
+        stats=stats,
+        stats_error=stats_error,
+        statuses=list(Status),
+        oldest=oldest.data[0] if oldest.data else None,
+        held=held,
+    )
 
 
 @router.get("/unknown", response_class=HTMLResponse)
@@ -227,16 +244,41 @@ async def unknown(request: Request) -> HTMLResponse:
     state = _state(request)
     who = _who(session)
     try:
-        reply = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], filters=filters,
-                                         limit=PAGE_SIZE, offset=offset)
+        reply = await service.list_steps(
+            state.store, who, statuses=[str(Status.UNKNOWN)], filters=filters, limit=PAGE_SIZE, offset=offset
+        )
     except InvalidRequest as exc:
-        return render(request, "unknown.html", session, status=422, error=service.json_field_names(exc),
-                      filters=filters, expand=expand, rows=[], answers={}, total=0, offset=0, query=_query(filters))
+        return render(
+            request,
+            "unknown.html",
+            session,
+            status=422,
+            error=service.json_field_names(exc),
+            filters=filters,
+            expand=expand,
+            rows=[],
+            answers={},
+            total=0,
+            offset=0,
+            query=_query(filters),
+        )
     answers = await state.store.last_answers([r["id"] for r in reply.data])
     closed = params.get("closed")
-    return render(request, "unknown.html", session, filters=filters, expand=expand, rows=reply.data, answers=answers,
-                  total=reply.meta["total"], offset=offset, page_size=PAGE_SIZE, query=_query(filters),
-                  closed=closed, verdicts=list(Verdict))
+    return render(
+        request,
+        "unknown.html",
+        session,
+        filters=filters,
+        expand=expand,
+        rows=reply.data,
+        answers=answers,
+        total=reply.meta["total"],
+        offset=offset,
+        page_size=PAGE_SIZE,
+        query=_query(filters),
+        closed=closed,
+        verdicts=list(Verdict),
+    )
 
 
 def _int(text: str | None, default: int) -> int:
@@ -259,13 +301,23 @@ def _back(query: str | None) -> dict[str, str | None]:
     return _filters(dict(parse_qsl(query or "")))
 
 
-async def _step_page(request: Request, session: Session, step_id: int, back: dict[str, str | None],
-                     status: int = 200, **context: Any) -> HTMLResponse:
+async def _step_page(
+    request: Request, session: Session, step_id: int, back: dict[str, str | None], status: int = 200, **context: Any
+) -> HTMLResponse:
     state = _state(request)
     who = _who(session)
     reply = await service.show_step(state.store, who, step_id)
-    return render(request, "step.html", session, status=status, d=reply.data, back=back, back_query=_query(back),
-                  verdicts=list(Verdict), **context)
+    return render(
+        request,
+        "step.html",
+        session,
+        status=status,
+        d=reply.data,
+        back=back,
+        back_query=_query(back),
+        verdicts=list(Verdict),
+        **context,
+    )
 
 
 @router.get("/runs", response_class=HTMLResponse)
@@ -293,8 +345,13 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
 
 def _resolution(values: dict[str, str]) -> Resolution:
     blank = lambda name: (values.get(name) or "").strip() or None  # noqa: E731
-    return Resolution.parse(values.get("verdict", ""), values.get("note"), reason=blank("reason"),
-                            provider_message_id=blank("provider_message_id"), evidence_url=blank("evidence_url"))
+    return Resolution.parse(
+        values.get("verdict", ""),
+        values.get("note"),
+        reason=blank("reason"),
+        provider_message_id=blank("provider_message_id"),
+        evidence_url=blank("evidence_url"),
+    )
 
 
 async def _posted(request: Request) -> tuple[Session, dict[str, str]]:
@@ -302,11 +359,18 @@ async def _posted(request: Request) -> tuple[Session, dict[str, str]]:
     return session, await form(request, session)
 
 
-async def _resolve(request: Request, session: Session, values: dict[str, str], selection: Selection,
-                   *, dry_run: bool = False) -> service.Reply:
+async def _resolve(
+    request: Request, session: Session, values: dict[str, str], selection: Selection, *, dry_run: bool = False
+) -> service.Reply:
     state = _state(request)
-    return await service.resolve(state.store, _who(session), _resolution(values), selection,
-                                 default_max_attempts=state.settings.max_attempts, dry_run=dry_run)
+    return await service.resolve(
+        state.store,
+        _who(session),
+        _resolution(values),
+        selection,
+        default_max_attempts=state.settings.max_attempts,
+        dry_run=dry_run,
+    )
 
 
 def _refusal(exc: EvqError) -> tuple[int, EvqError]:
@@ -340,8 +404,15 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = _refusal(exc)
         return render(request, "preview.html", session, status=status, error=shown, rows=[], **page)
-    return render(request, "preview.html", session, rows=reply.data["steps"], verdict=reply.data["verdict"],
-                  to_status=reply.data["to_status"], **page)
+    return render(
+        request,
+        "preview.html",
+        session,
+        rows=reply.data["steps"],
+        verdict=reply.data["verdict"],
+        to_status=reply.data["to_status"],
+        **page,
+    )
 
 
 @router.post("/unknown/close", response_class=HTMLResponse)
@@ -358,8 +429,18 @@ async def bulk_close(request: Request) -> HTMLResponse:
         reply = await _resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=ids))
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = _refusal(exc)
-        return render(request, "preview.html", session, status=status, error=shown, filters=filters, rows=[],
-                      posted=values, query=_query(filters), bulk_max=BULK_MAX)
+        return render(
+            request,
+            "preview.html",
+            session,
+            status=status,
+            error=shown,
+            filters=filters,
+            rows=[],
+            posted=values,
+            query=_query(filters),
+            bulk_max=BULK_MAX,
+        )
     return render(request, "closed.html", session, d=reply.data, filters=filters, query=_query(filters))
 
 
@@ -367,4 +448,3 @@ async def bulk_close(request: Request) -> HTMLResponse:
 async def stylesheet() -> Response:
     css = resources.files("ops.web").joinpath("static", "ops.css").read_text(encoding="utf-8")
     return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
-

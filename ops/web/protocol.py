@@ -96,7 +96,9 @@ def bearer_key(authorization: str | None) -> str | None:
 async def read_json(receive_body: Callable[[], Awaitable[bytes]], content_type: str | None) -> Any:
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        raise BadRequest(415, "Content-Type", f"send a JSON body with Content-Type: application/json (got {media[:60] or 'none'})")
+        raise BadRequest(
+            415, "Content-Type", f"send a JSON body with Content-Type: application/json (got {media[:60] or 'none'})"
+        )
     body = await receive_body()
     try:
         text = body.decode("utf-8")
@@ -195,8 +197,7 @@ class Guard:
 
 # No script at all: every value on the page is text, and nothing can run even if one slipped through.
 PAGE_CSP = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-    "frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 
 

@@ -49,8 +49,9 @@ class Sessions:
         self._key = hashlib.sha256(b"evq ops-page session v1\0" + raw).digest()
         self.max_age = max_age
 
-    def new(self, *, identity: Identity | None = None, key_id: str | None = None,
-            generation: int | None = None) -> Session:
+    def new(
+        self, *, identity: Identity | None = None, key_id: str | None = None, generation: int | None = None
+    ) -> Session:
         return Session(
             csrf=secrets.token_urlsafe(32),
             expires=int(time.time()) + self.max_age,
@@ -62,8 +63,14 @@ class Sessions:
 
     def dump(self, session: Session) -> str:
         payload = json.dumps(
-            {"c": session.csrf, "e": session.expires, "n": session.name, "r": session.role, "k": session.key_id,
-             "g": session.generation},
+            {
+                "c": session.csrf,
+                "e": session.expires,
+                "n": session.name,
+                "r": session.role,
+                "k": session.key_id,
+                "g": session.generation,
+            },
             separators=(",", ":"),
         ).encode()
         body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
@@ -79,8 +86,14 @@ class Sessions:
         try:
             data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
             generation = data.get("g")
-            session = Session(csrf=data["c"], expires=int(data["e"]), name=data["n"], role=data["r"], key_id=data["k"],
-                              generation=generation if isinstance(generation, int) else None)
+            session = Session(
+                csrf=data["c"],
+                expires=int(data["e"]),
+                name=data["n"],
+                role=data["r"],
+                key_id=data["k"],
+                generation=generation if isinstance(generation, int) else None,
+            )
         except (ValueError, KeyError, TypeError):
             return None
         return session if session.expires > time.time() else None

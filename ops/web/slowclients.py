@@ -133,7 +133,9 @@ class GuardedH11(H11Protocol):
         metrics.labelled(metrics.SERVE_REFUSED, {"headers": "header_timeout", "body": "body_timeout"}[phase]).inc()
         if phase == "body" or self._partial:
             setting = "EVQ_SERVE_HEADER_TIMEOUT" if phase == "headers" else "EVQ_SERVE_BODY_TIMEOUT"
-            self._refuse(BadRequest(408, "$request", f"the request's {phase} did not arrive within {seconds:g} s ({setting})"))
+            self._refuse(
+                BadRequest(408, "$request", f"the request's {phase} did not arrive within {seconds:g} s ({setting})")
+            )
         self.transport.close()
 
     def _refuse(self, error: Any) -> None:
@@ -143,15 +145,24 @@ class GuardedH11(H11Protocol):
             return
         status, body, headers = error_body(error, None)
         payload = to_json(body).encode()
-        head = [f"HTTP/1.1 {status} {'Request Timeout' if status == 408 else 'Service Unavailable'}",
-                "Content-Type: application/json", f"Content-Length: {len(payload)}", "Connection: close"]
+        head = [
+            f"HTTP/1.1 {status} {'Request Timeout' if status == 408 else 'Service Unavailable'}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(payload)}",
+            "Connection: close",
+        ]
         head += [f"{name}: {value}" for name, value in headers.items()]
         self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
 
     def _make_room(self) -> None:
-        waiting = [c for c in self.connections
-                   if c is not self and isinstance(c, GuardedH11) and c.waiting_since is not None
-                   and not c.transport.is_closing()]
+        waiting = [
+            c
+            for c in self.connections
+            if c is not self
+            and isinstance(c, GuardedH11)
+            and c.waiting_since is not None
+            and not c.transport.is_closing()
+        ]
         if waiting:
             oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)
             if oldest._partial or oldest._phase == "body":
@@ -170,15 +181,22 @@ class ServerFull(DatabaseUnavailable):
 
 
 def _full() -> ServerFull:
-    return ServerFull("the server holds as many connections as it may (EVQ_SERVE_MAX_CONNECTIONS)",
-                               hint="try again in a moment")
+    return ServerFull(
+        "the server holds as many connections as it may (EVQ_SERVE_MAX_CONNECTIONS)", hint="try again in a moment"
+    )
 
 
 def protocol(*, header_timeout: float, body_timeout: float, max_connections: int) -> type[GuardedH11]:
     """The protocol class to give uvicorn (``uvicorn.Config(http=...)``)."""
-    return type("EvqH11", (GuardedH11,), {
-        "header_timeout": header_timeout, "body_timeout": body_timeout, "max_connections": max_connections,
-    })
+    return type(
+        "EvqH11",
+        (GuardedH11,),
+        {
+            "header_timeout": header_timeout,
+            "body_timeout": body_timeout,
+            "max_connections": max_connections,
+        },
+    )
 
 
 def uvicorn_config(app: Any, settings: Any, **options: Any) -> Any:
@@ -187,8 +205,11 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> Any:
 
     return uvicorn.Config(
         app,
-        http=protocol(header_timeout=settings.serve_header_timeout, body_timeout=settings.serve_body_timeout,
-                      max_connections=settings.serve_max_connections),
+        http=protocol(
+            header_timeout=settings.serve_header_timeout,
+            body_timeout=settings.serve_body_timeout,
+            max_connections=settings.serve_max_connections,
+        ),
         # uvicorn would take X-Forwarded-For from any loopback peer as the client's address, so a
         # local client, or anyone behind a TLS terminator or proxy that passes the header through,
         # would pick its own address for every guess and never be throttled (ops/throttle.py).

@@ -46,7 +46,9 @@ class Evq:
         return out
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
-        return spawn(self.cmd(*args), env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return spawn(
+            self.cmd(*args), env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
 
 def make_key(db_url: str, name: str, role: str, *, created_by: str | None = "test-admin") -> str:

@@ -11,15 +11,24 @@ import pytest
 from tests.acceptance.conftest import Evq, make_key
 from tests.support import rows, unknown_steps, with_store
 
-REQUEST = {"run_id": "r-auth", "step_id": "s1", "to": ["a@example.com"], "from": "agent@example.org",
-           "subject": "Hi", "text": "Hello"}
+REQUEST = {
+    "run_id": "r-auth",
+    "step_id": "s1",
+    "to": ["a@example.com"],
+    "from": "agent@example.org",
+    "subject": "Hi",
+    "text": "Hello",
+}
 
 
 def counts(db_url: str) -> dict:
-    return rows(db_url, """SELECT (SELECT count(*) FROM email_steps) AS steps, (SELECT count(*) FROM evidence) AS evidence,
+    return rows(
+        db_url,
+        """SELECT (SELECT count(*) FROM email_steps) AS steps, (SELECT count(*) FROM evidence) AS evidence,
                                   (SELECT count(*) FROM api_keys) AS keys,
                                   (SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL) AS revoked,
-                                  (SELECT count(*) FROM email_steps WHERE status = 'unknown') AS unknown""")[0]
+                                  (SELECT count(*) FROM email_steps WHERE status = 'unknown') AS unknown""",
+    )[0]
 
 
 def test_a_fresh_install_bootstraps_an_admin_key_then_needs_it(db_url):
@@ -28,14 +37,24 @@ def test_a_fresh_install_bootstraps_an_admin_key_then_needs_it(db_url):
     assert "first key must be an admin key" in out["error"]["message"]
     assert anyone.json("keys", "create", "--name", "root", "--role", "admin", "--dry-run")["data"]["bootstrap"] is True
     created = anyone.json("keys", "create", "--name", "root", "--role", "admin")["data"]
-    assert created["bootstrap"] is True and created["created_by"] is None and created["key"].startswith(created["key_prefix"])
+    assert (
+        created["bootstrap"] is True
+        and created["created_by"] is None
+        and created["key"].startswith(created["key_prefix"])
+    )
     # From now on, managing keys needs that admin key.
-    assert anyone.json("keys", "create", "--name", "second", "--role", "admin", expect=4)["error"]["code"] == "E_AUTH_FAILED"
+    assert (
+        anyone.json("keys", "create", "--name", "second", "--role", "admin", expect=4)["error"]["code"]
+        == "E_AUTH_FAILED"
+    )
     root = Evq(db_url, api_key=created["key"])
     alice = root.json("keys", "create", "--name", "alice", "--role", "operator")["data"]
     assert alice["created_by"] == "root" and alice["bootstrap"] is False
     listed = anyone.json("keys", "list")  # reading needs no key
-    assert [(k["name"], k["role"], k["active"]) for k in listed["data"]] == [("root", "admin", True), ("alice", "operator", True)]
+    assert [(k["name"], k["role"], k["active"]) for k in listed["data"]] == [
+        ("root", "admin", True),
+        ("alice", "operator", True),
+    ]
     assert listed["meta"] == {**listed["meta"], "count": 2, "total": 2, "limit": 100, "offset": 0}
     # The key is printed once and stored only as a hash.
     assert created["key"] not in json.dumps(rows(db_url, "SELECT * FROM api_keys"), default=str)
@@ -84,8 +103,13 @@ def test_roles_and_revocation_on_every_write_command(db_url):
     assert last["error"]["code"] == "E_CONFLICT" and "last active admin" in last["error"]["message"]
     assert Evq(db_url).json("keys", "revoke", "root", "--dry-run", expect=3)["error"]["code"] == "E_CONFLICT"
     assert root.json("keys", "revoke", "nobody", expect=1)["error"]["code"] == "E_NOT_FOUND"
-    assert root.json("keys", "create", "--name", "k-agent", "--role", "agent", expect=3)["error"]["code"] == "E_CONFLICT"
-    assert root.json("keys", "create", "--name", "bad name!", "--role", "agent", expect=2)["error"]["code"] == "E_INVALID_ARG"
+    assert (
+        root.json("keys", "create", "--name", "k-agent", "--role", "agent", expect=3)["error"]["code"] == "E_CONFLICT"
+    )
+    assert (
+        root.json("keys", "create", "--name", "bad name!", "--role", "agent", expect=2)["error"]["code"]
+        == "E_INVALID_ARG"
+    )
 
 
 @pytest.mark.parametrize("valid", [True, False])
@@ -94,5 +118,5 @@ def test_an_api_key_never_reaches_the_output_or_a_log_line(db_url, valid):
     key = key if valid else key[:-6] + "AAAAAA"
     done = Evq(db_url, api_key=key, EVQ_LOG_LEVEL="debug").run("enqueue", "--file", "-", input=json.dumps(REQUEST))
     assert done.returncode == (0 if valid else 4), done.stderr[-2000:]
-    secret = key[len("evq_") + 13:]  # after the key id (the secret may hold "_" itself)
+    secret = key[len("evq_") + 13 :]  # after the key id (the secret may hold "_" itself)
     assert secret not in done.stdout and secret not in done.stderr

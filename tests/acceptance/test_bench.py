@@ -44,7 +44,9 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
     assert all(0 < figures[f"evq latency-bound, concurrency {c}"]["ratios"]["ideal"] for c in (50, 200, 500))
     assert figures["metrics collector query"]["unit"] == "ms"
     assert {t["target"] for t in report["targets"]} >= {
-        "batch enqueue >= 40,000 steps/s", "collector query < 50 ms", "drain 1 process / pgqueuer default >= 2",
+        "batch enqueue >= 40,000 steps/s",
+        "collector query < 50 ms",
+        "drain 1 process / pgqueuer default >= 2",
     }
     assert all(t["met"] in (True, False, None) for t in report["targets"])
 

@@ -17,16 +17,41 @@ REQUEST = {
     "subject": "Welcome",
     "text": "Hi Bob",
     "intent": "welcome a new user",
-    "decision": {"model": "m-1", "tool": "send_email", "instruction_version": "v3", "rationale": {"why": "signup"},
-                 "decided_at": "2026-01-01T09:00:00Z"},
+    "decision": {
+        "model": "m-1",
+        "tool": "send_email",
+        "instruction_version": "v3",
+        "rationale": {"why": "signup"},
+        "decided_at": "2026-01-01T09:00:00Z",
+    },
 }
 
 
 def test_enqueue_send_and_read_back_the_whole_story(evq: Evq, smtp, db_url):
     flags = evq.json(
-        "enqueue", "--run-id", "run-7", "--step-id", "flags", "--to", "carol@example.com", "--cc", "dan@example.com",
-        "--from", "agent@example.org", "--subject", "From flags", "--text", "Hi", "--intent", "test flags",
-        "--model", "m-1", "--instruction-version", "v3", "--header", "In-Reply-To: <x@example.com>",
+        "enqueue",
+        "--run-id",
+        "run-7",
+        "--step-id",
+        "flags",
+        "--to",
+        "carol@example.com",
+        "--cc",
+        "dan@example.com",
+        "--from",
+        "agent@example.org",
+        "--subject",
+        "From flags",
+        "--text",
+        "Hi",
+        "--intent",
+        "test flags",
+        "--model",
+        "m-1",
+        "--instruction-version",
+        "v3",
+        "--header",
+        "In-Reply-To: <x@example.com>",
     )["data"]
     assert flags["created"] is True and flags["status"] == "pending" and flags["idempotency_key"] == "run-7:flags"
     first = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
@@ -72,10 +97,29 @@ def test_validation_errors_are_field_named_and_write_nothing(evq: Evq, db_url):
     assert evq.json("enqueue", "--file", "-", input="{not json", expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert evq.json("enqueue", "--file", "-", input="[" * 100_000, expect=2)["error"]["code"] == "E_INVALID_ARG"
     assert evq.json("enqueue", "--no-such-flag", expect=2)["error"]["code"] == "E_INVALID_ARG"
-    twice = evq.json("enqueue", "--run-id", "r", "--step-id", "s", "--to", "a@example.com", "--from", "agent@example.org",
-                     "--subject", "s", "--text", "t", "--header", "References: <a@b>", "--header", "References: <c@d>",
-                     expect=2)  # not silently the last one
-    assert twice["error"]["context"]["fields"] == [{"field": "--header", "message": "References given twice; give it once"}]
+    twice = evq.json(
+        "enqueue",
+        "--run-id",
+        "r",
+        "--step-id",
+        "s",
+        "--to",
+        "a@example.com",
+        "--from",
+        "agent@example.org",
+        "--subject",
+        "s",
+        "--text",
+        "t",
+        "--header",
+        "References: <a@b>",
+        "--header",
+        "References: <c@d>",
+        expect=2,
+    )  # not silently the last one
+    assert twice["error"]["context"]["fields"] == [
+        {"field": "--header", "message": "References given twice; give it once"}
+    ]
     human = evq.run("enqueue", "--file", "-", input=json.dumps(bad))
     assert human.returncode == 2 and "to[0]" in human.stderr and human.stdout == ""
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
@@ -95,9 +139,15 @@ def test_jsonl_file_enqueues_many_or_none(evq: Evq, db_url, tmp_path):
 
 def test_lost_reply_4yz_and_5yz_over_real_smtp(evq: Evq, smtp, db_url):
     ids = {}
-    for step, rcpt in (("lost", "lose-reply@example.com"), ("temp", "tempfail@example.com"),
-                       ("refused", "reject@example.com"), ("refused-data", "reject-data@example.com")):
-        ids[step] = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, "step_id": step, "to": [rcpt]}))["data"]
+    for step, rcpt in (
+        ("lost", "lose-reply@example.com"),
+        ("temp", "tempfail@example.com"),
+        ("refused", "reject@example.com"),
+        ("refused-data", "reject-data@example.com"),
+    ):
+        ids[step] = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, "step_id": step, "to": [rcpt]}))[
+            "data"
+        ]
     done = evq.run("worker", "run", "--drain", "--max-attempts", "2", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     status = {name: evq.json("steps", "show", str(s["id"]))["data"]["step"] for name, s in ids.items()}
@@ -139,14 +189,30 @@ def test_help_explains(evq: Evq):
 
 
 FULL_REQUEST = {
-    "run_id": "run-full", "step_id": "every-field", "idempotency_key": "full-key-1",
-    "to": ["Ada <ada@example.com>", "bob@example.com"], "cc": ["Cy <cy@example.net>"], "bcc": ["dee@example.org"],
-    "from": "Agent <agent@example.org>", "reply_to": ["help@example.org"],
-    "subject": "Every field", "text": "plain body", "html": "<p>html body</p>",
+    "run_id": "run-full",
+    "step_id": "every-field",
+    "idempotency_key": "full-key-1",
+    "to": ["Ada <ada@example.com>", "bob@example.com"],
+    "cc": ["Cy <cy@example.net>"],
+    "bcc": ["dee@example.org"],
+    "from": "Agent <agent@example.org>",
+    "reply_to": ["help@example.org"],
+    "subject": "Every field",
+    "text": "plain body",
+    "html": "<p>html body</p>",
     "headers": {"In-Reply-To": "<prev@example.com>", "References": "<root@example.com> <prev@example.com>"},
-    "intent": "exercise every flag", "notify": "ops@example.org", "provider": "smtp", "max_attempts": 4,
-    "decision": {"instruction_version": "v9", "prompt_version": "p2", "model": "m-9", "tool": "send_email",
-                 "rationale": {"why": "every field", "n": 1}, "decided_at": "2026-01-02T03:04:05+00:00"},
+    "intent": "exercise every flag",
+    "notify": "ops@example.org",
+    "provider": "smtp",
+    "max_attempts": 4,
+    "decision": {
+        "instruction_version": "v9",
+        "prompt_version": "p2",
+        "model": "m-9",
+        "tool": "send_email",
+        "rationale": {"why": "every field", "n": 1},
+        "decided_at": "2026-01-02T03:04:05+00:00",
+    },
 }
 
 
@@ -200,8 +266,13 @@ def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_
     bodies, headers) under the key. A repeat's provider, notify, max_attempts and decision are
     not compared: the first enqueue's stand, and the repeat writes nothing."""
     first = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
-    repeat = {**REQUEST, "notify": "boss@example.org", "max_attempts": 9, "intent": "changed",
-              "decision": {**REQUEST["decision"], "model": "m-2"}}
+    repeat = {
+        **REQUEST,
+        "notify": "boss@example.org",
+        "max_attempts": 9,
+        "intent": "changed",
+        "decision": {**REQUEST["decision"], "model": "m-2"},
+    }
     assert evq.json("enqueue", "--file", "-", input=json.dumps(repeat))["data"] == {**first, "created": False}
     row = rows(db_url, "SELECT notify, max_attempts FROM email_steps")
     assert row == [{"notify": None, "max_attempts": None}]
@@ -276,7 +347,11 @@ def test_logs_are_json_off_a_terminal_and_every_line_of_a_send_names_it(evq: Evq
     assert {"smtp_send_finished", "send_recorded"} <= {e["event"] for e in of_the_send}
     for event in of_the_send:
         assert (event["run_id"], event["step_id"], event["idempotency_key"], event["attempt"]) == (
-            "run-7", "welcome", sent["idempotency_key"], 1), event
+            "run-7",
+            "welcome",
+            sent["idempotency_key"],
+            1,
+        ), event
 
 
 def test_logs_are_readable_on_a_terminal(evq: Evq):
@@ -286,9 +361,14 @@ def test_logs_are_readable_on_a_terminal(evq: Evq):
 
     controller, terminal = pty.openpty()
     try:
-        done = subprocess.run(evq.cmd("worker", "run", "--drain", "--adapter", "null"), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=terminal, env={**evq.env, "EVQ_LOG_FORMAT": "auto"},
-                              timeout=60)
+        done = subprocess.run(
+            evq.cmd("worker", "run", "--drain", "--adapter", "null"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            env={**evq.env, "EVQ_LOG_FORMAT": "auto"},
+            timeout=60,
+        )
         os.close(terminal)
         terminal = -1
         seen = b""
@@ -334,8 +414,12 @@ def test_a_database_a_newer_evq_migrated_is_refused_with_the_right_advice(db_url
 
     execute(db_url, "UPDATE alembic_version SET version_num = '9999_from_the_future'")
     evq = Evq(db_url)
-    for args in (("worker", "run", "--drain", "--adapter", "null"), ("db", "upgrade"), ("db", "upgrade", "--dry-run"),
-                 ("db", "status")):
+    for args in (
+        ("worker", "run", "--drain", "--adapter", "null"),
+        ("db", "upgrade"),
+        ("db", "upgrade", "--dry-run"),
+        ("db", "status"),
+    ):
         error = evq.json(*args, expect=5)["error"]
         assert error["code"] == "E_SCHEMA_MISMATCH" and "9999_from_the_future" in error["message"], args
         assert "newer evq" in error["hint"] and "never goes back" in error["hint"], args
@@ -343,8 +427,11 @@ def test_a_database_a_newer_evq_migrated_is_refused_with_the_right_advice(db_url
 
 
 def test_a_duration_too_long_for_a_date_is_a_field_error_not_a_crash(evq: Evq):
-    for args in (("steps", "list"), ("prune", "--dry-run"),
-                 ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--dry-run")):
+    for args in (
+        ("steps", "list"),
+        ("prune", "--dry-run"),
+        ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--dry-run"),
+    ):
         out = evq.json(*args, "--older-than", "1000000d", expect=2)
         assert out["error"]["context"]["fields"][0]["field"] == "--older-than", args
     assert evq.json("steps", "list", "--older-than", "36500d")["meta"]["total"] == 0
@@ -355,13 +442,19 @@ def test_out_of_range_numbers_and_bytes_that_are_not_utf8_are_argument_errors(ev
     import os
 
     huge = str(2**64)
-    for args in (("steps", "show", huge), ("steps", "resolve", huge, "--as", "rejected", "--note", "n"),
-                 ("steps", "list", "--offset", huge),
-                 ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--limit", huge)):
+    for args in (
+        ("steps", "show", huge),
+        ("steps", "resolve", huge, "--as", "rejected", "--note", "n"),
+        ("steps", "list", "--offset", huge),
+        ("steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "n", "--limit", huge),
+    ):
         assert evq.json(*args, expect=2)["error"]["code"] == "E_INVALID_ARG", args
     not_utf8 = os.fsdecode(b"run-\xff")
-    for args in (("steps", "list", "--run-id", not_utf8), ("runs", "show", not_utf8),
-                 ("steps", "resolve", "--status", "unknown", "--provider", not_utf8, "--as", "rejected", "--note", "n")):
+    for args in (
+        ("steps", "list", "--run-id", not_utf8),
+        ("runs", "show", not_utf8),
+        ("steps", "resolve", "--status", "unknown", "--provider", not_utf8, "--as", "rejected", "--note", "n"),
+    ):
         error = evq.json(*args, expect=2)["error"]
         assert error["code"] == "E_INVALID_ARG" and "not valid UTF-8" in error["message"], args
     human = evq.run("runs", "show", not_utf8)

@@ -19,8 +19,15 @@ from tests.contract import SCHEMA_DIR, command_path, registry
 from tests.support import unknown_steps, with_store
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
-REQUEST = {"run_id": "r-c", "step_id": "s1", "to": ["a@example.com"], "from": "agent@example.org",
-           "subject": "Hi", "text": "Hello", "intent": "contract"}
+REQUEST = {
+    "run_id": "r-c",
+    "step_id": "s1",
+    "to": ["a@example.com"],
+    "from": "agent@example.org",
+    "subject": "Hi",
+    "text": "Hello",
+    "intent": "contract",
+}
 LEAVES = dict(leaf_commands(cli))
 
 
@@ -147,12 +154,22 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert one["api_key"]["roles"] == ["operator", "admin"] and one["writes"] is True
     assert one["output_schema"] == output_schema("steps.resolve")
     params = {p["name"]: p for p in one["parameters"]}
-    assert params["--as"] == {**params["--as"], "type": "string", "enum": ["accepted", "rejected", "retry"], "required": True}
+    assert params["--as"] == {
+        **params["--as"],
+        "type": "string",
+        "enum": ["accepted", "rejected", "retry"],
+        "required": True,
+    }
     assert params["STEP_ID"]["kind"] == "argument" and params["STEP_ID"]["type"] == "integer"
     assert params["--dry-run"]["type"] == "boolean" and params["--dry-run"]["default"] is False
     assert params["--api-key"]["envvar"] == "EVQ_API_KEY"
     worker = {p["name"]: p for p in evq.json("schema", "worker.run")["data"]["parameters"]}
-    assert worker["--concurrency"] == {**worker["--concurrency"], "type": "integer", "default": 10, "envvar": "EVQ_CONCURRENCY"}
+    assert worker["--concurrency"] == {
+        **worker["--concurrency"],
+        "type": "integer",
+        "default": 10,
+        "envvar": "EVQ_CONCURRENCY",
+    }
     assert worker["--listen"]["enum"] == ["auto", "on", "off"]
     assert worker["--smtp-password"]["default"] is None
     everything = evq.json("schema", "--all")["data"]
@@ -174,7 +191,9 @@ def test_described_parameters_are_what_the_command_accepts(path):
     for p in described:
         samples = p.get("enum") or [{"integer": "3", "number": "2.5", "string": "x"}.get(p["type"])]
         for value in samples:
-            args = [p["flags"][0]] if p["kind"] == "flag" else [p["flags"][0], value] if p["kind"] == "option" else [value]
+            args = (
+                [p["flags"][0]] if p["kind"] == "flag" else [p["flags"][0], value] if p["kind"] == "option" else [value]
+            )
             got = cmd.make_context(path, [*args, *_required_others(described, p)]).params[p["dest"]]
             got = got.key if p["dest"] == "credential" else got[0] if p["multiple"] else got
             assert got == {"boolean": True, "integer": 3, "number": 2.5}.get(p["type"], value), (path, p["name"])

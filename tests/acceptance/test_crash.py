@@ -14,8 +14,14 @@ LEASE = 8  # seconds; must exceed 3 x EVQ_SMTP_TIMEOUT (2)
 
 
 def enqueue(evq: Evq, step: str, to: str = "hold@example.com") -> dict:
-    request = {"run_id": "crash", "step_id": step, "to": [to], "from": "agent@example.org",
-               "subject": step, "text": "body"}
+    request = {
+        "run_id": "crash",
+        "step_id": step,
+        "to": [to],
+        "from": "agent@example.org",
+        "subject": step,
+        "text": "body",
+    }
     return evq.json("enqueue", "--file", "-", input=json.dumps(request))["data"]
 
 
@@ -60,8 +66,10 @@ def test_sigterm_lets_in_flight_sends_finish_then_exits_0(evq: Evq, smtp, db_url
     steps = [enqueue(evq, f"term-{i}", to="slow-1.5@example.com") for i in range(9)]
     worker = evq.popen("worker", "run", "--concurrency", "3", **smtp_env(smtp, EVQ_SHUTDOWN_GRACE=str(GRACE)))
     try:
-        wait_until(lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status = 'in_flight'")[0]["n"]
-                   == 3, what="three sends in flight")
+        wait_until(
+            lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status = 'in_flight'")[0]["n"] == 3,
+            what="three sends in flight",
+        )
         in_flight = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps WHERE status = 'in_flight'")}
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(GRACE)  # a wait past the grace would raise: the worker must be gone by then
@@ -155,8 +163,12 @@ def test_paused_worker_whose_row_moved_on_changes_nothing(evq: Evq, smtp, db_url
         time.sleep(LEASE + 0.5)
         assert evq.run("worker", "run", "--drain", **smtp_env(smtp)).returncode == 0
         # Stand-in for an operator's verdict (the audited command is `evq steps resolve`).
-        rows(db_url, "UPDATE email_steps SET status = 'rejected', reason = 'operator', unknown_since = NULL, "
-                     "closed_at = now() WHERE id = %s RETURNING id", (step["id"],))
+        rows(
+            db_url,
+            "UPDATE email_steps SET status = 'rejected', reason = 'operator', unknown_since = NULL, "
+            "closed_at = now() WHERE id = %s RETURNING id",
+            (step["id"],),
+        )
         smtp.release()
         os.kill(zombie.pid, signal.SIGCONT)
         wait_until(lambda: "late_response" in evidence_kinds(db_url, step["id"]), what="late answer")

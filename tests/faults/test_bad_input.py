@@ -23,8 +23,25 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=20,
 )
-FIELDS = ["run_id", "step_id", "to", "cc", "bcc", "from", "reply_to", "subject", "text", "html", "headers",
-          "intent", "decision", "notify", "idempotency_key", "provider", "max_attempts"]
+FIELDS = [
+    "run_id",
+    "step_id",
+    "to",
+    "cc",
+    "bcc",
+    "from",
+    "reply_to",
+    "subject",
+    "text",
+    "html",
+    "headers",
+    "intent",
+    "decision",
+    "notify",
+    "idempotency_key",
+    "provider",
+    "max_attempts",
+]
 # Text with the characters that break naive email code: CR/LF, NUL, commas, angle brackets,
 # quotes, colons, encoded-word markers, non-ASCII and unpaired surrogates.
 nasty_text = st.text(
@@ -65,16 +82,24 @@ def test_hostile_text_is_refused_or_rendered_safely(field, value):
     valid = parse_or_refuse(data)
     if valid is None:
         return
-    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key=valid.idempotency_key,
-                                         message_id="<m@example.org>", attempt=1, payload=valid.payload))
+    envelope = build_message(
+        SendRequest(
+            step_id=1,
+            run_id="r",
+            idempotency_key=valid.idempotency_key,
+            message_id="<m@example.org>",
+            attempt=1,
+            payload=valid.payload,
+        )
+    )
     message = message_from_bytes(envelope.data)
     expected = sorted(a["email"].lower() for key in ("to", "cc", "bcc") for a in valid.payload[key])
     assert sorted(r.lower() for r in envelope.recipients) == sorted(set(expected))
     assert "Bcc" not in message
     assert sorted(k.lower() for k in message.keys()) == sorted(
-        {"from", "to", "subject", "date", "message-id", "mime-version",
-         "content-type", "content-transfer-encoding"}
-        | ({"cc"} if valid.payload["cc"] else set()) | ({"in-reply-to"} if valid.payload["headers"] else set())
+        {"from", "to", "subject", "date", "message-id", "mime-version", "content-type", "content-transfer-encoding"}
+        | ({"cc"} if valid.payload["cc"] else set())
+        | ({"in-reply-to"} if valid.payload["headers"] else set())
     )
     rendered_to = [addr for _, addr in getaddresses(message.get_all("To", []))]
     assert len(rendered_to) == len(valid.payload["to"])
@@ -111,8 +136,11 @@ def test_each_smuggling_attempt_is_a_clear_error(data):
 def test_idna_domains_and_utf8_display_names_are_handled():
     valid = parse(request(to=["Zoë Ünïcode <zoe@bücher.example>", "josé@exämple.com"]), POLICY)
     assert valid.payload["to"][0] == {"email": "zoe@bücher.example", "name": "Zoë Ünïcode"}
-    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key="k", message_id="<m@example.org>",
-                                         attempt=1, payload=valid.payload))
+    envelope = build_message(
+        SendRequest(
+            step_id=1, run_id="r", idempotency_key="k", message_id="<m@example.org>", attempt=1, payload=valid.payload
+        )
+    )
     assert "zoe@xn--bcher-kva.example" in envelope.recipients and envelope.smtputf8
 
 
@@ -197,8 +225,9 @@ def test_rendering_neutralizes_what_the_validator_would_have_refused():
     a CR/LF in a stored subject becomes a space, never a header."""
     valid = parse(request(), POLICY)
     bad = {**valid.payload, "subject": "x\r\nBcc: eve@evil.example"}
-    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key="k", message_id="<m@example.org>",
-                                         attempt=1, payload=bad))
+    envelope = build_message(
+        SendRequest(step_id=1, run_id="r", idempotency_key="k", message_id="<m@example.org>", attempt=1, payload=bad)
+    )
     message = message_from_bytes(envelope.data)
     assert "Bcc" not in message and "eve@evil.example" not in envelope.recipients
     assert "\n" not in message["Subject"]
@@ -206,7 +235,9 @@ def test_rendering_neutralizes_what_the_validator_would_have_refused():
 
 # Domain labels in many scripts, with the characters IDNA 2003 and IDNA 2008 map differently
 # (ß, ς, joiners), upper case, and a few that are not allowed in a domain at all.
-idna_labels = st.text(alphabet=st.sampled_from(list("abzAZ09-ßςΣσäöüÜéЖжाक中文ㄱ\u200c\u200d_ .")), min_size=1, max_size=12)
+idna_labels = st.text(
+    alphabet=st.sampled_from(list("abzAZ09-ßςΣσäöüÜéЖжाक中文ㄱ\u200c\u200d_ .")), min_size=1, max_size=12
+)
 display_names = st.text(alphabet=st.sampled_from(list("ab Zë中🚀,<>\"'\\;:@()")) | st.characters(), max_size=30)
 
 
@@ -222,8 +253,16 @@ def test_idna_domains_and_utf8_display_names_hold_for_any_input(label, name):
     valid = parse_or_refuse(data)
     if valid is None:
         return
-    envelope = build_message(SendRequest(step_id=1, run_id="r", idempotency_key=valid.idempotency_key,
-                                         message_id="<m@example.org>", attempt=1, payload=valid.payload))
+    envelope = build_message(
+        SendRequest(
+            step_id=1,
+            run_id="r",
+            idempotency_key=valid.idempotency_key,
+            message_id="<m@example.org>",
+            attempt=1,
+            payload=valid.payload,
+        )
+    )
     [recipient] = envelope.recipients
     domain = recipient.rpartition("@")[2]
     assert domain.isascii()
@@ -246,8 +285,11 @@ def _nested(depth: int, leaf: object, as_dict: bool) -> object:
 
 
 @settings(max_examples=100, deadline=None)
-@given(field=st.sampled_from(["decision", "headers", "to", "notify", "subject", "unexpected", "$root"]),
-       depth=st.integers(min_value=1, max_value=20_000), as_dict=st.booleans())
+@given(
+    field=st.sampled_from(["decision", "headers", "to", "notify", "subject", "unexpected", "$root"]),
+    depth=st.integers(min_value=1, max_value=20_000),
+    as_dict=st.booleans(),
+)
 def test_deep_json_anywhere_is_refused_or_bounded_never_a_crash(field, depth, as_dict):
     """JSON nested to any depth, in any field (or as the whole request): a clear error, never
     a RecursionError; a rationale deeper than the limit is refused by name."""

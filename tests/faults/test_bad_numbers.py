@@ -18,8 +18,13 @@ from worker.errors import InvalidRequest
 
 HUGE = "9" * 5000
 # (JSON text of the rationale's "score", the same value as Python parsed it, if it can be one)
-BAD = [("NaN", float("nan")), ("Infinity", float("inf")), ("-Infinity", float("-inf")), ("1e999", float("inf")),
-       (HUGE, None)]
+BAD = [
+    ("NaN", float("nan")),
+    ("Infinity", float("inf")),
+    ("-Infinity", float("-inf")),
+    ("1e999", float("inf")),
+    (HUGE, None),
+]
 
 
 def _text(number: str, **overrides) -> str:
@@ -44,8 +49,23 @@ def test_the_cli_refuses_each_bad_number_naming_its_field(db_url, admin_key, num
     out = evq.json("enqueue", "--file", "-", input=lines, expect=2)
     assert out["error"]["context"]["fields"][0]["field"] == "decision.rationale.score"
     assert "line 2" in out["error"]["context"]["fields"][0]["message"]
-    flags = ("enqueue", "--run-id", "nums", "--step-id", "f", "--to", "ok@example.com", "--from", "a@example.org",
-             "--subject", "s", "--text", "t", "--rationale", f'{{"score": {number}}}')
+    flags = (
+        "enqueue",
+        "--run-id",
+        "nums",
+        "--step-id",
+        "f",
+        "--to",
+        "ok@example.com",
+        "--from",
+        "a@example.org",
+        "--subject",
+        "s",
+        "--text",
+        "t",
+        "--rationale",
+        f'{{"score": {number}}}',
+    )
     out = evq.json(*flags, expect=2)
     assert out["error"]["code"] == "E_INVALID_ARG" and "score" in out["error"]["context"]["fields"][0]["field"]
     _nothing_written(db_url)
@@ -85,8 +105,10 @@ def test_notify_is_checked_against_the_domain_rules_at_enqueue(db_url):
 
     from tests.support import POLICY
 
-    for policy in (replace(POLICY, blocked_domains=("blocked.example",)),
-                   replace(POLICY, allowed_domains=("example.com",))):
+    for policy in (
+        replace(POLICY, blocked_domains=("blocked.example",)),
+        replace(POLICY, allowed_domains=("example.com",)),
+    ):
         data = request(run_id="nums", step_id="notify", notify="owner@blocked.example")
         with psycopg.connect(db_url) as conn, pytest.raises(InvalidRequest) as refused:
             enqueue(conn, data, policy=policy)

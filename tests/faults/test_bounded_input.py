@@ -36,8 +36,13 @@ def test_enqueue_from_dev_zero_is_refused_naming_the_limit_within_bounded_memory
     args = ("enqueue", "--file", "/dev/zero" if source == "file" else "-", "-o", "json")
     with open("/dev/zero", "rb") as zero:
         done = subprocess.run(
-            evq.cmd(*args), stdin=zero if source == "stdin" else subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=120, env=evq.env, preexec_fn=_address_space_limit,
+            evq.cmd(*args),
+            stdin=zero if source == "stdin" else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=evq.env,
+            preexec_fn=_address_space_limit,
         )
     assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
     out = json.loads(done.stdout)

@@ -26,27 +26,42 @@ LEASE = 4  # > 3 x EVQ_SMTP_TIMEOUT (1)
 @pytest.mark.timeout(900)  # a few thousand sends and a hundred kills; the suite default is 120 s
 def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     lines = "\n".join(
-        json.dumps({"run_id": "chaos", "step_id": f"s{i}", "to": [f"u{i}@example.com"], "from": "a@example.org",
-                    "subject": f"chaos {i}", "text": "t"})
+        json.dumps(
+            {
+                "run_id": "chaos",
+                "step_id": f"s{i}",
+                "to": [f"u{i}@example.com"],
+                "from": "a@example.org",
+                "subject": f"chaos {i}",
+                "text": "t",
+            }
+        )
         for i in range(SENDS)
     )
     assert evq.run("enqueue", "--file", "-", input=lines, timeout=120).returncode == 0
-    env = smtp_env(smtp, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS=str(LEASE), EVQ_RESCUE_INTERVAL="0.5",
-                   EVQ_LOG_LEVEL="warning")
+    env = smtp_env(
+        smtp, EVQ_SMTP_TIMEOUT="1", EVQ_LEASE_SECONDS=str(LEASE), EVQ_RESCUE_INTERVAL="0.5", EVQ_LOG_LEVEL="warning"
+    )
     rng = random.Random(int(os.environ.get("EVQ_CHAOS_SEED", "7")))
     log = open(tmp_path / "workers.log", "ab")  # shared by every worker started below
 
     def start() -> subprocess.Popen:
         # Output to a file: a pipe nobody reads would fill up and stall the worker.
-        return spawn(evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
-                                env={**evq.env, **env}, stdout=subprocess.DEVNULL, stderr=log)
+        return spawn(
+            evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
+            env={**evq.env, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
 
     workers = [start() for _ in range(WORKERS)]
     killed: set[int] = set()
     deadline = time.monotonic() + 120
 
     def open_rows() -> int:
-        return rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status IN ('pending', 'retryable')")[0]["n"]
+        return rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status IN ('pending', 'retryable')")[0][
+            "n"
+        ]
 
     try:
         while open_rows() > SENDS // 10 and time.monotonic() < deadline:
@@ -58,9 +73,17 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
             workers[victim] = start()
         # No more kills: let the survivors finish and the rescuer clear what the dead left.
         wait_until(
-            lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps "
-                                 "WHERE status NOT IN ('accepted', 'rejected', 'unknown')")[0]["n"] == 0,
-            timeout=120, interval=0.5, what="every row settled",
+            lambda: (
+                rows(
+                    db_url,
+                    "SELECT count(*)::int AS n FROM email_steps "
+                    "WHERE status NOT IN ('accepted', 'rejected', 'unknown')",
+                )[0]["n"]
+                == 0
+            ),
+            timeout=120,
+            interval=0.5,
+            what="every row settled",
         )
     finally:
         for w in workers:
@@ -74,7 +97,9 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
         log.close()
 
     delivered = smtp.by_message_id()
-    status = {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")}
+    status = {
+        r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    }
     unknown = rows(
         db_url,
         "SELECT s.message_id, e.detail ->> 'lease_owner' AS owner FROM email_steps s "
@@ -93,7 +118,9 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     # Every unknown row was in flight under a worker that was killed, and says so.
     assert all(u["owner"] and int(u["owner"].split(":")[1]) in killed for u in unknown), unknown[:5]
     # Every accepted row was received by the server, exactly once.
-    accepted_ids = {r["message_id"] for r in rows(db_url, "SELECT message_id FROM email_steps WHERE status = 'accepted'")}
+    accepted_ids = {
+        r["message_id"] for r in rows(db_url, "SELECT message_id FROM email_steps WHERE status = 'accepted'")
+    }
     assert accepted_ids <= set(delivered)
     # Evidence tells each story: one start per attempt, one answer or rescue per attempt.
     stories = rows(

@@ -21,8 +21,9 @@ LEASE = 8
 
 
 def request(step: str, to: str) -> str:
-    return json.dumps({"run_id": "faults", "step_id": step, "to": [to], "from": "agent@example.org",
-                       "subject": step, "text": "body"})
+    return json.dumps(
+        {"run_id": "faults", "step_id": step, "to": [to], "from": "agent@example.org", "subject": step, "text": "body"}
+    )
 
 
 def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp):
@@ -75,13 +76,24 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
         assert Evq(cluster.url(), api_key=admin).run("enqueue", "--file", "-", input=lines).returncode == 0
         # The worker's second claim runs and commits; its answer is kept from the worker.
         withheld = proxy.withhold_answer(CLAIM_TEXT, nth=2)
-        env = smtp_env(smtp, EVQ_LEASE_SECONDS="4", EVQ_SMTP_TIMEOUT="1", EVQ_RESCUE_INTERVAL="0.3",
-                       EVQ_LISTEN="off", EVQ_CONCURRENCY="4", EVQ_BATCH_SIZE="2")
+        env = smtp_env(
+            smtp,
+            EVQ_LEASE_SECONDS="4",
+            EVQ_SMTP_TIMEOUT="1",
+            EVQ_RESCUE_INTERVAL="0.3",
+            EVQ_LISTEN="off",
+            EVQ_CONCURRENCY="4",
+            EVQ_BATCH_SIZE="2",
+        )
         worker = evq.popen("worker", "run", "--drain", **env)
         assert withheld.wait(30), "the worker never made a second claim"
         # The first claim's sends finish and are recorded: only the lost claim is in flight.
-        wait_until(lambda: rows(cluster.url(), "SELECT count(*)::int AS n FROM email_steps "
-                                               "WHERE status = 'accepted'")[0]["n"] == 2, what="first claim recorded")
+        wait_until(
+            lambda: (
+                rows(cluster.url(), "SELECT count(*)::int AS n FROM email_steps WHERE status = 'accepted'")[0]["n"] == 2
+            ),
+            what="first claim recorded",
+        )
         lost = rows(cluster.url(), "SELECT id FROM email_steps WHERE status = 'in_flight'")
         cluster.restart(down_for=5.0)  # longer than the lease
         code = worker.wait(90)
@@ -95,10 +107,16 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
     statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
     assert statuses == [{"status": "accepted", "n": 12}], statuses
     assert len(smtp.by_message_id()) == 12 and set(smtp.by_message_id().values()) == {1}
-    kinds = rows(cluster.url(), "SELECT kind, count(*)::int AS n FROM evidence WHERE step_id = ANY(%s) "
-                                "GROUP BY kind ORDER BY kind", ([r["id"] for r in lost],))
-    assert kinds == [{"kind": "attempt_released", "n": 2}, {"kind": "attempt_started", "n": 4},
-                     {"kind": "provider_response", "n": 2}], kinds
+    kinds = rows(
+        cluster.url(),
+        "SELECT kind, count(*)::int AS n FROM evidence WHERE step_id = ANY(%s) GROUP BY kind ORDER BY kind",
+        ([r["id"] for r in lost],),
+    )
+    assert kinds == [
+        {"kind": "attempt_released", "n": 2},
+        {"kind": "attempt_started", "n": 4},
+        {"kind": "provider_response", "n": 2},
+    ], kinds
     assert '"orphan_claims_released"' in log
 
 
@@ -142,8 +160,10 @@ def read_only(db_url: str, on: bool) -> None:
         conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = {"on" if on else "off"}')
         if not on:
             # Sessions keep the setting they started with: end them so the change takes effect.
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
 
 
 def test_read_only_database(evq: Evq, db_url, smtp):

@@ -81,8 +81,10 @@ BYPASSES = [
     ["DELETE FROM provider_circuit_events"],
     ["TRUNCATE provider_circuit_events"],
     ["DELETE FROM email_steps"],
-    ["INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
-     "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"],
+    [
+        "INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
+        "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"
+    ],
     ["SET evq.pruning = on", "DELETE FROM evidence"],
     ["SELECT set_config('evq.pruning', 'on', true)", "DELETE FROM decisions"],
     [None, "DELETE FROM evidence"],  # GRANT itself first (a WARNING, no privilege), then delete
@@ -91,9 +93,11 @@ BYPASSES = [
     ["CREATE TABLE public.forged (id int)"],
     ["CREATE FUNCTION public.forged() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$"],
     ["CREATE TRIGGER forged BEFORE DELETE ON evidence FOR EACH ROW EXECUTE FUNCTION evq_append_only()"],
-    ["CREATE OR REPLACE FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) "
-     "RETURNS TABLE (pruned_steps integer, pruned_evidence integer, pruned_decisions integer) "
-     "LANGUAGE sql AS $$ SELECT 0, 0, 0 $$"],
+    [
+        "CREATE OR REPLACE FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) "
+        "RETURNS TABLE (pruned_steps integer, pruned_evidence integer, pruned_decisions integer) "
+        "LANGUAGE sql AS $$ SELECT 0, 0, 0 $$"
+    ],
     ["ALTER FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) OWNER TO CURRENT_USER"],
     ["ALTER FUNCTION evq_prune_batch(timestamptz, integer, text, uuid, integer) RESET ALL"],
     ["SELECT evq_grant_runtime(CURRENT_USER)"],
@@ -164,23 +168,27 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         conn.execute("SELECT * FROM evq_prune_batch(now() + interval '1 year', 1000, 'x', gen_random_uuid(), 1)")
     # A temporary table named like evq's cannot steer the definer function (fixed search_path).
     with psycopg.connect(r.app_url) as conn:
-        conn.execute("CREATE TEMP TABLE email_steps (id bigint, status text, created_at timestamptz, "
-                     "closed_at timestamptz, notice_of bigint, decision_id bigint)")
+        conn.execute(
+            "CREATE TEMP TABLE email_steps (id bigint, status text, created_at timestamptz, "
+            "closed_at timestamptz, notice_of bigint, decision_id bigint)"
+        )
         assert conn.execute("SELECT count(*) FROM email_steps").fetchone()[0] == 0  # the session sees its own
-        [counts] = conn.execute(
-            "SELECT * FROM evq_prune_batch(now(), 1000, 'x', gen_random_uuid(), 1)"
-        ).fetchall()
+        [counts] = conn.execute("SELECT * FROM evq_prune_batch(now(), 1000, 'x', gen_random_uuid(), 1)").fetchall()
         conn.rollback()
     # It pruned the real table (the resolved step, closed before now()), not the empty temporary one.
     assert counts[0] == 1, counts
     assert history_state(r.admin_url) == before
     # A provider circuit (0011): its state is the runtime's to change, its history only to append.
-    [granted] = rows(r.admin_url, """
+    [granted] = rows(
+        r.admin_url,
+        """
         SELECT has_table_privilege(%(app)s, 'provider_circuits', 'UPDATE') AS circuit_update,
                has_table_privilege(%(app)s, 'provider_circuit_events', 'INSERT') AS events_insert,
                has_table_privilege(%(app)s, 'provider_circuit_events', 'UPDATE') AS events_update,
                has_table_privilege(%(app)s, 'provider_circuit_events', 'DELETE') AS events_delete
-        """, {"app": r.app})
+        """,
+        {"app": r.app},
+    )
     assert granted == {"circuit_update": True, "events_insert": True, "events_update": False, "events_delete": False}
 
 
@@ -198,8 +206,12 @@ def run_as_runtime_role(r: Roles) -> dict:
         assert done.returncode == 0, done.stderr[-3000:]
         received = smtp.by_message_id()
     steps = {s["step_id"]: s for s in rows(r.admin_url, "SELECT id, step_id, status, message_id FROM email_steps")}
-    assert {k: v["status"] for k, v in steps.items()} == {"ok-0": "accepted", "ok-1": "accepted", "ok-2": "accepted",
-                                                           "lost": "unknown"}
+    assert {k: v["status"] for k, v in steps.items()} == {
+        "ok-0": "accepted",
+        "ok-1": "accepted",
+        "ok-2": "accepted",
+        "lost": "unknown",
+    }
     assert all(received.get(s["message_id"]) == 1 for s in steps.values()), received  # each once
 
     lost = steps["lost"]["id"]
@@ -216,8 +228,10 @@ def run_as_runtime_role(r: Roles) -> dict:
     # Prune through evq_prune_batch: age the history (as the owner would not; the
     # server's superuser does it for the test), then the runtime role prunes it.
     with psycopg.connect(r.admin_url) as conn:
-        conn.execute("UPDATE email_steps SET created_at = now() - interval '100 days', "
-                     "closed_at = now() - interval '100 days' WHERE step_id LIKE 'ok-%'")
+        conn.execute(
+            "UPDATE email_steps SET created_at = now() - interval '100 days', "
+            "closed_at = now() - interval '100 days' WHERE step_id LIKE 'ok-%'"
+        )
     dry = evq.json("prune", "--older-than", "90d", "--dry-run")["data"]
     pruned = evq.json("prune", "--older-than", "90d")["data"]
     assert (pruned["steps"], pruned["evidence"]) == (dry["steps"], dry["evidence"]) and pruned["steps"] == 3

@@ -57,8 +57,24 @@ def test_the_cli_refuses_every_encoded_word_naming_its_field(db_url, admin_key):
         assert [f["field"] for f in fields] == [field], out
         assert "encoded words" in fields[0]["message"]
     # The flags too: --subject and --header.
-    out = evq.json("enqueue", "--run-id", "ew", "--step-id", "flags", "--to", "ok@example.com", "--from",
-                   "a@example.org", "--subject", SPACED, "--text", "t", "--header", f"Keywords: {SPACED}", expect=2)
+    out = evq.json(
+        "enqueue",
+        "--run-id",
+        "ew",
+        "--step-id",
+        "flags",
+        "--to",
+        "ok@example.com",
+        "--from",
+        "a@example.org",
+        "--subject",
+        SPACED,
+        "--text",
+        "t",
+        "--header",
+        f"Keywords: {SPACED}",
+        expect=2,
+    )
     assert sorted(f["field"] for f in out["error"]["context"]["fields"]) == ["headers.Keywords", "subject"]
     assert "header injection" in out["error"]["context"]["fields"][0]["message"]
     _nothing_written(db_url)
@@ -90,31 +106,48 @@ def test_a_stored_encoded_word_never_reaches_the_smtp_server_as_a_header(db_url,
     evq = Evq(db_url, api_key=admin_key)
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
-    states = {r["step_id"]: (r["status"], r["reason"]) for r in rows(db_url, "SELECT step_id, status, reason FROM email_steps")}
-    assert states == {"subject": ("rejected", "policy_refused"), "header": ("rejected", "policy_refused"),
-                      "clean": ("accepted", "provider_accepted")}, states
+    states = {
+        r["step_id"]: (r["status"], r["reason"])
+        for r in rows(db_url, "SELECT step_id, status, reason FROM email_steps")
+    }
+    assert states == {
+        "subject": ("rejected", "policy_refused"),
+        "header": ("rejected", "policy_refused"),
+        "clean": ("accepted", "provider_accepted"),
+    }, states
     [arrived] = smtp.messages
     assert arrived["rcpt_tos"] == ["ok@example.com"]
     # Decoded as leniently as any reader would: no header but the ones evq wrote.
     message = email.message_from_bytes(arrived["data"])
     for name, value in message.items():
-        decoded = "".join(part.decode(cs or "ascii", "replace") if isinstance(part, bytes) else part
-                          for part, cs in email.header.decode_header(value))
+        decoded = "".join(
+            part.decode(cs or "ascii", "replace") if isinstance(part, bytes) else part
+            for part, cs in email.header.decode_header(value)
+        )
         assert "\n" not in decoded and "Bcc" not in decoded, (name, decoded)
 
 
-@pytest.mark.parametrize("patch", [{"subject": SPACED}, {"headers": {"Keywords": PLAIN}},
-                                   {"reply_to": [{"email": "r@example.com", "name": SPACED}]}],
-                         ids=["spaced-subject", "header", "reply-to-name"])
+@pytest.mark.parametrize(
+    "patch",
+    [{"subject": SPACED}, {"headers": {"Keywords": PLAIN}}, {"reply_to": [{"email": "r@example.com", "name": SPACED}]}],
+    ids=["spaced-subject", "header", "reply-to-name"],
+)
 async def test_the_http_adapter_checks_what_it_is_about_to_send(patch):
     """What the provider would write into the message's headers is checked in the wire body itself."""
     clean = valid(run_id="ew", step_id="http", to=["ok@example.com"])
     with DevHttpServer(api_key="k" * 24) as server:
         provider = HttpProvider(base_url=server.url, api_key="k" * 24, timeout=2)
         try:
-            outcome = await provider.send(SendRequest(step_id=1, run_id="ew", idempotency_key=clean.idempotency_key,
-                                                      message_id="<m@example.org>", attempt=1,
-                                                      payload={**clean.payload, **patch}))
+            outcome = await provider.send(
+                SendRequest(
+                    step_id=1,
+                    run_id="ew",
+                    idempotency_key=clean.idempotency_key,
+                    message_id="<m@example.org>",
+                    attempt=1,
+                    payload={**clean.payload, **patch},
+                )
+            )
         finally:
             await provider.close()
         assert isinstance(outcome, Rejected) and outcome.before_send, outcome

@@ -53,14 +53,27 @@ def test_a_provider_answer_quoting_a_bcc_recipient_is_shown_without_it():
     Unicode form or the ASCII form the server answers with, in any case."""
     from worker.notices import notice_text
 
-    text = notice_text({
-        "id": 3, "run_id": "r", "step_id": "s", "idempotency_key": "r:s", "message_id": "<m@example.org>",
-        "provider": "smtp", "status": "rejected", "reason": "provider_rejected", "attempts": 1, "notify": NOTIFY,
-        "detail": "550 <Sam@XN--BCHER-KVA.example>: no such user; 550 <ann@example.com>: over quota",
-        "payload": {"from": {"email": "agent@example.org", "name": None}, "subject": "Hi",
-                    "to": [{"email": "ann@example.com", "name": None}],
-                    "bcc": [{"email": "sam@bücher.example", "name": "Sam"}]},
-    })
+    text = notice_text(
+        {
+            "id": 3,
+            "run_id": "r",
+            "step_id": "s",
+            "idempotency_key": "r:s",
+            "message_id": "<m@example.org>",
+            "provider": "smtp",
+            "status": "rejected",
+            "reason": "provider_rejected",
+            "attempts": 1,
+            "notify": NOTIFY,
+            "detail": "550 <Sam@XN--BCHER-KVA.example>: no such user; 550 <ann@example.com>: over quota",
+            "payload": {
+                "from": {"email": "agent@example.org", "name": None},
+                "subject": "Hi",
+                "to": [{"email": "ann@example.com", "name": None}],
+                "bcc": [{"email": "sam@bücher.example", "name": "Sam"}],
+            },
+        }
+    )
     assert "bücher" not in text.lower() and "xn--bcher-kva" not in text.lower() and "sam@" not in text.lower()
     assert "550 <(a Bcc recipient)>: no such user; 550 <ann@example.com>: over quota" in text
     assert "Bcc:         1 recipient, not listed" in text

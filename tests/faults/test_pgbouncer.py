@@ -49,8 +49,11 @@ pidfile = {folder}/pgbouncer.pid
         os.chmod(os.path.join(folder, name), 0o666)
     # PgBouncer refuses to run as root; -u drops to an ordinary user.
     user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    proc = spawn([pgbouncer_bin, *user, os.path.join(folder, "pgbouncer.ini")],
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [pgbouncer_bin, *user, os.path.join(folder, "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = with_port(db_url, "127.0.0.1", port)
     try:
         wait_until(lambda: _answers(url), timeout=10, what="pgbouncer")
@@ -72,13 +75,23 @@ def _answers(url: str) -> bool:
 def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: str, smtp, admin_key):
     evq = Evq(pgbouncer, api_key=admin_key, EVQ_POOLER="transaction")
     lines = "\n".join(
-        json.dumps({"run_id": "pgb", "step_id": f"s{i}", "to": ["ok@example.com"], "from": "a@example.org",
-                    "subject": "s", "text": "t"})
+        json.dumps(
+            {
+                "run_id": "pgb",
+                "step_id": f"s{i}",
+                "to": ["ok@example.com"],
+                "from": "a@example.org",
+                "subject": "s",
+                "text": "t",
+            }
+        )
         for i in range(60)
     )
     assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
-    workers = [evq.popen("worker", "run", "--drain", "--concurrency", "5", "--batch-size", "3", **smtp_env(smtp))
-               for _ in range(2)]
+    workers = [
+        evq.popen("worker", "run", "--drain", "--concurrency", "5", "--batch-size", "3", **smtp_env(smtp))
+        for _ in range(2)
+    ]
     try:
         codes = [w.wait(90) for w in workers]
     finally:
@@ -107,23 +120,33 @@ def test_listen_auto_notices_notifications_do_not_arrive(pgbouncer: str, smtp):
     assert time.monotonic() - started < 30
 
 
-def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_once(pgbouncer: str, db_url: str,
-                                                                                     smtp, admin_key):
+def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_once(
+    pgbouncer: str, db_url: str, smtp, admin_key
+):
     """A forgotten EVQ_POOLER: the worker finds the pooler at start (its backend key is not the
     server's), behaves as EVQ_POOLER=transaction and says so. Before, prepared statements broke
     behind it and an unexpected error while recording made a delivered send look never sent."""
     sends = 1000
     evq = Evq(pgbouncer, api_key=admin_key)
     lines = "\n".join(
-        json.dumps({"run_id": "pgb", "step_id": f"s{i}", "to": [f"u{i}@example.com"], "from": "a@example.org",
-                    "subject": "s", "text": "t"})
+        json.dumps(
+            {
+                "run_id": "pgb",
+                "step_id": f"s{i}",
+                "to": [f"u{i}@example.com"],
+                "from": "a@example.org",
+                "subject": "s",
+                "text": "t",
+            }
+        )
         for i in range(sends)
     )
     assert Evq(db_url, api_key=admin_key).run("enqueue", "--file", "-", input=lines).returncode == 0
     env = smtp_env(smtp, EVQ_LOG_LEVEL="warning")
     env.pop("EVQ_POOLER", None)
-    workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", "--batch-size", "10", **env)
-               for _ in range(2)]
+    workers = [
+        evq.popen("worker", "run", "--drain", "--concurrency", "8", "--batch-size", "10", **env) for _ in range(2)
+    ]
     try:
         codes = [w.wait(75) for w in workers]  # about 15 s on a loaded 2-core machine
     finally:
@@ -138,23 +161,25 @@ def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_on
     assert rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status") == [
         {"status": "accepted", "n": sends}
     ]
-    released = rows(db_url, "SELECT s.message_id FROM evidence e JOIN email_steps s ON s.id = e.step_id "
-                            "WHERE e.kind = 'attempt_released'")
+    released = rows(
+        db_url,
+        "SELECT s.message_id FROM evidence e JOIN email_steps s ON s.id = e.step_id WHERE e.kind = 'attempt_released'",
+    )
     assert not {r["message_id"] for r in released} & set(delivered)
     for broken in ("InvalidSqlStatementName", "DuplicatePreparedStatement", '"record_retry"', '"claim_failed"'):
         assert broken not in "".join(logs)
 
 
-def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(pgbouncer: str, db_url: str,
-                                                                                admin_key):
+def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(pgbouncer: str, db_url: str, admin_key):
     """`evq serve` answered 500s (DuplicatePreparedStatement) behind a transaction pooler once its
     statements had run five times on a connection; it detects the pooler too."""
     import threading
 
     from tests.web.support import serving
 
-    steps = [with_store(db_url, lambda store, i=i: store.enqueue(valid(run_id="serve", step_id=f"s{i}")))
-             for i in range(5)]
+    steps = [
+        with_store(db_url, lambda store, i=i: store.enqueue(valid(run_id="serve", step_id=f"s{i}"))) for i in range(5)
+    ]
     answers: list[int | str] = []
     with serving(pgbouncer) as served:
 

@@ -34,12 +34,33 @@ LOOK_ALIKES = [
     '"\u0435vq-notices@example.org" <agent@example.org>',  # the same, in a display name
     {"email": "agent@example.org", "name": "\u0435vq-n\u03bftices"},  # Cyrillic e, Greek omicron
 ]
-IDS = ["plus", "case", "u2010", "u2011", "u2212", "en-dash", "fullwidth", "name-address",
-       "name-hyphen", "name-fullwidth-at", "cyrillic-e", "cyrillic-o", "greek-capitals", "cyrillic-e-2",
-       "name-cyrillic", "name-mixed-scripts"]
+IDS = [
+    "plus",
+    "case",
+    "u2010",
+    "u2011",
+    "u2212",
+    "en-dash",
+    "fullwidth",
+    "name-address",
+    "name-hyphen",
+    "name-fullwidth-at",
+    "cyrillic-e",
+    "cyrillic-o",
+    "greek-capitals",
+    "cyrillic-e-2",
+    "name-cyrillic",
+    "name-mixed-scripts",
+]
 # Other senders, however close: a local part that only starts the same is another mailbox.
-FINE = ["agent@example.org", "Evq Agent <agent@example.org>", "notices@example.org", "evq-noticesx@example.org",
-        "evq-notices-team@example.org", "\u0434\u0438\u043c\u0430@example.org"]  # a Cyrillic name is just a name
+FINE = [
+    "agent@example.org",
+    "Evq Agent <agent@example.org>",
+    "notices@example.org",
+    "evq-noticesx@example.org",
+    "evq-notices-team@example.org",
+    "\u0434\u0438\u043c\u0430@example.org",
+]  # a Cyrillic name is just a name
 
 
 @pytest.mark.parametrize("sender", LOOK_ALIKES, ids=IDS)
@@ -56,24 +77,73 @@ def test_every_look_alike_of_the_notice_sender_is_refused(db_url, sender):
 
 def test_the_cli_refuses_look_alikes_of_the_configured_notice_sender(db_url, admin_key):
     evq = Evq(db_url, api_key=admin_key, EVQ_NOTICE_FROM="alerts@corp.example")
-    for n, sender in enumerate(["Alerts+1@CORP.example", "\uff41lerts@corp.example",
-                                '"ALERTS@corp.example" <agent@example.org>', "ALERTS@corp.example"]):
-        out = evq.json("enqueue", "--run-id", "rs", "--step-id", f"c{n}", "--to", "ok@example.com", "--from", sender,
-                       "--subject", "s", "--text", "t", expect=2)
+    for n, sender in enumerate(
+        [
+            "Alerts+1@CORP.example",
+            "\uff41lerts@corp.example",
+            '"ALERTS@corp.example" <agent@example.org>',
+            "ALERTS@corp.example",
+        ]
+    ):
+        out = evq.json(
+            "enqueue",
+            "--run-id",
+            "rs",
+            "--step-id",
+            f"c{n}",
+            "--to",
+            "ok@example.com",
+            "--from",
+            sender,
+            "--subject",
+            "s",
+            "--text",
+            "t",
+            expect=2,
+        )
         assert [f["field"] for f in out["error"]["context"]["fields"]] == ["from"], (sender, out)
     # Another domain's "alerts" is not the notice sender.
-    evq.json("enqueue", "--run-id", "rs", "--step-id", "other", "--to", "ok@example.com", "--from",
-             "alerts@other.example", "--subject", "s", "--text", "t")
+    evq.json(
+        "enqueue",
+        "--run-id",
+        "rs",
+        "--step-id",
+        "other",
+        "--to",
+        "ok@example.com",
+        "--from",
+        "alerts@other.example",
+        "--subject",
+        "s",
+        "--text",
+        "t",
+    )
     assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
 
 
 def test_evq_itself_may_still_send_its_notices():
     from worker.notices import NoticeConfig, build_notice
 
-    notice = build_notice({"id": 1, "run_id": "r", "step_id": "s", "idempotency_key": "r:s", "message_id": "<m@x>",
-                           "provider": "smtp", "status": "rejected", "reason": "provider_rejected", "detail": "550",
-                           "attempts": 1, "notify": "owner@example.com",
-                           "payload": {"from": {"email": "agent@example.org", "name": None}, "subject": "Hi",
-                                       "to": [{"email": "a@example.com", "name": None}]}}, NoticeConfig())
+    notice = build_notice(
+        {
+            "id": 1,
+            "run_id": "r",
+            "step_id": "s",
+            "idempotency_key": "r:s",
+            "message_id": "<m@x>",
+            "provider": "smtp",
+            "status": "rejected",
+            "reason": "provider_rejected",
+            "detail": "550",
+            "attempts": 1,
+            "notify": "owner@example.com",
+            "payload": {
+                "from": {"email": "agent@example.org", "name": None},
+                "subject": "Hi",
+                "to": [{"email": "a@example.com", "name": None}],
+            },
+        },
+        NoticeConfig(),
+    )
     assert notice.payload["from"]["email"] == "evq-notices@example.org"
     assert Policy().reserved_senders == ("evq-notices@",)

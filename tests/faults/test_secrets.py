@@ -30,9 +30,7 @@ def _with_password(url: str, password: str) -> str:
 
 def _all_rows_text(url: str) -> str:
     tables = [r["tablename"] for r in rows(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-    return "\n".join(
-        json.dumps(r) for t in tables for r in rows(url, f'SELECT row_to_json(x)::text AS j FROM "{t}" x')
-    )
+    return "\n".join(json.dumps(r) for t in tables for r in rows(url, f'SELECT row_to_json(x)::text AS j FROM "{t}" x'))
 
 
 def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
@@ -41,43 +39,91 @@ def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
     with DevSmtpServer(auth=("evq", SMTP_PASSWORD)) as good, DevSmtpServer(auth=("evq", "another-one")) as bad:
         evq = Evq(url, api_key=admin_key)
         for step, to in (("ok", "ok@example.com"), ("lost", "lose-reply@example.com")):
-            request = {"run_id": "secrets", "step_id": step, "to": [to], "from": "a@example.org",
-                       "subject": step, "text": "t"}
+            request = {
+                "run_id": "secrets",
+                "step_id": step,
+                "to": [to],
+                "from": "a@example.org",
+                "subject": step,
+                "text": "t",
+            }
             done = evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request))
             outputs += [done.stdout, done.stderr]
         # The loopback test server has no TLS: plain AUTH must be allowed explicitly.
-        env = smtp_env(good, EVQ_SMTP_USERNAME="evq", EVQ_SMTP_PASSWORD=SMTP_PASSWORD, EVQ_LOG_LEVEL="debug",
-                       EVQ_SMTP_ALLOW_PLAIN_AUTH="true")
+        env = smtp_env(
+            good,
+            EVQ_SMTP_USERNAME="evq",
+            EVQ_SMTP_PASSWORD=SMTP_PASSWORD,
+            EVQ_LOG_LEVEL="debug",
+            EVQ_SMTP_ALLOW_PLAIN_AUTH="true",
+        )
         done = evq.run("worker", "run", "--drain", "-o", "json", **env)
         outputs += [done.stdout, done.stderr]
         assert done.returncode == 0
         # The same password against a server that refuses it: the error path.
-        request = {"run_id": "secrets", "step_id": "refused-login", "to": ["ok@example.com"], "from": "a@example.org",
-                   "subject": "s", "text": "t"}
+        request = {
+            "run_id": "secrets",
+            "step_id": "refused-login",
+            "to": ["ok@example.com"],
+            "from": "a@example.org",
+            "subject": "s",
+            "text": "t",
+        }
         outputs.append(evq.run("enqueue", "--file", "-", input=json.dumps(request)).stdout)
-        env = smtp_env(bad, EVQ_SMTP_USERNAME="evq", EVQ_SMTP_PASSWORD=SMTP_PASSWORD, EVQ_LOG_LEVEL="debug",
-                       EVQ_MAX_ATTEMPTS="1", EVQ_SMTP_ALLOW_PLAIN_AUTH="true")
+        env = smtp_env(
+            bad,
+            EVQ_SMTP_USERNAME="evq",
+            EVQ_SMTP_PASSWORD=SMTP_PASSWORD,
+            EVQ_LOG_LEVEL="debug",
+            EVQ_MAX_ATTEMPTS="1",
+            EVQ_SMTP_ALLOW_PLAIN_AUTH="true",
+        )
         done = evq.run("worker", "run", "--drain", **env)
         outputs += [done.stdout, done.stderr]
-        for args in (("steps", "list"), ("steps", "list", "-o", "json"), ("steps", "show", "1", "-o", "json"),
-                     ("steps", "show", "3", "-o", "json"), ("worker", "run", "--concurrency", "x", "-o", "json")):
+        for args in (
+            ("steps", "list"),
+            ("steps", "list", "-o", "json"),
+            ("steps", "show", "1", "-o", "json"),
+            ("steps", "show", "3", "-o", "json"),
+            ("worker", "run", "--concurrency", "x", "-o", "json"),
+        ):
             done = evq.run(*args, **env)
             outputs += [done.stdout, done.stderr]
         # Through the HTTP provider too: an accepted send, a lost reply, a refused key.
         with DevHttpServer(api_key=HTTP_API_KEY) as api, DevHttpServer(api_key="not-the-one") as wrong:
-            for step, to, server in (("http-ok", "ok@example.com", api), ("http-lost", "lose-reply@example.com", api),
-                                     ("http-refused-key", "ok@example.com", wrong)):
-                request = {"run_id": "secrets", "step_id": step, "to": [to], "from": "a@example.org",
-                           "subject": step, "text": "t", "provider": "http"}
+            for step, to, server in (
+                ("http-ok", "ok@example.com", api),
+                ("http-lost", "lose-reply@example.com", api),
+                ("http-refused-key", "ok@example.com", wrong),
+            ):
+                request = {
+                    "run_id": "secrets",
+                    "step_id": step,
+                    "to": [to],
+                    "from": "a@example.org",
+                    "subject": step,
+                    "text": "t",
+                    "provider": "http",
+                }
                 outputs.append(evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request)).stdout)
-                http_env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": server.url, "EVQ_HTTP_API_KEY": HTTP_API_KEY,
-                            "EVQ_HTTP_TIMEOUT": "2", "EVQ_LEASE_SECONDS": "8", "EVQ_MAX_ATTEMPTS": "1",
-                            "EVQ_RETRY_BASE": "0", "EVQ_RETRY_MAX": "0", "EVQ_LOG_LEVEL": "debug"}
+                http_env = {
+                    "EVQ_ADAPTER": "http",
+                    "EVQ_HTTP_BASE_URL": server.url,
+                    "EVQ_HTTP_API_KEY": HTTP_API_KEY,
+                    "EVQ_HTTP_TIMEOUT": "2",
+                    "EVQ_LEASE_SECONDS": "8",
+                    "EVQ_MAX_ATTEMPTS": "1",
+                    "EVQ_RETRY_BASE": "0",
+                    "EVQ_RETRY_MAX": "0",
+                    "EVQ_LOG_LEVEL": "debug",
+                }
                 done = evq.run("worker", "run", "--drain", **http_env)
                 outputs += [done.stdout, done.stderr]
             assert api.messages, "the HTTP send went through"
         # A bad URL's error message must not echo the password either.
-        done = Evq(_with_password(db_url.replace("port=5432", "port=1"), DB_PASSWORD)).run("steps", "list", "-o", "json")
+        done = Evq(_with_password(db_url.replace("port=5432", "port=1"), DB_PASSWORD)).run(
+            "steps", "list", "-o", "json"
+        )
         outputs += [done.stdout, done.stderr]
         assert good.messages, "the authenticated send went through"
     everything = "\n".join(outputs) + _all_rows_text(db_url)
@@ -112,8 +158,14 @@ def test_no_api_key_in_what_evq_serve_logs_or_answers(db_url, admin_key):
 
     with serve_process(db_url, EVQ_LOG_LEVEL="debug") as served:
         with httpx.Client(base_url=served.url, timeout=30) as web:
-            request = {"run_id": "secrets", "step_id": "http", "to": ["ok@example.com"], "from": "a@example.org",
-                       "subject": "s", "text": "t"}
+            request = {
+                "run_id": "secrets",
+                "step_id": "http",
+                "to": ["ok@example.com"],
+                "from": "a@example.org",
+                "subject": "s",
+                "text": "t",
+            }
             for key in (admin_key, admin_key + "x", admin_key[:-1], "evq_000000000000_" + admin_key[-43:]):
                 auth = {"Authorization": f"Bearer {key}"}
                 keep(web.post("/v1/steps", json=request, headers=auth))
@@ -203,8 +255,14 @@ def _key_forms(key: str) -> list[str]:
     import base64
     from urllib.parse import quote
 
-    return [key, key.replace("/", "\\/"), quote(key, safe=""), base64.b64encode((":" + key).encode()).decode(),
-            base64.b64encode(f"Bearer {key}".encode()).decode(), base64.b64encode(key.encode()).decode()]
+    return [
+        key,
+        key.replace("/", "\\/"),
+        quote(key, safe=""),
+        base64.b64encode((":" + key).encode()).decode(),
+        base64.b64encode(f"Bearer {key}".encode()).decode(),
+        base64.b64encode(key.encode()).decode(),
+    ]
 
 
 def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path):
@@ -221,15 +279,30 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path
     evq = Evq(db_url, api_key=admin_key)
     outputs: list[str] = []
     with _EchoingProvider() as provider:
-        request = {"run_id": "echo", "step_id": "s1", "to": ["ok@example.com"], "from": "a@example.org",
-                   "subject": "hello", "text": "t", "provider": "http", "notify": "owner@example.org"}
+        request = {
+            "run_id": "echo",
+            "step_id": "s1",
+            "to": ["ok@example.com"],
+            "from": "a@example.org",
+            "subject": "hello",
+            "text": "t",
+            "provider": "http",
+            "notify": "owner@example.org",
+        }
         done = evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request))
         assert done.returncode == 0, done.stderr[-2000:]
-        env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": provider.url, "EVQ_HTTP_API_KEY": ECHOED_KEY,
-               "EVQ_HTTP_TIMEOUT": "5", "EVQ_MAX_ATTEMPTS": "1", "EVQ_LOG_LEVEL": "debug",
-               # A 401 would open the provider's circuit and cost the step nothing (issue 12); here
-               # it must end the step so the refusal reaches every output and the failure notice.
-               "EVQ_CIRCUIT_FAULTS": "none", "EVQ_CIRCUIT_FAILURES": "0"}
+        env = {
+            "EVQ_ADAPTER": "http",
+            "EVQ_HTTP_BASE_URL": provider.url,
+            "EVQ_HTTP_API_KEY": ECHOED_KEY,
+            "EVQ_HTTP_TIMEOUT": "5",
+            "EVQ_MAX_ATTEMPTS": "1",
+            "EVQ_LOG_LEVEL": "debug",
+            # A 401 would open the provider's circuit and cost the step nothing (issue 12); here
+            # it must end the step so the refusal reaches every output and the failure notice.
+            "EVQ_CIRCUIT_FAULTS": "none",
+            "EVQ_CIRCUIT_FAILURES": "0",
+        }
         for _ in range(2):  # the refusal, then the notice it owes
             done = evq.run("worker", "run", "--drain", "-o", "json", **env)
             outputs += [done.stdout, done.stderr]
@@ -253,8 +326,9 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere(db_url, admin_key, tmp_path
         assert page.status_code == 200
         outputs.append(page.text)
     info = psycopg.conninfo.conninfo_to_dict(db_url)
-    dump = subprocess.run(["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url],
-                          capture_output=True, text=True, timeout=120)
+    dump = subprocess.run(
+        ["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url], capture_output=True, text=True, timeout=120
+    )
     assert dump.returncode == 0, (info.get("dbname"), dump.stderr)
     everything = "\n".join(outputs) + dump.stdout
     # The refusal itself is on record, everywhere it should be...
@@ -274,11 +348,23 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere_when_its_circuit_opens(db_u
     evq = Evq(db_url, api_key=admin_key)
     outputs: list[str] = []
     with _EchoingProvider() as provider:
-        request = {"run_id": "echo", "step_id": "s1", "to": ["ok@example.com"], "from": "a@example.org",
-                   "subject": "hello", "text": "t", "provider": "http"}
+        request = {
+            "run_id": "echo",
+            "step_id": "s1",
+            "to": ["ok@example.com"],
+            "from": "a@example.org",
+            "subject": "hello",
+            "text": "t",
+            "provider": "http",
+        }
         assert evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request)).returncode == 0
-        env = {"EVQ_ADAPTER": "http", "EVQ_HTTP_BASE_URL": provider.url, "EVQ_HTTP_API_KEY": ECHOED_KEY,
-               "EVQ_HTTP_TIMEOUT": "5", "EVQ_LOG_LEVEL": "debug"}
+        env = {
+            "EVQ_ADAPTER": "http",
+            "EVQ_HTTP_BASE_URL": provider.url,
+            "EVQ_HTTP_API_KEY": ECHOED_KEY,
+            "EVQ_HTTP_TIMEOUT": "5",
+            "EVQ_LOG_LEVEL": "debug",
+        }
         done = evq.run("worker", "run", "--drain", "-o", "json", **env)  # drained: held by the open circuit
         outputs += [done.stdout, done.stderr]
         assert done.returncode == 0 and provider.refused == 1, done.stderr[-2000:]
@@ -291,8 +377,9 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere_when_its_circuit_opens(db_u
 
     with serving(db_url) as served:
         outputs.append(served.client(admin_key).get("/v1/steps/1").text)
-    dump = subprocess.run(["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url],
-                          capture_output=True, text=True, timeout=120)
+    dump = subprocess.run(
+        ["/usr/lib/postgresql/15/bin/pg_dump", "--data-only", "-d", db_url], capture_output=True, text=True, timeout=120
+    )
     assert dump.returncode == 0, dump.stderr
     assert "auth_failed" in dump.stdout
     everything = "\n".join(outputs) + dump.stdout
@@ -351,4 +438,6 @@ def test_a_database_url_whose_password_holds_a_raw_at_sign_is_refused_without_sh
             assert part not in done.stdout + done.stderr, (args, done.stdout, done.stderr[-2000:])
         out = json.loads(done.stdout)
         assert out["status"] == "error" and out["error"]["code"] == "E_INVALID_ARG", out
-        assert "EVQ_DATABASE_URL" in out["error"]["message"] and "%40" in out["error"]["message"] + out["error"].get("hint", "")
+        assert "EVQ_DATABASE_URL" in out["error"]["message"] and "%40" in out["error"]["message"] + out["error"].get(
+            "hint", ""
+        )

@@ -35,8 +35,17 @@ from worker.settings import Settings
 
 MESSAGES = 4
 SETTINGS = Settings(
-    adapter=("smtp",), concurrency=2, batch_size=2, lease_seconds=30, poll_interval=0.02, retry_base=0,
-    retry_max=0, rescue_interval=0.3, shutdown_grace=5, smtp_timeout=5, listen="off",
+    adapter=("smtp",),
+    concurrency=2,
+    batch_size=2,
+    lease_seconds=30,
+    poll_interval=0.02,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.3,
+    shutdown_grace=5,
+    smtp_timeout=5,
+    listen="off",
 )
 # What a store call can raise: unclassified errors a pooler or a bug produces, and errors that
 # read as "the database is away" (the store translates those, as it would a real one).
@@ -81,8 +90,10 @@ class FaultyStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(name)
             n = len(self.calls)
-            fault = next((f for f in self.faults if f.fired is None and n >= f.at
-                          and (f.method is None or f.method == name)), None)
+            fault = next(
+                (f for f in self.faults if f.fired is None and n >= f.at and (f.method is None or f.method == name)),
+                None,
+            )
             if fault is not None:
                 fault.fired = f"call {n} ({name}) {'after' if fault.after else 'before'} it ran"
                 if not fault.after:
@@ -176,8 +187,7 @@ def plans(calls: int) -> Iterator[list[Fault]]:
     for n in range(1, calls + 1):
         yield [Fault(n, next(errors), after=False)]
         yield [Fault(n, next(errors), after=True)]
-        yield [Fault(n, next(errors), after=False),
-               Fault(n + 1, psycopg.OperationalError, after=True, method="claim")]
+        yield [Fault(n, next(errors), after=False), Fault(n + 1, psycopg.OperationalError, after=True, method="claim")]
 
 
 async def sweep(pg_server: str, template: str, sink: DevSmtpServer, calls: int) -> tuple[int, list[str]]:

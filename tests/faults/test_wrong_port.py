@@ -27,8 +27,21 @@ ONE_SHOT = [
     ("keys", "list"),
     ("prune", "--older-than", "90d", "--dry-run"),
     ("steps", "resolve", "1", "--as", "accepted", "--note", "n", "--dry-run"),
-    ("enqueue", "--run-id", "r", "--step-id", "s", "--to", "a@example.com", "--from", "b@example.org",
-     "--subject", "s", "--text", "t"),
+    (
+        "enqueue",
+        "--run-id",
+        "r",
+        "--step-id",
+        "s",
+        "--to",
+        "a@example.com",
+        "--from",
+        "b@example.org",
+        "--subject",
+        "s",
+        "--text",
+        "t",
+    ),
 ]
 
 

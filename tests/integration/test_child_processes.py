@@ -43,8 +43,11 @@ def test_a_plain_popen_child_inherits_sigint_ignored() -> None:
 
 def test_a_spawned_devsmtp_stops_on_sigint_even_when_the_suite_ignores_it() -> None:
     with launched_in_background():
-        proc = spawn([sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
-                     stderr=subprocess.PIPE, text=True)
+        proc = spawn(
+            [sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         assert proc.stderr is not None
         assert "127.0.0.1:" in proc.stderr.readline()  # listening, its Ctrl-C handler in place
@@ -56,8 +59,11 @@ def test_a_spawned_devsmtp_stops_on_sigint_even_when_the_suite_ignores_it() -> N
 
 def test_a_child_that_ignores_the_signal_is_killed_and_its_pipes_closed() -> None:
     """A child that ignores SIGINT itself (or hangs on shutdown) still ends: SIGKILL after the grace."""
-    stubborn = [sys.executable, "-c",
-                "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(600)",
+    ]
     proc = spawn(stubborn, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "up\n"
     assert stop(proc, signal.SIGINT, grace=0.5) == -signal.SIGKILL

@@ -31,11 +31,23 @@ from worker.runner import Worker
 from worker.settings import Settings
 
 SETTINGS = Settings(
-    adapter=("smtp",), concurrency=4, batch_size=4, lease_seconds=30, poll_interval=0.05,
-    retry_base=0.05, retry_max=0.2, rescue_interval=0.5, shutdown_grace=5, smtp_timeout=5,
+    adapter=("smtp",),
+    concurrency=4,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0.05,
+    retry_max=0.2,
+    rescue_interval=0.5,
+    shutdown_grace=5,
+    smtp_timeout=5,
     # Few attempts and a short budget: without the breaker an outage of a second or two
     # would spend them all and reject every message.
-    max_attempts=3, retry_for=3600, circuit_probe_base=0.2, circuit_probe_max=0.4, reconcile_checks=0,
+    max_attempts=3,
+    retry_for=3600,
+    circuit_probe_base=0.2,
+    circuit_probe_max=0.4,
+    reconcile_checks=0,
 )
 
 
@@ -58,8 +70,12 @@ def failed_probes(db_url: str, provider: str = "smtp") -> int:
     """Times the circuit re-opened after a probe (0 where there is no circuit table at all)."""
     if rows(db_url, "SELECT to_regclass('provider_circuit_events') IS NULL AS missing")[0]["missing"]:
         return 0
-    return rows(db_url, "SELECT count(*) AS n FROM provider_circuit_events WHERE provider = %s "
-                        "AND from_state = 'half_open' AND to_state = 'open'", (provider,))[0]["n"]
+    return rows(
+        db_url,
+        "SELECT count(*) AS n FROM provider_circuit_events WHERE provider = %s "
+        "AND from_state = 'half_open' AND to_state = 'open'",
+        (provider,),
+    )[0]["n"]
 
 
 def outage_outlasted(db_url: str, probes: int = 3) -> bool:
@@ -72,8 +88,10 @@ def charged(db_url: str) -> list[int]:
 
 
 def events(db_url: str, provider: str = "smtp") -> list[tuple[str, str, str | None]]:
-    return [(r["from_state"], r["to_state"], r["reason"]) for r in rows(
-        db_url, "SELECT * FROM provider_circuit_events WHERE provider = %s ORDER BY id", (provider,))]
+    return [
+        (r["from_state"], r["to_state"], r["reason"])
+        for r in rows(db_url, "SELECT * FROM provider_circuit_events WHERE provider = %s ORDER BY id", (provider,))
+    ]
 
 
 async def run_until(worker: Worker, condition: Callable[[], bool]) -> None:
@@ -109,16 +127,21 @@ async def test_an_smtp_server_down_then_back_costs_no_attempt_and_every_message_
     sent = server.by_message_id()
     assert len(sent) == len(ids) and set(sent.values()) == {1}
     assert charged(db_url) == [1] * len(ids)
-    refused = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'provider_response' "
-                           "AND outcome = 'retryable' AND detail->>'charged' = 'false'")[0]["n"]
+    refused = rows(
+        db_url,
+        "SELECT count(*) AS n FROM evidence WHERE kind = 'provider_response' "
+        "AND outcome = 'retryable' AND detail->>'charged' = 'false'",
+    )[0]["n"]
     assert refused >= 4  # the first sends and the failed probes, none of them counted
     # Opened at once, probed with backoff, closed by the probe that got through.
     history = events(db_url)
     assert history[0] == ("closed", "open", "connection_refused")
     assert history[-2:] == [("open", "half_open", "probe"), ("half_open", "closed", "probe_succeeded")]
     assert [e for e in history if e[:2] == ("half_open", "open")], history
-    probe_waits = [r["probe_in"] for r in rows(db_url, "SELECT probe_in FROM provider_circuit_events "
-                                                       "WHERE to_state = 'open' ORDER BY id")]
+    probe_waits = [
+        r["probe_in"]
+        for r in rows(db_url, "SELECT probe_in FROM provider_circuit_events WHERE to_state = 'open' ORDER BY id")
+    ]
     assert probe_waits[:2] == [pytest.approx(0.2, abs=0.01), pytest.approx(0.4, abs=0.01)]
     assert max(probe_waits) == pytest.approx(0.4, abs=0.01)  # EVQ_CIRCUIT_PROBE_MAX
 
@@ -127,8 +150,9 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
     """A real 535 from aiosmtpd's AUTH: every message would get it, none is charged for it."""
     with DevSmtpServer(auth=("evq", "the-right-one")) as server:
         ids = await enqueue(store, 20)
-        provider = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="a-wrong-one",
-                                allow_plain_auth=True)  # a loopback server without TLS
+        provider = SmtpProvider(
+            host="127.0.0.1", port=server.port, username="evq", password="a-wrong-one", allow_plain_auth=True
+        )  # a loopback server without TLS
         settings = replace(SETTINGS, concurrency=2, batch_size=2, smtp_username="evq", smtp_password="a-wrong-one")
         try:
             await run_until(Worker(store, {"smtp": provider}, settings), lambda: outage_outlasted(db_url))
@@ -155,20 +179,25 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
         assert human.returncode == 0 and "auth_failed" in human.stdout
         reader = QueueStatsReader(db_url)
         try:
-            page = {(s.name, tuple(s.labels.items())): s.value
-                    for family in QueueCollector(reader.read).collect() for s in family.samples}
+            page = {
+                (s.name, tuple(s.labels.items())): s.value
+                for family in QueueCollector(reader.read).collect()
+                for s in family.samples
+            }
         finally:
             reader.close()
         assert page[("evq_provider_circuit_state", (("provider", "smtp"),))] >= 1
         assert page[("evq_provider_circuit_state", (("provider", "http"),))] == 0
 
         # The password fixed: the next probe gets through, the circuit closes, all go once.
-        fixed = SmtpProvider(host="127.0.0.1", port=server.port, username="evq", password="the-right-one",
-                             allow_plain_auth=True)
+        fixed = SmtpProvider(
+            host="127.0.0.1", port=server.port, username="evq", password="the-right-one", allow_plain_auth=True
+        )
         settings = replace(settings, smtp_password="the-right-one")
         try:
-            await run_until(Worker(store, {"smtp": fixed}, settings),
-                            lambda: statuses(db_url).get("accepted") == len(ids))
+            await run_until(
+                Worker(store, {"smtp": fixed}, settings), lambda: statuses(db_url).get("accepted") == len(ids)
+            )
         finally:
             await fixed.close()
         assert set(server.by_message_id().values()) == {1} and len(server.by_message_id()) == len(ids)
@@ -190,8 +219,9 @@ async def test_every_recent_attempt_failing_the_same_way_opens_the_circuit(store
             assert events(db_url)[0] == ("closed", "open", "consecutive_failures")
             assert sum(charged(db_url)) == 2  # the two failures before the third opened it
             server.fault = None
-            await run_until(Worker(store, {"smtp": provider}, settings),
-                            lambda: statuses(db_url).get("accepted") == len(ids))
+            await run_until(
+                Worker(store, {"smtp": provider}, settings), lambda: statuses(db_url).get("accepted") == len(ids)
+            )
         finally:
             await provider.close()
         assert statuses(db_url) == {"accepted": len(ids)}
@@ -201,12 +231,15 @@ async def test_every_recent_attempt_failing_the_same_way_opens_the_circuit(store
 async def test_an_http_401_opens_the_circuit_and_charges_nothing(store, db_url):
     with DevHttpServer(api_key="the-right-key") as api:
         ids = await enqueue(store, 8, provider="http")
-        settings = replace(SETTINGS, adapter=("http",), http_api_key="a-revoked-key", http_timeout=2.0,
-                           concurrency=2, batch_size=2)
+        settings = replace(
+            SETTINGS, adapter=("http",), http_api_key="a-revoked-key", http_timeout=2.0, concurrency=2, batch_size=2
+        )
         provider = HttpProvider(base_url=api.url, api_key="a-revoked-key", timeout=2.0, dedupe_window=3600)
         try:
-            await run_until(Worker(store, {"http": provider}, settings),
-                            lambda: statuses(db_url).get("rejected", 0) > 0 or failed_probes(db_url, "http") >= 3)
+            await run_until(
+                Worker(store, {"http": provider}, settings),
+                lambda: statuses(db_url).get("rejected", 0) > 0 or failed_probes(db_url, "http") >= 3,
+            )
         finally:
             await provider.close()
         assert api.messages == []

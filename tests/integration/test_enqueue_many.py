@@ -54,22 +54,53 @@ def test_batch_and_single_enqueue_store_the_same_rows(db_url):
     """The batch statement's positional encoding stores every field as the single enqueue
     does, and the results built client-side for created rows name what was stored."""
     decisions = [
-        {"model": "m", "tool": "t", "instruction_version": "v9", "prompt_version": "p2",
-         "rationale": {"why": ["nested", 1, None, "é \\ \" \n"]}, "decided_at": "2026-01-01T09:00:00+02:00"},
-        {"rationale": "plain text, \"quoted\""},
+        {
+            "model": "m",
+            "tool": "t",
+            "instruction_version": "v9",
+            "prompt_version": "p2",
+            "rationale": {"why": ["nested", 1, None, 'é \\ " \n']},
+            "decided_at": "2026-01-01T09:00:00+02:00",
+        },
+        {"rationale": 'plain text, "quoted"'},
         {"rationale": [1, 2]},
         None,
     ]
-    extra = [{"max_attempts": 3, "notify": "ops@example.org", "headers": {"References": "<a@b>"}}, {}, {"cc": ["c@example.com"]}, {}]
-    reqs = [request(run_id="batch", step_id=f"s{i}", decision=d, intent=None if d is None else "why", **x)
-            for i, (d, x) in enumerate(zip(decisions, extra, strict=True))]
+    extra = [
+        {"max_attempts": 3, "notify": "ops@example.org", "headers": {"References": "<a@b>"}},
+        {},
+        {"cc": ["c@example.com"]},
+        {},
+    ]
+    reqs = [
+        request(run_id="batch", step_id=f"s{i}", decision=d, intent=None if d is None else "why", **x)
+        for i, (d, x) in enumerate(zip(decisions, extra, strict=True))
+    ]
     batch = enqueue_many_own(db_url, reqs)
     singles = [enqueue_own(db_url, {**q, "run_id": "single"}, policy=POLICY) for q in reqs]
-    cols = ("step_id", "provider", "payload", "payload_sha256", "max_attempts", "notify", "status", "attempts",
-            "intent", "instruction_version", "prompt_version", "model", "tool", "rationale", "no_rationale", "decided_at")
-    sql = ("SELECT s.*, d.intent, d.instruction_version, d.prompt_version, d.model, d.tool, d.rationale, d.decided_at, "
-           "d.rationale IS NULL AS no_rationale "
-           "FROM email_steps s JOIN decisions d ON d.id = s.decision_id WHERE s.run_id = %s ORDER BY s.id")
+    cols = (
+        "step_id",
+        "provider",
+        "payload",
+        "payload_sha256",
+        "max_attempts",
+        "notify",
+        "status",
+        "attempts",
+        "intent",
+        "instruction_version",
+        "prompt_version",
+        "model",
+        "tool",
+        "rationale",
+        "no_rationale",
+        "decided_at",
+    )
+    sql = (
+        "SELECT s.*, d.intent, d.instruction_version, d.prompt_version, d.model, d.tool, d.rationale, d.decided_at, "
+        "d.rationale IS NULL AS no_rationale "
+        "FROM email_steps s JOIN decisions d ON d.id = s.decision_id WHERE s.run_id = %s ORDER BY s.id"
+    )
     stored_batch, stored_single = rows(db_url, sql, ("batch",)), rows(db_url, sql, ("single",))
     assert [{c: r[c] for c in cols} for r in stored_batch] == [{c: r[c] for c in cols} for r in stored_single]
     assert stored_batch[0]["rationale"] == decisions[0]["rationale"] and stored_batch[3]["no_rationale"]
@@ -113,8 +144,11 @@ def test_a_taken_run_and_step_under_another_key_is_a_conflict(db_url):
 
 
 def test_every_request_is_validated_before_anything_is_written(db_url):
-    batch = [request(run_id="bulk", step_id="ok"), request(run_id="bulk", step_id="bad", to=[]),
-             request(run_id="bulk", step_id="worse", subject="a\nb")]
+    batch = [
+        request(run_id="bulk", step_id="ok"),
+        request(run_id="bulk", step_id="bad", to=[]),
+        request(run_id="bulk", step_id="worse", subject="a\nb"),
+    ]
     with pytest.raises(InvalidRequest) as err:
         enqueue_many_own(db_url, batch, policy=POLICY)
     assert [f["field"].split(".")[0] for f in err.value.errors] == ["[1]", "[2]"]
@@ -152,11 +186,18 @@ async def test_the_store_enqueues_many_in_one_transaction(store, db_url):
 
 
 def test_a_batch_writes_the_same_decision_as_a_single_enqueue(db_url):
-    decision = {"model": "m-2", "tool": "send_email", "instruction_version": "v9", "prompt_version": "p3",
-                "rationale": {"why": "asked", "score": 0.9}, "decided_at": "2026-01-01T09:00:00+02:00"}
+    decision = {
+        "model": "m-2",
+        "tool": "send_email",
+        "instruction_version": "v9",
+        "prompt_version": "p3",
+        "rationale": {"why": "asked", "score": 0.9},
+        "decided_at": "2026-01-01T09:00:00+02:00",
+    }
     enqueue_own(db_url, request(run_id="one", step_id="x", decision=decision, notify="ops@example.org"), policy=POLICY)
-    enqueue_many_own(db_url, [request(run_id="many", step_id="x", decision=decision, notify="ops@example.org")],
-                     policy=POLICY)
+    enqueue_many_own(
+        db_url, [request(run_id="many", step_id="x", decision=decision, notify="ops@example.org")], policy=POLICY
+    )
     columns = "intent, instruction_version, prompt_version, model, tool, rationale, decided_at"
     one, many = (rows(db_url, f"SELECT {columns} FROM decisions WHERE run_id = %s", (r,))[0] for r in ("one", "many"))
     assert one == many and many["rationale"] == {"why": "asked", "score": 0.9}

@@ -36,8 +36,12 @@ def make_request(*, step_id: str = "hello", attempt: int = 1, **fields: Any) -> 
     }
     valid = parse(data, Policy(reserved_senders=()))  # a stored payload; evq's own notices included
     return SendRequest(
-        step_id=7, run_id=valid.run_id, idempotency_key=valid.idempotency_key,
-        message_id=f"<evq.{step_id}@example.org>", attempt=attempt, payload=valid.payload,
+        step_id=7,
+        run_id=valid.run_id,
+        idempotency_key=valid.idempotency_key,
+        message_id=f"<evq.{step_id}@example.org>",
+        attempt=attempt,
+        payload=valid.payload,
     )
 
 
@@ -262,7 +266,8 @@ async def test_lookup_reads_the_message_when_the_list_omits_tags(provider, serve
     found = await provider.lookup("run-1:hello", "<evq.hello@example.org>")
     assert found.found and found.provider_message_id == sent.provider_message_id
     assert [r["path"].split("?")[0] for r in server.requests if r["method"] == "GET"] == [
-        "/emails", f"/emails/{sent.provider_message_id}"
+        "/emails",
+        f"/emails/{sent.provider_message_id}",
     ]
 
 

@@ -26,8 +26,17 @@ from worker.transitions import decide
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(
-    adapter=("http",), http_api_key=API_KEY, http_timeout=0.5, concurrency=4, batch_size=4, lease_seconds=30,
-    poll_interval=0.05, retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5,
+    adapter=("http",),
+    http_api_key=API_KEY,
+    http_timeout=0.5,
+    concurrency=4,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
     reconcile_checks=0,  # the reconciler has its own tests; here unknown rows stay unknown
 )
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -57,7 +66,9 @@ async def provider(api: DevHttpServer) -> AsyncIterator[HttpProvider]:
 async def answers(db_url: str, step: int) -> list[tuple[str, str, str]]:
     return [
         (r["outcome"], r["to_status"], r["reason"])
-        for r in rows(db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id", (step,))
+        for r in rows(
+            db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id", (step,)
+        )
     ]
 
 
@@ -102,8 +113,11 @@ async def test_a_window_that_closes_before_the_retry_sends_nothing_more(store, d
     assert step_row(db_url, e.id)["status"] == "retryable"
     # Time passes: the retry is due, but the provider's window no longer covers a lease.
     now = datetime.now(UTC)
-    rows(db_url, "UPDATE email_steps SET next_attempt_at = %s, dedupe_until = %s WHERE id = %s RETURNING id",
-         (now, now + timedelta(seconds=10), e.id))
+    rows(
+        db_url,
+        "UPDATE email_steps SET next_attempt_at = %s, dedupe_until = %s WHERE id = %s RETURNING id",
+        (now, now + timedelta(seconds=10), e.id),
+    )
     assert await drain(store, provider, settings) == 0
     row = step_row(db_url, e.id)
     assert row["status"] == "unknown" and row["reason"] == "dedupe_window_closed"
@@ -146,8 +160,9 @@ async def test_the_window_is_counted_from_the_first_attempt(store, db_url):
     """Later attempts never move the deadline; a window learnt only later is still counted from the first."""
 
     async def attempt(at: datetime, windows: dict[str, float]):
-        [step] = await store.claim(owner="w", providers=["http"], limit=1, lease_seconds=30,
-                                   dedupe_windows=windows, now=at)
+        [step] = await store.claim(
+            owner="w", providers=["http"], limit=1, lease_seconds=30, dedupe_windows=windows, now=at
+        )
         fail = decide(step, Retryable("503"), default_max_attempts=5, backoff=Backoff(0, 0), dedupe_window_open=False)
         await store.record([fail], actor="w", now=at)
         return step

@@ -21,7 +21,9 @@ async def test_bootstrap_only_while_no_admin_key_exists(store, db_url):
     root = await make(store, "root", Role.ADMIN, by=None)
     with pytest.raises(AuthFailed, match="an admin key exists"):
         await make(store, "sneaky", Role.ADMIN, by=None)
-    assert await authenticate(store, root, Permission.MANAGE_KEYS) == await authenticate(store, root, Permission.RESOLVE)
+    assert await authenticate(store, root, Permission.MANAGE_KEYS) == await authenticate(
+        store, root, Permission.RESOLVE
+    )
     stored = rows(db_url, "SELECT * FROM api_keys")
     assert len(stored) == 1 and stored[0]["created_by"] is None
     # Only the hash is stored: neither the key nor its secret appears anywhere in the row.
@@ -41,7 +43,11 @@ async def test_roles_decide_what_a_key_may_do(store):
     agent, operator = await make(store, "bot", Role.AGENT), await make(store, "alice", Role.OPERATOR)
     assert (await authenticate(store, agent, Permission.ENQUEUE)).name == "bot"
     assert (await authenticate(store, operator, Permission.RESOLVE)).name == "alice"
-    for key, permission in ((agent, Permission.RESOLVE), (operator, Permission.ENQUEUE), (operator, Permission.MANAGE_KEYS)):
+    for key, permission in (
+        (agent, Permission.RESOLVE),
+        (operator, Permission.ENQUEUE),
+        (operator, Permission.MANAGE_KEYS),
+    ):
         with pytest.raises(AuthFailed, match="has role") as err:
             await authenticate(store, key, permission)
         assert key not in err.value.message and key not in str(err.value.context)

@@ -41,8 +41,16 @@ from worker.settings import Settings
 from worker.states import Status
 
 WORKER = Settings(
-    adapter=("smtp",), concurrency=5, batch_size=5, lease_seconds=30, poll_interval=0.05,
-    retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5, smtp_timeout=5,
+    adapter=("smtp",),
+    concurrency=5,
+    batch_size=5,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
+    smtp_timeout=5,
 )
 
 # Every state, as (status, SET clause relative to the database clock).
@@ -51,10 +59,16 @@ STATES = [
     ("pending", "next_attempt_at = now()"),
     ("pending", "next_attempt_at = now() + interval '1 hour'"),  # scheduled: not lag
     ("retryable", "attempts = 1, first_attempt_at = now(), next_attempt_at = now() + interval '10 minutes'"),
-    ("in_flight", "attempts = 1, first_attempt_at = now(), lease_owner = 'w', lease_token = gen_random_uuid(), "
-                  "lease_expires_at = now() + interval '1 minute'"),
-    ("in_flight", "attempts = 1, first_attempt_at = now(), lease_owner = 'w', lease_token = gen_random_uuid(), "
-                  "lease_expires_at = now() - interval '1 minute'"),  # expired, not yet rescued
+    (
+        "in_flight",
+        "attempts = 1, first_attempt_at = now(), lease_owner = 'w', lease_token = gen_random_uuid(), "
+        "lease_expires_at = now() + interval '1 minute'",
+    ),
+    (
+        "in_flight",
+        "attempts = 1, first_attempt_at = now(), lease_owner = 'w', lease_token = gen_random_uuid(), "
+        "lease_expires_at = now() - interval '1 minute'",
+    ),  # expired, not yet rescued
     ("unknown", "attempts = 1, first_attempt_at = now(), unknown_since = now() - interval '90 seconds'"),
     ("unknown", "attempts = 1, first_attempt_at = now(), unknown_since = now() - interval '90 minutes'"),
     ("unknown", "attempts = 1, first_attempt_at = now(), unknown_since = now() - interval '3 days'"),
@@ -83,8 +97,10 @@ async def test_scrape_reports_counts_ages_and_buckets_from_the_database(store, d
         assert missing.value.code == 404
         missing.value.close()
 
-    counts = {s: sample(page, "evq_steps", status=s) for s in
-              ("pending", "retryable", "in_flight", "unknown", "accepted", "rejected")}
+    counts = {
+        s: sample(page, "evq_steps", status=s)
+        for s in ("pending", "retryable", "in_flight", "unknown", "accepted", "rejected")
+    }
     assert counts == {"pending": 3, "retryable": 1, "in_flight": 2, "unknown": 3, "accepted": 4, "rejected": 2}
     assert sample(page, "evq_in_flight_expired") == 1
     # Ages are measured on the database clock; the test itself takes a few seconds at most.
@@ -214,7 +230,9 @@ def test_collector_query_reads_the_partial_indexes_not_the_table(db_url):
     # without a partial index of their own; the terminal states' exact count never runs.
     for n in nodes:
         if n.get("Index Name") == "ix_email_steps_status_created_at" and n["Actual Loops"] > 0:
-            assert n["Node Type"] == "Index Only Scan" and ("'pending'" in n["Index Cond"] or "'retryable'" in n["Index Cond"])
+            assert n["Node Type"] == "Index Only Scan" and (
+                "'pending'" in n["Index Cond"] or "'retryable'" in n["Index Cond"]
+            )
     reader = QueueStatsReader(db_url, exact_limit=1000)
     try:
         stats = reader.read(UNKNOWN_AGE_BUCKETS)
@@ -314,8 +332,9 @@ async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settleme
             await asyncio.sleep(0.01)
         # Meanwhile its lease runs out and a rescuer makes the row unknown.
         past_lease = datetime.now(UTC) + timedelta(seconds=WORKER.lease_seconds + 1)
-        rescued = await store.rescue(limit=10, lease_seconds=WORKER.lease_seconds, default_max_attempts=5,
-                                     actor="rescuer", now=past_lease)
+        rescued = await store.rescue(
+            limit=10, lease_seconds=WORKER.lease_seconds, default_max_attempts=5, actor="rescuer", now=past_lease
+        )
         assert rescued.unknown == 1
         fenced, settled = _value("evq_fence_rejections_total"), _value("evq_late_settlements_total")
         gate.set()  # the zombie's answer (accepted) arrives after its lease was lost
@@ -338,7 +357,9 @@ async def test_operators_verdicts_are_counted_by_verdict(store, db_url):
     with pytest.raises(StateConflict):  # refused: counts nothing
         await store.resolve(steps[0].id, Resolution.parse("rejected", "again"), actor="bob", default_max_attempts=3)
     assert {v: _value("evq_resolutions_total", **{"as": v}) - before[v] for v in before} == {
-        "accepted": 1, "rejected": 1, "retry": 1
+        "accepted": 1,
+        "rejected": 1,
+        "retry": 1,
     }
 
 
@@ -347,8 +368,12 @@ def test_an_empty_queue_reports_every_status_at_zero(db_url):
     with metrics_endpoint(Settings(metrics_port=0), db_url) as server:
         page = scrape(f"http://127.0.0.1:{server.port}/metrics")
     assert {s: sample(page, "evq_steps", status=s) for s in Status} == {str(s): 0 for s in Status}
-    for name in ("evq_unknown_oldest_age_seconds", "evq_pending_oldest_age_seconds", "evq_in_flight_expired",
-                 "evq_unknown_age_seconds_gcount"):
+    for name in (
+        "evq_unknown_oldest_age_seconds",
+        "evq_pending_oldest_age_seconds",
+        "evq_in_flight_expired",
+        "evq_unknown_age_seconds_gcount",
+    ):
         assert sample(page, name) == 0, name
     assert sample(page, "evq_unknown_age_seconds_bucket", le="604800.0") == 0
     assert sample(page, "evq_collector_up") == 1

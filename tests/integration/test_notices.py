@@ -25,8 +25,16 @@ from worker.settings import Settings
 from worker.transitions import decide
 
 SETTINGS = Settings(
-    adapter=("smtp",), concurrency=4, batch_size=4, lease_seconds=30, poll_interval=0.05,
-    retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5, smtp_timeout=5,
+    adapter=("smtp",),
+    concurrency=4,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
+    smtp_timeout=5,
 )
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 NOTIFY = "agent-inbox@example.org"
@@ -65,8 +73,14 @@ async def test_a_rejected_step_sends_one_notice_to_its_notify_address(store, db_
     assert p["subject"] == "[delivery failed] Offer"
     assert p["headers"] == {"Auto-Submitted": "auto-generated", "References": bounce.message_id}
     text = p["text"]
-    for expected in ("did not go out", "Ann <ann@example.com>", "smtp 550 at rcpt: no such user",
-                     "provider_rejected", "refused this message for good", f"evq steps show {bounce.id}"):
+    for expected in (
+        "did not go out",
+        "Ann <ann@example.com>",
+        "smtp 550 at rcpt: no such user",
+        "provider_rejected",
+        "refused this message for good",
+        f"evq steps show {bounce.id}",
+    ):
         assert expected in text, expected
     decision = rows(db_url, "SELECT * FROM decisions WHERE id = %s", (notice["decision_id"],))[0]
     assert decision["tool"] == "evq-notice" and decision["rationale"]["notice_of"] == bounce.id
@@ -84,10 +98,12 @@ async def test_no_notify_address_means_no_notice(store, db_url):
 
 async def test_a_notice_that_fails_causes_no_notice(store, db_url):
     await store.enqueue(valid(step_id="bounce", notify=NOTIFY))
-    provider = ScriptedProvider(script={
-        "run-1/bounce": [Rejected("550 no such user")],
-        "run-1/notice:rejected:run-1:bounce": [Rejected("550 no such mailbox")],
-    })
+    provider = ScriptedProvider(
+        script={
+            "run-1/bounce": [Rejected("550 no such user")],
+            "run-1/notice:rejected:run-1:bounce": [Rejected("550 no such mailbox")],
+        }
+    )
     await run(store, provider)
     [notice] = notices(db_url)
     assert notice["status"] == "rejected"
@@ -129,8 +145,15 @@ async def test_a_policy_refusal_at_send_time_sends_a_notice_through_the_same_pro
     """Refused by the adapter's re-check (example.com now blocked): nothing reached the
     provider but the notice, which goes to the (allowed) notify address."""
     e = await store.enqueue(valid(provider="http", notify=NOTIFY, to=["ann@example.com"]))
-    settings = Settings(adapter=("http",), http_api_key="devhttp-key", http_timeout=1, lease_seconds=30,
-                        poll_interval=0.05, retry_base=0, retry_max=0)
+    settings = Settings(
+        adapter=("http",),
+        http_api_key="devhttp-key",
+        http_timeout=1,
+        lease_seconds=30,
+        poll_interval=0.05,
+        retry_base=0,
+        retry_max=0,
+    )
     with DevHttpServer() as api:
         http = HttpProvider(base_url=api.url, api_key="devhttp-key", policy=Policy(blocked_domains=("example.com",)))
         try:
@@ -149,8 +172,10 @@ async def test_an_operator_close_enqueues_its_notice_in_its_own_transaction(stor
     """The resolve path: its statement and the notice commit together, or neither does."""
     e = await store.enqueue(valid(notify=NOTIFY), now=T0)
     await store.record([settle(await claim_one(store), Unknown("reset"))], actor="w", now=T0)
-    close = ("UPDATE email_steps SET status = 'rejected', reason = 'operator', detail = 'not in the mail log', "
-             "unknown_since = NULL, closed_at = now() WHERE id = %s AND status = 'unknown'")
+    close = (
+        "UPDATE email_steps SET status = 'rejected', reason = 'operator', detail = 'not in the mail log', "
+        "unknown_since = NULL, closed_at = now() WHERE id = %s AND status = 'unknown'"
+    )
 
     # A sync caller (a psycopg connection) whose transaction rolls back leaves no notice.
     with psycopg.connect(db_url) as conn:
@@ -174,24 +199,29 @@ async def test_a_notice_on_unknown_when_configured(db_url):
     try:
         a = await store.enqueue(valid(notify=NOTIFY), now=T0)
         b = await store.enqueue(valid(notify=NOTIFY), now=T0)
-        [sa, _] = await store.claim(owner="w", providers=["smtp"], limit=2, lease_seconds=30, dedupe_windows={},
-                                     now=T0)
+        [sa, _] = await store.claim(owner="w", providers=["smtp"], limit=2, lease_seconds=30, dedupe_windows={}, now=T0)
         await store.record([settle(sa, Unknown("reset after the final dot"))], actor="w", now=T0)
         # b's worker dies: the rescuer makes it unknown, and its notice goes in the same transaction.
         later = T0 + timedelta(seconds=31)
-        assert (await store.rescue(limit=10, lease_seconds=30, default_max_attempts=3, actor="r", now=later)).unknown == 1
+        assert (
+            await store.rescue(limit=10, lease_seconds=30, default_max_attempts=3, actor="r", now=later)
+        ).unknown == 1
         sent = notices(db_url)
         assert [(n["notice_of"], n["step_id"].split(":")[2]) for n in sent] == [(a.id, "unknown"), (b.id, "unknown")]
         assert sent[0]["payload"]["subject"].startswith("[delivery uncertain] ")
         assert "do not send it again yourself" in sent[0]["payload"]["text"]
         # Closed as rejected later: that is a second, different notice; recording it again is not.
         async with store.transaction("resolve") as conn:
-            await conn.execute("UPDATE email_steps SET status = 'rejected', reason = 'operator', unknown_since = NULL, "
-                               "closed_at = now() WHERE id = %s", (a.id,))
+            await conn.execute(
+                "UPDATE email_steps SET status = 'rejected', reason = 'operator', unknown_since = NULL, "
+                "closed_at = now() WHERE id = %s",
+                (a.id,),
+            )
             await store.enqueue_notices([a.id], actor="operator")
         await store.enqueue_notices([a.id], actor="operator")
         assert [n["step_id"] for n in notices(db_url) if n["notice_of"] == a.id] == [
-            f"evq:notice:unknown:{sa.step_id}", f"evq:notice:rejected:{sa.step_id}"
+            f"evq:notice:unknown:{sa.step_id}",
+            f"evq:notice:rejected:{sa.step_id}",
         ]
     finally:
         await store.close()

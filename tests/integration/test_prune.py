@@ -74,8 +74,13 @@ async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_eac
     assert count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (doomed,)) == 0
     # Decisions go with their steps; the others keep theirs.
     assert count(db_url, "SELECT count(*) AS n FROM decisions") == len(left)
-    assert count(db_url, "SELECT count(*) AS n FROM email_steps s LEFT JOIN decisions d ON d.id = s.decision_id "
-                         "WHERE d.id IS NULL") == 0
+    assert (
+        count(
+            db_url,
+            "SELECT count(*) AS n FROM email_steps s LEFT JOIN decisions d ON d.id = s.decision_id WHERE d.id IS NULL",
+        )
+        == 0
+    )
     log = rows(db_url, "SELECT * FROM prune_log ORDER BY batch")
     assert [r["batch"] for r in log] == [1, 2, 3] and len({r["run"] for r in log}) == 1
     assert sum(r["steps"] for r in log) == 6 and sum(r["evidence"] for r in log) == 12
@@ -114,7 +119,9 @@ async def test_an_interrupted_prune_keeps_its_finished_batches_and_nothing_else(
         raise KeyboardInterrupt  # Ctrl-C right after the first batch committed
 
     with pytest.raises(KeyboardInterrupt):
-        await Pruner(store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt).run_once()
+        await Pruner(
+            store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt
+        ).run_once()
     assert count(db_url, "SELECT count(*) AS n FROM email_steps") == 9 - 2
     assert [(r["batch"], r["steps"]) for r in rows(db_url, "SELECT * FROM prune_log")] == [(1, 2)]
 
@@ -127,8 +134,9 @@ async def test_a_batch_cancelled_midway_rolls_back_whole(store, db_url):
         # The batch deletes, then waits to write its prune_log row: cancel it there.
         await blocker.execute("LOCK TABLE prune_log IN EXCLUSIVE MODE")
         task = asyncio.create_task(pruner(store).run_once())
-        while not count(db_url, "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND relation = "
-                                "'prune_log'::regclass"):
+        while not count(
+            db_url, "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND relation = 'prune_log'::regclass"
+        ):
             await asyncio.sleep(0.02)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -204,8 +212,13 @@ def test_prune_finds_its_rows_through_an_index(db_url):
             conn.execute(f"SET auto_explain.{setting} = {value}")
         conn.execute(
             Q["steps_prune"],
-            {"cutoff": datetime.now(UTC) - timedelta(days=190), "limit": 1000, "actor": "a",
-             "run": "00000000-0000-0000-0000-000000000000", "batch": 1},
+            {
+                "cutoff": datetime.now(UTC) - timedelta(days=190),
+                "limit": 1000,
+                "actor": "a",
+                "run": "00000000-0000-0000-0000-000000000000",
+                "batch": 1,
+            },
         ).fetchone()
         conn.rollback()
     nested = [p for p in plans if "LIMIT p_limit" in p or "FOR UPDATE OF s SKIP LOCKED" in p]
@@ -226,8 +239,9 @@ async def with_notice(store: PostgresStore, db_url: str, *, at: datetime, notice
             owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=notice_at
         )
         assert claimed.id == notice["id"]
-        transition = decide(claimed, notice_outcome, default_max_attempts=3, backoff=Backoff(1, 1),
-                            dedupe_window_open=False)
+        transition = decide(
+            claimed, notice_outcome, default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False
+        )
         await store.record([transition], actor="w", now=notice_at)
     return original, notice["id"]
 
@@ -238,8 +252,10 @@ async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_
     # The notice was answered recently: it stays, so its original stays too.
     notice_recent = await with_notice(store, db_url, at=OLD, notice_outcome=Unknown("lost"), notice_at=OLD)
     with psycopg.connect(db_url) as conn:  # an operator closed the unknown notice yesterday
-        conn.execute("UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
-                     (NOW - timedelta(days=1), notice_recent[1]))
+        conn.execute(
+            "UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = %s WHERE id = %s",
+            (NOW - timedelta(days=1), notice_recent[1]),
+        )
     plain = await settled(store, Accepted("pm"), at=OLD)
     # The notice is still pending (not terminal): neither goes, the original waits for it.
     # (Made last: the helpers claim whatever is due.)
@@ -266,8 +282,9 @@ async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_
 
     # Once the pending notice is settled and old, it goes, and its original with it.
     with psycopg.connect(db_url) as conn:
-        conn.execute("UPDATE email_steps SET status = 'accepted', closed_at = %s WHERE id = %s",
-                     (OLD, notice_pending[1]))
+        conn.execute(
+            "UPDATE email_steps SET status = 'accepted', closed_at = %s WHERE id = %s", (OLD, notice_pending[1])
+        )
     assert (await pruner(store, batch=1).run_once()).steps == 2
     assert {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")} == set(notice_recent)
 
@@ -279,7 +296,12 @@ async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(
     assert abs(cutoff - (db_now(db_url) - timedelta(days=1))) < timedelta(minutes=5)
     # A cutoff computed on a clock a year ahead is refused by the function itself.
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        await store.prune_batch(cutoff=db_now(db_url) + timedelta(days=364), limit=10, actor="a",
-                                run="00000000-0000-0000-0000-000000000000", batch=1)
+        await store.prune_batch(
+            cutoff=db_now(db_url) + timedelta(days=364),
+            limit=10,
+            actor="a",
+            run="00000000-0000-0000-0000-000000000000",
+            batch=1,
+        )
     assert await pruner(store).run_once() == PruneCounts()
     assert rows(db_url, "SELECT id FROM email_steps") == [{"id": fresh}]

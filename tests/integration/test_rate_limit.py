@@ -35,8 +35,18 @@ from worker.settings import Settings
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(
-    adapter=("http",), http_api_key=API_KEY, http_timeout=2, concurrency=4, batch_size=4, lease_seconds=30,
-    poll_interval=0.05, retry_base=0, retry_max=0, rescue_interval=5, shutdown_grace=5, reconcile_checks=0,
+    adapter=("http",),
+    http_api_key=API_KEY,
+    http_timeout=2,
+    concurrency=4,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=5,
+    shutdown_grace=5,
+    reconcile_checks=0,
 )
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -62,10 +72,21 @@ def max_in_window(times: list[float], window: float = 1.0) -> int:
 def workers(db_url: str, api: DevHttpServer, count: int, **env: str) -> list[subprocess.Popen]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("EVQ_")}
     base.update(
-        EVQ_DATABASE_URL=db_url, EVQ_ADAPTER="http", EVQ_HTTP_BASE_URL=api.url, EVQ_HTTP_API_KEY=API_KEY,
-        EVQ_HTTP_TIMEOUT="2", EVQ_LEASE_SECONDS="30", EVQ_CONCURRENCY="4", EVQ_BATCH_SIZE="4",
-        EVQ_POLL_INTERVAL="0.05", EVQ_RETRY_BASE="0", EVQ_RETRY_MAX="0", EVQ_RECONCILE_CHECKS="0",
-        EVQ_LOG_FORMAT="json", EVQ_LOG_LEVEL="warning", **env,
+        EVQ_DATABASE_URL=db_url,
+        EVQ_ADAPTER="http",
+        EVQ_HTTP_BASE_URL=api.url,
+        EVQ_HTTP_API_KEY=API_KEY,
+        EVQ_HTTP_TIMEOUT="2",
+        EVQ_LEASE_SECONDS="30",
+        EVQ_CONCURRENCY="4",
+        EVQ_BATCH_SIZE="4",
+        EVQ_POLL_INTERVAL="0.05",
+        EVQ_RETRY_BASE="0",
+        EVQ_RETRY_MAX="0",
+        EVQ_RECONCILE_CHECKS="0",
+        EVQ_LOG_FORMAT="json",
+        EVQ_LOG_LEVEL="warning",
+        **env,
     )
     cmd = [sys.executable, "-m", "ops.cli", "worker", "run", "--drain"]
     return [
@@ -109,8 +130,10 @@ async def test_without_a_shared_limit_a_fleet_of_workers_is_a_storm_of_429s(stor
     answered = [r["status"] for r in api.posts()]
     assert answered.count(429) > 0, "the provider's cap was never reached: the fault did not happen"
     assert max_in_window([r["at"] for r in api.posts()]) > 20
-    print(f"no limit: {len(api.posts())} requests, {answered.count(429)} answered 429, "
-          f"{max_in_window([r['at'] for r in api.posts()])} in the busiest second")
+    print(
+        f"no limit: {len(api.posts())} requests, {answered.count(429)} answered 429, "
+        f"{max_in_window([r['at'] for r in api.posts()])} in the busiest second"
+    )
 
 
 async def test_workers_in_three_processes_together_stay_under_the_providers_rate(store, db_url, api):
@@ -131,8 +154,10 @@ async def test_workers_in_three_processes_together_stay_under_the_providers_rate
     assert max_in_window(times) <= 20
     # Slower is always allowed; faster is not: 36 requests beyond the burst need 36 / 8 = 4.5 s.
     assert max(times) - min(times) >= 0.8 * (n - 4) / 8
-    print(f"rate limit: {n} requests from 3 processes, at most {max_in_window(times)} in any second, "
-          f"over {max(times) - min(times):.2f}s")
+    print(
+        f"rate limit: {n} requests from 3 processes, at most {max_in_window(times)} in any second, "
+        f"over {max(times) - min(times):.2f}s"
+    )
     # More than one process took part (the limit was shared, not one worker's own pacing).
     owners = {r["actor"] for r in rows(db_url, "SELECT DISTINCT actor FROM evidence WHERE kind = 'attempt_started'")}
     assert len(owners) >= 2, owners
@@ -186,8 +211,11 @@ async def test_a_429_with_retry_after_pauses_every_worker_for_that_provider(db_u
     assert sorted(api.by_message_id().values()) == [1] * 21
     # The step that got the 429 waited its Retry-After too, and its evidence says why.
     [first] = rows(db_url, "SELECT id FROM email_steps WHERE step_id = 'first-0'")
-    answers = rows(db_url, "SELECT outcome, to_status, detail FROM evidence WHERE step_id = %s AND kind = "
-                   "'provider_response' ORDER BY id", (first["id"],))
+    answers = rows(
+        db_url,
+        "SELECT outcome, to_status, detail FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id",
+        (first["id"],),
+    )
     assert [(a["outcome"], a["to_status"]) for a in answers] == [("retryable", "retryable"), ("accepted", "accepted")]
     assert answers[0]["detail"]["code"] == 429
 
@@ -222,7 +250,10 @@ async def wait_for_pause(db_url: str) -> datetime:
     found: list[datetime] = []
 
     def check() -> bool:
-        found[:] = [r["paused_until"] for r in rows(db_url, "SELECT paused_until FROM provider_rate_limits WHERE paused_until IS NOT NULL")]
+        found[:] = [
+            r["paused_until"]
+            for r in rows(db_url, "SELECT paused_until FROM provider_rate_limits WHERE paused_until IS NOT NULL")
+        ]
         return bool(found)
 
     await wait_until(check, "pause in provider_rate_limits")
@@ -265,9 +296,9 @@ async def test_concurrent_takes_from_many_connections_never_grant_more_than_the_
     instant of the database clock: exactly the burst is granted, to whoever got the lock first."""
     stores = [await PostgresStore.open(db_url, max_size=5) for _ in range(4)]
     try:
-        grants = await asyncio.gather(*(
-            s.rate_take(provider="smtp", per_second=1, burst=7, want=1, now=T0) for s in stores for _ in range(5)
-        ))
+        grants = await asyncio.gather(
+            *(s.rate_take(provider="smtp", per_second=1, burst=7, want=1, now=T0) for s in stores for _ in range(5))
+        )
     finally:
         for s in stores:
             await s.close()
@@ -297,8 +328,16 @@ class CountingStore:
 
 
 SMTP = Settings(
-    adapter=("smtp",), smtp_timeout=1, concurrency=4, batch_size=4, lease_seconds=30, poll_interval=0.05,
-    retry_base=0, retry_max=0, rescue_interval=5, reconcile_checks=0,
+    adapter=("smtp",),
+    smtp_timeout=1,
+    concurrency=4,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=5,
+    reconcile_checks=0,
 )
 
 

@@ -57,8 +57,14 @@ async def unknown_step(store: PostgresStore, provider: HttpProvider, api: DevHtt
     if sent:
         api.queue_fault("reset")
         outcome = await provider.send(
-            SendRequest(step_id=step.id, run_id=step.run_id, idempotency_key=step.idempotency_key,
-                        message_id=step.message_id, attempt=step.attempt, payload=step.payload)
+            SendRequest(
+                step_id=step.id,
+                run_id=step.run_id,
+                idempotency_key=step.idempotency_key,
+                message_id=step.message_id,
+                attempt=step.attempt,
+                payload=step.payload,
+            )
         )
     else:
         outcome = Unknown("timeout after the request was sent")
@@ -73,7 +79,9 @@ def reconciled(db_url: str, step: int) -> list[dict]:
 
 def counted() -> dict[str, float]:
     """The reconciler's counters and the closing histogram's count, as a scrape would show them."""
-    out = {r: REGISTRY.get_sample_value("evq_reconciled_total", {"result": r}) for r in ("accepted", "not_found", "error")}
+    out = {
+        r: REGISTRY.get_sample_value("evq_reconciled_total", {"result": r}) for r in ("accepted", "not_found", "error")
+    }
     out["closed"] = REGISTRY.get_sample_value("evq_action_to_evidence_seconds_count")
     return out
 
@@ -171,8 +179,12 @@ async def test_a_row_closed_while_the_provider_is_asked_is_left_alone(store, db_
 
     class OperatorClosesItMeanwhile:
         async def lookup(self, idempotency_key: str, message_id: str) -> LookupResult:
-            rows(db_url, "UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = now(), "
-                         "reason = 'operator' WHERE id = %s RETURNING id", (i,))
+            rows(
+                db_url,
+                "UPDATE email_steps SET status = 'accepted', unknown_since = NULL, closed_at = now(), "
+                "reason = 'operator' WHERE id = %s RETURNING id",
+                (i,),
+            )
             return LookupResult(found=True, provider_message_id="late")
 
     r = Reconciler(store, {"http": OperatorClosesItMeanwhile()}, CONFIG)
@@ -211,7 +223,14 @@ async def test_lookups_are_paced_and_a_pass_is_bounded(store, db_url, api, provi
 
 
 def test_config_is_validated():
-    for bad in (dict(rate=0), dict(interval=0), dict(max_checks=0), dict(hold_seconds=0), dict(rate=0.001), dict(batch=0)):
+    for bad in (
+        dict(rate=0),
+        dict(interval=0),
+        dict(max_checks=0),
+        dict(hold_seconds=0),
+        dict(rate=0.001),
+        dict(batch=0),
+    ):
         with pytest.raises(ConfigError):
             replace(CONFIG, **bad).validate()
     assert ReconcilerConfig(interval=30, rate=2).per_pass == 60
@@ -220,8 +239,15 @@ def test_config_is_validated():
 
 async def test_the_worker_reconciles_what_it_left_unknown(store, db_url, api):
     """A worker with a lookup-capable adapter runs the reconciler (here: in its drain)."""
-    settings = Settings(adapter=("http",), http_api_key=API_KEY, http_timeout=1, lease_seconds=30,
-                        poll_interval=0.05, retry_base=0, retry_max=0)
+    settings = Settings(
+        adapter=("http",),
+        http_api_key=API_KEY,
+        http_timeout=1,
+        lease_seconds=30,
+        poll_interval=0.05,
+        retry_base=0,
+        retry_max=0,
+    )
     short = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=5)  # less than a lease
     e = await store.enqueue(valid(provider="http", step_id="lost"))
     api.queue_fault("reset")

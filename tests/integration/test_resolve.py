@@ -35,8 +35,13 @@ async def test_accepted_closes_the_row_with_an_audit_record(store, db_url):
     done = await resolve(
         store,
         step.id,
-        verdict("accepted", "found it in the provider's log", reason="found_in_provider_log",
-                provider_message_id="q-123", evidence_url="https://logs.example.com/q-123"),
+        verdict(
+            "accepted",
+            "found it in the provider's log",
+            reason="found_in_provider_log",
+            provider_message_id="q-123",
+            evidence_url="https://logs.example.com/q-123",
+        ),
     )
     assert done.to_status == "accepted" and done.resolved_at == T1
     row = step_row(db_url, step.id)
@@ -46,7 +51,10 @@ async def test_accepted_closes_the_row_with_an_audit_record(store, db_url):
     assert ev["id"] == done.evidence_id and ev["actor"] == "alice" and ev["created_at"] == T1
     assert (ev["from_status"], ev["to_status"], ev["reason"]) == ("unknown", "accepted", "found_in_provider_log")
     assert ev["detail"]["note"] == "found it in the provider's log"
-    assert ev["detail"]["reference"] == {"provider_message_id": "q-123", "evidence_url": "https://logs.example.com/q-123"}
+    assert ev["detail"]["reference"] == {
+        "provider_message_id": "q-123",
+        "evidence_url": "https://logs.example.com/q-123",
+    }
     previous = ev["detail"]["previous"]
     assert previous["status"] == "unknown" and previous["reason"] == "ambiguous_response"
     assert previous["unknown_since"].startswith("2030-01-01T12:00:00")

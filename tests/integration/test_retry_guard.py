@@ -19,17 +19,20 @@ POSSIBLE_AT = T0 + timedelta(seconds=LEASE + 0.75 * LEASE)
 
 async def rescued(store) -> int:
     made = await store.enqueue(valid(), now=T0)
-    [claimed] = await store.claim(owner="paused-worker", providers=["smtp"], limit=1, lease_seconds=LEASE,
-                                  dedupe_windows={}, now=T0)
-    counts = await store.rescue(limit=10, lease_seconds=LEASE, default_max_attempts=3, actor="rescuer",
-                                now=T0 + timedelta(seconds=LEASE + 1))
+    [claimed] = await store.claim(
+        owner="paused-worker", providers=["smtp"], limit=1, lease_seconds=LEASE, dedupe_windows={}, now=T0
+    )
+    counts = await store.rescue(
+        limit=10, lease_seconds=LEASE, default_max_attempts=3, actor="rescuer", now=T0 + timedelta(seconds=LEASE + 1)
+    )
     assert counts.total == 1 and claimed.id == made.id
     return made.id
 
 
 async def resolve_at(store, step_id: int, at: datetime, kind: str = "retry"):
-    return await store.resolve(step_id, verdict(kind, "not in the provider's log"), actor="alice",
-                               default_max_attempts=3, now=at)
+    return await store.resolve(
+        step_id, verdict(kind, "not in the provider's log"), actor="alice", default_max_attempts=3, now=at
+    )
 
 
 async def test_retry_of_a_rescued_row_is_refused_until_the_attempt_cannot_be_in_progress(store, db_url):

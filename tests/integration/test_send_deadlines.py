@@ -48,11 +48,13 @@ def test_a_trickled_final_reply_is_cut_at_the_deadline_as_unknown_and_the_next_s
         async def run():
             provider = SmtpProvider(host=server.host, port=server.port, timeout=READ_TIMEOUT, max_workers=1)
             try:
-                first = await provider.send(limited(make_request(message_id="<evq.slow@example.org>"),
-                                                    deadline=1.5, send_by=1.0))
+                first = await provider.send(
+                    limited(make_request(message_id="<evq.slow@example.org>"), deadline=1.5, send_by=1.0)
+                )
                 freed = await asyncio.to_thread(wait_for, lambda: not smtp_threads())
-                second = await provider.send(limited(make_request(message_id="<evq.next@example.org>"),
-                                                     deadline=30, send_by=20))
+                second = await provider.send(
+                    limited(make_request(message_id="<evq.next@example.org>"), deadline=30, send_by=20)
+                )
                 return first, freed, second
             finally:
                 await provider.close()

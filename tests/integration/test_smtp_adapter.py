@@ -136,7 +136,10 @@ def test_partial_refusal_sends_to_the_accepted_and_lists_the_refused(server: Dev
 
     assert isinstance(outcome, Accepted)
     assert outcome.response["refused"] == {
-        "reject+x@example.com": {"code": 550, "reply": "5.1.1 <reject+x@example.com>: recipient rejected (fault: reject)"}
+        "reject+x@example.com": {
+            "code": 550,
+            "reply": "5.1.1 <reject+x@example.com>: recipient rejected (fault: reject)",
+        }
     }
     [message] = server.messages
     assert message["rcpt_tos"] == ["ok@example.com"]
@@ -352,7 +355,9 @@ def test_encoded_word_that_decodes_to_cr_lf_is_refused(server: DevSmtpServer, wh
 def test_policy_recheck_refuses_before_connecting() -> None:
     # Port 9 on loopback has nobody listening: had the adapter connected, the
     # outcome would be Retryable, not a policy refusal.
-    outcome = send_one(9, make_request(to=["someone@blocked.example.com"]), policy=Policy(blocked_domains=("blocked.example.com",)))
+    outcome = send_one(
+        9, make_request(to=["someone@blocked.example.com"]), policy=Policy(blocked_domains=("blocked.example.com",))
+    )
 
     assert isinstance(outcome, Rejected) and outcome.before_send
     assert "blocked" in outcome.reason

@@ -182,7 +182,10 @@ async def test_rescue_makes_expired_leases_unknown_once(store, db_url):
     assert (await store.rescue(limit=10, lease_seconds=LEASE, default_max_attempts=5, actor="r", now=T0)).total == 0
     later = T0 + timedelta(seconds=LEASE + 1)
     results = await asyncio.gather(
-        *(store.rescue(limit=10, lease_seconds=LEASE, default_max_attempts=5, actor=f"r{i}", now=later) for i in range(3))
+        *(
+            store.rescue(limit=10, lease_seconds=LEASE, default_max_attempts=5, actor=f"r{i}", now=later)
+            for i in range(3)
+        )
     )
     assert sum(r.unknown for r in results) == 3
     for i in ids:
@@ -225,11 +228,13 @@ async def test_release_orphans_frees_claims_the_worker_never_received(store, db_
     b = await store.enqueue(valid(), now=T0)
     c = await store.enqueue(valid(), now=T0)
     # A claim whose answer arrived: its rows may be at an adapter, whatever the worker holds.
-    [received] = await store.claim(owner="me", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={},
-                                   claim_id="claim-answered", now=T0)
+    [received] = await store.claim(
+        owner="me", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, claim_id="claim-answered", now=T0
+    )
     # A claim whose answer was lost: the worker never saw these rows, so never sent them.
-    lost = await store.claim(owner="me", providers=["smtp"], limit=2, lease_seconds=60, dedupe_windows={},
-                             claim_id="claim-lost", now=T0)
+    lost = await store.claim(
+        owner="me", providers=["smtp"], limit=2, lease_seconds=60, dedupe_windows={}, claim_id="claim-lost", now=T0
+    )
     assert received.id == a.id and {s.id for s in lost} == {b.id, c.id}
     kept = [s for s in lost if s.id == c.id]  # a token the worker holds is never handed back
     assert await store.release_orphans(owner="me", held=[s.lease_token for s in kept], claims=["claim-lost"]) == 1
@@ -306,14 +311,25 @@ def test_claim_uses_its_partial_index(db_url):
 
         plan = conn.execute(
             "EXPLAIN (FORMAT JSON) " + Q["step_claim"],
-            {"now": None, "owner": "w", "providers": ["smtp"], "limit": 100, "lease_seconds": 60.0,
-             "dedupe_windows": "{}", "claim_id": "c", "probe": False},
+            {
+                "now": None,
+                "owner": "w",
+                "providers": ["smtp"],
+                "limit": 100,
+                "lease_seconds": 60.0,
+                "dedupe_windows": "{}",
+                "claim_id": "c",
+                "probe": False,
+            },
         ).fetchone()[0]
         conn.rollback()
     assert "ix_email_steps_claimable" in str(plan)
     # provider_circuits holds a row per provider at most: a scan of it is the right plan.
-    assert not [n for n in _plan_nodes(plan[0]["Plan"])
-                if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "provider_circuits"]
+    assert not [
+        n
+        for n in _plan_nodes(plan[0]["Plan"])
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "provider_circuits"
+    ]
 
 
 def _plan_nodes(node):

@@ -11,7 +11,7 @@ from tests.support import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FAILING_TEST = '''
+FAILING_TEST = """
 import os
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from pathlib import Path
 def test_records_its_template_then_fails(template_db, db_url):
     Path(os.environ["SUITEFIX_OUT"]).write_text(template_db)
     assert False, "this session must fail, and still clean up"
-'''
+"""
 
 
 def test_a_failed_session_drops_its_template_database(pg_server: str, tmp_path: Path) -> None:
@@ -28,9 +28,26 @@ def test_a_failed_session_drops_its_template_database(pg_server: str, tmp_path: 
     env = {**os.environ, "SUITEFIX_OUT": str(out)}
     # Its own session (the same conftest, loaded as a plugin), on the same server.
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_inner.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(tmp_path / "test_inner.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     template = out.read_text()

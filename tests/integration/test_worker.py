@@ -15,8 +15,16 @@ from worker.runner import Worker
 from worker.settings import Settings
 
 SETTINGS = Settings(
-    adapter=("smtp",), concurrency=20, batch_size=10, lease_seconds=30, poll_interval=0.05,
-    retry_base=0, retry_max=0, rescue_interval=0.2, shutdown_grace=5, smtp_timeout=5,
+    adapter=("smtp",),
+    concurrency=20,
+    batch_size=10,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
+    smtp_timeout=5,
 )
 
 

@@ -25,13 +25,18 @@ class PrivateCA:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "evq tests"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "evq tests"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> str:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     path.chmod(0o600)
     return str(path)
 
@@ -47,12 +52,28 @@ def make_private_ca(directory: Path) -> PrivateCA:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("evq private test CA")
     ca = (
-        x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(),
-                                serial_number=x509.random_serial_number(), **valid)
+        x509.CertificateBuilder(
+            subject_name=ca_name,
+            issuer_name=ca_name,
+            public_key=ca_key.public_key(),
+            serial_number=x509.random_serial_number(),
+            **valid,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -60,8 +81,13 @@ def make_private_ca(directory: Path) -> PrivateCA:
     def leaf(common_name: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]):
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (
-            x509.CertificateBuilder(subject_name=_name(common_name), issuer_name=ca_name, public_key=key.public_key(),
-                                    serial_number=x509.random_serial_number(), **valid)
+            x509.CertificateBuilder(
+                subject_name=_name(common_name),
+                issuer_name=ca_name,
+                public_key=key.public_key(),
+                serial_number=x509.random_serial_number(),
+                **valid,
+            )
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -70,8 +96,11 @@ def make_private_ca(directory: Path) -> PrivateCA:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         return builder.sign(ca_key, hashes.SHA256()), key
 
-    server, server_key = leaf("localhost", ExtendedKeyUsageOID.SERVER_AUTH,
-                              [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    server, server_key = leaf(
+        "localhost",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
     client, client_key = leaf("evq-worker", ExtendedKeyUsageOID.CLIENT_AUTH, [])
     return PrivateCA(
         ca_file=_write_cert(directory / "ca.pem", ca),

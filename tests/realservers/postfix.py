@@ -159,8 +159,17 @@ class Postfix:
             _MASTER.format(limit=RECIPIENT_LIMIT, **{k: f"127.0.0.1:{v}" for k, v in self.ports.items()})
         )
         (d / "etc/main.cf").write_text(
-            _MAIN.format(d=d, hostname=HOSTNAME, domain=DOMAIN, public_domain=PUBLIC_DOMAIN, uid=user.pw_uid, gid=user.pw_gid,
-                         server_key=self.ca.server_key, server_cert=self.ca.server_cert, ca_file=self.ca.ca_file)
+            _MAIN.format(
+                d=d,
+                hostname=HOSTNAME,
+                domain=DOMAIN,
+                public_domain=PUBLIC_DOMAIN,
+                uid=user.pw_uid,
+                gid=user.pw_gid,
+                server_key=self.ca.server_key,
+                server_cert=self.ca.server_cert,
+                ca_file=self.ca.ca_file,
+            )
         )
         (d / "etc/refuse").write_text(f"/^{REFUSED_LOCAL}(\\+[^@]*)?@/ 550 5.1.1 no such user here\n")
         sasldb = d / "etc/sasldb2"
@@ -168,8 +177,12 @@ class Postfix:
             f"pwcheck_method: auxprop\nauxprop_plugin: sasldb\nmech_list: PLAIN LOGIN\nsasldb_path: {sasldb}\n"
         )
         # The realm is the server's name, so the client logs in as the bare user name.
-        subprocess.run(["saslpasswd2", "-c", "-p", "-f", str(sasldb), "-u", HOSTNAME, USERNAME],
-                       input=PASSWORD.encode(), check=True, capture_output=True)
+        subprocess.run(
+            ["saslpasswd2", "-c", "-p", "-f", str(sasldb), "-u", HOSTNAME, USERNAME],
+            input=PASSWORD.encode(),
+            check=True,
+            capture_output=True,
+        )
         os.chown(sasldb, 0, user.pw_gid)
         os.chmod(sasldb, 0o640)
         done = subprocess.run([postfix, "-c", str(self.config_dir), "start"], capture_output=True, text=True)
@@ -241,8 +254,9 @@ class Postfix:
     def log_lines(self) -> list[str]:
         return self.log().splitlines()
 
-    def wait_log(self, match: Callable[[str], bool], *, after: int = 0, expect: int = 1,
-                 timeout: float = 10.0) -> list[str]:
+    def wait_log(
+        self, match: Callable[[str], bool], *, after: int = 0, expect: int = 1, timeout: float = 10.0
+    ) -> list[str]:
         """Log lines from line ``after`` on that match, once ``expect`` of them are there.
 
         Postfix's daemons log through postlogd over a datagram socket, so a line may land a
@@ -257,5 +271,8 @@ class Postfix:
     def sessions_for(self, message_id: str, *, expect: int = 0) -> list[str]:
         """The cleanup log lines of each message Postfix queued with this Message-ID
         (waiting for ``expect`` of them)."""
-        return self.wait_log(lambda line: "/cleanup[" in line and f"message-id={message_id}" in line,
-                             expect=expect, timeout=10.0 if expect else 0.0)
+        return self.wait_log(
+            lambda line: "/cleanup[" in line and f"message-id={message_id}" in line,
+            expect=expect,
+            timeout=10.0 if expect else 0.0,
+        )

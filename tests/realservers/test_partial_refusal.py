@@ -17,11 +17,24 @@ from tests.web.support import checked, serving
 
 def test_a_partial_refusal_is_shown_everywhere_and_its_sender_is_told(postfix: Postfix, db_url: str) -> None:
     evq = Evq(db_url, api_key=make_key(db_url, "pf-admin", "admin", created_by=None))
-    env = {"EVQ_SMTP_HOST": "127.0.0.1", "EVQ_SMTP_PORT": str(postfix.ports["plain"]), "EVQ_SMTP_TIMEOUT": "5",
-           "EVQ_LEASE_SECONDS": "30", "EVQ_POLL_INTERVAL": "0.1", "EVQ_INTERNAL_DOMAINS": DOMAIN}
-    request = {"run_id": "pf-partial", "step_id": "hello", "from": "agent@example.org", "subject": "Quarterly",
-               "to": [f"Ann <ann@{DOMAIN}>", f"refused@{DOMAIN}"], "bcc": [f"refused+bcc@{DOMAIN}"],
-               "text": "The numbers.\n", "notify": f"inbox@{DOMAIN}"}
+    env = {
+        "EVQ_SMTP_HOST": "127.0.0.1",
+        "EVQ_SMTP_PORT": str(postfix.ports["plain"]),
+        "EVQ_SMTP_TIMEOUT": "5",
+        "EVQ_LEASE_SECONDS": "30",
+        "EVQ_POLL_INTERVAL": "0.1",
+        "EVQ_INTERNAL_DOMAINS": DOMAIN,
+    }
+    request = {
+        "run_id": "pf-partial",
+        "step_id": "hello",
+        "from": "agent@example.org",
+        "subject": "Quarterly",
+        "to": [f"Ann <ann@{DOMAIN}>", f"refused@{DOMAIN}"],
+        "bcc": [f"refused+bcc@{DOMAIN}"],
+        "text": "The numbers.\n",
+        "notify": f"inbox@{DOMAIN}",
+    }
 
     # Without the setting the validator refuses .test (special-use) recipients outright.
     refused = evq.json("enqueue", "--file", "-", input=json.dumps(request), expect=2)
@@ -34,7 +47,9 @@ def test_a_partial_refusal_is_shown_everywhere_and_its_sender_is_told(postfix: P
     shown = evq.json("steps", "show", str(step_id), **env)["data"]["step"]
     assert shown["status"] == "accepted" and shown["reason"] == "partially_refused"
     assert [(r["recipient"], r["code"]) for r in shown["refused_recipients"]] == [
-        (f"refused@{DOMAIN}", 550), (f"refused+bcc@{DOMAIN}", 550)]
+        (f"refused@{DOMAIN}", 550),
+        (f"refused+bcc@{DOMAIN}", 550),
+    ]
     assert all("5.1.1" in r["reply"] for r in shown["refused_recipients"])
     table = evq.run("steps", "show", str(step_id), **env).stdout
     assert f"refused         refused@{DOMAIN}: 550" in table

@@ -39,15 +39,38 @@ _seq = itertools.count(1)
 
 def request(to: list[str], **fields: Any) -> SendRequest:
     n = next(_seq)
-    valid = parse({"run_id": "pf-run", "step_id": f"pf-{n}-{os.getpid()}", "from": "agent@example.org", "to": to,
-                   "subject": f"postfix {n}", "text": "Hello from evq.\n", **fields}, INTERNAL)
-    return SendRequest(step_id=n, run_id=valid.run_id, idempotency_key=valid.idempotency_key,
-                       message_id=f"<evq.pf{n}.{os.getpid()}@example.org>", attempt=1, payload=valid.payload)
+    valid = parse(
+        {
+            "run_id": "pf-run",
+            "step_id": f"pf-{n}-{os.getpid()}",
+            "from": "agent@example.org",
+            "to": to,
+            "subject": f"postfix {n}",
+            "text": "Hello from evq.\n",
+            **fields,
+        },
+        INTERNAL,
+    )
+    return SendRequest(
+        step_id=n,
+        run_id=valid.run_id,
+        idempotency_key=valid.idempotency_key,
+        message_id=f"<evq.pf{n}.{os.getpid()}@example.org>",
+        attempt=1,
+        payload=valid.payload,
+    )
 
 
 def settings(postfix: Postfix, port: str = "plain", **env: str) -> Settings:
-    return Settings.load({"EVQ_SMTP_HOST": "127.0.0.1", "EVQ_SMTP_PORT": str(postfix.ports[port]),
-                          "EVQ_SMTP_TIMEOUT": "10", "EVQ_INTERNAL_DOMAINS": DOMAIN, **env})
+    return Settings.load(
+        {
+            "EVQ_SMTP_HOST": "127.0.0.1",
+            "EVQ_SMTP_PORT": str(postfix.ports[port]),
+            "EVQ_SMTP_TIMEOUT": "10",
+            "EVQ_INTERNAL_DOMAINS": DOMAIN,
+            **env,
+        }
+    )
 
 
 def send(provider: SmtpProvider, req: SendRequest) -> Outcome:
@@ -67,10 +90,22 @@ def send_with(postfix: Postfix, req: SendRequest, port: str = "plain", **env: st
 
 def transition_of(outcome: Outcome) -> Transition:
     """What the worker records for this answer (the pure rule of worker/transitions.py)."""
-    step = ClaimedStep(id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@example.org>",
-                       provider="smtp", payload={}, attempt=1, max_attempts=5, lease_token=uuid.uuid4(),
-                       lease_seconds=60, dedupe_remaining=None, maybe_delivered=False,
-                       created_at=datetime.now(UTC))
+    step = ClaimedStep(
+        id=1,
+        run_id="r",
+        step_id="s",
+        idempotency_key="r:s",
+        message_id="<m@example.org>",
+        provider="smtp",
+        payload={},
+        attempt=1,
+        max_attempts=5,
+        lease_token=uuid.uuid4(),
+        lease_seconds=60,
+        dedupe_remaining=None,
+        maybe_delivered=False,
+        created_at=datetime.now(UTC),
+    )
     return decide(step, outcome, default_max_attempts=5, backoff=Backoff(0, 0), dedupe_window_open=False)
 
 
@@ -106,8 +141,9 @@ def test_a_refused_helo_name_is_the_providers_configuration_not_the_message(post
     that is no refusal of the message; it stays retryable, nothing was sent."""
     req = request([f"helo-bad@{DOMAIN}"])
     start = len(postfix.log_lines())
-    provider = SmtpProvider(host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL,
-                            helo_name="localhost")
+    provider = SmtpProvider(
+        host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL, helo_name="localhost"
+    )
     outcome = send(provider, req)
 
     assert isinstance(outcome, Retryable), outcome
@@ -126,8 +162,14 @@ def test_a_refused_helo_name_is_the_providers_configuration_not_the_message(post
 
 def test_starttls_with_a_private_ca_and_sasl_auth(postfix: Postfix) -> None:
     req = request([f"tls-ca@{DOMAIN}"])
-    outcome = send_with(postfix, req, EVQ_SMTP_TLS="starttls", EVQ_SMTP_CA_FILE=postfix.ca.ca_file,
-                        EVQ_SMTP_USERNAME=USERNAME, EVQ_SMTP_PASSWORD=PASSWORD)
+    outcome = send_with(
+        postfix,
+        req,
+        EVQ_SMTP_TLS="starttls",
+        EVQ_SMTP_CA_FILE=postfix.ca.ca_file,
+        EVQ_SMTP_USERNAME=USERNAME,
+        EVQ_SMTP_PASSWORD=PASSWORD,
+    )
 
     assert isinstance(outcome, Accepted), outcome
     assert len(postfix.delivered(req.message_id, expect=1)) == 1
@@ -155,8 +197,15 @@ def test_implicit_tls_with_a_private_ca(postfix: Postfix) -> None:
 def test_a_server_that_requires_a_client_certificate(postfix: Postfix) -> None:
     without, with_cert = request([f"ccert-no@{DOMAIN}"]), request([f"ccert-yes@{DOMAIN}"])
     refused = send_with(postfix, without, port="ccert", EVQ_SMTP_TLS="starttls", EVQ_SMTP_CA_FILE=postfix.ca.ca_file)
-    accepted = send_with(postfix, with_cert, port="ccert", EVQ_SMTP_TLS="starttls", EVQ_SMTP_CA_FILE=postfix.ca.ca_file,
-                         EVQ_SMTP_CLIENT_CERT=postfix.ca.client_cert, EVQ_SMTP_CLIENT_KEY=postfix.ca.client_key)
+    accepted = send_with(
+        postfix,
+        with_cert,
+        port="ccert",
+        EVQ_SMTP_TLS="starttls",
+        EVQ_SMTP_CA_FILE=postfix.ca.ca_file,
+        EVQ_SMTP_CLIENT_CERT=postfix.ca.client_cert,
+        EVQ_SMTP_CLIENT_KEY=postfix.ca.client_key,
+    )
 
     assert isinstance(refused, Retryable), refused
     assert isinstance(accepted, Accepted), accepted
@@ -170,8 +219,9 @@ def test_auth_without_tls_is_refused_before_the_password_leaves(postfix: Postfix
         settings(postfix, EVQ_SMTP_USERNAME=USERNAME, EVQ_SMTP_PASSWORD=PASSWORD)
     req = request([f"plain-auth@{DOMAIN}"])
     start = len(postfix.log_lines())
-    provider = SmtpProvider(host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL,
-                            username=USERNAME, password=PASSWORD)
+    provider = SmtpProvider(
+        host="127.0.0.1", port=postfix.ports["plain"], timeout=10, policy=INTERNAL, username=USERNAME, password=PASSWORD
+    )
     outcome = send(provider, req)
 
     assert isinstance(outcome, Retryable) and outcome.misconfigured, outcome
@@ -182,8 +232,9 @@ def test_auth_without_tls_is_refused_before_the_password_leaves(postfix: Postfix
     assert postfix.delivered(req.message_id, expect=0) == []
 
     allowed = request([f"plain-auth-ok@{DOMAIN}"])
-    outcome = send_with(postfix, allowed, EVQ_SMTP_USERNAME=USERNAME, EVQ_SMTP_PASSWORD=PASSWORD,
-                        EVQ_SMTP_ALLOW_PLAIN_AUTH="true")
+    outcome = send_with(
+        postfix, allowed, EVQ_SMTP_USERNAME=USERNAME, EVQ_SMTP_PASSWORD=PASSWORD, EVQ_SMTP_ALLOW_PLAIN_AUTH="true"
+    )
     assert isinstance(outcome, Accepted), outcome
 
 

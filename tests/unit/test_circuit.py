@@ -51,8 +51,12 @@ def test_consecutive_temporary_failures_open_it_and_an_answer_resets_the_count()
 
 def test_what_says_nothing_about_the_provider_changes_nothing():
     b = book(failures=1)
-    for outcome in (Retryable("429", throttled=True), Rejected("policy", before_send=True), Unknown("lost"),
-                    Retryable("stopped before the final '.'", response={"error_class": "LeaseTooShort"})):
+    for outcome in (
+        Retryable("429", throttled=True),
+        Rejected("policy", before_send=True),
+        Unknown("lost"),
+        Retryable("stopped before the final '.'", response={"error_class": "LeaseTooShort"}),
+    ):
         v = b.observe("smtp", outcome)
         assert v.charged and v.trip is None and not v.close, outcome
     assert b.state("smtp") is CircuitState.CLOSED
@@ -106,16 +110,35 @@ def test_settings():
 
 def step(attempt=1, uncharged=0, budget_age=0.0, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
     return ClaimedStep(
-        id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="smtp", payload={},
-        attempt=attempt, max_attempts=max_attempts, lease_token=uuid.uuid4(), lease_seconds=60,
-        dedupe_remaining=None, maybe_delivered=maybe_delivered, created_at=datetime.now(UTC),
-        uncharged_attempts=uncharged, budget_age=budget_age,
+        id=1,
+        run_id="r",
+        step_id="s",
+        idempotency_key="r:s",
+        message_id="<m@x>",
+        provider="smtp",
+        payload={},
+        attempt=attempt,
+        max_attempts=max_attempts,
+        lease_token=uuid.uuid4(),
+        lease_seconds=60,
+        dedupe_remaining=None,
+        maybe_delivered=maybe_delivered,
+        created_at=datetime.now(UTC),
+        uncharged_attempts=uncharged,
+        budget_age=budget_age,
     )
 
 
 def go(s, outcome, *, charged=True, retry_for=3600.0):
-    return decide(s, outcome, default_max_attempts=3, backoff=Backoff(10, 100), dedupe_window_open=False,
-                  retry_for=retry_for, charged=charged)
+    return decide(
+        s,
+        outcome,
+        default_max_attempts=3,
+        backoff=Backoff(10, 100),
+        dedupe_window_open=False,
+        retry_for=retry_for,
+        charged=charged,
+    )
 
 
 def test_the_retry_budget_decides_and_its_last_retry_is_at_its_end():
@@ -134,7 +157,9 @@ def test_uncharged_attempts_do_not_count_against_the_message():
     t = go(step(attempt=7, uncharged=5), BUSY)
     assert t.to_status is Status.RETRYABLE and t.charged
     t = go(step(attempt=8, uncharged=5), BUSY)
-    assert (t.to_status, t.reason) == (Status.REJECTED, Reason.ATTEMPTS_EXHAUSTED) and "(5 not charged)" in t.detail["attempts"]
+    assert (t.to_status, t.reason) == (Status.REJECTED, Reason.ATTEMPTS_EXHAUSTED) and "(5 not charged)" in t.detail[
+        "attempts"
+    ]
     # The attempt that hit the fault: not charged, retried without a backoff grown by the outage.
     t = go(step(attempt=30, uncharged=27), REFUSED, charged=False)
     assert t.to_status is Status.RETRYABLE and not t.charged and t.detail["charged"] is False

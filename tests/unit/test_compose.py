@@ -44,7 +44,9 @@ def test_compose_orders_postgres_migrate_worker():
     assert services["worker"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services["worker"]["environment"]["EVQ_DATABASE_URL"].startswith("postgresql://")
     ops = services["ops"]
-    assert ops["command"][0] == "serve" and ops["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert (
+        ops["command"][0] == "serve" and ops["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    )
     assert ops["ports"] == ["127.0.0.1:8080:8080"]  # the API and the page reach the host's loopback only
     # The image carries every top-level package the console script imports.
     dockerfile = (ROOT / "Dockerfile").read_text()

@@ -117,8 +117,11 @@ def test_the_design_names_files_and_tests_that_exist():
             assert re.search(rf"^\s*(async )?(def|class) {name}\b", source, flags=re.M), f"{path} has no {name}"
     # The data model names every table a revision creates, and the revision that creates it.
     versions = ROOT / "migrations" / "versions"
-    created = {table: path.name[:4] for path in versions.glob("0*.py")
-               for table in re.findall(r"create_table\('(\w+)'", path.read_text())}
+    created = {
+        table: path.name[:4]
+        for path in versions.glob("0*.py")
+        for table in re.findall(r"""create_table\(\s*['"](\w+)['"]""", path.read_text())
+    }
     assert dict(re.findall(r"^\| `(\w+)` \((\d{4})", DESIGN, flags=re.M)) == created
 
 
@@ -146,7 +149,10 @@ def test_the_core_imports_no_adapter_and_no_ops():
 
     for path in sorted((ROOT / "worker").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             for module in modules:
                 assert module.split(".")[0] not in ("adapters", "ops"), f"{path.name} imports {module}"

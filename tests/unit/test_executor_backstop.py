@@ -65,7 +65,18 @@ def test_an_unclassified_error_makes_the_step_unknown_not_retryable():
 
 def _claimed() -> ClaimedStep:
     return ClaimedStep(
-        id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="raising",
-        payload={}, attempt=1, max_attempts=None, lease_token=uuid.uuid4(), lease_seconds=120.0,
-        dedupe_remaining=None, maybe_delivered=False, created_at=datetime.now(UTC),
+        id=1,
+        run_id="r",
+        step_id="s",
+        idempotency_key="r:s",
+        message_id="<m@x>",
+        provider="raising",
+        payload={},
+        attempt=1,
+        max_attempts=None,
+        lease_token=uuid.uuid4(),
+        lease_seconds=120.0,
+        dedupe_remaining=None,
+        maybe_delivered=False,
+        created_at=datetime.now(UTC),
     )

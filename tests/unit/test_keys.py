@@ -33,7 +33,9 @@ def test_a_key_splits_into_its_id_and_secret_and_only_the_secret_is_hashed():
     assert scrypt_hash(key.secret) != legacy  # a fresh salt every time
 
 
-@pytest.mark.parametrize("text", ["", "evq_", "evq_XYZ_" + "a" * 43, "key_0123456789ab_" + "a" * 43, "evq_0123456789ab_short"])
+@pytest.mark.parametrize(
+    "text", ["", "evq_", "evq_XYZ_" + "a" * 43, "key_0123456789ab_" + "a" * 43, "evq_0123456789ab_short"]
+)
 def test_malformed_keys_do_not_split(text):
     assert split_key(text) is None
 
@@ -52,7 +54,9 @@ def test_roles():
         Permission.MANAGE_KEYS: (Role.ADMIN,),
         Permission.PRUNE: (Role.ADMIN,),
     }
-    assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(Permission.ENQUEUE)
+    assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(
+        Permission.ENQUEUE
+    )
 
 
 @pytest.mark.parametrize("name", ["", "-x", "a b", "x" * 65, "ünï"])
@@ -84,8 +88,14 @@ def test_every_secret_comparison_is_constant_time_and_an_unknown_id_does_the_wor
     monkeypatch.setattr(keys.hmac, "compare_digest", compare)
     monkeypatch.setattr(keys.hmac, "new", new)
     key = keys.generate()
-    row = {"name": "alice", "role": "operator", "revoked_at": None, "session_generation": 0,
-           "secret_hash": keys.hash_secret(key.secret, PEPPER), "pepper": PEPPER}
+    row = {
+        "name": "alice",
+        "role": "operator",
+        "revoked_at": None,
+        "session_generation": 0,
+        "secret_hash": keys.hash_secret(key.secret, PEPPER),
+        "pepper": PEPPER,
+    }
 
     class Keys:
         def __init__(self, known):

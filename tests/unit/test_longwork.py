@@ -33,4 +33,8 @@ async def test_max_failures_counts_only_failures_in_a_row():
     with pytest.raises(MaxFailures) as err:
         await each([1, 2, 3, 4, 5], action({2, 3}), key=lambda i: {"id": i}, what="test", max_failures=2)
     assert err.value.code == "E_MAX_FAILURES"
-    assert (err.value.context["succeeded"], err.value.context["failed"], err.value.context["not_attempted"]) == (1, 2, 2)
+    assert (err.value.context["succeeded"], err.value.context["failed"], err.value.context["not_attempted"]) == (
+        1,
+        2,
+        2,
+    )

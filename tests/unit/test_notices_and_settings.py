@@ -16,11 +16,28 @@ from worker.settings import Settings
 from worker.states import Status
 
 ORIGINAL = {
-    "id": 42, "run_id": "run-1", "step_id": "s" * 200, "idempotency_key": "run-1:" + "s" * 200,
-    "message_id": "<evq.1@example.org>", "provider": "http", "status": "rejected", "reason": "policy_refused",
-    "detail": "recipient domain example.com is blocked", "attempts": 1, "notify": "me@example.net",
-    "payload": parse({"run_id": "r", "step_id": "s", "from": "Ag <agent@example.org>", "to": ["a@example.com"],
-                      "bcc": ["b@example.com"], "subject": "S" * MAX_SUBJECT, "text": "x"}).payload,
+    "id": 42,
+    "run_id": "run-1",
+    "step_id": "s" * 200,
+    "idempotency_key": "run-1:" + "s" * 200,
+    "message_id": "<evq.1@example.org>",
+    "provider": "http",
+    "status": "rejected",
+    "reason": "policy_refused",
+    "detail": "recipient domain example.com is blocked",
+    "attempts": 1,
+    "notify": "me@example.net",
+    "payload": parse(
+        {
+            "run_id": "r",
+            "step_id": "s",
+            "from": "Ag <agent@example.org>",
+            "to": ["a@example.com"],
+            "bcc": ["b@example.com"],
+            "subject": "S" * MAX_SUBJECT,
+            "text": "x",
+        }
+    ).payload,
 }
 
 
@@ -78,8 +95,15 @@ def test_http_settings_are_validated():
 
 
 def test_settings_from_the_environment():
-    s = Settings.load({"EVQ_ADAPTER": "smtp,http", "EVQ_HTTP_API_KEY": "secret-key-1", "EVQ_NOTICE_ON_UNKNOWN": "yes",
-                       "EVQ_NOTICE_FROM": "pm@example.org", "EVQ_HTTP_DEDUPE_WINDOW": "900"})
+    s = Settings.load(
+        {
+            "EVQ_ADAPTER": "smtp,http",
+            "EVQ_HTTP_API_KEY": "secret-key-1",
+            "EVQ_NOTICE_ON_UNKNOWN": "yes",
+            "EVQ_NOTICE_FROM": "pm@example.org",
+            "EVQ_HTTP_DEDUPE_WINDOW": "900",
+        }
+    )
     assert s.adapter == ("smtp", "http") and s.notice_on_unknown and s.http_dedupe_window == 900
     assert s.notices() == NoticeConfig(sender="pm@example.org", on_unknown=True)
     assert s.policy().reserved_senders == ("pm@example.org",) and "http" in s.policy().providers
@@ -96,9 +120,19 @@ def test_retry_after_reads_seconds_and_dates():
 
 
 def test_the_wire_body_is_the_same_on_every_attempt():
-    payload = parse({"run_id": "r", "step_id": "s", "from": 'A "q" <a@example.org>', "to": ["b@example.com"],
-                     "reply_to": ["c@example.com"], "subject": "S", "text": "t", "html": "<p>h</p>",
-                     "headers": {"in-reply-to": "<x@y>"}}).payload
+    payload = parse(
+        {
+            "run_id": "r",
+            "step_id": "s",
+            "from": 'A "q" <a@example.org>',
+            "to": ["b@example.com"],
+            "reply_to": ["c@example.com"],
+            "subject": "S",
+            "text": "t",
+            "html": "<p>h</p>",
+            "headers": {"in-reply-to": "<x@y>"},
+        }
+    ).payload
     bodies = {wire_body(SendRequest(1, "r", "r:s", "<m@x>", attempt, payload)) for attempt in (1, 2, 3)}
     [body] = bodies
     data = json.loads(body)
@@ -110,9 +144,16 @@ def test_the_wire_body_is_the_same_on_every_attempt():
 def test_a_partial_refusal_owes_a_notice_naming_each_refused_recipient():
     assert NoticeConfig().due([Status.ACCEPTED], ["partially_refused"])
     assert not NoticeConfig().due([Status.ACCEPTED], ["provider_accepted"])
-    original = {**ORIGINAL, "status": "accepted", "reason": "partially_refused", "detail": "accepted, but ...",
-                "refused": {"a@example.com": {"code": 550, "reply": "5.1.1 <a@example.com>: no such user"},
-                            "B@example.com": {"code": 550, "reply": "5.1.1 <b@example.com>: no such user"}}}
+    original = {
+        **ORIGINAL,
+        "status": "accepted",
+        "reason": "partially_refused",
+        "detail": "accepted, but ...",
+        "refused": {
+            "a@example.com": {"code": 550, "reply": "5.1.1 <a@example.com>: no such user"},
+            "B@example.com": {"code": 550, "reply": "5.1.1 <b@example.com>: no such user"},
+        },
+    }
     notice = build_notice(original, NoticeConfig())
     assert notice.step_id.startswith("evq:notice:partially_refused:")
     assert notice.idempotency_key.startswith("evq:notice:partially_refused:run-1:")
@@ -120,7 +161,9 @@ def test_a_partial_refusal_owes_a_notice_naming_each_refused_recipient():
     text = notice.payload["text"]
     assert "2 of 2 refused it" in text and "a@example.com: 550 5.1.1 <a@example.com>: no such user" in text
     # The Bcc recipient is never named, not even inside the server's reply.
-    assert "a Bcc recipient: 550 5.1.1 <(a Bcc recipient)>: no such user" in text and "b@example.com" not in text.lower()
+    assert (
+        "a Bcc recipient: 550 5.1.1 <(a Bcc recipient)>: no such user" in text and "b@example.com" not in text.lower()
+    )
     assert "Bcc:         1 recipient, not listed" in text
     assert "do not send it to them again" in " ".join(text.split())
 

@@ -29,9 +29,7 @@ RECORDING = _rules("recording.yml")
 
 
 def _promtool(*args: str) -> str:
-    done = subprocess.run(
-        [require_binary("promtool"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([require_binary("promtool"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
@@ -102,7 +100,9 @@ def test_ci_installs_prometheus_without_leaving_a_daemon():
 
 def test_the_readme_names_the_metric_for_unknown_ages_and_the_alerts_that_page():
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**How long have unknown rows aged?**"):readme.index("**Which process exports what.**")]
+    section = readme[
+        readme.index("**How long have unknown rows aged?**") : readme.index("**Which process exports what.**")
+    ]
     assert "`evq_unknown_oldest_age_seconds`" in section and "`evq_unknown_age_seconds`" in section
     paging = {a["alert"] for a in ALERTS if a["labels"]["severity"] == "page"}
     assert "EvqUnknownTooOld" in paging and all(f"`{name}`" in section for name in paging)

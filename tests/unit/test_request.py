@@ -136,8 +136,29 @@ def test_check_payload_rechecks_todays_policy():
 
 # The shortcut for plain addresses must give email_validator's own answer, always.
 _LOCAL_CHARS = "aZ09._-+!#'~\"@ <>()[]\\,;:é\u00a0"
-_DOMAIN_LABELS = ["example", "EXAMPLE", "com", "de", "bücher", "xn--bcher-kva", "a" * 63, "a" * 64, "-x", "x-", "ex_a",
-                  "localhost", "test", "invalid", "1", "12345", "ß", "xn--", "ﬁ", "\u0301a", ""]
+_DOMAIN_LABELS = [
+    "example",
+    "EXAMPLE",
+    "com",
+    "de",
+    "bücher",
+    "xn--bcher-kva",
+    "a" * 63,
+    "a" * 64,
+    "-x",
+    "x-",
+    "ex_a",
+    "localhost",
+    "test",
+    "invalid",
+    "1",
+    "12345",
+    "ß",
+    "xn--",
+    "ﬁ",
+    "\u0301a",
+    "",
+]
 
 
 @settings(max_examples=1500, deadline=None)

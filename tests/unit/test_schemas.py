@@ -25,8 +25,11 @@ def test_command_parameters_as_json():
     props = schema["properties"]
     assert props["as"]["enum"] == ["accepted", "rejected", "retry"] and {"as", "note"} <= set(schema["required"])
     assert props["older_than"]["description"].startswith("Only rows older")
-    assert props["status"] == {"type": "array", "items": {"type": "string", "enum": ["unknown"]},
-                               "description": props["status"]["description"]}
+    assert props["status"] == {
+        "type": "array",
+        "items": {"type": "string", "enum": ["unknown"]},
+        "description": props["status"]["description"],
+    }
     assert "credential" not in props and "api_key" not in props and "database_url" not in props
 
 
@@ -49,7 +52,10 @@ def test_check_arguments_refuses_what_the_schema_refuses(arguments, fields):
         check_arguments(schema, arguments)
     assert {f["field"] for f in caught.value.errors} == fields
     validator = Draft202012Validator(schema)
-    if not any(isinstance(v, str) and ("\x00" in v or "\ud800" in v) for v in arguments.values()) and "limit" not in fields:
+    if (
+        not any(isinstance(v, str) and ("\x00" in v or "\ud800" in v) for v in arguments.values())
+        and "limit" not in fields
+    ):
         assert not validator.is_valid(arguments)
 
 

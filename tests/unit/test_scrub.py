@@ -23,9 +23,10 @@ class _Leaky:
     dedupe_window = None
 
     async def send(self, request):
-        return Rejected(f"401: Bearer {SECRET}",
-                        response={"body": json.dumps({"m": SECRET}).replace("/", "\\/"),
-                                  "nested": [{"u": quote(SECRET, safe="")}]})
+        return Rejected(
+            f"401: Bearer {SECRET}",
+            response={"body": json.dumps({"m": SECRET}).replace("/", "\\/"), "nested": [{"u": quote(SECRET, safe="")}]},
+        )
 
     async def close(self):
         pass
@@ -44,8 +45,14 @@ def test_the_executor_scrubs_what_an_adapter_let_through():
 def test_every_common_encoding_is_scrubbed():
     register([SECRET])
     raw = SECRET.encode()
-    cases = [SECRET, SECRET.upper(), json.dumps(SECRET)[1:-1].replace("/", "\\/"), quote(SECRET, safe=""),
-             quote_plus(SECRET), "".join(f"\\u{ord(c):04x}" for c in SECRET)]
+    cases = [
+        SECRET,
+        SECRET.upper(),
+        json.dumps(SECRET)[1:-1].replace("/", "\\/"),
+        quote(SECRET, safe=""),
+        quote_plus(SECRET),
+        "".join(f"\\u{ord(c):04x}" for c in SECRET),
+    ]
     # base64 of the secret inside a longer blob, at every alignment (Basic auth, a Bearer header, AUTH PLAIN)
     for prefix in (b"", b":", b"u:", b"user:", b"Bearer ", b"\0evq\0"):
         for suffix in (b"", b"!", b"!!"):
@@ -71,7 +78,9 @@ def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
     handlers = list(root.handlers)
     configure("json", "info")
     try:
-        logging.getLogger("psycopg.pool").warning("error connecting in 'evq': bad dsn %s", f"postgresql://u:{SECRET}@h/d")
+        logging.getLogger("psycopg.pool").warning(
+            "error connecting in 'evq': bad dsn %s", f"postgresql://u:{SECRET}@h/d"
+        )
         logging.getLogger("httpx").info("HTTP Request: noise below the threshold")
         err = capsys.readouterr().err
     finally:

@@ -21,15 +21,27 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def payload(**fields: Any) -> dict[str, Any]:
-    data = {"run_id": "r", "step_id": "s", "from": "Sender <sender@example.org>", "to": ["ok@example.com"],
-            "subject": "Hello", "text": "Hi."}
+    data = {
+        "run_id": "r",
+        "step_id": "s",
+        "from": "Sender <sender@example.org>",
+        "to": ["ok@example.com"],
+        "subject": "Hello",
+        "text": "Hi.",
+    }
     data.update(fields)
     return parse(data).payload
 
 
 def build(raw: dict[str, Any] | None = None, *, message_id: str = MESSAGE_ID, key: str = "r:s") -> Envelope:
-    request = SendRequest(step_id=7, run_id="r", idempotency_key=key, message_id=message_id, attempt=1,
-                          payload=raw if raw is not None else payload())
+    request = SendRequest(
+        step_id=7,
+        run_id="r",
+        idempotency_key=key,
+        message_id=message_id,
+        attempt=1,
+        payload=raw if raw is not None else payload(),
+    )
     return build_message(request, now=NOW)
 
 
@@ -44,8 +56,17 @@ def test_headers_in_order_and_exactly_ours() -> None:
     msg = parsed(envelope)
 
     assert list(msg.keys()) == [
-        "From", "To", "Cc", "Reply-To", "Subject", "Date", "Message-ID", "References",
-        "Content-Type", "Content-Transfer-Encoding", "MIME-Version",
+        "From",
+        "To",
+        "Cc",
+        "Reply-To",
+        "Subject",
+        "Date",
+        "Message-ID",
+        "References",
+        "Content-Type",
+        "Content-Transfer-Encoding",
+        "MIME-Version",
     ]
     assert msg["Message-ID"] == MESSAGE_ID
     assert msg["Date"].datetime == NOW
@@ -77,7 +98,9 @@ def test_non_ascii_body_needs_no_8bitmime() -> None:
 
 
 def test_bcc_only_in_the_envelope_and_recipients_deduplicated() -> None:
-    envelope = build(payload(to=["ok@example.com"], cc=["OK@example.com", "cc@example.com"], bcc=["hidden@example.net"]))
+    envelope = build(
+        payload(to=["ok@example.com"], cc=["OK@example.com", "cc@example.com"], bcc=["hidden@example.net"])
+    )
 
     assert envelope.recipients == ("ok@example.com", "cc@example.com", "hidden@example.net")
     assert "Bcc" not in parsed(envelope)
@@ -165,8 +188,10 @@ def test_a_malformed_step_message_id_is_refused(message_id: str) -> None:
         ("2.0.0 Ok: queued as 4Xb9Qh0YzKz3", "4Xb9Qh0YzKz3"),
         ("OK id=1rAbCd-0001xY-2Z", "1rAbCd-0001xY-2Z"),
         ("2.0.0 x9S1fG3k012345 Message accepted for delivery", "x9S1fG3k012345"),
-        ("Ok 0100018c1b2c3d4e-5f6a7b8c-1111-2222-3333-444455556666-000000",
-         "0100018c1b2c3d4e-5f6a7b8c-1111-2222-3333-444455556666-000000"),
+        (
+            "Ok 0100018c1b2c3d4e-5f6a7b8c-1111-2222-3333-444455556666-000000",
+            "0100018c1b2c3d4e-5f6a7b8c-1111-2222-3333-444455556666-000000",
+        ),
         ("mx.example.net\n2.0.0 Ok: queued as ABC123", "ABC123"),
         ("OK", None),
         ("2.0.0 Ok", None),

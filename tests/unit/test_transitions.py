@@ -16,9 +16,20 @@ from worker.transitions import decide
 
 def step(attempt=1, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
     return ClaimedStep(
-        id=1, run_id="r", step_id="s", idempotency_key="r:s", message_id="<m@x>", provider="smtp", payload={},
-        attempt=attempt, max_attempts=max_attempts, lease_token=uuid.uuid4(), lease_seconds=60,
-        dedupe_remaining=None, maybe_delivered=maybe_delivered, created_at=datetime.now(UTC),
+        id=1,
+        run_id="r",
+        step_id="s",
+        idempotency_key="r:s",
+        message_id="<m@x>",
+        provider="smtp",
+        payload={},
+        attempt=attempt,
+        max_attempts=max_attempts,
+        lease_token=uuid.uuid4(),
+        lease_seconds=60,
+        dedupe_remaining=None,
+        maybe_delivered=maybe_delivered,
+        created_at=datetime.now(UTC),
     )
 
 

@@ -53,8 +53,15 @@ def serving(db_url: str, **settings: Any) -> Iterator[Served]:
     config_settings = Settings.load(env={}, database_url=db_url, log_format="json", **settings)
     port = free_port()
     # As `evq serve` configures uvicorn (ops/cli/serve.py): its read deadlines and connection cap.
-    config = uvicorn_config(serve_app(config_settings, url=db_url), config_settings, host="127.0.0.1", port=port,
-                            log_config=None, access_log=False, lifespan="on")
+    config = uvicorn_config(
+        serve_app(config_settings, url=db_url),
+        config_settings,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="evq-serve-test", daemon=True)
     thread.start()

@@ -96,8 +96,13 @@ def test_list_filters_and_paging_as_the_cli(api, keys, db_url):
 def test_keys_and_roles(api, keys, db_url):
     [step] = make_unknown(db_url)
     anonymous = api.client()
-    for method, path in (("GET", "/v1/steps"), ("GET", f"/v1/steps/{step.id}"), ("GET", "/v1/runs/run-1"),
-                         ("POST", "/v1/steps"), ("POST", f"/v1/steps/{step.id}/resolve")):
+    for method, path in (
+        ("GET", "/v1/steps"),
+        ("GET", f"/v1/steps/{step.id}"),
+        ("GET", "/v1/runs/run-1"),
+        ("POST", "/v1/steps"),
+        ("POST", f"/v1/steps/{step.id}/resolve"),
+    ):
         answer = anonymous.request(method, path, json={})
         assert answer.status_code == 401, (method, path)
         assert answer.headers["www-authenticate"].startswith("Bearer")
@@ -123,9 +128,16 @@ def test_keys_and_roles(api, keys, db_url):
 def test_an_operator_closes_unknown_rows_with_an_audit_trail(api, keys, db_url):
     one, *bulk = make_unknown(db_url, 4, hours_ago=2)
     alice = api.client(keys["operator"])
-    closed = alice.post(f"/v1/steps/{one.id}/resolve", json={
-        "as": "accepted", "note": "found in the provider log", "reason": "found_in_provider_log",
-        "provider_message_id": "q-1", "evidence_url": "https://logs.example/q-1"})
+    closed = alice.post(
+        f"/v1/steps/{one.id}/resolve",
+        json={
+            "as": "accepted",
+            "note": "found in the provider log",
+            "reason": "found_in_provider_log",
+            "provider_message_id": "q-1",
+            "evidence_url": "https://logs.example/q-1",
+        },
+    )
     assert closed.status_code == 200
     result = checked(closed)["data"]["results"][0]
     assert result["to_status"] == "accepted" and result["outcome"] == "succeeded"
@@ -137,13 +149,15 @@ def test_an_operator_closes_unknown_rows_with_an_audit_trail(api, keys, db_url):
     missing = alice.post("/v1/steps/999999/resolve", json={"as": "rejected", "note": "x"})
     assert missing.status_code == 404 and checked(missing)["error"]["code"] == "E_NOT_FOUND"
 
-    preview = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage",
-                                                    "dry_run": True})
+    preview = alice.post(
+        "/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage", "dry_run": True}
+    )
     assert [s["id"] for s in checked(preview)["data"]["steps"]] == [s.id for s in bulk]
     # Someone closes one of them between the preview and the close: a partial failure, shown per row.
     with_store(db_url, lambda store: store.resolve(bulk[0].id, _resolution(), actor="bob", default_max_attempts=5))
-    done = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage",
-                                                 "older_than": "1h"})
+    done = alice.post(
+        "/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "outage", "older_than": "1h"}
+    )
     body = checked(done)
     assert done.status_code == 200 and body["status"] == "success"
     assert body["data"]["succeeded"] == 2
@@ -162,19 +176,24 @@ def test_resolve_errors_name_the_json_fields(api, keys, db_url):
     bad = alice.post(f"/v1/steps/{step.id}/resolve", json={"as": "maybe", "note": " ", "evidence_url": "ftp://x"})
     assert bad.status_code == 422
     assert {f["field"] for f in checked(bad)["error"]["context"]["fields"]} == {"as"}
-    semantic = alice.post(f"/v1/steps/{step.id}/resolve", json={"as": "accepted", "note": " ", "evidence_url": "ftp://x"})
+    semantic = alice.post(
+        f"/v1/steps/{step.id}/resolve", json={"as": "accepted", "note": " ", "evidence_url": "ftp://x"}
+    )
     assert {f["field"] for f in checked(semantic)["error"]["context"]["fields"]} == {"note", "evidence_url"}
     bulk_without_status = alice.post("/v1/steps/resolve", json={"as": "rejected", "note": "x"})
     assert bulk_without_status.status_code == 422
     assert checked(bulk_without_status)["error"]["context"]["fields"][0]["field"] == "id"
-    older = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "x", "older_than": "soon"})
+    older = alice.post(
+        "/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "x", "older_than": "soon"}
+    )
     assert checked(older)["error"]["context"]["fields"][0]["field"] == "older_than"
     assert step_row(db_url, step.id)["status"] == "unknown"
 
 
 def _raw(api: Served, key: str, method: str, path: str, *, body: bytes | None = None, **headers: str) -> httpx.Response:
-    return httpx.request(method, api.url + path, content=body, headers={"Authorization": f"Bearer {key}", **headers},
-                         timeout=30)
+    return httpx.request(
+        method, api.url + path, content=body, headers={"Authorization": f"Bearer {key}", **headers}, timeout=30
+    )
 
 
 JSON = {"Content-Type": "application/json"}
@@ -188,18 +207,49 @@ JSON = {"Content-Type": "application/json"}
         ("NaN is not JSON", "POST", "/v1/steps", b'{"max_attempts": NaN}', JSON, 422, "max_attempts"),
         ("too deep", "POST", "/v1/steps", b"[" * 40 + b"]" * 40, JSON, 400, "$body"),
         ("far too deep", "POST", "/v1/steps", b"[" * 5_000 + b"]" * 5_000, JSON, 400, "$body"),
-        ("wrong content type", "POST", "/v1/steps", b"run_id=x", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        (
+            "wrong content type",
+            "POST",
+            "/v1/steps",
+            b"run_id=x",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            415,
+            "Content-Type",
+        ),
         ("no content type", "POST", "/v1/steps", b"{}", {}, 415, "Content-Type"),
         ("too large", "POST", "/v1/steps", b'{"text": "' + b"x" * 70_000 + b'"}', JSON, 413, "$body"),
         ("unknown field", "POST", "/v1/steps", json.dumps({**request(), "bogus": 1}).encode(), JSON, 422, "bogus"),
         ("wrong type", "POST", "/v1/steps", json.dumps({**request(), "subject": 7}).encode(), JSON, 422, "subject"),
         # A JSON escape of half a UTF-16 pair: valid JSON, not text (it was a 500 in a header value).
-        ("unpaired surrogate in a header", "POST", "/v1/steps",
-         json.dumps({**request(), "headers": {"In-Reply-To": "<a\ud800@b>"}}).encode(), JSON, 422, "headers.In-Reply-To"),
+        (
+            "unpaired surrogate in a header",
+            "POST",
+            "/v1/steps",
+            json.dumps({**request(), "headers": {"In-Reply-To": "<a\ud800@b>"}}).encode(),
+            JSON,
+            422,
+            "headers.In-Reply-To",
+        ),
         ("not an object", "POST", "/v1/steps", b'"hello"', JSON, 422, "$"),
         ("empty batch", "POST", "/v1/steps", b"[]", JSON, 422, "$"),
-        ("unknown resolve field", "POST", "/v1/steps/1/resolve", b'{"as": "accepted", "note": "x", "actor": "me"}', JSON, 422, "actor"),
-        ("wrong resolve type", "POST", "/v1/steps/1/resolve", b'{"as": "accepted", "note": 5, "dry_run": "yes"}', JSON, 422, "note"),
+        (
+            "unknown resolve field",
+            "POST",
+            "/v1/steps/1/resolve",
+            b'{"as": "accepted", "note": "x", "actor": "me"}',
+            JSON,
+            422,
+            "actor",
+        ),
+        (
+            "wrong resolve type",
+            "POST",
+            "/v1/steps/1/resolve",
+            b'{"as": "accepted", "note": 5, "dry_run": "yes"}',
+            JSON,
+            422,
+            "note",
+        ),
         ("bad dry_run", "POST", "/v1/steps?dry_run=perhaps", b"{}", JSON, 422, "dry_run"),
         ("bad path id", "GET", "/v1/steps/abc", None, {}, 422, "step_id"),
         ("negative path id", "GET", "/v1/steps/-1", None, {}, 422, "step_id"),
@@ -229,8 +279,12 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(api, keys):
             yield b"x" * 1024
         yield b'"}'
 
-    answer = httpx.post(api.url + "/v1/steps", content=chunks(), timeout=30,
-                        headers={"Authorization": f"Bearer {keys['admin']}", **JSON})
+    answer = httpx.post(
+        api.url + "/v1/steps",
+        content=chunks(),
+        timeout=30,
+        headers={"Authorization": f"Bearer {keys['admin']}", **JSON},
+    )
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "E_INVALID_ARG"
 
 
@@ -249,8 +303,13 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
     anonymous = httpx.get(api.url + "/openapi.json")
     assert anonymous.status_code == 401 and checked(anonymous)["error"]["code"] == "E_AUTH_FAILED"
     doc = api.client(keys["agent"]).get("/openapi.json").json()
-    assert set(doc["paths"]) == {"/v1/steps", "/v1/steps/{step_id}", "/v1/runs/{run_id}", "/v1/steps/{step_id}/resolve",
-                                 "/v1/steps/resolve"}
+    assert set(doc["paths"]) == {
+        "/v1/steps",
+        "/v1/steps/{step_id}",
+        "/v1/runs/{run_id}",
+        "/v1/steps/{step_id}/resolve",
+        "/v1/steps/resolve",
+    }
     assert doc["paths"]["/v1/steps"]["post"]["security"] == [{"bearer": []}]
     created = doc["paths"]["/v1/steps"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
     assert created == {"$ref": "#/components/schemas/enqueue_response"}
@@ -269,13 +328,18 @@ def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):
     from fastapi.routing import APIRoute
 
     [step] = make_unknown(db_url)
+
     def flat(routes):  # an included router is one entry holding its own routes
         for route in routes:
             inner = getattr(route, "original_router", None)
             yield from flat(inner.routes) if inner is not None else [route]
 
-    routes = [(method, route.path) for route in flat(api.server.config.app.app.routes) if isinstance(route, APIRoute)
-              for method in sorted(route.methods)]
+    routes = [
+        (method, route.path)
+        for route in flat(api.server.config.app.app.routes)
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods)
+    ]
     assert ("POST", "/v1/steps/resolve") in routes and ("POST", "/ops/unknown/close") in routes
     anonymous = api.client(follow_redirects=False)
     for method, path in routes:
@@ -310,8 +374,9 @@ def test_a_read_only_database_is_a_clear_503_and_nothing_is_written(db_url, keys
     try:
         with serving(db_url) as api:
             refused = api.client(keys["agent"]).post("/v1/steps", json=request())
-            closed = api.client(keys["operator"]).post(f"/v1/steps/{step.id}/resolve",
-                                                       json={"as": "accepted", "note": "seen"})
+            closed = api.client(keys["operator"]).post(
+                f"/v1/steps/{step.id}/resolve", json={"as": "accepted", "note": "seen"}
+            )
             listed = api.client(keys["agent"]).get("/v1/steps")
     finally:
         read_only(db_url, False)

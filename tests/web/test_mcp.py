@@ -61,7 +61,9 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     listed = tools["evq_steps_list"].input_schema["properties"]
     assert listed["limit"]["maximum"] == 1000 and listed["older_than"]["description"].startswith("Only rows older")
     assert tools["evq_runs_get"].input_schema["required"] == ["run_id"]
-    assert tools["evq_steps_get"].input_schema["properties"] == {"id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}
+    assert tools["evq_steps_get"].input_schema["properties"] == {
+        "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+    }
     assert tools["evq_steps_get"].annotations.read_only_hint is True
     assert tools["evq_email_send"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
 
@@ -102,8 +104,12 @@ async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
 )
 async def test_a_refused_call_is_an_error_result_with_the_contract_code(db_url, tool, arguments, code, field):
     admin = await key(db_url, "root", "admin", created_by=None)
-    command = {"evq_email_send": "enqueue", "evq_steps_get": "steps.show", "evq_steps_list": "steps.list",
-               "evq_runs_get": "runs.show"}[tool]
+    command = {
+        "evq_email_send": "enqueue",
+        "evq_steps_get": "steps.show",
+        "evq_steps_list": "steps.list",
+        "evq_runs_get": "runs.show",
+    }[tool]
     async with client(db_url, admin) as c:
         body = await call(c, tool, arguments, command)
     assert body["status"] == "error" and body["error"]["code"] == code

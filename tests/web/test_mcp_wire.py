@@ -21,9 +21,16 @@ from tests.support import request, rows, spawn
 class Wire:
     def __init__(self, db_url: str, key: str, **extra_env: str):
         env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json", **extra_env}
-        self.proc = spawn([sys.executable, "-m", "ops.cli", "mcp"], env=env, stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                          start_new_session=True)
+        self.proc = spawn(
+            [sys.executable, "-m", "ops.cli", "mcp"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         self.err: list[str] = []
         self._drain = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
         self._drain.start()
@@ -40,8 +47,10 @@ class Wire:
 
     def call(self, rid: int, name: str, arguments_json: str) -> dict[str, Any]:
         # Raw text, not json.dumps: the arguments go on the wire exactly as the test wrote them.
-        self.send(f'{{"jsonrpc": "2.0", "id": {rid:d}, "method": "tools/call", '
-                  f'"params": {{"name": "{name}", "arguments": {arguments_json}}}}}')
+        self.send(
+            f'{{"jsonrpc": "2.0", "id": {rid:d}, "method": "tools/call", '
+            f'"params": {{"name": "{name}", "arguments": {arguments_json}}}}}'
+        )
         return self.answer()
 
     def close(self) -> None:
@@ -60,8 +69,20 @@ class Wire:
 def initialized(db_url: str, **extra_env: str) -> Wire:
     w = Wire(db_url, make_key(db_url, "bot", "agent", created_by=None), **extra_env)
     try:
-        w.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}))
+        w.send(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "1"},
+                    },
+                }
+            )
+        )
         assert w.answer()["id"] == 0
         w.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
     except BaseException:
@@ -84,7 +105,7 @@ def test_a_line_that_is_not_json_gets_a_parse_error_and_the_server_keeps_going(w
         wire.send(bad)
         answer = wire.answer()
         assert answer["id"] is None and answer["error"]["code"] == -32700, answer
-    wire.send('[1, 2, 3]')  # JSON, but no JSON-RPC message
+    wire.send("[1, 2, 3]")  # JSON, but no JSON-RPC message
     answer = wire.answer()
     assert answer["id"] is None and answer["error"]["code"] == -32600, answer
     wire.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}))

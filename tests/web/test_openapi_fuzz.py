@@ -12,13 +12,15 @@ from tests.acceptance.conftest import make_key
 from tests.support import unknown_steps, with_store
 from tests.web.support import serving
 
-CHECKS = ",".join((
-    "not_a_server_error",
-    "status_code_conformance",
-    "content_type_conformance",
-    "response_schema_conformance",
-    "response_headers_conformance",
-))
+CHECKS = ",".join(
+    (
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "response_headers_conformance",
+    )
+)
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(db_url, tmp_path):
@@ -31,12 +33,28 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(db_url, t
     )
     with serving(db_url) as api:
         done = subprocess.run(
-            [sys.executable, "-m", "schemathesis.cli", "run", f"{api.url}/openapi.json",
-             "--header", f"Authorization: Bearer {key}", "--checks", CHECKS,
-             # Bounded so the suite stays quick; the seed keeps CI repeatable (EVQ_FUZZ_SEED for another).
-             "--max-examples", "25", "--seed", os.environ.get("EVQ_FUZZ_SEED", "1"),
-             "--report-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "schemathesis.cli",
+                "run",
+                f"{api.url}/openapi.json",
+                "--header",
+                f"Authorization: Bearer {key}",
+                "--checks",
+                CHECKS,
+                # Bounded so the suite stays quick; the seed keeps CI repeatable (EVQ_FUZZ_SEED for another).
+                "--max-examples",
+                "25",
+                "--seed",
+                os.environ.get("EVQ_FUZZ_SEED", "1"),
+                "--report-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
         )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "Tested: 6" in done.stdout or "Selected: 6/6" in done.stdout, done.stdout[-3000:]

@@ -40,9 +40,18 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
     options = Options()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_page_load_timeout(30)
@@ -92,7 +101,6 @@ def fill_verdict(form, verdict: str, note: str, **extra: str) -> None:
         form.find_element(By.NAME, name).send_keys(value)
 
 
-
 def click_and_load(driver, element) -> None:
     """Click something that loads a new page, and wait until it has: reading the page right
     after a click may otherwise still see the old one (a slow, loaded machine makes that likely)."""
@@ -103,6 +111,7 @@ def click_and_load(driver, element) -> None:
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
     WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+
 
 def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail(server, browser, db_url):
     from selenium.webdriver.common.by import By
@@ -125,7 +134,8 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
     driver.get(server + "/ops/unknown")
     table = driver.find_element(By.ID, "unknown-rows")
     assert [r.get_attribute("data-step") for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")] == [
-        str(s.id) for s in (invoice, other, *bulk)]
+        str(s.id) for s in (invoice, other, *bulk)
+    ]
     row = table.find_element(By.CSS_SELECTOR, f'tr[data-step="{invoice.id}"]')
     # Attacker-controlled text is shown as text: no script ran, no element was made of it.
     assert XSS in row.find_element(By.CSS_SELECTOR, "td.subject").text
@@ -155,8 +165,13 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
     assert driver.find_element(By.ID, "subject").text == XSS and driver.title.startswith(f"Step {invoice.id}")
     shot(driver, "06-step")
     form = driver.find_element(By.ID, "close-form")
-    fill_verdict(form, "accepted", "found in the provider log", reason="found_in_provider_log",
-                 evidence_url="https://logs.example/q-1")
+    fill_verdict(
+        form,
+        "accepted",
+        "found in the provider log",
+        reason="found_in_provider_log",
+        evidence_url="https://logs.example/q-1",
+    )
     click_and_load(driver, driver.find_element(By.ID, "close"))
     assert "run_id=run-x" in driver.current_url and f"closed={invoice.id}" in driver.current_url
     assert driver.find_element(By.ID, "none").text == "No unknown rows match."
@@ -170,8 +185,12 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
 
     # Someone else closes a row while it is open here: the conflict is shown, not swallowed.
     driver.get(server + f"/ops/steps/{other.id}")
-    with_store(db_url, lambda store: store.resolve(other.id, Resolution.parse("rejected", "bob was first"),
-                                                   actor="bob", default_max_attempts=5))
+    with_store(
+        db_url,
+        lambda store: store.resolve(
+            other.id, Resolution.parse("rejected", "bob was first"), actor="bob", default_max_attempts=5
+        ),
+    )
     fill_verdict(driver.find_element(By.ID, "close-form"), "accepted", "mine")
     click_and_load(driver, driver.find_element(By.ID, "close"))
     error = driver.find_element(By.ID, "error").text
@@ -220,7 +239,9 @@ def test_session_cookie_csrf_and_revocation(server, db_url):
         login = web.get("/ops/login")
         assert "default-src 'none'" in login.headers["content-security-policy"]
         cookie = login.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict") and "Path=/ops" in cookie
+        assert (
+            "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict") and "Path=/ops" in cookie
+        )
 
         wrong = web.post("/ops/login", data={"csrf": _csrf(login.text), "key": alice + "x"})
         assert wrong.status_code == 401 and "E_AUTH_FAILED" in wrong.text and alice not in wrong.text
@@ -260,9 +281,13 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
 
     steps = unknown(db_url, 2, hours_ago=1)
     close = {"verdict": "rejected", "note": "forged"}
-    posts = {"/ops/login": {"key": make_key(db_url, "alice", "operator")}, "/ops/logout": {},
-             f"/ops/steps/{steps[0].id}/close": close, "/ops/unknown/preview": close,
-             "/ops/unknown/close": {**close, "ids": ",".join(str(s.id) for s in steps)}}
+    posts = {
+        "/ops/login": {"key": make_key(db_url, "alice", "operator")},
+        "/ops/logout": {},
+        f"/ops/steps/{steps[0].id}/close": close,
+        "/ops/unknown/preview": close,
+        "/ops/unknown/close": {**close, "ids": ",".join(str(s.id) for s in steps)},
+    }
     forms = {route.path for route in page.router.routes if "POST" in route.methods}
     assert {re.sub(r"\{step_id\}", str(steps[0].id), f) for f in forms} == set(posts)
     with httpx.Client(base_url=server, timeout=30) as web:
@@ -299,15 +324,22 @@ def test_a_bulk_close_shows_the_rows_someone_else_closed_first(server, db_url):
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, make_key(db_url, "alice", "operator"))
         token = _csrf(web.get("/ops/unknown?run_id=run-b").text)
-        preview = web.post("/ops/unknown/preview", data={"csrf": token, "run_id": "run-b", "verdict": "rejected",
-                                                         "note": "outage"})
+        preview = web.post(
+            "/ops/unknown/preview", data={"csrf": token, "run_id": "run-b", "verdict": "rejected", "note": "outage"}
+        )
         assert preview.status_code == 200 and re.search(r"<strong>2</strong> unknown rows would become", preview.text)
         ids = re.search(r'name="ids" value="([^"]+)"', preview.text)[1]
         assert ids == f"{first.id},{second.id}"
-        with_store(db_url, lambda store: store.resolve(first.id, Resolution.parse("accepted", "bob was first"),
-                                                       actor="bob", default_max_attempts=5))
-        done = web.post("/ops/unknown/close", data={"csrf": token, "ids": ids, "run_id": "run-b",
-                                                     "verdict": "rejected", "note": "outage"})
+        with_store(
+            db_url,
+            lambda store: store.resolve(
+                first.id, Resolution.parse("accepted", "bob was first"), actor="bob", default_max_attempts=5
+            ),
+        )
+        done = web.post(
+            "/ops/unknown/close",
+            data={"csrf": token, "ids": ids, "run_id": "run-b", "verdict": "rejected", "note": "outage"},
+        )
     assert done.status_code == 200 and "Bulk close: 1 closed, 1 failed" in done.text
     conflict = re.search(rf'<tr class="failed"><td><a href="/ops/steps/{first.id}">.*?</tr>', done.text, flags=re.S)
     assert conflict and "E_CONFLICT" in conflict[0], done.text[-3000:]
@@ -329,20 +361,39 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
     answers = re.findall(r'<tr data-step="\d+">.*?</tr>', listed, flags=re.S)
     assert len(answers) == 2 and all("connection lost after the final dot" in a for a in answers)
     counts = re.search(r'<table class="counts" id="counts">.*?</table>', html, flags=re.S)[0]
-    shown = dict(zip(re.findall(r"<th>(\w+)</th>", counts), re.findall(r'<td class="status-\w+">(\d+)</td>', counts), strict=True))
-    assert shown == {"pending": "1", "in_flight": "0", "retryable": "0", "unknown": "2", "accepted": "0",
-                     "rejected": "0"}
+    shown = dict(
+        zip(
+            re.findall(r"<th>(\w+)</th>", counts), re.findall(r'<td class="status-\w+">(\d+)</td>', counts), strict=True
+        )
+    )
+    assert shown == {
+        "pending": "1",
+        "in_flight": "0",
+        "retryable": "0",
+        "unknown": "2",
+        "accepted": "0",
+        "rejected": "0",
+    }
     oldest_shown = re.search(r'<dd id="oldest-unknown">(.*?)</dd>', html, flags=re.S)[1]
     assert f"step {oldest.id}</a>, waiting 3h0" in oldest_shown
     assert re.search(r'<dd id="queue-lag">2h0\dm ', html)
 
 
 def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in_time_order(server, db_url):
-    decision = {"model": "m-7", "tool": "send_email", "prompt_version": "p-3", "instruction_version": "v2",
-                "rationale": "asked"}
+    decision = {
+        "model": "m-7",
+        "tool": "send_email",
+        "prompt_version": "p-3",
+        "instruction_version": "v2",
+        "rationale": "asked",
+    }
     [step] = unknown(db_url, hours_ago=1, run_id="run-t", intent="remind <b>bob</b>", decision=decision)
-    with_store(db_url, lambda store: store.resolve(step.id, Resolution.parse("accepted", "in the provider log"),
-                                                   actor="alice", default_max_attempts=5))
+    with_store(
+        db_url,
+        lambda store: store.resolve(
+            step.id, Resolution.parse("accepted", "in the provider log"), actor="alice", default_max_attempts=5
+        ),
+    )
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, make_key(db_url, "bot", "agent"))
         html = web.get("/ops/runs/run-t").text
@@ -360,11 +411,19 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
 def test_the_overview_says_which_provider_evq_stopped_sending_to_and_why(server, db_url):
     """An open circuit (written as a worker writes it) is on the overview with its reason and the
     provider's own words, escaped; a closed one is not."""
+
     async def open_it(store):
-        await store.circuit_trip(provider="smtp", reason="auth_failed", actor="w1", probe_base=60, probe_max=600,
-                                 detail="smtp authentication failed (535) " + XSS)
-        await store.circuit_trip(provider="http", reason="connection_refused", detail="refused", actor="w1",
-                                 probe_base=60, probe_max=600)
+        await store.circuit_trip(
+            provider="smtp",
+            reason="auth_failed",
+            actor="w1",
+            probe_base=60,
+            probe_max=600,
+            detail="smtp authentication failed (535) " + XSS,
+        )
+        await store.circuit_trip(
+            provider="http", reason="connection_refused", detail="refused", actor="w1", probe_base=60, probe_max=600
+        )
         await store.circuit_close(provider="http", reason="probe_succeeded", detail="back", actor="w1")
 
     with_store(db_url, open_it)

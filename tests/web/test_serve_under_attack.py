@@ -37,8 +37,9 @@ def evq_serve(db_url: str, *, nofile: int | None = None, **env: str) -> Iterator
 
 def from_address(url: str, address: str, key: str | None = None, *, timeout: float = 60) -> httpx.Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=timeout,
-                        transport=httpx.HTTPTransport(local_address=address))
+    return httpx.Client(
+        base_url=url, headers=headers, timeout=timeout, transport=httpx.HTTPTransport(local_address=address)
+    )
 
 
 def latencies(client: httpx.Client, path: str, n: int, statuses: list[int] | None = None) -> list[float]:
@@ -139,8 +140,10 @@ def test_a_flood_of_wrong_keys_leaves_a_legitimate_requests_latency_alone(db_url
             flooded = statistics.median(latencies(legit, "/v1/steps?limit=1", 7, statuses))
         legit.close()
     rate = flood.sent / flood.elapsed
-    print(f"\nlegitimate p50: {quiet * 1000:.1f} ms quiet, {flooded * 1000:.1f} ms under {rate:.1f} wrong keys/s "
-          f"(its answers {statuses}; {flood.refused} of {flood.sent} wrong keys answered 401 meanwhile)")
+    print(
+        f"\nlegitimate p50: {quiet * 1000:.1f} ms quiet, {flooded * 1000:.1f} ms under {rate:.1f} wrong keys/s "
+        f"(its answers {statuses}; {flood.refused} of {flood.sent} wrong keys answered 401 meanwhile)"
+    )
     assert statuses == [200] * 7 and flooded < 5 * quiet + 0.25, (quiet, flooded, rate, statuses)
     assert rate >= 14 and flood.refused >= 0.8 * flood.sent, (rate, flood.refused, flood.sent)
 
@@ -198,9 +201,13 @@ def test_a_forged_x_forwarded_for_does_not_reset_the_count(db_url):
     good = make_key(db_url, "bot", "agent", created_by=None)
     with evq_serve(db_url, EVQ_SERVE_AUTH_FAILURES="5", EVQ_SERVE_AUTH_WINDOW="60") as url:
         with from_address(url, "127.0.0.1") as attacker:
-            answers = [attacker.get("/v1/steps", headers={"Authorization": f"Bearer {wrong_key(good)}",
-                                                          "X-Forwarded-For": f"203.0.113.{n}"}).status_code
-                       for n in range(1, 9)]
+            answers = [
+                attacker.get(
+                    "/v1/steps",
+                    headers={"Authorization": f"Bearer {wrong_key(good)}", "X-Forwarded-For": f"203.0.113.{n}"},
+                ).status_code
+                for n in range(1, 9)
+            ]
         assert answers == [401] * 5 + [429] * 3, answers
         # The address the server counted is the socket's, so another address is still served.
         with from_address(url, ATTACKER, good) as other:
@@ -230,8 +237,11 @@ def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_fi
     salt = os.urandom(16)
     digest = hashlib.scrypt(key.secret.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
     legacy = f"scrypt${2**14}$8$1${salt.hex()}${digest.hex()}"  # as evq stored keys before 0010_key_hmac
-    execute(empty_db_url, "INSERT INTO api_keys (name, role, key_id, secret_hash) VALUES ('old', 'operator', %s, %s)",
-            (key.key_id, legacy))
+    execute(
+        empty_db_url,
+        "INSERT INTO api_keys (name, role, key_id, secret_hash) VALUES ('old', 'operator', %s, %s)",
+        (key.key_id, legacy),
+    )
     upgrade(empty_db_url)
     with serving(empty_db_url) as api:
         assert api.client(key.text).get("/v1/steps").status_code == 200
@@ -319,8 +329,14 @@ def test_run_ids_with_dot_segments_are_reachable_on_the_page_and_over_http(db_ur
             # The raw request target, as a client that does not normalise sends it.
             raw = "/v1/runs/" + "".join(f"%{b:02X}" for b in run_id.encode())
             with httpx.Client(base_url=api.url, timeout=30) as plain:
-                answer = plain.send(plain.build_request("GET", api.url, headers={"Authorization": f"Bearer {agent}"},
-                                                        extensions={"target": raw.encode()}))
+                answer = plain.send(
+                    plain.build_request(
+                        "GET",
+                        api.url,
+                        headers={"Authorization": f"Bearer {agent}"},
+                        extensions={"target": raw.encode()},
+                    )
+                )
             assert answer.status_code == 200 and answer.json()["data"]["run_id"] == run_id, (run_id, answer.text[:200])
 
 
@@ -386,8 +402,10 @@ def test_a_client_trickling_its_body_gets_408_and_is_closed(db_url):
     agent = make_key(db_url, "bot", "agent", created_by=None)
     with evq_serve(db_url, EVQ_SERVE_BODY_TIMEOUT="1") as url:
         sock = _connect(url, ATTACKER)
-        head = (f"POST /v1/steps HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent}\r\n"
-                "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n").encode()
+        head = (
+            f"POST /v1/steps HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {agent}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+        ).encode()
         sock.sendall(head)
         got = _trickled_answer(url, sock, b'{"run_id": "' + b"r" * 380)
         assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
@@ -450,10 +468,13 @@ def test_the_runtime_role_reads_the_pepper_and_cannot_change_it(roles):
     with psycopg.connect(roles.app_url, autocommit=True) as conn:
         [(pepper,)] = conn.execute("SELECT pepper FROM api_key_pepper").fetchall()
         assert len(pepper) >= 32
-        for statement in ("UPDATE api_key_pepper SET pepper = '\\x00'::bytea",
-                          "DELETE FROM api_key_pepper", "TRUNCATE api_key_pepper",
-                          "INSERT INTO api_key_pepper (id, pepper) VALUES (2, '\\x00'::bytea)",
-                          "DROP TABLE api_key_pepper"):
+        for statement in (
+            "UPDATE api_key_pepper SET pepper = '\\x00'::bytea",
+            "DELETE FROM api_key_pepper",
+            "TRUNCATE api_key_pepper",
+            "INSERT INTO api_key_pepper (id, pepper) VALUES (2, '\\x00'::bytea)",
+            "DROP TABLE api_key_pepper",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     assert rows(roles.admin_url, "SELECT pepper FROM api_key_pepper") == [{"pepper": pepper}]
