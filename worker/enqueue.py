@@ -14,7 +14,7 @@ from typing import Any
 from worker import metrics
 from worker.errors import IdempotencyConflict, InvalidRequest
 from worker.records import EnqueueResult
-from worker.request import Policy, ValidRequest, ascii_domain, parse
+from worker.request import REQUEST_FIELDS, Policy, ValidRequest, ascii_domain, parse
 from worker.states import Status
 
 
@@ -34,28 +34,8 @@ def _reason(field: str) -> str:
     return root if root in _REASONS else "unknown_field"
 
 
-_REASONS = frozenset(
-    (
-        "run_id",
-        "step_id",
-        "to",
-        "cc",
-        "bcc",
-        "from",
-        "reply_to",
-        "subject",
-        "text",
-        "html",
-        "headers",
-        "intent",
-        "decision",
-        "notify",
-        "idempotency_key",
-        "provider",
-        "max_attempts",
-        "$",
-    )
-)
+# The metric's reason label: a request field, or "$" for the request as a whole.
+_REASONS = frozenset((*REQUEST_FIELDS, "$"))
 
 
 def new_message_id(request: ValidRequest) -> str:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
-
 import pytest
 
+from tests.unit.test_transitions import step as claimed
 from worker.backoff import Backoff
 from worker.circuit import CONSECUTIVE_FAILURES, FAULTS, CircuitBook, CircuitConfig, CircuitState, circuit_faults
 from worker.errors import ConfigError
@@ -109,24 +107,7 @@ def test_settings():
 
 
 def step(attempt=1, uncharged=0, budget_age=0.0, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
-    return ClaimedStep(
-        id=1,
-        run_id="r",
-        step_id="s",
-        idempotency_key="r:s",
-        message_id="<m@x>",
-        provider="smtp",
-        payload={},
-        attempt=attempt,
-        max_attempts=max_attempts,
-        lease_token=uuid.uuid4(),
-        lease_seconds=60,
-        dedupe_remaining=None,
-        maybe_delivered=maybe_delivered,
-        created_at=datetime.now(UTC),
-        uncharged_attempts=uncharged,
-        budget_age=budget_age,
-    )
+    return claimed(attempt, max_attempts, maybe_delivered, uncharged_attempts=uncharged, budget_age=budget_age)
 
 
 def go(s, outcome, *, charged=True, retry_for=3600.0):

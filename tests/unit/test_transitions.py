@@ -14,7 +14,8 @@ from worker.states import TRANSITIONS, Reason, Status
 from worker.transitions import decide
 
 
-def step(attempt=1, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
+def step(attempt=1, max_attempts=None, maybe_delivered=False, **fields) -> ClaimedStep:
+    """A claimed step as the claim statement returns it; ``fields`` set the rest (uncharged_attempts, ...)."""
     return ClaimedStep(
         id=1,
         run_id="r",
@@ -30,6 +31,7 @@ def step(attempt=1, max_attempts=None, maybe_delivered=False) -> ClaimedStep:
         dedupe_remaining=None,
         maybe_delivered=maybe_delivered,
         created_at=datetime.now(UTC),
+        **fields,
     )
 
 
