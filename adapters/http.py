@@ -47,12 +47,12 @@ from typing import Any
 
 import httpx
 
-from worker import deadline as limits
-from worker.logs import get_logger, register_secrets
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
-from worker.ports import LookupFailed, LookupResult, SendRequest
-from worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
-from worker.scrub import scrub_text
+from evq.worker import deadline as limits
+from evq.worker.logs import get_logger, register_secrets
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
+from evq.worker.ports import LookupFailed, LookupResult, SendRequest
+from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
+from evq.worker.scrub import scrub_text
 
 log = get_logger("evq.adapters.http")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.outcomes import Accepted, Outcome
-from worker.ports import SendRequest
+from evq.worker.outcomes import Accepted, Outcome
+from evq.worker.ports import SendRequest
 
 
 class NullProvider:

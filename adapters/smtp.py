@@ -42,11 +42,11 @@ from typing import Any
 
 from email_validator import EmailNotValidError
 
-from worker import deadline as limits
-from worker.logs import get_logger, register_secrets
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
-from worker.ports import SendRequest
-from worker.request import ALLOWED_HEADERS, Policy, check_payload, validate_address
+from evq.worker import deadline as limits
+from evq.worker.logs import get_logger, register_secrets
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
+from evq.worker.ports import SendRequest
+from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, validate_address
 
 log = get_logger("evq.adapters.smtp")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from adapters.postgres.schema import metadata
+from evq.adapters.postgres.schema import metadata
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")

@@ -10,10 +10,10 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from adapters.postgres.conninfo import passwords
-from worker.errors import ConfigError
-from worker.logs import configure, get_logger, register_secrets
-from worker.settings import OPTION_BY_NAME, Settings
+from evq.adapters.postgres.conninfo import passwords
+from evq.worker.errors import ConfigError
+from evq.worker.logs import configure, get_logger, register_secrets
+from evq.worker.settings import OPTION_BY_NAME, Settings
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
 # the worker, the providers and /metrics (psycopg, psycopg_pool, prometheus_client, the core's
@@ -21,11 +21,11 @@ from worker.settings import OPTION_BY_NAME, Settings
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from adapters.postgres.store import PostgresStore
-    from ops.metrics import MetricsServer
-    from ops.web.state import AppState
-    from worker.ports import Provider
-    from worker.runner import Worker
+    from evq.adapters.postgres.store import PostgresStore
+    from evq.ops.app.metrics import MetricsServer
+    from evq.ops.web.state import AppState
+    from evq.worker.ports import Provider
+    from evq.worker.runner import Worker
 
 log = get_logger("evq.wiring")
 
@@ -38,14 +38,14 @@ def setup_logging(settings: Settings) -> None:
 
 
 def database_url(settings: Settings) -> str:
-    from adapters.postgres.database import resolve_url
+    from evq.adapters.postgres.database import resolve_url
 
     return resolve_url(settings.database_url, settings.data_dir)
 
 
 def check_at_head(url: str) -> None:
     """E_SCHEMA_MISMATCH unless the database is at this evq's head revision."""
-    from adapters.postgres.database import check_at_head as at_head
+    from evq.adapters.postgres.database import check_at_head as at_head
 
     at_head(url)
 
@@ -54,7 +54,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
     providers: dict[str, Provider] = {}
     for name in settings.adapter:
         if name == "smtp":
-            from adapters.smtp import SmtpProvider, tls_context
+            from evq.adapters.smtp import SmtpProvider, tls_context
 
             providers[name] = SmtpProvider(
                 host=settings.smtp_host,
@@ -70,7 +70,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 allow_plain_auth=settings.smtp_allow_plain_auth,
             )
         elif name == "http":
-            from adapters.http import HttpProvider
+            from evq.adapters.http import HttpProvider
 
             assert settings.http_api_key  # Settings.validate insists
             providers[name] = HttpProvider(
@@ -82,7 +82,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 max_connections=settings.concurrency,
             )
         elif name == "null":
-            from adapters.null import NullProvider
+            from evq.adapters.null import NullProvider
 
             providers[name] = NullProvider(delay=settings.null_delay)
     return providers
@@ -94,7 +94,7 @@ async def resolve_pooler(settings: Settings, url: str) -> Settings:
     leave prepared statements and LISTEN on behind a pooler that cannot keep them."""
     if settings.pooler != "auto":
         return settings
-    from adapters.postgres.pooler import probe
+    from evq.adapters.postgres.pooler import probe
 
     found = await probe(url)
     if not found.pooled:
@@ -124,7 +124,7 @@ async def open_store(
     database's address, rather than waiting 15 s to say so; the long-running processes (the
     worker, `evq serve`, `evq mcp`) pass ``patient=True`` and wait for a database that is
     restarting, as they keep reconnecting to one that goes away while they run."""
-    from adapters.postgres.store import PostgresStore
+    from evq.adapters.postgres.store import PostgresStore
 
     url = url or database_url(settings)
     settings = await resolve_pooler(settings, url)
@@ -150,8 +150,8 @@ def metrics_registry(settings: Settings, url: str) -> Iterator[CollectorRegistry
     The queue gauges come from the database at scrape time unless EVQ_METRICS_QUEUE=off;
     every process that exports them reports the same numbers, so a second one is harmless.
     """
-    from adapters.postgres.queue_stats import QueueStatsReader
-    from ops.metrics import QueueCollector, build_registry
+    from evq.adapters.postgres.queue_stats import QueueStatsReader
+    from evq.ops.app.metrics import QueueCollector, build_registry
 
     reader = QueueStatsReader(url) if settings.metrics_queue == "on" else None
     try:
@@ -167,7 +167,7 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
     if settings.metrics_port is None:
         yield None
         return
-    from ops.metrics import MetricsServer, wsgi_app
+    from evq.ops.app.metrics import MetricsServer, wsgi_app
 
     with metrics_registry(settings, url) as registry:
         try:
@@ -190,11 +190,11 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
-    from adapters.postgres.queue_stats import QueueStatsReader
-    from ops.throttle import FailureThrottle
-    from ops.web.session import Sessions
-    from ops.web.state import AppState
-    from worker.metrics import UNKNOWN_AGE_BUCKETS
+    from evq.adapters.postgres.queue_stats import QueueStatsReader
+    from evq.ops.web.session import Sessions
+    from evq.ops.web.state import AppState
+    from evq.ops.web.throttle import FailureThrottle
+    from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
     url = url or database_url(settings)
     check_at_head(url)
@@ -216,7 +216,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
 
 def serve_app(settings: Settings, *, url: str | None = None) -> Any:
     """The ASGI app of `evq serve` (HTTP API, ops page, /metrics, /healthz)."""
-    from ops.web.app import create_app
+    from evq.ops.web.app import create_app
 
     return create_app(lambda: serve_state(settings, url=url), max_body=settings.serve_max_body)
 
@@ -225,8 +225,8 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
     """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
-    from adapters.postgres.listen import PostgresWakeup
-    from worker.runner import Worker
+    from evq.adapters.postgres.listen import PostgresWakeup
+    from evq.worker.runner import Worker
 
     url = url or database_url(settings)
     check_at_head(url)

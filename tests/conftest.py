@@ -27,7 +27,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting tests does not load the store
-    from adapters.postgres.store import PostgresStore
+    from evq.adapters.postgres.store import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +128,7 @@ def template_db(pg_server: str) -> Iterator[str]:
     server (other checkouts, other migrations) never share, lock or drop each other's template;
     migrating costs under a second, so there is nothing worth caching across runs. Only a
     session killed outright (SIGKILL) leaves its ``evq_tpl_*``/``evq_t_*`` databases behind."""
-    from adapters.postgres.database import upgrade
+    from evq.adapters.postgres.database import upgrade
 
     name = f"evq_tpl_{os.getpid()}_{secrets.token_hex(4)}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
@@ -168,7 +168,7 @@ def empty_db_url(pg_server: str) -> Iterator[str]:
 
 @pytest.fixture
 async def store(db_url: str) -> AsyncIterator[PostgresStore]:
-    from adapters.postgres.store import PostgresStore
+    from evq.adapters.postgres.store import PostgresStore
 
     s = await PostgresStore.open(db_url, max_size=4)
     try:

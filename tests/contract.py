@@ -32,7 +32,7 @@ def validator(path: str) -> Draft202012Validator:
 
 def command_path(args: tuple[str, ...]) -> str:
     """The command an argument list runs: ``("steps", "show", "7")`` -> ``steps.show``."""
-    from ops.cli import cli
+    from evq.ops.cli import cli
 
     cmd: click.Command = cli
     parts: list[str] = []

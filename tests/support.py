@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from worker.request import Policy, ValidRequest, parse
+from evq.worker.request import Policy, ValidRequest, parse
 
 _seq = itertools.count(1)
 POLICY = Policy(providers=("smtp", "http", "null"), default_provider="smtp")
@@ -78,7 +78,7 @@ class ScriptedProvider:
     async def send(self, request):
         import asyncio
 
-        from worker.outcomes import Accepted
+        from evq.worker.outcomes import Accepted
 
         self.calls.append(request)
         self.in_send += 1
@@ -165,9 +165,9 @@ def wait_until(predicate, timeout: float = 20, what: str = "condition", interval
 
 async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides: Any) -> list[Any]:
     """``n`` steps taken to ``unknown`` the way the worker does it: enqueue, claim, an ambiguous answer."""
-    from worker.backoff import Backoff
-    from worker.outcomes import Unknown
-    from worker.transitions import decide
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Unknown
+    from evq.worker.transitions import decide
 
     made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
     claimed = await store.claim(
@@ -205,7 +205,7 @@ def with_store(url: str, use: Any) -> Any:
     """Run ``await use(store)`` on a store of its own, from synchronous code (acceptance tests)."""
     import asyncio
 
-    from adapters.postgres.store import PostgresStore
+    from evq.adapters.postgres.store import PostgresStore
 
     async def go() -> Any:
         store = await PostgresStore.open(url, max_size=1)
@@ -294,7 +294,7 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
     try:
         with os.fdopen(fd, "w") as stderr:
             proc = spawn(
-                [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "evq.ops.cli", "serve", "--port", str(port)],
                 env=environ,
                 stdout=stderr,
                 stderr=subprocess.STDOUT,

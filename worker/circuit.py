@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from worker.outcomes import Outcome, Rejected, Retryable
+from evq.worker.outcomes import Outcome, Rejected, Retryable
 
 # The provider-level faults adapters report (worker/outcomes.py, Retryable.fault).
 FAULTS: tuple[str, ...] = (

@@ -11,11 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from worker import metrics
-from worker.errors import IdempotencyConflict, InvalidRequest
-from worker.records import EnqueueResult
-from worker.request import REQUEST_FIELDS, Policy, ValidRequest, ascii_domain, parse
-from worker.states import Status
+from evq.worker import metrics
+from evq.worker.errors import IdempotencyConflict, InvalidRequest
+from evq.worker.records import EnqueueResult
+from evq.worker.request import REQUEST_FIELDS, Policy, ValidRequest, ascii_domain, parse
+from evq.worker.states import Status
 
 
 def validate(request: Mapping[str, Any] | ValidRequest, policy: Policy) -> ValidRequest:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from worker import metrics
-from worker.logs import get_logger
-from worker.outcomes import Accepted, Outcome, Unknown, refused_recipients
-from worker.ports import Provider, SendRequest
-from worker.scrub import scrub_record
+from evq.worker import metrics
+from evq.worker.logs import get_logger
+from evq.worker.outcomes import Accepted, Outcome, Unknown, refused_recipients
+from evq.worker.ports import Provider, SendRequest
+from evq.worker.scrub import scrub_record
 
 log = get_logger("evq.executor")
 

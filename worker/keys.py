@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
-from worker.logs import get_logger
+from evq.worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.keys")
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import structlog
 
-from worker import scrub as _scrub
-from worker.scrub import REDACTED  # noqa: F401  (re-exported)
+from evq.worker import scrub as _scrub
+from evq.worker.scrub import REDACTED  # noqa: F401  (re-exported)
 
 
 def register_secrets(values: Iterable[str | None]) -> None:

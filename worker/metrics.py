@@ -3,7 +3,7 @@ one place to read what is measured). Labels come only from the small fixed sets
 named here; never an id, an address or a key.
 
 Database-derived gauges (rows per status, age of the oldest unknown row) are read
-at scrape time by ops/metrics.py, not counted here; their bucket bounds live here
+at scrape time by ops/app/metrics.py, not counted here; their bucket bounds live here
 so that every number about unknown rows is defined in one file.
 """
 
@@ -31,7 +31,7 @@ RESOLUTIONS_AS = ("accepted", "rejected", "retry")
 # Why a claim left rows of a rate-limited provider for later (worker/ratelimit.py).
 RATE_LIMITED_REASONS = ("tokens", "paused")
 
-# Why `evq serve` turned a client away unanswered by the app (ops/throttle.py, ops/web/slowclients.py):
+# Why `evq serve` turned a client away unanswered by the app (ops/web/throttle.py, ops/web/slowclients.py):
 # too many wrong keys from its address, headers or body not in time, closed to make room
 # under the connection cap, or refused because every connection was being answered.
 SERVE_REFUSED_REASONS = ("throttled", "header_timeout", "body_timeout", "unread", "evicted", "full")

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.request import (
+from evq.worker.request import (
     MAX_SUBJECT,
     NOTICE_LOCAL_PART,
     RESERVED_PREFIX,
@@ -29,7 +29,7 @@ from worker.request import (
     parse,
     payload_digest,
 )
-from worker.states import Reason, Status
+from evq.worker.states import Reason, Status
 
 # NOTICE_LOCAL_PART is used with the failed step's sender domain when EVQ_NOTICE_FROM is
 # unset: the provider already sends for that domain, so the notice can go out through it.

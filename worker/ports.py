@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from worker.outcomes import Outcome
-from worker.records import (
+from evq.worker.outcomes import Outcome
+from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
     RecordResult,
@@ -23,9 +23,9 @@ from worker.records import (
     StepSummary,
     Transition,
 )
-from worker.request import ValidRequest
-from worker.resolution import Resolution
-from worker.states import Status
+from evq.worker.request import ValidRequest
+from evq.worker.resolution import Resolution
+from evq.worker.states import Status
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from worker.errors import ConfigError, InvalidRequest
+from evq.worker.errors import ConfigError, InvalidRequest
 
 # Units of --older-than. "m" is not one of them: in a retention command many people
 # read "1m" as a month, and a minute would delete what closed a minute ago.

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from worker import metrics
-from worker.logs import get_logger
+from evq.worker import metrics
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.ratelimit")
 

@@ -29,12 +29,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from worker import metrics
-from worker.errors import ConfigError
-from worker.logs import get_logger
-from worker.ports import Lookup, LookupFailed, LookupResult
-from worker.records import ReconcileCounts, UnknownStep
-from worker.scrub import scrub_record
+from evq.worker import metrics
+from evq.worker.errors import ConfigError
+from evq.worker.logs import get_logger
+from evq.worker.ports import Lookup, LookupFailed, LookupResult
+from evq.worker.records import ReconcileCounts, UnknownStep
+from evq.worker.scrub import scrub_record
 
 log = get_logger("evq.reconciler")
 

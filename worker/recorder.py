@@ -37,10 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.backoff import reconnect_delay
-from worker.errors import DatabaseUnavailable
-from worker.logs import get_logger
-from worker.records import RecordResult, Transition
+from evq.worker.backoff import reconnect_delay
+from evq.worker.errors import DatabaseUnavailable
+from evq.worker.logs import get_logger
+from evq.worker.records import RecordResult, Transition
 
 log = get_logger("evq.recorder")
 

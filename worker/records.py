@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from worker.states import Reason, Status
+from evq.worker.states import Reason, Status
 
 
 @dataclass(frozen=True, slots=True)

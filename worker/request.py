@@ -29,8 +29,8 @@ from typing import Any
 from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
 
-from worker.errors import InvalidRequest
-from worker.jsontext import bad_numbers
+from evq.worker.errors import InvalidRequest
+from evq.worker.jsontext import bad_numbers
 
 REQUEST_FIELDS = (
     "run_id",

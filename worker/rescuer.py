@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from worker import metrics
-from worker.errors import ConfigError
-from worker.records import RescueCounts
+from evq.worker import metrics
+from evq.worker.errors import ConfigError
+from evq.worker.records import RescueCounts
 
 
 class RescueStore(Protocol):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
 
-from worker.errors import InvalidRequest
-from worker.states import Reason, Status
+from evq.worker.errors import InvalidRequest
+from evq.worker.states import Reason, Status
 
 
 class Verdict(StrEnum):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from worker.errors import StateConflict
+from evq.worker.errors import StateConflict
 
 
 def retry_too_soon(step_id: int, not_before: datetime | None, now: datetime) -> StateConflict:

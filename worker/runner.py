@@ -34,24 +34,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from worker import deadline as limits
-from worker import executor, logs, metrics
-from worker.backoff import Backoff, reconnect_delay
-from worker.circuit import CircuitBook, CircuitState, Verdict
-from worker.errors import DatabaseUnavailable, ReadOnlyDatabase
-from worker.logs import get_logger
-from worker.ports import Lookup, Provider, SendRequest
-from worker.ratelimit import RateGate
-from worker.reconciler import Reconciler, ReconcilerConfig
-from worker.recorder import Recorder
-from worker.records import ClaimedStep
-from worker.rescuer import Rescuer, RescuerConfig
-from worker.service import run_periodically
-from worker.settings import Settings
-from worker.states import TERMINAL
-from worker.transitions import decide
+from evq.worker import deadline as limits
+from evq.worker import executor, logs, metrics
+from evq.worker.backoff import Backoff, reconnect_delay
+from evq.worker.circuit import CircuitBook, CircuitState, Verdict
+from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
+from evq.worker.logs import get_logger
+from evq.worker.ports import Lookup, Provider, SendRequest
+from evq.worker.ratelimit import RateGate
+from evq.worker.reconciler import Reconciler, ReconcilerConfig
+from evq.worker.recorder import Recorder
+from evq.worker.records import ClaimedStep
+from evq.worker.rescuer import Rescuer, RescuerConfig
+from evq.worker.service import run_periodically
+from evq.worker.settings import Settings
+from evq.worker.states import TERMINAL
+from evq.worker.transitions import decide
 
-log = get_logger("evq.worker")
+log = get_logger("worker")
 
 # Seconds between reads of the providers' circuits while none is due for a probe: how
 # soon a worker probes a circuit another worker opened, if that one went away.

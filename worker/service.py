@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from worker.backoff import jitter
-from worker.errors import DatabaseUnavailable
-from worker.logs import get_logger
+from evq.worker.backoff import jitter
+from evq.worker.errors import DatabaseUnavailable
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.service")
 

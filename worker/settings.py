@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 
 from email_validator import EmailNotValidError
 
-from worker.circuit import FAULTS, CircuitConfig, circuit_faults
-from worker.deadline import DEADLINE_SHARE
-from worker.errors import ConfigError
-from worker.notices import NoticeConfig, reserved_sender
-from worker.ratelimit import RateLimit, rate_limits
-from worker.request import Policy, validate_address
+from evq.worker.circuit import FAULTS, CircuitConfig, circuit_faults
+from evq.worker.deadline import DEADLINE_SHARE
+from evq.worker.errors import ConfigError
+from evq.worker.notices import NoticeConfig, reserved_sender
+from evq.worker.ratelimit import RateLimit, rate_limits
+from evq.worker.request import Policy, validate_address
 
 # A HELO/EHLO name: a domain of at least two labels, or an RFC 5321 address literal.
 _HELO_NAME = re.compile(

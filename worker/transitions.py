@@ -16,10 +16,10 @@ The rules (docs/design.md, "States and transitions", and invariant 4):
 
 from __future__ import annotations
 
-from worker.backoff import Backoff
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, refused_recipients
-from worker.records import ClaimedStep, Transition
-from worker.states import Reason, Status
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, refused_recipients
+from evq.worker.records import ClaimedStep, Transition
+from evq.worker.states import Reason, Status
 
 
 def decide(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-from worker.errors import ConfigError
+from evq.worker.errors import ConfigError
 
 # Driver suffixes SQLAlchemy and others put on the scheme; libpq knows only the bare one.
 _SCHEME = re.compile(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", re.IGNORECASE)

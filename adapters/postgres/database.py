@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
-from adapters.postgres.conninfo import normalise
-from worker.errors import (
+from evq.adapters.postgres.conninfo import normalise
+from evq.worker.errors import (
     DatabaseUnavailable,
     EvqError,
     IdempotencyConflict,
@@ -37,7 +37,7 @@ def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
     """The configured URL, or the URL of an embedded server started on demand."""
     if database_url:
         return normalise(database_url)
-    from adapters.postgres.embedded import embedded_url
+    from evq.adapters.postgres.embedded import embedded_url
 
     return embedded_url(data_dir)
 
@@ -67,7 +67,7 @@ def alembic_config(url: str) -> Any:
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(resources.files("migrations")))
+    cfg.set_main_option("script_location", str(resources.files("evq.migrations")))
     # ConfigParser treats % as interpolation; URLs may hold %-escapes.
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg
@@ -123,7 +123,7 @@ def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None
     migrate and no role named, it only reads."""
     from alembic import command
 
-    from adapters.postgres.roles import grant_runtime, migrator, refuse_unless_owner
+    from evq.adapters.postgres.roles import grant_runtime, migrator, refuse_unless_owner
 
     before = known_revision(url)
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:

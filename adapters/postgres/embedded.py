@@ -12,14 +12,14 @@ from pathlib import Path
 
 import psycopg
 
-from worker.errors import DatabaseUnavailable
+from evq.worker.errors import DatabaseUnavailable
 
 DATABASE = "evq"
 _servers: dict[Path, object] = {}
 
 
 def embedded_url(data_dir: str | Path | None = None) -> str:
-    from adapters.postgres.database import default_data_dir
+    from evq.adapters.postgres.database import default_data_dir
 
     root = Path(data_dir) if data_dir else default_data_dir()
     pgdata = (root / "pgdata").resolve()

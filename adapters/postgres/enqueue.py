@@ -1,6 +1,6 @@
 """The Python enqueue API: inside the caller's transaction, or in its own.
 
-    from adapters.postgres.enqueue import enqueue
+    from evq.adapters.postgres.enqueue import enqueue
     with psycopg.connect(url) as conn:          # or a SQLAlchemy Connection
         with conn.transaction():
             ...  # the caller's own writes
@@ -23,14 +23,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from adapters.postgres.database import translated
-from adapters.postgres.queries import Q
-from worker import metrics
-from worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
-from worker.errors import Conflict, InvalidRequest
-from worker.records import EnqueueResult
-from worker.request import Policy, ValidRequest
-from worker.states import Status
+from evq.adapters.postgres.database import translated
+from evq.adapters.postgres.queries import Q
+from evq.worker import metrics
+from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
+from evq.worker.errors import Conflict, InvalidRequest
+from evq.worker.records import EnqueueResult
+from evq.worker.request import Policy, ValidRequest
+from evq.worker.states import Status
 
 Rows = list[dict[str, Any]]
 Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
@@ -228,13 +228,44 @@ async def enqueue_async(
     return await run_async(conn, enqueue_op(valid, now))
 
 
+def enqueue_many(
+    conn: Any,
+    requests: Sequence[Mapping[str, Any] | ValidRequest],
+    *,
+    policy: Policy = Policy(),
+    now: datetime | None = None,
+) -> list[EnqueueResult]:
+    """Enqueue several sends inside ``conn``'s current transaction, in one round trip.
+
+    Every request is validated first: one bad request raises InvalidRequest naming it
+    (``[index].field``) and nothing is written. Commit is the caller's.
+    """
+    valid = validate_many(list(requests), policy)
+    return run_sync(_driver_connection(conn), enqueue_many_op(valid, now))
+
+
+async def enqueue_many_async(
+    conn: Any,
+    requests: Sequence[Mapping[str, Any] | ValidRequest],
+    *,
+    policy: Policy = Policy(),
+    now: datetime | None = None,
+) -> list[EnqueueResult]:
+    """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
+    valid = validate_many(list(requests), policy)
+    if not isinstance(conn, psycopg.AsyncConnection):
+        raw = await conn.get_raw_connection()
+        conn = raw.driver_connection
+    return await run_async(conn, enqueue_many_op(valid, now))
+
+
 def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy()) -> EnqueueResult:
     """Enqueue in a transaction of its own (opens and closes one connection).
 
     Autocommit: decision and step are one statement, so that statement is the whole
     transaction, without a BEGIN and a COMMIT round trip around it.
     """
-    from adapters.postgres.database import connect_kwargs
+    from evq.adapters.postgres.database import connect_kwargs
 
     valid = validate(request, policy)
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:

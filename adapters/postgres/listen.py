@@ -14,10 +14,10 @@ import secrets
 
 import psycopg
 
-from adapters.postgres.database import connect_kwargs
-from worker.backoff import reconnect_delay
-from worker.errors import ConfigError
-from worker.logs import get_logger
+from evq.adapters.postgres.database import connect_kwargs
+from evq.worker.backoff import reconnect_delay
+from evq.worker.errors import ConfigError
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.listen")
 CHANNEL = "evq_steps"

@@ -1,6 +1,6 @@
 """Enqueue failure notices inside the transaction of the transition that owes them.
 
-    from adapters.postgres.notices import enqueue_notices
+    from evq.adapters.postgres.notices import enqueue_notices
     with conn.transaction():
         ...                                   # the statement that closed step 42 as rejected
         enqueue_notices(conn, [42], config=settings.notices(), actor="operator:ada")
@@ -20,14 +20,14 @@ from typing import Any
 
 import psycopg
 
-from adapters.postgres.enqueue import Op, run_sync
-from adapters.postgres.queries import Q
-from worker import metrics
-from worker.enqueue import new_message_id
-from worker.errors import InvalidRequest
-from worker.logs import get_logger
-from worker.notices import NoticeConfig, build_notice
-from worker.request import ValidRequest
+from evq.adapters.postgres.enqueue import Op, run_sync
+from evq.adapters.postgres.queries import Q
+from evq.worker import metrics
+from evq.worker.enqueue import new_message_id
+from evq.worker.errors import InvalidRequest
+from evq.worker.logs import get_logger
+from evq.worker.notices import NoticeConfig, build_notice
+from evq.worker.request import ValidRequest
 
 log = get_logger("evq.notices")
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from adapters.postgres.database import connect_kwargs, translate
-from worker.errors import DatabaseUnavailable
+from evq.adapters.postgres.database import connect_kwargs, translate
+from evq.worker.errors import DatabaseUnavailable
 
 PROBE_TIMEOUT = 10.0
 

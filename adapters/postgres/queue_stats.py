@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from adapters.postgres.database import connect_kwargs, translated
-from adapters.postgres.queries import Q
-from worker.records import QueueStats
-from worker.states import Status
+from evq.adapters.postgres.database import connect_kwargs, translated
+from evq.adapters.postgres.queries import Q
+from evq.worker.records import QueueStats
+from evq.worker.states import Status
 
 # Oban Met's default: above this many rows a terminal status is estimated, not counted.
 EXACT_LIMIT = 50_000

@@ -17,8 +17,8 @@ import psycopg
 from psycopg import errors as pgerr
 from psycopg.rows import dict_row
 
-from adapters.postgres.queries import Q
-from worker.errors import Forbidden, InvalidRequest
+from evq.adapters.postgres.queries import Q
+from evq.worker.errors import Forbidden, InvalidRequest
 
 OWNER_HINT = (
     "run `evq db upgrade` with the owner role's EVQ_DATABASE_URL; workers, `evq serve` and `evq mcp` keep "

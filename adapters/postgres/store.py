@@ -25,21 +25,21 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from adapters.postgres.conninfo import normalise
-from adapters.postgres.database import connect_kwargs, translate
-from adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
-from adapters.postgres.notices import notice_op
-from adapters.postgres.queries import Q
-from worker import metrics
-from worker.deadline import DEADLINE_SHARE
-from worker.errors import AuthFailed, Conflict, NotFound, StateConflict
-from worker.keys import NewKey, Role, hash_secret
-from worker.logs import get_logger
-from worker.notices import NoticeConfig
-from worker.ports import StepFilter
-from worker.pruner import PruneCounts
-from worker.ratelimit import Grant
-from worker.records import (
+from evq.adapters.postgres.conninfo import normalise
+from evq.adapters.postgres.database import connect_kwargs, translate
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
+from evq.adapters.postgres.notices import notice_op
+from evq.adapters.postgres.queries import Q
+from evq.worker import metrics
+from evq.worker.deadline import DEADLINE_SHARE
+from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
+from evq.worker.keys import NewKey, Role, hash_secret
+from evq.worker.logs import get_logger
+from evq.worker.notices import NoticeConfig
+from evq.worker.ports import StepFilter
+from evq.worker.pruner import PruneCounts
+from evq.worker.ratelimit import Grant
+from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
     RecordResult,
@@ -51,10 +51,10 @@ from worker.records import (
     Transition,
     UnknownStep,
 )
-from worker.request import ValidRequest
-from worker.resolution import Resolution, Verdict
-from worker.retry_guard import retry_after_acceptance, retry_too_soon
-from worker.states import Status
+from evq.worker.request import ValidRequest
+from evq.worker.resolution import Resolution, Verdict
+from evq.worker.retry_guard import retry_after_acceptance, retry_too_soon
+from evq.worker.states import Status
 
 log = get_logger("evq.store")
 

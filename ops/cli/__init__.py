@@ -7,22 +7,22 @@ from collections.abc import Sequence
 
 import click
 
-from ops.cli.bench import bench_cmd
-from ops.cli.db import db
-from ops.cli.demo import demo
-from ops.cli.enqueue import enqueue_cmd
-from ops.cli.keys import keys
-from ops.cli.mcptools import mcp
-from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
-from ops.cli.providers import providers
-from ops.cli.prune import prune_cmd
-from ops.cli.runs import runs
-from ops.cli.schema import schema
-from ops.cli.serve import serve
-from ops.cli.steps import steps
-from ops.cli.worker import worker_group
-from worker.errors import InvalidRequest
-from worker.logs import configure_from_env
+from evq.ops.cli.bench import bench_cmd
+from evq.ops.cli.db import db
+from evq.ops.cli.demo import demo
+from evq.ops.cli.enqueue import enqueue_cmd
+from evq.ops.cli.keys import keys
+from evq.ops.cli.mcptools import mcp
+from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from evq.ops.cli.providers import providers
+from evq.ops.cli.prune import prune_cmd
+from evq.ops.cli.runs import runs
+from evq.ops.cli.schema import schema
+from evq.ops.cli.serve import serve
+from evq.ops.cli.steps import steps
+from evq.ops.cli.worker import worker_group
+from evq.worker.errors import InvalidRequest
+from evq.worker.logs import configure_from_env
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

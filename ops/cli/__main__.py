@@ -1,5 +1,5 @@
 """`python -m ops.cli ...` is `evq ...` (for environments without the console script on PATH)."""
 
-from ops.cli import main
+from evq.ops.cli import main
 
 main()

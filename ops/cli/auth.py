@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ops.service import Caller
-from worker.keys import ALLOWED, Identity, KeyLookup, Permission, authenticate
-from worker.logs import register_secrets
+from evq.ops.app.service import Caller
+from evq.worker.keys import ALLOWED, Identity, KeyLookup, Permission, authenticate
+from evq.worker.logs import register_secrets
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV = "EVQ_API_KEY"
@@ -43,7 +43,7 @@ class Credential:
 
     @property
     def caller(self) -> Caller:
-        """The key as the application layer takes it (ops/service.py): the command line reads without one."""
+        """The key as the application layer takes it (ops/app/service.py): the command line reads without one."""
         return Caller(self.key, trusted_reader=True)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ops import wiring
-from ops.benchmodes import MODES
-from ops.cli.common import command, database_option, load_settings, output_option
-from ops.cli.output import Output
-from worker.errors import InvalidRequest
+from evq.ops import wiring
+from evq.ops.bench.modes import MODES
+from evq.ops.cli.common import command, database_option, load_settings, output_option
+from evq.ops.cli.output import Output
+from evq.worker.errors import InvalidRequest
 
 
 @click.command("bench")
@@ -63,7 +63,7 @@ def bench_cmd(
     evq bench                  # every mode, 3 runs each: a few minutes
     evq bench --quick -o json  # CI-sized
     """
-    from ops.bench import Bench, BenchConfig, human
+    from evq.ops.bench.harness import Bench, BenchConfig, human
 
     settings = load_settings(database_url=database_url)
     url = wiring.database_url(settings)

@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 import click
 
-from ops.cli.output import EXIT_INTERRUPTED, Output
-from ops.wiring import setup_logging
-from worker.errors import EvqError
-from worker.logs import get_logger
-from worker.settings import Settings
+from evq.ops.cli.output import EXIT_INTERRUPTED, Output
+from evq.ops.wiring import setup_logging
+from evq.worker.errors import EvqError
+from evq.worker.logs import get_logger
+from evq.worker.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = get_logger("evq.cli")

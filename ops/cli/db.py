@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ops import wiring
-from ops.cli.auth import dry_run_option
-from ops.cli.common import command, database_option, load_settings, output_option
-from ops.cli.output import Output
-from worker.errors import SchemaMismatch
+from evq.ops import wiring
+from evq.ops.cli.auth import dry_run_option
+from evq.ops.cli.common import command, database_option, load_settings, output_option
+from evq.ops.cli.output import Output
+from evq.worker.errors import SchemaMismatch
 
 
 @click.group("db")
@@ -39,7 +39,7 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
     \b
     evq db upgrade --runtime-role evq_app   # as the owner, e.g. postgresql://evq_owner@db/evq
     """
-    from adapters.postgres.database import current_revision, head_revision, migrate, pending_revisions
+    from evq.adapters.postgres.database import current_revision, head_revision, migrate, pending_revisions
 
     url = wiring.database_url(load_settings(database_url=database_url))
     if dry_run:
@@ -77,7 +77,7 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
 def db_status(out: Output, database_url: str | None) -> None:
     """Show the database's schema revision and the one this evq needs (E_SCHEMA_MISMATCH,
     exit 5, if they differ)."""
-    from adapters.postgres.database import UPGRADE_HINT, current_revision, head_revision, pending_revisions
+    from evq.adapters.postgres.database import UPGRADE_HINT, current_revision, head_revision, pending_revisions
 
     url = wiring.database_url(load_settings(database_url=database_url))
     current, head = current_revision(url), head_revision()

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import click
 
-from ops.cli.common import command, database_option, load_settings, output_option
-from ops.cli.output import Output, table
+from evq.ops.cli.common import command, database_option, load_settings, output_option
+from evq.ops.cli.output import Output, table
 
 
 @click.command("demo")
@@ -22,7 +22,7 @@ def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
     refuses — runs the worker until the queue is drained, and explains what happened:
     the reconciler settles the lost HTTP reply, the SMTP one waits for an operator,
     and the refused send's sender gets a failure notice."""
-    from ops.demo import run_demo
+    from evq.ops.dev.demo import run_demo
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, log_level="warning")
     result = run_demo(settings)

@@ -1,5 +1,5 @@
 """What `evq schema` says about a command, read from the click objects themselves
-(flags, types, defaults, choices) and from its output schema in docs/cli-schema/,
+(flags, types, defaults, choices) and from its output schema in ops/app/cli-schema/,
 so the description cannot drift from what the command accepts and prints.
 """
 
@@ -15,16 +15,16 @@ from typing import Any
 
 import click
 
-from ops.cli.auth import ApiKeyOption
-from ops.cli.common import DocumentedOption
+from evq.ops.cli.auth import ApiKeyOption
+from evq.ops.cli.common import DocumentedOption
 
 COMMON = "_common.schema.json"
 _COMMON_REF = f'"{COMMON}#/$defs/'
 
 
 def schema_dir() -> Traversable:
-    # ops/cli/schemas links to docs/cli-schema, so the installed package carries the files.
-    return resources.files("ops.cli").joinpath("schemas")
+    # The package owns the files (ops/app/cli-schema links here), so an installed evq carries them.
+    return resources.files("evq.ops.app").joinpath("cli-schema")
 
 
 @cache

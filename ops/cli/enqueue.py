@@ -8,15 +8,16 @@ from typing import Any
 
 import click
 
-from ops import service, wiring
-from ops.boundedinput import read_request_file
-from ops.cli.auth import Credential, api_key_option, dry_run_option
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output
-from ops.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
-from worker import jsontext
-from worker.errors import InvalidRequest
-from worker.keys import Permission
+from evq.ops import wiring
+from evq.ops.app import service
+from evq.ops.app.boundedinput import read_request_file
+from evq.ops.app.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
+from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import Output
+from evq.worker import jsontext
+from evq.worker.errors import InvalidRequest
+from evq.worker.keys import Permission
 
 # The request's fields on the command line, described where every interface reads them.
 FIELD_FLAGS: tuple[tuple[str, str, bool, str], ...] = tuple(

@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from ops import wiring
-from ops.cli.auth import Credential, api_key_option, dry_run_option
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output, table
-from worker.errors import AuthFailed, Conflict
-from worker.keys import PREFIX, Permission, Role, check_name, generate
+from evq.ops import wiring
+from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import Output, table
+from evq.worker.errors import AuthFailed, Conflict
+from evq.worker.keys import PREFIX, Permission, Role, check_name, generate
 
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 

@@ -6,10 +6,10 @@ import os
 
 import click
 
-from ops import wiring
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output
-from worker.logs import register_secrets
+from evq.ops import wiring
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import Output
+from evq.worker.logs import register_secrets
 
 
 @click.command("mcp")
@@ -35,8 +35,8 @@ def mcp(out: Output, database_url: str | None) -> int:
     wiring.check_at_head(url)
 
     async def serve() -> None:
-        from ops.mcpserver import build_server
-        from ops.mcpstdio import run_stdio
+        from evq.ops.mcp.server import build_server
+        from evq.ops.mcp.stdio import run_stdio
 
         async with wiring.open_store(settings, url=url, max_size=4, patient=True) as store:
             await run_stdio(build_server(store, settings, key), max_line=settings.max_input_bytes)

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from ops.contract import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Timer, failure, success, to_json
-from worker.errors import EvqError
+from evq.ops.app.contract import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Timer, failure, success, to_json
+from evq.worker.errors import EvqError
 
 __all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "SCHEMA_VERSION", "Output", "age", "json_requested", "table", "to_json"]
 

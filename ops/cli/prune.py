@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import click
 
-from ops import wiring
-from ops.cli.auth import Credential, api_key_option, dry_run_option
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output
-from worker.keys import Permission
-from worker.pruner import RETENTION_HELP, PruneCounts, Pruner, PrunerConfig, parse_retention
+from evq.ops import wiring
+from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import Output
+from evq.worker.keys import Permission
+from evq.worker.pruner import RETENTION_HELP, PruneCounts, Pruner, PrunerConfig, parse_retention
 
 
 @click.command("prune")

@@ -6,11 +6,12 @@ from typing import Any
 
 import click
 
-from ops import service, wiring
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import Output, table
-from ops.cli.steps import EVIDENCE_COLUMNS, evidence_line
-from ops.service import Caller
+from evq.ops import wiring
+from evq.ops.app import service
+from evq.ops.app.service import Caller
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import Output, table
+from evq.ops.cli.steps import EVIDENCE_COLUMNS, evidence_line
 
 
 @click.group("runs")

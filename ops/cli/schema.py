@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from ops.cli.common import command, output_option
-from ops.cli.describe import describe_command, find, leaf_commands, summary
-from ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Output, table
-from worker.errors import NotFound
+from evq.ops.cli.common import command, output_option
+from evq.ops.cli.describe import describe_command, find, leaf_commands, summary
+from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Output, table
+from evq.worker.errors import NotFound
 
 NEXT = "evq schema GROUP | evq schema GROUP.COMMAND | evq schema --all"
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from ops import wiring
-from ops.cli.common import DocumentedOption, command, database_option, load_settings, output_option
-from ops.cli.output import Output
-from worker.errors import ConfigError
-from worker.logs import get_logger
-from worker.settings import OPTION_BY_NAME
+from evq.ops import wiring
+from evq.ops.cli.common import DocumentedOption, command, database_option, load_settings, output_option
+from evq.ops.cli.output import Output
+from evq.worker.errors import ConfigError
+from evq.worker.logs import get_logger
+from evq.worker.settings import OPTION_BY_NAME
 
 log = get_logger("evq.serve")
 
@@ -53,7 +53,7 @@ def serve(out: Output, host: str | None, port: int | None, database_url: str | N
     \b
     evq serve --host 127.0.0.1 --port 8080
     """
-    from ops.web.slowclients import uvicorn_config  # uvicorn is imported only by this command
+    from evq.ops.web.slowclients import uvicorn_config  # uvicorn is imported only by this command
 
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
     url = wiring.database_url(settings)

@@ -6,14 +6,15 @@ from typing import Any
 
 import click
 
-from ops import service, wiring
-from ops.cli.auth import Credential, api_key_option, dry_run_option
-from ops.cli.common import command, database_option, load_settings, output_option, run
-from ops.cli.output import EXIT_CODES, Output, age, table
-from ops.service import LIST_LIMIT_MAX, MAX_ID, Caller
-from worker.keys import Permission
-from worker.resolution import Resolution, Verdict
-from worker.states import Status
+from evq.ops import wiring
+from evq.ops.app import service
+from evq.ops.app.service import LIST_LIMIT_MAX, MAX_ID, Caller
+from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
+from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.output import EXIT_CODES, Output, age, table
+from evq.worker.keys import Permission
+from evq.worker.resolution import Resolution, Verdict
+from evq.worker.states import Status
 
 # The filters `list` and bulk `resolve` share, as flags: (flag, dest, metavar, help).
 _FILTERS: tuple[tuple[str, str, str | None, str], ...] = tuple(

@@ -6,11 +6,11 @@ from typing import Any
 
 import click
 
-from ops import wiring
-from ops.cli.common import DocumentedOption, command, load_settings, output_option, run
-from ops.cli.output import Output
-from worker.circuit import FAULTS
-from worker.settings import OPTIONS
+from evq.ops import wiring
+from evq.ops.cli.common import DocumentedOption, command, load_settings, output_option, run
+from evq.ops.cli.output import Output
+from evq.worker.circuit import FAULTS
+from evq.worker.settings import OPTIONS
 
 _CLICK_TYPES = {int: click.INT, float: click.FLOAT}
 

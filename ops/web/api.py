@@ -1,4 +1,4 @@
-"""The HTTP API under /v1: the CLI's commands over HTTP, through ops/service.py, with the
+"""The HTTP API under /v1: the CLI's commands over HTTP, through ops/app/service.py, with the
 contract's wrapper as every body. Every route needs ``Authorization: Bearer <key>``
 (reads: any role; enqueue: agent or admin; resolve: operator or admin)."""
 
@@ -10,18 +10,18 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from ops import service
-from ops.contract import Timer, plain, success
-from ops.schemas import check_arguments, command_input, request_schema
-from ops.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
-from ops.web.openapi import component_name, ref
-from ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
-from ops.web.state import AppState
-from worker import metrics
-from worker.errors import BadKey, InvalidRequest
-from worker.keys import Permission
-from worker.resolution import Resolution
-from worker.states import Status
+from evq.ops.app import service
+from evq.ops.app.contract import Timer, plain, success
+from evq.ops.app.schemas import check_arguments, command_input, request_schema
+from evq.ops.app.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
+from evq.ops.web.openapi import component_name, ref
+from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
+from evq.ops.web.state import AppState
+from evq.worker import metrics
+from evq.worker.errors import BadKey, InvalidRequest
+from evq.worker.keys import Permission
+from evq.worker.resolution import Resolution
+from evq.worker.states import Status
 
 # The bulk-only parameters of `steps resolve`; the single-row body has the rest.
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
@@ -40,7 +40,7 @@ def resolve_bulk_schema() -> dict[str, Any]:
 
 async def caller(request: Request) -> Caller:
     """The key of this request, checked for reading before anything else is looked at; an
-    address that presented too many wrong keys lately gets 429 without a look (ops/throttle.py)."""
+    address that presented too many wrong keys lately gets 429 without a look (ops/web/throttle.py)."""
     state: AppState = request.app.state.evq
     who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
     await checked(state, client_address(request), lambda: who.identify(state.store, Permission.READ))

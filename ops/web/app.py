@@ -19,20 +19,20 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ops.metrics import render
-from ops.web import api, page
-from ops.web.openapi import components
-from ops.web.protocol import Guard, error_body
-from ops.web.state import AppState
-from worker.errors import EvqError, InvalidRequest, NotFound
-from worker.logs import get_logger
+from evq.ops.app.metrics import render
+from evq.ops.web import api, page
+from evq.ops.web.openapi import components
+from evq.ops.web.protocol import Guard, error_body
+from evq.ops.web.state import AppState
+from evq.worker.errors import EvqError, InvalidRequest, NotFound
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.http")
 
 DESCRIPTION = """The evq HTTP API: the same operations, bodies and error codes as `evq <noun> <verb> -o json`.
 
 Every body is the contract's wrapper `{status, schema_version: 1, data | error, meta}`; an error's
-`error.code` is one of the `E_*` codes (docs/cli-schema/error-codes.md). Every /v1 route needs
+`error.code` is one of the `E_*` codes (ops/app/cli-schema/error-codes.md). Every /v1 route needs
 `Authorization: Bearer <key>` (`evq keys create`): reads any role, enqueue agent or admin,
 resolve operator or admin."""
 

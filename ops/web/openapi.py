@@ -1,4 +1,4 @@
-"""The OpenAPI document's schemas, taken from docs/cli-schema (the same files `evq schema`
+"""The OpenAPI document's schemas, taken from ops/app/cli-schema (the same files `evq schema`
 serves and the tests validate every CLI output against), hoisted into
 ``components/schemas`` so every ``$ref`` resolves inside the one document."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ops.cli.describe import COMMON, load, schema_file
+from evq.ops.cli.describe import COMMON, load, schema_file
 
 REF = "#/components/schemas/"
 

@@ -1,7 +1,7 @@
 """The operators' page at /ops: server-rendered (Jinja2, autoescaped, no script at all).
 
 Overview, unknown rows oldest first (filters in the URL), one step, a run's trace, and
-closing rows one at a time or in bulk after a preview, all through ops/service.py.
+closing rows one at a time or in bulk after a preview, all through ops/app/service.py.
 Sign in with an API key: operator and admin keys may close rows; agent keys may look
 (a viewer's read-only session), since reading is what every key may do elsewhere too.
 """
@@ -17,19 +17,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from ops import service
-from ops.cli.output import age
-from ops.contract import to_json
-from ops.service import Caller, Selection
-from ops.web import api
-from ops.web.protocol import TooManyFailures
-from ops.web.session import COOKIE, Session
-from ops.web.state import AppState
-from worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
-from worker.keys import Permission, authenticate, split_key
-from worker.resolution import Resolution, Verdict
-from worker.settings import ADAPTERS
-from worker.states import Status
+from evq.ops.app import service
+from evq.ops.app.contract import to_json
+from evq.ops.app.service import Caller, Selection
+from evq.ops.cli.output import age
+from evq.ops.web import api
+from evq.ops.web.protocol import TooManyFailures
+from evq.ops.web.session import COOKIE, Session
+from evq.ops.web.state import AppState
+from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
+from evq.worker.keys import Permission, authenticate, split_key
+from evq.worker.resolution import Resolution, Verdict
+from evq.worker.settings import ADAPTERS
+from evq.worker.states import Status
 
 SOURCE = "the sign-in form"
 ENDED = {
@@ -40,7 +40,7 @@ FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
 PAGE_SIZE = 100
 BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
 
-_TEMPLATES = resources.files("ops.web").joinpath("templates")
+_TEMPLATES = resources.files("evq.ops.web").joinpath("templates")
 env = Environment(
     loader=FileSystemLoader(str(_TEMPLATES)),
     autoescape=select_autoescape(default=True, default_for_string=True),
@@ -446,5 +446,5 @@ async def bulk_close(request: Request) -> HTMLResponse:
 
 @router.get("/static/ops.css")
 async def stylesheet() -> Response:
-    css = resources.files("ops.web").joinpath("static", "ops.css").read_text(encoding="utf-8")
+    css = resources.files("evq.ops.web").joinpath("static", "ops.css").read_text(encoding="utf-8")
     return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ops.contract import Timer, failure, to_json
-from ops.service import json_field_names
-from worker import jsontext
-from worker.errors import AuthFailed, EvqError, Forbidden, InvalidRequest
-from worker.logs import get_logger
+from evq.ops.app.contract import Timer, failure, to_json
+from evq.ops.app.service import json_field_names
+from evq.worker import jsontext
+from evq.worker.errors import AuthFailed, EvqError, Forbidden, InvalidRequest
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.http")
 
@@ -52,7 +52,7 @@ class BadRequest(InvalidRequest):
 
 class TooManyFailures(AuthFailed):
     """E_AUTH_FAILED as HTTP 429: this client address presented too many wrong keys lately
-    (ops/throttle.py); nothing was looked up. ``retry_after``: whole seconds."""
+    (ops/web/throttle.py); nothing was looked up. ``retry_after``: whole seconds."""
 
     def __init__(self, retry_after: int):
         super().__init__(

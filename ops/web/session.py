@@ -19,7 +19,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from worker.keys import Identity, Role
+from evq.worker.keys import Identity, Role
 
 COOKIE = "evq_session"
 MAX_AGE = 8 * 3600

@@ -34,10 +34,10 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ops.contract import to_json
-from ops.web.protocol import BadRequest, error_body
-from worker import metrics
-from worker.errors import DatabaseUnavailable
+from evq.ops.app.contract import to_json
+from evq.ops.web.protocol import BadRequest, error_body
+from evq.worker import metrics
+from evq.worker.errors import DatabaseUnavailable
 
 
 class GuardedH11(H11Protocol):
@@ -212,7 +212,7 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> Any:
         ),
         # uvicorn would take X-Forwarded-For from any loopback peer as the client's address, so a
         # local client, or anyone behind a TLS terminator or proxy that passes the header through,
-        # would pick its own address for every guess and never be throttled (ops/throttle.py).
+        # would pick its own address for every guess and never be throttled (ops/web/throttle.py).
         proxy_headers=False,
         **options,
     )

@@ -7,16 +7,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ops.throttle import FailureThrottle
-from ops.web.session import Sessions
-from worker.request import Policy
-from worker.settings import Settings
+from evq.ops.web.session import Sessions
+from evq.ops.web.throttle import FailureThrottle
+from evq.worker.request import Policy
+from evq.worker.settings import Settings
 
 
 @dataclass
 class AppState:
     settings: Settings
-    store: Any  # adapters.postgres.store.PostgresStore (ops.service.Store)
+    store: Any  # adapters.postgres.store.PostgresStore (ops.app.service.Store)
     registry: CollectorRegistry
     sessions: Sessions
     read_stats: Any  # Callable[[], QueueStats] for the page's overview

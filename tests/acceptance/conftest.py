@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ops.devsmtp import DevSmtpServer
+from evq.ops.dev.smtp import DevSmtpServer
 from tests import contract
 from tests.support import spawn, with_store
 
@@ -29,7 +29,7 @@ class Evq:
             self.env["EVQ_API_KEY"] = api_key
 
     def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "ops.cli", *args]
+        return [sys.executable, "-m", "evq.ops.cli", *args]
 
     def run(self, *args: str, input: str | None = None, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -53,7 +53,7 @@ class Evq:
 
 def make_key(db_url: str, name: str, role: str, *, created_by: str | None = "test-admin") -> str:
     """A real API key in the test database (``created_by=None``: the bootstrap admin key)."""
-    from worker.keys import Role, generate
+    from evq.worker.keys import Role, generate
 
     key = generate()
     with_store(db_url, lambda store: store.create_key(name=name, role=Role(role), key=key, created_by=created_by))

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ops.bench import MODES
+from evq.ops.bench.harness import MODES
 from tests import contract
 from tests.acceptance.conftest import Evq
 

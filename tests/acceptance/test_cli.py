@@ -233,7 +233,7 @@ def _as_flags(request: dict) -> list[str]:
 
 
 def test_every_request_field_has_a_flag_and_the_flags_make_the_same_request(evq: Evq, db_url):
-    from worker.request import DECISION_FIELDS, REQUEST_FIELDS
+    from evq.worker.request import DECISION_FIELDS, REQUEST_FIELDS
 
     # Every field of the request and of its decision appears in FULL_REQUEST, so each has its flag below.
     assert set(FULL_REQUEST) == set(REQUEST_FIELDS) and set(FULL_REQUEST["decision"]) == set(DECISION_FIELDS)
@@ -322,7 +322,7 @@ def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
 def test_worker_refuses_a_database_one_revision_behind(db_url):
     from alembic import command
 
-    from adapters.postgres.database import alembic_config, current_revision, head_revision
+    from evq.adapters.postgres.database import alembic_config, current_revision, head_revision
 
     command.downgrade(alembic_config(db_url), "-1")
     behind = current_revision(db_url)

@@ -10,10 +10,10 @@ import re
 import click
 import pytest
 
-from adapters.postgres.schema import EVIDENCE_KINDS, ROLES, STATUSES
-from ops.cli import cli
-from ops.cli.describe import describe_command, leaf_commands, output_schema
-from ops.cli.output import EXIT_CODES
+from evq.adapters.postgres.schema import EVIDENCE_KINDS, ROLES, STATUSES
+from evq.ops.cli import cli
+from evq.ops.cli.describe import describe_command, leaf_commands, output_schema
+from evq.ops.cli.output import EXIT_CODES
 from tests.acceptance.conftest import Evq
 from tests.contract import SCHEMA_DIR, command_path, registry
 from tests.support import unknown_steps, with_store

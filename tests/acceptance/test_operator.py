@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from adapters.postgres.queries import Q
+from evq.adapters.postgres.queries import Q
 from tests.acceptance.conftest import Evq, make_key, smtp_env
 from tests.support import execute, rows, step_row, stop, unknown_steps, wait_for_lock_waiters, with_store
 

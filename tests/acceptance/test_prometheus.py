@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adapters.postgres.enqueue import enqueue_own
+from evq.adapters.postgres.enqueue import enqueue_own
 from tests.support import POLICY, execute, free_port, request, require_binary, spawn, stop
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,13 +9,13 @@ import asyncio
 import time
 from dataclasses import replace
 
-from adapters.postgres.store import PostgresStore
-from adapters.smtp import SmtpProvider
-from ops.devsmtp import DevSmtpServer
+from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
 from tests.acceptance.conftest import Evq, make_key
 from tests.support import rows, step_row, valid
-from worker.runner import Worker
-from worker.settings import Settings
 
 SETTINGS = Settings(
     adapter=("smtp",),

@@ -12,7 +12,7 @@ import time
 
 import psycopg
 
-from adapters.postgres.database import upgrade
+from evq.adapters.postgres.database import upgrade
 from tests.support import free_port, require_binary
 
 

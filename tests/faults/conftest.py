@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from adapters.postgres.database import upgrade
+from evq.adapters.postgres.database import upgrade
 
 # The `evq` (as the admin key), `admin_key` and `smtp` fixtures of the acceptance tests.
 from tests.acceptance.conftest import admin_key, evq, make_key, smtp  # noqa: F401

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.postgres.enqueue import enqueue
-from adapters.smtp import build_message
+from evq.adapters.postgres.enqueue import enqueue
+from evq.adapters.smtp import build_message
+from evq.worker.errors import InvalidRequest
+from evq.worker.ports import SendRequest
+from evq.worker.request import Policy, parse
 from tests.support import POLICY, request, rows
-from worker.errors import InvalidRequest
-from worker.ports import SendRequest
-from worker.request import Policy, parse
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
@@ -189,8 +189,8 @@ def test_hostile_identifiers_are_refused_or_stored_safely(db_url, run_id, accept
 )
 def test_hostile_notes_are_refused_or_stored_safely(db_url, note, accepted):
     """An operator's note (free text, shown on the page) with quotes, SQL, NUL or 10 KB."""
+    from evq.worker.resolution import Resolution
     from tests.support import unknown_steps, with_store
-    from worker.resolution import Resolution
 
     [step] = with_store(db_url, unknown_steps)
     if not accepted:

@@ -10,11 +10,11 @@ import json
 import psycopg
 import pytest
 
-from adapters.postgres.enqueue import enqueue
+from evq.adapters.postgres.enqueue import enqueue
+from evq.worker.errors import InvalidRequest
 from tests.acceptance.conftest import Evq
 from tests.support import request, rows
 from tests.web.support import checked, serving
-from worker.errors import InvalidRequest
 
 HUGE = "9" * 5000
 # (JSON text of the rationale's "score", the same value as Python parsed it, if it can be one)

@@ -21,8 +21,8 @@ import httpx
 import psycopg
 import pytest
 
-from adapters.postgres.database import head_revision
-from ops.devsmtp import DevSmtpServer
+from evq.adapters.postgres.database import head_revision
+from evq.ops.dev.smtp import DevSmtpServer
 from tests.acceptance.conftest import Evq, make_key, smtp_env
 from tests.database_roles import Roles, migrated, upgrade
 from tests.support import request, rows, serve_process
@@ -265,7 +265,7 @@ def mcp_as_runtime_role(r: Roles, admin: str) -> None:
     env = {**os.environ, "EVQ_DATABASE_URL": r.app_url, "EVQ_API_KEY": admin, "EVQ_LOG_FORMAT": "json"}
 
     async def go() -> dict:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "ops.cli", "mcp"], env=env)
+        params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
         async with Client(params) as c:
             sent = await c.call_tool("evq_email_send", request(run_id="roles-mcp", step_id="mcp"))
             assert sent.structured_content["status"] == "success", sent.structured_content

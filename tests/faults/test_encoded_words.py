@@ -15,15 +15,15 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from adapters.http import HttpProvider
-from adapters.postgres.enqueue import enqueue_op, run_sync
-from ops.devhttp import DevHttpServer
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.enqueue import enqueue_op, run_sync
+from evq.ops.dev.http import DevHttpServer
+from evq.worker.outcomes import Rejected
+from evq.worker.ports import SendRequest
+from evq.worker.request import payload_digest
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import request, rows, valid
 from tests.web.support import checked, serving
-from worker.outcomes import Rejected
-from worker.ports import SendRequest
-from worker.request import payload_digest
 
 SPACED = "=?utf-8?q?hi =0D=0ABcc:evil@evil.com?="
 PLAIN = "=?utf-8?q?x=0D=0ABcc:_evil@evil.com?="

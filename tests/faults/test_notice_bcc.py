@@ -51,7 +51,7 @@ def test_the_notice_of_a_refused_send_never_shows_its_bcc_recipients(evq, db_url
 def test_a_provider_answer_quoting_a_bcc_recipient_is_shown_without_it():
     """A refusal that names a Bcc recipient (a server refusing one RCPT says which), in the stored
     Unicode form or the ASCII form the server answers with, in any case."""
-    from worker.notices import notice_text
+    from evq.worker.notices import notice_text
 
     text = notice_text(
         {

@@ -203,7 +203,7 @@ def test_evq_serve_behind_pgbouncer_with_evq_pooler_unset_answers_without_500s(p
 
 
 async def test_the_probe_tells_a_pooler_from_postgresql_itself(pgbouncer: str, db_url: str):
-    from adapters.postgres.pooler import PoolerProbe, probe
+    from evq.adapters.postgres.pooler import PoolerProbe, probe
 
     assert await probe(db_url) == PoolerProbe(pooled=False, shares_backends=False)
     assert await probe(pgbouncer) == PoolerProbe(pooled=True, shares_backends=True)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from adapters.postgres.enqueue import enqueue
+from evq.adapters.postgres.enqueue import enqueue
+from evq.worker.errors import InvalidRequest
+from evq.worker.request import Policy
 from tests.acceptance.conftest import Evq
 from tests.support import request, rows
-from worker.errors import InvalidRequest
-from worker.request import Policy
 
 LOOK_ALIKES = [
     "evq-notices+x@example.org",
@@ -122,7 +122,7 @@ def test_the_cli_refuses_look_alikes_of_the_configured_notice_sender(db_url, adm
 
 
 def test_evq_itself_may_still_send_its_notices():
-    from worker.notices import NoticeConfig, build_notice
+    from evq.worker.notices import NoticeConfig, build_notice
 
     notice = build_notice(
         {

@@ -11,11 +11,11 @@ import json
 
 import psycopg
 
-from ops.devhttp import DevHttpServer
-from ops.devsmtp import DevSmtpServer
+from evq.ops.dev.http import DevHttpServer
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.keys import split_key
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import rows
-from worker.keys import split_key
 
 SMTP_PASSWORD = "smtp-Secret-Pa55word-7f3a"
 HTTP_API_KEY = "re_http-Secret-Key-5d19e0"

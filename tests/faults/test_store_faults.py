@@ -1,6 +1,6 @@
 """Failure matrix row 16: any store call may fail, with any exception class, before it ran or
 after (its answer lost). For every N of a small run, the Nth store call fails; the run uses
-the real PostgreSQL store and a real SMTP sink (ops/devsmtp.py). Whatever fails, the sink
+the real PostgreSQL store and a real SMTP sink (ops/dev/smtp.py). Whatever fails, the sink
 receives each message at most once, no evidence says "never sent" (``attempt_released``)
 about a message the sink had already received, and every step ends in a true state: one
 fault that the database recovers from leaves every message accepted and delivered once.
@@ -25,13 +25,13 @@ import psycopg
 import pytest
 from psycopg import errors as pgerr
 
-from adapters.postgres.database import translate
-from adapters.postgres.store import PostgresStore
-from adapters.smtp import SmtpProvider
-from ops.devsmtp import DevSmtpServer
+from evq.adapters.postgres.database import translate
+from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
 from tests.support import rows, valid
-from worker.runner import Worker
-from worker.settings import Settings
 
 MESSAGES = 4
 SETTINGS = Settings(

@@ -13,10 +13,10 @@ import json
 import psycopg
 import pytest
 
-from adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store import PostgresStore
+from evq.worker.errors import DatabaseUnavailable
 from tests.acceptance.conftest import Evq
 from tests.support import free_port
-from worker.errors import DatabaseUnavailable
 
 PASSWORD = "wrong-port-secret-9f2c"
 # The commands that connect through the store (db status/upgrade connect directly and never waited).

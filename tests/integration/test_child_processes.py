@@ -44,7 +44,7 @@ def test_a_plain_popen_child_inherits_sigint_ignored() -> None:
 def test_a_spawned_devsmtp_stops_on_sigint_even_when_the_suite_ignores_it() -> None:
     with launched_in_background():
         proc = spawn(
-            [sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-m", "evq.ops.dev.smtp", "--host", "127.0.0.1", "--port", "0"],
             stderr=subprocess.PIPE,
             text=True,
         )

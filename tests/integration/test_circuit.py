@@ -17,18 +17,18 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from adapters.http import HttpProvider
-from adapters.postgres.database import translate
-from adapters.postgres.queue_stats import QueueStatsReader
-from adapters.postgres.store import PostgresStore
-from adapters.smtp import SmtpProvider
-from ops.devhttp import DevHttpServer
-from ops.devsmtp import DevSmtpServer
-from ops.metrics import QueueCollector
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.database import translate
+from evq.adapters.postgres.queue_stats import QueueStatsReader
+from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.app.metrics import QueueCollector
+from evq.ops.dev.http import DevHttpServer
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
 from tests.acceptance.conftest import Evq
 from tests.support import rows, valid
-from worker.runner import Worker
-from worker.settings import Settings
 
 SETTINGS = Settings(
     adapter=("smtp",),

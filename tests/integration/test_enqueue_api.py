@@ -7,10 +7,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from adapters.postgres.database import sqlalchemy_url
-from adapters.postgres.enqueue import enqueue, enqueue_async, enqueue_own
+from evq.adapters.postgres.database import sqlalchemy_url
+from evq.adapters.postgres.enqueue import enqueue, enqueue_async, enqueue_own
+from evq.worker.errors import IdempotencyConflict, InvalidRequest
 from tests.support import POLICY, request, rows
-from worker.errors import IdempotencyConflict, InvalidRequest
 
 
 def count(url: str) -> tuple[int, int]:

@@ -7,10 +7,10 @@ import asyncio
 import psycopg
 import pytest
 
-from adapters.postgres import enqueue as enqueue_api
-from adapters.postgres.enqueue import enqueue_many_op, enqueue_own, run_sync, validate_many
+from evq.adapters.postgres import enqueue as enqueue_api
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_own, run_sync, validate_many
+from evq.worker.errors import Conflict, IdempotencyConflict, InvalidRequest
 from tests.support import POLICY, request, rows, valid
-from worker.errors import Conflict, IdempotencyConflict, InvalidRequest
 
 
 def enqueue_many_own(url: str, requests: list, *, policy=POLICY):
@@ -44,7 +44,7 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     assert mismatched == []
     assert len({r.message_id for r in results}) == 50
     # The stored request is exactly the validated one (the digest was made from it).
-    from worker.request import parse
+    from evq.worker.request import parse
 
     stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM email_steps")}
     assert all(stored[q["step_id"]] == parse(q, POLICY).payload for q in reqs)

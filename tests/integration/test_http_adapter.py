@@ -1,4 +1,4 @@
-"""The HTTP adapter against a real Resend-style API on loopback (ops.devhttp).
+"""The HTTP adapter against a real Resend-style API on loopback (ops.dev.http).
 
 One test per classification row of adapters/http.py, each made to happen by the
 server, plus the wire guarantees: the same key and byte-identical body on every
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import structlog
 
-from adapters.http import TAG_NAME, HttpProvider, tag_value, wire_key
-from ops.devhttp import DevHttpServer
-from worker.outcomes import Accepted, Rejected, Retryable, Unknown
-from worker.ports import Lookup, LookupFailed, Provider, SendRequest
-from worker.request import Policy, parse
+from evq.adapters.http import TAG_NAME, HttpProvider, tag_value, wire_key
+from evq.ops.dev.http import DevHttpServer
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.ports import Lookup, LookupFailed, Provider, SendRequest
+from evq.worker.request import Policy, parse
 
 API_KEY = "devhttp-key-0123456789-secret"
 

@@ -14,15 +14,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.http import HttpProvider
-from adapters.postgres.store import PostgresStore
-from ops.devhttp import DevHttpServer
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.dev.http import DevHttpServer
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Retryable
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
+from evq.worker.transitions import decide
 from tests.support import evidence_kinds, rows, step_row, valid
-from worker.backoff import Backoff
-from worker.outcomes import Retryable
-from worker.runner import Worker
-from worker.settings import Settings
-from worker.transitions import decide
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(

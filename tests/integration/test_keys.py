@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
+from evq.worker.keys import Permission, Role, authenticate, generate, split_key
 from tests.support import rows
-from worker.errors import AuthFailed, Conflict, NotFound, StateConflict
-from worker.keys import Permission, Role, authenticate, generate, split_key
 
 
 async def make(store, name: str, role: Role, by: str | None = "root") -> str:

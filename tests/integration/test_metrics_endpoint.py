@@ -14,12 +14,20 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from adapters.postgres.queries import Q
-from adapters.postgres.queue_stats import QueueStatsReader
-from adapters.postgres.store import PostgresStore
-from ops import collector_bench
-from ops.metrics import QueueCollector, render
-from ops.wiring import metrics_endpoint
+from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.queue_stats import QueueStatsReader
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.app.metrics import QueueCollector, render
+from evq.ops.bench import collector as collector_bench
+from evq.ops.wiring import metrics_endpoint
+from evq.worker.errors import ConfigError, DatabaseUnavailable, StateConflict
+from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
+from evq.worker.outcomes import Retryable, Unknown
+from evq.worker.rescuer import Rescuer, RescuerConfig
+from evq.worker.resolution import Resolution
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
+from evq.worker.states import Status
 from tests.support import (
     ScriptedProvider,
     evidence_kinds,
@@ -31,14 +39,6 @@ from tests.support import (
     unknown_steps,
     valid,
 )
-from worker.errors import ConfigError, DatabaseUnavailable, StateConflict
-from worker.metrics import UNKNOWN_AGE_BUCKETS
-from worker.outcomes import Retryable, Unknown
-from worker.rescuer import Rescuer, RescuerConfig
-from worker.resolution import Resolution
-from worker.runner import Worker
-from worker.settings import Settings
-from worker.states import Status
 
 WORKER = Settings(
     adapter=("smtp",),

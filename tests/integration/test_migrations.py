@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import command
 
-from adapters.postgres.database import alembic_config, check_at_head, current_revision, head_revision, upgrade
-from worker.errors import SchemaMismatch
+from evq.adapters.postgres.database import alembic_config, check_at_head, current_revision, head_revision, upgrade
+from evq.worker.errors import SchemaMismatch
 
 
 def test_models_match_migrations(db_url):

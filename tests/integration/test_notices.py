@@ -9,20 +9,20 @@ from email import message_from_bytes
 import psycopg
 import structlog
 
-from adapters.http import HttpProvider
-from adapters.postgres.notices import enqueue_notices
-from adapters.postgres.store import PostgresStore
-from adapters.smtp import SmtpProvider
-from ops.devhttp import DevHttpServer
-from ops.devsmtp import DevSmtpServer
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.notices import enqueue_notices
+from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.dev.http import DevHttpServer
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.backoff import Backoff
+from evq.worker.notices import NoticeConfig
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.request import Policy
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
+from evq.worker.transitions import decide
 from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
-from worker.backoff import Backoff
-from worker.notices import NoticeConfig
-from worker.outcomes import Accepted, Rejected, Retryable, Unknown
-from worker.request import Policy
-from worker.runner import Worker
-from worker.settings import Settings
-from worker.transitions import decide
 
 SETTINGS = Settings(
     adapter=("smtp",),

@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from adapters.postgres.queries import Q
-from adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.store import PostgresStore
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Accepted, Rejected, Unknown
+from evq.worker.pruner import PruneCounts, Pruner, PrunerConfig
+from evq.worker.transitions import decide
 from tests.support import rows, valid
-from worker.backoff import Backoff
-from worker.outcomes import Accepted, Rejected, Unknown
-from worker.pruner import PruneCounts, Pruner, PrunerConfig
-from worker.transitions import decide
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(days=120)

@@ -1,6 +1,6 @@
 """Providers' rate limits (issue 12), for real: one PostgreSQL, several workers, a real HTTP provider.
 
-The provider (ops/devhttp.py) answers 429 with Retry-After to POSTs beyond its own
+The provider (ops/dev/http.py) answers 429 with Retry-After to POSTs beyond its own
 cap per second, as Resend does. The limit is a token bucket row in PostgreSQL taken
 before every claim, so workers in different processes (different hosts, as far as
 the database can tell) together stay under it; a 429 pauses the provider for every
@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from adapters.http import HttpProvider
-from adapters.postgres.store import PostgresStore
-from ops.devhttp import DevHttpServer
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.dev.http import DevHttpServer
+from evq.worker.ratelimit import rate_limits
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
 from tests.support import ScriptedProvider, rows, spawn, valid
-from worker.ratelimit import rate_limits
-from worker.runner import Worker
-from worker.settings import Settings
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(
@@ -88,7 +88,7 @@ def workers(db_url: str, api: DevHttpServer, count: int, **env: str) -> list[sub
         EVQ_LOG_LEVEL="warning",
         **env,
     )
-    cmd = [sys.executable, "-m", "ops.cli", "worker", "run", "--drain"]
+    cmd = [sys.executable, "-m", "evq.ops.cli", "worker", "run", "--drain"]
     return [
         spawn(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         for _ in range(count)

@@ -1,4 +1,4 @@
-"""The reconciler against a real database and a real Resend-style API (ops.devhttp).
+"""The reconciler against a real database and a real Resend-style API (ops.dev.http).
 
 Provider has the message -> accepted with the lookup as evidence; provider lacks it
 -> still unknown, the answer kept as evidence and shown to operators; several
@@ -15,20 +15,20 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import REGISTRY
 
-from adapters.http import HttpProvider
-from adapters.postgres.store import PostgresStore
-from ops.devhttp import DevHttpServer
+from evq.adapters.http import HttpProvider
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.dev.http import DevHttpServer
+from evq.worker.backoff import Backoff
+from evq.worker.errors import ConfigError
+from evq.worker.outcomes import Unknown
+from evq.worker.ports import LookupResult, SendRequest
+from evq.worker.reconciler import Reconciler, ReconcilerConfig
+from evq.worker.records import ReconcileCounts
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
+from evq.worker.transitions import decide
 from tests.acceptance.conftest import Evq
 from tests.support import evidence_kinds, rows, step_row, valid
-from worker.backoff import Backoff
-from worker.errors import ConfigError
-from worker.outcomes import Unknown
-from worker.ports import LookupResult, SendRequest
-from worker.reconciler import Reconciler, ReconcilerConfig
-from worker.records import ReconcileCounts
-from worker.runner import Worker
-from worker.settings import Settings
-from worker.transitions import decide
 
 API_KEY = "devhttp-key"
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store import PostgresStore
+from evq.worker.errors import InvalidRequest, NotFound, StateConflict
+from evq.worker.resolution import Resolution
 from tests.support import evidence_kinds, rows, step_row, unknown_steps, valid, wait_for_lock_waiters
-from worker.errors import InvalidRequest, NotFound, StateConflict
-from worker.resolution import Resolution
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 T1 = datetime(2030, 1, 1, 15, 0, tzinfo=UTC)

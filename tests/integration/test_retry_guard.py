@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from evq.worker.errors import StateConflict
 from tests.integration.test_resolve import verdict
 from tests.support import evidence_kinds, step_row, unknown_steps, valid
-from worker.errors import StateConflict
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 40.0  # seconds; the adapter's whole deadline is 0.75 of it (worker/deadline.py)

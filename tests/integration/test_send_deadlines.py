@@ -10,10 +10,10 @@ import threading
 import time
 from dataclasses import replace
 
-from adapters.smtp import SmtpProvider
+from evq.adapters.smtp import SmtpProvider
+from evq.worker.outcomes import Accepted, Retryable, Unknown
 from tests.integration.test_smtp_adapter import make_request
 from tests.slowpeer import SlowSmtp
-from worker.outcomes import Accepted, Retryable, Unknown
 
 # The per-read timeout is longer than the trickle's interval, so only an overall
 # deadline can end these conversations.
@@ -155,8 +155,8 @@ def test_close_never_waits_for_a_wedged_conversation() -> None:
 def test_an_http_request_is_not_written_once_the_send_by_limit_has_passed() -> None:
     """Checked at httpcore's "send_request_headers.started", after connecting: the
     provider gets no byte of the request, and the client stays usable."""
-    from adapters.http import HttpProvider
-    from ops.devhttp import DevHttpServer
+    from evq.adapters.http import HttpProvider
+    from evq.ops.dev.http import DevHttpServer
     from tests.integration.test_http_adapter import API_KEY
     from tests.integration.test_http_adapter import make_request as http_request
 
@@ -184,7 +184,7 @@ def test_a_trickled_http_answer_is_cut_at_the_requests_deadline_as_ambiguous() -
     """Per-read timeouts (20 s here) never fire on a byte every 0.1 s; today the adapter's
     own bound is three of them (60 s). The request's deadline (1.5 s) is what ends it; the
     request was written, so the answer is ambiguous."""
-    from adapters.http import HttpProvider
+    from evq.adapters.http import HttpProvider
     from tests.integration.test_http_adapter import make_request as http_request
     from tests.slowpeer import SlowHttp
 

@@ -1,4 +1,4 @@
-"""The SMTP adapter against a real SMTP server on loopback (ops.devsmtp, aiosmtpd).
+"""The SMTP adapter against a real SMTP server on loopback (ops.dev.smtp, aiosmtpd).
 
 One test per classification row of docs/design.md, "Adapters" (RFC 1047), plus the
 message-level guarantees: the step's Message-ID on every attempt, Bcc only in the
@@ -30,12 +30,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from adapters.smtp import SmtpProvider
-from ops.devsmtp import DevSmtpServer, Fault
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.dev.smtp import DevSmtpServer, Fault
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
+from evq.worker.ports import Provider, SendRequest
+from evq.worker.request import Policy, parse
 from tests.support import spawn, stop
-from worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
-from worker.ports import Provider, SendRequest
-from worker.request import Policy, parse
 
 MESSAGE_ID = "<evq.0123456789abcdef@example.org>"
 PASSWORD = "Tr0ub4dor-&-3-horse-battery"  # a known secret to hunt for
@@ -485,7 +485,7 @@ def _fields(request: SendRequest) -> dict[str, Any]:
 
 def test_standalone_sink_prints_each_message_id() -> None:
     proc = spawn(
-        [sys.executable, "-m", "ops.devsmtp", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "evq.ops.dev.smtp", "--host", "127.0.0.1", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
         cwd=str(Path(__file__).resolve().parents[2]),

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store import PostgresStore
+from evq.worker.backoff import Backoff
+from evq.worker.errors import IdempotencyConflict
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.ports import StepFilter
+from evq.worker.states import Status
+from evq.worker.transitions import decide
 from tests.support import evidence_kinds, rows, step_row, valid
-from worker.backoff import Backoff
-from worker.errors import IdempotencyConflict
-from worker.outcomes import Accepted, Rejected, Retryable, Unknown
-from worker.ports import StepFilter
-from worker.states import Status
-from worker.transitions import decide
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 60.0
@@ -307,7 +307,7 @@ def test_claim_uses_its_partial_index(db_url):
             ANALYZE email_steps;
             """
         )
-        from adapters.postgres.queries import Q
+        from evq.adapters.postgres.queries import Q
 
         plan = conn.execute(
             "EXPLAIN (FORMAT JSON) " + Q["step_claim"],
@@ -357,7 +357,7 @@ def test_run_evidence_reads_through_the_runs_steps(db_url):
             ANALYZE email_steps; ANALYZE evidence;
             """
         )
-        from adapters.postgres.queries import Q
+        from evq.adapters.postgres.queries import Q
 
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + Q["run_evidence"], {"run_id": "r7"}).fetchone()[0]
         got = conn.execute(Q["run_evidence"], {"run_id": "r7"}).fetchall()

@@ -8,11 +8,11 @@ from datetime import UTC
 
 import psycopg
 
-from adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store import PostgresStore
+from evq.worker.outcomes import Retryable, Unknown
+from evq.worker.runner import Worker
+from evq.worker.settings import Settings
 from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
-from worker.outcomes import Retryable, Unknown
-from worker.runner import Worker
-from worker.settings import Settings
 
 SETTINGS = Settings(
     adapter=("smtp",),
@@ -157,7 +157,7 @@ async def test_worker_survives_its_connections_being_killed(store, db_url):
 async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url):
     import structlog
 
-    from worker.logs import merge_step
+    from evq.worker.logs import merge_step
 
     [i] = await enqueue(store, 1, step_id="logged", run_id="run-log")
     provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
@@ -173,7 +173,7 @@ async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url
 async def test_an_idle_worker_wakes_on_notify_not_on_its_poll(store, db_url):
     """Enqueue notifies; the listening worker claims at once although its poll interval
     is an hour. Without the notification this test would wait for the poll and time out."""
-    from adapters.postgres.listen import PostgresWakeup
+    from evq.adapters.postgres.listen import PostgresWakeup
 
     class Watched(PostgresWakeup):
         def __init__(self, url: str):
@@ -213,7 +213,7 @@ async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_h
     for orphans; once its lease is gone the rescuer makes it unknown."""
     from datetime import datetime, timedelta
 
-    from worker.errors import DatabaseUnavailable
+    from evq.worker.errors import DatabaseUnavailable
 
     ids = await enqueue(store, 4)
     poisoned = ids[0]

@@ -17,21 +17,21 @@ from typing import Any
 
 import pytest
 
-from adapters import smtp as smtp_adapter
-from adapters.smtp import SmtpProvider
-from ops.wiring import build_providers
+from evq.adapters import smtp as smtp_adapter
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.wiring import build_providers
+from evq.worker import metrics
+from evq.worker.backoff import Backoff
+from evq.worker.errors import ConfigError, InvalidRequest
+from evq.worker.executor import attempt
+from evq.worker.outcomes import Accepted, Outcome, Retryable
+from evq.worker.ports import SendRequest
+from evq.worker.records import ClaimedStep, Transition
+from evq.worker.request import Policy, parse
+from evq.worker.settings import Settings
+from evq.worker.states import Reason, Status
+from evq.worker.transitions import decide
 from tests.realservers.postfix import DOMAIN, PASSWORD, RECIPIENT_LIMIT, USERNAME, Postfix
-from worker import metrics
-from worker.backoff import Backoff
-from worker.errors import ConfigError, InvalidRequest
-from worker.executor import attempt
-from worker.outcomes import Accepted, Outcome, Retryable
-from worker.ports import SendRequest
-from worker.records import ClaimedStep, Transition
-from worker.request import Policy, parse
-from worker.settings import Settings
-from worker.states import Reason, Status
-from worker.transitions import decide
 
 INTERNAL = Policy(internal_domains=(DOMAIN,))
 _seq = itertools.count(1)

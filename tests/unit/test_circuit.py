@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from evq.worker.backoff import Backoff
+from evq.worker.circuit import CONSECUTIVE_FAILURES, FAULTS, CircuitBook, CircuitConfig, CircuitState, circuit_faults
+from evq.worker.errors import ConfigError
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.records import ClaimedStep
+from evq.worker.settings import Settings, duration
+from evq.worker.states import Reason, Status
+from evq.worker.transitions import decide
 from tests.unit.test_transitions import step as claimed
-from worker.backoff import Backoff
-from worker.circuit import CONSECUTIVE_FAILURES, FAULTS, CircuitBook, CircuitConfig, CircuitState, circuit_faults
-from worker.errors import ConfigError
-from worker.outcomes import Accepted, Rejected, Retryable, Unknown
-from worker.records import ClaimedStep
-from worker.settings import Settings, duration
-from worker.states import Reason, Status
-from worker.transitions import decide
 
 REFUSED = Retryable("ConnectionRefusedError at connect", fault="connection_refused")
 BUSY = Retryable("smtp 451 at rcpt")

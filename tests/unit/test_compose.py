@@ -34,7 +34,7 @@ def test_compose_orders_postgres_migrate_worker():
     assert set(services) == {"postgres", "migrate", "worker", "ops", "smtp-sink", "prometheus", "grafana"}
     # The workers send to the local SMTP sink, on the port it listens on.
     sink = services["smtp-sink"]["entrypoint"]
-    assert sink[:3] == ["python", "-m", "ops.devsmtp"]
+    assert sink[:3] == ["python", "-m", "evq.ops.dev.smtp"]
     assert services["worker"]["environment"]["EVQ_SMTP_HOST"] == "smtp-sink"
     assert services["worker"]["environment"]["EVQ_SMTP_PORT"] == sink[sink.index("--port") + 1]
     assert services["worker"]["depends_on"]["smtp-sink"]["condition"] == "service_started"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ops.cli.output import EXIT_CODES
-from worker.settings import markdown_table
+from evq.ops.cli.output import EXIT_CODES
+from evq.worker.settings import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -83,13 +83,21 @@ def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
     import tomllib
     from importlib.metadata import entry_points
 
-    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {"evq": "ops.cli:main"}
-    assert [e.value for e in entry_points(group="console_scripts", name="evq")] == ["ops.cli:main"]
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"] == {"evq": "evq.ops.cli:main"}
+    assert [e.value for e in entry_points(group="console_scripts", name="evq")] == ["evq.ops.cli:main"]
     script = shutil.which("evq")
     assert script, "the evq console script is not installed: python3 -m pip install -e '.[test]'"
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "evq demo" in done.stdout
-    for part in ("pyproject.toml", "worker", "migrations", "adapters", "ops", "tests", "docker-compose.yml"):
+    for part in (
+        "pyproject.toml",
+        "worker",
+        "migrations",
+        "adapters",
+        "ops",
+        "tests",
+        "docker-compose.yml",
+    ):
         assert (ROOT / part).exists(), part
 
 
@@ -131,7 +139,11 @@ def test_code_cites_sections_of_the_design_that_exist():
     headings = set(re.findall(r"^#+ (.+)$", DESIGN, flags=re.M))
     external = "DESIGN" + ".md"
     cited = 0
-    code = [p for top in ("worker", "adapters", "ops", "migrations", "tests") for p in (ROOT / top).rglob("*")]
+    code = [
+        p
+        for top in ("worker", "adapters", "ops", "migrations", "tests")
+        for p in (ROOT / top).rglob("*")
+    ]
     for path in sorted(code):
         if path.suffix not in (".py", ".sql"):
             continue

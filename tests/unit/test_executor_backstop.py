@@ -7,13 +7,13 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from worker import executor
-from worker.backoff import Backoff
-from worker.outcomes import Unknown
-from worker.ports import SendRequest
-from worker.records import ClaimedStep
-from worker.states import Status
-from worker.transitions import decide
+from evq.worker import executor
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Unknown
+from evq.worker.ports import SendRequest
+from evq.worker.records import ClaimedStep
+from evq.worker.states import Status
+from evq.worker.transitions import decide
 
 REQUEST = SendRequest(step_id=1, run_id="r", idempotency_key="r:s", message_id="<m@x>", attempt=1, payload={})
 

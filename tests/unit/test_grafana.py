@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from prometheus_client import REGISTRY
 
-import worker.metrics  # noqa: F401  (the in-process catalogue registers itself)
-from ops.metrics import QueueCollector, exported_names
+import evq.worker.metrics  # noqa: F401  (the in-process catalogue registers itself)
+from evq.ops.app.metrics import QueueCollector, exported_names
 from tests.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.errors import InvalidRequest
-from worker.keys import (
+from evq.worker.errors import InvalidRequest
+from evq.worker.keys import (
     ALLOWED,
     Identity,
     Permission,
@@ -72,7 +72,7 @@ def test_every_secret_comparison_is_constant_time_and_an_unknown_id_does_the_wor
     import asyncio
     import hmac
 
-    from worker import keys
+    from evq.worker import keys
 
     work: list[tuple] = []
     real_compare, real_new = hmac.compare_digest, hmac.new

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ops.longwork import each
-from worker.errors import Conflict, MaxFailures
+from evq.ops.app.longwork import each
+from evq.worker.errors import Conflict, MaxFailures
 
 
 def action(failing: set[int]):

@@ -9,15 +9,15 @@ from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from ops.metrics import QueueCollector, build_registry, exported_names, render
-from ops.wiring import metrics_registry
+from evq.ops.app.metrics import QueueCollector, build_registry, exported_names, render
+from evq.ops.wiring import metrics_registry
+from evq.worker import metrics
+from evq.worker.enqueue import validate
+from evq.worker.errors import ConfigError, DatabaseUnavailable, InvalidRequest
+from evq.worker.records import QueueStats
+from evq.worker.settings import Settings
+from evq.worker.states import Status
 from tests.support import POLICY, request
-from worker import metrics
-from worker.enqueue import validate
-from worker.errors import ConfigError, DatabaseUnavailable, InvalidRequest
-from worker.records import QueueStats
-from worker.settings import Settings
-from worker.states import Status
 
 STATS = QueueStats(
     steps={"pending": 3, "in_flight": 2, "retryable": 1, "unknown": 3, "accepted": 40, "rejected": 4},

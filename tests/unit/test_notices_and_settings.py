@@ -7,13 +7,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from adapters.http import retry_after, wire_body
-from worker.errors import ConfigError, InvalidRequest
-from worker.notices import NoticeConfig, build_notice, reserved_sender
-from worker.ports import SendRequest
-from worker.request import MAX_SUBJECT, parse
-from worker.settings import Settings
-from worker.states import Status
+from evq.adapters.http import retry_after, wire_body
+from evq.worker.errors import ConfigError, InvalidRequest
+from evq.worker.notices import NoticeConfig, build_notice, reserved_sender
+from evq.worker.ports import SendRequest
+from evq.worker.request import MAX_SUBJECT, parse
+from evq.worker.settings import Settings
+from evq.worker.states import Status
 
 ORIGINAL = {
     "id": 42,

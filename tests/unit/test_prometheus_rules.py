@@ -10,8 +10,8 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import worker.metrics  # noqa: F401
-from ops.metrics import QueueCollector, exported_names
+import evq.worker.metrics  # noqa: F401
+from evq.ops.app.metrics import QueueCollector, exported_names
 from tests.promql import metric_names
 from tests.support import require_binary
 

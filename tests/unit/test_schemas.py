@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from jsonschema import Draft202012Validator
 
-from ops.schemas import check_arguments, command_input, request_schema
-from worker.errors import InvalidRequest
-from worker.request import DECISION_FIELDS, REQUEST_FIELDS
+from evq.ops.app.schemas import check_arguments, command_input, request_schema
+from evq.worker.errors import InvalidRequest
+from evq.worker.request import DECISION_FIELDS, REQUEST_FIELDS
 
 
 def test_the_request_schema_names_exactly_the_fields_the_validator_takes():

@@ -8,10 +8,10 @@ import base64
 import json
 from urllib.parse import quote, quote_plus
 
-from worker import executor
-from worker.outcomes import Rejected
-from worker.ports import SendRequest
-from worker.scrub import register, scrub_text
+from evq.worker import executor
+from evq.worker.outcomes import Rejected
+from evq.worker.ports import SendRequest
+from evq.worker.scrub import register, scrub_text
 
 SECRET = "unit-Scrub+Secret/9f2=x"
 
@@ -71,7 +71,7 @@ def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
 
     import structlog
 
-    from worker.logs import configure, register_secrets
+    from evq.worker.logs import configure, register_secrets
 
     register_secrets([SECRET])
     root = logging.getLogger()

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.smtp import BuildError, Envelope, address_literal, build_message, queue_id
-from worker.ports import SendRequest
-from worker.request import parse
+from evq.adapters.smtp import BuildError, Envelope, address_literal, build_message, queue_id
+from evq.worker.ports import SendRequest
+from evq.worker.request import parse
 
 MESSAGE_ID = "<evq.feedface@example.org>"
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -1,8 +1,8 @@
-"""Failed key checks per client address (ops/throttle.py), on a clock the test moves."""
+"""Failed key checks per client address (ops/web/throttle.py), on a clock the test moves."""
 
 from __future__ import annotations
 
-from ops.throttle import FailureThrottle
+from evq.ops.web.throttle import FailureThrottle
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from worker.timeline import run_events
+from evq.worker.timeline import run_events
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 

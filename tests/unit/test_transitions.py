@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.backoff import Backoff
-from worker.outcomes import Accepted, Rejected, Retryable, Unknown
-from worker.records import ClaimedStep
-from worker.states import TRANSITIONS, Reason, Status
-from worker.transitions import decide
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.records import ClaimedStep
+from evq.worker.states import TRANSITIONS, Reason, Status
+from evq.worker.transitions import decide
 
 
 def step(attempt=1, max_attempts=None, maybe_delivered=False, **fields) -> ClaimedStep:

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import uvicorn
 
+from evq.worker.settings import Settings
 from tests import contract
 from tests.support import free_port, wait_until
-from worker.settings import Settings
 
 # Route -> the command whose output schema (docs/cli-schema) its bodies follow.
 COMMAND_OF = {
@@ -47,8 +47,8 @@ class Served:
 @contextmanager
 def serving(db_url: str, **settings: Any) -> Iterator[Served]:
     """The real app (ops.wiring.serve_app) on 127.0.0.1, for as long as the block runs."""
-    from ops.web.slowclients import uvicorn_config
-    from ops.wiring import serve_app
+    from evq.ops.web.slowclients import uvicorn_config
+    from evq.ops.wiring import serve_app
 
     config_settings = Settings.load(env={}, database_url=db_url, log_format="json", **settings)
     port = free_port()

@@ -165,7 +165,7 @@ def test_an_operator_closes_unknown_rows_with_an_audit_trail(api, keys, db_url):
 
 
 def _resolution():
-    from worker.resolution import Resolution
+    from evq.worker.resolution import Resolution
 
     return Resolution.parse("rejected", "bob was first")
 
@@ -359,7 +359,7 @@ def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):
 
 
 def test_the_api_binds_loopback_by_default():
-    from worker.settings import Settings
+    from evq.worker.settings import Settings
 
     assert Settings.load(env={}).serve_host == "127.0.0.1"
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from adapters.postgres.store import PostgresStore
-from ops.mcpserver import build_server
-from ops.schemas import command_input, request_schema
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.app.schemas import command_input, request_schema
+from evq.ops.mcp.server import build_server
+from evq.worker.settings import Settings
 from tests import contract
 from tests.acceptance.conftest import make_key
 from tests.support import request, rows, step_row, unknown_steps
-from worker.settings import Settings
 
 
 async def key(db_url: str, name: str, role: str, *, created_by: str | None) -> str:
@@ -153,7 +153,7 @@ async def test_evq_mcp_over_stdio(db_url):
     """The real command, as an MCP client starts it: stdout carries only the protocol."""
     agent = await key(db_url, "bot", "agent", created_by=None)
     env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": agent, "EVQ_LOG_FORMAT": "json"}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "ops.cli", "mcp"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
     async with Client(params) as c:
         assert "evq_email_send" in {t.name for t in (await c.list_tools()).tools}
         sent = await call(c, "evq_email_send", request(run_id="run-stdio"), "enqueue")

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from evq.worker.resolution import Resolution
 from tests.acceptance.conftest import make_key
 from tests.support import require_binary, rows, serve_process, step_row, unknown_steps, with_store
-from worker.resolution import Resolution
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
@@ -277,7 +277,7 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
     """Each POST of the page refuses a missing or foreign CSRF token and changes nothing; an agent
     key's session is refused a close it forges (with a good token); every form the templates have
     carries the token."""
-    from ops.web import page
+    from evq.ops.web import page
 
     steps = unknown(db_url, 2, hours_ago=1)
     close = {"verdict": "rejected", "note": "forged"}

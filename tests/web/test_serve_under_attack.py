@@ -229,8 +229,8 @@ def test_behind_a_tls_proxy_the_session_cookie_stays_secure(db_url):
 def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_first_use(empty_db_url):
     """A database with a key made by an evq before 0010_key_hmac (a scrypt hash), upgraded:
     the key still works over HTTP, its row now holds an HMAC, and it keeps working."""
-    from adapters.postgres.database import upgrade
-    from worker.keys import generate
+    from evq.adapters.postgres.database import upgrade
+    from evq.worker.keys import generate
 
     upgrade(empty_db_url, "0009_runtime_role")
     key = generate()

@@ -1,14 +1,14 @@
 """JSON Schemas of what the HTTP API and the MCP server take, built from the definitions
 the command line is built from, so no interface describes a parameter differently:
 
-- :func:`request_schema`: the send request, from ops/service.py's field table (the
+- :func:`request_schema`: the send request, from ops/app/service.py's field table (the
   flags of `evq enqueue` come from the same table). worker/request.py stays the one
   validator of a request; the schema tells callers its shape.
 - :func:`command_input`: a command's parameters as a JSON object, read from the click
   command through ops/cli/describe.py (what `evq schema` prints), with JSON names
   (``--older-than`` becomes ``older_than``). :func:`check_arguments` validates against
   it, so what a schema says is exactly what is accepted.
-- :func:`output_schema`: a command's output (docs/cli-schema), self-contained.
+- :func:`output_schema`: a command's output (ops/app/cli-schema), self-contained.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ops.cli.describe import output_schema  # noqa: F401  (re-exported: one import for the interfaces)
-from ops.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
-from worker.errors import InvalidRequest
-from worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
+from evq.ops.app.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
+from evq.ops.cli.describe import output_schema  # noqa: F401  (re-exported: one import for the interfaces)
+from evq.worker.errors import InvalidRequest
+from evq.worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
 
 _ADDRESS: dict[str, Any] = {
     "anyOf": [
@@ -94,8 +94,8 @@ def command_input(
     Names are the flag's (``--as`` -> ``as``), arguments the dest's, then ``rename``d.
     The API key, the output format and the database URL are the server's business.
     """
-    from ops.cli import cli
-    from ops.cli.describe import describe_command, find
+    from evq.ops.cli import cli
+    from evq.ops.cli.describe import describe_command, find
 
     cmd = find(cli, path)
     assert cmd is not None, path

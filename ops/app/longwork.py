@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ops.contract import EXIT_INTERRUPTED
-from worker.errors import Aborted, EvqError, MaxFailures
-from worker.logs import get_logger
+from evq.ops.app.contract import EXIT_INTERRUPTED
+from evq.worker.errors import Aborted, EvqError, MaxFailures
+from evq.worker.logs import get_logger
 
 T = TypeVar("T")
 log = get_logger("evq.cli")

@@ -3,7 +3,7 @@
     {"status": "success" | "error" | "partial_failure", "schema_version": 1,
      "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
 
-Times are ISO 8601 with a zone, numbers are numbers. The schemas are docs/cli-schema/.
+Times are ISO 8601 with a zone, numbers are numbers. The schemas are ops/app/cli-schema/.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from worker.errors import EvqError
+from evq.worker.errors import EvqError
 
 SCHEMA_VERSION = 1
 
-# Fixed from now on; documented in docs/cli-schema/error-codes.md.
+# Fixed from now on; documented in ops/app/cli-schema/error-codes.md.
 EXIT_CODES: dict[str, int] = {
     "E_NOT_FOUND": 1,
     "E_INTERNAL": 1,

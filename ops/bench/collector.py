@@ -1,4 +1,4 @@
-"""Time the metrics collector's query on a big table: `python -m ops.collector_bench`.
+"""Time the metrics collector's query on a big table: `python -m ops.bench.collector`.
 
 By default it creates a scratch database on the server of ``--database-url``, migrates
 it, fills it with 1,000,000 terminal rows and a live backlog in every state, and prints
@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 import psycopg
 
-from adapters.postgres.queue_stats import QueueStatsReader
-from worker.metrics import UNKNOWN_AGE_BUCKETS
+from evq.adapters.postgres.queue_stats import QueueStatsReader
+from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -121,7 +121,7 @@ def measure(url: str, *, repeat: int = 20) -> dict[str, Any]:
 @contextmanager
 def scratch_database(server_url: str) -> Iterator[str]:
     """A new database at evq's head revision on the same server, dropped afterwards."""
-    from adapters.postgres.database import upgrade
+    from evq.adapters.postgres.database import upgrade
 
     name = f"evq_collector_bench_{os.getpid()}"
     info = psycopg.conninfo.conninfo_to_dict(server_url)
@@ -138,7 +138,7 @@ def scratch_database(server_url: str) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.collector_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.collector", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--database-url",
         default=os.environ.get("EVQ_DATABASE_URL") or DEFAULT_SERVER,

@@ -20,7 +20,7 @@ Modes (README, "Benchmark"):
   batched UPDATE (and with one commit per row); pgqueuer (the optional ``bench``
   extra) draining the same number of no-op jobs, and its single and batch enqueue.
 
-Worker processes are real processes (``python -m ops.bench CHILD-JSON``): each one
+Worker processes are real processes (``python -m ops.bench.harness CHILD-JSON``): each one
 wires itself, says it is ready, and starts when told, so start-up is never timed.
 Every worker reports its peak RSS. The benchmark creates its own databases on the
 server it is pointed at (it needs CREATE DATABASE) and drops them afterwards.
@@ -47,8 +47,8 @@ from typing import Any
 
 import psycopg
 
-from ops.benchmodes import MODES
-from worker.errors import ConfigError, EvqError
+from evq.ops.bench.modes import MODES
+from evq.worker.errors import ConfigError, EvqError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,7 +169,7 @@ class Databases:
         return _with_database(self.server_url, name)
 
     def migrated_template(self) -> None:
-        from adapters.postgres.database import upgrade
+        from evq.adapters.postgres.database import upgrade
 
         self._admin(f'CREATE DATABASE "{self.template}"')
         self._made.append(self.template)
@@ -218,8 +218,8 @@ def bench_requests(n: int, *, run_id: str = "bench") -> list[dict[str, Any]]:
 
 
 def _policy() -> Any:
-    from worker.request import Policy
-    from worker.settings import ADAPTERS
+    from evq.worker.request import Policy
+    from evq.worker.settings import ADAPTERS
 
     return Policy(providers=tuple(ADAPTERS), default_provider="null")
 
@@ -232,7 +232,7 @@ class Prefill:
         self.validate_seconds: dict[int, float] = {}
 
     def valid(self, n: int) -> list[Any]:
-        from adapters.postgres.enqueue import validate_many
+        from evq.adapters.postgres.enqueue import validate_many
 
         if n not in self._valid:
             started = time.perf_counter()
@@ -242,8 +242,8 @@ class Prefill:
 
     def enqueue(self, url: str, n: int, *, run_id: str = "bench") -> float:
         """Batch-enqueue n steps; the seconds the write took (one transaction)."""
-        from adapters.postgres.enqueue import enqueue_many_op, run_sync
-        from worker.request import default_idempotency_key
+        from evq.adapters.postgres.enqueue import enqueue_many_op, run_sync
+        from evq.worker.request import default_idempotency_key
 
         valid = self.valid(n)
         if run_id != "bench":
@@ -279,7 +279,7 @@ class Child:
         self.log = tempfile.NamedTemporaryFile(prefix="evq-bench-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.bench", json.dumps(spec)],
+            [sys.executable, "-m", "evq.ops.bench.harness", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -552,7 +552,7 @@ class Bench:
     # enqueue ---------------------------------------------------------------------------------
 
     def mode_enqueue(self) -> None:
-        from adapters.postgres.enqueue import enqueue
+        from evq.adapters.postgres.enqueue import enqueue
 
         c = self.config
         requests = bench_requests(c.enqueue_single, run_id="single")
@@ -668,7 +668,7 @@ class Bench:
             )
 
     def _pickup_once(self, listen: str) -> tuple[float, float, float]:
-        from adapters.postgres.enqueue import enqueue
+        from evq.adapters.postgres.enqueue import enqueue
 
         c = self.config
         samples = c.pickup_samples if listen == "on" else max(10, c.pickup_samples // 5)
@@ -748,7 +748,7 @@ class Bench:
                     "metrics collector query",
                     "ms",
                     timings,
-                    note=f"QueueStatsReader (ops/metrics.py's query); {c.scale_rows:,} terminal rows",
+                    note=f"QueueStatsReader (ops/app/metrics.py's query); {c.scale_rows:,} terminal rows",
                 )
             )
         finally:
@@ -868,8 +868,8 @@ def _percentile(values: Sequence[float], pct: float) -> float:
 
 def time_collector(url: str, *, repeat: int) -> list[float]:
     """Milliseconds per read of the metrics collector's query (QueueStatsReader, as /metrics runs it)."""
-    from adapters.postgres.queue_stats import QueueStatsReader
-    from worker.metrics import UNKNOWN_AGE_BUCKETS
+    from evq.adapters.postgres.queue_stats import QueueStatsReader
+    from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
     reader = QueueStatsReader(url)
     try:
@@ -1144,8 +1144,8 @@ async def _wait_go() -> float:
 
 
 async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
-    from ops import wiring
-    from worker.settings import Settings
+    from evq.ops import wiring
+    from evq.worker.settings import Settings
 
     settings = Settings.load(env={}, database_url=spec["url"], **{k: str(v) for k, v in spec["settings"].items()})
     wiring.setup_logging(settings)

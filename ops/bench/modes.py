@@ -1,4 +1,4 @@
-"""The benchmark's modes, in the order `evq bench` runs them: here, not in ops/bench.py, so the
+"""The benchmark's modes, in the order `evq bench` runs them: here, not in ops/bench/harness.py, so the
 CLI can list them (`--mode`, `evq schema`) without importing the benchmark and psycopg."""
 
 from __future__ import annotations

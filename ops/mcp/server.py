@@ -1,9 +1,9 @@
 """`evq mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command,
 named ``evq_<noun>_<verb>``, each answering with the contract's wrapper JSON.
 
-- Input schemas come from the definitions the CLI is built from (ops/schemas.py), and
+- Input schemas come from the definitions the CLI is built from (ops/app/schemas.py), and
   the tools validate against exactly those (the send request by worker/request.py);
-  output schemas are the commands' docs/cli-schema files.
+  output schemas are the commands' ops/app/cli-schema files.
 - The API key comes from the server's environment (EVQ_API_KEY), never from a tool's
   arguments; every call is authenticated with it (reads: any role).
 - ``evq_steps_resolve`` exists only with EVQ_MCP_RESOLVE=true, and dry-runs unless
@@ -23,14 +23,14 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from ops import service
-from ops.contract import Timer, failure, plain, success, to_json
-from ops.schemas import check_arguments, command_input, output_schema, request_schema
-from ops.service import Caller, Selection
-from worker.errors import EvqError, InvalidRequest
-from worker.logs import get_logger
-from worker.resolution import Resolution
-from worker.settings import Settings
+from evq.ops.app import service
+from evq.ops.app.contract import Timer, failure, plain, success, to_json
+from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
+from evq.ops.app.service import Caller, Selection
+from evq.worker.errors import EvqError, InvalidRequest
+from evq.worker.logs import get_logger
+from evq.worker.resolution import Resolution
+from evq.worker.settings import Settings
 
 log = get_logger("evq.mcp")
 KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"

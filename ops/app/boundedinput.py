@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import BinaryIO
 
-from worker.errors import InvalidRequest
+from evq.worker.errors import InvalidRequest
 
 SETTING = "EVQ_MAX_INPUT_BYTES"
 # A line longer than the limit is skipped in pieces this big, never held whole.

@@ -1,7 +1,7 @@
 """The application layer: what every interface does, in one place.
 
 The CLI (ops/cli), the HTTP API and the ops page (ops/web) and the MCP server
-(ops/mcpserver.py) all call these functions with a store and plain parameters, and
+(ops/mcp/server.py) all call these functions with a store and plain parameters, and
 get back a :class:`Reply` (the contract's ``data``, ``meta`` and ``status``) or an
 :class:`~worker.errors.EvqError`. Which key role an operation needs is decided here,
 so no interface can grant more than another.
@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from ops.longwork import Tally, each
-from worker.enqueue import existing_or_conflict, validate
-from worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, authenticate, authorize
-from worker.outcomes import refused_recipients
-from worker.ports import StepFilter
-from worker.records import StepSummary
-from worker.request import Policy, ValidRequest, unicode_domain
-from worker.resolution import Resolution, Verdict, requeueable
-from worker.states import Status
-from worker.timeline import run_events
+from evq.ops.app.longwork import Tally, each
+from evq.worker.enqueue import existing_or_conflict, validate
+from evq.worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, authenticate, authorize
+from evq.worker.outcomes import refused_recipients
+from evq.worker.ports import StepFilter
+from evq.worker.records import StepSummary
+from evq.worker.request import Policy, ValidRequest, unicode_domain
+from evq.worker.resolution import Resolution, Verdict, requeueable
+from evq.worker.states import Status
+from evq.worker.timeline import run_events
 
 # The request's fields as every interface describes them: (field, repeatable, description).
 REQUEST_FIELDS: tuple[tuple[str, bool, str], ...] = (
@@ -139,7 +139,7 @@ def validate_requests(requests: Sequence[Any], policy: Policy) -> list[ValidRequ
     if not requests:
         raise InvalidRequest([{"field": "$", "message": "no request given"}])
     # Imported here: it brings psycopg, which `evq --help` (every interface imports this module) never needs.
-    from adapters.postgres.enqueue import validate_many
+    from evq.adapters.postgres.enqueue import validate_many
 
     return validate_many(requests, policy) if len(requests) > 1 else [validate(requests[0], policy)]
 

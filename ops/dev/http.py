@@ -25,7 +25,7 @@ Rate limiting, as a provider does it: with ``rate_limit=N`` (``--rate-limit N``)
 with ``Retry-After`` and is not stored. Every request's arrival (``at``, Unix time)
 is kept, so a test can count requests per window.
 
-    python -m ops.devhttp --port 8025 --api-key devhttp-key
+    python -m ops.dev.http --port 8025 --api-key devhttp-key
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
-from ops import devserver
+from evq.ops.dev import server as devserver
 
 FAULTS: dict[str, str] = {
     "reset": "store the message, then reset the connection instead of answering",
@@ -463,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ops.devhttp", description="A local Resend-style email API that keeps what it receives."
+        prog="python -m ops.dev.http", description="A local Resend-style email API that keeps what it receives."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8025)

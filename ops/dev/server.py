@@ -1,4 +1,4 @@
-"""What the dev servers (ops/devsmtp.py, ops/devhttp.py) share: a fault, the
+"""What the dev servers (ops/dev/smtp.py, ops/dev/http.py) share: a fault, the
 programmatic way to inject one — a standing fault for every request until reset,
 or queued faults for the next requests in order of arrival — and running one from
 the command line."""

@@ -20,8 +20,8 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 
-from ops.boundedinput import SETTING, read_line
-from worker.logs import get_logger
+from evq.ops.app.boundedinput import SETTING, read_line
+from evq.worker.logs import get_logger
 
 log = get_logger("evq.mcp")
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import psycopg
 
-from adapters.postgres.database import connect_kwargs, translated, upgrade
-from adapters.postgres.enqueue import enqueue_own
-from adapters.postgres.queries import Q
-from ops import wiring
-from ops.devhttp import DevHttpServer
-from ops.devsmtp import DevSmtpServer
-from worker.errors import StateConflict
-from worker.ports import StepFilter
-from worker.settings import Settings
+from evq.adapters.postgres.database import connect_kwargs, translated, upgrade
+from evq.adapters.postgres.enqueue import enqueue_own
+from evq.adapters.postgres.queries import Q
+from evq.ops import wiring
+from evq.ops.dev.http import DevHttpServer
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.worker.errors import StateConflict
+from evq.worker.ports import StepFilter
+from evq.worker.settings import Settings
 
 SENDER = "assistant@example.org"
 API_KEY = "demo-key"
