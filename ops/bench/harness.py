@@ -20,7 +20,7 @@ Modes (README, "Benchmark"):
   batched UPDATE (and with one commit per row); pgqueuer (the optional ``bench``
   extra) draining the same number of no-op jobs, and its single and batch enqueue.
 
-Worker processes are real processes (``python -m ops.bench.harness CHILD-JSON``): each one
+Worker processes are real processes (``python -m evq.ops.bench.harness CHILD-JSON``): each one
 wires itself, says it is ready, and starts when told, so start-up is never timed.
 Every worker reports its peak RSS. The benchmark creates its own databases on the
 server it is pointed at (it needs CREATE DATABASE) and drops them afterwards.

@@ -1,4 +1,4 @@
-"""`python -m ops.cli ...` is `evq ...` (for environments without the console script on PATH)."""
+"""`python -m evq.ops.cli ...` is `evq ...` (for environments without the console script on PATH)."""
 
 from evq.ops.cli import main
 

@@ -25,7 +25,7 @@ Rate limiting, as a provider does it: with ``rate_limit=N`` (``--rate-limit N``)
 with ``Retry-After`` and is not stored. Every request's arrival (``at``, Unix time)
 is kept, so a test can count requests per window.
 
-    python -m ops.dev.http --port 8025 --api-key devhttp-key
+    python -m evq.ops.dev.http --port 8025 --api-key devhttp-key
 """
 
 from __future__ import annotations
@@ -463,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ops.dev.http", description="A local Resend-style email API that keeps what it receives."
+        prog="python -m evq.ops.dev.http", description="A local Resend-style email API that keeps what it receives."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8025)

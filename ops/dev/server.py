@@ -72,7 +72,7 @@ class FaultInjection:
 
 
 def serve_until_interrupted(server: FaultInjection, fault: str | None, where: Callable[[], str]) -> int:
-    """``python -m ops.devX``: run with a standing fault until Ctrl-C."""
+    """``python -m evq.ops.dev.smtp`` and ``evq.ops.dev.http``: run with a standing fault until Ctrl-C."""
     server.fault = fault
     with server:
         # The banner inside the try: a Ctrl-C sent the moment it appears (as a script or a test

@@ -16,7 +16,7 @@ every message it accepted. Faults are injected two ways:
 withheld, because that is the case evq exists for: the server took it, the client
 never heard. "refuse" is simply :meth:`DevSmtpServer.stop`.
 
-    python -m ops.dev.smtp --host 127.0.0.1 --port 2525
+    python -m evq.ops.dev.smtp --host 127.0.0.1 --port 2525
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ class _Handler:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ops.dev.smtp", description="A local SMTP sink that keeps what it receives."
+        prog="python -m evq.ops.dev.smtp", description="A local SMTP sink that keeps what it receives."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=2525)

@@ -17,7 +17,7 @@ from tests.support import spawn, with_store
 
 
 class Evq:
-    """Runs `evq` (as `python -m ops.cli`) against one test database, with ``api_key`` if given.
+    """Runs `evq` (as `python -m evq.ops.cli`) against one test database, with ``api_key`` if given.
 
     Every ``json()`` output is checked against its command's schema in docs/cli-schema/.
     """

@@ -77,7 +77,7 @@ def test_the_failure_matrix_names_tests_that_exist_and_the_readme_links_it():
 
 def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
     """The README's commands call `evq`, the console script `pip install -e .` puts on PATH
-    (every other test runs `python -m ops.cli`, so this is the one that checks the script)."""
+    (every other test runs `python -m evq.ops.cli`, so this is the one that checks the script)."""
     import shutil
     import subprocess
     import tomllib
@@ -139,11 +139,7 @@ def test_code_cites_sections_of_the_design_that_exist():
     headings = set(re.findall(r"^#+ (.+)$", DESIGN, flags=re.M))
     external = "DESIGN" + ".md"
     cited = 0
-    code = [
-        p
-        for top in ("worker", "adapters", "ops", "migrations", "tests")
-        for p in (ROOT / top).rglob("*")
-    ]
+    code = [p for top in ("worker", "adapters", "ops", "migrations", "tests") for p in (ROOT / top).rglob("*")]
     for path in sorted(code):
         if path.suffix not in (".py", ".sql"):
             continue

@@ -1,0 +1,160 @@
+"""The wheel is evq: built from the source, installed into a fresh venv, run with no checkout in sight.
+
+A source checkout hides packaging mistakes (a file left out of package data, a module only the
+repository root makes importable, a bare `import ops`), because the checkout's folders are on the
+path. This test builds the wheel from a copy of the source tree without tests/, inspects what is in
+it, installs it with its dependencies into a venv of its own (no --system-site-packages, no
+PYTHONPATH, no editable install), and runs the commands a new user runs first from a folder outside
+the repository: `evq --version`, `evq schema`, `evq db upgrade` on an empty database, `evq demo` on
+it, and `evq serve` answering /healthz and serving its page and stylesheet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from evq import __version__
+from tests.support import free_port, spawn, stop, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What the checkout holds that is not the package's source, and must not shape the wheel.
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", "tests", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache", ".venv", "*.whl"
+)
+
+# Runtime data each command reads from inside the package: the store's SQL, the migration
+# template, the output schemas `evq schema` prints, the page's templates and stylesheet, py.typed.
+PACKAGE_DATA = [
+    "evq/py.typed",
+    "evq/adapters/postgres/queries.sql",
+    "evq/migrations/script.py.mako",
+    "evq/ops/app/cli-schema/_common.schema.json",
+    "evq/ops/app/cli-schema/demo.schema.json",
+    "evq/ops/app/cli-schema/error-codes.md",
+    "evq/ops/web/templates/base.html",
+    "evq/ops/web/templates/login.html",
+    "evq/ops/web/static/ops.css",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def run(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built by pip from a copy of the source (so the build leaves nothing in the checkout)."""
+    base = tmp_path_factory.mktemp("wheel")
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE, symlinks=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base / "dist"), str(source)],
+        cwd=base,
+        env=env,
+    )
+    (built,) = (base / "dist").glob("evq-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel and its dependencies (from the registry or pip's cache)."""
+    home = tmp_path_factory.mktemp("venv") / "venv"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run([sys.executable, "-m", "venv", str(home)], cwd=home.parent, env=env)
+    run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=home.parent, env=env, timeout=900)
+    return home
+
+
+def test_the_wheel_holds_evq_only_with_its_data(wheel: Path):
+    assert wheel.name == f"evq-{__version__}-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    # One import root: no top-level worker/ops/adapters/migrations another distribution could overwrite.
+    assert {n.split("/")[0] for n in names} == {"evq", f"evq-{__version__}.dist-info"}
+    missing = [n for n in PACKAGE_DATA if n not in names]
+    assert missing == []
+    assert any(n.startswith("evq/migrations/versions/0001") and n.endswith(".py") for n in names)
+    assert len([n for n in names if n.startswith("evq/ops/app/cli-schema/") and n.endswith(".schema.json")]) > 10
+    assert [n for n in names if "/tests/" in n or n.split("/")[-1].startswith("test_")] == []
+    assert f"evq-{__version__}.dist-info/licenses/LICENSE" in names
+    entry_points = zipfile.ZipFile(wheel).read(f"evq-{__version__}.dist-info/entry_points.txt").decode()
+    assert "evq = evq.ops.cli:main" in entry_points
+
+
+def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empty_db_url: str, tmp_path: Path):
+    evq = str(venv / "bin" / "evq")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EVQ_API_KEY")}
+    env |= {"EVQ_DATABASE_URL": empty_db_url, "HOME": str(tmp_path), "EVQ_LOG_FORMAT": "json"}
+
+    # The evq imported is the wheel's, in the venv's site-packages, and nothing of the checkout.
+    where = run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import evq, evq.worker, json; print(json.dumps([evq.__file__, evq.worker.__file__, list(evq.__path__)]))",
+        ],
+        cwd=elsewhere,
+        env=env,
+    )
+    site = str(venv / "lib")
+    assert all(p.startswith(site) and str(ROOT) not in p for p in json.loads(where.stdout)[:2])
+    assert json.loads(where.stdout)[2] == [str(Path(json.loads(where.stdout)[0]).parent)]
+
+    assert run([evq, "--version"], cwd=elsewhere, env=env).stdout.strip() == f"evq, version {__version__}"
+
+    schema = json.loads(run([evq, "schema", "demo", "-o", "json"], cwd=elsewhere, env=env).stdout)
+    assert schema["data"]["output_schema"]["title"] == "evq demo -o json"  # read from package data
+    groups = json.loads(run([evq, "schema", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]["groups"]
+    assert {"db", "demo", "serve", "enqueue"} <= {g["name"] for g in groups}
+
+    # A migration from the installed revisions onto an empty database.
+    upgraded = json.loads(run([evq, "db", "upgrade", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]
+    assert upgraded["revision_before"] is None and upgraded["changed"] is True
+    status = json.loads(run([evq, "db", "status", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]
+    assert status["at_head"] is True and status["revision"] == upgraded["revision"]
+
+    demo = json.loads(run([evq, "demo", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]
+    statuses = {s["step_id"]: s["status"] for s in demo["steps"]}
+    assert statuses["welcome"] == "accepted" and statuses["report"] == "unknown" and statuses["invite"] == "rejected"
+    assert demo["worker_exit"] == 0
+
+    import httpx
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = spawn([evq, "serve", "--port", str(port)], cwd=elsewhere, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"evq serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=60, what="the installed evq serve")
+        # The page's templates and stylesheet come from package data too.
+        login = httpx.get(url + "/ops/login", timeout=5)
+        assert login.status_code == 200 and "<form" in login.text
+        assert httpx.get(url + "/ops/static/ops.css", timeout=5).status_code == 200
+    finally:
+        assert stop(proc) in (0, -15), log.read_text()[-2000:]
