@@ -203,3 +203,82 @@ def test_a_batch_writes_the_same_decision_as_a_single_enqueue(db_url):
     assert one == many and many["rationale"] == {"why": "asked", "score": 0.9}
     notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM email_steps")
     assert notify == [{"notify": "ops@example.org", "max_attempts": None}]
+
+
+# -- the public API: evq.enqueue_many / evq.enqueue_many_async in the caller's transaction ----
+
+
+def test_evq_enqueue_many_commits_and_rolls_back_with_the_callers_transaction(db_url):
+    import evq
+
+    with psycopg.connect(db_url) as conn:
+        with conn.transaction():
+            kept = evq.enqueue_many(conn, [request(run_id="pub", step_id=f"k{i}") for i in range(3)], policy=POLICY)
+        with pytest.raises(RuntimeError), conn.transaction():
+            evq.enqueue_many(conn, [request(run_id="pub", step_id="gone")], policy=POLICY)
+            raise RuntimeError("the caller's own work failed")
+    assert [(r.step_id, r.created) for r in kept] == [("k0", True), ("k1", True), ("k2", True)]
+    assert all(isinstance(r, evq.EnqueueResult) for r in kept)
+    assert counts(db_url) == (3, 3)
+
+
+def test_one_bad_request_in_evq_enqueue_many_writes_nothing_even_when_the_caller_commits(db_url):
+    """Every request is validated before the first statement: the caller that catches the error
+    and commits the rest of its transaction has written no step and no decision."""
+    import evq
+
+    batch = [request(run_id="pub", step_id="ok"), request(run_id="pub", step_id="bad", to=["not an address"])]
+    with psycopg.connect(db_url) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            with pytest.raises(evq.InvalidRequest) as err:
+                evq.enqueue_many(conn, batch, policy=POLICY)
+    assert isinstance(err.value, evq.EvqError) and err.value.code == "E_INVALID_ARG"
+    assert [e["field"].split(".")[0] for e in err.value.errors] == ["[1]"]
+    assert counts(db_url) == (0, 0)
+    assert rows(db_url, "SELECT id FROM orders") == [{"id": 1}]
+
+
+def test_evq_enqueue_many_on_a_sqlalchemy_connection(db_url):
+    import sqlalchemy as sa
+
+    import evq
+    from evq.adapters.postgres.database import sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    try:
+        with engine.begin() as conn:
+            results = evq.enqueue_many(conn, [request(run_id="sa", step_id=f"s{i}") for i in range(2)], policy=POLICY)
+        with pytest.raises(evq.InvalidRequest), engine.begin() as conn:
+            evq.enqueue_many(conn, [request(run_id="sa", step_id="x"), request(run_id="sa", to=[])], policy=POLICY)
+    finally:
+        engine.dispose()
+    assert all(r.created for r in results) and counts(db_url) == (2, 2)
+
+
+async def test_evq_enqueue_many_async_on_psycopg_and_sqlalchemy(db_url):
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    import evq
+    from evq.adapters.postgres.database import sqlalchemy_url
+
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            a = await evq.enqueue_many_async(
+                conn, [request(run_id="as", step_id=f"a{i}") for i in range(2)], policy=POLICY
+            )
+        with pytest.raises(evq.InvalidRequest):
+            async with conn.transaction():
+                await evq.enqueue_many_async(conn, [request(run_id="as", step_id="c"), {"run_id": "as"}], policy=POLICY)
+    engine = create_async_engine(sqlalchemy_url(db_url))
+    try:
+        async with engine.begin() as conn:
+            one = request(run_id="as", step_id="b0")
+            b = await evq.enqueue_many_async(conn, [one], policy=POLICY)
+            # A repeat inside the same transaction returns the step it just wrote.
+            again = await evq.enqueue_many_async(conn, [one], policy=POLICY)
+    finally:
+        await engine.dispose()
+    assert all(r.created for r in a + b) and again[0].created is False and again[0].id == b[0].id
+    assert counts(db_url) == (3, 3)
