@@ -1,0 +1,92 @@
+"""What one `evq bench` run measures (sizes, runs, modes) and one measured figure."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from evq.ops.bench.modes import MODES
+from evq.worker.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    server_url: str
+    steps: int = 20_000
+    runs: int = 3
+    modes: tuple[str, ...] = MODES
+    drain_processes: tuple[int, ...] = (1, 2)
+    drain_concurrency: int = 200
+    batch_size: int = 100
+    latency_delay: float = 0.05
+    latency_concurrency: tuple[int, ...] = (50, 200, 500)
+    latency_waves: int = 20  # each run sends concurrency x waves steps
+    enqueue_single: int = 2_000
+    pickup_samples: int = 200
+    poll_interval: float = 0.25
+    scale_rows: int = 1_000_000
+    peer: str = "auto"  # auto: measure pgqueuer when it is installed; on: require it; off
+
+    @classmethod
+    def quick(cls, server_url: str, **overrides: Any) -> BenchConfig:
+        """CI-sized: every mode, seconds each, one run."""
+        base = cls(
+            server_url,
+            steps=2_000,
+            runs=1,
+            latency_waves=4,
+            enqueue_single=200,
+            pickup_samples=20,
+            scale_rows=20_000,
+        )
+        return replace(base, **overrides)
+
+    def validate(self) -> BenchConfig:
+        problems = []
+        if self.steps < 100:
+            problems.append("--steps must be at least 100")
+        if self.runs < 1:
+            problems.append("--runs must be at least 1")
+        if self.scale_rows < 1000:
+            problems.append("--scale-rows must be at least 1000")
+        if not self.drain_processes or not all(1 <= p <= 64 for p in self.drain_processes):
+            problems.append("--processes must be between 1 and 64")
+        if unknown := set(self.modes) - set(MODES):
+            problems.append(f"unknown mode(s) {', '.join(sorted(unknown))}; known: {', '.join(MODES)}")
+        if self.peer not in ("auto", "on", "off"):
+            problems.append("peer must be auto, on or off")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+@dataclass
+class Figure:
+    """One measured quantity over repeated runs."""
+
+    mode: str
+    name: str
+    unit: str
+    values: list[float]
+    rss_mb: float | None = None
+    ratios: dict[str, float | None] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "name": self.name,
+            "unit": self.unit,
+            "median": round(self.median, 3),
+            "min": round(min(self.values), 3),
+            "max": round(max(self.values), 3),
+            "runs": [round(v, 3) for v in self.values],
+            "rss_mb": None if self.rss_mb is None else round(self.rss_mb, 1),
+            "ratios": {k: None if v is None else round(v, 3) for k, v in self.ratios.items()},
+            "note": self.note,
+        }

@@ -1,0 +1,114 @@
+"""The enqueue mode: single enqueue through the Python API (its own transaction, and inside a
+caller's), batch enqueue (``enqueue_many``) and request validation, each run paired with
+pgqueuer's enqueue when it is installed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from evq.ops.bench import peer as pgqueuer_peer
+from evq.ops.bench.config import Figure
+from evq.ops.bench.prefill import bench_requests, policy
+
+if TYPE_CHECKING:
+    from evq.ops.bench.harness import Bench
+
+
+def mode_enqueue(bench: Bench) -> None:
+    from evq.adapters.postgres.enqueue import enqueue
+
+    c = bench.config
+    requests = bench_requests(c.enqueue_single, run_id="single")
+    validation_policy = policy()
+
+    def single(autocommit: bool) -> tuple[float, None]:
+        # Autocommit: the one statement is the transaction, as the store's pool does it
+        # (and as pgqueuer's single enqueue is measured). Otherwise the caller's BEGIN
+        # and COMMIT add two round trips around the same statement.
+        with bench.db.fresh() as url, psycopg.connect(url, autocommit=autocommit) as conn:
+            started = time.perf_counter()
+            for request in requests:
+                enqueue(conn, request, policy=validation_policy)
+                if not autocommit:
+                    conn.commit()
+            return len(requests) / (time.perf_counter() - started), None
+
+    # Each run measures evq and (when installed) pgqueuer back to back, so the ratio
+    # compares the two under the same load, not minutes apart on a shared machine.
+    own, in_caller, batch, peer = [], [], [], []
+    writes = bench.batch_enqueue_seconds  # the drain mode's batch enqueues, when it ran
+    for _ in range(c.runs):
+        own.append(single(True)[0])
+        if bench.peer_driver is not None:
+            peer.append(pgqueuer_peer.enqueue_once(bench))
+        in_caller.append(single(False)[0])
+        if not writes:
+            batch.append(_batch_once(bench)[0])
+    figures = (
+        (
+            bench.add(
+                Figure(
+                    "enqueue",
+                    "evq single enqueue (Python API, own transaction)",
+                    "steps/s",
+                    own,
+                    note="validation + decision and step in one statement, autocommit: one round trip each",
+                )
+            ),
+            "pgqueuer_single",
+            0,
+        ),
+        (
+            bench.add(
+                Figure(
+                    "enqueue",
+                    "evq single enqueue (Python API, in a caller's transaction)",
+                    "steps/s",
+                    in_caller,
+                    note="BEGIN, validation + decision and step, COMMIT: three round trips each",
+                )
+            ),
+            "pgqueuer_single",
+            0,
+        ),
+        (
+            bench.add(
+                Figure(
+                    "enqueue",
+                    "evq batch enqueue (enqueue_many)",
+                    "steps/s",
+                    batch or [c.steps / s for s in writes],
+                    note=f"{c.steps} validated requests in one transaction",
+                )
+            ),
+            "pgqueuer_batch",
+            1,
+        ),
+    )
+    if peer:
+        pgqueuer_peer.add_enqueue_figures(bench, peer, "measured alternately with evq's enqueue")
+        # Paired runs: the median of each run's own ratio, so a burst of load that
+        # hits one run of both does not skew the ratio of the medians.
+        for fig, key, i in figures:
+            if len(fig.values) == len(peer):
+                fig.ratios[key] = statistics.median(v / p[i] for v, p in zip(fig.values, peer, strict=True))
+    validate = bench.prefill.validate_seconds.get(c.steps)
+    if validate:
+        bench.add(
+            Figure(
+                "enqueue",
+                "evq request validation (before any write)",
+                "requests/s",
+                [c.steps / validate],
+                note="parse + address checks, in the caller's process",
+            )
+        )
+
+
+def _batch_once(bench: Bench) -> tuple[float, None]:
+    with bench.db.fresh() as url:
+        return bench.config.steps / bench.prefill.enqueue(url, bench.config.steps), None

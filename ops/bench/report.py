@@ -1,0 +1,133 @@
+"""The report: each figure's ratios to the ceiling and the peer, the targets (the issue's, checked
+on this machine), the human table, and the revision measured."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from evq.ops.bench.config import Figure
+
+
+def find(figures: Sequence[Figure], mode: str, prefix: str) -> Figure | None:
+    return next((f for f in figures if f.mode == mode and f.name.startswith(prefix)), None)
+
+
+def add_ratios(figures: Sequence[Figure]) -> None:
+    """Every drain to the raw SQL ceiling and to pgqueuer's drains, every enqueue to pgqueuer's
+    (unless the enqueue mode already paired them run by run), pgqueuer's drains to the ceiling."""
+    ceiling = find(figures, "ceiling", "raw SQL ceiling")
+    default = find(figures, "peer", "pgqueuer drain, default")
+    best = find(figures, "peer", "pgqueuer drain, best")
+    p_single = find(figures, "peer", "pgqueuer single")
+    p_batch = find(figures, "peer", "pgqueuer batch")
+    for f in figures:
+        if f.mode in ("drain", "scale") and f.unit == "steps/s":
+            for key, ref in (("ceiling", ceiling), ("pgqueuer_default", default), ("pgqueuer_best", best)):
+                f.ratios[key] = f.median / ref.median if ref else None
+        elif f.name.startswith("evq single enqueue"):
+            f.ratios.setdefault("pgqueuer_single", f.median / p_single.median if p_single else None)
+        elif f.name.startswith("evq batch enqueue"):
+            f.ratios.setdefault("pgqueuer_batch", f.median / p_batch.median if p_batch else None)
+        elif f.mode == "peer" and f.unit == "jobs/s" and "drain" in f.name and ceiling:
+            f.ratios["ceiling"] = f.median / ceiling.median
+
+
+def targets(figures: Sequence[Figure]) -> list[dict[str, Any]]:
+    def find(prefix: str) -> Figure | None:
+        return next((f for f in figures if f.name.startswith(prefix)), None)
+
+    out: list[dict[str, Any]] = []
+
+    def check(target: str, value: float | None, threshold: float, *, below: bool = False) -> None:
+        met = None if value is None else (value < threshold if below else value >= threshold)
+        out.append(
+            {"target": target, "value": None if value is None else round(value, 3), "threshold": threshold, "met": met}
+        )
+
+    d2, d1 = find("evq drain, 2 processes"), find("evq drain, 1 process")
+    check("drain 2 processes / pgqueuer best >= 1", d2 and d2.ratios.get("pgqueuer_best"), 1.0)
+    check("drain 2 processes / raw ceiling >= 1/3", d2 and d2.ratios.get("ceiling"), 1 / 3)
+    check("drain 1 process / pgqueuer default >= 2", d1 and d1.ratios.get("pgqueuer_default"), 2.0)
+    lat = max((f for f in figures if f.mode == "latency"), key=lambda f: f.name.endswith("500"), default=None)
+    if lat is not None:
+        check(f"{lat.name}: share of ideal >= 0.8", lat.ratios.get("ideal"), 0.8)
+        check(f"{lat.name}: worker RSS < 150 MB", lat.rss_mb, 150.0, below=True)
+    single, batch = find("evq single enqueue"), find("evq batch enqueue")
+    check("single enqueue / pgqueuer single >= 1", single and single.ratios.get("pgqueuer_single"), 1.0)
+    check("batch enqueue >= 40,000 steps/s", batch and batch.median, 40_000.0)
+    for what, limit in (("p50", 5.0), ("p99", 50.0)):
+        f = find(f"evq pickup {what}, LISTEN")
+        check(f"pickup {what} with LISTEN/NOTIFY < {limit:g} ms", f and f.median, limit, below=True)
+    poll = find("evq pickup p99, polling")
+    if poll is not None:
+        interval_ms = float(poll.name.rsplit("every ", 1)[1].rstrip("s")) * 1000
+        check("pickup p99 polling only < poll interval (ms)", poll.median, interval_ms, below=True)
+    scale, collector = find("evq drain, 1 process, "), find("metrics collector")
+    check("scale drain / empty-table drain >= 0.8", scale and scale.ratios.get("empty_table"), 0.8)
+    check("collector query < 50 ms", collector and collector.median, 50.0, below=True)
+    return out
+
+
+def human(report: dict[str, Any]) -> str:
+    lines = [
+        f"evq bench  revision {report['revision']}  {report['seconds']}s  "
+        f"load {report['machine']['load_before']} -> {report['machine']['load_after']}  "
+        f"PostgreSQL {report['machine']['postgres']}  peer: {report['machine']['peer'] or 'none'}",
+        "",
+    ]
+    rows = [("figure", "median", "min-max", "unit", "ratios", "peak RSS")]
+    for r in report["results"]:
+        ratios = "  ".join(f"{k}={v:.2f}" for k, v in r["ratios"].items() if v is not None)
+        rss = "-" if r["rss_mb"] is None else f"{r['rss_mb']:.0f} MB"
+        rows.append((r["name"], _num(r["median"]), f"{_num(r['min'])}-{_num(r['max'])}", r["unit"], ratios, rss))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if k in (0, 3, 4) else cell.rjust(w)
+                for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += ["", "targets:"]
+    for t in report["targets"]:
+        mark = {True: "met    ", False: "NOT met", None: "n/a    "}[t["met"]]
+        value = "-" if t["value"] is None else _num(t["value"])
+        lines.append(f"  {mark}  {t['target']}  (value {value})")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def git_revision() -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes); an installed evq has no
+    checkout, and git must not report whichever repository happens to enclose site-packages."""
+    import evq
+
+    root = Path(evq.__file__).resolve().parent.parent
+    if not (root / "worker" / "__init__.py").is_file():
+        return f"evq {evq.__version__} (installed)"
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
