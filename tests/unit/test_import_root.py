@@ -71,7 +71,8 @@ def test_commands_in_docs_and_code_run_modules_through_evq():
     found = [
         f"{p.relative_to(ROOT)}:{n}: {m.group(1)}"
         for p in _files(".py", ".md", ".yml", ".yaml", ".toml", ".ini", ".cfg", "Dockerfile", "run")
-        if p != Path(__file__).resolve()  # its own docstrings show the wrong form
+        # Its own docstrings show the wrong form; the changelog names the old commands it replaced.
+        if p not in (Path(__file__).resolve(), ROOT / "CHANGELOG.md")
         for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
         for m in pattern.finditer(line)
         if _is_module(".".join(m.group(1).split(".")[:2]))
