@@ -6,7 +6,8 @@ path. This test builds the wheel from a copy of the source tree without tests/, 
 it, installs it with its dependencies into a venv of its own (no --system-site-packages, no
 PYTHONPATH, no editable install), and runs the commands a new user runs first from a folder outside
 the repository: `evq --version`, `evq schema`, `evq db upgrade` on an empty database, `evq demo` on
-it, and `evq serve` answering /healthz and serving its page and stylesheet.
+it, a small `evq bench` (its worker processes start by module name), and `evq serve` answering
+/healthz and serving its page and stylesheet.
 """
 
 from __future__ import annotations
@@ -133,6 +134,30 @@ def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empt
     statuses = {s["step_id"]: s["status"] for s in demo["steps"]}
     assert statuses["welcome"] == "accepted" and statuses["report"] == "unknown" and statuses["invite"] == "rejected"
     assert demo["worker_exit"] == 0
+
+    # The benchmark's worker processes are started by module name: they must find the installed evq.
+    bench = run(
+        [
+            evq,
+            "bench",
+            "--quick",
+            "--mode",
+            "drain",
+            "--processes",
+            "1",
+            "--steps",
+            "500",
+            "--peer",
+            "off",
+            "-o",
+            "json",
+        ],
+        cwd=elsewhere,
+        env=env,
+    )
+    report = json.loads(bench.stdout)["data"]
+    assert report["revision"] == f"evq {__version__} (installed)"
+    assert [r["name"] for r in report["results"]] == ["evq drain, 1 process"] and report["results"][0]["median"] > 0
 
     import httpx
 
