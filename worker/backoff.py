@@ -6,17 +6,22 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tenacity import RetryCallState, wait_exponential, wait_random
+from tenacity import RetryCallState, Retrying, wait_exponential, wait_random
+from tenacity.wait import wait_base
+
+# Only the attempt number of the state reaches these strategies; the retrying object is
+# the state's required owner, never run.
+_OWNER = Retrying()
 
 
-def exponential_jitter(initial: float, maximum: float, jitter: float):
+def exponential_jitter(initial: float, maximum: float, jitter: float) -> wait_base:
     """initial * 2**(n-1), capped, plus up to ``jitter`` seconds at random (tenacity's
     long-standing pieces, composed, so the behaviour does not shift between releases)."""
     return wait_exponential(multiplier=initial, max=maximum) + wait_random(0, jitter)
 
 
-def _wait(strategy, attempt: int) -> float:
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+def _wait(strategy: wait_base, attempt: int) -> float:
+    state = RetryCallState(retry_object=_OWNER, fn=None, args=(), kwargs={})
     state.attempt_number = max(1, attempt)
     return float(strategy(state))
 

@@ -25,10 +25,11 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from evq.worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
 from evq.worker.logs import get_logger
+from evq.worker.ports import KeyLookup
 
 log = get_logger("evq.keys")
 
@@ -154,17 +155,6 @@ def check_name(name: str) -> str:
             [{"field": "--name", "message": "1 to 64 of letters, digits and . _ @ -, starting with a letter or digit"}]
         )
     return name
-
-
-class KeyLookup(Protocol):
-    async def key_by_id(self, key_id: str) -> Mapping[str, Any] | None:
-        """The stored key (name, role, secret_hash, revoked_at, session_generation) with this
-        id, and the server's ``pepper``; None when there is no such key."""
-        ...
-
-    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
-        """Replace the key's hash ``old`` by ``new`` (a legacy scrypt hash by its HMAC)."""
-        ...
 
 
 # How a command-line user gives a key; other interfaces pass their own words.

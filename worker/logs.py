@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
 from evq.worker import scrub as _scrub
 from evq.worker.scrub import REDACTED  # noqa: F401  (re-exported)
@@ -28,8 +29,9 @@ def redact(value: Any) -> Any:
     return _scrub.scrub(value)
 
 
-def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    return _scrub.scrub(event)
+def _redact_processor(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
+    clean: EventDict = _scrub.scrub(event)  # scrub() gives a mapping back as a dict
+    return clean
 
 
 # The identity of the step a task is sending, for every line logged in that task.
@@ -43,7 +45,7 @@ def bind_step(fields: Mapping[str, Any]) -> None:
     _STEP.set(fields)
 
 
-def merge_step(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def merge_step(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
     """The processor for :func:`bind_step`; a field the call names itself wins."""
     fields = _STEP.get()
     if fields:
@@ -82,13 +84,14 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        # PrintLogger only writes and flushes, which _Stderr does; it is no whole TextIO (no read, fileno...).
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     _route_stdlib(renderer, level)
 
 
-class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StdlibHandler(logging.StreamHandler[_Stderr]):
     """Marks the one handler evq puts on the root logger, so configuring again replaces it."""
 
 
@@ -107,7 +110,7 @@ def _route_stdlib(renderer: Any, level: str) -> None:
         ],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _redact_processor, renderer],
     )
-    handler = _StdlibHandler(_Stderr())  # type: ignore[arg-type]
+    handler = _StdlibHandler(_Stderr())
     handler.setFormatter(formatter)
     handler.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
     root = logging.getLogger()
@@ -130,5 +133,8 @@ def configure_from_env(env: Any = None) -> None:
     )
 
 
-def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)
+def get_logger(name: str) -> FilteringBoundLogger:
+    # structlog types its lazy proxy as Any; it binds to the wrapper class configure() sets,
+    # a filtering bound logger.
+    logger: FilteringBoundLogger = structlog.get_logger(name)
+    return logger

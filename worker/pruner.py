@@ -27,9 +27,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from evq.worker.errors import ConfigError, InvalidRequest
+from evq.worker.ports import PruneStore
+from evq.worker.records import PruneCounts
 
 # Units of --older-than. "m" is not one of them: in a retention command many people
 # read "1m" as a month, and a minute would delete what closed a minute ago.
@@ -71,36 +72,6 @@ def parse_retention(text: str) -> timedelta:
             [{"field": "--older-than", "message": f"at most {MAX_RETENTION.days}d, got {text[:40]!r}"}]
         )
     return duration
-
-
-@dataclass(frozen=True, slots=True)
-class PruneCounts:
-    steps: int = 0
-    evidence: int = 0
-    decisions: int = 0
-    batches: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.steps + self.evidence + self.decisions
-
-    def __add__(self, other: PruneCounts) -> PruneCounts:
-        return PruneCounts(
-            self.steps + other.steps,
-            self.evidence + other.evidence,
-            self.decisions + other.decisions,
-            self.batches + other.batches,
-        )
-
-
-class PruneStore(Protocol):
-    async def prune_cutoff(self, *, older_than: timedelta) -> datetime: ...
-
-    async def prune_batch(
-        self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int
-    ) -> PruneCounts: ...
-
-    async def prune_count(self, *, cutoff: datetime) -> PruneCounts: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,11 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from evq.worker import metrics
 from evq.worker.logs import get_logger
+from evq.worker.ports import RateStore
 
 log = get_logger("evq.ratelimit")
 
@@ -97,29 +97,6 @@ def pause_seconds(retry_after: float | None) -> float:
     if not math.isfinite(retry_after):
         return MAX_PAUSE if retry_after > 0 else DEFAULT_PAUSE
     return min(MAX_PAUSE, max(0.0, retry_after))
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What one take from a provider's bucket gave."""
-
-    granted: int
-    # Seconds until the provider's pause ends (0: not paused), by the database clock.
-    paused_for: float = 0.0
-    # Seconds until the bucket holds its next whole token (0 when it holds one now).
-    next_token_in: float = 0.0
-
-
-class RateStore(Protocol):
-    async def rate_take(
-        self, *, provider: str, per_second: float, burst: int, want: int, now: datetime | None = None
-    ) -> Grant: ...
-
-    async def rate_refund(self, *, provider: str, burst: int, tokens: int, now: datetime | None = None) -> None: ...
-
-    async def rate_pause(self, *, provider: str, seconds: float, now: datetime | None = None) -> float:
-        """Pause the provider for at least ``seconds``; the seconds its pause now lasts."""
-        ...
 
 
 ClaimFn = Callable[..., Awaitable[list[Any]]]

@@ -22,42 +22,21 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from evq.worker import metrics
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
-from evq.worker.ports import Lookup, LookupFailed, LookupResult
+from evq.worker.ports import Lookup, LookupFailed, LookupResult, ReconcileStore
 from evq.worker.records import ReconcileCounts, UnknownStep
 from evq.worker.scrub import scrub_record
 
 log = get_logger("evq.reconciler")
-
-
-class ReconcileStore(Protocol):
-    async def reconcile_claim(
-        self, *, providers: Sequence[str], max_checks: int, hold_seconds: float, now: datetime | None = None
-    ) -> UnknownStep | None: ...
-
-    async def reconcile_found(
-        self,
-        step_id: int,
-        *,
-        provider_message_id: str | None,
-        message: str,
-        detail: Mapping[str, Any],
-        actor: str,
-        now: datetime | None = None,
-    ) -> bool: ...
-
-    async def reconcile_absent(
-        self, step_id: int, *, next_check: float, detail: Mapping[str, Any], actor: str, now: datetime | None = None
-    ) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +65,7 @@ class ReconcilerConfig:
 
     def next_check(self, checks: int) -> float:
         """Pause before the next lookup of a row the provider has said nothing about ``checks`` times."""
-        return self.interval * 2 ** max(0, checks - 1)
+        return self.interval * 2.0 ** max(0, checks - 1)
 
 
 class Reconciler:

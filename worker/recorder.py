@@ -33,20 +33,15 @@ and a write that lands after that is fenced and kept as late evidence.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from evq.worker.backoff import reconnect_delay
 from evq.worker.errors import DatabaseUnavailable
 from evq.worker.logs import get_logger
+from evq.worker.ports import RecordStore
 from evq.worker.records import RecordResult, Transition
 
 log = get_logger("evq.recorder")
-
-
-class RecordStore(Protocol):
-    async def record(self, transitions: Sequence[Transition], *, actor: str) -> list[RecordResult]: ...
 
 
 @dataclass(slots=True, eq=False)

@@ -142,7 +142,7 @@ class UnknownStep:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> UnknownStep:
-        return cls(**{k: row[k] for k in cls.__slots__})  # type: ignore[attr-defined]
+        return cls(**{k: row[k] for k in cls.__slots__})
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +176,7 @@ class StepSummary:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepSummary:
-        return cls(**{k: row[k] for k in cls.__slots__})  # type: ignore[attr-defined]
+        return cls(**{k: row[k] for k in cls.__slots__})
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,3 +238,36 @@ class RunDetail:
     steps: list[dict[str, Any]]
     decisions: list[dict[str, Any]]
     evidence: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCounts:
+    """What a prune batch (or a whole pass, or a dry run's count) covers."""
+
+    steps: int = 0
+    evidence: int = 0
+    decisions: int = 0
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.steps + self.evidence + self.decisions
+
+    def __add__(self, other: PruneCounts) -> PruneCounts:
+        return PruneCounts(
+            self.steps + other.steps,
+            self.evidence + other.evidence,
+            self.decisions + other.decisions,
+            self.batches + other.batches,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one take from a provider's bucket gave."""
+
+    granted: int
+    # Seconds until the provider's pause ends (0: not paused), by the database clock.
+    paused_for: float = 0.0
+    # Seconds until the bucket holds its next whole token (0 when it holds one now).
+    next_token_in: float = 0.0

@@ -20,11 +20,11 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict
 
 from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
@@ -151,6 +151,13 @@ def payload_digest(payload: Mapping[str, Any]) -> tuple[str, str]:
 
 def default_idempotency_key(run_id: str, step_id: str) -> str:
     return f"{run_id}:{step_id}"
+
+
+class Address(TypedDict):
+    """One address of a request's payload, as it is stored: normalized, with its display name."""
+
+    email: str
+    name: str | None
 
 
 class _Errors:
@@ -414,7 +421,7 @@ def _text(
     return unicodedata.normalize("NFC", value)
 
 
-def _address(raw: Any, where: str, errors: _Errors, internal: tuple[str, ...] = ()) -> dict[str, str | None] | None:
+def _address(raw: Any, where: str, errors: _Errors, internal: tuple[str, ...] = ()) -> Address | None:
     name: Any = None
     if isinstance(raw, Mapping):
         extra = set(raw) - {"email", "name"}
@@ -547,9 +554,7 @@ def _checked_domain(domain: str) -> tuple[str, str] | None:
     return checked.domain, checked.ascii_domain
 
 
-def _address_list(
-    data: Mapping[str, Any], name: str, errors: _Errors, internal: tuple[str, ...] = ()
-) -> list[dict[str, str | None]]:
+def _address_list(data: Mapping[str, Any], name: str, errors: _Errors, internal: tuple[str, ...] = ()) -> list[Address]:
     value = data.get(name)
     if value is None:
         return []
@@ -570,7 +575,7 @@ def _address_list(
 
 def _single_address(
     data: Mapping[str, Any], name: str, errors: _Errors, *, default: str | None, internal: tuple[str, ...] = ()
-) -> dict[str, str | None] | None:
+) -> Address | None:
     raw = data.get(name, default)
     if raw is None:
         if name == "from":
@@ -579,7 +584,7 @@ def _single_address(
     return _address(raw, name, errors, internal)
 
 
-def _each_recipient(*lists: list[dict[str, Any]]):
+def _each_recipient(*lists: list[Address]) -> Iterator[tuple[str, Address]]:
     for list_name, items in zip(("to", "cc", "bcc"), lists, strict=True):
         for i, addr in enumerate(items):
             yield f"{list_name}[{i}]", addr

@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from evq.worker import metrics
 from evq.worker.errors import ConfigError
+from evq.worker.ports import RescueStore
 from evq.worker.records import RescueCounts
-
-
-class RescueStore(Protocol):
-    async def rescue(
-        self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
-    ) -> RescueCounts: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from evq.worker import deadline as limits
 from evq.worker import executor, logs, metrics
@@ -40,7 +40,7 @@ from evq.worker.backoff import Backoff, reconnect_delay
 from evq.worker.circuit import CircuitBook, CircuitState, Verdict
 from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from evq.worker.logs import get_logger
-from evq.worker.ports import Lookup, Provider, SendRequest
+from evq.worker.ports import Lookup, Provider, SendRequest, Wakeup, WorkerStore
 from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
 from evq.worker.recorder import Recorder
@@ -56,14 +56,6 @@ log = get_logger("worker")
 # Seconds between reads of the providers' circuits while none is due for a probe: how
 # soon a worker probes a circuit another worker opened, if that one went away.
 CIRCUIT_READ = 5.0
-
-
-class Wakeup(Protocol):
-    """Tells the claim loop that work may have arrived (LISTEN/NOTIFY); polling is the fallback."""
-
-    async def wait(self, timeout: float) -> bool: ...
-
-    async def close(self) -> None: ...
 
 
 class PollOnly:
@@ -121,7 +113,7 @@ class RunStats:
 class Worker:
     def __init__(
         self,
-        store: Any,
+        store: WorkerStore,
         providers: Mapping[str, Provider],
         settings: Settings,
         *,

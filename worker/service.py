@@ -6,20 +6,14 @@ tests call), and a loop that runs it every ``interval`` until told to stop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
 from evq.worker.backoff import jitter
 from evq.worker.errors import DatabaseUnavailable
 from evq.worker.logs import get_logger
+from evq.worker.ports import Service
 
 log = get_logger("evq.service")
-
-
-class Service(Protocol):
-    name: str
-    interval: float
-
-    async def run_once(self) -> Any: ...
 
 
 async def run_periodically(service: Service, stop: asyncio.Event, *, delay_first: bool = False) -> None:

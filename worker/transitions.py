@@ -39,15 +39,33 @@ def decide(
     # Seconds of the retry budget left when the outcome is decided (an attempt lasts at
     # most a lease, so counting from the claim is close enough for a budget of days).
     budget_left = retry_for - step.budget_age
-    common = dict(
-        step_id=step.id,
-        lease_token=step.lease_token,
-        attempt=step.attempt,
-        outcome=outcome.kind,
-        latency_ms=latency_ms,
-        maybe_delivered=step.maybe_delivered,
-    )
     detail = dict(outcome.response)
+
+    def move(
+        to_status: Status,
+        reason: Reason,
+        *,
+        provider_message_id: str | None = None,
+        retry_delay: float | None = None,
+        maybe_delivered: bool = step.maybe_delivered,
+        charged: bool = True,
+    ) -> Transition:
+        """This attempt's transition: fenced by its lease, with ``detail`` as the branch left it."""
+        return Transition(
+            step_id=step.id,
+            lease_token=step.lease_token,
+            attempt=step.attempt,
+            to_status=to_status,
+            reason=reason,
+            outcome=outcome.kind,
+            provider_message_id=provider_message_id,
+            retry_delay=retry_delay,
+            maybe_delivered=maybe_delivered,
+            latency_ms=latency_ms,
+            detail=detail,
+            charged=charged,
+        )
+
     match outcome:
         case Accepted(provider_message_id=pmid):
             refused = refused_recipients(detail)
@@ -55,20 +73,18 @@ def decide(
                 detail["message"] = "accepted, but refused for " + "; ".join(
                     f"{r['recipient']} ({r['code']} {r['reply']})".rstrip() for r in refused
                 )
-            return Transition(
-                to_status=Status.ACCEPTED,
-                reason=Reason.PARTIALLY_REFUSED if refused else Reason.PROVIDER_ACCEPTED,
+            return move(
+                Status.ACCEPTED,
+                Reason.PARTIALLY_REFUSED if refused else Reason.PROVIDER_ACCEPTED,
                 provider_message_id=pmid,
-                detail=detail,
-                **common,
             )
         case Rejected(reason=why, before_send=before_send):
             detail["message"] = why
             reason = Reason.POLICY_REFUSED if before_send else Reason.PROVIDER_REJECTED
             if step.maybe_delivered:
                 detail["message"] = f"{why}; but an earlier attempt may have been delivered"
-                return Transition(to_status=Status.UNKNOWN, reason=reason, detail=detail, **common)
-            return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, **common)
+                return move(Status.UNKNOWN, reason)
+            return move(Status.REJECTED, reason)
         case Retryable(reason=why, retry_after=retry_after, misconfigured=misconfigured):
             detail["message"] = why
             if not charged:
@@ -81,13 +97,11 @@ def decide(
                     delay = max(delay, retry_after)
                 # The last retry is at the end of the budget, not after it.
                 delay = min(delay, budget_left)
-                return Transition(
-                    to_status=Status.RETRYABLE,
-                    reason=Reason.PROVIDER_MISCONFIGURED if misconfigured else Reason.PROVIDER_TEMPORARY,
+                return move(
+                    Status.RETRYABLE,
+                    Reason.PROVIDER_MISCONFIGURED if misconfigured else Reason.PROVIDER_TEMPORARY,
                     retry_delay=delay,
-                    detail=detail,
                     charged=charged,
-                    **common,
                 )
             reason = Reason.ATTEMPTS_EXHAUSTED if not attempts_left else Reason.RETRY_BUDGET_EXHAUSTED
             detail["attempts"] = f"{charged_attempts} of {max_attempts}" + (
@@ -95,23 +109,16 @@ def decide(
             )
             detail["retried_for_seconds"] = round(step.budget_age, 1)
             if step.maybe_delivered:
-                return Transition(to_status=Status.UNKNOWN, reason=reason, detail=detail, charged=charged, **common)
-            return Transition(to_status=Status.REJECTED, reason=reason, detail=detail, charged=charged, **common)
+                return move(Status.UNKNOWN, reason, charged=charged)
+            return move(Status.REJECTED, reason, charged=charged)
         case Unknown(reason=why):
             detail["message"] = why
             if dedupe_window_open and attempts_left:
-                common["maybe_delivered"] = True
-                return Transition(
-                    to_status=Status.RETRYABLE,
-                    reason=Reason.AMBIGUOUS_DEDUPED,
+                return move(
+                    Status.RETRYABLE,
+                    Reason.AMBIGUOUS_DEDUPED,
                     retry_delay=backoff.delay(step.attempt),
-                    detail=detail,
-                    **common,
+                    maybe_delivered=True,
                 )
-            return Transition(
-                to_status=Status.UNKNOWN,
-                reason=Reason.AMBIGUOUS_RESPONSE,
-                detail=detail,
-                **{**common, "maybe_delivered": True},
-            )
+            return move(Status.UNKNOWN, Reason.AMBIGUOUS_RESPONSE, maybe_delivered=True)
     raise TypeError(f"not an outcome: {outcome!r}")

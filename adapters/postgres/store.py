@@ -37,11 +37,11 @@ from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig
 from evq.worker.ports import StepFilter
-from evq.worker.pruner import PruneCounts
-from evq.worker.ratelimit import Grant
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
+    Grant,
+    PruneCounts,
     RecordResult,
     RescueCounts,
     Resolved,

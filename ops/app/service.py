@@ -13,14 +13,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate
 from evq.worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from evq.worker.keys import CLI_KEY_SOURCE, Identity, KeyLookup, Permission, authenticate, authorize
+from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
 from evq.worker.outcomes import refused_recipients
-from evq.worker.ports import StepFilter
+from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
 from evq.worker.request import Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
@@ -81,18 +81,6 @@ class Reply:
     created: bool | None = None  # enqueue: whether any step was created (HTTP 201 rather than 200)
 
 
-class Store(KeyLookup, Protocol):
-    """What the interfaces need of adapters.postgres.store.PostgresStore."""
-
-    async def enqueue(self, request: ValidRequest) -> Any: ...
-    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[Any]: ...
-    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None: ...
-    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
-    async def get_step(self, step_id: int) -> Any: ...
-    async def get_run(self, run_id: str) -> Any: ...
-    async def resolve(self, step_id: int, resolution: Resolution, *, actor: str, default_max_attempts: int) -> Any: ...
-
-
 class Caller:
     """Who is asking: the key they presented (maybe none) and where they present it.
 
@@ -145,7 +133,13 @@ def validate_requests(requests: Sequence[Any], policy: Policy) -> list[ValidRequ
 
 
 async def enqueue(
-    store: Store, caller: Caller, requests: Sequence[Any], policy: Policy, *, many: bool = False, dry_run: bool = False
+    store: AppStore,
+    caller: Caller,
+    requests: Sequence[Any],
+    policy: Policy,
+    *,
+    many: bool = False,
+    dry_run: bool = False,
 ) -> Reply:
     """Enqueue one request (``many=False``: data is the step) or many in one transaction
     (data is a list). A dry run is a read: it says what would happen to each."""
@@ -162,7 +156,7 @@ async def enqueue(
     return Reply([r.to_dict() for r in results], {"count": len(results), "created": created}, created=created > 0)
 
 
-async def _plan(store: Store, request: ValidRequest) -> dict[str, Any]:
+async def _plan(store: AppStore, request: ValidRequest) -> dict[str, Any]:
     """What enqueueing ``request`` would do, read without writing."""
     row = await store.find_by_key(request)
     plan: dict[str, Any] = {
@@ -238,7 +232,7 @@ def summary(r: StepSummary) -> dict[str, Any]:
 
 
 async def list_steps(
-    store: Store,
+    store: AppStore,
     caller: Caller,
     *,
     statuses: Sequence[str] = (),
@@ -263,7 +257,7 @@ def public_step(step: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in step.items() if k not in _HIDDEN}
 
 
-async def show_step(store: Store, caller: Caller, step_id: int) -> Reply:
+async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
     """One step, the decision behind it, and every evidence row in order."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
@@ -301,7 +295,7 @@ RUN_STEP_FIELDS = (
 )
 
 
-async def show_run(store: Store, caller: Caller, run_id: str) -> Reply:
+async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
     """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_run(run_id)
@@ -338,7 +332,7 @@ def circuit_view(provider: str, row: Mapping[str, Any] | None) -> dict[str, Any]
     }
 
 
-async def list_providers(store: Any, caller: Caller, providers: Sequence[str]) -> Reply:
+async def list_providers(store: AppStore, caller: Caller, providers: Sequence[str]) -> Reply:
     """Every provider's circuit: whether evq sends to it now and, if not, why."""
     await caller.identify(store, Permission.READ)
     rows = {r["provider"]: r for r in await store.circuits()}
@@ -386,7 +380,7 @@ class Selection:
 
 
 async def resolve(
-    store: Store,
+    store: AppStore,
     caller: Caller,
     resolution: Resolution,
     selection: Selection,

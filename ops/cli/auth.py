@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import click
 
 from evq.ops.app.service import Caller
-from evq.worker.keys import ALLOWED, Identity, KeyLookup, Permission, authenticate
+from evq.worker.keys import ALLOWED, Identity, Permission, authenticate
 from evq.worker.logs import register_secrets
+from evq.worker.ports import KeyLookup
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV = "EVQ_API_KEY"

@@ -13,7 +13,8 @@ from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
 from evq.ops.cli.common import command, database_option, load_settings, output_option, run
 from evq.ops.cli.output import Output
 from evq.worker.keys import Permission
-from evq.worker.pruner import RETENTION_HELP, PruneCounts, Pruner, PrunerConfig, parse_retention
+from evq.worker.pruner import RETENTION_HELP, Pruner, PrunerConfig, parse_retention
+from evq.worker.records import PruneCounts
 
 
 @click.command("prune")

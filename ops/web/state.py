@@ -16,7 +16,7 @@ from evq.worker.settings import Settings
 @dataclass
 class AppState:
     settings: Settings
-    store: Any  # adapters.postgres.store.PostgresStore (ops.app.service.Store)
+    store: Any  # adapters.postgres.store.PostgresStore (worker.ports.AppStore)
     registry: CollectorRegistry
     sessions: Sessions
     read_stats: Any  # Callable[[], QueueStats] for the page's overview

@@ -16,7 +16,8 @@ from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
 from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Accepted, Rejected, Unknown
-from evq.worker.pruner import PruneCounts, Pruner, PrunerConfig
+from evq.worker.pruner import Pruner, PrunerConfig
+from evq.worker.records import PruneCounts
 from evq.worker.transitions import decide
 from tests.support import rows, valid
 

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from evq.worker.errors import ConfigError
-from evq.worker.ratelimit import DEFAULT_PAUSE, MAX_PAUSE, Grant, RateGate, RateLimit, pause_seconds, rate_limits
+from evq.worker.ratelimit import DEFAULT_PAUSE, MAX_PAUSE, RateGate, RateLimit, pause_seconds, rate_limits
+from evq.worker.records import Grant
 from evq.worker.settings import Settings
 
 

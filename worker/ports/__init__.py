@@ -1,0 +1,72 @@
+"""The core's ports, one module per role. Adapters implement them; the core never imports an adapter.
+
+Each part of the core asks for the role it uses, so a test fake implements only that:
+
+- :mod:`.queue`: claim, record and hand back rows (the runner, the recorder), and rescue them;
+- :mod:`.circuits`: the providers' circuits (the worker changes them, the interfaces read them);
+- :mod:`.rates`: the shared rate limits; :mod:`.reconcile`: settling unknown rows;
+  :mod:`.prune`: retention;
+- :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
+  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks;
+- :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
+- :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
+
+:class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
+given, and :class:`Store` is every store role in one: the PostgreSQL store
+(adapters/postgres/store.py) and the in-memory fake (tests/memstore.py) both satisfy it,
+and the conformance suite (tests/conformance/) runs one set of tests against both.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from evq.worker.ports.circuits import CircuitReader, CircuitStore
+from evq.worker.ports.keys import KeyLookup
+from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
+from evq.worker.ports.prune import PruneStore
+from evq.worker.ports.queue import ClaimStore, RecordStore, RescueStore
+from evq.worker.ports.rates import RateStore
+from evq.worker.ports.reconcile import ReconcileStore
+from evq.worker.ports.services import Service
+from evq.worker.ports.steps import EnqueueStore, ResolveStore, StepFilter, StepReader
+from evq.worker.ports.wakeup import Wakeup
+
+__all__ = [
+    "AppStore",
+    "CircuitReader",
+    "CircuitStore",
+    "ClaimStore",
+    "EnqueueStore",
+    "KeyLookup",
+    "Lookup",
+    "LookupFailed",
+    "LookupResult",
+    "Provider",
+    "PruneStore",
+    "RateStore",
+    "ReconcileStore",
+    "RecordStore",
+    "RescueStore",
+    "ResolveStore",
+    "SendRequest",
+    "Service",
+    "StepFilter",
+    "StepReader",
+    "Store",
+    "Wakeup",
+    "WorkerStore",
+]
+
+
+class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore, ReconcileStore, Protocol):
+    """What worker/runner.py needs: its claim loop and every service it runs."""
+
+
+class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, Protocol):
+    """What the interfaces need, through ops/app/service.py."""
+
+
+@runtime_checkable
+class Store(WorkerStore, AppStore, PruneStore, Protocol):
+    """Every role of the store in one."""

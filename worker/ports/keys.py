@@ -1,0 +1,17 @@
+"""The API keys as worker/keys.py reads them: the database stays behind this port."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class KeyLookup(Protocol):
+    async def key_by_id(self, key_id: str) -> Mapping[str, Any] | None:
+        """The stored key (name, role, secret_hash, revoked_at, session_generation) with this
+        id, and the server's ``pepper``; None when there is no such key."""
+        ...
+
+    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
+        """Replace the key's hash ``old`` by ``new`` (a legacy scrypt hash by its HMAC)."""
+        ...

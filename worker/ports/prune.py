@@ -1,0 +1,21 @@
+"""Retention (worker/pruner.py): the only path that removes evidence."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from evq.worker.records import PruneCounts
+
+
+class PruneStore(Protocol):
+    async def prune_cutoff(self, *, older_than: timedelta) -> datetime:
+        """Now less ``older_than`` by the database's clock: the client's never decides what is old."""
+        ...
+
+    async def prune_batch(
+        self, *, cutoff: datetime, limit: int, actor: str, run: uuid.UUID, batch: int
+    ) -> PruneCounts: ...
+
+    async def prune_count(self, *, cutoff: datetime) -> PruneCounts: ...

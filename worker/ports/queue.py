@@ -1,0 +1,60 @@
+"""The queue's side of the store: claim, record, hand back, rescue (worker/runner.py,
+worker/recorder.py, worker/rescuer.py).
+
+Every transition is guarded by the state (and lease) it expects; see
+adapters/postgres/queries.sql.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from evq.worker.records import ClaimedStep, RecordResult, RescueCounts, Transition
+
+
+class ClaimStore(Protocol):
+    """The claim loop's statements: what commits an attempt, and what hands back rows never sent."""
+
+    async def claim(
+        self,
+        *,
+        owner: str,
+        providers: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        dedupe_windows: Mapping[str, float],
+        claim_id: str | None = None,
+        probe: bool = False,
+        now: datetime | None = None,
+    ) -> list[ClaimedStep]:
+        """``probe``: the caller holds the probe of these providers' circuits (worker/circuit.py),
+        so their steps are claimed although the circuit is not closed."""
+        ...
+
+    async def release(self, steps: Sequence[ClaimedStep], *, actor: str, now: datetime | None = None) -> int: ...
+
+    async def release_orphans(
+        self, *, owner: str, held: Sequence[Any], claims: Sequence[str], now: datetime | None = None
+    ) -> int: ...
+
+    async def claimable_exists(
+        self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
+    ) -> bool: ...
+
+
+class RecordStore(Protocol):
+    """The recorder's group commit: each transition fenced by its lease token."""
+
+    async def record(
+        self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
+    ) -> list[RecordResult]: ...
+
+
+class RescueStore(Protocol):
+    """Rows in flight past their lease become unknown (or retryable, within a dedupe window)."""
+
+    async def rescue(
+        self, *, limit: int, lease_seconds: float, default_max_attempts: int, actor: str, now: datetime | None = None
+    ) -> RescueCounts: ...

@@ -1,0 +1,57 @@
+"""What the application layer (ops/app/service.py) asks of the store: enqueue, read back, resolve."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from evq.worker.records import EnqueueResult, Resolved, RunDetail, StepDetail, StepSummary
+from evq.worker.request import ValidRequest
+from evq.worker.resolution import Resolution
+from evq.worker.states import Status
+
+
+@dataclass(frozen=True, slots=True)
+class StepFilter:
+    ids: tuple[int, ...] = ()
+    statuses: tuple[Status, ...] = ()
+    run_id: str | None = None
+    provider: str | None = None
+    created_before: datetime | None = None
+    recipient_domain: str | None = None
+    limit: int | None = 50  # None: every matching row
+    offset: int = 0
+
+
+class EnqueueStore(Protocol):
+    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult: ...
+
+    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]: ...
+
+    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
+        """The step already stored under the request's idempotency key (a dry run's read); None: none."""
+        ...
+
+
+class StepReader(Protocol):
+    async def get_step(self, step_id: int) -> StepDetail: ...
+
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
+
+    async def get_run(self, run_id: str) -> RunDetail: ...
+
+
+class ResolveStore(Protocol):
+    """An operator's verdict on a step (worker/resolution.py), with its evidence."""
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved: ...
