@@ -218,8 +218,8 @@ def bench_requests(n: int, *, run_id: str = "bench") -> list[dict[str, Any]]:
 
 
 def _policy() -> Any:
+    from evq.ops.settings import ADAPTERS
     from evq.worker.request import Policy
-    from evq.worker.settings import ADAPTERS
 
     return Policy(providers=tuple(ADAPTERS), default_provider="null")
 
@@ -1145,7 +1145,7 @@ async def _wait_go() -> float:
 
 async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
     from evq.ops import wiring
-    from evq.worker.settings import Settings
+    from evq.ops.settings import Settings
 
     settings = Settings.load(env={}, database_url=spec["url"], **{k: str(v) for k, v in spec["settings"].items()})
     wiring.setup_logging(settings)

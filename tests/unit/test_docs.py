@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from evq.ops.cli.output import EXIT_CODES
-from evq.worker.settings import markdown_table
+from evq.ops.settings import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -139,11 +139,7 @@ def test_code_cites_sections_of_the_design_that_exist():
     headings = set(re.findall(r"^#+ (.+)$", DESIGN, flags=re.M))
     external = "DESIGN" + ".md"
     cited = 0
-    code = [
-        p
-        for top in ("worker", "adapters", "ops", "migrations", "tests")
-        for p in (ROOT / top).rglob("*")
-    ]
+    code = [p for top in ("worker", "adapters", "ops", "migrations", "tests") for p in (ROOT / top).rglob("*")]
     for path in sorted(code):
         if path.suffix not in (".py", ".sql"):
             continue
