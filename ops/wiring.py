@@ -1,4 +1,5 @@
-"""The composition root: the one place that turns settings into real adapters and
+"""The composition root: the one place that turns the loaded settings (ops/settings.py)
+into the core's config (WorkerConfig), each adapter's config and the real adapters, and
 wires them into the core. Tests build the core with fakes through the same
 constructors instead of patching anything.
 """
