@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
+from evq.worker.options import Option
 from evq.worker.outcomes import Accepted, Outcome
 from evq.worker.ports import SendRequest
+
+OPTIONS: tuple[Option, ...] = (
+    Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
+)
 
 
 class NullProvider:

@@ -1,4 +1,5 @@
-"""The composition root: the one place that turns settings into real adapters and
+"""The composition root: the one place that turns the loaded settings (ops/settings.py)
+into the core's config (WorkerConfig), each adapter's config and the real adapters, and
 wires them into the core. Tests build the core with fakes through the same
 constructors instead of patching anything.
 """
@@ -11,9 +12,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from evq.adapters.postgres.conninfo import passwords
+from evq.ops.settings import OPTION_BY_NAME, Settings
 from evq.worker.errors import ConfigError
 from evq.worker.logs import configure, get_logger, register_secrets
-from evq.worker.settings import OPTION_BY_NAME, Settings
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
 # the worker, the providers and /metrics (psycopg, psycopg_pool, prometheus_client, the core's
@@ -56,28 +57,30 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
         if name == "smtp":
             from evq.adapters.smtp import SmtpProvider, tls_context
 
+            smtp = settings.smtp_config()
             providers[name] = SmtpProvider(
-                host=settings.smtp_host,
-                port=settings.smtp_port,
-                username=settings.smtp_username,
-                password=settings.smtp_password,
-                tls=settings.smtp_tls,
-                timeout=settings.smtp_timeout,
+                host=smtp.host,
+                port=smtp.port,
+                username=smtp.username,
+                password=smtp.password,
+                tls=smtp.tls,
+                timeout=smtp.timeout,
                 policy=settings.policy(),
                 max_workers=settings.concurrency,
-                helo_name=settings.smtp_helo_name,
-                ssl_context=tls_context(settings.smtp_ca_file, settings.smtp_client_cert, settings.smtp_client_key),
-                allow_plain_auth=settings.smtp_allow_plain_auth,
+                helo_name=smtp.helo_name,
+                ssl_context=tls_context(smtp.ca_file, smtp.client_cert, smtp.client_key),
+                allow_plain_auth=smtp.allow_plain_auth,
             )
         elif name == "http":
             from evq.adapters.http import HttpProvider
 
-            assert settings.http_api_key  # Settings.validate insists
+            http = settings.http_config()
+            assert http.api_key  # HttpConfig.validate insists
             providers[name] = HttpProvider(
-                base_url=settings.http_base_url,
-                api_key=settings.http_api_key,
-                timeout=settings.http_timeout,
-                dedupe_window=settings.http_dedupe_window,
+                base_url=http.base_url,
+                api_key=http.api_key,
+                timeout=http.timeout,
+                dedupe_window=http.dedupe_window,
                 policy=settings.policy(),
                 max_connections=settings.concurrency,
             )
@@ -244,7 +247,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
     try:
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url, patient=True) as store:
-                yield Worker(store, providers, settings, wakeup=wakeup)
+                yield Worker(store, providers, settings.worker_config(), wakeup=wakeup)
     finally:
         for provider in providers.values():
             await provider.close()

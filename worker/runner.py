@@ -38,6 +38,7 @@ from evq.worker import deadline as limits
 from evq.worker import executor, logs, metrics
 from evq.worker.backoff import Backoff, reconnect_delay
 from evq.worker.circuit import CircuitBook, CircuitState, Verdict
+from evq.worker.config import WorkerConfig
 from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from evq.worker.logs import get_logger
 from evq.worker.ports import Lookup, Provider, SendRequest, Wakeup, WorkerStore
@@ -47,7 +48,6 @@ from evq.worker.recorder import Recorder
 from evq.worker.records import ClaimedStep
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.service import run_periodically
-from evq.worker.settings import Settings
 from evq.worker.states import TERMINAL
 from evq.worker.transitions import decide
 
@@ -115,7 +115,7 @@ class Worker:
         self,
         store: WorkerStore,
         providers: Mapping[str, Provider],
-        settings: Settings,
+        settings: WorkerConfig,
         *,
         wakeup: Wakeup | None = None,
         owner: str | None = None,

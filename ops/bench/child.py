@@ -44,7 +44,7 @@ async def _wait_go() -> float:
 
 async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
     from evq.ops import wiring
-    from evq.worker.settings import Settings
+    from evq.ops.settings import Settings
 
     settings = Settings.load(env={}, database_url=spec["url"], **{k: str(v) for k, v in spec["settings"].items()})
     wiring.setup_logging(settings)

@@ -29,8 +29,8 @@ def bench_requests(n: int, *, run_id: str = "bench") -> list[dict[str, Any]]:
 
 
 def policy() -> Any:
+    from evq.ops.settings import ADAPTERS
     from evq.worker.request import Policy
-    from evq.worker.settings import ADAPTERS
 
     return Policy(providers=tuple(ADAPTERS), default_provider="null")
 

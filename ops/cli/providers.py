@@ -11,7 +11,7 @@ from evq.ops.app import service
 from evq.ops.app.service import Caller
 from evq.ops.cli.common import command, database_option, load_settings, output_option, run
 from evq.ops.cli.output import Output, table
-from evq.worker.settings import ADAPTERS
+from evq.ops.settings import ADAPTERS
 
 
 @click.group("providers")

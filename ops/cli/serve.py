@@ -13,9 +13,9 @@ import click
 from evq.ops import wiring
 from evq.ops.cli.common import DocumentedOption, command, database_option, load_settings, output_option
 from evq.ops.cli.output import Output
+from evq.ops.settings import OPTION_BY_NAME
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
-from evq.worker.settings import OPTION_BY_NAME
 
 log = get_logger("evq.serve")
 

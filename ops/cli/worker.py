@@ -9,8 +9,8 @@ import click
 from evq.ops import wiring
 from evq.ops.cli.common import DocumentedOption, command, load_settings, output_option, run
 from evq.ops.cli.output import Output
+from evq.ops.settings import OPTIONS
 from evq.worker.circuit import FAULTS
-from evq.worker.settings import OPTIONS
 
 _CLICK_TYPES = {int: click.INT, float: click.FLOAT}
 
@@ -34,7 +34,7 @@ def _setting_options(fn: Any) -> Any:
             type=click.Choice(option.choices) if option.choices else _CLICK_TYPES.get(option.parse, click.STRING),
             default=None,
             metavar=(option.choices and "|".join(option.choices))
-            or option.parse.__name__.upper().replace("_CSV", "LIST"),
+            or option.parse.__name__.upper().replace("LOWERCASE_LIST", "LIST"),
             help=f"{option.help} [env: {option.env}; default: {shown}]",
         )(fn)
     return fn

@@ -23,9 +23,9 @@ from evq.adapters.postgres.queries import Q
 from evq.ops import wiring
 from evq.ops.dev.http import DevHttpServer
 from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
 from evq.worker.errors import StateConflict
 from evq.worker.ports import StepFilter
-from evq.worker.settings import Settings
 
 SENDER = "assistant@example.org"
 API_KEY = "demo-key"

@@ -1,7 +1,7 @@
 """A local Resend-style email API for the tests and the demo, able to fail the ways evq must classify.
 
 A real HTTP server (stdlib ``ThreadingHTTPServer``, in its own thread, on 127.0.0.1
-and a free port by default) with the wire format of adapters/http.py:
+and a free port by default) with the wire format of adapters/http/provider.py:
 ``POST /emails`` (Bearer auth, ``Idempotency-Key``), ``GET /emails/{id}`` and
 ``GET /emails?tag=NAME:VALUE``. It keeps every message it accepted and really
 deduplicates: within ``dedupe_window`` seconds of the first request with a key, the

@@ -27,10 +27,10 @@ from evq.ops.app import service
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
+from evq.ops.settings import Settings
 from evq.worker.errors import EvqError, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.resolution import Resolution
-from evq.worker.settings import Settings
 
 log = get_logger("evq.mcp")
 KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"

@@ -21,6 +21,7 @@ from evq.ops.app import service
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
 from evq.ops.cli.output import age
+from evq.ops.settings import ADAPTERS
 from evq.ops.web import api
 from evq.ops.web.protocol import TooManyFailures
 from evq.ops.web.session import COOKIE, Session
@@ -28,7 +29,6 @@ from evq.ops.web.state import AppState
 from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
 from evq.worker.keys import Permission, authenticate, split_key
 from evq.worker.resolution import Resolution, Verdict
-from evq.worker.settings import ADAPTERS
 from evq.worker.states import Status
 
 SOURCE = "the sign-in form"

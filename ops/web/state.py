@@ -7,10 +7,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from evq.ops.settings import Settings
 from evq.ops.web.session import Sessions
 from evq.ops.web.throttle import FailureThrottle
 from evq.worker.request import Policy
-from evq.worker.settings import Settings
 
 
 @dataclass

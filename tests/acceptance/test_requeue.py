@@ -12,8 +12,8 @@ from dataclasses import replace
 from evq.adapters.postgres.store import PostgresStore
 from evq.adapters.smtp import SmtpProvider
 from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from tests.acceptance.conftest import Evq, make_key
 from tests.support import rows, step_row, valid
 
@@ -38,7 +38,7 @@ SETTINGS = Settings(
 async def _work_until(db_url: str, server: DevSmtpServer, settings: Settings, done) -> None:
     store = await PostgresStore.open(db_url, max_size=2)
     provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=5.0)
-    worker = Worker(store, {"smtp": provider}, settings)
+    worker = Worker(store, {"smtp": provider}, settings.worker_config())
     task = asyncio.create_task(worker.run(install_signals=False))
     try:
         deadline = time.monotonic() + 30

@@ -29,8 +29,8 @@ from evq.adapters.postgres.database import translate
 from evq.adapters.postgres.store import PostgresStore
 from evq.adapters.smtp import SmtpProvider
 from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from tests.support import rows, valid
 
 MESSAGES = 4
@@ -139,7 +139,7 @@ async def run_case(url: str, sink: DevSmtpServer, case: Case) -> None:
         for i in range(MESSAGES):
             await store.enqueue(valid(run_id="faults", step_id=f"m{i}", to=[f"u{i}@example.com"]))
         faulty = FaultyStore(store, case.faults)
-        worker = Worker(faulty, {"smtp": provider}, SETTINGS)
+        worker = Worker(faulty, {"smtp": provider}, SETTINGS.worker_config())
         try:
             code = await asyncio.wait_for(worker.run(drain=True, install_signals=False), 20)
             if code != 0:
@@ -249,7 +249,7 @@ async def test_a_stop_asked_while_a_claims_answer_is_lost_hands_its_rows_back(db
             for i in range(MESSAGES):
                 await store.enqueue(valid(run_id="stop", step_id=f"m{i}", to=[f"u{i}@example.com"]))
             lossy = StopAsClaimIsLost(store)
-            worker = lossy.worker = Worker(lossy, {"smtp": provider}, SETTINGS)
+            worker = lossy.worker = Worker(lossy, {"smtp": provider}, SETTINGS.worker_config())
             assert await asyncio.wait_for(worker.run(install_signals=False), 20) == 0
         finally:
             await provider.close()

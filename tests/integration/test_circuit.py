@@ -25,8 +25,8 @@ from evq.adapters.smtp import SmtpProvider
 from evq.ops.app.metrics import QueueCollector
 from evq.ops.dev.http import DevHttpServer
 from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from tests.acceptance.conftest import Evq
 from tests.support import rows, valid
 
@@ -108,7 +108,7 @@ async def test_an_smtp_server_down_then_back_costs_no_attempt_and_every_message_
     server.stop()  # nothing listens on its port now: connection refused
     ids = await enqueue(store, 12)
     provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=5.0)
-    worker = Worker(store, {"smtp": provider}, SETTINGS)
+    worker = Worker(store, {"smtp": provider}, SETTINGS.worker_config())
     task = asyncio.create_task(worker.run(install_signals=False))
     try:
         await wait_until(lambda: outage_outlasted(db_url) or task.done())
@@ -155,7 +155,9 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
         )  # a loopback server without TLS
         settings = replace(SETTINGS, concurrency=2, batch_size=2, smtp_username="evq", smtp_password="a-wrong-one")
         try:
-            await run_until(Worker(store, {"smtp": provider}, settings), lambda: outage_outlasted(db_url))
+            await run_until(
+                Worker(store, {"smtp": provider}, settings.worker_config()), lambda: outage_outlasted(db_url)
+            )
         finally:
             await provider.close()
         assert server.messages == []
@@ -196,7 +198,8 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
         settings = replace(settings, smtp_password="the-right-one")
         try:
             await run_until(
-                Worker(store, {"smtp": fixed}, settings), lambda: statuses(db_url).get("accepted") == len(ids)
+                Worker(store, {"smtp": fixed}, settings.worker_config()),
+                lambda: statuses(db_url).get("accepted") == len(ids),
             )
         finally:
             await fixed.close()
@@ -214,13 +217,16 @@ async def test_every_recent_attempt_failing_the_same_way_opens_the_circuit(store
         provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=5.0)
         settings = replace(SETTINGS, concurrency=1, batch_size=1, circuit_failures=3, max_attempts=5)
         try:
-            await run_until(Worker(store, {"smtp": provider}, settings), lambda: outage_outlasted(db_url))
+            await run_until(
+                Worker(store, {"smtp": provider}, settings.worker_config()), lambda: outage_outlasted(db_url)
+            )
             assert statuses(db_url).get("rejected", 0) == 0
             assert events(db_url)[0] == ("closed", "open", "consecutive_failures")
             assert sum(charged(db_url)) == 2  # the two failures before the third opened it
             server.fault = None
             await run_until(
-                Worker(store, {"smtp": provider}, settings), lambda: statuses(db_url).get("accepted") == len(ids)
+                Worker(store, {"smtp": provider}, settings.worker_config()),
+                lambda: statuses(db_url).get("accepted") == len(ids),
             )
         finally:
             await provider.close()
@@ -237,7 +243,7 @@ async def test_an_http_401_opens_the_circuit_and_charges_nothing(store, db_url):
         provider = HttpProvider(base_url=api.url, api_key="a-revoked-key", timeout=2.0, dedupe_window=3600)
         try:
             await run_until(
-                Worker(store, {"http": provider}, settings),
+                Worker(store, {"http": provider}, settings.worker_config()),
                 lambda: statuses(db_url).get("rejected", 0) > 0 or failed_probes(db_url, "http") >= 3,
             )
         finally:
@@ -280,7 +286,7 @@ async def test_a_probe_claim_whose_answer_is_lost_is_handed_back_and_sent_once(s
     lossy = ProbeClaimAnswerLost(store)
     # A short lease: on the bug the rescuer finds the lost probe's row within seconds.
     settings = replace(SETTINGS, lease_seconds=3, rescue_interval=0.2, circuit_probe_base=0.1, circuit_probe_max=0.2)
-    worker = Worker(lossy, {"smtp": provider}, settings)
+    worker = Worker(lossy, {"smtp": provider}, settings.worker_config())
     task = asyncio.create_task(worker.run(install_signals=False))
     try:
         await wait_until(lambda: events(db_url)[:1] == [("closed", "open", "connection_refused")] or task.done())
@@ -329,7 +335,9 @@ async def test_a_worker_stopped_as_it_takes_a_probe_gives_the_probe_back(store, 
     [step] = await enqueue(store, 1)
     provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=2.0)
     stopping = StopAsProbeIsClaimed(store)
-    worker = stopping.worker = Worker(stopping, {"smtp": provider}, replace(SETTINGS, circuit_probe_base=0.1))
+    worker = stopping.worker = Worker(
+        stopping, {"smtp": provider}, replace(SETTINGS, circuit_probe_base=0.1).worker_config()
+    )
     try:
         assert await asyncio.wait_for(worker.run(install_signals=False), 30) == 0
     finally:

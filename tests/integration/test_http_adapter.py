@@ -1,6 +1,6 @@
 """The HTTP adapter against a real Resend-style API on loopback (ops.dev.http).
 
-One test per classification row of adapters/http.py, each made to happen by the
+One test per classification row of adapters/http/provider.py, each made to happen by the
 server, plus the wire guarantees: the same key and byte-identical body on every
 attempt, the provider deduplicating by it, the tag carrying it, the lookup, the
 policy re-check, and no API key anywhere.

@@ -17,10 +17,10 @@ import pytest
 from evq.adapters.http import HttpProvider
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.dev.http import DevHttpServer
+from evq.ops.settings import Settings
 from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Retryable
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.transitions import decide
 from tests.support import evidence_kinds, rows, step_row, valid
 
@@ -53,7 +53,7 @@ async def http(api: DevHttpServer, window: float = 3600) -> HttpProvider:
 
 
 async def drain(store: PostgresStore, provider: HttpProvider, settings: Settings = SETTINGS) -> int:
-    return await Worker(store, {"http": provider}, settings).run(drain=True, install_signals=False)
+    return await Worker(store, {"http": provider}, settings.worker_config()).run(drain=True, install_signals=False)
 
 
 @pytest.fixture

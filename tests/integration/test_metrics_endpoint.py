@@ -19,6 +19,7 @@ from evq.adapters.postgres.queue_stats import QueueStatsReader
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app.metrics import QueueCollector, render
 from evq.ops.bench import collector as collector_bench
+from evq.ops.settings import Settings
 from evq.ops.wiring import metrics_endpoint
 from evq.worker.errors import ConfigError, DatabaseUnavailable, StateConflict
 from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
@@ -26,7 +27,6 @@ from evq.worker.outcomes import Retryable, Unknown
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.resolution import Resolution
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.states import Status
 from tests.support import (
     ScriptedProvider,
@@ -286,7 +286,7 @@ async def test_worker_counts_sends_closings_and_decision_lag(store, db_url):
     for step_id in ("ok", "flaky", "lost"):
         await store.enqueue(valid(step_id=step_id, decision=decided), now=enqueued_at)
     provider = ScriptedProvider(script={"run-1/flaky": [Retryable("451 busy")], "run-1/lost": [Unknown("reset")]})
-    assert await Worker(store, {"smtp": provider}, WORKER).run(drain=True, install_signals=False) == 0
+    assert await Worker(store, {"smtp": provider}, WORKER.worker_config()).run(drain=True, install_signals=False) == 0
 
     assert _value("evq_enqueued_total") == before["enqueued"] + 3
     assert _value("evq_decision_to_enqueue_seconds_count") == before["decisions"] + 3
@@ -325,7 +325,7 @@ async def test_a_zombies_late_answer_is_counted_as_fenced_and_as_a_late_settleme
     step = await store.enqueue(valid())
     gate = asyncio.Event()
     provider = ScriptedProvider(gate=gate)  # the send hangs until the gate opens
-    worker = Worker(store, {"smtp": provider}, WORKER)
+    worker = Worker(store, {"smtp": provider}, WORKER.worker_config())
     task = asyncio.create_task(worker.run(install_signals=False))
     try:
         while provider.in_send < 1:

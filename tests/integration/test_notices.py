@@ -15,12 +15,12 @@ from evq.adapters.postgres.store import PostgresStore
 from evq.adapters.smtp import SmtpProvider
 from evq.ops.dev.http import DevHttpServer
 from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
 from evq.worker.backoff import Backoff
 from evq.worker.notices import NoticeConfig
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.request import Policy
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.transitions import decide
 from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
 
@@ -45,7 +45,10 @@ def notices(db_url: str) -> list[dict]:
 
 
 async def run(store, provider, settings: Settings = SETTINGS) -> None:
-    assert await Worker(store, {provider.name: provider}, settings).run(drain=True, install_signals=False) == 0
+    assert (
+        await Worker(store, {provider.name: provider}, settings.worker_config()).run(drain=True, install_signals=False)
+        == 0
+    )
 
 
 def settle(step, outcome):

@@ -28,9 +28,9 @@ import pytest
 from evq.adapters.http import HttpProvider
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.dev.http import DevHttpServer
+from evq.ops.settings import Settings
 from evq.worker.ratelimit import rate_limits
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from tests.support import ScriptedProvider, rows, spawn, valid
 
 API_KEY = "devhttp-key"
@@ -174,7 +174,7 @@ async def running(db_url: str, api: DevHttpServer, settings: Settings, count: in
     until the block ends; then stopped, and each must have stopped cleanly."""
     stores = [await PostgresStore.open(db_url, max_size=2) for _ in range(count)]
     providers = [HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, dedupe_window=3600) for _ in stores]
-    fleet = [Worker(s, {"http": p}, settings) for s, p in zip(stores, providers, strict=True)]
+    fleet = [Worker(s, {"http": p}, settings.worker_config()) for s, p in zip(stores, providers, strict=True)]
     tasks = [asyncio.create_task(w.run(install_signals=False)) for w in fleet]
     try:
         yield fleet
@@ -348,7 +348,9 @@ async def test_without_a_limit_a_claim_costs_no_extra_statement(store, limit):
         await store.enqueue(valid(provider="smtp", step_id=f"s-{i}"))
     settings = SMTP if limit is None else replace(SMTP, rate_limit=rate_limits(limit))
     provider = ScriptedProvider()
-    assert await Worker(counting, {"smtp": provider}, settings).run(drain=True, install_signals=False) == 0
+    assert (
+        await Worker(counting, {"smtp": provider}, settings.worker_config()).run(drain=True, install_signals=False) == 0
+    )
     assert len(provider.calls) == 12
     rate_calls = {name: n for name, n in counting.calls.items() if name.startswith("rate_")}
     if limit is None:

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 from evq.adapters.http import HttpProvider
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.dev.http import DevHttpServer
+from evq.ops.settings import Settings
 from evq.worker.backoff import Backoff
 from evq.worker.errors import ConfigError
 from evq.worker.outcomes import Unknown
@@ -25,7 +26,6 @@ from evq.worker.ports import LookupResult, SendRequest
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
 from evq.worker.records import ReconcileCounts
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.transitions import decide
 from tests.acceptance.conftest import Evq
 from tests.support import evidence_kinds, rows, step_row, valid
@@ -252,7 +252,7 @@ async def test_the_worker_reconciles_what_it_left_unknown(store, db_url, api):
     e = await store.enqueue(valid(provider="http", step_id="lost"))
     api.queue_fault("reset")
     try:
-        worker = Worker(store, {"http": short}, settings)
+        worker = Worker(store, {"http": short}, settings.worker_config())
         assert worker.reconciler is not None
         assert await worker.run(drain=True, install_signals=False) == 0
     finally:

@@ -9,13 +9,12 @@ from datetime import UTC
 import psycopg
 
 from evq.adapters.postgres.store import PostgresStore
+from evq.worker.config import WorkerConfig
 from evq.worker.outcomes import Retryable, Unknown
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
 
-SETTINGS = Settings(
-    adapter=("smtp",),
+SETTINGS = WorkerConfig(
     concurrency=20,
     batch_size=10,
     lease_seconds=30,
@@ -24,7 +23,6 @@ SETTINGS = Settings(
     retry_max=0,
     rescue_interval=0.2,
     shutdown_grace=5,
-    smtp_timeout=5,
 )
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from evq.adapters import smtp as smtp_adapter
 from evq.adapters.smtp import SmtpProvider
+from evq.adapters.smtp import conversation as smtp_conversation
+from evq.ops.settings import Settings
 from evq.ops.wiring import build_providers
 from evq.worker import metrics
 from evq.worker.backoff import Backoff
@@ -28,7 +29,6 @@ from evq.worker.outcomes import Accepted, Outcome, Retryable
 from evq.worker.ports import SendRequest
 from evq.worker.records import ClaimedStep, Transition
 from evq.worker.request import Policy, parse
-from evq.worker.settings import Settings
 from evq.worker.states import Reason, Status
 from evq.worker.transitions import decide
 from tests.realservers.postfix import DOMAIN, PASSWORD, RECIPIENT_LIMIT, USERNAME, Postfix
@@ -121,7 +121,7 @@ def test_the_default_greeting_passes_reject_non_fqdn_helo_hostname(postfix: Post
     assert isinstance(outcome, Accepted), outcome
     [delivered] = postfix.delivered(req.message_id, expect=1)
     # Postfix's Received: header names the HELO it was given first.
-    expected = smtp_adapter._default_helo() or "[127.0.0.1]"
+    expected = smtp_conversation._default_helo() or "[127.0.0.1]"
     assert delivered["Received"].startswith(f"from {expected} (")
 
 

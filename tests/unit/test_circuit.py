@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from evq.ops.settings import Settings
 from evq.worker.backoff import Backoff
 from evq.worker.circuit import CONSECUTIVE_FAILURES, FAULTS, CircuitBook, CircuitConfig, CircuitState, circuit_faults
 from evq.worker.errors import ConfigError
+from evq.worker.options import duration
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.records import ClaimedStep
-from evq.worker.settings import Settings, duration
 from evq.worker.states import Reason, Status
 from evq.worker.transitions import decide
 from tests.unit.test_transitions import step as claimed
@@ -98,7 +99,11 @@ def test_settings():
         with pytest.raises(ValueError):
             duration(bad)
     s = Settings.load({"EVQ_RETRY_FOR": "12h", "EVQ_CIRCUIT_FAULTS": "auth_failed", "EVQ_CIRCUIT_FAILURES": "0"})
-    assert s.retry_for == 43200 and s.circuit().faults == {"auth_failed"} and s.circuit().failures == 0
+    assert (
+        s.retry_for == 43200
+        and s.worker_config().circuit().faults == {"auth_failed"}
+        and s.worker_config().circuit().failures == 0
+    )
     assert Settings.load({}).retry_for == 5 * 86400 and Settings.load({}).max_attempts == 1000
     with pytest.raises(ConfigError, match="EVQ_CIRCUIT_PROBE_MAX"):
         Settings.load({"EVQ_CIRCUIT_PROBE_BASE": "60", "EVQ_CIRCUIT_PROBE_MAX": "30"})

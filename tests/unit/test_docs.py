@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from evq.ops.cli.output import EXIT_CODES
-from evq.worker.settings import markdown_table
+from evq.ops.settings import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

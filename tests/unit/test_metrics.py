@@ -10,12 +10,12 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from evq.ops.app.metrics import QueueCollector, build_registry, exported_names, render
+from evq.ops.settings import Settings
 from evq.ops.wiring import metrics_registry
 from evq.worker import metrics
 from evq.worker.enqueue import validate
 from evq.worker.errors import ConfigError, DatabaseUnavailable, InvalidRequest
 from evq.worker.records import QueueStats
-from evq.worker.settings import Settings
 from evq.worker.states import Status
 from tests.support import POLICY, request
 

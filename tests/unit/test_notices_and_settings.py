@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from evq.adapters.http import retry_after, wire_body
+from evq.ops.settings import Settings
 from evq.worker.errors import ConfigError, InvalidRequest
 from evq.worker.notices import NoticeConfig, build_notice, reserved_sender
 from evq.worker.ports import SendRequest
 from evq.worker.request import MAX_SUBJECT, parse
-from evq.worker.settings import Settings
 from evq.worker.states import Status
 
 ORIGINAL = {

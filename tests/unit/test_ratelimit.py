@@ -7,10 +7,10 @@ import math
 
 import pytest
 
+from evq.ops.settings import Settings
 from evq.worker.errors import ConfigError
 from evq.worker.ratelimit import DEFAULT_PAUSE, MAX_PAUSE, RateGate, RateLimit, pause_seconds, rate_limits
 from evq.worker.records import Grant
-from evq.worker.settings import Settings
 
 
 def test_rates_per_second_minute_and_hour_with_a_default_burst_of_one_seconds_worth():

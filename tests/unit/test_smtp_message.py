@@ -1,4 +1,4 @@
-"""Rendering a normalized payload as the bytes the SMTP adapter sends (adapters.smtp.build_message)."""
+"""Rendering a normalized payload as the bytes the SMTP adapter sends (adapters/smtp/message.py)."""
 
 from __future__ import annotations
 

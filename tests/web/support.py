@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from evq.worker.settings import Settings
+from evq.ops.settings import Settings
 from tests import contract
 from tests.support import free_port, wait_until
 

@@ -359,7 +359,7 @@ def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):
 
 
 def test_the_api_binds_loopback_by_default():
-    from evq.worker.settings import Settings
+    from evq.ops.settings import Settings
 
     assert Settings.load(env={}).serve_host == "127.0.0.1"
 

@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app.schemas import command_input, request_schema
 from evq.ops.mcp.server import build_server
-from evq.worker.settings import Settings
+from evq.ops.settings import Settings
 from tests import contract
 from tests.acceptance.conftest import make_key
 from tests.support import request, rows, step_row, unknown_steps

@@ -20,7 +20,6 @@ base64 forms) before they leave the worker thread.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import select
@@ -28,38 +27,20 @@ import smtplib
 import socket
 import ssl
 import threading
-import time
-from collections.abc import Container, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from email import policy as email_policy
-from email.header import Header
-from email.message import EmailMessage
-from email.parser import BytesParser, Parser
-from email.utils import format_datetime
+from collections.abc import Container
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from email_validator import EmailNotValidError
-
+from evq.adapters.smtp.message import Envelope
 from evq.worker import deadline as limits
-from evq.worker.logs import get_logger, register_secrets
-from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
 from evq.worker.ports import SendRequest
-from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, validate_address
 
-log = get_logger("evq.adapters.smtp")
+if TYPE_CHECKING:
+    from evq.adapters.smtp.provider import SmtpProvider
 
-TLS_MODES = ("none", "starttls", "ssl")
 MAX_REPLY = 500
 
-_POLICY_7BIT = email_policy.SMTP.clone(cte_type="7bit")
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_MESSAGE_ID = re.compile(r"^<[!-;=?-~]+@[!-;=?-~]+>$")  # printable ASCII, no <, >, space
-_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\u0080-\U0010ffff-]+"
-_DOT_ATOM = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*$")
-_PHRASE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?: [A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
 # Queue ids as the common MTAs phrase them: Postfix "queued as X", Exim "id=X",
 # Sendmail "X Message accepted for delivery", Amazon SES "Ok <id>".
 _QUEUE_ID = (
@@ -88,211 +69,6 @@ _HELO_REFUSED = re.compile(r"\b(?:helo|ehlo)\b[^\n]{0,40}\b(?:rejected|refused|d
 # "452 4.5.3 Error: too many recipients"); the rest go in a further transaction.
 _TOO_MANY = re.compile(r"(?:^|\s)4\.5\.3(?:\s|$)|too many recipients", re.I)
 _2YZ = range(200, 300)
-# How long a cut-off conversation's thread gets to report how far it got, once its
-# socket is shut down, before the adapter answers from the phase it last saw.
-_CUT_GRACE = 0.5
-
-
-# -- message -----------------------------------------------------------------
-
-
-class BuildError(ValueError):
-    """The payload cannot be rendered as a safe message; nothing was sent."""
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    sender: str
-    recipients: tuple[str, ...]
-    data: bytes
-    smtputf8: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Addr:
-    name: str
-    local: str
-    domain: str
-
-    @property
-    def spec(self) -> str:
-        return f"{self.local}@{self.domain}"
-
-    @property
-    def needs_utf8(self) -> bool:
-        return not self.local.isascii()
-
-
-def build_message(
-    request: SendRequest, *, now: datetime | None = None, internal_domains: tuple[str, ...] = ()
-) -> Envelope:
-    """Render the normalized payload as RFC 5322 bytes plus the SMTP envelope.
-
-    Bcc recipients exist only in the envelope. The Message-ID is the step's, so every
-    attempt carries the same one (invariant 1): a recipient's MTA can then discard a
-    duplicate, and an operator can find the message by it. Nothing else of evq's goes
-    into the message: the idempotency key (``run_id:step_id`` by default) names the
-    caller's internal ids, which are none of the recipients' business.
-
-    The header block is rendered here, not by ``email.message``: its folding drops
-    the quotes around a long display name (``"Doe, John" <a@b>`` becomes two
-    addresses) and writes RFC 2047 words it decoded back raw (CVE-2024-6923). The
-    email package only renders the MIME body, whose headers are all ours.
-    """
-    payload = request.payload
-    if not _MESSAGE_ID.match(request.message_id or ""):
-        raise BuildError(f"step Message-ID {request.message_id!r} is not of the form <left@right>")
-    sender = _addr(payload["from"], internal_domains)
-    groups = {
-        key: [_addr(a, internal_domains) for a in payload.get(key) or ()] for key in ("to", "cc", "bcc", "reply_to")
-    }
-    smtputf8 = any(a.needs_utf8 for a in (sender, *(a for group in groups.values() for a in group)))
-
-    headers = [("From", _addresses([sender])), ("To", _addresses(groups["to"]))]
-    if groups["cc"]:
-        headers.append(("Cc", _addresses(groups["cc"])))
-    if groups["reply_to"]:
-        headers.append(("Reply-To", _addresses(groups["reply_to"])))
-    headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
-    headers.append(("Date", format_datetime(now or datetime.now(UTC))))
-    headers.append(("Message-ID", request.message_id))
-    ours = {name.lower() for name, _ in headers}
-    for name, value in (payload.get("headers") or {}).items():
-        canonical = ALLOWED_HEADERS.get(str(name).lower())
-        if canonical is not None and canonical.lower() not in ours:
-            headers.append((canonical, _unstructured(canonical, str(value))))
-
-    body = _body(payload.get("text"), payload.get("html"))
-    head = "".join(f"{name}: {value}\r\n" for name, value in headers)
-    try:
-        data = head.encode("utf-8" if smtputf8 else "ascii") + body.as_bytes()
-    except UnicodeEncodeError as exc:
-        raise BuildError("a header would need SMTPUTF8 although no address does") from exc
-    _verify_rendered(data, smtputf8, [name for name, _ in headers] + list(body.keys()), groups, sender)
-
-    recipients: list[str] = []
-    seen: set[str] = set()
-    for a in (*groups["to"], *groups["cc"], *groups["bcc"]):
-        if a.spec.lower() not in seen:
-            seen.add(a.spec.lower())
-            recipients.append(a.spec)
-    return Envelope(sender=sender.spec, recipients=tuple(recipients), data=data, smtputf8=smtputf8)
-
-
-def _addr(entry: Mapping[str, Any], internal_domains: tuple[str, ...] = ()) -> _Addr:
-    try:
-        valid = validate_address(entry["email"], internal_domains)
-    except (EmailNotValidError, KeyError, TypeError, UnicodeError) as exc:
-        raise BuildError(f"not a valid address: {entry.get('email')!r}") from exc
-    # The ASCII (IDNA) domain works everywhere; only a non-ASCII local part needs SMTPUTF8.
-    return _Addr(name=_one_line(entry.get("name") or ""), local=valid.local_part, domain=valid.ascii_domain)
-
-
-def _one_line(value: str) -> str:
-    # The validator already refuses control characters; this is the second line of
-    # defence for rows written by something else: a CR/LF never reaches a header.
-    return _CONTROL.sub(" ", value).strip()
-
-
-def _addresses(addrs: list[_Addr]) -> str:
-    # One address per line, so no folding decision can ever split inside one.
-    return ",\r\n ".join(_address(a) for a in addrs)
-
-
-def _address(a: _Addr) -> str:
-    local = a.local if _DOT_ATOM.match(a.local) else _quoted(a.local)
-    if not a.name:
-        return f"{local}@{a.domain}"
-    if _PHRASE.match(a.name) and "=?" not in a.name:
-        phrase = a.name
-    elif a.name.isascii():
-        # A quoted-string: commas, angle brackets, quotes and "Bcc:" stay text.
-        phrase = _quoted(a.name)
-    else:
-        phrase = _encoded_words(a.name)
-    return f"{phrase} <{local}@{a.domain}>"
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _unstructured(name: str, value: str) -> str:
-    value = _one_line(value)
-    # ASCII folds at spaces; anything else (or an unbreakable run that would pass the
-    # 998-octet line limit) goes as RFC 2047 words, which fold anywhere.
-    if value.isascii() and all(len(word) < 900 for word in value.split()):
-        return Header(value, "us-ascii", header_name=name).encode(splitchars=" ", linesep="\r\n")
-    return _encoded_words(value)
-
-
-def _encoded_words(text: str) -> str:
-    """RFC 2047 base64 words of at most 75 characters, one per line.
-
-    Written here because ``email.header.Header`` doubles the space where it splits a
-    long value. RFC 2047 decoders ignore the folding between adjacent words, so these
-    concatenate back to exactly ``text``; splitting just after a space, where one is
-    near, keeps words whole for the decoders (Python's among them, in a display name)
-    that show that folding as a space.
-    """
-    chunks, chunk = [], ""
-    for char in text:
-        if len((chunk + char).encode()) > 45:  # 45 octets -> 60 base64 characters + 12 of syntax
-            cut = chunk.rfind(" ") + 1
-            if cut <= len(chunk) // 2:
-                cut = len(chunk)
-            chunks.append(chunk[:cut])
-            chunk = chunk[cut:]
-        chunk += char
-    chunks.append(chunk)
-    return "\r\n ".join(f"=?utf-8?b?{base64.b64encode(c.encode()).decode()}?=" for c in chunks)
-
-
-def _body(text: str | None, html: str | None) -> EmailMessage:
-    # Quoted-printable/base64 so no server needs 8BITMIME for the body.
-    body = EmailMessage(policy=_POLICY_7BIT)
-    if text is not None:
-        body.set_content(text)
-        if html is not None:
-            body.add_alternative(html, subtype="html")
-    elif html is not None:
-        body.set_content(html, subtype="html")
-    else:
-        raise BuildError("a text or html body is required")
-    return body
-
-
-def _verify_rendered(
-    data: bytes, smtputf8: bool, names: list[str], groups: dict[str, list[_Addr]], sender: _Addr
-) -> None:
-    """Parse what we are about to send and insist it says what we meant.
-
-    A second, independent check on the rendering above: the same header names in the
-    same order, the same addresses in From/To/Cc/Reply-To, no Bcc, and no control
-    character in any header even after RFC 2047 decoding (a recipient's software may
-    decode ``=?utf-8?q?=0D=0ABcc:...?=`` and re-serialize it as a real header).
-    """
-    try:
-        if smtputf8:
-            parsed = Parser(policy=email_policy.default).parsestr(data.decode("utf-8"), headersonly=True)
-        else:
-            parsed = BytesParser(policy=email_policy.default).parsebytes(data, headersonly=True)
-        if [k.lower() for k in parsed.keys()] != [k.lower() for k in names]:
-            raise BuildError("a display name, subject or header value would add or hide a header")
-        expected = {"from": [sender], "to": groups["to"], "cc": groups["cc"], "reply-to": groups["reply_to"]}
-        for header, addrs in expected.items():
-            rendered = parsed[header].addresses if header in parsed else ()
-            got = [(a.username, a.domain.lower()) for a in rendered]
-            if got != [(a.local, a.domain.lower()) for a in addrs]:
-                raise BuildError(f"a display name would change the {header} addresses")
-        for name, value in parsed.items():
-            if _CONTROL.search(str(value)):
-                raise BuildError(f"the {name} header would carry control characters once decoded")
-    except BuildError:
-        raise
-    except (ValueError, TypeError, UnicodeError) as exc:
-        # The parser itself refuses, e.g. a display name that decodes to CR/LF.
-        raise BuildError("a header would carry control characters once decoded") from exc
 
 
 def queue_id(reply: str) -> str | None:
@@ -303,9 +79,6 @@ def queue_id(reply: str) -> str | None:
             if match:
                 return match.group(1)
     return None
-
-
-# -- conversation ------------------------------------------------------------
 
 
 class _Secrets:
@@ -907,9 +680,6 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# -- provider ----------------------------------------------------------------
-
-
 def tls_context(
     ca_file: str | None = None, client_cert: str | None = None, client_key: str | None = None
 ) -> ssl.SSLContext:
@@ -920,190 +690,3 @@ def tls_context(
     if client_cert:
         context.load_cert_chain(client_cert, client_key or None)
     return context
-
-
-class SmtpProvider:
-    """The SMTP adapter: satisfies :class:`worker.ports.Provider`."""
-
-    name = "smtp"
-    # SMTP has no idempotency key a server honours, so an ambiguous send is Unknown.
-    dedupe_window: float | None = None
-
-    def __init__(
-        self,
-        *,
-        host: str,
-        port: int,
-        username: str | None = None,
-        password: str | None = None,
-        tls: str = "none",
-        timeout: float = 30.0,
-        policy: Policy = Policy(),
-        max_workers: int = 16,
-        helo_name: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        allow_plain_auth: bool = False,
-    ):
-        if tls not in TLS_MODES:
-            raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
-        if username is not None and password is None:
-            raise ValueError("an SMTP username needs a password")
-        if timeout <= 0 or max_workers < 1:
-            raise ValueError("timeout must be positive and max_workers at least 1")
-        self.host, self.port, self.tls, self.timeout = host, port, tls, timeout
-        self.username = username
-        self._password = password  # kept off repr() and out of every outcome
-        self.helo_name = helo_name
-        self.allow_plain_auth = allow_plain_auth
-        self.policy = policy
-        self.ssl_context = ssl_context or ssl.create_default_context()
-        self.secrets = _Secrets(username, password)
-        register_secrets([password])
-        # At most max_workers conversations at once. A slot is held by a send, not by its
-        # thread: a conversation cut off at its deadline gives its slot back at once.
-        self._slots = asyncio.Semaphore(max_workers)
-        # Changed from conversation threads, read by close(): guarded by _track.
-        self._live: set[_Conversation] = set()
-        self._threads: set[threading.Thread] = set()
-        self._track = threading.Lock()
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"SmtpProvider(host={self.host!r}, port={self.port}, tls={self.tls!r}, user={self.username!r})"
-
-    async def send(self, request: SendRequest) -> Outcome:
-        # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
-        refusal = check_payload(request.payload, self.policy)
-        if refusal is not None:
-            outcome: Outcome = Rejected(refusal, response=_bare("policy"), before_send=True)
-        elif self._closed:
-            outcome = Retryable("the smtp adapter is closed", response=_bare("closed"))
-        else:
-            async with self._slots:
-                outcome = await self._converse(request)
-        self._log(request, outcome)
-        return outcome
-
-    async def close(self, grace: float = 1.0) -> None:
-        """Stop taking sends, give those in flight ``grace`` seconds, then cut them off.
-
-        Never waits longer than that (plus the cut's own grace): a worker's shutdown
-        must not hang on a peer. The worker's own shutdown has already waited its grace
-        for the sends it cares about; what is cut here is classified by its phase."""
-        self._closed = True
-        threads = self._alive()
-        if threads:
-            await asyncio.to_thread(_join_all, threads, grace)
-        with self._track:
-            live = list(self._live)
-        for conversation in live:
-            conversation.cut_off()
-        threads = self._alive()
-        if threads:
-            await asyncio.to_thread(_join_all, threads, _CUT_GRACE)
-
-    def _alive(self) -> list[threading.Thread]:
-        with self._track:
-            return [t for t in self._threads if t.is_alive()]
-
-    async def _converse(self, request: SendRequest) -> Outcome:
-        # Rendering a large message is CPU work too, so it happens off the loop.
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Outcome] = loop.create_future()
-        holder: list[_Conversation] = []
-
-        def deliver(outcome: Outcome) -> None:
-            if not done.done():
-                done.set_result(outcome)
-
-        def run() -> None:
-            try:
-                outcome = self._attempt(request, holder)
-            except BaseException as exc:  # a bug here must still become an outcome
-                outcome = Unknown(
-                    f"the smtp conversation raised {type(exc).__name__}",
-                    response={**_bare(holder[0].phase if holder else "build"), "error_class": type(exc).__name__},
-                )
-            finally:
-                with self._track:
-                    self._threads.discard(threading.current_thread())
-            try:
-                loop.call_soon_threadsafe(deliver, outcome)
-            except RuntimeError:  # the loop is closed: nobody waits for this answer any more
-                pass
-
-        # A daemon thread per conversation: a peer that wedges one can neither starve
-        # the others nor keep the process alive at exit (a pool's threads are joined).
-        thread = threading.Thread(target=run, name=f"evq-smtp-{request.step_id}", daemon=True)
-        with self._track:
-            self._threads.add(thread)
-        thread.start()
-        timeout = limits.left(request.deadline)
-        try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout=None if timeout is None else max(0.0, timeout))
-        except TimeoutError:
-            pass
-        except asyncio.CancelledError:
-            # The worker gave up on this send (its shutdown grace ran out): free the
-            # thread; the row is the rescuer's, whatever the thread finds.
-            for conversation in holder:
-                conversation.cut_off()
-            raise
-        # The deadline passed: cut the conversation off and let the thread say how far it got.
-        for conversation in holder:
-            conversation.cut_off()
-        try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
-        except TimeoutError:
-            pass
-        # The thread did not come back (e.g. still resolving the host): answer from the
-        # phase it was last seen in. Past the final "." that is Unknown.
-        phase = holder[0].phase if holder else "build"
-        response = {**_bare(phase), "error_class": "DeadlineExceeded", "abandoned": True}
-        if phase == "final":
-            return Unknown(
-                "no answer after the final '.' by the send's deadline; the server may have accepted the message",
-                response=response,
-            )
-        return Retryable(f"cut off at {phase}: the send's deadline passed; nothing was sent", response=response)
-
-    def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
-        try:
-            envelope = build_message(request, internal_domains=self.policy.internal_domains)
-        except BuildError as exc:
-            return Rejected(str(exc), response=_bare("build"), before_send=True)
-        conversation = _Conversation(self, envelope, request)
-        holder.append(conversation)
-        with self._track:
-            self._live.add(conversation)
-        try:
-            remaining = limits.left(request.deadline)
-            if remaining is not None and remaining <= 0:
-                conversation.cut = True
-            return conversation.run()
-        finally:
-            with self._track:
-                self._live.discard(conversation)
-
-    def _log(self, request: SendRequest, outcome: Outcome) -> None:
-        # Logged here on the loop, not in the worker thread, so the caller's bound
-        # context (run_id, step_id) is present.
-        r = outcome.response
-        fields = log_fields(
-            request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port
-        )
-        if isinstance(outcome, Retryable) and outcome.misconfigured:
-            # Retried, but no retry succeeds until someone fixes the settings.
-            log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)
-        else:
-            log.debug("smtp_send_finished", **fields)
-
-
-def _join_all(threads: list[threading.Thread], seconds: float) -> None:
-    until = time.monotonic() + seconds
-    for thread in threads:
-        thread.join(max(0.0, until - time.monotonic()))
-
-
-def _bare(phase: str) -> dict[str, Any]:
-    return {"phase": phase, "code": None, "reply": "", "error_class": None, "refused": {}}

@@ -1,0 +1,58 @@
+"""The HTTP adapter's ``EVQ_HTTP_*`` options and the config built from them.
+
+The one loader (ops/settings.py) reads these with every other option; ops/wiring.py
+builds :class:`HttpConfig` from it and the provider from that. Importing this module
+costs nothing of the adapter itself (no httpx), so every `evq` command can.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from evq.worker.options import Option, bad
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "http_base_url",
+        str,
+        "https://api.resend.com",
+        "Base URL of the Resend-style HTTP email API (POST {base}/emails).",
+    ),
+    Option(
+        "http_api_key",
+        str,
+        None,
+        "Bearer API key of the HTTP email API (required with EVQ_ADAPTER=http; never logged).",
+        secret=True,
+    ),
+    Option(
+        "http_timeout", float, 10.0, "Seconds for each HTTP network operation (connect, send, answer).", minimum=0.1
+    ),
+    Option(
+        "http_dedupe_window",
+        float,
+        86400.0,
+        "Seconds the HTTP provider honours our Idempotency-Key, counted from the first attempt (0: it does not).",
+        minimum=0,
+    ),
+)
+
+_OPTION = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The EVQ_HTTP_* options without their prefix (a unit test compares them)."""
+
+    base_url: str = "https://api.resend.com"
+    api_key: str | None = None
+    timeout: float = 10.0
+    dedupe_window: float = 86400.0
+
+    def validate(self) -> None:
+        """The checks of a worker that sends through this adapter."""
+        if not self.api_key:
+            raise bad(_OPTION["http_api_key"], "is required with EVQ_ADAPTER=http")
+        if urlsplit(self.base_url).scheme not in ("http", "https"):
+            raise bad(_OPTION["http_base_url"], f"must be an http(s) URL, got {self.base_url!r}")

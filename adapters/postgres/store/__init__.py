@@ -1,0 +1,33 @@
+"""The PostgreSQL store: the core's Store port (worker/ports) over one psycopg async pool.
+
+Split by port, one module per role, each a mixin of :class:`PostgresBase` (base.py: the
+pool, the chokepoint every call passes, transactions); every statement is in
+adapters/postgres/queries.sql.
+"""
+
+from __future__ import annotations
+
+from evq.adapters.postgres.store.base import PostgresBase
+from evq.adapters.postgres.store.circuits import PostgresCircuits
+from evq.adapters.postgres.store.keys import PostgresKeys
+from evq.adapters.postgres.store.prune import PostgresPrune
+from evq.adapters.postgres.store.queue import PostgresQueue, new_claim_id
+from evq.adapters.postgres.store.rates import PostgresRates
+from evq.adapters.postgres.store.reconcile import PostgresReconcile
+from evq.adapters.postgres.store.steps import PostgresSteps
+
+__all__ = ["PostgresBase", "PostgresStore", "new_claim_id"]
+
+
+class PostgresStore(
+    PostgresQueue,
+    PostgresRates,
+    PostgresCircuits,
+    PostgresReconcile,
+    PostgresPrune,
+    PostgresSteps,
+    PostgresKeys,
+):
+    """Every port over one pool: the worker's queue (claim, record, release, rescue), rates,
+    circuits, the reconciler, pruning, the app's steps (enqueue, reads, resolve) and API keys.
+    ``PostgresStore.open(url)`` opens the pool (PostgresBase.open)."""

@@ -1,0 +1,83 @@
+"""API keys: looked up for every authenticated call, created, revoked, listed."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
+from evq.worker.keys import NewKey, Role, hash_secret
+
+
+class PostgresKeys(PostgresBase):
+    """API keys (worker/keys.py)."""
+
+    async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
+        """The key with this id and the server's pepper (worker.keys.KeyLookup); None: no such key."""
+        rows = await self._fetch("key_by_id", Q["api_key_by_id"], {"key_id": key_id})
+        return rows[0] if rows and rows[0]["name"] is not None else None
+
+    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
+        await self._fetch("rehash_key", Q["api_key_rehash"], {"key_id": key_id, "old": old, "new": new})
+
+    async def end_sessions(self, key_id: str, generation: int) -> None:
+        """Sign-out of the ops page: sessions of this key made under ``generation`` end."""
+        await self._fetch("end_sessions", Q["api_key_end_sessions"], {"key_id": key_id, "generation": generation})
+
+    async def key_state(self, name: str) -> dict[str, Any]:
+        return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
+
+    async def create_key(
+        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
+        only while no active admin key exists."""
+        params = {
+            "now": now,
+            "name": name,
+            "role": str(role),
+            "key_id": key.key_id,
+            "created_by": created_by,
+            "bootstrap": created_by is None,
+        }
+        async with self._op("create_key") as conn, conn.transaction():
+            await conn.execute(Q["api_key_lock"])
+            [pepper] = await fetch_all(conn, Q["api_key_pepper"], {})
+            params["secret_hash"] = hash_secret(key.secret, bytes(pepper["pepper"]))
+            row = (await fetch_all(conn, Q["api_key_create"], params))[0]
+        if not row["allowed"]:
+            raise AuthFailed(
+                "an admin key exists now: creating a key needs one",
+                hint="set EVQ_API_KEY or pass --api-key (role admin)",
+            )
+        if row["name"] is None:
+            raise Conflict(
+                f"a key named {name!r} exists (names are never reused, even after a revoke)",
+                hint="choose another name; `evq keys list` shows the names",
+                context={"name": name},
+            )
+        return {k: v for k, v in row.items() if k != "allowed"}
+
+    async def revoke_key(
+        self, name: str, *, actor: str | None, dry_run: bool = False, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Revoke the key called ``name``; with ``dry_run`` the same statement runs and is rolled back."""
+        async with self._op("revoke_key") as conn:
+            async with conn.transaction(force_rollback=dry_run):
+                await conn.execute(Q["api_key_lock"])
+                rows = await fetch_all(conn, Q["api_key_revoke"], {"now": now, "name": name, "actor": actor})
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        row = rows[0]
+        if not row["changed"] and not row["already_revoked"]:
+            raise StateConflict(
+                f"{name!r} is the last active admin key: revoking it would leave nobody able to manage keys",
+                hint="create another admin key first (`evq keys create --name NAME --role admin`)",
+                context={"name": name},
+            )
+        return row
+
+    async def list_keys(self) -> list[dict[str, Any]]:
+        return await self._fetch("list_keys", Q["api_key_list"], {})

@@ -1,0 +1,171 @@
+"""What the app (every interface) reads and writes of steps: enqueue, the reads, an operator's verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
+from evq.adapters.postgres.notices import notice_op
+from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.worker import metrics
+from evq.worker.deadline import DEADLINE_SHARE
+from evq.worker.errors import NotFound, StateConflict
+from evq.worker.logs import get_logger
+from evq.worker.ports import StepFilter
+from evq.worker.records import (
+    EnqueueResult,
+    Resolved,
+    RunDetail,
+    StepDetail,
+    StepSummary,
+)
+from evq.worker.request import ValidRequest
+from evq.worker.resolution import Resolution, Verdict
+from evq.worker.retry_guard import retry_after_acceptance, retry_too_soon
+from evq.worker.states import Status
+
+log = get_logger("evq.store")
+
+
+class PostgresSteps(PostgresBase):
+    """Enqueue, reading back and resolving."""
+
+    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult:
+        async with self._op("enqueue") as conn:
+            return await run_async(conn, enqueue_op(request, now))
+
+    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
+        # Multi-row statements inside one transaction: all or nothing.
+        async with self._op("enqueue_many") as conn, conn.transaction():
+            return await run_async(conn, enqueue_many_op(requests))
+
+    async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
+        """The step holding this request's key (or its run and step ids), if any."""
+        rows = await self._fetch(
+            "find_by_key",
+            Q["step_get_by_key"],
+            {"idempotency_key": request.idempotency_key, "run_id": request.run_id, "step_id": request.step_id},
+        )
+        return rows[0] if rows else None
+
+    async def get_step(self, step_id: int) -> StepDetail:
+        async with self._snapshot("get_step") as conn:
+            rows = await fetch_all(conn, Q["step_get"], {"id": step_id})
+            if not rows:
+                raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+            step = rows[0]
+            decision = await fetch_all(conn, Q["decision_get"], {"id": step["decision_id"]})
+            evidence = await fetch_all(conn, Q["evidence_for_step"], {"id": step_id})
+        return StepDetail(step=step, decision=decision[0] if decision else None, evidence=evidence)
+
+    async def get_run(self, run_id: str) -> RunDetail:
+        """One run's steps, decisions and evidence, read from one snapshot."""
+        async with self._snapshot("get_run") as conn:
+            steps = await fetch_all(conn, Q["run_steps"], {"run_id": run_id})
+            if not steps:
+                raise NotFound(f"no steps in run {run_id!r}", hint="`evq steps list` shows the run ids")
+            decisions = await fetch_all(conn, Q["run_decisions"], {"run_id": run_id})
+            evidence = await fetch_all(conn, Q["run_evidence"], {"run_id": run_id})
+        return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence)
+
+    async def last_answers(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The latest provider answer of each step that has one, by step id."""
+        if not step_ids:
+            return {}
+        rows = await self._fetch("last_answers", Q["evidence_last_answers"], {"ids": list(step_ids)})
+        return {r["step_id"]: r for r in rows}
+
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
+        rows = await self._fetch(
+            "list_steps",
+            Q["step_list"],
+            {
+                "now": now,
+                "ids": list(where.ids) or None,
+                "statuses": [str(s) for s in where.statuses] or None,
+                "run_id": where.run_id,
+                "provider": where.provider,
+                "created_before": where.created_before,
+                "recipient_domain": where.recipient_domain,
+                "limit": where.limit,
+                "offset": where.offset,
+            },
+        )
+        # One row always comes back: it carries the total, and no step when the page is empty.
+        total = rows[0]["total"] if rows else 0
+        return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
+
+    async def resolve(
+        self,
+        step_id: int,
+        resolution: Resolution,
+        *,
+        actor: str,
+        default_max_attempts: int,
+        now: datetime | None = None,
+    ) -> Resolved:
+        """Close one unknown row with an operator's verdict and its evidence, atomically.
+
+        Raises NotFound, or StateConflict when the row is not unknown (someone
+        closed it first, or it never was).
+        """
+        params = {
+            "now": now,
+            "id": step_id,
+            "to_status": str(resolution.verdict.to_status),
+            "verdict": str(resolution.verdict),
+            "note": resolution.note,
+            "reason": resolution.reason,
+            "provider_message_id": resolution.provider_message_id,
+            "evidence_url": resolution.evidence_url,
+            "actor": actor,
+            "default_max_attempts": default_max_attempts,
+            "deadline_share": DEADLINE_SHARE,
+        }
+        async with self._op("resolve") as conn, conn.transaction():
+            rows = await fetch_all(conn, Q["step_resolve"], params)
+            if rows and rows[0]["to_status"] == str(Status.REJECTED):
+                # The sender learns its email did not go out, in the transaction of the verdict.
+                await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
+        if not rows:
+            raise NotFound(f"no step with id {step_id}", hint="`evq steps list --status unknown` shows the ids")
+        row = rows[0]
+        if (
+            row["to_status"] is None
+            and resolution.verdict is Verdict.RETRY
+            and row["accepted_evidence"] is not None
+            and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])
+        ):
+            raise retry_after_acceptance(step_id, row["accepted_evidence"], row["current_status"])
+        if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
+            raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])
+        if row["to_status"] is None:
+            log.info("resolve_conflict", step=step_id, status=row["current_status"])
+            raise StateConflict(
+                f"step {step_id} is {row['current_status']}, not unknown: only unknown rows can be resolved "
+                "(and, with --as retry, rejected rows whose attempts or retry budget ran out on temporary "
+                "failures only)",
+                hint=f"`evq steps show {step_id}` shows who changed it and when",
+                context={"id": step_id, "status": row["current_status"], "reason": row["current_reason"]},
+            )
+        metrics.RESOLUTIONS.labels(**{"as": str(resolution.verdict)}).inc()
+        if row["to_status"] in (str(Status.ACCEPTED), str(Status.REJECTED)):
+            metrics.observe_closed(row["created_at"], row["resolved_at"])
+        return Resolved(
+            step_id=row["id"],
+            run_id=row["run_id"],
+            from_status=Status(row["current_status"]),
+            to_status=Status(row["to_status"]),
+            evidence_id=row["evidence_id"],
+            resolved_at=row["resolved_at"],
+            attempts=row["attempts"],
+            max_attempts_before=row["max_attempts_before"],
+            max_attempts_after=row["max_attempts_after"],
+        )
+
+    async def schema_revision(self) -> str | None:
+        rows = await self._fetch("schema_revision", Q["schema_revision"], {})
+        return rows[0]["version_num"] if rows else None

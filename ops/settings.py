@@ -1,0 +1,424 @@
+"""Settings: every one an ``EVQ_*`` environment variable and a flag of ``evq worker run``.
+
+The one loader of every option. Each config declares its own table where it is used
+(the core's in worker/config.py, the SMTP adapter's in adapters/smtp/config.py, the
+HTTP adapter's in adapters/http/config.py, the null adapter's in adapters/null.py);
+the database, logging, /metrics, `evq serve` and `evq mcp` options, which only the
+interfaces and the composition root read, are here. :data:`OPTIONS` joins them and
+is the single source for the flags, the environment names, the defaults, the
+README's settings table (a test compares them) and the validation messages, so none
+of them can drift from the others. ops/wiring.py builds each config from
+:class:`Settings` (:meth:`Settings.worker_config`, :meth:`Settings.smtp_config`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from email_validator import EmailNotValidError
+
+from evq.adapters import null
+from evq.adapters.http import config as http
+from evq.adapters.http.config import HttpConfig
+from evq.adapters.smtp import config as smtp
+from evq.adapters.smtp.config import SmtpConfig
+from evq.worker.circuit import FAULTS
+from evq.worker.config import (
+    NOTICE_OPTIONS,
+    PACE_OPTIONS,
+    POLICY_OPTIONS,
+    RECONCILE_OPTIONS,
+    WORKER_OPTIONS,
+    WorkerConfig,
+)
+from evq.worker.notices import NoticeConfig, reserved_sender
+from evq.worker.options import Option, bad, boolean, lowercase_list, parse
+from evq.worker.ratelimit import RateLimit
+from evq.worker.request import Policy, validate_address
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    C = TypeVar("C", bound=DataclassInstance)
+
+DATABASE_OPTIONS: tuple[Option, ...] = (
+    Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
+    Option(
+        "data_dir",
+        str,
+        None,
+        "Folder for the embedded PostgreSQL (default: the user data dir, e.g. ~/.local/share/evq).",
+    ),
+)
+
+ADAPTER_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "adapter",
+        lowercase_list,
+        ("smtp",),
+        "Provider adapter(s) this worker sends through, comma-separated: smtp, http, null.",
+    ),
+)
+
+# How evq reaches PostgreSQL (adapters/postgres/listen.py, pooler.py).
+CONNECTION_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "listen",
+        str,
+        "auto",
+        "Wake on LISTEN/NOTIFY: auto (fall back to polling), on, off.",
+        choices=("auto", "on", "off"),
+    ),
+    Option(
+        "pooler",
+        str,
+        "auto",
+        "A pooler between evq and PostgreSQL: auto (probe at start; when a pooler answers, behave as "
+        "transaction, with a warning), none (no probe), or transaction (PgBouncer in transaction mode: "
+        "no prepared statements, no LISTEN; polling instead).",
+        choices=("auto", "none", "transaction"),
+    ),
+)
+
+LOG_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "log_format",
+        str,
+        "auto",
+        "Log format: auto (console on a terminal, else JSON), json, console.",
+        choices=("auto", "json", "console"),
+    ),
+    Option(
+        "log_level",
+        str,
+        "info",
+        "Log level: debug, info, warning, error.",
+        choices=("debug", "info", "warning", "error"),
+    ),
+)
+
+METRICS_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "metrics_port",
+        int,
+        None,
+        "Serve /metrics and /healthz on this port (unset: off; 9640 is evq's usual port; 0: any free port).",
+        minimum=0,
+    ),
+    Option(
+        "metrics_host",
+        str,
+        "127.0.0.1",
+        "Address /metrics listens on (0.0.0.0 lets a Prometheus on another host scrape it).",
+    ),
+    Option(
+        "metrics_queue",
+        str,
+        "on",
+        "Also export the queue gauges read from the database at scrape time: on, off.",
+        choices=("on", "off"),
+    ),
+)
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option("serve_host", str, "127.0.0.1", "Address `evq serve` (HTTP API, ops page, /metrics) listens on."),
+    Option("serve_port", int, 8080, "Port `evq serve` listens on (0: any free port).", minimum=0),
+    Option(
+        "serve_secret",
+        str,
+        None,
+        "Secret that signs ops-page session cookies (unset: a new one per process, so sessions end at a restart; set it when several `evq serve` share users).",
+        secret=True,
+    ),
+    Option(
+        "serve_max_body",
+        int,
+        4 * 1024 * 1024,
+        "Largest HTTP request body `evq serve` reads, in bytes (413 beyond).",
+        minimum=1024,
+    ),
+    Option(
+        "serve_auth_failures",
+        int,
+        10,
+        "Wrong or revoked API keys one client address may present within EVQ_SERVE_AUTH_WINDOW before `evq serve` answers its key checks 429 (Retry-After) without looking.",
+        minimum=1,
+    ),
+    Option(
+        "serve_auth_window",
+        float,
+        60.0,
+        "Seconds over which `evq serve` counts a client address's failed key checks (and the longest it refuses that address).",
+        minimum=1,
+    ),
+    Option(
+        "serve_header_timeout",
+        float,
+        10.0,
+        "Seconds a client of `evq serve` has to send a request's line and headers, counted from its first byte (or the connection); then 408 and closed.",
+        minimum=0.1,
+    ),
+    Option(
+        "serve_body_timeout",
+        float,
+        30.0,
+        "Seconds a client of `evq serve` has to send a request's whole body once its headers are in (then 408 and closed), and to take in more of an answer it stopped reading (then closed).",
+        minimum=0.1,
+    ),
+    Option(
+        "serve_max_connections",
+        int,
+        512,
+        "Most connections `evq serve` holds open; beyond it the one waiting longest on its client is closed (keep it under the open-file limit, ulimit -n).",
+        minimum=2,
+    ),
+)
+
+MCP_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "mcp_resolve",
+        boolean,
+        False,
+        "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false).",
+    ),
+)
+
+# In the order `evq worker run --help` and README's table have always listed them: the
+# core's tables are interleaved with the others where that order interleaved them.
+OPTIONS: tuple[Option, ...] = (
+    *DATABASE_OPTIONS,
+    *ADAPTER_OPTIONS,
+    *WORKER_OPTIONS,
+    *CONNECTION_OPTIONS,
+    *PACE_OPTIONS,
+    *POLICY_OPTIONS,
+    *smtp.OPTIONS,
+    *http.OPTIONS,
+    *NOTICE_OPTIONS,
+    *RECONCILE_OPTIONS,
+    *null.OPTIONS,
+    *LOG_OPTIONS,
+    *METRICS_OPTIONS,
+    *SERVE_OPTIONS,
+    *MCP_OPTIONS,
+)
+
+OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every option, one field each (the interfaces read theirs here); the core and each
+    adapter get their own config from it (:meth:`worker_config`, :meth:`smtp_config`, ...)."""
+
+    database_url: str | None = None
+    data_dir: str | None = None
+    adapter: tuple[str, ...] = ("smtp",)
+    concurrency: int = 10
+    batch_size: int = 100
+    lease_seconds: float = 120.0
+    max_attempts: int = 1000
+    poll_interval: float = 1.0
+    retry_base: float = 5.0
+    retry_max: float = 900.0
+    retry_for: float = 432000.0
+    circuit_faults: frozenset[str] = frozenset(FAULTS)
+    circuit_failures: int = 10
+    circuit_probe_base: float = 10.0
+    circuit_probe_max: float = 600.0
+    listen: str = "auto"
+    pooler: str = "auto"
+    rate_limit: tuple[RateLimit, ...] = ()
+    rescue_interval: float = 15.0
+    shutdown_grace: float = 30.0
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+    internal_domains: tuple[str, ...] = ()
+    max_message_bytes: int = 1024 * 1024
+    max_recipients: int = 50
+    max_input_bytes: int = 64 * 1024 * 1024
+    default_from: str | None = None
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_tls: str = "none"
+    smtp_timeout: float = 30.0
+    smtp_helo_name: str | None = None
+    smtp_ca_file: str | None = None
+    smtp_client_cert: str | None = None
+    smtp_client_key: str | None = None
+    smtp_allow_plain_auth: bool = False
+    http_base_url: str = "https://api.resend.com"
+    http_api_key: str | None = None
+    http_timeout: float = 10.0
+    http_dedupe_window: float = 86400.0
+    notice_from: str | None = None
+    notice_on_unknown: bool = False
+    reconcile_interval: float = 30.0
+    reconcile_rate: float = 2.0
+    reconcile_checks: int = 5
+    null_delay: float = 0.0
+    log_format: str = "auto"
+    log_level: str = "info"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_queue: str = "on"
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8080
+    serve_secret: str | None = None
+    serve_max_body: int = 4 * 1024 * 1024
+    serve_auth_failures: int = 10
+    serve_auth_window: float = 60.0
+    serve_header_timeout: float = 10.0
+    serve_body_timeout: float = 30.0
+    serve_max_connections: int = 512
+    mcp_resolve: bool = False
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Environment first, then explicit overrides (flags); every value validated."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for option in OPTIONS:
+            raw = env.get(option.env)
+            if raw is not None and raw != "":
+                values[option.name] = parse(option, raw, source=option.env)
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            option = OPTION_BY_NAME[name]
+            values[name] = parse(option, value, source=option.flag) if isinstance(value, str) else value
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for option in OPTIONS:
+            value = getattr(self, option.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                # float() reads "nan", "inf" and "1e999"; NaN passes every minimum (all its
+                # comparisons are false). Either would be a lease, a timeout or a window that
+                # no clock, socket or PostgreSQL interval can hold.
+                raise bad(option, f"must be a finite number, got {value}")
+            if option.minimum is not None and value is not None and value < option.minimum:
+                raise bad(option, f"must be at least {option.minimum:g}, got {value}")
+            if option.choices and value not in option.choices:
+                raise bad(option, f"must be one of {', '.join(option.choices)}, got {value!r}")
+        for name in self.adapter:
+            if name not in ADAPTERS:
+                raise bad(OPTION_BY_NAME["adapter"], f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
+        if not self.adapter:
+            raise bad(OPTION_BY_NAME["adapter"], "name at least one adapter")
+        if "smtp" in self.adapter and self.lease_seconds <= self.smtp_timeout * 3:
+            # One SMTP send is several network operations, each bounded by smtp_timeout;
+            # a lease shorter than that would let the rescuer act on a send still talking.
+            raise bad(
+                OPTION_BY_NAME["lease_seconds"],
+                f"must exceed 3 x EVQ_SMTP_TIMEOUT ({self.smtp_timeout * 3:g}s) so a live send is never rescued",
+            )
+        if self.pooler == "transaction" and self.listen == "on":
+            raise bad(
+                OPTION_BY_NAME["listen"], "cannot be on behind a transaction-mode pooler (notifications never arrive)"
+            )
+        if "smtp" in self.adapter:
+            self.smtp_config().validate()
+        for limit in self.rate_limit:
+            if limit.provider not in ADAPTERS:
+                raise bad(
+                    OPTION_BY_NAME["rate_limit"],
+                    f"names an unknown provider {limit.provider!r}; known: {', '.join(ADAPTERS)}",
+                )
+        self.worker_config().validate()
+        if self.serve_port > 65535:
+            raise bad(OPTION_BY_NAME["serve_port"], f"must be a TCP port (at most 65535), got {self.serve_port}")
+        if self.metrics_port is not None and self.metrics_port > 65535:
+            raise bad(OPTION_BY_NAME["metrics_port"], f"must be a TCP port (at most 65535), got {self.metrics_port}")
+        if "http" in self.adapter:
+            self.http_config().validate()
+            if self.lease_seconds <= self.http_timeout * 3:
+                # Connect, send and answer are each bounded by http_timeout.
+                raise bad(
+                    OPTION_BY_NAME["lease_seconds"],
+                    f"must exceed 3 x EVQ_HTTP_TIMEOUT ({self.http_timeout * 3:g}s) so a live send is never rescued",
+                )
+        if self.notice_from is not None:
+            try:
+                validate_address(self.notice_from, self.internal_domains)
+            except EmailNotValidError as exc:
+                raise bad(OPTION_BY_NAME["notice_from"], f"is not a valid address: {exc}") from None
+
+    def worker_config(self) -> WorkerConfig:
+        """The core's config (worker/config.py)."""
+        return _section(WorkerConfig, self)
+
+    def smtp_config(self) -> SmtpConfig:
+        return _section(SmtpConfig, self, "smtp_")
+
+    def http_config(self) -> HttpConfig:
+        return _section(HttpConfig, self, "http_")
+
+    def policy(self) -> Policy:
+        return Policy(
+            max_message_bytes=self.max_message_bytes,
+            max_recipients=self.max_recipients,
+            allowed_domains=self.allowed_domains,
+            blocked_domains=self.blocked_domains,
+            default_from=self.default_from,
+            default_provider=self.adapter[0],
+            providers=tuple(ADAPTERS),
+            reserved_senders=(reserved_sender(self.notice_from),),
+            internal_domains=self.internal_domains,
+        )
+
+    def notices(self) -> NoticeConfig:
+        return NoticeConfig(
+            sender=self.notice_from, on_unknown=self.notice_on_unknown, internal_domains=self.internal_domains
+        )
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in a log line, an evidence row or an error."""
+        out = [getattr(self, o.name) for o in OPTIONS if o.secret and getattr(self, o.name)]
+        if self.database_url:
+            try:
+                password = urlsplit(self.database_url).password
+            except ValueError:
+                password = None
+            if password:
+                out.append(password)
+        return out
+
+    def as_public_dict(self) -> dict[str, Any]:
+        return {
+            f.name: ("***" if OPTION_BY_NAME[f.name].secret and getattr(self, f.name) else getattr(self, f.name))
+            for f in fields(self)
+        }
+
+
+# The provider names a step may name. Which of them a given worker sends through is EVQ_ADAPTER.
+ADAPTERS = ("smtp", "http", "null")
+
+
+def _section(config: type[C], settings: Settings, prefix: str = "") -> C:
+    """``config`` filled from the settings named ``prefix`` + each of its fields."""
+    return config(**{f.name: getattr(settings, prefix + f.name) for f in fields(config)})
+
+
+def markdown_table() -> str:
+    """The README's settings table (a test keeps the README equal to this)."""
+    lines = ["| variable | flag of `evq worker run` | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        default = o.default
+        if isinstance(default, frozenset):
+            default = "all" if default == frozenset(FAULTS) else ",".join(sorted(default)) or "none"
+        elif isinstance(default, tuple):
+            default = ",".join(map(str, default)) or "(none)"
+        elif isinstance(default, bool):
+            default = str(default).lower()
+        lines.append(f"| `{o.env}` | `{o.flag}` | `{'(unset)' if default is None else default}` | {o.help} |")
+    return "\n".join(lines)
