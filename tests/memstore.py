@@ -313,11 +313,12 @@ class MemoryStore:
     async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
         at = await self._op("enqueue_many", None)
         # All or nothing, as the batch's transaction is.
-        saved = copy.deepcopy((self.steps, self.decisions, self._step_ids, self._decision_ids))
+        # Sequences are not transactional: the ids a failed batch took stay taken.
+        saved = copy.deepcopy((self.steps, self.decisions))
         try:
             return [self._enqueue(r, at) for r in requests]
         except BaseException:
-            self.steps, self.decisions, self._step_ids, self._decision_ids = saved
+            self.steps, self.decisions = saved
             raise
 
     def _enqueue(
@@ -334,14 +335,16 @@ class MemoryStore:
             ),
             None,
         )
+        # Both ids are drawn before the insert meets its conflict (nextval() and the id
+        # column's default), so a repeated enqueue leaves a gap, as in PostgreSQL.
+        self._decision_ids += 1
+        self._step_ids += 1
         if taken is not None:
             # step_enqueue's ON CONFLICT DO NOTHING, then the row holding the key (or the
             # run_id/step_id, step_get_by_key): the same request gets it back, another is refused.
             held = next((s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key), taken)
             return existing_or_conflict({**held, "created": False}, request)
         d = request.decision
-        self._decision_ids += 1
-        self._step_ids += 1
         row = {
             "id": self._step_ids,
             "run_id": request.run_id,
@@ -438,7 +441,9 @@ class MemoryStore:
             key=lambda s: (s["next_attempt_at"], s["id"]),
         )[:limit]
         claimed = []
-        for s in sorted(picked, key=lambda s: s["id"]):
+        # Evidence in the order of the pick, as the UPDATE's rows come (in practice) in
+        # PostgreSQL; the answer in id order, as step_claim's ORDER BY id returns it.
+        for s in picked:
             from_status = s["status"]
             window = dedupe_windows.get(s["provider"])
             first = s["first_attempt_at"] if s["first_attempt_at"] is not None else at
@@ -485,7 +490,7 @@ class MemoryStore:
                     budget_age=_epoch(at - retry_from),
                 )
             )
-        return claimed
+        return sorted(claimed, key=lambda c: c.id)
 
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None

@@ -62,7 +62,12 @@ async def test_claim_takes_due_rows_oldest_first_and_commits_the_attempt(any_sto
     assert step["lease_token"] == first.lease_token and step["lease_expires_at"] == at(10 + LEASE)
     assert step["first_attempt_at"] == at(10) and step["updated_at"] == at(10)
     [ev] = await evidence(any_store, early.id)
-    assert (ev["kind"], ev["attempt"], ev["from_status"], ev["to_status"]) == ("attempt_started", 1, "pending", "in_flight")
+    assert (ev["kind"], ev["attempt"], ev["from_status"], ev["to_status"]) == (
+        "attempt_started",
+        1,
+        "pending",
+        "in_flight",
+    )
     assert ev["lease_token"] == first.lease_token and ev["actor"] == "w1" and ev["created_at"] == at(10)
     [second] = await claim(any_store, now=at(10))
     assert second.id == late.id
