@@ -88,7 +88,14 @@ async def play(store: Any, reqs: list[Any]) -> None:
             )
         except Exception as exc:  # the refusals are part of the history too
             await store.enqueue(
-                valid(run_id="run-b", step_id=f"refusal-{step.id}", subject=type(exc).__name__), now=at(600)
+                valid(
+                    run_id="run-b",
+                    step_id=f"refusal-{step.id}",
+                    to=["op@example.com"],
+                    subject=type(exc).__name__,
+                    text=str(exc)[:200],
+                ),
+                now=at(600),
             )
 
 
