@@ -20,9 +20,12 @@ Where it does not (cannot honestly) match PostgreSQL:
   not a database clock shared by hosts. ``get_step``'s ``age_seconds`` uses it too.
 - Migration 0012's guard does not exempt anyone here; in PostgreSQL the tables' owner
   (the tests' superuser) bypasses it. Every evq statement passes it either way.
-- Not implemented: API keys, retention (prune), queue statistics, the LISTEN wakeup, the
-  enqueue inside a caller's transaction. A row with the same lease token twice in one
-  ``record`` batch (the recorder never makes one) is not modelled.
+- API keys: creating one, looking it up and rehashing it (worker/keys.py's port), not the
+  revoke, list and sign-out of the ops tools. Retention follows evq_prune_batch (migration
+  0009), its prune_log included, without the owner-only switch.
+- Not implemented: queue statistics, the LISTEN wakeup, the enqueue inside a caller's
+  transaction, ``transaction()``. A row with the same lease token twice in one ``record``
+  batch (the recorder never makes one) is not modelled.
 - No metrics of the adapter's own (store latency); the closing histogram
   (``metrics.observe_closed``) is fed where PostgresStore feeds it.
 """
@@ -34,6 +37,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -44,10 +48,12 @@ from typing import Any
 from evq.worker import metrics
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.enqueue import existing_or_conflict, new_message_id
-from evq.worker.errors import InvalidRequest, NotFound, StateConflict
+from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_notice
 from evq.worker.ports import StepFilter
+from evq.worker.pruner import PruneCounts
 from evq.worker.ratelimit import Grant
 from evq.worker.records import (
     ClaimedStep,
@@ -223,6 +229,9 @@ class MemoryStore:
         self._decision_ids = 0
         self._evidence_ids = 0
         self._event_ids = 0
+        self.keys: dict[str, dict[str, Any]] = {}  # by name, in creation order
+        self.pepper = os.urandom(32)  # api_key_pepper: made by the migration, never changed
+        self.prune_log: list[Mapping[str, Any]] = []
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
 
     async def close(self) -> None:
@@ -1330,6 +1339,127 @@ class MemoryStore:
             max_attempts_before=cur["max_attempts"],
             max_attempts_after=s["max_attempts"],
         )
+
+    # -- API keys (worker/keys.py) ----------------------------------------------------
+
+    async def create_key(
+        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """As PostgresStore.create_key: a bootstrap (``created_by=None``) only while no active
+        admin key exists; a name is never reused, even after a revoke."""
+        at = await self._op("create_key", now)
+        if created_by is None and any(k["role"] == "admin" and k["revoked_at"] is None for k in self.keys.values()):
+            raise AuthFailed(
+                "an admin key exists now: creating a key needs one",
+                hint="set EVQ_API_KEY or pass --api-key (role admin)",
+            )
+        if name in self.keys or any(k["key_id"] == key.key_id for k in self.keys.values()):
+            raise Conflict(
+                f"a key named {name!r} exists (names are never reused, even after a revoke)",
+                hint="choose another name; `evq keys list` shows the names",
+                context={"name": name},
+            )
+        if not re.fullmatch(r"[0-9a-f]{12}", key.key_id):
+            raise InvariantViolated("ck_api_keys_key_id_format")
+        self.keys[name] = {
+            "name": name,
+            "role": str(role),
+            "key_id": key.key_id,
+            "secret_hash": hash_secret(key.secret, self.pepper),
+            "created_at": at,
+            "created_by": created_by,
+            "revoked_at": None,
+            "revoked_by": None,
+            "session_generation": 0,
+        }
+        return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by")}
+
+    async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
+        await self._op("key_by_id", None)
+        for k in self.keys.values():
+            if k["key_id"] == key_id:
+                fields = ("name", "role", "secret_hash", "revoked_at", "session_generation")
+                return {**{f: k[f] for f in fields}, "pepper": self.pepper}
+        return None
+
+    async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
+        await self._op("rehash_key", None)
+        for k in self.keys.values():
+            if k["key_id"] == key_id and k["secret_hash"] == old:
+                k["secret_hash"] = new
+
+    # -- retention (evq_prune_batch, migration 0009) -----------------------------------
+
+    async def prune_cutoff(self, *, older_than: timedelta) -> datetime:
+        at = await self._op("prune_cutoff", None)
+        return at - older_than
+
+    def _prunable(self, s: Mapping[str, Any], cutoff: datetime) -> bool:
+        def eligible(x: Mapping[str, Any]) -> bool:
+            return x["status"] in TERMINAL and x["created_at"] < cutoff and x["closed_at"] < cutoff
+
+        notices = [n for n in self.steps.values() if n["notice_of"] == s["id"]]
+        return eligible(s) and all(eligible(n) for n in notices)
+
+    def _prune_roots(self, cutoff: datetime) -> list[dict[str, Any]]:
+        """Steps that go, except notices whose original goes too (they ride along with it)."""
+        return [
+            s
+            for s in sorted(self.steps.values(), key=lambda s: s["id"])
+            if self._prunable(s, cutoff)
+            and not (s["notice_of"] is not None and self._prunable(self.steps[s["notice_of"]], cutoff))
+        ]
+
+    def _doomed(self, roots: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        ids = {r["id"] for r in roots}
+        return [*roots, *(n for n in self.steps.values() if n["notice_of"] in ids)]
+
+    async def prune_count(self, *, cutoff: datetime) -> PruneCounts:
+        await self._op("prune_count", None)
+        doomed = self._doomed(self._prune_roots(cutoff))
+        ids = {d["id"] for d in doomed}
+        return PruneCounts(
+            steps=len(doomed),
+            evidence=sum(1 for e in self.evidence if e["step_id"] in ids),
+            decisions=len({d["decision_id"] for d in doomed}),
+        )
+
+    async def prune_batch(self, *, cutoff: datetime, limit: int, actor: str, run: Any, batch: int) -> PruneCounts:
+        at = await self._op("prune", None)
+        if cutoff > at:
+            raise InvariantViolated(f"prune cutoff {cutoff} is later than the clock ({at})")
+        if limit < 1:
+            raise InvariantViolated("prune batch size must be positive")
+        doomed = self._doomed(self._prune_roots(cutoff)[:limit])
+        ids = {d["id"] for d in doomed}
+        gone = sum(1 for e in self.evidence if e["step_id"] in ids)
+        # The one path that removes evidence, as evq_prune_batch is.
+        self.evidence = [e for e in self.evidence if e["step_id"] not in ids]
+        decisions = {d["decision_id"] for d in doomed}
+        for i in ids:
+            del self.steps[i]
+        for d in decisions:
+            del self.decisions[d]
+        counts = PruneCounts(steps=len(ids), evidence=gone, decisions=len(decisions), batches=1)
+        if ids:
+            self.prune_log.append(
+                MappingProxyType(
+                    {
+                        "id": len(self.prune_log) + 1,
+                        "run": run,
+                        "batch": batch,
+                        "actor": actor,
+                        "cutoff": cutoff,
+                        "steps": len(ids),
+                        "evidence": gone,
+                        "decisions": len(decisions),
+                        "first_step_id": min(ids),
+                        "last_step_id": max(ids),
+                        "created_at": at,
+                    }
+                )
+            )
+        return counts
 
     def _retry_not_before(self, s: Mapping[str, Any]) -> datetime | None:
         """step_resolve's retry_not_before: the rescued attempt's lease end plus the adapter's
