@@ -53,8 +53,6 @@ from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_notice
 from evq.worker.ports import StepFilter
-from evq.worker.pruner import PruneCounts
-from evq.worker.ratelimit import Grant
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -71,6 +69,12 @@ from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
 from evq.worker.retry_guard import retry_after_acceptance, retry_too_soon
 from evq.worker.states import Status
+
+try:  # worker/records.py holds both since the ports became a package (worker/ports/)
+    from evq.worker.records import Grant, PruneCounts  # type: ignore[attr-defined]
+except ImportError:  # before: drop this branch once that change is merged
+    from evq.worker.pruner import PruneCounts
+    from evq.worker.ratelimit import Grant
 
 log = get_logger("evq.memstore")
 

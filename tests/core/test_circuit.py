@@ -14,12 +14,11 @@ from evq.worker.errors import DatabaseUnavailable
 from evq.worker.outcomes import Accepted, Retryable
 from evq.worker.ports import SendRequest
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
+from tests.core.config import WorkerConfig
 from tests.memstore import MemoryStore
 from tests.support import valid
 
-SETTINGS = Settings(
-    adapter=("smtp",),
+SETTINGS = WorkerConfig(
     concurrency=4,
     batch_size=4,
     lease_seconds=30,
@@ -28,7 +27,6 @@ SETTINGS = Settings(
     retry_max=0.05,
     rescue_interval=0.5,
     shutdown_grace=5,
-    smtp_timeout=5,
     max_attempts=3,
     retry_for=3600,
     circuit_probe_base=0.05,

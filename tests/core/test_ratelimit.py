@@ -11,11 +11,10 @@ from evq.worker.outcomes import Accepted, Retryable
 from evq.worker.ports import SendRequest
 from evq.worker.ratelimit import RateLimit
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
+from tests.core.config import WorkerConfig
 from tests.support import valid
 
-SETTINGS = Settings(
-    adapter=("smtp",),
+SETTINGS = WorkerConfig(
     concurrency=10,
     batch_size=10,
     lease_seconds=30,

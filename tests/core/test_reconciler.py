@@ -16,8 +16,8 @@ from evq.worker.ports import LookupFailed, LookupResult, SendRequest
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
 from evq.worker.records import ReconcileCounts
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.transitions import decide
+from tests.core.config import WorkerConfig
 from tests.memstore import MemoryStore
 from tests.support import valid
 
@@ -186,9 +186,7 @@ class LookupProvider(Lookups):
 
 
 async def test_the_worker_reconciles_what_it_left_unknown(mem):
-    settings = Settings(
-        adapter=("http",), http_api_key="k", lease_seconds=30, poll_interval=0.02, retry_base=0, retry_max=0
-    )
+    settings = WorkerConfig(lease_seconds=30, poll_interval=0.02, retry_base=0, retry_max=0)
     e = await mem.enqueue(valid(provider="http", step_id="lost"))
     provider = LookupProvider()
     worker = Worker(mem, {"http": provider}, settings)

@@ -14,13 +14,12 @@ from evq.worker.errors import DatabaseUnavailable
 from evq.worker.logs import merge_step
 from evq.worker.outcomes import Retryable, Unknown
 from evq.worker.runner import Worker
-from evq.worker.settings import Settings
 from evq.worker.states import TRANSITIONS, Status
+from tests.core.config import WorkerConfig
 from tests.memstore import MemoryStore
 from tests.support import ScriptedProvider, valid
 
-SETTINGS = Settings(
-    adapter=("smtp",),
+SETTINGS = WorkerConfig(
     concurrency=20,
     batch_size=10,
     lease_seconds=30,
@@ -29,7 +28,6 @@ SETTINGS = Settings(
     retry_max=0,
     rescue_interval=0.2,
     shutdown_grace=5,
-    smtp_timeout=5,
 )
 
 
