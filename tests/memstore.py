@@ -1,9 +1,10 @@
-"""An in-memory store: the core's ports (worker/ports.py ``Store``, and what the recorder,
+"""An in-memory store: the core's ports (``evq.worker.ports.Store``, and what the recorder,
 rescuer, reconciler, rate gate and circuit breaker ask of a store) without PostgreSQL.
 
 It follows adapters/postgres/queries.sql statement by statement: the same guards (state,
 lease token, attempt), the same evidence rows, the same lease tokens (``md5(claim_id:id)``),
-the same order of claims and of reconciler picks. The schema's CHECK constraints
+the same order of claims and of reconciler picks, the same failure notices (notice_candidates,
+notice_enqueue) in the same call as the transition that owes them. The schema's CHECK constraints
 (adapters/postgres/schema.py), the append-only evidence and the step guard of migration 0012
 are checked on every write, so a path that would make PostgreSQL refuse a row makes this
 store raise :class:`InvariantViolated` instead of writing it. tests/conformance runs one set
@@ -18,6 +19,9 @@ Where it does not (cannot honestly) match PostgreSQL:
   injected by wrapping the store (as the PostgreSQL tests do), not simulated here.
 - Time: ``now=None`` means this store's ``clock`` (``datetime.now(UTC)`` unless given),
   not a database clock shared by hosts. ``get_step``'s ``age_seconds`` uses it too.
+- Ids are drawn as PostgreSQL's sequences draw them (a conflicting enqueue uses one up), but
+  the evidence rows one statement writes for several steps are in the order of its pick,
+  where PostgreSQL's follow its scan; nothing relies on that order.
 - Migration 0012's guard does not exempt anyone here; in PostgreSQL the tables' owner
   (the tests' superuser) bypasses it. Every evq statement passes it either way.
 - API keys: creating one, looking it up and rehashing it (worker/keys.py's port), not the

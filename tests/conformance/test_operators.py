@@ -241,3 +241,25 @@ async def test_a_rejection_enqueues_one_notice_with_the_transition(any_store):
     # Unknown owes none by default.
     u = await unknown_step(any_store, now=at(3), notify="owner@example.com")
     assert "notice_enqueued" not in await kinds(any_store, u)
+
+
+async def test_find_by_key_and_the_latest_answers(any_store):
+    req = valid(step_id="k")
+    assert await any_store.find_by_key(req) is None
+    e = await any_store.enqueue(req, now=T0)
+    found = await any_store.find_by_key(valid(step_id="k"))  # another payload, the same key
+    assert (found["id"], found["status"], found["created"], found["message_id"]) == (
+        e.id,
+        "pending",
+        False,
+        e.message_id,
+    )
+    other = await any_store.enqueue(valid(), now=T0)
+    [a, b] = await claim(any_store)
+    await any_store.record([settle(a, Unknown("lost")), settle(b, Retryable("451"))], actor="w1", now=at(1))
+    await any_store.reconcile_absent(e.id, next_check=60, detail={"found": False}, actor="rec", now=at(2))
+    answers = await any_store.last_answers([e.id, other.id, 9999])
+    assert set(answers) == {e.id, other.id}
+    assert (answers[e.id]["kind"], answers[e.id]["reason"]) == ("reconciled", "reconcile_absent")
+    assert (answers[other.id]["kind"], answers[other.id]["outcome"]) == ("provider_response", "retryable")
+    assert await any_store.last_answers([]) == {}

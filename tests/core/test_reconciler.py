@@ -47,8 +47,13 @@ async def unknown_step(store: MemoryStore, **kw) -> int:
     e = await store.enqueue(valid(provider="http", **kw), now=T0)
     claimed = await store.claim(owner="w", providers=["http"], limit=10, lease_seconds=30, dedupe_windows={}, now=T0)
     [step] = [c for c in claimed if c.id == e.id]
-    t = decide(step, Unknown("timeout after the request"), default_max_attempts=5, backoff=Backoff(0, 0),
-               dedupe_window_open=False)  # fmt: skip
+    t = decide(
+        step,
+        Unknown("timeout after the request"),
+        default_max_attempts=5,
+        backoff=Backoff(0, 0),
+        dedupe_window_open=False,
+    )
     await store.record([t], actor="w", now=T0)
     return e.id
 
