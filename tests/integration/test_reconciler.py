@@ -2,14 +2,14 @@
 
 Provider has the message -> accepted with the lookup as evidence; provider lacks it
 -> still unknown, the answer kept as evidence and shown to operators; several
-reconcilers never ask twice about one row; lookups are paced.
+reconcilers never ask twice about one row. Pacing and the config's checks, which need no
+database, are in tests/core/test_reconciler.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,7 +20,6 @@ from evq.adapters.postgres.store import PostgresStore
 from evq.ops.dev.http import DevHttpServer
 from evq.ops.settings import Settings
 from evq.worker.backoff import Backoff
-from evq.worker.errors import ConfigError
 from evq.worker.outcomes import Unknown
 from evq.worker.ports import LookupResult, SendRequest
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
@@ -200,41 +199,6 @@ async def test_only_providers_that_can_look_up_are_asked(store, db_url, api, pro
     await store.record([transition], actor="w", now=T0)
     assert await reconciler(store, provider).run_once(now=T0) == ReconcileCounts()
     assert evidence_kinds(db_url, e.id) == ["attempt_started", "provider_response"]
-
-
-async def test_lookups_are_paced_and_a_pass_is_bounded(store, db_url, api, provider):
-    for _ in range(4):
-        await unknown_step(store, provider, api, sent=False)
-    clock = [0.0]
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        clock[0] += seconds
-
-    config = ReconcilerConfig(interval=1.5, rate=2, max_checks=3, hold_seconds=120)  # 3 lookups a pass
-    r = reconciler(store, provider, config, sleep=sleep, clock=lambda: clock[0])
-    assert await r.run_once(now=T0) == ReconcileCounts(absent=3)
-    assert slept == [0.5, 0.5]
-    assert await r.run_once(now=T0) == ReconcileCounts(absent=1)
-    assert slept == [0.5, 0.5, 0.5]
-    assert await r.run_once(now=T0) == ReconcileCounts()  # nothing due: no wait at all
-    assert slept == [0.5, 0.5, 0.5]
-
-
-def test_config_is_validated():
-    for bad in (
-        dict(rate=0),
-        dict(interval=0),
-        dict(max_checks=0),
-        dict(hold_seconds=0),
-        dict(rate=0.001),
-        dict(batch=0),
-    ):
-        with pytest.raises(ConfigError):
-            replace(CONFIG, **bad).validate()
-    assert ReconcilerConfig(interval=30, rate=2).per_pass == 60
-    assert [CONFIG.next_check(n) for n in (1, 2, 3)] == [60, 120, 240]
 
 
 async def test_the_worker_reconciles_what_it_left_unknown(store, db_url, api):

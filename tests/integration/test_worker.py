@@ -1,16 +1,18 @@
-"""The worker loop against a real database, with scripted providers."""
+"""The worker loop against a real database, with scripted providers: what needs PostgreSQL
+itself (workers on their own pools, killed connections, LISTEN/NOTIFY). The loop's own logic
+(stops, grace, lost answers, log context, an outcome that cannot be written) is tested
+against the in-memory store in tests/core/test_worker.py."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC
 
 import psycopg
 
 from evq.adapters.postgres.store import PostgresStore
 from evq.worker.config import WorkerConfig
-from evq.worker.outcomes import Retryable, Unknown
+from evq.worker.outcomes import Retryable
 from evq.worker.runner import Worker
 from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
 
@@ -51,17 +53,6 @@ async def test_many_workers_send_every_row_exactly_once(store: PostgresStore, db
     assert per_step == [] and len(ids) == 300
 
 
-async def test_lost_response_ends_unknown_and_is_never_resent(store, db_url):
-    [i] = await enqueue(store, 1, step_id="lost")
-    provider = ScriptedProvider(script={"run-1/lost": [Unknown("connection reset after the final dot")]})
-    assert await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
-    assert step_row(db_url, i)["status"] == "unknown"
-    # A second worker finds nothing to do: the ambiguous send waits for a person.
-    assert await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
-    assert len(provider.calls) == 1
-    assert evidence_kinds(db_url, i) == ["attempt_started", "provider_response"]
-
-
 async def test_temporary_failures_retry_with_the_same_key_and_message_id(store, db_url):
     [i] = await enqueue(store, 1, step_id="flaky")
     provider = ScriptedProvider(script={"run-1/flaky": [Retryable("451 busy"), Retryable("421 closing")]})
@@ -71,22 +62,6 @@ async def test_temporary_failures_retry_with_the_same_key_and_message_id(store, 
     assert {c.message_id for c in provider.calls} == {row["message_id"]}
     assert {c.idempotency_key for c in provider.calls} == {"run-1:flaky"}
     assert [c.attempt for c in provider.calls] == [1, 2, 3]
-
-
-async def test_graceful_stop_finishes_in_flight_sends(store, db_url):
-    ids = await enqueue(store, 5)
-    gate = asyncio.Event()
-    provider = ScriptedProvider(gate=gate)
-    worker = Worker(store, {"smtp": provider}, SETTINGS)
-    task = asyncio.create_task(worker.run(install_signals=False))
-    while provider.in_send < 5:
-        await asyncio.sleep(0.01)
-    worker.request_stop()
-    await asyncio.sleep(0.1)
-    assert not task.done()  # still waiting for the sends in flight
-    gate.set()
-    assert await asyncio.wait_for(task, 5) == 0
-    assert {step_row(db_url, i)["status"] for i in ids} == {"accepted"}
 
 
 async def test_stop_releases_claims_not_yet_sent(store, db_url):
@@ -111,18 +86,6 @@ async def test_stop_releases_claims_not_yet_sent(store, db_url):
         row = step_row(db_url, i)
         assert row["status"] == "pending" and row["attempts"] == 0
         assert evidence_kinds(db_url, i) == ["attempt_started", "attempt_released"]
-
-
-async def test_grace_expiry_leaves_the_row_to_the_rescuer(store, db_url):
-    [i] = await enqueue(store, 1)
-    provider = ScriptedProvider(gate=asyncio.Event())  # never opens
-    worker = Worker(store, {"smtp": provider}, replace(SETTINGS, shutdown_grace=0.2))
-    task = asyncio.create_task(worker.run(install_signals=False))
-    while provider.in_send < 1:
-        await asyncio.sleep(0.01)
-    worker.request_stop()
-    assert await asyncio.wait_for(task, 5) == 1
-    assert step_row(db_url, i)["status"] == "in_flight"  # the rescuer's, after the lease
 
 
 async def test_worker_survives_its_connections_being_killed(store, db_url):
@@ -150,22 +113,6 @@ async def test_worker_survives_its_connections_being_killed(store, db_url):
     assert set(provider.sent.values()) == {1} and len(provider.sent) == len(ids)
     assert statuses == [{"status": "accepted", "n": 200}]
     assert rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'provider_response'")[0]["n"] == 200
-
-
-async def test_every_log_line_of_a_send_carries_the_steps_identity(store, db_url):
-    import structlog
-
-    from evq.worker.logs import merge_step
-
-    [i] = await enqueue(store, 1, step_id="logged", run_id="run-log")
-    provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
-    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars, merge_step]) as logs:
-        await Worker(store, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False)
-    sends = [e for e in logs if e["event"] == "send_recorded"]
-    assert len(sends) == 2
-    for event in sends:
-        assert event["run_id"] == "run-log" and event["step_id"] == "logged" and event["step"] == i
-        assert event["idempotency_key"] == "run-log:logged" and event["attempt"] in (1, 2)
 
 
 async def test_an_idle_worker_wakes_on_notify_not_on_its_poll(store, db_url):
@@ -202,55 +149,3 @@ async def test_an_idle_worker_wakes_on_notify_not_on_its_poll(store, db_url):
         code = await asyncio.wait_for(task, 30)
         await wakeup.close()
     assert code == 0 and len(provider.calls) == 1
-
-
-async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_holds_back_only_itself(store, db_url):
-    """An error nobody classified while recording (here: every write of one step's outcome
-    fails) is retried with backoff; the other outcomes of its batch are written one by one;
-    the send that began is never handed back, even after a lost claim makes the worker look
-    for orphans; once its lease is gone the rescuer makes it unknown."""
-    from datetime import datetime, timedelta
-
-    from evq.worker.errors import DatabaseUnavailable
-
-    ids = await enqueue(store, 4)
-    poisoned = ids[0]
-    provider = ScriptedProvider()
-    writes = {"failed": 0, "claims": 0}
-
-    class PoisonedStore:
-        def __getattr__(self, name):
-            return getattr(store, name)
-
-        async def record(self, transitions, **kw):
-            if any(t.step_id == poisoned for t in transitions):
-                writes["failed"] += 1
-                raise RuntimeError("a write that always fails")
-            return await store.record(transitions, **kw)
-
-        async def claim(self, **kw):
-            # The second claim commits and then its answer is lost: the worker looks for orphans.
-            writes["claims"] += 1
-            claimed = await store.claim(**kw)
-            if writes["claims"] == 2:
-                raise DatabaseUnavailable("the connection was lost as the claim committed")
-            return claimed
-
-    worker = Worker(PoisonedStore(), {"smtp": provider}, replace(SETTINGS, batch_size=4, shutdown_grace=0.5))
-    task = asyncio.create_task(worker.run(install_signals=False))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 15
-    while loop.time() < deadline and not (
-        all(step_row(db_url, i)["status"] == "accepted" for i in ids[1:]) and writes["failed"] >= 3
-    ):
-        await asyncio.sleep(0.05)
-    assert [step_row(db_url, i)["status"] for i in ids] == ["in_flight", "accepted", "accepted", "accepted"]
-    assert writes["failed"] >= 3  # retried, not given up after the first failure
-    worker.request_stop()
-    assert await asyncio.wait_for(task, 10) == 1  # the poisoned outcome was still being retried
-    assert len(provider.calls) == 4 and set(provider.sent.values()) == {1}
-    assert "attempt_released" not in evidence_kinds(db_url, poisoned)
-    later = datetime.now(UTC) + timedelta(seconds=SETTINGS.lease_seconds + 1)
-    await store.rescue(limit=10, lease_seconds=SETTINGS.lease_seconds, default_max_attempts=5, actor="r", now=later)
-    assert step_row(db_url, poisoned)["status"] == "unknown"
-    assert evidence_kinds(db_url, poisoned) == ["attempt_started", "lease_expired"]

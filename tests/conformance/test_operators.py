@@ -1,0 +1,265 @@
+"""What operators and the reconciler do through the Store port, against both stores:
+resolve (and each of its refusals), the reconciler's claim/found/absent, reading back,
+and failure notices."""
+
+from __future__ import annotations
+
+import pytest
+
+from evq.worker.errors import NotFound, StateConflict
+from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
+from evq.worker.ports import StepFilter
+from evq.worker.resolution import Resolution
+from evq.worker.states import Status
+from tests.conformance.helpers import LEASE, T0, at, claim, evidence, kinds, rescue, row, settle
+from tests.support import valid
+
+
+async def unknown_step(store, *, now=T0, **kw) -> int:
+    e = await store.enqueue(valid(**kw), now=now)
+    claimed = await claim(store, now=now, providers=(kw.get("provider", "smtp"),))
+    [step] = [c for c in claimed if c.id == e.id]
+    await store.record([settle(step, Unknown("reply lost"))], actor="w1", now=now)
+    return e.id
+
+
+async def resolve(store, step_id, verdict, *, now, note="checked the mailbox", **kw):
+    return await store.resolve(
+        step_id, Resolution.parse(verdict, note, **kw), actor="operator:ada", default_max_attempts=3, now=now
+    )
+
+
+async def test_resolve_closes_an_unknown_row_with_an_audit_record(any_store):
+    i = await unknown_step(any_store)
+    done = await resolve(any_store, i, "accepted", now=at(10), provider_message_id="pm-1", reason="mailbox_seen")
+    assert (done.from_status, done.to_status, done.resolved_at, done.attempts) == (
+        Status.UNKNOWN,
+        Status.ACCEPTED,
+        at(10),
+        1,
+    )
+    r = await row(any_store, i)
+    assert (r["status"], r["reason"], r["detail"], r["provider_message_id"]) == (
+        "accepted",
+        "operator",
+        "checked the mailbox",
+        "pm-1",
+    )
+    assert r["closed_at"] == at(10) and r["unknown_since"] is None
+    ev = (await evidence(any_store, i))[-1]
+    assert ev["id"] == done.evidence_id
+    assert (ev["kind"], ev["actor"], ev["from_status"], ev["to_status"], ev["reason"]) == (
+        "operator_resolved",
+        "operator:ada",
+        "unknown",
+        "accepted",
+        "mailbox_seen",
+    )
+    d = ev["detail"]
+    assert d["verdict"] == "accepted" and d["note"] == "checked the mailbox" and d["requeued"] is False
+    assert d["previous"]["status"] == "unknown" and d["previous"]["reason"] == "ambiguous_response"
+    assert d["reference"] == {"provider_message_id": "pm-1", "evidence_url": None}
+    # A closed row is not resolved again; a missing one is not found.
+    with pytest.raises(StateConflict) as err:
+        await resolve(any_store, i, "rejected", now=at(11))
+    assert err.value.context["status"] == "accepted"
+    with pytest.raises(NotFound):
+        await resolve(any_store, 9999, "rejected", now=at(11))
+
+
+async def test_resolve_refuses_rows_that_are_not_unknown(any_store):
+    e = await any_store.enqueue(valid(), now=T0)
+    with pytest.raises(StateConflict):
+        await resolve(any_store, e.id, "rejected", now=T0)
+    [step] = await claim(any_store)
+    with pytest.raises(StateConflict):
+        await resolve(any_store, e.id, "accepted", now=T0)
+    await any_store.record([settle(step, Rejected("550 no such user"))], actor="w1", now=T0)
+    with pytest.raises(StateConflict):  # rejected by the provider: not a dead letter
+        await resolve(any_store, e.id, "retry", now=T0)
+    assert (await row(any_store, e.id))["status"] == "rejected"
+
+
+async def test_retry_goes_back_with_one_more_attempt_when_they_are_spent(any_store):
+    e = await any_store.enqueue(valid(max_attempts=1), now=T0)
+    [step] = await claim(any_store)
+    await any_store.record([settle(step, Unknown("reset"))], actor="w1", now=T0)
+    done = await resolve(any_store, e.id, "retry", now=at(5))
+    assert (done.to_status, done.max_attempts_before, done.max_attempts_after) == (Status.RETRYABLE, 1, 2)
+    r = await row(any_store, e.id)
+    assert (r["status"], r["maybe_delivered"], r["next_attempt_at"], r["max_attempts"]) == (
+        "retryable",
+        False,
+        at(5),
+        2,
+    )
+    [again] = await claim(any_store, now=at(5))
+    assert again.attempt == 2 and again.message_id == e.message_id
+
+
+async def test_retry_of_a_rescued_row_waits_for_the_attempt_to_be_over(any_store):
+    e = await any_store.enqueue(valid(), now=T0)
+    await claim(any_store)
+    await rescue(any_store, at(LEASE + 1))
+    # The lease ended at T0+60; the adapter's deadline is DEADLINE_SHARE (0.75) of it more.
+    with pytest.raises(StateConflict) as err:
+        await resolve(any_store, e.id, "retry", now=at(LEASE + 2))
+    assert err.value.context["retry_possible_at"] == at(LEASE + 45).isoformat()
+    assert (await row(any_store, e.id))["status"] == "unknown"
+    assert (await resolve(any_store, e.id, "retry", now=at(LEASE + 46))).to_status is Status.RETRYABLE
+
+
+async def test_retry_after_the_provider_accepted_is_refused_for_good(any_store):
+    e = await any_store.enqueue(valid(), now=T0)
+    [first] = await claim(any_store, windows={"smtp": 3600})
+    await rescue(any_store, at(LEASE + 1))  # retryable: the window covers another lease
+    [second] = await claim(any_store, now=at(LEASE + 2), windows={"smtp": 3600})
+    await any_store.record([settle(second, Unknown("reset"))], actor="w1", now=at(LEASE + 3))
+    # The first attempt's answer arrives: fenced (a later attempt began), kept as evidence.
+    [late] = await any_store.record([settle(first, Accepted("pm-1"))], actor="w1", now=at(LEASE + 4))
+    assert not late.settled and (await row(any_store, e.id))["status"] == "unknown"
+    accepted = (await evidence(any_store, e.id))[-1]
+    with pytest.raises(StateConflict) as err:
+        await resolve(any_store, e.id, "retry", now=at(10_000))
+    assert err.value.context["accepted_evidence"] == accepted["id"]
+    assert (await resolve(any_store, e.id, "accepted", now=at(10_000))).to_status is Status.ACCEPTED
+
+
+async def test_a_dead_letter_is_requeued_with_its_attempts_forgiven(any_store):
+    e = await any_store.enqueue(valid(max_attempts=1), now=T0)
+    [step] = await claim(any_store)
+    await any_store.record([settle(step, Retryable("451"))], actor="w1", now=T0)
+    r = await row(any_store, e.id)
+    assert (r["status"], r["reason"]) == ("rejected", "attempts_exhausted")
+    done = await resolve(any_store, e.id, "retry", now=at(30))
+    assert (done.from_status, done.to_status) == (Status.REJECTED, Status.RETRYABLE)
+    r = await row(any_store, e.id)
+    assert (r["uncharged_attempts"], r["attempts"], r["retry_from"], r["closed_at"]) == (1, 1, at(30), None)
+    assert (await evidence(any_store, e.id))[-1]["detail"]["requeued"] is True
+    [again] = await claim(any_store, now=at(40))
+    assert (again.attempt, again.charged_attempts, again.budget_age) == (2, 1, 10.0)
+
+
+async def test_the_reconciler_claims_holds_and_settles_unknown_rows(any_store):
+    a = await unknown_step(any_store, now=T0)
+    b = await unknown_step(any_store, now=at(1))
+    await unknown_step(any_store, now=at(2), provider="http")
+    claim_args = dict(providers=["smtp"], max_checks=2, hold_seconds=120)
+    first = await any_store.reconcile_claim(**claim_args, now=at(10))
+    assert (first.id, first.reconcile_checks, first.idempotency_key) == (
+        a,
+        0,
+        (await row(any_store, a))["idempotency_key"],
+    )
+    assert (await row(any_store, a))["reconcile_after"] == at(130)
+    second = await any_store.reconcile_claim(**claim_args, now=at(10))
+    assert second.id == b
+    assert await any_store.reconcile_claim(**claim_args, now=at(10)) is None  # both held
+    assert await any_store.reconcile_absent(
+        b, next_check=60, detail={"found": False, "check": 1}, actor="reconciler", now=at(11)
+    )
+    rb = await row(any_store, b)
+    assert (rb["status"], rb["reconcile_checks"], rb["reconcile_after"]) == ("unknown", 1, at(71))
+    ev = (await evidence(any_store, b))[-1]
+    assert (ev["kind"], ev["from_status"], ev["to_status"], ev["reason"]) == (
+        "reconciled",
+        "unknown",
+        None,
+        "reconcile_absent",
+    )
+    assert await any_store.reconcile_found(
+        a, provider_message_id="pm-a", message="found it", detail={"found": True}, actor="reconciler", now=at(12)
+    )
+    ra = await row(any_store, a)
+    assert (ra["status"], ra["reason"], ra["provider_message_id"], ra["closed_at"]) == (
+        "accepted",
+        "reconciled",
+        "pm-a",
+        at(12),
+    )
+    assert (ra["reconcile_checks"], ra["reconcile_after"], ra["unknown_since"]) == (1, None, None)
+    # A closed row is left alone; a row past max_checks is not claimed again.
+    assert not await any_store.reconcile_found(
+        a, provider_message_id="x", message="m", detail={}, actor="reconciler", now=at(13)
+    )
+    assert not await any_store.reconcile_absent(a, next_check=1, detail={}, actor="reconciler", now=at(13))
+    assert (await any_store.reconcile_claim(**claim_args, now=at(71))).id == b
+    await any_store.reconcile_absent(b, next_check=60, detail={}, actor="reconciler", now=at(72))
+    assert await any_store.reconcile_claim(**claim_args, now=at(1000)) is None
+    assert await kinds(any_store, a) == ["attempt_started", "provider_response", "reconciled"]
+
+
+async def test_list_steps_orders_unknown_oldest_first_and_counts_past_the_page(any_store):
+    older = await unknown_step(any_store, now=T0)
+    newer = await unknown_step(any_store, now=at(3600))
+    pending = await any_store.enqueue(valid(run_id="run-x", cc=["c@example.net"]), now=at(10))
+    found, total = await any_store.list_steps(StepFilter(statuses=(Status.UNKNOWN,), limit=1), now=at(7200))
+    assert total == 2 and [f.id for f in found] == [older] and found[0].age_seconds == 7200.0
+    found, total = await any_store.list_steps(StepFilter(limit=None))
+    assert [f.id for f in found] == [older, newer, pending.id] and total == 3
+    found, total = await any_store.list_steps(StepFilter(offset=5))
+    assert (found, total) == ([], 3)
+    found, _ = await any_store.list_steps(StepFilter(recipient_domain="EXAMPLE.net"))
+    assert [f.id for f in found] == [pending.id] and found[0].recipients[-1] == "c@example.net"
+    found, _ = await any_store.list_steps(StepFilter(created_before=at(3600)))
+    assert {f.id for f in found} == {older, pending.id}
+    found, _ = await any_store.list_steps(StepFilter(ids=(newer,), provider="smtp", run_id="run-1"))
+    assert [f.id for f in found] == [newer] and found[0].subject.startswith("Subject")
+
+
+async def test_get_run_and_get_step_read_steps_decisions_and_evidence(any_store):
+    a = await any_store.enqueue(valid(run_id="run-r"), now=T0)
+    b = await any_store.enqueue(valid(run_id="run-r"), now=at(1))
+    await claim(any_store, now=at(2))
+    run = await any_store.get_run("run-r")
+    assert [s["id"] for s in run.steps] == [a.id, b.id]
+    assert [d["step_id"] for d in run.decisions] == [a.step_id, b.step_id]
+    assert [(e["step_id"], e["kind"]) for e in run.evidence] == [(a.id, "attempt_started"), (b.id, "attempt_started")]
+    detail = await any_store.get_step(a.id)
+    assert detail.decision["model"] == "m-1" and detail.decision["intent"] == "tell the user"
+    assert detail.step["payload"]["subject"].startswith("Subject")
+    with pytest.raises(NotFound):
+        await any_store.get_run("nobody")
+    with pytest.raises(NotFound):
+        await any_store.get_step(9999)
+
+
+async def test_a_rejection_enqueues_one_notice_with_the_transition(any_store):
+    e = await any_store.enqueue(valid(notify="owner@example.com"), now=T0)
+    [step] = await claim(any_store)
+    t = settle(step, Rejected("550 no such user"))
+    await any_store.record([t], actor="w1", now=at(1))
+    await any_store.record([t], actor="w1", now=at(2))  # a retried commit: no second notice
+    ev = (await evidence(any_store, e.id))[-1]
+    assert (ev["kind"], ev["reason"], ev["actor"]) == ("notice_enqueued", "rejected", "w1")
+    assert ev["detail"]["to"] == "owner@example.com"
+    notice = await row(any_store, ev["detail"]["notice_step"])
+    assert (notice["notice_of"], notice["notify"], notice["status"]) == (e.id, None, "pending")
+    assert notice["idempotency_key"] == f"evq:notice:rejected:{e.idempotency_key}"
+    _, total = await any_store.list_steps(StepFilter())
+    assert total == 2
+    # Unknown owes none by default.
+    u = await unknown_step(any_store, now=at(3), notify="owner@example.com")
+    assert "notice_enqueued" not in await kinds(any_store, u)
+
+
+async def test_find_by_key_and_the_latest_answers(any_store):
+    req = valid(step_id="k")
+    assert await any_store.find_by_key(req) is None
+    e = await any_store.enqueue(req, now=T0)
+    found = await any_store.find_by_key(valid(step_id="k"))  # another payload, the same key
+    assert (found["id"], found["status"], found["created"], found["message_id"]) == (
+        e.id,
+        "pending",
+        False,
+        e.message_id,
+    )
+    other = await any_store.enqueue(valid(), now=T0)
+    [a, b] = await claim(any_store)
+    await any_store.record([settle(a, Unknown("lost")), settle(b, Retryable("451"))], actor="w1", now=at(1))
+    await any_store.reconcile_absent(e.id, next_check=60, detail={"found": False}, actor="rec", now=at(2))
+    answers = await any_store.last_answers([e.id, other.id, 9999])
+    assert set(answers) == {e.id, other.id}
+    assert (answers[e.id]["kind"], answers[e.id]["reason"]) == ("reconciled", "reconcile_absent")
+    assert (answers[other.id]["kind"], answers[other.id]["outcome"]) == ("provider_response", "retryable")
+    assert await any_store.last_answers([]) == {}

@@ -1,0 +1,74 @@
+"""The shared rate limit in the worker against the in-memory store: workers sharing one store
+together stay under the rate, and a "too fast" answer pauses all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from evq.worker.config import WorkerConfig
+from evq.worker.outcomes import Accepted, Retryable
+from evq.worker.ports import SendRequest
+from evq.worker.ratelimit import RateLimit
+from evq.worker.runner import Worker
+from tests.support import valid
+
+SETTINGS = WorkerConfig(
+    concurrency=10,
+    batch_size=10,
+    lease_seconds=30,
+    poll_interval=0.02,
+    retry_base=0,
+    retry_max=0,
+    shutdown_grace=5,
+    reconcile_checks=0,
+    rate_limit=(RateLimit("smtp", 40.0, 4),),
+)
+
+
+class Timed:
+    name = "smtp"
+    dedupe_window = None
+
+    def __init__(self, throttle_first: float | None = None):
+        self.at: list[float] = []
+        self.throttle_first = throttle_first
+
+    async def send(self, request: SendRequest):
+        self.at.append(time.monotonic())
+        if self.throttle_first is not None and len(self.at) == 1:
+            return Retryable("429 too many requests", retry_after=self.throttle_first, throttled=True)
+        return Accepted(f"pm-{request.step_id}")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_workers_sharing_a_store_stay_under_the_rate_together(mem):
+    for _ in range(24):
+        await mem.enqueue(valid())
+    provider = Timed()
+    started = time.monotonic()
+    workers = [Worker(mem, {"smtp": provider}, SETTINGS) for _ in range(3)]
+    assert await asyncio.gather(*(w.run(drain=True, install_signals=False) for w in workers)) == [0, 0, 0]
+    assert len(provider.at) == 24 and {s["status"] for s in mem.steps.values()} == {"accepted"}
+    # A burst of 4, then 40 a second for everyone together: the last of 24 no sooner than 0.5 s.
+    assert provider.at[-1] - started >= (24 - 4) / 40 - 0.02
+    assert sum(w.stats.claimed for w in workers) == 24
+
+
+async def test_a_too_fast_answer_pauses_the_provider_for_every_worker(mem):
+    for _ in range(3):
+        await mem.enqueue(valid())
+    provider = Timed(throttle_first=0.3)
+    settings = replace(SETTINGS, concurrency=1, batch_size=1)
+    first = asyncio.create_task(Worker(mem, {"smtp": provider}, settings).run(drain=True, install_signals=False))
+    while not provider.at:
+        await asyncio.sleep(0.001)
+    # Another worker starts once the provider has said "too fast" to the first.
+    second = Worker(mem, {"smtp": provider}, settings)
+    assert await asyncio.gather(first, second.run(drain=True, install_signals=False)) == [0, 0]
+    assert len(provider.at) == 4  # the throttled attempt, then each of the three
+    assert min(provider.at[1:]) - provider.at[0] >= 0.29  # nobody sent before the pause ended
+    assert mem.rate_limits["smtp"]["paused_until"] is not None

@@ -1,0 +1,238 @@
+"""The worker loop against the in-memory store, with scripted providers (moved from
+tests/integration/test_worker.py, which keeps what needs PostgreSQL itself: killed
+connections, LISTEN/NOTIFY, workers on separate connections)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from evq.worker.config import WorkerConfig
+from evq.worker.errors import DatabaseUnavailable
+from evq.worker.logs import merge_step
+from evq.worker.outcomes import Retryable, Unknown
+from evq.worker.runner import Worker
+from evq.worker.states import TRANSITIONS, Status
+from tests.memstore import MemoryStore
+from tests.support import ScriptedProvider, valid
+
+SETTINGS = WorkerConfig(
+    concurrency=20,
+    batch_size=10,
+    lease_seconds=30,
+    poll_interval=0.02,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
+)
+
+
+async def enqueue(store: MemoryStore, n: int, **kw) -> list[int]:
+    return [(await store.enqueue(valid(**kw))).id for _ in range(n)]
+
+
+def kinds(store: MemoryStore, step_id: int) -> list[str]:
+    return [e["kind"] for e in store.evidence if e["step_id"] == step_id]
+
+
+def moves_follow_the_state_machine(store: MemoryStore) -> bool:
+    """Every status change the evidence records is one worker/states.py allows."""
+    return all(
+        Status(e["to_status"]) in TRANSITIONS[Status(e["from_status"])]
+        for e in store.evidence
+        if e["from_status"] and e["to_status"] and e["from_status"] != e["to_status"]
+    )
+
+
+async def test_many_workers_send_every_row_exactly_once(mem):
+    await enqueue(mem, 300)
+    provider = ScriptedProvider(delay=0.001)
+    workers = [Worker(mem, {"smtp": provider}, SETTINGS) for _ in range(4)]
+    codes = await asyncio.gather(*(w.run(drain=True, install_signals=False) for w in workers))
+    assert codes == [0, 0, 0, 0]
+    assert len(provider.calls) == 300 and set(provider.sent.values()) == {1}
+    assert sum(w.stats.claimed for w in workers) == 300
+    assert all(w.stats.claimed > 0 for w in workers), [w.stats.claimed for w in workers]
+    assert {s["status"] for s in mem.steps.values()} == {"accepted"}
+    assert all(kinds(mem, i) == ["attempt_started", "provider_response"] for i in mem.steps)
+    assert moves_follow_the_state_machine(mem)
+
+
+async def test_lost_response_ends_unknown_and_is_never_resent(mem):
+    [i] = await enqueue(mem, 1, step_id="lost")
+    provider = ScriptedProvider(script={"run-1/lost": [Unknown("connection reset after the final dot")]})
+    assert await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert mem.steps[i]["status"] == "unknown"
+    # A second worker finds nothing to do: the ambiguous send waits for a person.
+    assert await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert len(provider.calls) == 1
+    assert kinds(mem, i) == ["attempt_started", "provider_response"]
+
+
+async def test_temporary_failures_retry_with_the_same_key_and_message_id(mem):
+    [i] = await enqueue(mem, 1, step_id="flaky")
+    provider = ScriptedProvider(script={"run-1/flaky": [Retryable("451 busy"), Retryable("421 closing")]})
+    assert await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    row = mem.steps[i]
+    assert row["status"] == "accepted" and row["attempts"] == 3
+    assert {c.message_id for c in provider.calls} == {row["message_id"]}
+    assert {c.idempotency_key for c in provider.calls} == {"run-1:flaky"}
+    assert [c.attempt for c in provider.calls] == [1, 2, 3]
+    assert moves_follow_the_state_machine(mem)
+
+
+async def test_spent_attempts_end_rejected_and_a_possible_delivery_ends_unknown(mem):
+    [spent] = await enqueue(mem, 1, step_id="spent", max_attempts=2)
+    [maybe] = await enqueue(mem, 1, step_id="maybe", max_attempts=2)
+    provider = ScriptedProvider(
+        script={"run-1/spent": [Retryable("451")] * 2, "run-1/maybe": [Unknown("timeout"), Retryable("451")]}
+    )
+    provider.dedupe_window = 3600  # the ambiguous first attempt may retry under the provider's dedupe
+    worker = Worker(mem, {"smtp": provider}, SETTINGS)
+    assert await worker.run(drain=True, install_signals=False) == 0
+    assert (mem.steps[spent]["status"], mem.steps[spent]["reason"]) == ("rejected", "attempts_exhausted")
+    assert (mem.steps[maybe]["status"], mem.steps[maybe]["reason"]) == ("unknown", "attempts_exhausted")
+    assert mem.steps[maybe]["maybe_delivered"] and len(provider.calls) == 4
+
+
+async def test_graceful_stop_finishes_in_flight_sends(mem):
+    ids = await enqueue(mem, 5)
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)
+    worker = Worker(mem, {"smtp": provider}, SETTINGS)
+    task = asyncio.create_task(worker.run(install_signals=False))
+    while provider.in_send < 5:
+        await asyncio.sleep(0.01)
+    worker.request_stop()
+    await asyncio.sleep(0.05)
+    assert not task.done()  # still waiting for the sends in flight
+    gate.set()
+    assert await asyncio.wait_for(task, 5) == 0
+    assert {mem.steps[i]["status"] for i in ids} == {"accepted"}
+
+
+async def test_stop_releases_claims_not_yet_sent(mem):
+    ids = await enqueue(mem, 4)
+    provider = ScriptedProvider()
+
+    class StopAfterClaim:
+        """Asks the worker to stop the moment its claim returns, before any send begins."""
+
+        def __getattr__(self, name):
+            return getattr(mem, name)
+
+        async def claim(self, **kw):
+            claimed = await mem.claim(**kw)
+            worker.request_stop()
+            return claimed
+
+    worker = Worker(StopAfterClaim(), {"smtp": provider}, replace(SETTINGS, batch_size=4))
+    assert await worker.run(install_signals=False) == 0
+    assert provider.calls == [] and worker.stats.released == 4
+    for i in ids:
+        assert (mem.steps[i]["status"], mem.steps[i]["attempts"]) == ("pending", 0)
+        assert kinds(mem, i) == ["attempt_started", "attempt_released"]
+
+
+async def test_grace_expiry_leaves_the_row_to_the_rescuer(mem):
+    [i] = await enqueue(mem, 1)
+    provider = ScriptedProvider(gate=asyncio.Event())  # never opens
+    worker = Worker(mem, {"smtp": provider}, replace(SETTINGS, shutdown_grace=0.1))
+    task = asyncio.create_task(worker.run(install_signals=False))
+    while provider.in_send < 1:
+        await asyncio.sleep(0.01)
+    worker.request_stop()
+    assert await asyncio.wait_for(task, 5) == 1
+    assert mem.steps[i]["status"] == "in_flight"  # the rescuer's, after the lease
+    # A worker started after the lease ran out rescues it first: unknown, never sent again.
+    mem.clock = lambda: datetime.now(UTC) + timedelta(seconds=SETTINGS.lease_seconds + 1)
+    assert await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert mem.steps[i]["status"] == "unknown" and len(provider.calls) == 1
+
+
+async def test_a_claim_whose_answer_is_lost_is_handed_back_never_sent(mem):
+    ids = await enqueue(mem, 3)
+    provider = ScriptedProvider()
+
+    class LosesFirstClaim:
+        lost = 0
+
+        def __getattr__(self, name):
+            return getattr(mem, name)
+
+        async def claim(self, **kw):
+            claimed = await mem.claim(**kw)
+            if not self.lost:
+                self.lost = len(claimed)
+                raise DatabaseUnavailable("the connection dropped as the claim committed")
+            return claimed
+
+    lossy = LosesFirstClaim()
+    assert await Worker(lossy, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
+    assert lossy.lost == 3
+    assert {mem.steps[i]["status"] for i in ids} == {"accepted"} and set(provider.sent.values()) == {1}
+    for i in ids:
+        assert kinds(mem, i) == ["attempt_started", "attempt_released", "attempt_started", "provider_response"]
+
+
+async def test_every_log_line_of_a_send_carries_the_steps_identity(mem):
+    [i] = await enqueue(mem, 1, step_id="logged", run_id="run-log")
+    provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars, merge_step]) as logs:
+        await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False)
+    sends = [e for e in logs if e["event"] == "send_recorded"]
+    assert len(sends) == 2
+    for event in sends:
+        assert event["run_id"] == "run-log" and event["step_id"] == "logged" and event["step"] == i
+        assert event["idempotency_key"] == "run-log:logged" and event["attempt"] in (1, 2)
+
+
+async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_holds_back_only_itself(mem):
+    """An error nobody classified while recording (every write of one step's outcome fails)
+    is retried with backoff; the other outcomes of its batch are written one by one; the
+    send that began is never handed back, even after a lost claim makes the worker look for
+    orphans; once its lease is gone the rescuer makes it unknown."""
+    ids = await enqueue(mem, 4)
+    poisoned = ids[0]
+    provider = ScriptedProvider()
+    writes = {"failed": 0, "claims": 0}
+
+    class PoisonedStore:
+        def __getattr__(self, name):
+            return getattr(mem, name)
+
+        async def record(self, transitions, **kw):
+            if any(t.step_id == poisoned for t in transitions):
+                writes["failed"] += 1
+                raise RuntimeError("a write that always fails")
+            return await mem.record(transitions, **kw)
+
+        async def claim(self, **kw):
+            # The second claim commits and then its answer is lost: the worker looks for orphans.
+            writes["claims"] += 1
+            claimed = await mem.claim(**kw)
+            if writes["claims"] == 2:
+                raise DatabaseUnavailable("the connection was lost as the claim committed")
+            return claimed
+
+    worker = Worker(PoisonedStore(), {"smtp": provider}, replace(SETTINGS, batch_size=4, shutdown_grace=0.3))
+    task = asyncio.create_task(worker.run(install_signals=False))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while loop.time() < deadline and not (
+        all(mem.steps[i]["status"] == "accepted" for i in ids[1:]) and writes["failed"] >= 3
+    ):
+        await asyncio.sleep(0.02)
+    assert [mem.steps[i]["status"] for i in ids] == ["in_flight", "accepted", "accepted", "accepted"]
+    worker.request_stop()
+    assert await asyncio.wait_for(task, 10) == 1  # the poisoned outcome was still being retried
+    assert len(provider.calls) == 4 and set(provider.sent.values()) == {1}
+    assert "attempt_released" not in kinds(mem, poisoned)
+    later = datetime.now(UTC) + timedelta(seconds=SETTINGS.lease_seconds + 1)
+    await mem.rescue(limit=10, lease_seconds=SETTINGS.lease_seconds, default_max_attempts=5, actor="r", now=later)
+    assert mem.steps[poisoned]["status"] == "unknown"
+    assert kinds(mem, poisoned) == ["attempt_started", "lease_expired"]
