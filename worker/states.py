@@ -28,7 +28,10 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.IN_FLIGHT: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE, Status.UNKNOWN, Status.PENDING}),
     Status.UNKNOWN: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE}),
     Status.ACCEPTED: frozenset(),
-    Status.REJECTED: frozenset(),
+    # The one way out of `rejected`: an operator's dead-letter requeue of a step refused only for
+    # running out of attempts or retry time (worker/resolution.py REQUEUE_REASONS; the
+    # database's step guard, migration 0012, lets nothing else reopen a closed step).
+    Status.REJECTED: frozenset({Status.RETRYABLE}),
 }
 
 

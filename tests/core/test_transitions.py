@@ -31,9 +31,6 @@ OUTCOMES = {
 }
 VERDICTS = {"operator_retry": "retry", "operator_accepted": "accepted", "operator_rejected": "rejected"}
 EVENTS = st.lists(st.sampled_from([*OUTCOMES, *VERDICTS, "lease_expired", "released"]), min_size=1, max_size=12)
-# The dead-letter requeue (worker/resolution.py, REQUEUE_REASONS; migration 0012 lets it
-# through) reopens a rejected step, which worker/states.py's TRANSITIONS does not list.
-REQUEUE = (Status.REJECTED, Status.RETRYABLE)
 
 
 async def play(events: list[str], window: float | None, max_attempts: int) -> MemoryStore:
@@ -87,7 +84,7 @@ def test_every_history_keeps_the_state_machine_and_never_rejects_a_possible_deli
     moves = [(e["from_status"], e["to_status"]) for e in store.evidence if e["from_status"] and e["to_status"]]
     for before, after in moves:
         move = (Status(before), Status(after))
-        assert before == after or move[1] in TRANSITIONS[move[0]] or move == REQUEUE, move
+        assert before == after or move[1] in TRANSITIONS[move[0]], move
     started = sum(1 for e in store.evidence if e["kind"] == "attempt_started")
     released = sum(1 for e in store.evidence if e["kind"] == "attempt_released")
     assert row["attempts"] == started - released
