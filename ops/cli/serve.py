@@ -8,11 +8,10 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import click
-
 from evq.ops import wiring
-from evq.ops.cli.common import DocumentedOption, command, database_option, load_settings, output_option
+from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
+from evq.ops.cli.table import from_table
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
 from evq.worker.settings import OPTION_BY_NAME
@@ -20,39 +19,9 @@ from evq.worker.settings import OPTION_BY_NAME
 log = get_logger("evq.serve")
 
 
-@click.command("serve")
-@click.option(
-    "--host",
-    cls=DocumentedOption,
-    documented_envvar="EVQ_SERVE_HOST",
-    documented_default="127.0.0.1",
-    default=None,
-    metavar="ADDR",
-    help="Address to listen on [env: EVQ_SERVE_HOST; default: 127.0.0.1].",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    cls=DocumentedOption,
-    documented_envvar="EVQ_SERVE_PORT",
-    documented_default=8080,
-    default=None,
-    help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].",
-)
-@output_option
-@database_option
+@from_table("serve")
 @command
 def serve(out: Output, host: str | None, port: int | None, database_url: str | None) -> int:
-    """Serve the HTTP API (/v1, described at /openapi.json), the operators' page (/ops),
-    /metrics and /healthz until SIGTERM or Ctrl-C.
-
-    Every /v1 route needs `Authorization: Bearer <key>`; the page asks for a key at
-    sign-in. It listens on 127.0.0.1 unless told otherwise: put TLS in front of it
-    before you open it to a network.
-
-    \b
-    evq serve --host 127.0.0.1 --port 8080
-    """
     from evq.ops.web.slowclients import uvicorn_config  # uvicorn is imported only by this command
 
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
