@@ -14,20 +14,17 @@ db = table_group("db")
 @from_table("db.upgrade", db)
 @command
 def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_url: str | None) -> None:
-    from evq.adapters.postgres.database import current_revision, head_revision, migrate, pending_revisions
-
     url = wiring.database_url(load_settings(database_url=database_url))
     if dry_run:
-        pending = pending_revisions(url)
-        current = current_revision(url)
+        current, head, pending = wiring.schema_revisions(url)
         out.success(
-            {"dry_run": True, "revision": current, "target": head_revision(), "pending": pending},
+            {"dry_run": True, "revision": current, "target": head, "pending": pending},
             human=lambda d: (
                 f"dry run: would apply {', '.join(d['pending'])}" if d["pending"] else "dry run: already current"
             ),
         )
         return
-    before, after, granted = migrate(url, runtime_role=runtime_role)
+    before, after, granted = wiring.migrate(url, runtime_role=runtime_role)
     data = {
         "dry_run": False,
         "revision_before": before,
@@ -48,15 +45,13 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
 @from_table("db.status", db)
 @command
 def db_status(out: Output, database_url: str | None) -> None:
-    from evq.adapters.postgres.database import UPGRADE_HINT, current_revision, head_revision, pending_revisions
-
     url = wiring.database_url(load_settings(database_url=database_url))
-    current, head = current_revision(url), head_revision()
+    current, head, pending = wiring.schema_revisions(url)
     if current != head:
         raise SchemaMismatch(
             f"database revision {current or '(none)'}, this evq needs {head}",
-            hint=UPGRADE_HINT,
-            context={"current": current, "expected": head, "pending": pending_revisions(url)},
+            hint=wiring.upgrade_hint(),
+            context={"current": current, "expected": head, "pending": pending},
         )
     out.success(
         {"revision": current, "expected": head, "at_head": True},

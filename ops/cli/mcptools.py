@@ -20,12 +20,5 @@ def mcp(out: Output, database_url: str | None) -> int:
     url = wiring.database_url(settings)
     wiring.check_at_head(url)
 
-    async def serve() -> None:
-        from evq.ops.mcp.server import build_server
-        from evq.ops.mcp.stdio import run_stdio
-
-        async with wiring.open_store(settings, url=url, max_size=4, patient=True) as store:
-            await run_stdio(build_server(store, settings, key), max_line=settings.max_input_bytes)
-
-    run(serve())
+    run(wiring.run_mcp(settings, key, url=url))
     return 0

@@ -139,11 +139,7 @@ def test_code_cites_sections_of_the_design_that_exist():
     headings = set(re.findall(r"^#+ (.+)$", DESIGN, flags=re.M))
     external = "DESIGN" + ".md"
     cited = 0
-    code = [
-        p
-        for top in ("worker", "adapters", "ops", "migrations", "tests")
-        for p in (ROOT / top).rglob("*")
-    ]
+    code = [p for top in ("worker", "adapters", "ops", "migrations", "tests") for p in (ROOT / top).rglob("*")]
     for path in sorted(code):
         if path.suffix not in (".py", ".sql"):
             continue
