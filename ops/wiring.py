@@ -260,7 +260,7 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
 
 # -- the commands that start an interface or manage the schema -------------------
 # The command line reaches the web app, the MCP server and the migrations only through
-# these, so it imports no other interface and no adapter (docs/design.md, "Layers").
+# these, so it imports no other interface and no adapter (docs/design.md, "Layout and dependency direction").
 
 
 def serve(settings: Settings, sock: Any, *, url: str) -> bool:

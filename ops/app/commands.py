@@ -221,7 +221,7 @@ GROUPS: dict[str, str] = {
 }
 
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
-# ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layers");
+# ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
 
