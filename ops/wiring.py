@@ -279,11 +279,18 @@ async def run_mcp(settings: Settings, api_key: str | None, *, url: str) -> None:
         await run_stdio(build_server(store, settings, api_key), max_line=settings.max_input_bytes)
 
 
-def schema_revisions(url: str) -> tuple[str | None, str, list[str]]:
-    """The database's revision, the one this evq needs, and the revisions between them."""
-    from evq.adapters.postgres.database import current_revision, head_revision, pending_revisions
+def revisions(url: str) -> tuple[str | None, str]:
+    """The database's schema revision and the one this evq needs."""
+    from evq.adapters.postgres.database import current_revision, head_revision
 
-    return current_revision(url), head_revision(), pending_revisions(url)
+    return current_revision(url), head_revision()
+
+
+def pending_revisions(url: str) -> list[str]:
+    """The revisions `evq db upgrade` would apply, oldest first."""
+    from evq.adapters.postgres.database import pending_revisions as pending
+
+    return pending(url)
 
 
 def migrate(url: str, *, runtime_role: str | None) -> tuple[str | None, str, list[str]]:

@@ -16,7 +16,8 @@ db = table_group("db")
 def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_url: str | None) -> None:
     url = wiring.database_url(load_settings(database_url=database_url))
     if dry_run:
-        current, head, pending = wiring.schema_revisions(url)
+        pending = wiring.pending_revisions(url)
+        current, head = wiring.revisions(url)
         out.success(
             {"dry_run": True, "revision": current, "target": head, "pending": pending},
             human=lambda d: (
@@ -46,12 +47,12 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
 @command
 def db_status(out: Output, database_url: str | None) -> None:
     url = wiring.database_url(load_settings(database_url=database_url))
-    current, head, pending = wiring.schema_revisions(url)
+    current, head = wiring.revisions(url)
     if current != head:
         raise SchemaMismatch(
             f"database revision {current or '(none)'}, this evq needs {head}",
             hint=wiring.upgrade_hint(),
-            context={"current": current, "expected": head, "pending": pending},
+            context={"current": current, "expected": head, "pending": wiring.pending_revisions(url)},
         )
     out.success(
         {"revision": current, "expected": head, "at_head": True},
