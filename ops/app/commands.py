@@ -16,7 +16,7 @@ Neutral: nothing here knows click, FastAPI or MCP.
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -113,7 +113,7 @@ class Command:
     effect: Effect
     params: tuple[Param, ...]
     permission: Permission | None = None  # what its API key needs; None: it takes no key
-    examples: tuple[str, ...] = field(default=())
+    examples: tuple[str, ...] = ()
 
     @property
     def words(self) -> str:
