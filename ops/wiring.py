@@ -259,3 +259,51 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
     """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
     async with prepared_worker(settings) as worker:
         return await worker.run(drain=drain, install_signals=install_signals)
+
+
+# -- the commands that start an interface or manage the schema -------------------
+# The command line reaches the web app, the MCP server and the migrations only through
+# these, so it imports no other interface and no adapter (docs/design.md, "Layout and dependency direction").
+
+
+def serve(settings: Settings, sock: Any, *, url: str) -> bool:
+    """`evq serve`: the ASGI app on ``sock`` until SIGTERM or Ctrl-C; whether it started."""
+    from evq.ops.web.server import run
+
+    return run(serve_app(settings, url=url), settings, sock)
+
+
+async def run_mcp(settings: Settings, api_key: str | None, *, url: str) -> None:
+    """`evq mcp`: the MCP server on stdio until its client goes away."""
+    from evq.ops.mcp.server import build_server
+    from evq.ops.mcp.stdio import run_stdio
+
+    async with open_store(settings, url=url, max_size=4, patient=True) as store:
+        await run_stdio(build_server(store, settings, api_key), max_line=settings.max_input_bytes)
+
+
+def revisions(url: str) -> tuple[str | None, str]:
+    """The database's schema revision and the one this evq needs."""
+    from evq.adapters.postgres.database import current_revision, head_revision
+
+    return current_revision(url), head_revision()
+
+
+def pending_revisions(url: str) -> list[str]:
+    """The revisions `evq db upgrade` would apply, oldest first."""
+    from evq.adapters.postgres.database import pending_revisions as pending
+
+    return pending(url)
+
+
+def migrate(url: str, *, runtime_role: str | None) -> tuple[str | None, str, list[str]]:
+    """`evq db upgrade`: (revision before, revision after, roles granted the runtime privileges)."""
+    from evq.adapters.postgres.database import migrate as upgrade
+
+    return upgrade(url, runtime_role=runtime_role)
+
+
+def upgrade_hint() -> str:
+    from evq.adapters.postgres.database import UPGRADE_HINT
+
+    return UPGRADE_HINT

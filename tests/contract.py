@@ -4,6 +4,7 @@ against its command's schema in docs/cli-schema/ (jsonschema + referencing)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,16 @@ from referencing.jsonschema import DRAFT202012
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "docs" / "cli-schema"
 validated: set[tuple[str, str]] = set()
+
+
+def leaf_commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    """Every leaf of the real click tree, by path (``steps.resolve``)."""
+    for name in sorted(group.commands):
+        cmd = group.commands[name]
+        if isinstance(cmd, click.Group):
+            yield from leaf_commands(cmd, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", cmd
 
 
 @cache

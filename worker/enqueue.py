@@ -8,7 +8,7 @@ for callers (inside their own transaction or not) is adapters/postgres/enqueue.p
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evq.worker import metrics
@@ -74,3 +74,17 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         status=Status(row["status"]),
         created=bool(row["created"]),
     )
+
+
+def validate_many(requests: Sequence[Any], policy: Policy) -> list[ValidRequest]:
+    """Validate every request first, so one bad line writes nothing at all."""
+    valid: list[ValidRequest] = []
+    errors: list[dict[str, str]] = []
+    for index, request in enumerate(requests):
+        try:
+            valid.append(validate(request, policy))
+        except InvalidRequest as exc:
+            errors += [{"field": f"[{index}].{e['field']}", "message": e["message"]} for e in exc.errors]
+    if errors:
+        raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
+    return valid

@@ -1,23 +1,29 @@
-"""JSON Schemas of what the HTTP API and the MCP server take, built from the definitions
-the command line is built from, so no interface describes a parameter differently:
+"""JSON Schemas of what the commands take and print, built from the command table
+(ops/app/commands.py) the command line is built from, so no interface describes a
+parameter differently:
 
 - :func:`request_schema`: the send request, from ops/app/service.py's field table (the
   flags of `evq enqueue` come from the same table). worker/request.py stays the one
   validator of a request; the schema tells callers its shape.
-- :func:`command_input`: a command's parameters as a JSON object, read from the click
-  command through ops/cli/describe.py (what `evq schema` prints), with JSON names
-  (``--older-than`` becomes ``older_than``). :func:`check_arguments` validates against
-  it, so what a schema says is exactly what is accepted.
-- :func:`output_schema`: a command's output (ops/app/cli-schema), self-contained.
+- :func:`command_input`: a command's parameters as a JSON object (the HTTP API's bodies,
+  the MCP tools' arguments), each under its JSON property (``--older-than`` is
+  ``older_than``). :func:`check_arguments` validates against it, so what a schema says
+  is exactly what is accepted.
+- :func:`output_schema`: a command's output (the files in ops/app/cli-schema, package
+  data), self-contained.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
+from evq.ops.app.commands import command
 from evq.ops.app.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
-from evq.ops.cli.describe import output_schema  # noqa: F401  (re-exported: one import for the interfaces)
 from evq.worker.errors import InvalidRequest
 from evq.worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
 
@@ -78,10 +84,6 @@ def request_schema() -> dict[str, Any]:
     }
 
 
-def json_name(flag_or_dest: str) -> str:
-    return flag_or_dest.lstrip("-").replace("-", "_").lower()
-
-
 def command_input(
     path: str,
     *,
@@ -91,34 +93,33 @@ def command_input(
 ) -> dict[str, Any]:
     """The parameters of command ``path`` (e.g. ``steps.list``) as one JSON object schema.
 
-    Names are the flag's (``--as`` -> ``as``), arguments the dest's, then ``rename``d.
-    The API key, the output format and the database URL are the server's business.
+    Each is named by its JSON property, then ``rename``d (by dest); ``exclude`` names
+    dests. The API key, the output format and the database URL (``local`` parameters)
+    are the server's business.
     """
-    from evq.ops.cli import cli
-    from evq.ops.cli.describe import describe_command, find
-
-    cmd = find(cli, path)
-    assert cmd is not None, path
-    skipped = {"credential", "output", "database_url", *exclude}
+    skipped = set(exclude)
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for param in describe_command(path, cmd)["parameters"]:
-        if param["dest"] in skipped:
+    for param in command(path).params:
+        if param.local or param.dest in skipped:
             continue
-        name = (rename or {}).get(param["dest"]) or json_name(param["flags"][0] if param["flags"] else param["dest"])
-        prop: dict[str, Any] = {"type": param["type"]}
-        for key in ("enum", "minimum", "maximum"):
-            if key in param:
-                prop[key] = param[key]
-        if param["multiple"]:
+        name = (rename or {}).get(param.dest) or param.property
+        prop: dict[str, Any] = {"type": param.type}
+        if param.enum:
+            prop["enum"] = list(param.enum)
+        if param.minimum is not None:
+            prop["minimum"] = param.minimum
+        if param.maximum is not None:
+            prop["maximum"] = param.maximum
+        if param.repeatable:
             prop = {"type": "array", "items": prop}
-        default = (defaults or {}).get(name, param["default"])
-        if default not in (None, []):
+        default = (defaults or {}).get(name, param.default)
+        if default not in (None, [], ()):
             prop["default"] = default
-        if param["help"]:
-            prop["description"] = param["help"]
+        if param.help:
+            prop["description"] = param.help
         properties[name] = prop
-        if param["required"]:
+        if param.required:
             required.append(name)
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
@@ -185,3 +186,31 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# -- output schemas ------------------------------------------------------------
+
+COMMON = "_common.schema.json"
+_COMMON_REF = f'"{COMMON}#/$defs/'
+
+
+def schema_dir() -> Traversable:
+    # Package data (docs/cli-schema links here), so an installed evq carries them.
+    return resources.files("evq.ops.app").joinpath("cli-schema")
+
+
+@cache
+def load(name: str) -> dict[str, Any]:
+    return json.loads(schema_dir().joinpath(name).read_text(encoding="utf-8"))
+
+
+def schema_file(path: str) -> str:
+    """``steps.resolve`` -> ``steps-resolve.schema.json``."""
+    return path.replace(".", "-") + ".schema.json"
+
+
+def output_schema(path: str) -> dict[str, Any]:
+    """The command's output schema with the shared definitions folded in (one self-contained document)."""
+    own = json.loads(json.dumps(load(schema_file(path))).replace(_COMMON_REF, '"#/$defs/'))
+    own["$defs"] = {**load(COMMON)["$defs"], **own.get("$defs", {})}
+    return own

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from evq.ops.app.longwork import Tally, each
-from evq.worker.enqueue import existing_or_conflict, validate
+from evq.worker.enqueue import existing_or_conflict, validate, validate_many
 from evq.worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
 from evq.worker.outcomes import refused_recipients
@@ -126,9 +126,6 @@ def validate_requests(requests: Sequence[Any], policy: Policy) -> list[ValidRequ
     """Every request checked before anything is written: one bad request writes nothing."""
     if not requests:
         raise InvalidRequest([{"field": "$", "message": "no request given"}])
-    # Imported here: it brings psycopg, which `evq --help` (every interface imports this module) never needs.
-    from evq.adapters.postgres.enqueue import validate_many
-
     return validate_many(requests, policy) if len(requests) > 1 else [validate(requests[0], policy)]
 
 

@@ -1,4 +1,4 @@
-"""What every command shares: the output option, settings, and one error boundary."""
+"""What every command shares: settings, and one error boundary."""
 
 from __future__ import annotations
 
@@ -17,46 +17,6 @@ from evq.worker.logs import get_logger
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = get_logger("evq.cli")
-
-
-def output_option(fn: F) -> F:
-    return click.option(
-        "-o",
-        "--output",
-        "output",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="table for people; json for scripts and agents (one object on stdout).",
-    )(fn)
-
-
-class DocumentedOption(click.Option):
-    """An option whose effective default comes from elsewhere (an EVQ_* setting):
-    click's default stays None so the environment can win, and `evq schema` still
-    tells the real default and variable."""
-
-    def __init__(
-        self,
-        *args: Any,
-        documented_default: Any = None,
-        documented_envvar: str | None = None,
-        **kwargs: Any,
-    ):
-        self.documented_default = documented_default
-        self.documented_envvar = documented_envvar
-        super().__init__(*args, **kwargs)
-
-
-def database_option(fn: F) -> F:
-    return click.option(
-        "--database-url",
-        cls=DocumentedOption,
-        documented_envvar="EVQ_DATABASE_URL",
-        metavar="URL",
-        default=None,
-        help="PostgreSQL URL [env: EVQ_DATABASE_URL; unset: the embedded server].",
-    )(fn)
 
 
 def load_settings(**overrides: Any) -> Settings:

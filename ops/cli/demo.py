@@ -4,24 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import click
-
-from evq.ops.cli.common import command, database_option, load_settings, output_option
+from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output, table
+from evq.ops.cli.table import from_table
 
 
-@click.command("demo")
-@click.option("--data-dir", default=None, help="Folder for the embedded PostgreSQL [env: EVQ_DATA_DIR].")
-@output_option
-@database_option
+@from_table("demo")
 @command
 def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
-    """Show evq end to end on this machine: starts the database (embedded unless
-    EVQ_DATABASE_URL is set), an SMTP server and a Resend-style HTTP API on loopback,
-    enqueues six sends — two whose reply is lost (one per provider), one the server
-    refuses — runs the worker until the queue is drained, and explains what happened:
-    the reconciler settles the lost HTTP reply, the SMTP one waits for an operator,
-    and the refused send's sender gets a failure notice."""
     from evq.ops.dev.demo import run_demo
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, log_level="warning")

@@ -6,65 +6,27 @@ import json
 from collections import Counter
 from typing import Any
 
-import click
-
 from evq.ops import wiring
 from evq.ops.app import service
 from evq.ops.app.boundedinput import read_request_file
-from evq.ops.app.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
-from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
-from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.app.service import DECISION_FIELDS, REQUEST_FIELDS
+from evq.ops.cli.auth import Credential
+from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output
+from evq.ops.cli.table import from_table
 from evq.worker import jsontext
 from evq.worker.errors import InvalidRequest
-from evq.worker.keys import Permission
 
-# The request's fields on the command line, described where every interface reads them.
-FIELD_FLAGS: tuple[tuple[str, str, bool, str], ...] = tuple(
-    ("--" + name.replace("_", "-"), name, multiple, help_text) for name, multiple, help_text in REQUEST_FIELDS
-)
-DECISION_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
-    ("--" + name.replace("_", "-"), name, help_text) for name, help_text in DECISION_FIELDS
-)
+# The request's fields as the flags carry them (ops/app/commands.py builds the flags from the same tables).
+FIELD_FLAGS: tuple[tuple[str, bool], ...] = tuple((name, multiple) for name, multiple, _ in REQUEST_FIELDS)
+DECISION_FLAGS: tuple[str, ...] = tuple(name for name, _ in DECISION_FIELDS)
 
 
-def _request_options(fn: Any) -> Any:
-    for flag, field, multiple, help_text in reversed(FIELD_FLAGS):
-        fn = click.option(flag, field, multiple=multiple, default=None, help=help_text)(fn)
-    for flag, field, help_text in reversed(DECISION_FLAGS):
-        fn = click.option(flag, "decision_" + field, default=None, help=help_text)(fn)
-    fn = click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'", help=HEADERS_HELP)(fn)
-    fn = click.option("--max-attempts", type=int, default=None, help=MAX_ATTEMPTS_HELP)(fn)
-    return fn
-
-
-@click.command("enqueue")
-@_request_options
-@click.option(
-    "--file",
-    "file",
-    metavar="F",
-    default=None,
-    help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue many in one "
-    "transaction. At most EVQ_MAX_INPUT_BYTES are read.",
-)
-@dry_run_option
-@api_key_option(Permission.ENQUEUE)
-@output_option
-@database_option
+@from_table("enqueue")
 @command
 def enqueue_cmd(
     out: Output, file: str | None, dry_run: bool, credential: Credential, database_url: str | None, **flags: Any
 ) -> None:
-    """Enqueue an email send. Repeating the same request returns the same step
-    (created: false); the same key with a different request is refused (exit 3).
-    Needs an API key with role agent or admin.
-
-    \b
-    evq enqueue --run-id r1 --step-id welcome --to bob@example.com \\
-        --from agent@example.org --subject Hello --text "Hi Bob" --intent "welcome Bob"
-    evq enqueue --file request.json -o json
-    """
     settings = load_settings(database_url=database_url)
     request_from_flags = _request_from_flags(flags)
     if file is not None and request_from_flags:
@@ -118,7 +80,7 @@ def _human_one(d: dict[str, Any]) -> str:
 
 def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     request: dict[str, Any] = {}
-    for _, field, multiple, _ in FIELD_FLAGS:
+    for field, multiple in FIELD_FLAGS:
         value = flags.get(field)
         if multiple:
             if value:
@@ -126,7 +88,7 @@ def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
         elif value is not None:
             request[field] = value
     decision: dict[str, Any] = {}
-    for _, field, _ in DECISION_FLAGS:
+    for field in DECISION_FLAGS:
         value = flags.get("decision_" + field)
         if value is not None:
             decision[field] = _maybe_json(value) if field == "rationale" else value

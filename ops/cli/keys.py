@@ -10,39 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
 from evq.ops import wiring
-from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
-from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.auth import Credential
+from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
+from evq.ops.cli.table import from_table, table_group
 from evq.worker.errors import AuthFailed, Conflict
-from evq.worker.keys import PREFIX, Permission, Role, check_name, generate
+from evq.worker.keys import PREFIX, Role, check_name, generate
 
-ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
-
-
-@click.group("keys")
-def keys() -> None:
-    """Manage API keys: who may change rows, and the name evidence records them by."""
+keys = table_group("keys")
 
 
-@keys.command("create")
-@click.option("--name", required=True, help="Who holds the key; recorded as the actor in evidence. Never reused.")
-@click.option("--role", required=True, type=click.Choice([r.value for r in Role]), help=ROLE_HELP)
-@dry_run_option
-@api_key_option(Permission.MANAGE_KEYS)
-@output_option
-@database_option
+@from_table("keys.create", keys)
 @command
 def keys_create(
     out: Output, name: str, role: str, dry_run: bool, credential: Credential, database_url: str | None
 ) -> None:
-    """Create an API key and print it once (only its hash is stored).
-
-    The first key of a fresh install is an admin key and needs no key itself:
-    `evq keys create --name NAME --role admin`. Every later one needs an admin key.
-    """
     check_name(name)
     settings = load_settings(database_url=database_url)
 
@@ -97,14 +80,9 @@ def _human_created(d: dict[str, Any]) -> str:
     )
 
 
-@keys.command("list")
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True, help="Keys per page.")
-@click.option("--offset", type=click.IntRange(0), default=0, show_default=True, help="Keys to skip.")
-@output_option
-@database_option
+@from_table("keys.list", keys)
 @command
 def keys_list(out: Output, limit: int, offset: int, database_url: str | None) -> None:
-    """List API keys (names, roles, prefixes; never the keys), oldest first."""
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> list[dict[str, Any]]:
@@ -131,16 +109,9 @@ def keys_list(out: Output, limit: int, offset: int, database_url: str | None) ->
     )
 
 
-@keys.command("revoke")
-@click.argument("name")
-@dry_run_option
-@api_key_option(Permission.MANAGE_KEYS)
-@output_option
-@database_option
+@from_table("keys.revoke", keys)
 @command
 def keys_revoke(out: Output, name: str, dry_run: bool, credential: Credential, database_url: str | None) -> None:
-    """Revoke a key; it is refused from the next command on. Revoking a revoked
-    key changes nothing; the last active admin key cannot be revoked (exit 3)."""
     settings = load_settings(database_url=database_url)
 
     async def work() -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from evq.ops.app.age import age
 from evq.ops.app.contract import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Timer, failure, success, to_json
 from evq.worker.errors import EvqError
 
@@ -96,17 +97,3 @@ def _cell(value: Any) -> str:
         return ", ".join(map(str, value))
     text = str(value).replace("\n", " ")
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def age(seconds: float | None) -> str:
-    """A short human age: 42s, 5m, 2h05m, 3d04h."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"

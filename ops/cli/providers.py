@@ -4,29 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
 from evq.ops import wiring
 from evq.ops.app import service
 from evq.ops.app.service import Caller
-from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
+from evq.ops.cli.table import from_table, table_group
 from evq.ops.settings import ADAPTERS
 
-
-@click.group("providers")
-def providers() -> None:
-    """The email providers evq sends through, and their circuits."""
+providers = table_group("providers")
 
 
-@providers.command("list")
-@output_option
-@database_option
+@from_table("providers.list", providers)
 @command
 def providers_list(out: Output, database_url: str | None) -> None:
-    """List every provider's circuit: closed (sending), open (down or misconfigured:
-    nothing is sent, attempts are not charged, a probe goes out after the wait shown)
-    or half_open (one probe is out). An open circuit shows why it opened."""
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:

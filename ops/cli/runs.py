@@ -4,30 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
 from evq.ops import wiring
 from evq.ops.app import service
 from evq.ops.app.service import Caller
-from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.steps import EVIDENCE_COLUMNS, evidence_line
+from evq.ops.cli.table import from_table, table_group
+
+runs = table_group("runs")
 
 
-@click.group("runs")
-def runs() -> None:
-    """Read back an agent run: every step it decided, and everything that happened to each."""
-
-
-@runs.command("show")
-@click.argument("run_id")
-@output_option
-@database_option
+@from_table("runs.show", runs)
 @command
 def runs_show(out: Output, run_id: str, database_url: str | None) -> None:
-    """Show one run's whole chain in time order: each decision (intent, instruction
-    and prompt version, model, tool), its action, every attempt with the adapter's
-    answer, and every operator close."""
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:

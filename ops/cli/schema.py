@@ -10,68 +10,55 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
-from evq.ops.cli.common import command, output_option
-from evq.ops.cli.describe import describe_command, find, leaf_commands, summary
+from evq.ops.app.commands import COMMANDS, GROUPS, in_group, top_level
+from evq.ops.cli.common import command
+from evq.ops.cli.describe import describe_command
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, SCHEMA_VERSION, Output, table
+from evq.ops.cli.table import from_table
 from evq.worker.errors import NotFound
 
 NEXT = "evq schema GROUP | evq schema GROUP.COMMAND | evq schema --all"
 
 
-@click.command("schema")
-@click.argument("name", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Every command with its parameters and output schema.")
-@output_option
+@from_table("schema")
 @command
 def schema(out: Output, name: tuple[str, ...], everything: bool) -> None:
-    """Describe evq's commands for scripts and agents: groups, then a group's
-    commands, then one command's parameters (flags, types, defaults, choices)
-    and the JSON Schema of its output.
-
-    \b
-    evq schema -o json
-    evq schema steps -o json
-    evq schema steps.resolve -o json      (or: evq schema steps resolve)
-    """
-    root = click.get_current_context().find_root().command
-    assert isinstance(root, click.Group)
     path = ".".join(part for word in name for part in word.replace(".", " ").split())
     if everything:
-        commands = [describe_command(p, c) for p, c in leaf_commands(root)]
-        out.success({"level": "all", "commands": commands, "exit_codes": _exit_codes()}, human=_human_all)
+        described = [describe_command(c) for _, c in sorted(COMMANDS.items())]
+        out.success({"level": "all", "commands": described, "exit_codes": _exit_codes()}, human=_human_all)
         return
     if not path:
-        out.success(_root(root), human=_human_root)
+        out.success(_root(), human=_human_root)
         return
-    cmd = find(root, path)
-    if cmd is None:
+    if path in COMMANDS:
+        out.success({"level": "command", **describe_command(COMMANDS[path])}, human=_human_command)
+        return
+    if path not in GROUPS:
         raise NotFound(f"no command {path.replace('.', ' ')!r}", hint="`evq schema` lists the groups")
-    if isinstance(cmd, click.Group):
-        out.success(
-            {
-                "level": "group",
-                "group": path,
-                "summary": summary(cmd),
-                "commands": [_entry(f"{path}.{p}", c) for p, c in leaf_commands(cmd)],
-                "next": NEXT,
-            },
-            human=_human_group,
-        )
-        return
-    out.success({"level": "command", **describe_command(path, cmd)}, human=_human_command)
+    out.success(
+        {
+            "level": "group",
+            "group": path,
+            "summary": GROUPS[path],
+            "commands": [{"name": c.path, "kind": "command", "summary": c.summary} for c in in_group(path)],
+            "next": NEXT,
+        },
+        human=_human_group,
+    )
 
 
-def _entry(path: str, cmd: click.Command) -> dict[str, Any]:
-    return {"name": path, "kind": "group" if isinstance(cmd, click.Group) else "command", "summary": summary(cmd)}
-
-
-def _root(root: click.Group) -> dict[str, Any]:
+def _root() -> dict[str, Any]:
+    groups = [
+        {"name": name, "kind": "group", "summary": GROUPS[name]}
+        if name in GROUPS
+        else {"name": name, "kind": "command", "summary": COMMANDS[name].summary}
+        for name in top_level()
+    ]
     return {
         "level": "root",
         "schema_version": SCHEMA_VERSION,
-        "groups": [_entry(name, root.commands[name]) for name in sorted(root.commands)],
+        "groups": groups,
         "exit_codes": _exit_codes(),
         "next": NEXT,
     }

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
-from collections.abc import Iterator
-from typing import Any
-
-import click
 
 from evq.ops import wiring
-from evq.ops.cli.common import DocumentedOption, command, database_option, load_settings, output_option
+from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
+from evq.ops.cli.table import from_table
 from evq.ops.settings import OPTION_BY_NAME
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
@@ -20,86 +15,19 @@ from evq.worker.logs import get_logger
 log = get_logger("evq.serve")
 
 
-@click.command("serve")
-@click.option(
-    "--host",
-    cls=DocumentedOption,
-    documented_envvar="EVQ_SERVE_HOST",
-    documented_default="127.0.0.1",
-    default=None,
-    metavar="ADDR",
-    help="Address to listen on [env: EVQ_SERVE_HOST; default: 127.0.0.1].",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    cls=DocumentedOption,
-    documented_envvar="EVQ_SERVE_PORT",
-    documented_default=8080,
-    default=None,
-    help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].",
-)
-@output_option
-@database_option
+@from_table("serve")
 @command
 def serve(out: Output, host: str | None, port: int | None, database_url: str | None) -> int:
-    """Serve the HTTP API (/v1, described at /openapi.json), the operators' page (/ops),
-    /metrics and /healthz until SIGTERM or Ctrl-C.
-
-    Every /v1 route needs `Authorization: Bearer <key>`; the page asks for a key at
-    sign-in. It listens on 127.0.0.1 unless told otherwise: put TLS in front of it
-    before you open it to a network.
-
-    \b
-    evq serve --host 127.0.0.1 --port 8080
-    """
-    from evq.ops.web.slowclients import uvicorn_config  # uvicorn is imported only by this command
-
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
     url = wiring.database_url(settings)
     wiring.check_at_head(url)  # a clear E_SCHEMA_MISMATCH before anything listens
     sock = _listen(settings.serve_host, settings.serve_port)
     bound = sock.getsockname()[1]
-    config = uvicorn_config(
-        wiring.serve_app(settings, url=url),
-        settings,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        timeout_graceful_shutdown=10,
-        lifespan="on",
-    )
-    server = _Server(config)
     log.info("serve_listening", host=settings.serve_host, port=bound, url=f"http://{settings.serve_host}:{bound}/ops")
-    server.run(sockets=[sock])
-    code = 0 if server.started else 1
+    code = 0 if wiring.serve(settings, sock, url=url) else 1
     if out.json:
         out.success({"exit_code": code, "host": settings.serve_host, "port": bound})
     return code
-
-
-def _server_class() -> type:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn re-raises the stopping signal after its graceful shutdown, which would end the
-        process before the command's JSON line and exit code; here the first SIGTERM or Ctrl-C stops
-        gracefully and returns, a second one forces the exit (uvicorn's own handle_exit)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server
-
-
-def _Server(config: Any) -> Any:  # uvicorn is imported only by this command
-    return _server_class()(config)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -4,60 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
-
 from evq.ops import wiring
 from evq.ops.app import service
-from evq.ops.app.service import LIST_LIMIT_MAX, MAX_ID, Caller
-from evq.ops.cli.auth import Credential, api_key_option, dry_run_option
-from evq.ops.cli.common import command, database_option, load_settings, output_option, run
+from evq.ops.app.service import Caller
+from evq.ops.cli.auth import Credential
+from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import EXIT_CODES, Output, age, table
-from evq.worker.keys import Permission
-from evq.worker.resolution import Resolution, Verdict
-from evq.worker.states import Status
+from evq.ops.cli.table import from_table, table_group
+from evq.worker.resolution import Resolution
 
-# The filters `list` and bulk `resolve` share, as flags: (flag, dest, metavar, help).
-_FILTERS: tuple[tuple[str, str, str | None, str], ...] = tuple(
-    ("--" + name.replace("_", "-"), name, metavar, help_text) for name, metavar, help_text in service.FILTERS
-)
+steps = table_group("steps")
 
 
-def filter_options(fn: Any) -> Any:
-    for flag, dest, metavar, help_text in reversed(_FILTERS):
-        fn = click.option(flag, dest, default=None, metavar=metavar, help=help_text)(fn)
-    return fn
-
-
-@click.group("steps")
-def steps() -> None:
-    """Read back email steps (state, decision, evidence) and close unknown ones."""
-
-
-@steps.command("list")
-@click.option(
-    "--status",
-    "statuses",
-    multiple=True,
-    type=click.Choice([s.value for s in Status]),
-    help="Only these states; repeatable.",
-)
-@filter_options
-@click.option("--limit", type=click.IntRange(1, LIST_LIMIT_MAX), default=50, show_default=True, help="Rows per page.")
-@click.option(
-    "--offset",
-    type=click.IntRange(0, MAX_ID),
-    default=0,
-    show_default=True,
-    help="Rows to skip (meta.total counts them all).",
-)
-@output_option
-@database_option
+@from_table("steps.list", steps)
 @command
 def steps_list(
     out: Output, statuses: tuple[str, ...], limit: int, offset: int, database_url: str | None, **filters: Any
 ) -> None:
-    """List steps: unknown ones oldest first (the operator's queue), the rest newest
-    first, each with its age (unknown rows: since they became unknown)."""
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:
@@ -94,13 +57,9 @@ def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
     )
 
 
-@steps.command("show")
-@click.argument("step_id", type=click.IntRange(1, MAX_ID))
-@output_option
-@database_option
+@from_table("steps.show", steps)
 @command
 def steps_show(out: Output, step_id: int, database_url: str | None) -> None:
-    """Show one step: the decision behind it, the request, and every evidence row in order."""
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:
@@ -180,45 +139,7 @@ def _human_detail(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@steps.command("resolve")
-@click.argument("step_id", type=click.IntRange(1, MAX_ID), required=False)
-@click.option(
-    "--as",
-    "verdict",
-    required=True,
-    type=click.Choice([v.value for v in Verdict]),
-    help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same Message-ID).",
-)
-@click.option("--note", required=True, help="Why: what was checked and what was found (kept in the evidence).")
-@click.option(
-    "--reason", default=None, metavar="CODE", help="A machine key for the verdict, e.g. found_in_provider_log."
-)
-@click.option(
-    "--provider-message-id", default=None, metavar="ID", help="The provider's id for the message, when found."
-)
-@click.option("--evidence-url", default=None, metavar="URL", help="Where the proof is (a log search, a ticket).")
-@click.option(
-    "--status",
-    "statuses",
-    multiple=True,
-    type=click.Choice([Status.UNKNOWN.value]),
-    help="Bulk (no STEP_ID): every row in this state that matches the filters below.",
-)
-@filter_options
-@click.option(
-    "--limit", type=click.IntRange(1, MAX_ID), default=None, help="Bulk: at most this many rows, oldest first."
-)
-@click.option(
-    "--max-failures",
-    type=click.IntRange(1),
-    default=None,
-    metavar="N",
-    help="Bulk: stop after N consecutive failures (exit 8).",
-)
-@dry_run_option
-@api_key_option(Permission.RESOLVE)
-@output_option
-@database_option
+@from_table("steps.resolve", steps)
 @command
 def steps_resolve(
     out: Output,
@@ -236,19 +157,6 @@ def steps_resolve(
     database_url: str | None,
     **filters: Any,
 ) -> int:
-    """Close unknown steps with an audited verdict: one by STEP_ID, or many with
-    --status unknown and filters. Only unknown rows can be resolved (exit 3 otherwise).
-
-    Each close and its evidence row (you, your note, reason and references, and
-    the state it replaced) are written together. In bulk, the filters are fixed
-    when the command starts and each row is closed on its own: some may fail
-    (someone else closed them first) while the rest succeed (exit 6). The first
-    Ctrl-C stops after the current row (exit 7).
-
-    \b
-    evq steps resolve 42 --as accepted --note "in the provider log" --provider-message-id q-123
-    evq steps resolve --status unknown --older-than 2h --as rejected --note "outage, resent by hand" --dry-run
-    """
     resolution = Resolution.parse(
         verdict, note, reason=reason, provider_message_id=provider_message_id, evidence_url=evidence_url
     )

@@ -1,9 +1,9 @@
 """`evq mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command,
 named ``evq_<noun>_<verb>``, each answering with the contract's wrapper JSON.
 
-- Input schemas come from the definitions the CLI is built from (ops/app/schemas.py), and
-  the tools validate against exactly those (the send request by worker/request.py);
-  output schemas are the commands' ops/app/cli-schema files.
+- Input schemas come from the command table the CLI is built from too (ops/app/commands.py,
+  through ops/app/schemas.py), and the tools validate against exactly those (the send request
+  by worker/request.py); output schemas are the commands' ops/app/cli-schema files.
 - The API key comes from the server's environment (EVQ_API_KEY), never from a tool's
   arguments; every call is authenticated with it (reads: any role).
 - ``evq_steps_resolve`` exists only with EVQ_MCP_RESOLVE=true, and dry-runs unless

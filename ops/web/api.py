@@ -11,9 +11,10 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from evq.ops.app import service
+from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
-from evq.ops.app.service import FILTERS, LIST_LIMIT_MAX, MAX_ID, Caller, Reply
+from evq.ops.app.service import MAX_ID, Caller, Reply
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from evq.ops.web.state import AppState
@@ -26,8 +27,19 @@ from evq.worker.states import Status
 # The bulk-only parameters of `steps resolve`; the single-row body has the rest.
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 T = TypeVar("T")
-_FILTER_HELP = {name: help_text for name, _, help_text in FILTERS}
+_LIST = command("steps.list")
 COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+
+
+def query(dest: str, **http: Any) -> Any:
+    """A query parameter of `GET /v1/steps` as the command table describes it; ``http``: the
+    bounds only HTTP needs (a query string's length)."""
+    p = _LIST.param(dest)
+    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    return Query(list(p.default) if p.repeatable else p.default, description=p.help, **{**bounds, **http})
+
+
+_STATUSES = query("statuses")  # a list default: one shared marker, never mutated
 
 
 def resolve_one_schema() -> dict[str, Any]:
@@ -153,13 +165,14 @@ async def enqueue(
 async def list_steps(
     request: Request,
     who: Caller = Depends(caller),
-    status: list[Status] = Query([], description="Only these states; repeatable."),
-    run_id: str | None = Query(None, max_length=200, description=_FILTER_HELP["run_id"]),
-    provider: str | None = Query(None, max_length=200, description=_FILTER_HELP["provider"]),
-    older_than: str | None = Query(None, max_length=20, description=_FILTER_HELP["older_than"]),
-    recipient_domain: str | None = Query(None, max_length=255, description=_FILTER_HELP["recipient_domain"]),
-    limit: int = Query(50, ge=1, le=LIST_LIMIT_MAX, description="Rows per page."),
-    offset: int = Query(0, ge=0, le=2**31 - 1, description="Rows to skip (meta.total counts them all)."),
+    status: list[Status] = _STATUSES,
+    run_id: str | None = query("run_id", max_length=200),
+    provider: str | None = query("provider", max_length=200),
+    older_than: str | None = query("older_than", max_length=20),
+    recipient_domain: str | None = query("recipient_domain", max_length=255),
+    limit: int = query("limit"),
+    # At most a 32-bit offset over HTTP: a larger one is a mistake, not a page (check_arguments' bound too).
+    offset: int = query("offset", le=2**31 - 1),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     filters = {"run_id": run_id, "provider": provider, "older_than": older_than, "recipient_domain": recipient_domain}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from evq.ops.cli.describe import COMMON, load, schema_file
+from evq.ops.app.schemas import COMMON, load, schema_file
 
 REF = "#/components/schemas/"
 

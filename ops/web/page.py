@@ -18,9 +18,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from evq.ops.app import service
+from evq.ops.app.age import age
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
-from evq.ops.cli.output import age
 from evq.ops.settings import ADAPTERS
 from evq.ops.web import api
 from evq.ops.web.protocol import TooManyFailures

@@ -11,11 +11,13 @@ import click
 import pytest
 
 from evq.adapters.postgres.schema import EVIDENCE_KINDS, ROLES, STATUSES
+from evq.ops.app.commands import COMMANDS
+from evq.ops.app.schemas import output_schema
 from evq.ops.cli import cli
-from evq.ops.cli.describe import describe_command, leaf_commands, output_schema
+from evq.ops.cli.describe import describe_command
 from evq.ops.cli.output import EXIT_CODES
 from tests.acceptance.conftest import Evq
-from tests.contract import SCHEMA_DIR, command_path, registry
+from tests.contract import SCHEMA_DIR, command_path, leaf_commands, registry
 from tests.support import unknown_steps, with_store
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
@@ -187,7 +189,7 @@ def test_described_parameters_are_what_the_command_accepts(path):
     type (every enum value), parses in the real command into the described
     destination; a value outside the enum is refused; `--help` shows nothing more."""
     cmd = LEAVES[path]
-    described = describe_command(path, cmd)["parameters"]
+    described = describe_command(COMMANDS[path])["parameters"]
     for p in described:
         samples = p.get("enum") or [{"integer": "3", "number": "2.5", "string": "x"}.get(p["type"])]
         for value in samples:

@@ -1,4 +1,4 @@
-"""The schemas the HTTP API and the MCP server publish come from the CLI's definitions,
+"""The schemas the HTTP API and the MCP server publish come from the command table the CLI is built from,
 and what they say is what is accepted."""
 
 from __future__ import annotations
