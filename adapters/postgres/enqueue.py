@@ -26,8 +26,8 @@ from psycopg.rows import dict_row
 from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
-from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
-from evq.worker.errors import Conflict, InvalidRequest
+from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate, validate_many
+from evq.worker.errors import Conflict
 from evq.worker.records import EnqueueResult
 from evq.worker.request import Policy, ValidRequest
 from evq.worker.states import Status
@@ -270,16 +270,3 @@ def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: 
     valid = validate(request, policy)
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         return run_sync(conn, enqueue_op(valid))
-
-
-def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:
-    """Validate every request first, so one bad line writes nothing at all."""
-    valid, errors = [], []
-    for index, request in enumerate(requests):
-        try:
-            valid.append(validate(request, policy))
-        except InvalidRequest as exc:
-            errors += [{"field": f"[{index}].{e['field']}", "message": e["message"]} for e in exc.errors]
-    if errors:
-        raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
-    return valid

@@ -43,7 +43,7 @@ class Prefill:
         self.validate_seconds: dict[int, float] = {}
 
     def valid(self, n: int) -> list[Any]:
-        from evq.adapters.postgres.enqueue import validate_many
+        from evq.worker.enqueue import validate_many
 
         if n not in self._valid:
             started = time.perf_counter()
