@@ -237,6 +237,29 @@ def spawn(argv: list[str], *, preexec_fn: Any = None, **popen: Any) -> subproces
     return subprocess.Popen(argv, preexec_fn=prepare, **popen)
 
 
+def pause(pid: int, timeout: float = 20) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped.
+
+    kill() returns before a multi-threaded process has stopped: the kernel hands the stop
+    to one thread, which stops the others when it next runs. On a loaded machine a thread
+    woken by data arriving on its socket can run on for milliseconds first (and finish an
+    SMTP conversation a test meant to freeze), so a test that pauses a worker and then lets
+    its peer answer must wait for the stop to be complete.
+    """
+    os.kill(pid, signal.SIGSTOP)
+
+    def states() -> list[str]:
+        out = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    # The state follows the parenthesised name, which may itself hold ") ".
+                    out.append(f.read().rsplit(")", 1)[1].split()[0])
+        return out
+
+    wait_until(lambda: all(s in ("T", "t") for s in states()), timeout=timeout, what=f"process {pid} to stop")
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, *, grace: float = 15) -> int:
     """Stop ``proc`` in a way that always works: ``sig`` (if it still runs), then SIGKILL after
     ``grace`` seconds; then close every pipe, so no unread pipe outlives the test (under

@@ -8,7 +8,7 @@ import signal
 import time
 
 from tests.acceptance.conftest import Evq, smtp_env
-from tests.support import evidence_kinds, rows, step_row
+from tests.support import evidence_kinds, pause, rows, step_row
 
 LEASE = 8  # seconds; must exceed 3 x EVQ_SMTP_TIMEOUT (2)
 
@@ -128,7 +128,7 @@ def test_paused_worker_answers_late_its_answer_is_kept_and_changes_nothing(evq: 
     zombie = evq.popen("worker", "run", **smtp_env(smtp))
     try:
         smtp.wait_held(1, timeout=20)
-        os.kill(zombie.pid, signal.SIGSTOP)
+        pause(zombie.pid)
         time.sleep(LEASE + 0.5)
         rescuer = evq.run("worker", "run", "--drain", **smtp_env(smtp))
         assert rescuer.returncode == 0
@@ -159,7 +159,7 @@ def test_paused_worker_whose_row_moved_on_changes_nothing(evq: Evq, smtp, db_url
     zombie = evq.popen("worker", "run", **smtp_env(smtp))
     try:
         smtp.wait_held(1, timeout=20)
-        os.kill(zombie.pid, signal.SIGSTOP)
+        pause(zombie.pid)
         time.sleep(LEASE + 0.5)
         assert evq.run("worker", "run", "--drain", **smtp_env(smtp)).returncode == 0
         # Stand-in for an operator's verdict (the audited command is `evq steps resolve`).

@@ -14,7 +14,7 @@ import pytest
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.acceptance.test_crash import wait_until
 from tests.slowpeer import SlowSmtp
-from tests.support import evidence_kinds, rows, step_row
+from tests.support import evidence_kinds, pause, rows, step_row
 
 
 def enqueue(evq: Evq, step: str) -> dict:
@@ -110,7 +110,7 @@ def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(
         zombie = evq.popen("worker", "run", **smtp_env(server, **env))
         stop_all.append(zombie)
         assert server.at_data.wait(60)
-        os.kill(zombie.pid, signal.SIGSTOP)
+        pause(zombie.pid)
         server.release()  # its 354 waits in the paused worker's socket
         wait_until(
             lambda: rows(
