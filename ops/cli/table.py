@@ -105,8 +105,11 @@ def click_param(p: Param, entry: Command) -> click.Parameter:
         # click reads the variable itself; the callback registers the key as a secret at once.
         options.update(envvar=p.env, callback=credential_callback(entry.permission))
     # A setting's default is the settings loader's (after its EVQ_* variable), so not click's.
-    default = None if p.setting or p.repeatable else p.default
-    return click.Option([*p.flags, p.dest], type=kind, multiple=p.repeatable, default=default, **options)
+    if not (p.setting or p.repeatable) and p.default is not None:
+        options["default"] = p.default
+    # No `default=None` otherwise: click 8.4 takes an explicit None as a value given, and stops
+    # refusing a missing required option (`evq keys create` without --name reached the body).
+    return click.Option([*p.flags, p.dest], type=kind, multiple=p.repeatable, **options)
 
 
 def _click_type(p: Param) -> click.ParamType:
