@@ -188,7 +188,9 @@ def test_help_explains(evq: Evq):
     assert "EVQ_LEASE_SECONDS" in evq.run("worker", "run", "--help").stdout
     # The old spellings run the same commands, named as aliases, and stay out of the listing.
     assert "Alias of `evq steps enqueue`" in evq.run("enqueue", "--help").stdout
-    listed = {line.split()[0] for line in evq.run("--help").stdout.split("Commands:")[1].splitlines() if line[:3].strip()}
+    listed = {
+        line.split()[0] for line in evq.run("--help").stdout.split("Commands:")[1].splitlines() if line[:3].strip()
+    }
     assert listed == {"admin", "keys", "providers", "runs", "schema", "steps", "worker"}
 
 
