@@ -35,7 +35,7 @@ Neutral: nothing here knows click, FastAPI or MCP.
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -136,11 +136,6 @@ class Param:
         """Its name in `evq schema`: the long flag without ``--`` (``older-than``), or an argument's
         metavar as ``--help`` shows it (``STEP_ID``)."""
         return self.dest.upper() if self.kind is Kind.ARGUMENT else (self.flag or "").lstrip("-")
-
-
-def _fields(p: Param) -> dict[str, Any]:
-    """A parameter's fields, to build a variant of it."""
-    return {name: getattr(p, name) for name in Param.__slots__}  # type: ignore[attr-defined]
 
 
 def json_name(flag_or_dest: str) -> str:
@@ -514,12 +509,10 @@ _TABLE: tuple[Command, ...] = (
             ),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
             DRY_RUN,
-            Param(
-                **{
-                    **_fields(api_key(Permission.MANAGE_KEYS)),
-                    "required_text": f"required unless --dry-run is given, {API_KEY_ENV} is set, or no admin key "
-                    "exists yet (the first key, an admin key, needs none)",
-                }
+            replace(
+                api_key(Permission.MANAGE_KEYS),
+                required_text=f"required unless --dry-run is given, {API_KEY_ENV} is set, or no admin key "
+                "exists yet (the first key, an admin key, needs none)",
             ),
             OUTPUT,
             DATABASE_URL,
