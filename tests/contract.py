@@ -18,14 +18,21 @@ SCHEMA_DIR = Path(__file__).resolve().parents[1] / "docs" / "cli-schema"
 validated: set[tuple[str, str]] = set()
 
 
-def leaf_commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
-    """Every leaf of the real click tree, by path (``steps.resolve``)."""
+def leaf_commands(group: click.Group, prefix: str = "", *, hidden: bool = False) -> Iterator[tuple[str, click.Command]]:
+    """Every leaf of the real click tree by its canonical path (``steps.resolve``; ``schema`` is
+    ``schema.show``); ``hidden``: the aliases too (under the canonical path they run)."""
+    from evq.ops.app.commands import lookup
+
     for name in sorted(group.commands):
         cmd = group.commands[name]
+        if cmd.hidden and not hidden:
+            continue
         if isinstance(cmd, click.Group):
-            yield from leaf_commands(cmd, f"{prefix}{name}.")
+            yield from leaf_commands(cmd, f"{prefix}{name} ", hidden=hidden)
         else:
-            yield f"{prefix}{name}", cmd
+            found = lookup(prefix + name)
+            assert found is not None, f"`evq {prefix}{name}` is not in the command table"
+            yield found[0].path, cmd
 
 
 @cache
@@ -42,7 +49,9 @@ def validator(path: str) -> Draft202012Validator:
 
 
 def command_path(args: tuple[str, ...]) -> str:
-    """The command an argument list runs: ``("steps", "show", "7")`` -> ``steps.show``."""
+    """The command an argument list runs, by canonical path: ``("steps", "show", "7")`` ->
+    ``steps.show``, ``("enqueue", ...)`` (an alias) -> ``steps.enqueue``."""
+    from evq.ops.app.commands import lookup
     from evq.ops.cli import cli
 
     cmd: click.Command = cli
@@ -52,7 +61,8 @@ def command_path(args: tuple[str, ...]) -> str:
             break
         cmd = cmd.commands[arg]
         parts.append(arg)
-    return ".".join(parts)
+    found = lookup(" ".join(parts))
+    return found[0].path if found else ".".join(parts)
 
 
 def check(args: tuple[str, ...], out: dict[str, Any]) -> None:

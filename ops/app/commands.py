@@ -3,12 +3,31 @@
 (ops/app/schemas.py) are all built from, so no interface can describe a parameter
 differently from another.
 
-A :class:`Command` is one leaf (``steps.resolve``): what it is for, what it may change
-(:class:`Effect`), which permission its API key needs, and its :class:`Param` s in the
-order ``--help`` shows them. A parameter has one flag (``--older-than``) and one JSON
-property (``older_than``: the name in an HTTP body or MCP arguments). What each
-command does stays in its interface (ops/cli/*.py, ops/web/api.py, ops/mcp/server.py),
-and what it prints in its output schema (ops/app/cli-schema/).
+A :class:`Command` is one leaf. Its ``path`` is its stable canonical name, ``group.action``
+(``steps.resolve``), and every interface names it after that: the command line spells it as
+words (``evq steps resolve``, resource first), the MCP tool is ``evq_steps_resolve``
+(:func:`mcp_name`), the HTTP operation's ``operationId`` is ``steps.resolve``. Other command
+lines that run the same command (the spellings before the resource-first names, ``evq enqueue``)
+are its ``aliases``: they keep working, hidden from ``--help``, and `evq schema` lists them as
+aliases of the one tool. What it is for (``use_when`` / ``avoid_when``), what it may change
+(:class:`Effect`), how bad a mistake is (:class:`Risk`), whether to look first (``confirm``:
+run it with ``--dry-run`` before), which permission its API key needs, its HTTP routes
+(``http``), whether it is an MCP tool (``mcp``) and, when it lacks one of those, why
+(``local_only``).
+
+Its :class:`Param` s come in the order ``--help`` shows them. A parameter has one flag
+(``--older-than``) and one JSON property (``older_than``: the name in an HTTP body or MCP
+arguments); ``required`` means always, ``unless`` names the parameters (by dest) any of which
+makes it unnecessary, e.g. `steps resolve`'s STEP_ID unless ``statuses``, `steps enqueue`'s
+``--to`` unless ``file``. ``example`` is a value that passes validation, for callers (and the
+test that builds every call from `evq schema` alone, tests/acceptance/test_schema_calls.py).
+
+Adding a command: a :class:`Command` entry in ``_TABLE`` (name it ``group.action``; a new group
+gets a line in ``GROUPS``), its body in ops/cli/ decorated ``@from_table("group.action", group)``,
+its output schema ops/app/cli-schema/group-action.schema.json, and, when it has them, its route
+in ops/web/api.py (``**operation("group.action")``) and its tool in ops/mcp/server.py.
+What each command does stays in its interface (ops/cli/*.py, ops/web/api.py,
+ops/mcp/server.py), and what it prints in its output schema (ops/app/cli-schema/).
 
 Neutral: nothing here knows click, FastAPI or MCP.
 """
@@ -16,7 +35,7 @@ Neutral: nothing here knows click, FastAPI or MCP.
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -42,6 +61,14 @@ class Effect(StrEnum):
     SEND = "send"  # can make email leave
 
 
+class Risk(StrEnum):
+    """How much a mistaken run costs, for an agent deciding how careful to be."""
+
+    LOW = "low"  # nothing that cannot be run again or ignored
+    MEDIUM = "medium"  # changes rows or starts a process, undone by another command
+    HIGH = "high"  # sends email, or removes or closes something for good
+
+
 class Kind(StrEnum):
     ARGUMENT = "argument"  # positional: STEP_ID
     OPTION = "option"  # --flag VALUE
@@ -59,6 +86,10 @@ class Param:
     reads ``env`` first, so the flag parser must not fill it in. ``local``: the command
     line's only (the key, the output format, the database URL): the HTTP API and the
     MCP server take those from their own request or environment.
+
+    ``unless``: not ``required``, but needed unless one of these parameters (dests) is
+    given, or ``unless_env`` is set in the environment; ``required_text`` says so in words.
+    ``example``: a value that passes validation, shown by `evq schema`.
     """
 
     dest: str
@@ -78,6 +109,10 @@ class Param:
     local: bool = False
     metavar: str | None = None
     show_default: bool = False
+    unless: tuple[str, ...] = ()
+    unless_env: str | None = None
+    required_text: str = ""
+    example: Any = None
 
     def __post_init__(self) -> None:
         if self.kind is Kind.FLAG:
@@ -96,6 +131,12 @@ class Param:
         longs = [f for f in self.flags if f.startswith("--")]
         return longs[0] if longs else (self.flags[0] if self.flags else None)
 
+    @builtins.property
+    def key(self) -> str:
+        """Its name in `evq schema`: the long flag without ``--`` (``older-than``), or an argument's
+        metavar as ``--help`` shows it (``STEP_ID``)."""
+        return self.dest.upper() if self.kind is Kind.ARGUMENT else (self.flag or "").lstrip("-")
+
 
 def json_name(flag_or_dest: str) -> str:
     """``--older-than`` -> ``older_than``."""
@@ -103,9 +144,19 @@ def json_name(flag_or_dest: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """One HTTP operation of a command: ``POST /v1/steps``. The first route of a command has
+    its canonical name as ``operationId``; another is ``<path>.<name>``."""
+
+    method: str
+    path: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Command:
-    """One leaf command. ``path`` is its stable name (``steps.resolve``); the command line
-    spells it as words (``evq steps resolve``)."""
+    """One leaf command. ``path`` is its stable canonical name (``steps.resolve``); the command
+    line spells it as words (``evq steps resolve``) unless ``cli`` says otherwise."""
 
     path: str
     summary: str
@@ -114,10 +165,41 @@ class Command:
     params: tuple[Param, ...]
     permission: Permission | None = None  # what its API key needs; None: it takes no key
     examples: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # other command lines for it, as words: "enqueue", "db status"
+    cli: str | None = None  # its command line when it is not the path's words
+    use_when: str = ""
+    avoid_when: str = ""
+    risk: Risk = Risk.LOW
+    confirm: bool = False  # look first: run it with --dry-run, then for real
+    http: tuple[Route, ...] = ()
+    mcp: bool = False  # an MCP tool, named mcp_name(path)
+    local_only: str = ""  # why it has no HTTP route or MCP tool
+
+    def __post_init__(self) -> None:
+        assert self.path.count(".") == 1, f"{self.path}: a canonical path is group.action"
+        assert self.use_when and self.avoid_when, f"{self.path}: say when to use it and when not"
+        assert not self.confirm or any(p.dest == "dry_run" for p in self.params), self.path
+        assert (self.http and self.mcp) or self.local_only, f"{self.path}: say why it has no route or tool"
 
     @property
     def words(self) -> str:
-        return self.path.replace(".", " ")
+        """Its command line after ``evq``: ``steps resolve``."""
+        return self.cli or self.path.replace(".", " ")
+
+    @property
+    def group(self) -> str:
+        return self.path.split(".")[0]
+
+    @property
+    def action(self) -> str:
+        return self.path.split(".")[1]
+
+    @property
+    def mcp_tool(self) -> str | None:
+        return mcp_name(self.path) if self.mcp else None
+
+    def operation_id(self, route: Route) -> str:
+        return self.path + (f".{route.name}" if route.name else "")
 
     @property
     def roles(self) -> list[str]:
@@ -160,27 +242,94 @@ def api_key(permission: Permission) -> Param:
         metavar="KEY",
         help=f"API key with role {roles} [env: {API_KEY_ENV}; prefer the variable: flags show in `ps`]. "
         "Not needed with --dry-run.",
+        unless=("dry_run",),
+        unless_env=API_KEY_ENV,
+        required_text=f"required unless --dry-run is given or {API_KEY_ENV} is set",
     )
 
 
 def _filters() -> tuple[Param, ...]:
     """The filters `steps list` and bulk `steps resolve` share (ops/app/service.py's FILTERS)."""
-    return tuple(Param(name, metavar=metavar, help=help_text) for name, metavar, help_text in FILTERS)
+    examples = {"older_than": "2h", "recipient_domain": "example.com", "run_id": "r1", "provider": "smtp"}
+    return tuple(
+        Param(name, metavar=metavar, help=help_text, example=examples.get(name)) for name, metavar, help_text in FILTERS
+    )
 
 
 def _send_request() -> tuple[Param, ...]:
     """The send request's fields as flags: the same field table request_schema() reads."""
-    fields = tuple(Param(name, repeatable=multiple, help=help_text) for name, multiple, help_text in SEND_FIELDS)
+    fields = tuple(
+        Param(name, repeatable=multiple, help=help_text, example=_SEND_EXAMPLES.get(name), **_send_required(name))
+        for name, multiple, help_text in SEND_FIELDS
+    )
     decision = tuple(
-        Param("decision_" + name, flags=("--" + name.replace("_", "-"),), help=help_text)
+        Param(
+            "decision_" + name,
+            flags=("--" + name.replace("_", "-"),),
+            property="decision." + name,
+            help=help_text,
+            example=_SEND_EXAMPLES.get(name),
+        )
         for name, help_text in DECISION_FIELDS
     )
     return (
         *fields,
         *decision,
-        Param("headers", flags=("--header",), repeatable=True, metavar="'NAME: VALUE'", help=HEADERS_HELP),
-        Param("max_attempts", type="integer", help=MAX_ATTEMPTS_HELP),
+        Param(
+            "headers",
+            flags=("--header",),
+            property="headers",
+            repeatable=True,
+            metavar="'NAME: VALUE'",
+            help=HEADERS_HELP,
+            example="In-Reply-To: <m1@example.org>",
+        ),
+        Param("max_attempts", type="integer", help=MAX_ATTEMPTS_HELP, example=3),
     )
+
+
+_SEND_EXAMPLES = {
+    "run_id": "r1",
+    "step_id": "welcome",
+    "to": "bob@example.com",
+    "cc": "carol@example.com",
+    "bcc": "dave@example.com",
+    "from": "agent@example.org",
+    "reply_to": "support@example.org",
+    "subject": "Hello",
+    "text": "Hi Bob",
+    "html": "<p>Hi Bob</p>",
+    "intent": "welcome Bob",
+    "notify": "agent-owner@example.org",
+    "idempotency_key": "r1:welcome",
+    "instruction_version": "v3",
+    "prompt_version": "p7",
+    "model": "model-x",
+    "tool": "send_email",
+    "rationale": "new signup",
+    "decided_at": "2026-12-01T10:00:00Z",
+}
+
+
+def _send_required(name: str) -> dict[str, Any]:
+    """What worker/request.py refuses a request without, as the flags' conditions: a request
+    from --file is the file's business."""
+    if name in ("run_id", "step_id", "to", "subject"):
+        flag = "--" + name.replace("_", "-")
+        return {"unless": ("file",), "required_text": f"{flag} is required when --file is not given"}
+    if name == "from":
+        return {
+            "unless": ("file",),
+            "unless_env": "EVQ_DEFAULT_FROM",
+            "required_text": "required when --file is not given and EVQ_DEFAULT_FROM (the default sender) is not set",
+        }
+    if name in ("text", "html"):
+        other = "html" if name == "text" else "text"
+        return {
+            "unless": (other, "file"),
+            "required_text": f"a body: --text or --html (or both) when --file is not given; this one unless --{other}",
+        }
+    return {}
 
 
 _TYPES = {int: "integer", float: "number"}
@@ -212,11 +361,13 @@ def _setting(option: Option) -> Param:
 
 # The groups' one line each, for `evq schema` and `evq GROUP --help`.
 GROUPS: dict[str, str] = {
-    "db": "Create or migrate evq's tables (Alembic).",
+    "admin": "Run and look after an installation: the database schema, the HTTP and MCP servers, the demo, "
+    "the benchmark.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
-    "steps": "Read back email steps (state, decision, evidence) and close unknown ones.",
+    "schema": "Describe evq's commands for scripts and agents, a level at a time.",
+    "steps": "Email steps: enqueue a send, read back its state and evidence, close unknown ones, prune old ones.",
     "worker": "Run the worker that sends queued email.",
 }
 
@@ -225,9 +376,13 @@ ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: bot
 # tests/unit/test_commands.py checks the two agree.
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
 
+# Why a command has no HTTP route or MCP tool (Command.local_only).
+_PROCESS = "it runs a process on this machine (or for as long as it runs); a request cannot start or hold one"
+_DATABASE = "it needs the database's own credentials, not an API key, so it is run where the database is"
+
 _TABLE: tuple[Command, ...] = (
     Command(
-        "bench",
+        "admin.bench",
         "Run the benchmark and print every figure with its ratios to the raw SQL ceiling and to pgqueuer.",
         "Run the benchmark and print every figure (median, min-max over runs) with its "
         "ratios to the raw SQL ceiling and to pgqueuer, measured in the same run.\n\n"
@@ -250,6 +405,7 @@ _TABLE: tuple[Command, ...] = (
             Param(
                 "processes",
                 metavar="1,2",
+                example="1,2",
                 help="Worker processes for the drain mode, comma-separated (default 1,2).",
             ),
             Param(
@@ -263,19 +419,27 @@ _TABLE: tuple[Command, ...] = (
             DATABASE_URL,
         ),
         examples=(
-            "evq bench                  # every mode, 3 runs each: a few minutes",
-            "evq bench --quick -o json  # CI-sized",
+            "evq admin bench                  # every mode, 3 runs each: a few minutes",
+            "evq admin bench --quick -o json  # CI-sized",
         ),
+        aliases=("bench",),
+        use_when="measuring evq's throughput and latency on this machine, before sizing a deployment",
+        avoid_when="on a production database server under load: it creates and fills scratch databases there",
+        local_only=_PROCESS,
     ),
     Command(
-        "db.status",
+        "admin.db-version",
         "Show the database's schema revision and the one this evq needs.",
         "Show the database's schema revision and the one this evq needs (E_SCHEMA_MISMATCH, exit 5, if they differ).",
         Effect.READ,
         (OUTPUT, DATABASE_URL),
+        aliases=("db status",),
+        use_when="checking that the database is at this evq's schema before starting workers or servers",
+        avoid_when="checking a running installation's health as a whole",
+        local_only=_DATABASE,
     ),
     Command(
-        "db.upgrade",
+        "admin.db-upgrade",
         "Migrate the database to this evq's schema.",
         "Migrate the database to this evq's schema. Safe to run again; run it before "
         "starting workers of a new evq version. It needs the database's own credentials, "
@@ -288,17 +452,23 @@ _TABLE: tuple[Command, ...] = (
             Param(
                 "runtime_role",
                 metavar="ROLE",
-                help="Also grant this existing role exactly what workers, `evq serve` and `evq mcp` need (no "
-                "ownership, no DDL, no UPDATE or DELETE of history). Every later upgrade grants it again.",
+                help="Also grant this existing role exactly what workers, `evq admin serve` and `evq admin mcp` "
+                "need (no ownership, no DDL, no UPDATE or DELETE of history). Every later upgrade grants it again.",
             ),
             DRY_RUN,
             OUTPUT,
             DATABASE_URL,
         ),
-        examples=("evq db upgrade --runtime-role evq_app   # as the owner, e.g. postgresql://evq_owner@db/evq",),
+        examples=("evq admin db-upgrade --runtime-role evq_app   # as the owner, e.g. postgresql://evq_owner@db/evq",),
+        aliases=("db upgrade",),
+        use_when="installing evq, or after upgrading it, as the role that owns evq's tables",
+        avoid_when="as the runtime role workers use: it is refused, and should be",
+        risk=Risk.MEDIUM,
+        confirm=True,
+        local_only=_DATABASE,
     ),
     Command(
-        "demo",
+        "admin.demo",
         "Show evq end to end on this machine, on its own database and loopback servers.",
         "Show evq end to end on this machine: starts the database (embedded unless "
         "EVQ_DATABASE_URL is set), an SMTP server and a Resend-style HTTP API on loopback, "
@@ -318,34 +488,10 @@ _TABLE: tuple[Command, ...] = (
             OUTPUT,
             DATABASE_URL,
         ),
-    ),
-    Command(
-        "enqueue",
-        "Enqueue an email send.",
-        "Enqueue an email send. Repeating the same request returns the same step "
-        "(created: false); the same key with a different request is refused (exit 3). "
-        "Needs an API key with role agent or admin.",
-        # It records the send; the worker is what sends it.
-        Effect.WRITE,
-        (
-            *_send_request(),
-            Param(
-                "file",
-                metavar="F",
-                help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue "
-                "many in one transaction. At most EVQ_MAX_INPUT_BYTES are read.",
-            ),
-            DRY_RUN,
-            api_key(Permission.ENQUEUE),
-            OUTPUT,
-            DATABASE_URL,
-        ),
-        permission=Permission.ENQUEUE,
-        examples=(
-            "evq enqueue --run-id r1 --step-id welcome --to bob@example.com \\",
-            '    --from agent@example.org --subject Hello --text "Hi Bob" --intent "welcome Bob"',
-            "evq enqueue --file request.json -o json",
-        ),
+        aliases=("demo",),
+        use_when="seeing what evq does, on a machine with no evq set up",
+        avoid_when="on a database that holds real steps: it refuses one that holds steps that are not its own",
+        local_only=_PROCESS,
     ),
     Command(
         "keys.create",
@@ -355,14 +501,27 @@ _TABLE: tuple[Command, ...] = (
         "`evq keys create --name NAME --role admin`. Every later one needs an admin key.",
         Effect.WRITE,
         (
-            Param("name", required=True, help="Who holds the key; recorded as the actor in evidence. Never reused."),
+            Param(
+                "name",
+                required=True,
+                example="ops-bob",
+                help="Who holds the key; recorded as the actor in evidence. Never reused.",
+            ),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
             DRY_RUN,
-            api_key(Permission.MANAGE_KEYS),
+            replace(
+                api_key(Permission.MANAGE_KEYS),
+                required_text=f"required unless --dry-run is given, {API_KEY_ENV} is set, or no admin key "
+                "exists yet (the first key, an admin key, needs none)",
+            ),
             OUTPUT,
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
+        use_when="giving an agent, an operator or a service its own key (one per holder: evidence names it)",
+        avoid_when="sharing one key between holders: revoke and create instead",
+        risk=Risk.MEDIUM,
+        local_only="keys are managed where the database is, by an administrator; no request can mint a key",
     ),
     Command(
         "keys.list",
@@ -383,6 +542,9 @@ _TABLE: tuple[Command, ...] = (
             OUTPUT,
             DATABASE_URL,
         ),
+        use_when="auditing who holds a key, and which are revoked",
+        avoid_when="looking for a key's secret: it is never stored, only shown once by `evq keys create`",
+        local_only="keys are managed where the database is, by an administrator",
     ),
     Command(
         "keys.revoke",
@@ -391,27 +553,38 @@ _TABLE: tuple[Command, ...] = (
         "key changes nothing; the last active admin key cannot be revoked (exit 3).",
         Effect.WRITE,
         (
-            Param("name", Kind.ARGUMENT, required=True),
+            Param("name", Kind.ARGUMENT, required=True, example="ops-bob"),
             DRY_RUN,
             api_key(Permission.MANAGE_KEYS),
             OUTPUT,
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
+        use_when="a key leaked, or its holder no longer needs it",
+        avoid_when="pausing a holder for a while: a revoked key never works again",
+        risk=Risk.HIGH,
+        confirm=True,
+        local_only="keys are managed where the database is, by an administrator",
     ),
     Command(
-        "mcp",
+        "admin.mcp",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
-        "Serve evq's commands as MCP tools over stdio (for an agent's MCP client): "
-        "evq_email_send, evq_steps_get, evq_steps_list, evq_runs_get, and "
-        "evq_steps_resolve with EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
+        "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
+        "command, named evq_<group>_<action> after it: evq_steps_enqueue, evq_steps_show, "
+        "evq_steps_list, evq_runs_show, evq_providers_list, and evq_steps_resolve with "
+        "EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
         "the protocol's: logs go to stderr, and -o json prints only an error at startup.",
         # Its tools enqueue (and, with EVQ_MCP_RESOLVE, resolve); the worker sends.
         Effect.WRITE,
         (OUTPUT, DATABASE_URL),
-        examples=("EVQ_API_KEY=evq_... evq mcp",),
+        examples=("EVQ_API_KEY=evq_... evq admin mcp",),
+        aliases=("mcp",),
+        use_when="an MCP client starts it, to give an agent evq's tools",
+        avoid_when="running by hand: it speaks the MCP protocol on stdin and stdout",
+        risk=Risk.MEDIUM,
+        local_only=_PROCESS,
     ),
     Command(
         "providers.list",
@@ -421,9 +594,13 @@ _TABLE: tuple[Command, ...] = (
         "or half_open (one probe is out). An open circuit shows why it opened.",
         Effect.READ,
         (OUTPUT, DATABASE_URL),
+        use_when="sends are not going out, or before a batch: is a provider down or misconfigured?",
+        avoid_when="asking about one send: `steps show` has its own state and evidence",
+        http=(Route("GET", "/v1/providers"),),
+        mcp=True,
     ),
     Command(
-        "prune",
+        "steps.prune",
         "Delete accepted and rejected steps older than --older-than, with their evidence and decisions.",
         "Delete accepted and rejected steps older than --older-than, with their "
         "evidence and decisions, in batches; each batch is one transaction and one row "
@@ -439,6 +616,7 @@ _TABLE: tuple[Command, ...] = (
                 "older_than",
                 required=True,
                 metavar="90d",
+                example="90d",
                 help="Delete terminal steps created and closed longer ago than this, by the database's clock. "
                 f"Units: {RETENTION_HELP}. `m` is refused as ambiguous (write min or mo).",
             ),
@@ -455,7 +633,13 @@ _TABLE: tuple[Command, ...] = (
             DATABASE_URL,
         ),
         permission=Permission.PRUNE,
-        examples=("evq prune --older-than 90d --dry-run", "evq prune --older-than 90d -o json"),
+        examples=("evq steps prune --older-than 90d --dry-run", "evq steps prune --older-than 90d -o json"),
+        aliases=("prune",),
+        use_when="applying the retention policy: closed steps older than it go, with their evidence",
+        avoid_when="anything might still need the proof of those sends: what it deletes is gone for good",
+        risk=Risk.HIGH,
+        confirm=True,
+        local_only="it deletes evidence for good, in long batches: an administrator runs it where the database is",
     ),
     Command(
         "runs.show",
@@ -464,22 +648,27 @@ _TABLE: tuple[Command, ...] = (
         "and prompt version, model, tool), its action, every attempt with the adapter's "
         "answer, and every operator close.",
         Effect.READ,
-        (Param("run_id", Kind.ARGUMENT, required=True), OUTPUT, DATABASE_URL),
+        (Param("run_id", Kind.ARGUMENT, required=True, example="r1"), OUTPUT, DATABASE_URL),
+        use_when="auditing what an agent run decided and what happened to each of its sends",
+        avoid_when="following one send: `steps show` is shorter",
+        http=(Route("GET", "/v1/runs/{run_id}"),),
+        mcp=True,
     ),
     Command(
-        "schema",
+        "schema.show",
         "Describe evq's commands for scripts and agents, a level at a time.",
-        "Describe evq's commands for scripts and agents: groups, then a group's "
-        "commands, then one command's parameters (flags, types, defaults, choices) "
-        "and the JSON Schema of its output.",
+        "Describe evq's commands for scripts and agents: the groups (`evq schema`, or "
+        "`evq schema list`), a group's tools (`evq schema steps`), one tool's parameters and "
+        "the JSON Schema of its output (`evq schema steps.resolve`, an alias such as "
+        "`evq schema enqueue` too), or everything (`evq schema --all`).",
         Effect.READ,
         (
-            Param("name", Kind.ARGUMENT, repeatable=True),
+            Param("name", Kind.ARGUMENT, repeatable=True, example="steps.resolve"),
             Param(
                 "everything",
                 Kind.FLAG,
                 flags=("--all",),
-                help="Every command with its parameters and output schema.",
+                help="Every group with every tool, its parameters and output schema.",
             ),
             OUTPUT,
         ),
@@ -488,9 +677,14 @@ _TABLE: tuple[Command, ...] = (
             "evq schema steps -o json",
             "evq schema steps.resolve -o json      (or: evq schema steps resolve)",
         ),
+        # `evq schema steps` takes the name as an argument, so `schema` cannot be a group of its own.
+        cli="schema",
+        use_when="before calling a command: what it takes, what it prints, what it may change",
+        avoid_when="never: it reads nothing but evq itself",
+        local_only="it describes this evq's own commands; an HTTP client reads /openapi.json, an MCP client tools/list",
     ),
     Command(
-        "serve",
+        "admin.serve",
         "Serve the HTTP API, the operators' page, /metrics and /healthz.",
         "Serve the HTTP API (/v1, described at /openapi.json), the operators' page (/ops), "
         "/metrics and /healthz until SIGTERM or Ctrl-C.\n\n"
@@ -506,6 +700,7 @@ _TABLE: tuple[Command, ...] = (
                 default="127.0.0.1",
                 setting=True,
                 metavar="ADDR",
+                example="127.0.0.1",
                 help="Address to listen on [env: EVQ_SERVE_HOST; default: 127.0.0.1].",
             ),
             Param(
@@ -516,12 +711,54 @@ _TABLE: tuple[Command, ...] = (
                 env="EVQ_SERVE_PORT",
                 default=8080,
                 setting=True,
+                example=0,
                 help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].",
             ),
             OUTPUT,
             DATABASE_URL,
         ),
-        examples=("evq serve --host 127.0.0.1 --port 8080",),
+        examples=("evq admin serve --host 127.0.0.1 --port 8080",),
+        aliases=("serve",),
+        use_when="giving agents and operators the HTTP API and the operators' page",
+        avoid_when="on a public address without TLS in front of it",
+        risk=Risk.MEDIUM,
+        local_only=_PROCESS,
+    ),
+    Command(
+        "steps.enqueue",
+        "Enqueue an email send.",
+        "Enqueue an email send. Repeating the same request returns the same step "
+        "(created: false); the same key with a different request is refused (exit 3). "
+        "Needs an API key with role agent or admin.",
+        # It records the send; the worker is what sends it.
+        Effect.WRITE,
+        (
+            *_send_request(),
+            Param(
+                "file",
+                metavar="F",
+                local=True,
+                example="request.json",
+                help="Read the request as JSON from F ('-' for stdin). JSON Lines (one request per line) enqueue "
+                "many in one transaction. At most EVQ_MAX_INPUT_BYTES are read.",
+            ),
+            DRY_RUN,
+            api_key(Permission.ENQUEUE),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.ENQUEUE,
+        examples=(
+            "evq steps enqueue --run-id r1 --step-id welcome --to bob@example.com \\",
+            '    --from agent@example.org --subject Hello --text "Hi Bob" --intent "welcome Bob"',
+            "evq steps enqueue --file request.json -o json",
+        ),
+        aliases=("enqueue",),
+        use_when="an agent decided to send an email: record it once, with the decision behind it",
+        avoid_when="sending again a step that is `unknown`: it may have been delivered; an operator decides",
+        risk=Risk.MEDIUM,
+        http=(Route("POST", "/v1/steps"),),
+        mcp=True,
     ),
     Command(
         "steps.list",
@@ -559,6 +796,10 @@ _TABLE: tuple[Command, ...] = (
             OUTPUT,
             DATABASE_URL,
         ),
+        use_when="finding steps by state, run, provider, age or recipient domain; the unknown ones to close",
+        avoid_when="reading one step's evidence: `steps show`",
+        http=(Route("GET", "/v1/steps"),),
+        mcp=True,
     ),
     Command(
         "steps.resolve",
@@ -572,7 +813,16 @@ _TABLE: tuple[Command, ...] = (
         "Ctrl-C stops after the current row (exit 7).",
         Effect.WRITE,
         (
-            Param("step_id", Kind.ARGUMENT, type="integer", minimum=1, maximum=MAX_ID),
+            Param(
+                "step_id",
+                Kind.ARGUMENT,
+                type="integer",
+                minimum=1,
+                maximum=MAX_ID,
+                unless=("statuses",),
+                required_text="one row: STEP_ID; many: --status unknown (with filters) instead",
+                example=1,
+            ),
             Param(
                 "verdict",
                 flags=("--as",),
@@ -581,8 +831,18 @@ _TABLE: tuple[Command, ...] = (
                 help="accepted / rejected: close the row; retry: verified not sent, send again (same key, same "
                 "Message-ID).",
             ),
-            Param("note", required=True, help="Why: what was checked and what was found (kept in the evidence)."),
-            Param("reason", metavar="CODE", help="A machine key for the verdict, e.g. found_in_provider_log."),
+            Param(
+                "note",
+                required=True,
+                example="found in the provider's log",
+                help="Why: what was checked and what was found (kept in the evidence).",
+            ),
+            Param(
+                "reason",
+                metavar="CODE",
+                example="found_in_provider_log",
+                help="A machine key for the verdict, e.g. found_in_provider_log.",
+            ),
             Param("provider_message_id", metavar="ID", help="The provider's id for the message, when found."),
             Param("evidence_url", metavar="URL", help="Where the proof is (a log search, a ticket)."),
             Param(
@@ -590,6 +850,8 @@ _TABLE: tuple[Command, ...] = (
                 flags=("--status",),
                 repeatable=True,
                 enum=(Status.UNKNOWN.value,),
+                unless=("step_id",),
+                required_text="many rows: --status unknown; one row: STEP_ID instead",
                 help="Bulk (no STEP_ID): every row in this state that matches the filters below.",
             ),
             *_filters(),
@@ -614,6 +876,12 @@ _TABLE: tuple[Command, ...] = (
             "evq steps resolve --status unknown --older-than 2h --as rejected --note "
             '"outage, resent by hand" --dry-run',
         ),
+        use_when="an operator checked the provider's logs or the mailbox for an unknown step's Message-ID",
+        avoid_when="nobody checked: `retry` on a send that was delivered sends it twice",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/resolve"), Route("POST", "/v1/steps/{step_id}/resolve", "by_step_id")),
+        mcp=True,
     ),
     Command(
         "steps.show",
@@ -621,10 +889,14 @@ _TABLE: tuple[Command, ...] = (
         "Show one step: the decision behind it, the request, and every evidence row in order.",
         Effect.READ,
         (
-            Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID),
+            Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1),
             OUTPUT,
             DATABASE_URL,
         ),
+        use_when="following one send: its state, the decision behind it and every attempt",
+        avoid_when="searching for steps: `steps list`",
+        http=(Route("GET", "/v1/steps/{step_id}"),),
+        mcp=True,
     ),
     Command(
         "worker.run",
@@ -640,20 +912,39 @@ _TABLE: tuple[Command, ...] = (
             Param("drain", Kind.FLAG, help="Exit 0 once nothing is claimable now and nothing is in flight."),
             OUTPUT,
         ),
+        use_when="running the installation: workers are what send queued email",
+        avoid_when="with a real provider configured on a test database: it sends what is queued",
+        risk=Risk.HIGH,
+        local_only=_PROCESS,
     ),
 )
 
 COMMANDS: dict[str, Command] = {c.path: c for c in _TABLE}
+# Every command line (after `evq`) that runs a command: its own, then its aliases.
+CLI_PATHS: dict[str, tuple[Command, bool]] = {
+    **{c.words: (c, False) for c in _TABLE},
+    **{alias: (c, True) for c in _TABLE for alias in c.aliases},
+}
 
 
 def command(path: str) -> Command:
     return COMMANDS[path]
 
 
-def top_level() -> list[str]:
-    """The first words of every path: the groups and the top-level commands, sorted."""
-    return sorted({path.split(".")[0] for path in COMMANDS})
+def mcp_name(path: str) -> str:
+    """``steps.resolve`` -> ``evq_steps_resolve``; ``admin.db-version`` -> ``evq_admin_db_version``."""
+    return "evq_" + path.replace(".", "_").replace("-", "_")
+
+
+def lookup(name: str) -> tuple[Command, bool] | None:
+    """The command ``name`` names, and whether through an alias: a canonical path
+    (``steps.resolve``), a command line (``steps resolve``) or an alias (``enqueue``,
+    ``db.status``, ``db status``)."""
+    words = " ".join(name.replace(".", " ").split())
+    if name in COMMANDS:
+        return COMMANDS[name], False
+    return CLI_PATHS.get(words)
 
 
 def in_group(group: str) -> list[Command]:
-    return [c for path, c in sorted(COMMANDS.items()) if path.startswith(group + ".")]
+    return [c for path, c in sorted(COMMANDS.items()) if c.group == group]

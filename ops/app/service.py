@@ -448,4 +448,5 @@ def json_field_names(exc: InvalidRequest) -> InvalidRequest:
 def _json_name(name: str) -> str:
     if name.startswith("--"):
         return name[2:].replace("-", "_")
-    return "id" if name == "STEP_ID" else name
+    # STEP_ID's property in every JSON input (ops/app/commands.py).
+    return "step_id" if name == "STEP_ID" else name

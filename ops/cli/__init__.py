@@ -7,19 +7,16 @@ from collections.abc import Sequence
 
 import click
 
-from evq.ops.cli.bench import bench_cmd
-from evq.ops.cli.db import db
-from evq.ops.cli.demo import demo
-from evq.ops.cli.enqueue import enqueue_cmd
+# Each module adds its commands to its group (ops/cli/admin.py's, ops/cli/steps.py's...).
+from evq.ops.cli import bench, db, demo, enqueue, mcptools, prune, serve  # noqa: F401
+from evq.ops.cli.admin import admin
 from evq.ops.cli.keys import keys
-from evq.ops.cli.mcptools import mcp
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from evq.ops.cli.providers import providers
-from evq.ops.cli.prune import prune_cmd
 from evq.ops.cli.runs import runs
 from evq.ops.cli.schema import schema
-from evq.ops.cli.serve import serve
 from evq.ops.cli.steps import steps
+from evq.ops.cli.table import add_aliases
 from evq.ops.cli.worker import worker_group
 from evq.worker.errors import InvalidRequest
 from evq.worker.logs import configure_from_env
@@ -36,15 +33,18 @@ def cli() -> None:
     for an operator instead of being sent twice.
 
     \b
-    Start here:   evq demo
-    Set up:       evq db upgrade ; evq keys create --name NAME --role admin
-    Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
+    Start here:   evq admin demo
+    Set up:       evq admin db-upgrade ; evq keys create --name NAME --role admin
+    Send:         evq steps enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run
-    Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
+    Serve:        evq admin serve   (HTTP API, operators' page at /ops, /metrics) ; evq admin mcp   (MCP, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
+
+    Every command is `evq <noun> <verb>`; the older spellings (`evq enqueue`, `evq db upgrade`,
+    `evq serve`...) still work as aliases (`evq schema` lists them).
 
     Configuration is EVQ_* environment variables (see `evq worker run --help`);
     EVQ_DATABASE_URL unset means an embedded PostgreSQL in your user data folder.
@@ -52,19 +52,10 @@ def cli() -> None:
     """
 
 
-cli.add_command(db)
-cli.add_command(enqueue_cmd)
-cli.add_command(worker_group)
-cli.add_command(steps)
-cli.add_command(runs)
-cli.add_command(keys)
-cli.add_command(providers)
-cli.add_command(schema)
-cli.add_command(serve)
-cli.add_command(mcp)
-cli.add_command(demo)
-cli.add_command(bench_cmd)
-cli.add_command(prune_cmd)
+for group in (admin, keys, providers, runs, schema, steps, worker_group):
+    cli.add_command(group)
+# The spellings before the resource-first names (`evq enqueue`, `evq db status`...), hidden.
+add_aliases(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

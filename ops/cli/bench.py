@@ -1,17 +1,18 @@
-"""evq bench: measure evq against the raw SQL ceiling and pgqueuer on this machine."""
+"""evq admin bench (formerly `evq bench`): measure evq against the raw SQL ceiling and pgqueuer on this machine."""
 
 from __future__ import annotations
 
 import click
 
 from evq.ops import wiring
+from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
 from evq.ops.cli.table import from_table
 from evq.worker.errors import InvalidRequest
 
 
-@from_table("bench")
+@from_table("admin.bench", admin)
 @command
 def bench_cmd(
     out: Output,

@@ -1,17 +1,16 @@
-"""evq db upgrade | status"""
+"""evq admin db-upgrade | db-version (formerly `evq db upgrade | status`)"""
 
 from __future__ import annotations
 
 from evq.ops import wiring
+from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
-from evq.ops.cli.table import from_table, table_group
+from evq.ops.cli.table import from_table
 from evq.worker.errors import SchemaMismatch
 
-db = table_group("db")
 
-
-@from_table("db.upgrade", db)
+@from_table("admin.db-upgrade", admin)
 @command
 def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_url: str | None) -> None:
     url = wiring.database_url(load_settings(database_url=database_url))
@@ -43,7 +42,7 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
     )
 
 
-@from_table("db.status", db)
+@from_table("admin.db-version", admin)
 @command
 def db_status(out: Output, database_url: str | None) -> None:
     url = wiring.database_url(load_settings(database_url=database_url))

@@ -1,15 +1,16 @@
-"""evq demo"""
+"""evq admin demo (formerly `evq demo`)"""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table
 
 
-@from_table("demo")
+@from_table("admin.demo", admin)
 @command
 def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
     from evq.ops.dev.demo import run_demo

@@ -2,13 +2,20 @@
 (ops/app/commands.py), from which the click command is built too (ops/cli/table.py),
 and its output schema in ops/app/cli-schema/, so the description cannot drift from
 what the command accepts and prints.
+
+The shape is the flat leaf agent CLIs converge on (``dws schema``, ``gws schema``): a stable
+``canonical_path``, the executable ``cli_path``, ``aliases``, and ``parameters`` keyed by the
+real flag name without ``--`` (an argument by its metavar, ``STEP_ID``), each with the
+``property`` an HTTP body or MCP arguments name it by, ``required`` (always) and
+``required_when`` (a condition a caller can evaluate: unless one of ``unless_any`` is given,
+or ``unless_env`` is set).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from evq.ops.app.commands import Command, Kind, Param
+from evq.ops.app.commands import CREDENTIAL, Command, Kind, Param
 from evq.ops.app.schemas import output_schema
 from evq.ops.cli.table import help_text
 
@@ -18,46 +25,92 @@ def usage(entry: Command) -> str:
     pieces = [f"evq {entry.words}", "[OPTIONS]"]
     for p in entry.params:
         if p.kind is Kind.ARGUMENT:
-            name = p.dest.upper()
+            name = p.key
             piece = name if p.required else f"[{name}]"
             pieces.append(piece + ("..." if p.repeatable else ""))
     return " ".join(pieces)
 
 
-def describe_command(entry: Command) -> dict[str, Any]:
-    key = next((p for p in entry.params if p.dest == "credential"), None)
+def summarize(entry: Command, *, through: str | None = None) -> dict[str, Any]:
+    """A tool as a group lists it; ``through``: the alias it was looked up by."""
+    params = parameters(entry)
     return {
-        "command": entry.path,
-        "usage": usage(entry),
+        "name": entry.action,
+        "canonical_path": entry.path,
+        "cli_path": through or entry.words,
+        "primary_cli_path": entry.words,
+        "aliases": list(entry.aliases),
+        "is_alias": through is not None,
         "summary": entry.summary,
-        "help": help_text(entry),
+        "use_when": entry.use_when,
+        "avoid_when": entry.avoid_when,
         "effect": str(entry.effect),
+        "risk": str(entry.risk),
+        "needs_confirmation": entry.confirm,
+        "dry_run": any(p.dest == "dry_run" for p in entry.params),
+        "has_parameters": bool(params),
+        "parameter_count": len(params),
+    }
+
+
+def describe_command(entry: Command, *, through: str | None = None) -> dict[str, Any]:
+    """One tool, flat and complete."""
+    key = next((p for p in entry.params if p.dest == CREDENTIAL), None)
+    params = parameters(entry)
+    return {
+        **summarize(entry, through=through),
+        "group": entry.group,
+        "usage": usage(entry),
+        "help": help_text(entry),
+        "examples": list(entry.examples),
         "writes": entry.permission is not None,
         "api_key": None
         if key is None
         else {"flag": key.flag, "env": key.env, "roles": entry.roles, "not_needed_with": "--dry-run"},
-        "parameters": [describe_param(p) for p in entry.params],
+        "interfaces": {
+            "cli": f"evq {entry.words}",
+            "http": [{"method": r.method, "path": r.path, "operation_id": entry.operation_id(r)} for r in entry.http],
+            "mcp": entry.mcp_tool,
+            "local_only": entry.local_only or None,
+        },
+        "parameters": params,
         "output_schema": output_schema(entry.path),
     }
 
 
-def describe_param(p: Param) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": p.flag if p.kind is not Kind.ARGUMENT else p.dest.upper(),
-        "flags": list(p.flags),
-        "dest": p.dest,
+def parameters(entry: Command) -> dict[str, Any]:
+    by_dest = {p.dest: p for p in entry.params}
+    return {p.key: describe_param(p, by_dest) for p in entry.params}
+
+
+def describe_param(p: Param, by_dest: dict[str, Param]) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "kind": str(p.kind),
+        "flags": list(p.flags),
+        # The command line's own (the key, the output format, the database URL): no JSON name.
+        "property": None if p.local else p.property,
+        "type": p.type,
+        "description": p.help,
         "required": p.required,
         "multiple": p.repeatable,
-        "default": list(p.default) if p.repeatable else p.default,
-        "envvar": p.env,
-        "help": p.help or None,
-        "type": p.type,
     }
+    if p.unless or p.unless_env:
+        condition: dict[str, Any] = {"unless_any": [by_dest[d].key for d in p.unless]}
+        if p.unless_env:
+            condition["unless_env"] = p.unless_env
+        condition["description"] = p.required_text
+        out["required_when"] = condition
+    # A default is shown when it says something: not "nothing", not a flag's off.
+    if p.default not in (None, (), False, ""):
+        out["default"] = list(p.default) if p.repeatable else p.default
     if p.enum:
-        entry["enum"] = list(p.enum)
+        out["enum"] = list(p.enum)
     if p.minimum is not None:
-        entry["minimum"] = p.minimum
+        out["minimum"] = p.minimum
     if p.maximum is not None:
-        entry["maximum"] = p.maximum
-    return entry
+        out["maximum"] = p.maximum
+    if p.env:
+        out["env"] = p.env
+    if p.example is not None:
+        out["example"] = p.example
+    return out

@@ -1,4 +1,4 @@
-"""evq enqueue: record one send (or many, from JSON Lines), once however often it is repeated."""
+"""evq steps enqueue (formerly `evq enqueue`): record one send (or many, from JSON Lines), once however often it is repeated."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from evq.ops.app.service import DECISION_FIELDS, REQUEST_FIELDS
 from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output
+from evq.ops.cli.steps import steps
 from evq.ops.cli.table import from_table
 from evq.worker import jsontext
 from evq.worker.errors import InvalidRequest
@@ -22,7 +23,7 @@ FIELD_FLAGS: tuple[tuple[str, bool], ...] = tuple((name, multiple) for name, mul
 DECISION_FLAGS: tuple[str, ...] = tuple(name for name, _ in DECISION_FIELDS)
 
 
-@from_table("enqueue")
+@from_table("steps.enqueue", steps)
 @command
 def enqueue_cmd(
     out: Output, file: str | None, dry_run: bool, credential: Credential, database_url: str | None, **flags: Any

@@ -1,4 +1,4 @@
-"""evq prune: retention, the only command that removes evidence.
+"""evq steps prune (formerly `evq prune`): retention, the only command that removes evidence.
 
 A write command for administrators: it deletes history for good, so it needs an
 admin key (Permission.PRUNE), except to count with --dry-run.
@@ -12,12 +12,13 @@ from evq.ops import wiring
 from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output
+from evq.ops.cli.steps import steps
 from evq.ops.cli.table import from_table
 from evq.worker.pruner import Pruner, PrunerConfig, parse_retention
 from evq.worker.records import PruneCounts
 
 
-@from_table("prune")
+@from_table("steps.prune", steps)
 @command
 def prune_cmd(
     out: Output, older_than: str, batch_size: int, dry_run: bool, credential: Credential, database_url: str | None

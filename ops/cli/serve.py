@@ -1,10 +1,11 @@
-"""evq serve: the HTTP API, the operators' page, /metrics and /healthz in one process."""
+"""evq admin serve (formerly `evq serve`): the HTTP API, the operators' page, /metrics and /healthz in one process."""
 
 from __future__ import annotations
 
 import socket
 
 from evq.ops import wiring
+from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
 from evq.ops.cli.table import from_table
@@ -15,7 +16,7 @@ from evq.worker.logs import get_logger
 log = get_logger("evq.serve")
 
 
-@from_table("serve")
+@from_table("admin.serve", admin)
 @command
 def serve(out: Output, host: str | None, port: int | None, database_url: str | None) -> int:
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)

@@ -1,4 +1,4 @@
-"""evq steps list | show | resolve"""
+"""evq steps list | show | resolve (enqueue and prune: ops/cli/enqueue.py, ops/cli/prune.py)"""
 
 from __future__ import annotations
 

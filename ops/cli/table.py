@@ -5,6 +5,10 @@ described one way here and another in `evq schema`, the HTTP API or the MCP tool
     @from_table("steps.resolve", steps)
     @command
     def steps_resolve(out, step_id, verdict, ...): ...
+
+Each command's aliases (the command lines it had before the resource-first names, ``evq
+enqueue``, ``evq db status``) are added by :func:`add_aliases` once the tree is built: hidden
+from ``--help``, the same callback and parameters, so an alias cannot take different flags.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import click
 
-from evq.ops.app.commands import CREDENTIAL, GROUPS, Command, Kind, Param, command
+from evq.ops.app.commands import COMMANDS, CREDENTIAL, GROUPS, Command, Kind, Param, command
 from evq.ops.cli.auth import credential_callback
 
 
@@ -28,7 +32,7 @@ def from_table(path: str, group: click.Group | None = None) -> Callable[[Callabl
 
     def decorate(fn: Callable[..., Any]) -> click.Command:
         cmd = click.Command(
-            path.split(".")[-1],
+            entry.words.split()[-1],
             callback=fn,
             params=[click_param(p, entry) for p in entry.params],
             help=help_text(entry, cli=True),
@@ -39,6 +43,42 @@ def from_table(path: str, group: click.Group | None = None) -> Callable[[Callabl
         return cmd
 
     return decorate
+
+
+def add_aliases(root: click.Group) -> None:
+    """Every alias of every table command as a hidden command of ``root``'s tree."""
+    for entry in COMMANDS.values():
+        primary = find(root, entry.words)
+        for alias in entry.aliases:
+            *parents, name = alias.split()
+            group = root
+            for word in parents:
+                sub = group.commands.get(word)
+                if sub is None:
+                    sub = click.Group(word, help=f"Old spellings of `evq {entry.group} ...` commands.", hidden=True)
+                    group.add_command(sub)
+                assert isinstance(sub, click.Group), alias
+                group = sub
+            assert name not in group.commands, f"alias {alias!r} is taken"
+            group.add_command(
+                click.Command(
+                    name,
+                    callback=primary.callback,
+                    params=primary.params,
+                    help=f"Alias of `evq {entry.words}`.\n\n{primary.help}",
+                    short_help=f"Alias of `evq {entry.words}`.",
+                    hidden=True,
+                )
+            )
+
+
+def find(root: click.Group, words: str) -> click.Command:
+    """The click command at a command line (``steps resolve``)."""
+    cmd: click.Command = root
+    for word in words.split():
+        assert isinstance(cmd, click.Group), words
+        cmd = cmd.commands[word]
+    return cmd
 
 
 def help_text(entry: Command, *, cli: bool = False) -> str:
@@ -65,8 +105,11 @@ def click_param(p: Param, entry: Command) -> click.Parameter:
         # click reads the variable itself; the callback registers the key as a secret at once.
         options.update(envvar=p.env, callback=credential_callback(entry.permission))
     # A setting's default is the settings loader's (after its EVQ_* variable), so not click's.
-    default = None if p.setting or p.repeatable else p.default
-    return click.Option([*p.flags, p.dest], type=kind, multiple=p.repeatable, default=default, **options)
+    if not (p.setting or p.repeatable) and p.default is not None:
+        options["default"] = p.default
+    # No `default=None` otherwise: click 8.4 takes an explicit None as a value given, and stops
+    # refusing a missing required option (`evq keys create` without --name reached the body).
+    return click.Option([*p.flags, p.dest], type=kind, multiple=p.repeatable, **options)
 
 
 def _click_type(p: Param) -> click.ParamType:

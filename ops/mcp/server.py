@@ -1,8 +1,11 @@
-"""`evq mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command,
-named ``evq_<noun>_<verb>``, each answering with the contract's wrapper JSON.
+"""`evq admin mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command
+whose table entry says ``mcp=True``, named after its canonical path (``steps.resolve`` ->
+``evq_steps_resolve``, ops/app/commands.py's ``mcp_name``), each answering with the contract's
+wrapper JSON.
 
-- Input schemas come from the command table the CLI is built from too (ops/app/commands.py,
-  through ops/app/schemas.py), and the tools validate against exactly those (the send request
+- Input schemas are the command's own, from the command table the CLI is built from too
+  (ops/app/commands.py, through ops/app/schemas.py): the same properties an HTTP body names
+  (`steps show`'s ``step_id``), and the tools validate against exactly those (the send request
   by worker/request.py); output schemas are the commands' ops/app/cli-schema files.
 - The API key comes from the server's environment (EVQ_API_KEY), never from a tool's
   arguments; every call is authenticated with it (reads: any role).
@@ -24,10 +27,11 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from evq.ops.app import service
+from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import Settings
+from evq.ops.settings import ADAPTERS, Settings
 from evq.worker.errors import EvqError, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.resolution import Resolution
@@ -35,8 +39,9 @@ from evq.worker.resolution import Resolution
 log = get_logger("evq.mcp")
 KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
 INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
-Send with evq_email_send (a repeat of the same run_id/step_id returns the same step); follow it with
-evq_steps_get (its state and evidence) or evq_runs_get (a whole run). A step whose status is `unknown`
+Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the same step); follow it with
+evq_steps_show (its state and evidence) or evq_runs_show (a whole run); evq_providers_list says whether a
+provider is down. A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides.
 Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
 
@@ -73,14 +78,16 @@ class ContractTool(Tool):
         )
 
 
-def _tool(
-    name: str, description: str, schema: dict[str, Any], output: str, handler: Handler, *, read_only: bool
-) -> ContractTool:
-    out = output_schema(output)
+def _tool(path: str, description: str, schema: dict[str, Any], handler: Handler) -> ContractTool:
+    """The tool of table command ``path``: its name, its output schema, and whether it only reads."""
+    entry = command(path)
+    assert entry.mcp_tool is not None, f"{path} is not an MCP tool in the command table"
+    read_only = str(entry.effect) == "read"
+    out = output_schema(path)
     out.setdefault("type", "object")
     return ContractTool(
         fn=handler,
-        name=name,
+        name=entry.mcp_tool,
         description=description,
         parameters=schema,
         fn_metadata=FuncMetadata(arg_model=ArgModelBase, output_schema=out),
@@ -107,15 +114,20 @@ def list_schema() -> dict[str, Any]:
 
 
 def get_schema() -> dict[str, Any]:
-    return command_input("steps.show", rename={"step_id": "id"})
+    return command_input("steps.show")
 
 
 def run_schema() -> dict[str, Any]:
     return command_input("runs.show")
 
 
+def providers_schema() -> dict[str, Any]:
+    return command_input("providers.list")
+
+
 def resolve_schema() -> dict[str, Any]:
-    return command_input("steps.resolve", rename={"step_id": "id"}, defaults={"dry_run": True})
+    # The command's own parameters; only the default differs: a tool dry-runs unless told not to.
+    return command_input("steps.resolve", defaults={"dry_run": True})
 
 
 def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServer:
@@ -133,7 +145,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
 
     async def get(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(get_schema(), args)
-        return await service.show_step(store, caller(), a["id"])
+        return await service.show_step(store, caller(), a["step_id"])
 
     async def list_(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(list_schema(), args)
@@ -146,6 +158,10 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
         a = check_arguments(run_schema(), args)
         return await service.show_run(store, caller(), a["run_id"])
 
+    async def providers(args: Mapping[str, Any]) -> service.Reply:
+        check_arguments(providers_schema(), args)
+        return await service.list_providers(store, caller(), ADAPTERS)
+
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(resolve_schema(), args)
         resolution = Resolution.parse(
@@ -156,7 +172,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             evidence_url=a["evidence_url"],
         )
         selection = Selection(
-            step_id=a["id"],
+            step_id=a["step_id"],
             statuses=tuple(a["status"] or ()),
             filters={k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
             limit=a["limit"],
@@ -168,52 +184,49 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
 
     tools = [
         _tool(
-            "evq_email_send",
+            "steps.enqueue",
             "Enqueue an email send, once however often it is repeated: the same request again "
             "returns the same step (created: false); the same run_id/step_id with a different request is refused "
             "(E_CONFLICT). Needs a key with role agent or admin.",
             send_schema(),
-            "enqueue",
             send,
-            read_only=False,
         ),
         _tool(
-            "evq_steps_get",
+            "steps.show",
             "One step: its state, the decision behind it, the request, and every evidence row "
             "(attempts and the provider's answers) in order.",
             get_schema(),
-            "steps.show",
             get,
-            read_only=True,
         ),
         _tool(
-            "evq_steps_list",
+            "steps.list",
             "List steps: unknown ones oldest first, the rest newest first, with filters.",
             list_schema(),
-            "steps.list",
             list_,
-            read_only=True,
         ),
         _tool(
-            "evq_runs_get",
+            "runs.show",
             "One run's whole chain in time order: each decision, its action, every attempt with "
             "the provider's answer, and every operator close.",
             run_schema(),
-            "runs.show",
             run,
-            read_only=True,
+        ),
+        _tool(
+            "providers.list",
+            "Every provider's circuit: closed (sending), open (down or misconfigured, and why) or half_open.",
+            providers_schema(),
+            providers,
         ),
     ]
     if settings.mcp_resolve:
         tools.append(
             _tool(
-                "evq_steps_resolve",
-                "Close unknown steps with an audited verdict (operator or admin key). Dry-runs "
-                "unless dry_run is false: look at what would change first.",
-                resolve_schema(),
                 "steps.resolve",
+                "Close unknown steps with an audited verdict (operator or admin key): one by step_id, or many "
+                "with status [unknown] and filters. Dry-runs unless dry_run is false: look at what would change "
+                "first.",
+                resolve_schema(),
                 resolve,
-                read_only=False,
             )
         )
     return MCPServer("evq", instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")

@@ -1,6 +1,10 @@
 """The HTTP API under /v1: the CLI's commands over HTTP, through ops/app/service.py, with the
 contract's wrapper as every body. Every route needs ``Authorization: Bearer <key>``
-(reads: any role; enqueue: agent or admin; resolve: operator or admin)."""
+(reads: any role; enqueue: agent or admin; resolve: operator or admin).
+
+Each route is one the command table lists for its command (ops/app/commands.py, ``http``), and
+its ``operationId`` is the command's canonical name (``steps.resolve``; a second route of the same
+command ``steps.resolve.by_step_id``), with ``x-evq-command`` naming the command: :func:`operation`."""
 
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from evq.ops.app import service
+from evq.ops.app.commands import COMMANDS as TABLE
 from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
+from evq.ops.settings import ADAPTERS
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from evq.ops.web.state import AppState
@@ -28,7 +34,17 @@ from evq.worker.states import Status
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 T = TypeVar("T")
 _LIST = command("steps.list")
-COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+# The commands with routes, whose output schemas the OpenAPI document carries.
+COMMANDS = [path for path, entry in TABLE.items() if entry.http]
+
+
+def operation(path: str, route: int = 0, **openapi_extra: Any) -> dict[str, Any]:
+    """The route decorator's naming of command ``path``'s ``route``-th route (the table's order)."""
+    entry = command(path)
+    return {
+        "operation_id": entry.operation_id(entry.http[route]),
+        "openapi_extra": {**openapi_extra, "x-evq-command": path},
+    }
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -47,7 +63,8 @@ def resolve_one_schema() -> dict[str, Any]:
 
 
 def resolve_bulk_schema() -> dict[str, Any]:
-    return command_input("steps.resolve", exclude=("step_id",))
+    """The command's whole input: one row by step_id, or many by status and filters."""
+    return command_input("steps.resolve")
 
 
 async def caller(request: Request) -> Caller:
@@ -141,8 +158,11 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(no_unknown_query)], tags=
     "different request is refused (409) and writes nothing. Needs a key with role agent or admin "
     "(dry_run: any role).",
     status_code=201,
-    responses=_responses("enqueue", 200, 201, s409="the key is taken by a different request (E_CONFLICT)"),
-    openapi_extra=_body({"anyOf": [request_schema(), {"type": "array", "minItems": 1, "items": request_schema()}]}),
+    responses=_responses("steps.enqueue", 200, 201, s409="the key is taken by a different request (E_CONFLICT)"),
+    **operation(
+        "steps.enqueue",
+        **_body({"anyOf": [request_schema(), {"type": "array", "minItems": 1, "items": request_schema()}]}),
+    ),
 )
 async def enqueue(
     request: Request,
@@ -161,6 +181,7 @@ async def enqueue(
     "/steps",
     summary="List steps: unknown ones oldest first, the rest newest first",
     responses=_responses("steps.list", 200),
+    **operation("steps.list"),
 )
 async def list_steps(
     request: Request,
@@ -186,6 +207,7 @@ async def list_steps(
     "/steps/{step_id}",
     summary="One step: the decision behind it, the request, every evidence row",
     responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"),
+    **operation("steps.show"),
 )
 async def show_step(
     request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
@@ -200,6 +222,7 @@ async def show_step(
     summary="One run's whole chain in time order",
     description="The run id may contain `/`, as is or encoded (`%2F`).",
     responses=_responses("runs.show", 200, s404="no such run (E_NOT_FOUND)"),
+    **operation("runs.show"),
 )
 async def show_run(
     request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)
@@ -216,7 +239,7 @@ async def show_run(
     responses=_responses(
         "steps.resolve", 200, s404="no such step (E_NOT_FOUND)", s409="the step is not unknown (E_CONFLICT)"
     ),
-    openapi_extra=_body(resolve_one_schema()),
+    **operation("steps.resolve", 1, **_body(resolve_one_schema())),
 )
 async def resolve_one(
     request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
@@ -228,21 +251,41 @@ async def resolve_one(
 
 @router.post(
     "/steps/resolve",
-    summary="Close every unknown step a filter matches (preview with dry_run first)",
-    description="Each row is closed on its own: some may fail (someone closed them first) while the rest succeed "
-    "(status partial_failure, each row's result in data.results).",
-    responses=_responses("steps.resolve", 200, s409="stopped after max_failures consecutive failures (E_MAX_FAILURES)"),
-    openapi_extra=_body(resolve_bulk_schema()),
+    summary="Close unknown steps with an audited verdict: one by step_id, or every one a filter matches",
+    description='The body is `evq steps resolve`\'s parameters: `step_id` for one row, or `status: ["unknown"]` '
+    "and filters for many (preview with dry_run first). In bulk each row is closed on its own: some may fail "
+    "(someone closed them first) while the rest succeed (status partial_failure, each row's result in "
+    "data.results).",
+    responses=_responses(
+        "steps.resolve",
+        200,
+        s404="no such step (E_NOT_FOUND)",
+        s409="the step is not unknown (E_CONFLICT), or bulk stopped after max_failures consecutive failures "
+        "(E_MAX_FAILURES)",
+    ),
+    **operation("steps.resolve", **_body(resolve_bulk_schema())),
 )
 async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
     args = await _arguments(request, resolve_bulk_schema())
     selection = service.Selection(
+        step_id=args["step_id"],
         statuses=tuple(args["status"] or ()),
         filters={k: args[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
         limit=args["limit"],
         max_failures=args["max_failures"],
     )
     return await _resolve(request, who, args, selection)
+
+
+@router.get(
+    "/providers",
+    summary="Every provider's circuit, and why an open one opened",
+    responses=_responses("providers.list", 200),
+    **operation("providers.list"),
+)
+async def list_providers(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    return _answer(await service.list_providers(state.store, who, ADAPTERS), request.state.timer)
 
 
 async def _arguments(request: Request, schema: dict[str, Any]) -> dict[str, Any]:

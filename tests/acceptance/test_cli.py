@@ -182,10 +182,16 @@ def test_bad_settings_are_clear_errors(evq: Evq):
 
 
 def test_help_explains(evq: Evq):
-    for args in (("--help",), ("enqueue", "--help"), ("worker", "run", "--help"), ("steps", "list", "--help")):
+    for args in (("--help",), ("steps", "enqueue", "--help"), ("enqueue", "--help"), ("worker", "run", "--help")):
         done = evq.run(*args)
         assert done.returncode == 0 and "Usage:" in done.stdout
     assert "EVQ_LEASE_SECONDS" in evq.run("worker", "run", "--help").stdout
+    # The old spellings run the same commands, named as aliases, and stay out of the listing.
+    assert "Alias of `evq steps enqueue`" in evq.run("enqueue", "--help").stdout
+    listed = {
+        line.split()[0] for line in evq.run("--help").stdout.split("Commands:")[1].splitlines() if line[:3].strip()
+    }
+    assert listed == {"admin", "keys", "providers", "runs", "schema", "steps", "worker"}
 
 
 FULL_REQUEST = {

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from evq.adapters.postgres.schema import EVIDENCE_KINDS, ROLES, STATUSES
-from evq.ops.app.commands import COMMANDS
+from evq.ops.app.commands import COMMANDS, GROUPS
 from evq.ops.app.schemas import output_schema
 from evq.ops.cli import cli
 from evq.ops.cli.describe import describe_command
@@ -110,9 +110,10 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "bench", "--steps", "1", expect=2)
     run(nowhere, "serve", "--port", "0", expect=9)
     run(nowhere, "mcp", expect=9)
-    seen.add(("serve", _served_until_sigterm(anyone)["status"]))
-    # `evq mcp` prints nothing on success: stdout is the MCP protocol's (tests/web/test_mcp.py speaks it).
-    assert seen == {(path, status) for path in LEAVES for status in ("success", "error")} - {("mcp", "success")}
+    seen.add(("admin.serve", _served_until_sigterm(anyone)["status"]))
+    # `evq admin mcp` prints nothing on success: stdout is the MCP protocol's (tests/web/test_mcp.py speaks it).
+    everything = {(path, status) for path in LEAVES for status in ("success", "error")}
+    assert seen == everything - {("admin.mcp", "success")}
 
 
 def _served_until_sigterm(evq: Evq) -> dict:
@@ -138,7 +139,7 @@ def _served_until_sigterm(evq: Evq) -> dict:
         proc.kill() if proc.poll() is None else None
     assert proc.returncode == 0
     result = json.loads(out)
-    contract.check(("serve",), result)
+    contract.check(("admin", "serve"), result)
     assert result["data"]["port"] == port
     assert result["data"]["host"] == "127.0.0.1"  # no --host, no EVQ_SERVE_HOST: loopback only
     return result
@@ -147,37 +148,63 @@ def _served_until_sigterm(evq: Evq) -> dict:
 def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     evq = Evq(db_url)
     root = evq.json("schema")["data"]
-    assert [g["name"] for g in root["groups"]] == sorted(cli.commands)
+    assert evq.json("schema", "list")["data"] == root
+    assert root["level"] == "groups" and [g["name"] for g in root["groups"]] == sorted(GROUPS)
+    assert all("tools" not in g for g in root["groups"])  # the overview embeds no tool arrays
     assert root["exit_codes"] == {**EXIT_CODES, "interrupted": 130}
     group = evq.json("schema", "steps")["data"]
-    assert [c["name"] for c in group["commands"]] == ["steps.list", "steps.resolve", "steps.show"]
+    assert [t["canonical_path"] for t in group["tools"]] == [
+        "steps.enqueue",
+        "steps.list",
+        "steps.prune",
+        "steps.resolve",
+        "steps.show",
+    ]
+    assert group["tool_count"] == 5 and "parameters" not in group["tools"][0]
     one = evq.json("schema", "steps.resolve")["data"]
     assert evq.json("schema", "steps resolve")["data"] == one == evq.json("schema", "steps", "resolve")["data"]
+    assert one["level"] == "tool" and one["canonical_path"] == "steps.resolve" and one["is_alias"] is False
+    assert one["cli_path"] == one["primary_cli_path"] == "steps resolve" and one["aliases"] == []
     assert one["api_key"]["roles"] == ["operator", "admin"] and one["writes"] is True
+    assert (one["effect"], one["risk"], one["needs_confirmation"]) == ("write", "high", True)
+    assert one["interfaces"]["mcp"] == "evq_steps_resolve"
     assert one["output_schema"] == output_schema("steps.resolve")
-    params = {p["name"]: p for p in one["parameters"]}
-    assert params["--as"] == {
-        **params["--as"],
-        "type": "string",
-        "enum": ["accepted", "rejected", "retry"],
-        "required": True,
-    }
+    params = one["parameters"]
+    assert one["parameter_count"] == len(params) and one["has_parameters"] is True
+    assert params["as"] == {**params["as"], "property": "as", "type": "string", "required": True}
+    assert params["as"]["enum"] == ["accepted", "rejected", "retry"]
     assert params["STEP_ID"]["kind"] == "argument" and params["STEP_ID"]["type"] == "integer"
-    assert params["--dry-run"]["type"] == "boolean" and params["--dry-run"]["default"] is False
-    assert params["--api-key"]["envvar"] == "EVQ_API_KEY"
-    worker = {p["name"]: p for p in evq.json("schema", "worker.run")["data"]["parameters"]}
-    assert worker["--concurrency"] == {
-        **worker["--concurrency"],
+    assert params["STEP_ID"]["required"] is False
+    assert params["STEP_ID"]["required_when"]["unless_any"] == ["status"]
+    assert params["status"]["required_when"]["unless_any"] == ["STEP_ID"]
+    assert params["older-than"]["property"] == "older_than"
+    assert params["dry-run"]["type"] == "boolean" and "default" not in params["dry-run"]
+    assert params["api-key"]["env"] == "EVQ_API_KEY" and params["api-key"]["property"] is None
+    assert params["api-key"]["required_when"] == {**params["api-key"]["required_when"], "unless_any": ["dry-run"]}
+    worker = evq.json("schema", "worker.run")["data"]["parameters"]
+    assert worker["concurrency"] == {
+        **worker["concurrency"],
         "type": "integer",
         "default": 10,
-        "envvar": "EVQ_CONCURRENCY",
+        "env": "EVQ_CONCURRENCY",
     }
-    assert worker["--listen"]["enum"] == ["auto", "on", "off"]
-    assert worker["--smtp-password"]["default"] is None
+    assert worker["listen"]["enum"] == ["auto", "on", "off"]
+    assert "default" not in worker["smtp-password"]
+    # An alias is the same tool, said to be one.
+    alias = evq.json("schema", "enqueue")["data"]
+    primary = evq.json("schema", "steps.enqueue")["data"]
+    assert alias["is_alias"] is True and alias["cli_path"] == "enqueue"
+    assert {**alias, "is_alias": False, "cli_path": "steps enqueue"} == primary
+    assert primary["aliases"] == ["enqueue"]
+    assert primary["parameters"]["to"]["required_when"]["unless_any"] == ["file"]
+    assert primary["parameters"]["intent"]["property"] == "intent"
+    assert primary["parameters"]["model"]["property"] == "decision.model"
+    assert evq.json("schema", "db", "status")["data"]["canonical_path"] == "admin.db-version"
     everything = evq.json("schema", "--all")["data"]
-    assert [c["command"] for c in everything["commands"]] == list(LEAVES)
+    assert [t["canonical_path"] for g in everything["groups"] for t in g["tools"]] == list(LEAVES)
     human = evq.run("schema", "steps.resolve")
-    assert human.returncode == 0 and "--provider-message-id" in human.stdout
+    assert human.returncode == 0 and "provider-message-id" in human.stdout
+    assert "is an alias of `evq steps enqueue`" in evq.run("schema", "enqueue").stdout
     for args in (("schema",), ("schema", "--all")):  # the exit codes, for people too
         human = evq.run(*args).stdout
         assert "steps" in human and all(re.search(rf"{code}\s+{n}\b", human) for code, n in root["exit_codes"].items())
@@ -186,31 +213,32 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
 @pytest.mark.parametrize("path", list(LEAVES))
 def test_described_parameters_are_what_the_command_accepts(path):
     """Drift would show here: each described flag, with a value of its described
-    type (every enum value), parses in the real command into the described
-    destination; a value outside the enum is refused; `--help` shows nothing more."""
-    cmd = LEAVES[path]
-    described = describe_command(COMMANDS[path])["parameters"]
-    for p in described:
+    type (every enum value), parses in the real command into the parameter the table
+    names; a value outside the enum is refused; `--help` shows nothing more."""
+    cmd, entry = LEAVES[path], COMMANDS[path]
+    described = describe_command(entry)["parameters"]
+    dests = {p.key: p.dest for p in entry.params}
+    for key, p in described.items():
         samples = p.get("enum") or [{"integer": "3", "number": "2.5", "string": "x"}.get(p["type"])]
         for value in samples:
             args = (
                 [p["flags"][0]] if p["kind"] == "flag" else [p["flags"][0], value] if p["kind"] == "option" else [value]
             )
-            got = cmd.make_context(path, [*args, *_required_others(described, p)]).params[p["dest"]]
-            got = got.key if p["dest"] == "credential" else got[0] if p["multiple"] else got
-            assert got == {"boolean": True, "integer": 3, "number": 2.5}.get(p["type"], value), (path, p["name"])
+            got = cmd.make_context(path, [*args, *_required_others(described, key)]).params[dests[key]]
+            got = got.key if dests[key] == "credential" else got[0] if p["multiple"] else got
+            assert got == {"boolean": True, "integer": 3, "number": 2.5}.get(p["type"], value), (path, key)
         if p.get("enum"):
             with pytest.raises(click.BadParameter):
-                cmd.make_context(path, [p["flags"][0], "not-a-choice", *_required_others(described, p)])
+                cmd.make_context(path, [p["flags"][0], "not-a-choice", *_required_others(described, key)])
     help_text = cmd.get_help(click.Context(cmd, info_name=path))
     shown = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", help_text.split("Options:")[-1]))
-    assert shown <= {f for p in described for f in p["flags"]} | {"--help"}
+    assert shown <= {f for p in described.values() for f in p["flags"]} | {"--help"}
 
 
-def _required_others(described: list[dict], but: dict) -> list[str]:
+def _required_others(described: dict, but: str) -> list[str]:
     args: list[str] = []
-    for p in described:
-        if p["required"] and p is not but:
+    for key, p in described.items():
+        if p["required"] and key != but:
             sample = (p.get("enum") or ["1" if p["type"] == "integer" else "x"])[0]
             args += [p["flags"][0], sample] if p["kind"] == "option" else [sample]
     return args

@@ -267,9 +267,9 @@ def mcp_as_runtime_role(r: Roles, admin: str) -> None:
     async def go() -> dict:
         params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
         async with Client(params) as c:
-            sent = await c.call_tool("evq_email_send", request(run_id="roles-mcp", step_id="mcp"))
+            sent = await c.call_tool("evq_steps_enqueue", request(run_id="roles-mcp", step_id="mcp"))
             assert sent.structured_content["status"] == "success", sent.structured_content
-            shown = await c.call_tool("evq_steps_get", {"id": sent.structured_content["data"]["id"]})
+            shown = await c.call_tool("evq_steps_show", {"step_id": sent.structured_content["data"]["id"]})
             return shown.structured_content
 
     shown = asyncio.run(go())

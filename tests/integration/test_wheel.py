@@ -39,7 +39,7 @@ PACKAGE_DATA = [
     "evq/adapters/postgres/queries.sql",
     "evq/migrations/script.py.mako",
     "evq/ops/app/cli-schema/_common.schema.json",
-    "evq/ops/app/cli-schema/demo.schema.json",
+    "evq/ops/app/cli-schema/admin-demo.schema.json",
     "evq/ops/app/cli-schema/error-codes.md",
     "evq/ops/web/templates/base.html",
     "evq/ops/web/templates/login.html",
@@ -119,10 +119,10 @@ def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empt
 
     assert run([evq, "--version"], cwd=elsewhere, env=env).stdout.strip() == f"evq, version {__version__}"
 
-    schema = json.loads(run([evq, "schema", "demo", "-o", "json"], cwd=elsewhere, env=env).stdout)
-    assert schema["data"]["output_schema"]["title"] == "evq demo -o json"  # read from package data
+    schema = json.loads(run([evq, "schema", "admin.demo", "-o", "json"], cwd=elsewhere, env=env).stdout)
+    assert schema["data"]["output_schema"]["title"] == "evq admin demo -o json"  # read from package data
     groups = json.loads(run([evq, "schema", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]["groups"]
-    assert {"db", "demo", "serve", "enqueue"} <= {g["name"] for g in groups}
+    assert {"admin", "steps", "schema"} <= {g["name"] for g in groups}
 
     # A migration from the installed revisions onto an empty database.
     upgraded = json.loads(run([evq, "db", "upgrade", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]

@@ -8,9 +8,10 @@ import json
 import click
 import pytest
 
-from evq.ops.app.commands import BENCH_MODES, COMMANDS, CREDENTIAL, GROUPS, Kind, command
+from evq.ops.app.commands import BENCH_MODES, COMMANDS, CREDENTIAL, GROUPS, Kind, command, lookup, mcp_name
 from evq.ops.app.schemas import command_input
 from evq.ops.cli import cli
+from evq.ops.cli.table import find
 from tests.contract import leaf_commands
 
 LEAVES = dict(leaf_commands(cli))
@@ -18,8 +19,28 @@ LEAVES = dict(leaf_commands(cli))
 
 def test_every_table_command_is_a_cli_command_and_back():
     assert set(LEAVES) == set(COMMANDS)
-    groups = {name: cmd for name, cmd in cli.commands.items() if isinstance(cmd, click.Group)}
-    assert {name: cmd.help for name, cmd in groups.items()} == GROUPS
+    groups = {name: cmd for name, cmd in cli.commands.items() if isinstance(cmd, click.Group) and not cmd.hidden}
+    # `schema` is the one group that is a command of its own (`evq schema steps` takes a name).
+    assert {name: cmd.help for name, cmd in groups.items()} == {g: h for g, h in GROUPS.items() if g != "schema"}
+    assert {c.group for c in COMMANDS.values()} == set(GROUPS)
+    for path, entry in COMMANDS.items():
+        assert find(cli, entry.words) is LEAVES[path]
+        assert lookup(path) == lookup(entry.words) == (entry, False)
+
+
+def test_every_alias_is_the_same_command_hidden():
+    """`evq enqueue` runs `evq steps enqueue`: the same body and the very same parameters."""
+    aliases = {alias: entry for entry in COMMANDS.values() for alias in entry.aliases}
+    assert {"enqueue", "prune", "db status", "db upgrade", "serve", "mcp", "demo", "bench"} <= set(aliases)
+    visible = {id(cmd) for cmd in LEAVES.values()}
+    every = list(leaf_commands(cli, hidden=True))
+    assert len(every) == len(COMMANDS) + len(aliases)
+    for alias, entry in aliases.items():
+        clicked, primary = find(cli, alias), LEAVES[entry.path]
+        assert id(clicked) not in visible and (clicked.hidden or find(cli, alias.split()[0]).hidden)
+        assert clicked.callback is primary.callback and clicked.params is primary.params
+        assert lookup(alias) == lookup(alias.replace(" ", ".")) == (entry, True)
+        assert f"evq {entry.words}" in clicked.help
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS))
@@ -53,15 +74,21 @@ def test_the_http_and_mcp_inputs_are_the_tables():
 
     settings = Settings.load(database_url="postgresql://nobody@127.0.0.1:1/x", mcp_resolve=True)
     tools = {t.name: t for t in build_server(None, settings, None)._tool_manager.list_tools()}
-    assert tools["evq_steps_list"].parameters == command_input("steps.list")
-    assert tools["evq_runs_get"].parameters == command_input("runs.show")
-    assert tools["evq_steps_get"].parameters == command_input("steps.show", rename={"step_id": "id"})
+    # One tool per command the table marks, named after it.
+    assert set(tools) == {mcp_name(path) for path, c in COMMANDS.items() if c.mcp}
+    for path in ("steps.list", "runs.show", "steps.show", "providers.list"):
+        assert tools[mcp_name(path)].parameters == command_input(path), path
     resolve = tools["evq_steps_resolve"].parameters
-    assert resolve == command_input("steps.resolve", rename={"step_id": "id"}, defaults={"dry_run": True})
+    # The one difference: a tool dry-runs unless told not to.
+    assert resolve == command_input("steps.resolve", defaults={"dry_run": True})
     table = command("steps.resolve")
     remote = [p for p in table.params if not p.local]
-    assert list(resolve["properties"]) == ["id" if p.dest == "step_id" else p.property for p in remote]
+    assert list(resolve["properties"]) == [p.property for p in remote]
     assert resolve["properties"]["older_than"]["description"] == table.param("older_than").help
+    # The send request's top-level fields are `steps enqueue`'s properties (decision.* inside one).
+    enqueue = command("steps.enqueue")
+    sent = {p.property.split(".")[0] for p in enqueue.params if not p.local}
+    assert set(tools["evq_steps_enqueue"].parameters["properties"]) == sent
 
     app = serve_app(settings, url=settings.database_url)
     while not hasattr(app, "openapi"):  # the guards around FastAPI
@@ -78,10 +105,40 @@ def test_the_http_and_mcp_inputs_are_the_tables():
             assert q["schema"].get("minimum") == p.minimum, p.dest
     body = doc["paths"]["/v1/steps/resolve"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     # The OpenAPI document writes its numbers as floats.
-    assert body == json.loads(json.dumps(command_input("steps.resolve", exclude=("step_id",))), parse_int=float)
+    assert body == json.loads(json.dumps(command_input("steps.resolve")), parse_int=float)
+
+    # Every route the table names, under the command's canonical name; no other /v1 operation.
+    operations = {(method.upper(), path): op for path, item in doc["paths"].items() for method, op in item.items()}
+    routed = set()
+    for path, entry in COMMANDS.items():
+        for route in entry.http:
+            op = operations[(route.method, route.path)]
+            assert op["operationId"] == entry.operation_id(route) and op["x-evq-command"] == path
+            routed.add((route.method, route.path))
+        if entry.http:
+            assert entry.operation_id(entry.http[0]) == path
+    assert {key for key in operations if key[1].startswith("/v1")} == routed
 
 
 def test_the_bench_modes_are_the_benchmarks():
     from evq.ops.bench.modes import MODES
 
     assert tuple(MODES) == BENCH_MODES
+
+
+@pytest.mark.parametrize("path", sorted(p for p, c in COMMANDS.items() if any(x.required for x in c.params)))
+def test_a_required_parameter_left_out_is_refused_by_the_parser(path):
+    """Not by the command body, where a None fails as E_INTERNAL (click 8.4 treats an explicit
+    ``default=None`` as given: `evq keys create` without --name reached check_name(None))."""
+    entry, cmd = COMMANDS[path], LEAVES[path]
+    required = [p for p in entry.params if p.required]
+
+    def given(p):
+        sample = p.example if p.example is not None else (p.enum or ("x",))[0]
+        return [str(sample)] if p.kind is Kind.ARGUMENT else [p.flags[-1], str(sample)]
+
+    for left_out in required:
+        args = [a for p in required if p is not left_out for a in given(p)]
+        with pytest.raises(click.MissingParameter) as refused:
+            cmd.make_context(path, args)
+        assert refused.value.param is not None and refused.value.param.name == left_out.dest

@@ -18,7 +18,7 @@ def _commands() -> list[str]:
 
 def test_readme_opens_with_the_two_commands():
     run, test = _commands()
-    assert run == "python3 -m pip install -e . && evq demo"
+    assert run == "python3 -m pip install -e . && evq admin demo"
     assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest"
 
 
@@ -88,7 +88,7 @@ def test_one_distribution_with_the_evq_console_script_and_the_design_layout():
     script = shutil.which("evq")
     assert script, "the evq console script is not installed: python3 -m pip install -e '.[test]'"
     done = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "evq demo" in done.stdout
+    assert done.returncode == 0 and "evq admin demo" in done.stdout
     for part in (
         "pyproject.toml",
         "worker",

@@ -16,7 +16,8 @@ from tests.support import free_port, wait_until
 
 # Route -> the command whose output schema (docs/cli-schema) its bodies follow.
 COMMAND_OF = {
-    ("POST", "/v1/steps"): "enqueue",
+    ("POST", "/v1/steps"): "steps.enqueue",
+    ("GET", "/v1/providers"): "providers.list",
     ("GET", "/v1/steps"): "steps.list",
     ("GET", "/v1/steps/{id}"): "steps.show",
     ("GET", "/v1/runs/{id}"): "runs.show",

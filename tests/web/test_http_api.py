@@ -182,7 +182,7 @@ def test_resolve_errors_name_the_json_fields(api, keys, db_url):
     assert {f["field"] for f in checked(semantic)["error"]["context"]["fields"]} == {"note", "evidence_url"}
     bulk_without_status = alice.post("/v1/steps/resolve", json={"as": "rejected", "note": "x"})
     assert bulk_without_status.status_code == 422
-    assert checked(bulk_without_status)["error"]["context"]["fields"][0]["field"] == "id"
+    assert checked(bulk_without_status)["error"]["context"]["fields"][0]["field"] == "step_id"
     older = alice.post(
         "/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "x", "older_than": "soon"}
     )
@@ -309,10 +309,15 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/runs/{run_id}",
         "/v1/steps/{step_id}/resolve",
         "/v1/steps/resolve",
+        "/v1/providers",
     }
+    # Each operation is named after its command (ops/app/commands.py): `evq steps enqueue` is steps.enqueue.
+    assert doc["paths"]["/v1/steps"]["post"]["operationId"] == "steps.enqueue"
+    assert doc["paths"]["/v1/steps/resolve"]["post"]["operationId"] == "steps.resolve"
+    assert doc["paths"]["/v1/steps/{step_id}/resolve"]["post"]["x-evq-command"] == "steps.resolve"
     assert doc["paths"]["/v1/steps"]["post"]["security"] == [{"bearer": []}]
     created = doc["paths"]["/v1/steps"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
-    assert created == {"$ref": "#/components/schemas/enqueue_response"}
+    assert created == {"$ref": "#/components/schemas/steps_enqueue_response"}
     body = doc["paths"]["/v1/steps"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["anyOf"][0]["additionalProperties"] is False
 

@@ -53,37 +53,43 @@ async def call(client: Client, tool: str, arguments: dict[str, Any], command: st
 async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     async with client(db_url, None) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-    assert set(tools) == {"evq_email_send", "evq_steps_get", "evq_steps_list", "evq_runs_get"}
-    send = tools["evq_email_send"].input_schema
+    assert set(tools) == {
+        "evq_steps_enqueue",
+        "evq_steps_show",
+        "evq_steps_list",
+        "evq_runs_show",
+        "evq_providers_list",
+    }
+    send = tools["evq_steps_enqueue"].input_schema
     assert {k: v for k, v in send["properties"].items() if k != "dry_run"} == request_schema()["properties"]
     assert send["additionalProperties"] is False and "api_key" not in send["properties"]
     assert tools["evq_steps_list"].input_schema == command_input("steps.list")
     listed = tools["evq_steps_list"].input_schema["properties"]
     assert listed["limit"]["maximum"] == 1000 and listed["older_than"]["description"].startswith("Only rows older")
-    assert tools["evq_runs_get"].input_schema["required"] == ["run_id"]
-    assert tools["evq_steps_get"].input_schema["properties"] == {
-        "id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+    assert tools["evq_runs_show"].input_schema["required"] == ["run_id"]
+    assert tools["evq_steps_show"].input_schema["properties"] == {
+        "step_id": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
     }
-    assert tools["evq_steps_get"].annotations.read_only_hint is True
-    assert tools["evq_email_send"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
+    assert tools["evq_steps_show"].annotations.read_only_hint is True
+    assert tools["evq_steps_enqueue"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
 
 
 async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
     agent = await key(db_url, "bot", "agent", created_by=None)
     sent = request(run_id="run-mcp", step_id="hello")
     async with client(db_url, agent) as c:
-        first = await call(c, "evq_email_send", sent, "enqueue")
+        first = await call(c, "evq_steps_enqueue", sent, "steps.enqueue")
         assert first["status"] == "success" and first["data"]["created"] is True
-        again = await call(c, "evq_email_send", sent, "enqueue")
+        again = await call(c, "evq_steps_enqueue", sent, "steps.enqueue")
         assert again["data"] == {**first["data"], "created": False}
         step_id = first["data"]["id"]
-        shown = await call(c, "evq_steps_get", {"id": step_id}, "steps.show")
+        shown = await call(c, "evq_steps_show", {"step_id": step_id}, "steps.show")
         assert shown["data"]["step"]["status"] == "pending" and shown["data"]["decision"]["intent"] == sent["intent"]
-        trace = await call(c, "evq_runs_get", {"run_id": "run-mcp"}, "runs.show")
+        trace = await call(c, "evq_runs_show", {"run_id": "run-mcp"}, "runs.show")
         assert [e["kind"] for e in trace["data"]["events"]] == ["decision", "enqueued"]
         listed = await call(c, "evq_steps_list", {"run_id": "run-mcp"}, "steps.list")
         assert [s["id"] for s in listed["data"]] == [step_id] and listed["meta"]["total"] == 1
-        planned = await call(c, "evq_email_send", {**request(run_id="run-mcp"), "dry_run": True}, "enqueue")
+        planned = await call(c, "evq_steps_enqueue", {**request(run_id="run-mcp"), "dry_run": True}, "steps.enqueue")
         assert planned["data"]["plan"][0]["action"] == "create"
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
 
@@ -91,24 +97,24 @@ async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
 @pytest.mark.parametrize(
     ("tool", "arguments", "code", "field"),
     [
-        ("evq_email_send", {**request(), "subject": "two\nlines"}, "E_INVALID_ARG", "subject"),
-        ("evq_email_send", {**request(), "api_key": "evq_x"}, "E_INVALID_ARG", "api_key"),
-        ("evq_email_send", {**request(), "dry_run": "yes"}, "E_INVALID_ARG", "dry_run"),
-        ("evq_steps_get", {"id": "seven"}, "E_INVALID_ARG", "id"),
-        ("evq_steps_get", {}, "E_INVALID_ARG", "id"),
+        ("evq_steps_enqueue", {**request(), "subject": "two\nlines"}, "E_INVALID_ARG", "subject"),
+        ("evq_steps_enqueue", {**request(), "api_key": "evq_x"}, "E_INVALID_ARG", "api_key"),
+        ("evq_steps_enqueue", {**request(), "dry_run": "yes"}, "E_INVALID_ARG", "dry_run"),
+        ("evq_steps_show", {"step_id": "seven"}, "E_INVALID_ARG", "step_id"),
+        ("evq_steps_show", {}, "E_INVALID_ARG", "step_id"),
         ("evq_steps_list", {"status": ["lost"], "limit": 5000}, "E_INVALID_ARG", "status"),
         ("evq_steps_list", {"older_than": "soon"}, "E_INVALID_ARG", "older_than"),
-        ("evq_steps_get", {"id": 4242}, "E_NOT_FOUND", None),
-        ("evq_runs_get", {"run_id": "nope"}, "E_NOT_FOUND", None),
+        ("evq_steps_show", {"step_id": 4242}, "E_NOT_FOUND", None),
+        ("evq_runs_show", {"run_id": "nope"}, "E_NOT_FOUND", None),
     ],
 )
 async def test_a_refused_call_is_an_error_result_with_the_contract_code(db_url, tool, arguments, code, field):
     admin = await key(db_url, "root", "admin", created_by=None)
     command = {
-        "evq_email_send": "enqueue",
-        "evq_steps_get": "steps.show",
+        "evq_steps_enqueue": "steps.enqueue",
+        "evq_steps_show": "steps.show",
         "evq_steps_list": "steps.list",
-        "evq_runs_get": "runs.show",
+        "evq_runs_show": "runs.show",
     }[tool]
     async with client(db_url, admin) as c:
         body = await call(c, tool, arguments, command)
@@ -125,7 +131,7 @@ async def test_the_key_comes_from_the_server_and_its_role_counts(db_url):
         assert missing["error"]["code"] == "E_AUTH_FAILED" and "EVQ_API_KEY" in missing["error"]["hint"]
     async with client(db_url, operator) as c:
         assert (await call(c, "evq_steps_list", {}, "steps.list"))["status"] == "success"
-        refused = await call(c, "evq_email_send", request(), "enqueue")
+        refused = await call(c, "evq_steps_enqueue", request(), "steps.enqueue")
         assert refused["error"]["code"] == "E_AUTH_FAILED"
     async with client(db_url, operator + "x") as c:
         assert (await call(c, "evq_steps_list", {}, "steps.list"))["error"]["code"] == "E_AUTH_FAILED"
@@ -139,7 +145,7 @@ async def test_resolving_is_offered_only_when_configured_and_dry_runs_by_default
     async with client(db_url, operator, mcp_resolve=True) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
         assert tools["evq_steps_resolve"].input_schema["properties"]["dry_run"]["default"] is True
-        close = {"id": step.id, "as": "accepted", "note": "in the provider log"}
+        close = {"step_id": step.id, "as": "accepted", "note": "in the provider log"}
         preview = await call(c, "evq_steps_resolve", close, "steps.resolve")
         assert preview["data"]["dry_run"] is True and step_row(db_url, step.id)["status"] == "unknown"
         done = await call(c, "evq_steps_resolve", {**close, "dry_run": False}, "steps.resolve")
@@ -155,9 +161,9 @@ async def test_evq_mcp_over_stdio(db_url):
     env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": agent, "EVQ_LOG_FORMAT": "json"}
     params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
     async with Client(params) as c:
-        assert "evq_email_send" in {t.name for t in (await c.list_tools()).tools}
-        sent = await call(c, "evq_email_send", request(run_id="run-stdio"), "enqueue")
-        shown = await call(c, "evq_steps_get", {"id": sent["data"]["id"]}, "steps.show")
+        assert "evq_steps_enqueue" in {t.name for t in (await c.list_tools()).tools}
+        sent = await call(c, "evq_steps_enqueue", request(run_id="run-stdio"), "steps.enqueue")
+        shown = await call(c, "evq_steps_show", {"step_id": sent["data"]["id"]}, "steps.show")
     assert shown["data"]["step"]["run_id"] == "run-stdio"
 
 
@@ -167,6 +173,6 @@ async def test_a_revoked_key_stops_working_at_the_next_call(db_url, store):
     async with client(db_url, agent) as c:
         assert (await call(c, "evq_steps_list", {}, "steps.list"))["status"] == "success"
         await store.revoke_key("bot", actor="root")
-        refused = await call(c, "evq_email_send", request(), "enqueue")
+        refused = await call(c, "evq_steps_enqueue", request(), "steps.enqueue")
         assert refused["error"]["code"] == "E_AUTH_FAILED" and "revoked" in refused["error"]["message"]
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0

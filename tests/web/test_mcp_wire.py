@@ -110,7 +110,7 @@ def test_a_line_that_is_not_json_gets_a_parse_error_and_the_server_keeps_going(w
     assert answer["id"] is None and answer["error"]["code"] == -32600, answer
     wire.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}))
     answer = wire.answer()
-    assert answer["id"] == 9 and "evq_email_send" in {t["name"] for t in answer["result"]["tools"]}
+    assert answer["id"] == 9 and "evq_steps_enqueue" in {t["name"] for t in answer["result"]["tools"]}
 
 
 def test_a_request_whose_id_is_not_a_string_or_an_integer_gets_an_error_not_silence(wire):
@@ -129,7 +129,7 @@ def test_a_request_whose_id_is_not_a_string_or_an_integer_gets_an_error_not_sile
 def test_raw_bad_numbers_in_tool_arguments_are_a_field_error(wire, db_url, number):
     data = request(run_id="wire", step_id="n")
     data["decision"] = {"rationale": {"score": "__N__"}}
-    answer = wire.call(1, "evq_email_send", json.dumps(data).replace('"__N__"', number))
+    answer = wire.call(1, "evq_steps_enqueue", json.dumps(data).replace('"__N__"', number))
     if "error" in answer:
         # The SDK's own JSON parser refuses a 5,000-digit integer before evq sees the call: a
         # protocol error (id unknown, so null), still an answer and never E_INTERNAL.
