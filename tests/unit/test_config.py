@@ -15,7 +15,7 @@ from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.smtp import config as smtp
 from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
-from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, WORKER_OPTIONS, WorkerConfig
+from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
 
 
 def _defaults(config: type) -> dict[str, object]:
@@ -30,7 +30,7 @@ def test_every_option_is_one_settings_field_with_its_default():
 @pytest.mark.parametrize(
     ("config", "table", "prefix"),
     [
-        (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS), ""),
+        (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS, *RETENTION_OPTIONS), ""),
         (smtp.SmtpConfig, smtp.OPTIONS, "smtp_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
     ],
