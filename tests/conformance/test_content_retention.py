@@ -49,7 +49,10 @@ async def test_closed_steps_past_the_cutoff_lose_only_their_body_once(any_store)
     r = await row(any_store, accepted)
     p, old = r["payload"], before[accepted]["payload"]
     assert (p["text"], p["html"]) == (None, None)
-    assert p["content_redacted"]["parts"] == {"text": digest(sent.payload["text"]), "html": digest(sent.payload["html"])}
+    assert p["content_redacted"]["parts"] == {
+        "text": digest(sent.payload["text"]),
+        "html": digest(sent.payload["html"]),
+    }
     # Everything else is the original's, and the stored hash still proves the original request.
     kept = {k: v for k, v in p.items() if k not in ("text", "html", "content_redacted")}
     assert kept == {k: v for k, v in old.items() if k not in ("text", "html")}
