@@ -26,7 +26,8 @@ Where it does not (cannot honestly) match PostgreSQL:
   (the tests' superuser) bypasses it. Every evq statement passes it either way.
 - API keys: creating one, looking it up and rehashing it (worker/keys.py's port), not the
   revoke, list and sign-out of the ops tools. Retention follows evq_prune_batch (migration
-  0009), its prune_log included, without the owner-only switch.
+  0009), its prune_log included, without the owner-only switch; content retention follows
+  evq_redact_batch (0013), its cutoff on this store's clock.
 - Not implemented: queue statistics, the LISTEN wakeup, the enqueue inside a caller's
   transaction, ``transaction()``. A row with the same lease token twice in one ``record``
   batch (the recorder never makes one) is not modelled.
