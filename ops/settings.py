@@ -33,6 +33,7 @@ from evq.worker.config import (
     PACE_OPTIONS,
     POLICY_OPTIONS,
     RECONCILE_OPTIONS,
+    RETENTION_OPTIONS,
     WORKER_OPTIONS,
     WorkerConfig,
 )
@@ -201,6 +202,7 @@ OPTIONS: tuple[Option, ...] = (
     *http.OPTIONS,
     *NOTICE_OPTIONS,
     *RECONCILE_OPTIONS,
+    *RETENTION_OPTIONS,
     *null.OPTIONS,
     *LOG_OPTIONS,
     *METRICS_OPTIONS,
@@ -263,6 +265,7 @@ class Settings:
     reconcile_interval: float = 30.0
     reconcile_rate: float = 2.0
     reconcile_checks: int = 5
+    keep_content: float | None = 30 * 86400.0
     null_delay: float = 0.0
     log_format: str = "auto"
     log_level: str = "info"

@@ -26,7 +26,8 @@ Where it does not (cannot honestly) match PostgreSQL:
   (the tests' superuser) bypasses it. Every evq statement passes it either way.
 - API keys: creating one, looking it up and rehashing it (worker/keys.py's port), not the
   revoke, list and sign-out of the ops tools. Retention follows evq_prune_batch (migration
-  0009), its prune_log included, without the owner-only switch.
+  0009), its prune_log included, without the owner-only switch; content retention follows
+  evq_redact_batch (0013), its cutoff on this store's clock.
 - Not implemented: queue statistics, the LISTEN wakeup, the enqueue inside a caller's
   transaction, ``transaction()``. A row with the same lease token twice in one ``record``
   batch (the recorder never makes one) is not modelled.
@@ -63,6 +64,7 @@ from evq.worker.records import (
     Grant,
     PruneCounts,
     RecordResult,
+    RedactCounts,
     RescueCounts,
     Resolved,
     RunDetail,
@@ -73,7 +75,7 @@ from evq.worker.records import (
 )
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
-from evq.worker.retry_guard import retry_after_acceptance, retry_too_soon
+from evq.worker.retry_guard import retry_after_acceptance, retry_after_redaction, retry_too_soon
 from evq.worker.states import Status
 
 log = get_logger("evq.memstore")
@@ -93,6 +95,7 @@ EVIDENCE_KINDS = frozenset(
         "reconciled",
         "operator_resolved",
         "notice_enqueued",
+        "content_redacted",
     }
 )
 OUTCOMES = frozenset({"accepted", "rejected", "retryable", "unknown"})
@@ -180,6 +183,7 @@ def _check_step(row: Mapping[str, Any]) -> None:
         "reconcile_checks_nonnegative": row["reconcile_checks"] >= 0,
         "uncharged_within_attempts": 0 <= row["uncharged_attempts"] <= row["attempts"],
         "next_attempt_at_not_null": row["next_attempt_at"] is not None,
+        "redacted_only_when_closed": row["content_redacted_at"] is None or s in TERMINAL,
     }
     broken = [name for name, ok in checks.items() if not ok]
     if broken:
@@ -199,6 +203,12 @@ def _guard_step(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         and not (new["status"] == "retryable" and old["reason"] in REQUEUE_REASONS)
     ):
         raise InvariantViolated(f"step {old['id']} was rejected ({old['reason']}): only a requeue may reopen it")
+    # evq_content_guard (migration 0013); here every write is evq's own, and only the
+    # redaction (``_redact``, which bypasses this guard as the owner's function does) sets it.
+    if new["content_redacted_at"] != old["content_redacted_at"]:
+        raise InvariantViolated(f"step {old['id']}: only evq_redact_batch marks content redacted")
+    if old["content_redacted_at"] is not None and new["status"] != old["status"]:
+        raise InvariantViolated(f"step {old['id']}: its content was redacted: it cannot be sent again")
 
 
 def _check_circuit(row: Mapping[str, Any]) -> None:
@@ -391,6 +401,7 @@ class MemoryStore:
             "closed_at": None,
             "uncharged_attempts": 0,
             "retry_from": None,
+            "content_redacted_at": None,
         }
         _check_step(row)
         self.decisions[self._decision_ids] = {
@@ -1236,7 +1247,12 @@ class MemoryStore:
         to = str(resolution.verdict.to_status)
         cur = copy.deepcopy(s)
         not_before = self._retry_not_before(s)
-        requeueable = s["status"] == "rejected" and s["reason"] in REQUEUE_REASONS and not s["maybe_delivered"]
+        requeueable = (
+            s["status"] == "rejected"
+            and s["reason"] in REQUEUE_REASONS
+            and not s["maybe_delivered"]
+            and s["content_redacted_at"] is None
+        )
         accepted = [
             e["id"]
             for e in self._evidence_of(step_id)
@@ -1263,6 +1279,8 @@ class MemoryStore:
                 and (s["status"] == "unknown" or requeueable)
             ):
                 raise retry_after_acceptance(step_id, accepted_evidence, s["status"])
+            if resolution.verdict is Verdict.RETRY and s["content_redacted_at"] is not None:
+                raise retry_after_redaction(step_id, s["content_redacted_at"])
             if s["status"] == "unknown":
                 raise retry_too_soon(step_id, not_before, at)
             raise StateConflict(
@@ -1464,6 +1482,61 @@ class MemoryStore:
                 )
             )
         return counts
+
+    # -- content retention (evq_redact_batch, migration 0013) ---------------------------
+
+    async def redact_content(self, *, keep: timedelta, limit: int, actor: str) -> RedactCounts:
+        at = await self._op("redact", None)
+        if keep < timedelta(0):
+            raise InvariantViolated(f"content retention must be zero or positive, got {keep}")
+        if limit < 1:
+            raise InvariantViolated("redact batch size must be positive")
+        due = sorted(
+            (
+                s
+                for s in self.steps.values()
+                if s["status"] in TERMINAL and s["content_redacted_at"] is None and s["closed_at"] <= at - keep
+            ),
+            key=lambda s: (s["closed_at"], s["id"]),
+        )[:limit]
+        for s in due:
+            self._redact(s, at, keep=keep, actor=actor)
+        return RedactCounts(redacted=len(due), batches=1)
+
+    def _redact(self, s: dict[str, Any], at: datetime, *, keep: timedelta, actor: str) -> None:
+        """As the owner's function writes it: the guard's exemption, the constraints still checked."""
+        parts = {
+            name: None
+            if s["payload"].get(name) is None
+            else {
+                "bytes": len(s["payload"][name].encode()),
+                "sha256": hashlib.sha256(s["payload"][name].encode()).hexdigest(),
+            }
+            for name in ("text", "html")
+        }
+        payload = {
+            **s["payload"],
+            "text": None,
+            "html": None,
+            "content_redacted": {"at": at.isoformat(), "parts": parts},
+        }
+        new = {**s, "payload": payload, "content_redacted_at": at, "updated_at": at}
+        _check_step(new)
+        s.update(new)
+        self._insert_evidence(
+            step_id=s["id"],
+            run_id=s["run_id"],
+            kind="content_redacted",
+            actor=actor,
+            reason="retention",
+            detail={
+                "message": "message body removed by retention; sizes and SHA-256 kept",
+                "parts": parts,
+                "payload_sha256": s["payload_sha256"],
+                "keep_seconds": keep.total_seconds(),
+            },
+            created_at=at,
+        )
 
     def _retry_not_before(self, s: Mapping[str, Any]) -> datetime | None:
         """step_resolve's retry_not_before: the rescued attempt's lease end plus the adapter's

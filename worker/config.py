@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from evq.worker.circuit import FAULTS, CircuitConfig, circuit_faults
 from evq.worker.deadline import DEADLINE_SHARE
-from evq.worker.options import Option, bad, boolean, duration, lowercase_list
+from evq.worker.options import Option, bad, boolean, duration, duration_or_forever, lowercase_list
 from evq.worker.ratelimit import RateLimit, rate_limits
 
 # How the loop claims, leases, retries and opens circuits.
@@ -152,13 +152,30 @@ RECONCILE_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-_OPTION = {o.name: o for o in (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS)}
+# Content retention (worker/redactor.py).
+KEEP_CONTENT_DEFAULT = 30 * 86400.0
+RETENTION_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "keep_content",
+        duration_or_forever,
+        KEEP_CONTENT_DEFAULT,
+        "How long a closed (accepted or rejected) step keeps its message text and html after it closed "
+        "(seconds, or 12h, 30d; 0: remove at close; forever: never); then the worker replaces them with their "
+        "sizes and SHA-256, keeping headers, recipients and payload_sha256 (the proof of what was sent). "
+        "Open steps always keep it. Default 30d: long enough to look into a complaint or a bounce, "
+        "short enough that bodies (personal data) do not pile up for as long as the evidence is kept.",
+        minimum=0,
+    ),
+)
+
+_OPTION = {o.name: o for o in (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS, *RETENTION_OPTIONS)}
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """What worker/runner.py reads; the fields are the options of WORKER_OPTIONS,
-    PACE_OPTIONS and RECONCILE_OPTIONS, with their defaults (a unit test compares them)."""
+    PACE_OPTIONS, RECONCILE_OPTIONS and RETENTION_OPTIONS, with their defaults (a unit test
+    compares them)."""
 
     concurrency: int = 10
     batch_size: int = 100
@@ -178,6 +195,7 @@ class WorkerConfig:
     reconcile_interval: float = 30.0
     reconcile_rate: float = 2.0
     reconcile_checks: int = 5
+    keep_content: float | None = KEEP_CONTENT_DEFAULT  # seconds after close; None: forever
 
     def validate(self) -> None:
         """The checks between the core's own options (each option's minimum is the loader's)."""

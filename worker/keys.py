@@ -46,6 +46,10 @@ class Permission(StrEnum):
     RESOLVE = "resolve"
     MANAGE_KEYS = "manage_keys"
     PRUNE = "prune"  # evq prune: deletes history for good
+    # A message's text and html in `steps show` (every interface). An agent enqueues and
+    # reads back status and proof (headers, sizes, SHA-256); the people who check or
+    # resend a send see what it says.
+    READ_CONTENT = "read_content"
 
 
 # Which roles hold each permission. Anything not listed is refused.
@@ -56,6 +60,7 @@ ALLOWED: dict[Permission, tuple[Role, ...]] = {
     Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
     Permission.MANAGE_KEYS: (Role.ADMIN,),
     Permission.PRUNE: (Role.ADMIN,),
+    Permission.READ_CONTENT: (Role.OPERATOR, Role.ADMIN),
 }
 
 PREFIX = "evq_"

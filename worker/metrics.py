@@ -84,6 +84,10 @@ RESCUED = Counter(
 RECONCILED = Counter(
     "evq_reconciled_total", "Unknown rows the reconciler asked the provider about, by what it learned.", ["result"]
 )
+REDACTED = Counter(
+    "evq_content_redacted_total",
+    "Closed steps whose message body content retention (EVQ_KEEP_CONTENT) removed, sizes and SHA-256 kept.",
+)
 RESOLUTIONS = Counter("evq_resolutions_total", "Unknown rows closed by an operator, by verdict.", ["as"])
 FENCE_REJECTIONS = Counter(
     "evq_fence_rejections_total", "Answers that arrived after their lease was lost (kept as evidence only)."

@@ -65,6 +65,13 @@ def duration(value: str) -> float:
     return seconds
 
 
+def duration_or_forever(value: str) -> float | None:
+    """A :func:`duration`, or ``forever`` (None: no end)."""
+    if value.strip().lower() == "forever":
+        return None
+    return duration(value)
+
+
 def parse(option: Option, raw: str, *, source: str) -> Any:
     """``raw`` read by ``option``; ``source`` (the variable or the flag) is named when it cannot be."""
     try:

@@ -263,6 +263,18 @@ class PruneCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class RedactCounts:
+    """What a content-retention batch (or a whole pass) redacted (worker/redactor.py)."""
+
+    redacted: int = 0
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.redacted
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     """What one take from a provider's bucket gave."""
 

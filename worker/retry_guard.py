@@ -44,3 +44,15 @@ def retry_after_acceptance(step_id: int, evidence_id: int, status: str) -> State
         hint=f"`evq steps show {step_id}` shows the answer; close it as accepted (or rejected) instead",
         context={"id": step_id, "status": status, "accepted_evidence": evidence_id},
     )
+
+
+def retry_after_redaction(step_id: int, redacted_at: datetime) -> StateConflict:
+    """A dead-letter requeue of a step whose body content retention removed: what would go
+    out is no longer what the agent asked for, so it is refused (and the database's
+    trigger refuses it too, migration 0013)."""
+    return StateConflict(
+        f"step {step_id}: its message content was removed by retention at {redacted_at.isoformat()} "
+        "(EVQ_KEEP_CONTENT); it cannot be sent again",
+        hint="enqueue the message anew, as a new step, if it should still go out",
+        context={"id": step_id, "status": "rejected", "content_redacted_at": redacted_at.isoformat()},
+    )

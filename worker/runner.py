@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from evq.worker import deadline as limits
@@ -46,6 +46,7 @@ from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
 from evq.worker.recorder import Recorder
 from evq.worker.records import ClaimedStep
+from evq.worker.redactor import Redactor, RedactorConfig
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.service import run_periodically
 from evq.worker.states import TERMINAL
@@ -153,6 +154,17 @@ class Worker:
             if lookups and settings.reconcile_checks
             else None
         )
+        # Content retention: every worker runs one (SKIP LOCKED keeps them apart); none
+        # when EVQ_KEEP_CONTENT is forever.
+        self.redactor = (
+            Redactor(
+                store,
+                RedactorConfig(keep=timedelta(seconds=settings.keep_content)),
+                actor=f"redactor@{self.owner}",
+            )
+            if settings.keep_content is not None
+            else None
+        )
         # Shared per-provider rate limits and 429 pauses; inactive (no statement) without any.
         self.rates = RateGate(store, settings.rate_limit)
         # Providers' circuits as this worker knows them (worker/circuit.py), re-read from
@@ -211,7 +223,7 @@ class Worker:
         await self._run_once(self.rescuer)
         services = [
             asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
-            for service in (_RescueAfterOrphans(self), self.reconciler)
+            for service in (_RescueAfterOrphans(self), self.reconciler, self.redactor)
             if service is not None
         ]
         log.info(

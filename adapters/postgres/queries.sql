@@ -892,8 +892,10 @@ WITH t AS (
                      WHERE le.step_id = s.id AND le.kind = 'lease_expired' AND le.attempt = s.attempts
                      ORDER BY le.id DESC LIMIT 1) x
            ) END AS retry_not_before,
+           -- A step whose body retention removed (content_redacted_at) is never sent again.
            (s.status = 'rejected' AND s.reason IN ('attempts_exhausted', 'retry_budget_exhausted')
-            AND NOT s.maybe_delivered) AS requeueable,
+            AND NOT s.maybe_delivered AND s.content_redacted_at IS NULL) AS requeueable,
+           s.content_redacted_at,
            -- The provider's own answer that it took this message for some recipients (an
            -- SMTP transaction accepted before a later one's reply was lost, split by a
            -- 452; an accepted answer that came too late to close the row): a retry would
@@ -964,7 +966,8 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
        closed.closed_at, ev.id AS evidence_id, ev.created_at AS resolved_at,
        CASE WHEN closed.status = 'retryable' THEN pg_notify('evq_steps', closed.provider)::text IS NULL
             ELSE false END AS woke,
-       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable, cur.accepted_evidence
+       cur.retry_not_before, (SELECT now FROM t) AS db_now, cur.requeueable, cur.accepted_evidence,
+       cur.content_redacted_at
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;
@@ -1115,6 +1118,16 @@ FROM evq_prune_batch(%(cutoff)s, %(limit)s, %(actor)s, %(run)s, %(batch)s);
 -- What steps_prune would remove (evq prune --dry-run), through the same predicate.
 SELECT pruned_steps AS steps, pruned_evidence AS evidence, pruned_decisions AS decisions
 FROM evq_prune_count(%(cutoff)s);
+
+
+-- name: steps_redact
+-- One batch of content retention (worker/redactor.py): evq_redact_batch (migration
+-- 0013_content_retention) runs as the tables' owner, so the runtime role, which may
+-- not change a payload itself, can redact through it. It replaces the text and html of
+-- closed steps closed more than `keep` ago (the database's clock) with their sizes
+-- and SHA-256, keeps everything else, and writes a content_redacted evidence row each.
+SELECT redacted, first_step_id, last_step_id
+FROM evq_redact_batch(%(keep)s::interval, %(limit)s, %(actor)s);
 
 
 -- name: schema_revision

@@ -48,6 +48,7 @@ EVIDENCE_KINDS = (
     "reconciled",
     "operator_resolved",
     "notice_enqueued",
+    "content_redacted",
 )
 
 
@@ -141,6 +142,12 @@ email_steps = Table(
     # When the retry budget (EVQ_RETRY_FOR) started counting; NULL: at created_at (0011).
     Column("retry_from", TZ),
     CheckConstraint("uncharged_attempts >= 0 AND uncharged_attempts <= attempts", name="uncharged_within_attempts"),
+    # When content retention (EVQ_KEEP_CONTENT) removed the body; NULL: all there (0013).
+    # Set only by evq_redact_batch; a redacted step is closed and stays closed.
+    Column("content_redacted_at", TZ),
+    CheckConstraint(
+        "content_redacted_at IS NULL OR status IN ('accepted', 'rejected')", name="redacted_only_when_closed"
+    ),
 )
 
 # The claim's index: its predicate and order are exactly the claim query's, so
@@ -170,6 +177,14 @@ Index("ix_email_steps_decision_id", email_steps.c.decision_id)
 # A failure notice's reverse lookup: prune asks whether a notice still points at a
 # step, and the notice_of foreign key asks the same for every step deleted (0009).
 Index("ix_email_steps_notice_of", email_steps.c.notice_of, postgresql_where=text("notice_of IS NOT NULL"))
+# Content retention's work list (0013): closed steps still holding their body, by close
+# time; a redacted step leaves it, so a pass reads only what is due.
+Index(
+    "ix_email_steps_content_due",
+    email_steps.c.closed_at,
+    email_steps.c.id,
+    postgresql_where=text("status IN ('accepted', 'rejected') AND content_redacted_at IS NULL"),
+)
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
 # rewrites a row without adding an entry here (migration 0005).

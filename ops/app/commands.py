@@ -248,6 +248,20 @@ def api_key(permission: Permission) -> Param:
     )
 
 
+# Reading needs no key on the command line; this one only decides whether the message
+# content is shown (Permission.READ_CONTENT), so it is not the CREDENTIAL of a write.
+CONTENT_KEY = Param(
+    "content_key",
+    flags=("--api-key",),
+    env=API_KEY_ENV,
+    local=True,
+    metavar="KEY",
+    help="API key whose role decides whether the message text and html are shown "
+    f"({' or '.join(str(r) for r in ALLOWED[Permission.READ_CONTENT])}: shown; none or another role: "
+    f"sizes and SHA-256 only) [env: {API_KEY_ENV}]. A key that is not valid is refused.",
+)
+
+
 def _filters() -> tuple[Param, ...]:
     """The filters `steps list` and bulk `steps resolve` share (ops/app/service.py's FILTERS)."""
     examples = {"older_than": "2h", "recipient_domain": "example.com", "run_id": "r1", "provider": "smtp"}
@@ -886,10 +900,15 @@ _TABLE: tuple[Command, ...] = (
     Command(
         "steps.show",
         "Show one step: the decision behind it, the request, and every evidence row in order.",
-        "Show one step: the decision behind it, the request, and every evidence row in order.",
+        "Show one step: the decision behind it, the request, and every evidence row in order.\n\n"
+        "The message's text and html are shown only with an API key whose role sees content "
+        f"({' or '.join(str(r) for r in ALLOWED[Permission.READ_CONTENT])}); otherwise, and once "
+        "retention (EVQ_KEEP_CONTENT) removed them, step.content gives each part's size and "
+        "SHA-256 and says why it is not shown.",
         Effect.READ,
         (
             Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1),
+            CONTENT_KEY,
             OUTPUT,
             DATABASE_URL,
         ),

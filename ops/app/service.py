@@ -9,6 +9,7 @@ so no interface can grant more than another.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from typing import Any
 
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
-from evq.worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
+from evq.worker.errors import Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
@@ -117,6 +118,23 @@ class Caller:
             self._identity = await authenticate(lookup, self.key, permission, source=self.source)
             return self._identity
         return authorize(self._identity, permission)
+
+    async def content_refusal(self, lookup: KeyLookup) -> str | None:
+        """None when this caller may see a message's text and html; otherwise why not.
+
+        A key that is not valid is an error (the caller meant to use it); a valid key
+        whose role may not see content, or no key, only withholds the content."""
+        if self._identity is None and self.key is None:
+            return f"no API key: message content is shown only to keys with role {_CONTENT_ROLES}"
+        try:
+            await self.identify(lookup, Permission.READ_CONTENT)
+        except Forbidden as exc:
+            role = (exc.context or {}).get("role", "another role")
+            return f"the key's role ({role}) does not see message content; roles {_CONTENT_ROLES} do"
+        return None
+
+
+_CONTENT_ROLES = " or ".join(str(r) for r in ALLOWED[Permission.READ_CONTENT])
 
 
 # -- enqueue ------------------------------------------------------------------
@@ -255,11 +273,56 @@ def public_step(step: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
-    """One step, the decision behind it, and every evidence row in order."""
+    """One step, the decision behind it, and every evidence row in order; the message's
+    text and html only to a caller whose role sees content (``content`` says which)."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
-    step = {**public_step(detail.step), "refused_recipients": accepted_refusals(detail.step, detail.evidence)}
+    refusal = await caller.content_refusal(store)
+    step = {
+        **public_step(detail.step),
+        "refused_recipients": accepted_refusals(detail.step, detail.evidence),
+        "content": content_view(detail.step, refusal),
+    }
+    if refusal is not None:
+        step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
     return Reply({"step": step, "decision": detail.decision, "evidence": detail.evidence})
+
+
+# The parts of a payload that are the message's content (worker/redactor.py removes them).
+BODY_PARTS = ("text", "html")
+
+
+def _digest(value: str | None) -> dict[str, Any] | None:
+    # As evq_redact_batch computes it (migration 0013): the UTF-8 bytes' length and SHA-256.
+    if value is None:
+        return None
+    raw = value.encode()
+    return {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def content_view(step: Mapping[str, Any], refusal: str | None) -> dict[str, Any]:
+    """What the reply says about the message's content: whether it is still stored
+    (``redacted``: retention removed it), whether this reply holds it (``shown``) and
+    why not, and each body part's size and SHA-256 either way (the proof that stays)."""
+    payload = step["payload"]
+    marker = payload.get("content_redacted")
+    redacted = step.get("content_redacted_at") is not None or marker is not None
+    parts = marker["parts"] if marker else {name: _digest(payload.get(name)) for name in BODY_PARTS}
+    if redacted:
+        withheld, note = "retention", "removed by retention (EVQ_KEEP_CONTENT) after the step closed"
+    elif refusal is not None:
+        withheld, note = "role", refusal
+    else:
+        withheld, note = None, None
+    return {
+        "redacted": redacted,
+        "redacted_at": step.get("content_redacted_at") or (marker or {}).get("at"),
+        "shown": withheld is None,
+        "withheld": withheld,
+        "note": note,
+        "parts": {name: parts.get(name) for name in BODY_PARTS},
+        "payload_sha256": step["payload_sha256"],
+    }
 
 
 def accepted_refusals(step: Mapping[str, Any], evidence: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import EXIT_CODES, Output, age, table
 from evq.ops.cli.table import from_table, table_group
+from evq.worker.logs import register_secrets
 from evq.worker.resolution import Resolution
 
 steps = table_group("steps")
@@ -59,12 +60,13 @@ def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
 
 @from_table("steps.show", steps)
 @command
-def steps_show(out: Output, step_id: int, database_url: str | None) -> None:
+def steps_show(out: Output, step_id: int, content_key: str | None, database_url: str | None) -> None:
+    register_secrets([content_key])  # before anything can log it
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await service.show_step(store, Caller(None, trusted_reader=True), step_id)
+            return await service.show_step(store, Caller(content_key, trusted_reader=True), step_id)
 
     out.reply(run(fetch()), human=_human_detail)
 
@@ -95,6 +97,13 @@ EVIDENCE_COLUMNS = [
 ]
 
 
+def _content_line(c: dict[str, Any]) -> str:
+    sizes = ", ".join(f"{name} {part['bytes']} bytes" for name, part in (c.get("parts") or {}).items() if part)
+    if c.get("shown"):
+        return f"{sizes} (shown with -o json)"
+    return f"{sizes}; not shown: {c.get('note')}"
+
+
 def _human_detail(d: dict[str, Any]) -> str:
     s, dec = d["step"], d["decision"] or {}
     p = s["payload"]
@@ -108,6 +117,7 @@ def _human_detail(d: dict[str, Any]) -> str:
         + (f"  provider id {s['provider_message_id']}" if s.get("provider_message_id") else ""),
         f"  from / to       {p['from']['email']} -> {to}",
         f"  subject         {p['subject']}",
+        f"  content         {_content_line(s.get('content') or {})}",
     ]
     if s.get("detail"):
         lines.append(f"  detail          {s['detail']}")

@@ -104,6 +104,9 @@ def click_param(p: Param, entry: Command) -> click.Parameter:
         assert entry.permission is not None, entry.path
         # click reads the variable itself; the callback registers the key as a secret at once.
         options.update(envvar=p.env, callback=credential_callback(entry.permission))
+    elif p.env and not p.setting:
+        # A setting's variable is the loader's to read; any other is click's.
+        options.update(envvar=p.env)
     # A setting's default is the settings loader's (after its EVQ_* variable), so not click's.
     if not (p.setting or p.repeatable) and p.default is not None:
         options["default"] = p.default

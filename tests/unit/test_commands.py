@@ -63,8 +63,9 @@ def test_every_click_parameter_comes_from_the_table(path):
         assert choices == list(p.enum), p.dest
         bounds = (getattr(clicked.type, "min", None), getattr(clicked.type, "max", None))
         assert bounds == (p.minimum, p.maximum), p.dest
-        # click reads only the API key's variable; a setting's variable is the settings loader's.
-        assert clicked.envvar == (p.env if p.dest == CREDENTIAL else None), p.dest
+        # click reads the API key's variable (and steps show's key for content); a setting's
+        # variable is the settings loader's.
+        assert clicked.envvar == (p.env if p.dest == CREDENTIAL or not p.setting else None), p.dest
 
 
 def test_the_http_and_mcp_inputs_are_the_tables():

@@ -15,7 +15,8 @@ from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.smtp import config as smtp
 from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
-from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, WORKER_OPTIONS, WorkerConfig
+from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
+from evq.worker.errors import ConfigError
 
 
 def _defaults(config: type) -> dict[str, object]:
@@ -30,7 +31,7 @@ def test_every_option_is_one_settings_field_with_its_default():
 @pytest.mark.parametrize(
     ("config", "table", "prefix"),
     [
-        (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS), ""),
+        (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS, *RETENTION_OPTIONS), ""),
         (smtp.SmtpConfig, smtp.OPTIONS, "smtp_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
     ],
@@ -55,3 +56,14 @@ def test_the_configs_are_built_from_the_loaded_settings():
     assert s.smtp_config() == smtp.SmtpConfig(host="mx.example.org")
     assert s.http_config() == http.HttpConfig(api_key="k-1", timeout=4.0)
     assert s.worker_config() == WorkerConfig(lease_seconds=200.0)
+
+
+def test_keep_content_is_a_duration_zero_or_forever():
+    assert Settings.load(env={}).worker_config().keep_content == 30 * 86400.0
+    assert Settings.load(env={"EVQ_KEEP_CONTENT": "forever"}).worker_config().keep_content is None
+    assert Settings.load(env={"EVQ_KEEP_CONTENT": "0"}).keep_content == 0.0
+    assert Settings.load(env={}, keep_content="12h").keep_content == 43200.0
+    for bad in ("-1d", "soon", "nan"):
+        with pytest.raises(ConfigError) as refused:
+            Settings.load(env={"EVQ_KEEP_CONTENT": bad})
+        assert "EVQ_KEEP_CONTENT" in refused.value.message

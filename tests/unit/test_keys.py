@@ -53,6 +53,7 @@ def test_roles():
         Permission.RESOLVE: (Role.OPERATOR, Role.ADMIN),
         Permission.MANAGE_KEYS: (Role.ADMIN,),
         Permission.PRUNE: (Role.ADMIN,),
+        Permission.READ_CONTENT: (Role.OPERATOR, Role.ADMIN),
     }
     assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(
         Permission.ENQUEUE

@@ -58,6 +58,7 @@ def test_collector_exports_every_status_and_cumulative_age_buckets():
 
 # Every metric issue 5 asks for: (type as OpenMetrics exposes it, label names).
 CATALOGUE = {
+    "evq_content_redacted": ("counter", set()),
     "evq_serve_refused": ("counter", {"reason"}),
     "evq_steps": ("gauge", {"status"}),
     "evq_unknown_oldest_age_seconds": ("gauge", set()),

@@ -37,6 +37,7 @@ def _roles() -> list[type]:
         ports.RateStore,
         ports.ReconcileStore,
         ports.PruneStore,
+        ports.RedactStore,
         ports.EnqueueStore,
         ports.StepReader,
         ports.ResolveStore,

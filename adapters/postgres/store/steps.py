@@ -24,7 +24,7 @@ from evq.worker.records import (
 )
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
-from evq.worker.retry_guard import retry_after_acceptance, retry_too_soon
+from evq.worker.retry_guard import retry_after_acceptance, retry_after_redaction, retry_too_soon
 from evq.worker.states import Status
 
 log = get_logger("evq.store")
@@ -140,6 +140,8 @@ class PostgresSteps(PostgresBase):
             and (row["current_status"] == str(Status.UNKNOWN) or row["requeueable"])
         ):
             raise retry_after_acceptance(step_id, row["accepted_evidence"], row["current_status"])
+        if row["to_status"] is None and resolution.verdict is Verdict.RETRY and row["content_redacted_at"] is not None:
+            raise retry_after_redaction(step_id, row["content_redacted_at"])
         if row["to_status"] is None and row["current_status"] == str(Status.UNKNOWN):
             raise retry_too_soon(step_id, row["retry_not_before"], row["db_now"])
         if row["to_status"] is None:
