@@ -120,12 +120,12 @@ def test_the_mcp_tool(db_url, steps, keys):
     async def go() -> None:
         for role in ("agent", "operator"):
             async with client(db_url, keys[role]) as c:
-                body = await call(c, "evq_steps_get", {"id": steps["kept"]}, "steps.show")
+                body = await call(c, "evq_steps_show", {"step_id": steps["kept"]}, "steps.show")
                 if role == "agent":
                     assert_withheld(body["data"]["step"], "role (agent)")
                 else:
                     assert_shown(body["data"]["step"])
-                old = await call(c, "evq_steps_get", {"id": steps["old"]}, "steps.show")
+                old = await call(c, "evq_steps_show", {"step_id": steps["old"]}, "steps.show")
                 assert_redacted(old["data"]["step"])
 
     asyncio.run(go())
