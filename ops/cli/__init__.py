@@ -15,6 +15,7 @@ from evq.ops.cli.keys import keys
 from evq.ops.cli.mcptools import mcp
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from evq.ops.cli.providers import providers
+from evq.ops.cli.refusals import refusals
 from evq.ops.cli.prune import prune_cmd
 from evq.ops.cli.runs import runs
 from evq.ops.cli.schema import schema
@@ -59,6 +60,7 @@ cli.add_command(steps)
 cli.add_command(runs)
 cli.add_command(keys)
 cli.add_command(providers)
+cli.add_command(refusals)
 cli.add_command(schema)
 cli.add_command(serve)
 cli.add_command(mcp)

@@ -153,7 +153,9 @@ async def enqueue(
     body = await read_json(request.body, request.headers.get("content-type"))
     many = isinstance(body, list)
     requests = body if many else [body]
-    reply = await service.enqueue(state.store, who, requests, state.policy, many=many, dry_run=dry_run)
+    reply = await service.enqueue(
+        state.store, who, requests, state.policy, many=many, dry_run=dry_run, interface="http"
+    )
     return _answer(reply, request.state.timer, 201 if reply.created else 200)
 
 
