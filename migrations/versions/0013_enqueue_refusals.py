@@ -61,9 +61,7 @@ def upgrade() -> None:
         sa.Column("error_count", sa.Integer(), nullable=False),
         sa.Column("reasons", postgresql.ARRAY(sa.Text()), nullable=False),
         sa.Column("asked", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
-        sa.CheckConstraint(
-            "interface IN ('cli', 'http', 'mcp', 'python')", name=op.f("ck_enqueue_refusals_interface")
-        ),
+        sa.CheckConstraint("interface IN ('cli', 'http', 'mcp', 'python')", name=op.f("ck_enqueue_refusals_interface")),
         sa.CheckConstraint(
             "requests >= 0 AND request_bytes >= 0 AND error_count >= 0",
             name=op.f("ck_enqueue_refusals_counts_nonnegative"),

@@ -435,7 +435,9 @@ _TABLE: tuple[Command, ...] = (
         Effect.READ,
         (
             Param("key_name", flags=("--key",), metavar="NAME", help="Only refusals of the API key with this name."),
-            Param("interface", enum=("cli", "http", "mcp", "python"), help="Only refusals made through this interface."),
+            Param(
+                "interface", enum=("cli", "http", "mcp", "python"), help="Only refusals made through this interface."
+            ),
             Param(
                 "before_id",
                 type="integer",

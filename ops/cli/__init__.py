@@ -15,8 +15,8 @@ from evq.ops.cli.keys import keys
 from evq.ops.cli.mcptools import mcp
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from evq.ops.cli.providers import providers
-from evq.ops.cli.refusals import refusals
 from evq.ops.cli.prune import prune_cmd
+from evq.ops.cli.refusals import refusals
 from evq.ops.cli.runs import runs
 from evq.ops.cli.schema import schema
 from evq.ops.cli.serve import serve
@@ -44,6 +44,7 @@ def cli() -> None:
     Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
+    Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 

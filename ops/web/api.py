@@ -5,7 +5,7 @@ contract's wrapper as every body. Every route needs ``Authorization: Bearer <key
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -28,7 +28,8 @@ from evq.worker.states import Status
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 T = TypeVar("T")
 _LIST = command("steps.list")
-COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve", "refusals.list"]
+_REFUSALS = command("refusals.list")
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -208,6 +209,35 @@ async def show_run(
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
+
+
+def refusal_query(dest: str, **http: Any) -> Any:
+    """A query parameter of `GET /v1/refusals` as the command table describes it."""
+    p = _REFUSALS.param(dest)
+    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    return Query(p.default, description=p.help, **{**bounds, **http})
+
+
+@router.get(
+    "/refusals",
+    summary="Refused enqueues, newest first: what was asked, by which key, every failing field",
+    description="Bounded and scrubbed: identifiers, field names, a digest and size of the request, never its "
+    "body or a key. Any role may read.",
+    responses=_responses("refusals.list", 200),
+)
+async def list_refusals(
+    request: Request,
+    who: Caller = Depends(caller),
+    key: str | None = refusal_query("key_name", max_length=64),
+    interface: Literal["cli", "http", "mcp", "python"] | None = refusal_query("interface"),
+    before_id: int | None = refusal_query("before_id"),
+    limit: int = refusal_query("limit"),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    reply = await service.list_refusals(
+        state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit
+    )
+    return _answer(reply, request.state.timer)
 
 
 @router.post(

@@ -12,16 +12,21 @@ from evq.adapters.postgres.store.base import PostgresBase
 from evq.worker.refusals import Refusal
 
 
+def refusal_params(refusal: Refusal, now: datetime | None = None) -> dict[str, Any]:
+    """refusal_record's parameters (the store's and evq.enqueue_own's)."""
+    params: dict[str, Any] = {**asdict(refusal), "now": now}
+    params["errors"] = json.dumps(refusal.errors, ensure_ascii=False)
+    params["asked"] = json.dumps(refusal.asked, ensure_ascii=False)
+    return params
+
+
 class PostgresRefusals(PostgresBase):
     """The enqueue_refusals rows and the enqueue_refusal_counts behind the metric."""
 
     async def record_refusal(self, refusal: Refusal, *, now: datetime | None = None) -> int:
         # One statement on an autocommit connection: its own short transaction, whatever
         # the caller does next (the refusal stands even though nothing else was written).
-        params: dict[str, Any] = {**asdict(refusal), "now": now}
-        params["errors"] = json.dumps(refusal.errors, ensure_ascii=False)
-        params["asked"] = json.dumps(refusal.asked, ensure_ascii=False)
-        rows = await self._fetch("record_refusal", Q["refusal_record"], params)
+        rows = await self._fetch("record_refusal", Q["refusal_record"], refusal_params(refusal, now))
         return int(rows[0]["id"])
 
     async def list_refusals(
