@@ -10,6 +10,9 @@ Create Date: 2026-12-01
 - ``enqueue_refusal_counts``: per (interface, field) the number of refusals ever
   recorded, incremented with each row and never pruned: the counter
   ``evq_enqueue_refusals_total`` the metrics collector reads, whichever process refused.
+- a trigger refuses any UPDATE of a count that lowers it or moves it to another label:
+  the runtime role needs UPDATE for the increment, and a counter that can go down is
+  not one (Prometheus would read a reset).
 - ``evq_grant_runtime`` names both, so the runtime role may insert and delete (prune)
   refusals but never rewrite one, and may increment the counts but never delete them.
 
@@ -36,6 +39,20 @@ _LINES = (
     "WHEN 'enqueue_refusals' THEN 'SELECT, INSERT, DELETE'  -- recorded, pruned, never rewritten\n            "
     "WHEN 'enqueue_refusal_counts' THEN 'SELECT, INSERT, UPDATE'  -- a counter: only grows\n            "
 )
+
+
+COUNT_GUARD = """
+CREATE FUNCTION evq_refusal_count_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.interface IS DISTINCT FROM OLD.interface OR NEW.field IS DISTINCT FROM OLD.field
+       OR NEW.total < OLD.total THEN
+        RAISE EXCEPTION 'evq: the refusal count (%, %) only grows', OLD.interface, OLD.field
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$
+"""
 
 
 def _grant_function() -> str:
@@ -81,6 +98,11 @@ def upgrade() -> None:
         sa.CheckConstraint("total >= 0", name=op.f("ck_enqueue_refusal_counts_total_nonnegative")),
         sa.PrimaryKeyConstraint("interface", "field", name=op.f("pk_enqueue_refusal_counts")),
     )
+    op.execute(COUNT_GUARD)
+    op.execute(
+        "CREATE TRIGGER enqueue_refusal_counts_only_grow BEFORE UPDATE ON enqueue_refusal_counts "
+        "FOR EACH ROW EXECUTE FUNCTION evq_refusal_count_guard()"
+    )
     definition = _grant_function()
     if "'enqueue_refusals'" not in definition:
         if _MARKER not in definition:
@@ -90,6 +112,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute(_grant_function().replace(_LINES, "", 1))
-    op.drop_table("enqueue_refusal_counts")
+    op.drop_table("enqueue_refusal_counts")  # its trigger goes with it
+    op.execute("DROP FUNCTION IF EXISTS evq_refusal_count_guard()")
     op.drop_index(op.f("ix_enqueue_refusals_created_at"), table_name="enqueue_refusals")
     op.drop_table("enqueue_refusals")
