@@ -391,8 +391,10 @@ async def list_refusals(
     await caller.identify(store, Permission.READ)
     rows = await store.list_refusals(key_name=key_name, interface=interface, before_id=before_id, limit=limit)
     data = [{k: r[k] for k in REFUSAL_FIELDS} for r in rows]
-    more = len(data) == limit and data and data[-1]["id"] > 1
-    return Reply(data, {"count": len(data), "limit": limit, "next_before_id": data[-1]["id"] - 1 if more else None})
+    meta: dict[str, Any] = {"count": len(data), "limit": limit}
+    if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page starts below this one
+        meta["next_before_id"] = data[-1]["id"] - 1
+    return Reply(data, meta)
 
 
 # -- providers' circuits (worker/circuit.py) -----------------------------------------
