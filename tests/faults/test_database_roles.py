@@ -209,7 +209,9 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
     assert refusals == {"insert": True, "prune": True, "rewrite": False, "count": True, "uncount": False}
     # UPDATE is granted for the increment; a count that goes down is refused by 0013's trigger.
     with psycopg.connect(r.app_url) as conn:
-        conn.execute("INSERT INTO enqueue_refusal_counts (interface, field, total) VALUES ('cli', 'to', 3) ON CONFLICT DO NOTHING")
+        conn.execute(
+            "INSERT INTO enqueue_refusal_counts (interface, field, total) VALUES ('cli', 'to', 3) ON CONFLICT DO NOTHING"
+        )
         conn.execute("UPDATE enqueue_refusal_counts SET total = total + 1 WHERE field = 'to'")
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute("UPDATE enqueue_refusal_counts SET total = 0 WHERE field = 'to'")
