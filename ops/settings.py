@@ -40,7 +40,7 @@ from evq.worker.config import (
 from evq.worker.notices import NoticeConfig, reserved_sender
 from evq.worker.options import Option, bad, boolean, lowercase_list, parse
 from evq.worker.ratelimit import RateLimit
-from evq.worker.request import Policy, validate_address
+from evq.worker.request import DECISION_FIELDS, Policy, validate_address
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -245,6 +245,7 @@ class Settings:
     max_recipients: int = 50
     max_input_bytes: int = 64 * 1024 * 1024
     default_from: str | None = None
+    require_provenance: tuple[str, ...] = ()
     smtp_host: str = "localhost"
     smtp_port: int = 25
     smtp_username: str | None = None
@@ -350,6 +351,12 @@ class Settings:
                     OPTION_BY_NAME["lease_seconds"],
                     f"must exceed 3 x EVQ_HTTP_TIMEOUT ({self.http_timeout * 3:g}s) so a live send is never rescued",
                 )
+        unknown = [name for name in self.require_provenance if name not in DECISION_FIELDS]
+        if unknown:
+            raise bad(
+                OPTION_BY_NAME["require_provenance"],
+                f"names no decision field: {', '.join(unknown)}; known: {', '.join(DECISION_FIELDS)}",
+            )
         if self.notice_from is not None:
             try:
                 validate_address(self.notice_from, self.internal_domains)
@@ -377,6 +384,7 @@ class Settings:
             providers=tuple(ADAPTERS),
             reserved_senders=(reserved_sender(self.notice_from),),
             internal_domains=self.internal_domains,
+            require_provenance=self.require_provenance,
         )
 
     def notices(self) -> NoticeConfig:

@@ -46,6 +46,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +74,8 @@ from evq.worker.records import (
     Transition,
     UnknownStep,
 )
+from evq.worker.refusals import INTERFACES as REFUSAL_INTERFACES
+from evq.worker.refusals import Refusal
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
 from evq.worker.retry_guard import retry_after_acceptance, retry_after_redaction, retry_too_soon
@@ -246,6 +249,8 @@ class MemoryStore:
         self.keys: dict[str, dict[str, Any]] = {}  # by name, in creation order
         self.pepper = os.urandom(32)  # api_key_pepper: made by the migration, never changed
         self.prune_log: list[Mapping[str, Any]] = []
+        self.refusals: list[dict[str, Any]] = []  # enqueue_refusals, by id
+        self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
 
     async def close(self) -> None:
@@ -1537,6 +1542,46 @@ class MemoryStore:
             },
             created_at=at,
         )
+
+    # -- refused enqueues (enqueue_refusals, migration 0014) ------------------------------
+
+    async def record_refusal(self, refusal: Refusal, *, now: datetime | None = None) -> int:
+        at = await self._op("record_refusal", now)
+        if refusal.interface not in REFUSAL_INTERFACES or len(refusal.request_sha256) != 64:
+            raise InvariantViolated(f"refusal violates a ck_enqueue_refusals constraint: {refusal}")
+        row = {"id": len(self.refusals) + 1, "created_at": at, **_json(asdict(refusal))}
+        self.refusals.append(row)
+        for field in refusal.reasons:
+            key = (refusal.interface, field)
+            self.refusal_counts[key] = self.refusal_counts.get(key, 0) + 1
+        return row["id"]
+
+    async def list_refusals(
+        self,
+        *,
+        key_name: str | None = None,
+        interface: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        await self._op("list_refusals", None)
+        rows = [
+            r
+            for r in reversed(self.refusals)
+            if (key_name is None or r["key_name"] == key_name)
+            and (interface is None or r["interface"] == interface)
+            and (before_id is None or r["id"] <= before_id)
+        ]
+        return [_plain(r) for r in rows[:limit]]
+
+    async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
+        await self._op("prune_refusals_count" if dry_run else "prune_refusals", None)
+        old = [r for r in self.refusals if r["created_at"] < cutoff]
+        if dry_run:
+            return len(old)
+        doomed = {r["id"] for r in sorted(old, key=lambda r: r["created_at"])[:limit]}
+        self.refusals = [r for r in self.refusals if r["id"] not in doomed]
+        return len(doomed)
 
     def _retry_not_before(self, s: Mapping[str, Any]) -> datetime | None:
         """step_resolve's retry_not_before: the rescued attempt's lease end plus the adapter's

@@ -115,6 +115,14 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         minimum=1024,
     ),
     Option("default_from", str, None, "Sender used when a request has no 'from'."),
+    Option(
+        "require_provenance",
+        lowercase_list,
+        (),
+        "Decision fields every enqueue must carry, comma-separated, e.g. model,instruction_version "
+        "(any of instruction_version, prompt_version, model, tool, rationale, decided_at; empty: none). "
+        "A request without one is refused with a field error (decision.model, ...) and nothing is written.",
+    ),
 )
 
 # Failure notices (worker/notices.py).

@@ -38,6 +38,9 @@ SERVE_REFUSED_REASONS = ("throttled", "header_timeout", "body_timeout", "unread"
 
 # Ages of unknown rows, 1 minute to 7 days (the scrape-time gauge histogram).
 UNKNOWN_AGE_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0, 604800.0)
+# Waiting times of rows claimable now (evq_pending_age_seconds): a healthy queue drains
+# in seconds, a stalled one shows in minutes to hours.
+PENDING_AGE_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
 
 
 @lru_cache(maxsize=4096)

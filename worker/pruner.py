@@ -15,6 +15,9 @@ refuses evidence of a step that is not terminal.
 What is old is decided on the database's clock, and ``--older-than`` takes only
 units nobody misreads: ``1m`` is refused (a minute, or a month?).
 
+Refused enqueues (table enqueue_refusals) recorded before the same cutoff go too,
+after the steps; the counts behind evq_enqueue_refusals_total are kept.
+
 Prune is a write command for administrators; it shares the service shape
 (config with validation, ``run_once`` returning counts) so it can also run
 periodically.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from evq.worker.errors import ConfigError, InvalidRequest
@@ -120,7 +123,9 @@ class Pruner:
         cutoff = await self.store.prune_cutoff(older_than=self.config.older_than)
         self.last_cutoff = cutoff
         if self.config.dry_run:
-            return await self.store.prune_count(cutoff=cutoff)
+            counts = await self.store.prune_count(cutoff=cutoff)
+            refused = await self.store.prune_refusals(cutoff=cutoff, limit=self.config.batch, dry_run=True)
+            return replace(counts, refusals=refused)
         run = uuid.uuid4()
         total = PruneCounts()
         while True:
@@ -128,6 +133,12 @@ class Pruner:
                 cutoff=cutoff, limit=self.config.batch, actor=self.actor, run=run, batch=total.batches + 1
             )
             if counts.steps == 0:
-                return total
+                break
             total = total + counts
             self.progress(total)
+        # Refused enqueues hold no evidence of a send: deleted by the same cutoff, a batch at a
+        # time (each its own statement), after the steps; their counts (the metric) stay.
+        while refused := await self.store.prune_refusals(cutoff=cutoff, limit=self.config.batch):
+            total = replace(total, refusals=total.refusals + refused)
+            self.progress(total)
+        return total

@@ -201,6 +201,13 @@ class QueueStats:
     estimated: tuple[str, ...] = ()
     # provider -> circuit state (closed, half_open, open), for providers that ever had one.
     circuits: dict[str, str] = field(default_factory=dict)
+    # Rows claimable now, by how long each has waited since it became due: cumulative
+    # (le, rows), ascending, without +Inf (that is pending_due), and their sum of ages.
+    pending_due: int = 0
+    pending_age_sum: float = 0.0
+    pending_buckets: tuple[tuple[float, int], ...] = ()
+    # (interface, field) -> refused enqueues ever recorded (enqueue_refusal_counts), every process's.
+    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,10 +255,12 @@ class PruneCounts:
     evidence: int = 0
     decisions: int = 0
     batches: int = 0
+    # Refused enqueues recorded before the cutoff (enqueue_refusals), pruned after the steps.
+    refusals: int = 0
 
     @property
     def total(self) -> int:
-        return self.steps + self.evidence + self.decisions
+        return self.steps + self.evidence + self.decisions + self.refusals
 
     def __add__(self, other: PruneCounts) -> PruneCounts:
         return PruneCounts(
@@ -259,6 +268,7 @@ class PruneCounts:
             self.evidence + other.evidence,
             self.decisions + other.decisions,
             self.batches + other.batches,
+            self.refusals + other.refusals,
         )
 
 

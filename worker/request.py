@@ -107,6 +107,10 @@ class Policy:
     # installation really delivers to, e.g. ("corp.local",): the address validator
     # refuses every other special-use domain, which no public mail server accepts.
     internal_domains: tuple[str, ...] = ()
+    # Decision fields (DECISION_FIELDS) every request must carry (EVQ_REQUIRE_PROVENANCE), so
+    # no step can be written whose decision does not say which model, under which instructions,
+    # asked for it. Missing ones are field errors ("decision.model"), like any other.
+    require_provenance: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +239,12 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
         errors.add("max_attempts", "must be an integer from 1 to 100")
 
     decision = _decision(data, errors)
+    for name in policy.require_provenance:
+        where = f"decision.{name}"
+        given = getattr(decision, name)
+        missing = given is None or (isinstance(given, str) and not given.strip())
+        if missing and not any(e["field"] == where for e in errors.items):
+            errors.add(where, "required by this installation (EVQ_REQUIRE_PROVENANCE)")
 
     payload = {
         "from": sender,
@@ -280,7 +290,9 @@ def check_payload(payload: Mapping[str, Any], policy: Policy = Policy()) -> str 
     request = {k: v for k, v in payload.items() if k in REQUEST_FIELDS}
     request.update(run_id="recheck", step_id="recheck")
     try:
-        parse(request, replace(policy, reserved_senders=()))
+        # Provenance is a rule about the request, checked when it was enqueued; a stored payload
+        # holds no decision (and a step enqueued before the setting must still go out).
+        parse(request, replace(policy, reserved_senders=(), require_provenance=()))
     except InvalidRequest as exc:
         return exc.message
     return None

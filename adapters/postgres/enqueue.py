@@ -27,11 +27,14 @@ from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
 from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate, validate_many
-from evq.worker.errors import Conflict
+from evq.worker.errors import Conflict, InvalidRequest
+from evq.worker.logs import get_logger
 from evq.worker.records import EnqueueResult
+from evq.worker.refusals import describe
 from evq.worker.request import Policy, ValidRequest
 from evq.worker.states import Status
 
+log = get_logger("evq.enqueue")
 Rows = list[dict[str, Any]]
 Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
 
@@ -259,14 +262,46 @@ async def enqueue_many_async(
     return await run_async(conn, enqueue_many_op(valid, now))
 
 
-def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy()) -> EnqueueResult:
+def enqueue_own(
+    url: str,
+    request: Mapping[str, Any] | ValidRequest,
+    *,
+    policy: Policy = Policy(),
+    record_refusals: bool = True,
+) -> EnqueueResult:
     """Enqueue in a transaction of its own (opens and closes one connection).
 
     Autocommit: decision and step are one statement, so that statement is the whole
     transaction, without a BEGIN and a COMMIT round trip around it.
+
+    A refused request is recorded in ``enqueue_refusals`` (interface ``python``, no key
+    name: this API takes none) before InvalidRequest is raised, unless ``record_refusals``
+    is false; a failure to record it never replaces the refusal. :func:`enqueue` and the
+    other calls inside the caller's transaction record nothing: a row written there would
+    go with the caller's rollback, and one written on another connection would need a
+    connection this API was not given. Their refusals are counted by this process's
+    ``evq_validation_errors_total`` only.
     """
     from evq.adapters.postgres.database import connect_kwargs
 
-    valid = validate(request, policy)
+    try:
+        valid = validate(request, policy)
+    except InvalidRequest as exc:
+        if record_refusals:
+            _record_refusal(url, request, exc)
+        raise
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         return run_sync(conn, enqueue_op(valid))
+
+
+def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
+    """The refusal in a statement (a transaction) of its own; best effort."""
+    from evq.adapters.postgres.database import connect_kwargs
+    from evq.adapters.postgres.store.refusals import refusal_params
+
+    params = refusal_params(describe("python", [request], exc.errors, key_name=None))
+    try:
+        with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+            conn.execute(Q["refusal_record"], params)
+    except Exception as failure:
+        log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)

@@ -1130,6 +1130,60 @@ SELECT redacted, first_step_id, last_step_id
 FROM evq_redact_batch(%(keep)s::interval, %(limit)s, %(actor)s);
 
 
+-- name: refusals_prune
+-- Refused enqueues recorded before the cutoff (evq prune), a bounded batch at a time
+-- through the created_at index. enqueue_refusal_counts keeps counting them.
+WITH doomed AS (
+    SELECT r.id FROM enqueue_refusals r WHERE r.created_at < %(cutoff)s ORDER BY r.created_at LIMIT %(limit)s
+), gone AS (
+    DELETE FROM enqueue_refusals r USING doomed d WHERE r.id = d.id RETURNING 1
+)
+SELECT count(*)::int AS refusals FROM gone;
+
+
+-- name: refusals_prune_count
+-- What refusals_prune would remove (evq prune --dry-run).
+SELECT count(*)::int AS refusals FROM enqueue_refusals r WHERE r.created_at < %(cutoff)s;
+
+
+-- name: refusal_record
+-- One refused enqueue (worker/refusals.py), in a short transaction of its own, with the
+-- database-wide counter evq_enqueue_refusals_total: one increment per failing field's
+-- root. The reasons arrive sorted, so concurrent refusals lock the counter rows in one
+-- order and never deadlock.
+WITH refusal AS (
+    INSERT INTO enqueue_refusals (
+        created_at, interface, key_name, dry_run, requests, request_bytes, request_sha256,
+        errors, error_count, reasons, asked
+    )
+    VALUES (
+        coalesce(%(now)s::timestamptz, now()), %(interface)s, %(key_name)s, %(dry_run)s, %(requests)s,
+        %(request_bytes)s, %(request_sha256)s, %(errors)s::jsonb, %(error_count)s, %(reasons)s::text[],
+        %(asked)s::jsonb
+    )
+    RETURNING id, created_at
+), counted AS (
+    INSERT INTO enqueue_refusal_counts (interface, field, total)
+    SELECT %(interface)s, f.field, 1 FROM unnest(%(reasons)s::text[]) WITH ORDINALITY AS f(field, ord)
+    ORDER BY f.ord
+    ON CONFLICT (interface, field) DO UPDATE SET total = enqueue_refusal_counts.total + 1
+)
+SELECT id, created_at FROM refusal;
+
+
+-- name: refusal_list
+-- Refused enqueues, newest first, optionally one key's or one interface's, and only
+-- those at most %(before_id)s (paging: the last id seen less one).
+SELECT r.id, r.created_at, r.interface, r.key_name, r.dry_run, r.requests, r.request_bytes, r.request_sha256,
+       r.errors, r.error_count, r.reasons, r.asked
+FROM enqueue_refusals r
+WHERE (%(key_name)s::text IS NULL OR r.key_name = %(key_name)s)
+  AND (%(interface)s::text IS NULL OR r.interface = %(interface)s)
+  AND (%(before_id)s::bigint IS NULL OR r.id <= %(before_id)s)
+ORDER BY r.id DESC
+LIMIT %(limit)s;
+
+
 -- name: schema_revision
 SELECT version_num FROM alembic_version;
 
@@ -1143,7 +1197,8 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 -- name: queue_stats
 -- The metrics collector's one read at scrape time; each part is read from an index
 -- whose size follows the live backlog, never the terminal history:
--- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable);
+-- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable), and the
+--   waiting times of every row claimable now (its range of the same index: the live backlog);
 -- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
 -- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
 -- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only
@@ -1164,6 +1219,19 @@ WITH t AS (
     SELECT count(*) AS n, count(*) FILTER (WHERE s.lease_expires_at < (SELECT now FROM t)) AS expired
     FROM email_steps s
     WHERE s.status = 'in_flight'
+), due AS MATERIALIZED (
+    -- Rows claimable now and how long each has waited since it became due (the queue lag's rows).
+    SELECT extract(epoch FROM (SELECT now FROM t) - s.next_attempt_at)::float8 AS age
+    FROM email_steps s
+    WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= (SELECT now FROM t)
+), due_buckets AS (
+    SELECT array_agg(b.n ORDER BY b.le) AS counts
+    FROM (
+        SELECT le.le, count(d.age) AS n
+        FROM unnest(%(pending_buckets)s::float8[]) AS le(le)
+        LEFT JOIN due d ON d.age <= le.le
+        GROUP BY le.le
+    ) b
 ), unknown AS MATERIALIZED (
     SELECT extract(epoch FROM (SELECT now FROM t) - s.unknown_since)::float8 AS age
     FROM email_steps s
@@ -1208,11 +1276,17 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pendin
        coalesce((SELECT sum(age) FROM unknown), 0) AS unknown_age_sum,
        (SELECT counts FROM unknown_buckets) AS unknown_buckets,
        coalesce(extract(epoch FROM (SELECT now FROM t) - l.oldest_due)::float8, 0) AS pending_oldest_age,
+       (SELECT count(*) FROM due) AS pending_due,
+       coalesce((SELECT sum(age) FROM due), 0) AS pending_age_sum,
+       (SELECT counts FROM due_buckets) AS pending_buckets,
        (SELECT n FROM terminal WHERE status = 'accepted') AS accepted,
        (SELECT n FROM terminal WHERE status = 'rejected') AS rejected,
        ARRAY(SELECT status FROM terminal WHERE estimated ORDER BY status) AS estimated,
        -- Providers' circuits (worker/circuit.py): a row per provider at most.
-       (SELECT coalesce(jsonb_object_agg(c.provider, c.state), '{}'::jsonb) FROM provider_circuits c) AS circuits
+       (SELECT coalesce(jsonb_object_agg(c.provider, c.state), '{}'::jsonb) FROM provider_circuits c) AS circuits,
+       -- Refused enqueues ever recorded, by interface and field (enqueue_refusal_counts: a row per pair).
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(r.interface, r.field, r.total)), '[]'::jsonb)
+        FROM enqueue_refusal_counts r) AS refusals
 FROM lag l, in_flight f;
 
 

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from evq.adapters.postgres.database import connect_kwargs, translated
 from evq.adapters.postgres.queries import Q
+from evq.worker.metrics import PENDING_AGE_BUCKETS
 from evq.worker.records import QueueStats
 from evq.worker.states import Status
 
@@ -35,7 +36,13 @@ class QueueStatsReader:
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         self._lock = threading.Lock()
 
-    def read(self, buckets: Sequence[float], *, now: datetime | None = None) -> QueueStats:
+    def read(
+        self,
+        buckets: Sequence[float],
+        *,
+        now: datetime | None = None,
+        pending_buckets: Sequence[float] = PENDING_AGE_BUCKETS,
+    ) -> QueueStats:
         """One bounded query; raises an EvqError (DatabaseUnavailable, ...) when it cannot."""
         with self._lock, translated():
             try:
@@ -44,13 +51,18 @@ class QueueStatsReader:
                     conn.execute(Q["queue_stats_timeout"], {"timeout_ms": int(self.timeout * 1000)})
                     row = conn.execute(
                         Q["queue_stats"],
-                        {"now": now, "buckets": list(buckets), "exact_limit": self.exact_limit},
+                        {
+                            "now": now,
+                            "buckets": list(buckets),
+                            "pending_buckets": sorted(pending_buckets),
+                            "exact_limit": self.exact_limit,
+                        },
                     ).fetchone()
             except BaseException:
                 self._drop()
                 raise
         assert row is not None
-        return _stats(row, buckets)
+        return _stats(row, buckets, pending_buckets)
 
     def close(self) -> None:
         with self._lock:
@@ -72,7 +84,7 @@ class QueueStatsReader:
             self._conn = None
 
 
-def _stats(row: dict[str, Any], buckets: Sequence[float]) -> QueueStats:
+def _stats(row: dict[str, Any], buckets: Sequence[float], pending_buckets: Sequence[float]) -> QueueStats:
     return QueueStats(
         steps={str(s): int(row[str(s)]) for s in Status},
         unknown_oldest_age=float(row["unknown_oldest_age"]),
@@ -84,4 +96,10 @@ def _stats(row: dict[str, Any], buckets: Sequence[float]) -> QueueStats:
         in_flight_expired=int(row["in_flight_expired"]),
         estimated=tuple(row["estimated"]),
         circuits=dict(row.get("circuits") or {}),
+        pending_due=int(row["pending_due"]),
+        pending_age_sum=float(row["pending_age_sum"]),
+        pending_buckets=tuple(
+            zip((float(b) for b in sorted(pending_buckets)), (int(n) for n in row["pending_buckets"]), strict=True)
+        ),
+        refusals={(str(i), str(f)): int(n) for i, f, n in row["refusals"]},
     )

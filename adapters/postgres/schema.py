@@ -24,7 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import BYTEA, JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, TIMESTAMP, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -364,4 +364,48 @@ provider_circuit_events = Table(
     CheckConstraint(_in("from_state", CIRCUIT_STATES), name="from_state"),
     CheckConstraint(_in("to_state", CIRCUIT_STATES), name="to_state"),
     Index(None, "provider", "id"),
+)
+
+# Refused enqueues (worker/refusals.py): what agents tried and why it was refused,
+# bounded and scrubbed (identifiers, field names, a digest and size; never the body
+# or the key). Pruned by `evq prune` with the history it keeps.
+REFUSAL_INTERFACES = ("cli", "http", "mcp", "python")
+
+enqueue_refusals = Table(
+    "enqueue_refusals",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    Column("interface", Text, nullable=False),
+    # The API key's name (never the key); NULL when the caller showed no valid key.
+    Column("key_name", Text),
+    Column("dry_run", Boolean, nullable=False, server_default=text("false")),
+    # How many requests the refused call held, and the digest and size of their canonical JSON.
+    Column("requests", Integer, nullable=False),
+    Column("request_bytes", BigInteger, nullable=False),
+    Column("request_sha256", Text, nullable=False),
+    # [{field, message}], the first 50; error_count says how many there were.
+    Column("errors", JSONB, nullable=False),
+    Column("error_count", Integer, nullable=False),
+    # The failing fields' roots (to, decision, ...): the counter's labels.
+    Column("reasons", ARRAY(Text), nullable=False),
+    # Per request (the first 10): run_id, step_id, provider, the field names given, recipients.
+    Column("asked", JSONB, nullable=False),
+    CheckConstraint(_in("interface", REFUSAL_INTERFACES), name="interface"),
+    CheckConstraint("requests >= 0 AND request_bytes >= 0 AND error_count >= 0", name="counts_nonnegative"),
+    CheckConstraint("length(request_sha256) = 64", name="sha256_length"),
+    # Bounded, whatever writes the row.
+    CheckConstraint("pg_column_size(errors) + pg_column_size(asked) <= 65536", name="bounded"),
+    Index(None, "created_at"),
+)
+
+# The database-wide counter behind evq_enqueue_refusals_total{interface,field}: one row per
+# label pair, incremented with each refusal and never pruned, so it only ever grows.
+enqueue_refusal_counts = Table(
+    "enqueue_refusal_counts",
+    metadata,
+    Column("interface", Text, primary_key=True),
+    Column("field", Text, primary_key=True),
+    Column("total", BigInteger, nullable=False),
+    CheckConstraint("total >= 0", name="total_nonnegative"),
 )

@@ -379,6 +379,7 @@ GROUPS: dict[str, str] = {
     "the benchmark.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
+    "refusals": "Enqueues evq refused: what agents asked, by which key, and every failing field.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
     "schema": "Describe evq's commands for scripts and agents, a level at a time.",
     "steps": "Email steps: enqueue a send, read back its state and evidence, close unknown ones, prune old ones.",
@@ -614,12 +615,54 @@ _TABLE: tuple[Command, ...] = (
         mcp=True,
     ),
     Command(
+        "refusals.list",
+        "List refused enqueues, newest first: what was asked, by which key, every failing field.",
+        "List refused enqueues, newest first: when, through which interface (cli, http, mcp, python), "
+        "the API key's name (never the key; none when no valid key was shown), every failing field "
+        "with its message, and what was asked as identifiers only (run_id, step_id, provider, the "
+        "field names given, the recipient count) with the SHA-256 and size of the request: the "
+        "body itself is never kept. Recorded by `evq enqueue` (with EVQ_DATABASE_URL), `evq serve`, "
+        "`evq mcp` and evq.enqueue_own; `evq prune` deletes old ones.",
+        Effect.READ,
+        (
+            Param("key_name", flags=("--key",), metavar="NAME", help="Only refusals of the API key with this name."),
+            Param(
+                "interface", enum=("cli", "http", "mcp", "python"), help="Only refusals made through this interface."
+            ),
+            Param(
+                "before_id",
+                type="integer",
+                minimum=1,
+                maximum=MAX_ID,
+                help="Only refusals with an id at most this (the next page: meta.next_before_id).",
+            ),
+            Param(
+                "limit",
+                type="integer",
+                minimum=1,
+                maximum=LIST_LIMIT_MAX,
+                default=50,
+                show_default=True,
+                help="Refusals per page.",
+            ),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        examples=("evq refusals list --key agent-7 -o json",),
+        use_when="finding out what an agent tried to send and why evq refused it",
+        avoid_when="looking for sends that were accepted and then failed: `steps list` has those",
+        http=(Route("GET", "/v1/refusals"),),
+        local_only="no MCP tool: it is an operator's view of every agent's refusals, and an agent "
+        "already has its own in the error its enqueue got",
+    ),
+    Command(
         "steps.prune",
         "Delete accepted and rejected steps older than --older-than, with their evidence and decisions.",
         "Delete accepted and rejected steps older than --older-than, with their "
         "evidence and decisions, in batches; each batch is one transaction and one row "
         "of prune_log. Steps in flight, retryable or unknown are never deleted, nor a "
         "step whose failure notice is not yet old and terminal (it goes with its notice). "
+        "Refused enqueues recorded before the same cutoff go too (their counts stay). "
         "\"Older\" is measured on the database's clock, never this machine's. "
         "Needs an API key with role admin (not for --dry-run, which only counts).\n\n"
         "Progress goes to stderr. Ctrl-C is safe: finished batches stay done and "

@@ -1,7 +1,8 @@
 """What evq exports to Prometheus, and how any HTTP server serves it.
 
 - :class:`QueueCollector`: gauges read from the database at scrape time (rows per
-  status, how long unknown rows have aged, queue lag, expired leases), through one
+  status, how long unknown rows have aged, queue lag and every claimable row's wait,
+  expired leases, refused enqueues counted across processes), through one
   bounded query (adapters/postgres/queue_stats.py). ``describe()`` names its metrics
   without reading anything, so registering it runs no query.
 - :func:`build_registry`: the in-process catalogue (worker/metrics.py) plus the
@@ -21,7 +22,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, make_wsgi_app
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -34,6 +35,11 @@ from evq.worker.records import QueueStats
 from evq.worker.states import Status
 
 log = get_logger("evq.metrics")
+
+PENDING_AGE_HELP = (
+    "Rows claimable now by how long each has waited since it became due (a gauge histogram; "
+    "the oldest is evq_pending_oldest_age_seconds). Rows waiting for their retry backoff do not count."
+)
 
 ReadStats = Callable[[Sequence[float]], QueueStats]
 
@@ -96,11 +102,21 @@ class QueueCollector(Collector):
             "2 open (down or misconfigured: nothing is sent).",
             labels=["provider"],
         )
+        refusals = CounterMetricFamily(
+            "evq_enqueue_refusals",
+            "Refused enqueues recorded by every process (the CLI, evq serve, evq mcp, evq.enqueue_own), by "
+            "interface and failing field (a refusal naming two fields counts in both); read from the database "
+            "(enqueue_refusals, whose counts pruning keeps). The scraped process's own refusals are "
+            "evq_validation_errors_total.",
+            labels=["interface", "field"],
+        )
         if stats is None:
             yield from (steps, oldest_unknown, pending, expired, circuits)
             yield GaugeHistogramMetricFamily(
                 "evq_unknown_age_seconds", "Unknown rows by how long they have waited (a gauge histogram)."
             )
+            yield GaugeHistogramMetricFamily("evq_pending_age_seconds", PENDING_AGE_HELP)
+            yield refusals
             return
         for status in Status:
             steps.add_metric([str(status)], stats.steps[str(status)])
@@ -119,6 +135,14 @@ class QueueCollector(Collector):
             buckets=buckets,
             gsum_value=stats.unknown_age_sum,
         )
+        due = [(floatToGoString(le), float(n)) for le, n in stats.pending_buckets]
+        due.append(("+Inf", float(stats.pending_due)))
+        yield GaugeHistogramMetricFamily(
+            "evq_pending_age_seconds", PENDING_AGE_HELP, buckets=due, gsum_value=stats.pending_age_sum
+        )
+        for (interface, field), total in sorted(stats.refusals.items()):
+            refusals.add_metric([interface, field], float(total))
+        yield refusals
 
     def _health(self, up: float, duration: float) -> Iterator[Metric]:
         yield GaugeMetricFamily(

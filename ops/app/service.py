@@ -18,15 +18,19 @@ from typing import Any
 
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
-from evq.worker.errors import Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
+from evq.worker.logs import get_logger
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
+from evq.worker.refusals import INTERFACES, describe
 from evq.worker.request import Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
+
+log = get_logger("evq.service")
 
 # The request's fields as every interface describes them: (field, repeatable, description).
 REQUEST_FIELDS: tuple[tuple[str, bool, str], ...] = (
@@ -110,6 +114,18 @@ class Caller:
         caller._identity = identity
         return caller
 
+    async def verified(self, lookup: KeyLookup) -> Identity | None:
+        """The identity behind the key if it is valid (whatever its role); None otherwise. Never raises
+        for a bad key: used to name who asked, never to grant anything."""
+        if self._identity is not None:
+            return self._identity
+        if not self.key:
+            return None
+        try:
+            return await authenticate(lookup, self.key, Permission.READ, source=self.source)
+        except AuthFailed:
+            return None
+
     async def identify(self, lookup: KeyLookup, permission: Permission) -> Identity | None:
         """The identity allowed to do ``permission``; None for a trusted reader's read. AuthFailed otherwise."""
         if permission is Permission.READ and self.trusted_reader:
@@ -155,10 +171,20 @@ async def enqueue(
     *,
     many: bool = False,
     dry_run: bool = False,
+    interface: str | None = None,
 ) -> Reply:
     """Enqueue one request (``many=False``: data is the step) or many in one transaction
-    (data is a list). A dry run is a read: it says what would happen to each."""
-    valid = validate_requests(requests, policy)
+    (data is a list). A dry run is a read: it says what would happen to each.
+
+    ``interface`` (http, mcp, cli): a refusal is recorded (:func:`record_refusal`) before
+    the error is raised; None for a caller that recorded it already (the CLI validates
+    before it opens the store)."""
+    try:
+        valid = validate_requests(requests, policy)
+    except InvalidRequest as exc:
+        if interface is not None:
+            await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
+        raise
     if dry_run:
         await caller.identify(store, Permission.READ)
         plan = [await _plan(store, v) for v in valid]
@@ -169,6 +195,32 @@ async def enqueue(
     if not many:
         return Reply(results[0].to_dict(), created=results[0].created)
     return Reply([r.to_dict() for r in results], {"count": len(results), "created": created}, created=created > 0)
+
+
+async def record_refusal(
+    store: AppStore,
+    caller: Caller,
+    interface: str,
+    requests: Sequence[Any],
+    exc: InvalidRequest,
+    *,
+    dry_run: bool = False,
+) -> int | None:
+    """Record a refused enqueue (worker/refusals.py) in a statement of its own; its id.
+
+    Best effort: the refusal is the answer, so a failure to record it (the database away)
+    is logged and never replaces that answer (None). The key's name is recorded when the
+    caller showed a valid key (any role: a key that may not enqueue is exactly what an
+    operator wants to see); otherwise None."""
+    try:
+        identity = await caller.verified(store)
+        refusal = describe(
+            interface, requests, exc.errors, key_name=identity.name if identity else None, dry_run=dry_run
+        )
+        return await store.record_refusal(refusal)
+    except Exception as failure:
+        log.warning("refusal_not_recorded", interface=interface, error_class=type(failure).__name__)
+        return None
 
 
 async def _plan(store: AppStore, request: ValidRequest) -> dict[str, Any]:
@@ -365,6 +417,47 @@ async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
         "events": run_events(detail.steps, detail.decisions, detail.evidence),
     }
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
+
+
+# -- refused enqueues (worker/refusals.py) -------------------------------------------
+
+REFUSAL_FIELDS = (
+    "id",
+    "created_at",
+    "interface",
+    "key_name",
+    "dry_run",
+    "requests",
+    "request_bytes",
+    "request_sha256",
+    "error_count",
+    "reasons",
+    "errors",
+    "asked",
+)
+
+
+async def list_refusals(
+    store: AppStore,
+    caller: Caller,
+    *,
+    key_name: str | None = None,
+    interface: str | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> Reply:
+    """Refused enqueues, newest first: what was asked (identifiers only), by which key, every failing field."""
+    if interface is not None and interface not in INTERFACES:
+        raise InvalidRequest(
+            [{"field": "--interface", "message": f"one of {', '.join(INTERFACES)}, got {interface[:40]!r}"}]
+        )
+    await caller.identify(store, Permission.READ)
+    rows = await store.list_refusals(key_name=key_name, interface=interface, before_id=before_id, limit=limit)
+    data = [{k: r[k] for k in REFUSAL_FIELDS} for r in rows]
+    meta: dict[str, Any] = {"count": len(data), "limit": limit}
+    if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page starts below this one
+        meta["next_before_id"] = data[-1]["id"] - 1
+    return Reply(data, meta)
 
 
 # -- providers' circuits (worker/circuit.py) -----------------------------------------

@@ -13,6 +13,7 @@ from evq.ops.cli.admin import admin
 from evq.ops.cli.keys import keys
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
 from evq.ops.cli.providers import providers
+from evq.ops.cli.refusals import refusals
 from evq.ops.cli.runs import runs
 from evq.ops.cli.schema import schema
 from evq.ops.cli.steps import steps
@@ -40,6 +41,7 @@ def cli() -> None:
     Serve:        evq admin serve   (HTTP API, operators' page at /ops, /metrics) ; evq admin mcp   (MCP, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
+    Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
@@ -52,7 +54,7 @@ def cli() -> None:
     """
 
 
-for group in (admin, keys, providers, runs, schema, steps, worker_group):
+for group in (admin, keys, providers, refusals, runs, schema, steps, worker_group):
     cli.add_command(group)
 # The spellings before the resource-first names (`evq enqueue`, `evq db status`...), hidden.
 add_aliases(cli)

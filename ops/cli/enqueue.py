@@ -15,8 +15,12 @@ from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output
 from evq.ops.cli.steps import steps
 from evq.ops.cli.table import from_table
+from evq.ops.settings import Settings
 from evq.worker import jsontext
-from evq.worker.errors import InvalidRequest
+from evq.worker.errors import EvqError, InvalidRequest
+from evq.worker.logs import get_logger
+
+log = get_logger("evq.cli")
 
 # The request's fields as the flags carry them (ops/app/commands.py builds the flags from the same tables).
 FIELD_FLAGS: tuple[tuple[str, bool], ...] = tuple((name, multiple) for name, multiple, _ in REQUEST_FIELDS)
@@ -41,7 +45,11 @@ def enqueue_cmd(
         )
     requests = _read_file(file, settings.max_input_bytes) if file is not None else [request_from_flags]
     # Validated before the database is touched: one bad request writes nothing.
-    valid = service.validate_requests(requests, settings.policy())
+    try:
+        valid = service.validate_requests(requests, settings.policy())
+    except InvalidRequest as exc:
+        _record_refusal(settings, credential, requests, exc, dry_run=dry_run)
+        raise
 
     async def work() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
@@ -58,6 +66,25 @@ def enqueue_cmd(
         created = reply.meta["created"]
         human = lambda _: f"{len(valid)} requests: {created} created, {len(valid) - created} already present"  # noqa: E731
     out.reply(reply, human=human)
+
+
+def _record_refusal(
+    settings: Settings, credential: Credential, requests: list[Any], exc: InvalidRequest, *, dry_run: bool
+) -> None:
+    """The refusal recorded in the configured database (ops/app/service.py: best effort, one
+    short statement). Without EVQ_DATABASE_URL nothing is recorded: an embedded server is not
+    started only to say that nothing was enqueued."""
+    if not settings.database_url:
+        return
+
+    async def work() -> None:
+        async with wiring.open_store(settings, max_size=1) as store:
+            await service.record_refusal(store, credential.caller, "cli", requests, exc, dry_run=dry_run)
+
+    try:
+        run(work())
+    except EvqError as failure:  # the database away: the refusal is still the answer
+        log.warning("refusal_not_recorded", interface="cli", error_class=type(failure).__name__)
 
 
 def _human_plan(d: dict[str, Any]) -> str:

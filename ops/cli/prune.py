@@ -29,7 +29,7 @@ def prune_cmd(
     def progress(total: PruneCounts) -> None:
         click.echo(
             f"prune: {total.batches} batches, {total.steps} steps, {total.evidence} evidence rows, "
-            f"{total.decisions} decisions deleted",
+            f"{total.decisions} decisions, {total.refusals} refused enqueues deleted",
             err=True,
         )
 
@@ -49,13 +49,14 @@ def prune_cmd(
         "evidence": counts.evidence,
         "decisions": counts.decisions,
         "batches": counts.batches,
+        "refusals": counts.refusals,
     }
     verb = "would delete" if dry_run else "deleted"
     out.success(
         data,
         human=lambda d: (
             f"{verb} {d['steps']} steps, {d['evidence']} evidence rows and {d['decisions']} decisions "
-            f"created and closed before {d['cutoff']}"
+            f"created and closed before {d['cutoff']}, and {d['refusals']} refused enqueues recorded before it"
             + ("" if dry_run else f" ({d['batches']} batches, see prune_log)")
         ),
     )

@@ -38,7 +38,6 @@ import struct
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -271,7 +270,7 @@ class DevHttpServer(devserver.FaultInjection):
     def _store(self, body: dict[str, Any], key: str | None) -> dict[str, Any]:
         message = {
             "object": "email",
-            "id": str(uuid.uuid4()),
+            "id": devserver.dev_id(),
             "idempotency_key": key,
             "from": body.get("from"),
             "to": body.get("to"),

@@ -5,12 +5,24 @@ the command line."""
 
 from __future__ import annotations
 
+import secrets
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Self
+
+# The prefix of every id the dev servers hand out (the SMTP server's queue id in its final
+# 250, the HTTP server's message id): visibly a test id, never the shape of a real
+# provider's (Postfix's upper-case hex queue id, Resend's UUID), so evidence written
+# against a dev server can never pass for a send a real provider accepted.
+TEST_ID_PREFIX = "test_"
+
+
+def dev_id() -> str:
+    """A new id as the dev servers give them: ``test_`` and 24 lower-case hex digits (96 random bits)."""
+    return TEST_ID_PREFIX + secrets.token_hex(12)
 
 
 @dataclass(frozen=True, slots=True)

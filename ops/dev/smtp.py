@@ -27,7 +27,6 @@ import hmac
 import re
 import sys
 import threading
-import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -238,7 +237,7 @@ class DevSmtpServer(devserver.FaultInjection):
             "rcpt_tos": list(envelope.rcpt_tos),
             "data": bytes(data),
             "received_at": datetime.now(UTC),
-            "queue_id": uuid.uuid4().hex[:12].upper(),
+            "queue_id": devserver.dev_id(),
         }
         with self._lock:
             self._messages.append(record)

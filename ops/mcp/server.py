@@ -141,7 +141,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
         dry_run = request.pop("dry_run", False)
         if not isinstance(dry_run, bool):
             raise InvalidRequest([{"field": "dry_run", "message": "must be a boolean"}])
-        return await service.enqueue(store, caller(), [request], settings.policy(), dry_run=dry_run)
+        return await service.enqueue(store, caller(), [request], settings.policy(), dry_run=dry_run, interface="mcp")
 
     async def get(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(get_schema(), args)

@@ -9,7 +9,7 @@ command ``steps.resolve.by_step_id``), with ``x-evq-command`` naming the command
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -45,6 +45,9 @@ def operation(path: str, route: int = 0, **openapi_extra: Any) -> dict[str, Any]
         "operation_id": entry.operation_id(entry.http[route]),
         "openapi_extra": {**openapi_extra, "x-evq-command": path},
     }
+
+
+_REFUSALS = command("refusals.list")
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -173,7 +176,9 @@ async def enqueue(
     body = await read_json(request.body, request.headers.get("content-type"))
     many = isinstance(body, list)
     requests = body if many else [body]
-    reply = await service.enqueue(state.store, who, requests, state.policy, many=many, dry_run=dry_run)
+    reply = await service.enqueue(
+        state.store, who, requests, state.policy, many=many, dry_run=dry_run, interface="http"
+    )
     return _answer(reply, request.state.timer, 201 if reply.created else 200)
 
 
@@ -229,6 +234,35 @@ async def show_run(
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
+
+
+def refusal_query(dest: str, **http: Any) -> Any:
+    """A query parameter of `GET /v1/refusals` as the command table describes it."""
+    p = _REFUSALS.param(dest)
+    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    return Query(p.default, description=p.help, **{**bounds, **http})
+
+
+@router.get(
+    "/refusals",
+    summary="Refused enqueues, newest first: what was asked, by which key, every failing field",
+    description="Bounded and scrubbed: identifiers, field names, a digest and size of the request, never its "
+    "body or a key. Any role may read.",
+    responses=_responses("refusals.list", 200),
+)
+async def list_refusals(
+    request: Request,
+    who: Caller = Depends(caller),
+    key: str | None = refusal_query("key_name", max_length=64),
+    interface: Literal["cli", "http", "mcp", "python"] | None = refusal_query("interface"),
+    before_id: int | None = refusal_query("before_id"),
+    limit: int = refusal_query("limit"),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    reply = await service.list_refusals(
+        state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit
+    )
+    return _answer(reply, request.state.timer)
 
 
 @router.post(

@@ -37,6 +37,7 @@ ENDED = {
     "signed-out": "This session was signed out: sign in again.",
 }
 FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
+OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
 PAGE_SIZE = 100
 BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
 
@@ -222,6 +223,8 @@ async def overview(request: Request) -> HTMLResponse:
     # Providers evq has stopped sending to, and why (worker/circuit.py).
     circuits = await service.list_providers(state.store, who, ADAPTERS)
     held = [c for c in circuits.data if not c["sending"]]
+    # What agents tried lately and were refused (worker/refusals.py), newest first.
+    refusals = await service.list_refusals(state.store, who, limit=OVERVIEW_REFUSALS)
     return render(
         request,
         "overview.html",
@@ -231,6 +234,7 @@ async def overview(request: Request) -> HTMLResponse:
         statuses=list(Status),
         oldest=oldest.data[0] if oldest.data else None,
         held=held,
+        refusals=refusals.data,
     )
 
 

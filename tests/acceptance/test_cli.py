@@ -465,3 +465,24 @@ def test_out_of_range_numbers_and_bytes_that_are_not_utf8_are_argument_errors(ev
         assert error["code"] == "E_INVALID_ARG" and "not valid UTF-8" in error["message"], args
     human = evq.run("runs", "show", not_utf8)
     assert human.returncode == 2 and "not valid UTF-8" in human.stderr
+
+
+def test_a_refused_enqueue_is_recorded_and_listed_and_a_database_away_changes_no_answer(evq: Evq, db_url):
+    """EVQ_REQUIRE_PROVENANCE on the command line: the refusal names decision.model, is
+    recorded with the key's name (interface cli), and `evq refusals list` shows it."""
+    env = {"EVQ_REQUIRE_PROVENANCE": "model,instruction_version"}
+    bad = {**REQUEST, "decision": {"instruction_version": "v1"}}
+    out = evq.json("enqueue", "--file", "-", input=json.dumps(bad), expect=2, **env)
+    assert [f["field"] for f in out["error"]["context"]["fields"]] == ["decision.model"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    listed = evq.json("refusals", "list", "--interface", "cli")
+    [row] = listed["data"]
+    assert (row["key_name"], row["interface"], row["reasons"]) == ("test-admin", "cli", ["decision"])
+    assert row["errors"] == out["error"]["context"]["fields"] and REQUEST["text"] not in json.dumps(row)
+    assert evq.json("refusals", "list", "--key", "someone-else")["data"] == []
+    human = evq.run("refusals", "list")
+    assert human.returncode == 0 and "decision.model" in human.stdout
+    # With the database unreachable the refusal is still the answer, unchanged.
+    away = Evq("postgresql://postgres@127.0.0.1:1/nowhere", **env)
+    gone = away.json("enqueue", "--file", "-", input=json.dumps(bad), expect=2)
+    assert gone["error"]["context"]["fields"] == out["error"]["context"]["fields"]

@@ -93,6 +93,9 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(nowhere, "keys", "list", expect=9)
     run(anyone, "providers", "list")
     run(nowhere, "providers", "list", expect=9)
+    run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
+    assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1
+    run(anyone, "refusals", "list", "--interface", "smtp", expect=2)
     run(admin, "keys", "revoke", "ops")
     run(admin, "keys", "revoke", "nobody", expect=1)
     run(anyone, "schema")

@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from evq.adapters.postgres.enqueue import enqueue_own
+from evq.worker.errors import InvalidRequest
 from tests.support import POLICY, execute, free_port, request, require_binary, spawn, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,3 +147,23 @@ def test_worker_refuses_a_busy_metrics_port_with_a_clear_error(evq):
         out = evq.json("worker", "run", "--metrics-port", port, "--metrics-host", "127.0.0.1", expect=2)
     assert out["error"]["code"] == "E_INVALID_ARG"
     assert "EVQ_METRICS_PORT" in out["error"]["message"] and port in out["error"]["message"]
+
+
+@pytest.fixture
+def refused_in_this_process(db_url) -> None:
+    """An agent's own Python process (this one, not the worker) has one enqueue refused."""
+    with pytest.raises(InvalidRequest):
+        enqueue_own(db_url, request(decision=None), policy=replace(POLICY, require_provenance=("model",)))
+
+
+@pytest.mark.slow
+def test_prometheus_sees_a_refusal_made_in_another_process_through_the_workers_collector(
+    refused_in_this_process, prometheus
+):
+    [series] = _wait_for("a scrape", lambda: _query(prometheus, "evq_enqueue_refusals_total"))
+    assert series["metric"]["interface"] == "python" and series["metric"]["field"] == "decision"
+    assert float(series["value"][1]) == 1
+    # The worker never validated anything: its own per-process counter has no refusal.
+    assert _query(prometheus, "sum(evq_validation_errors_total) > 0") == []
+    pending = {s["metric"]["le"]: float(s["value"][1]) for s in _query(prometheus, "evq_pending_age_seconds_bucket")}
+    assert pending["+Inf"] == 0

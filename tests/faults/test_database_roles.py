@@ -80,6 +80,10 @@ BYPASSES = [
     ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
     ["DELETE FROM provider_circuit_events"],
     ["TRUNCATE provider_circuit_events"],
+    # Refused enqueues (0013): what an agent tried stays as recorded; the counter never goes down.
+    ["UPDATE enqueue_refusals SET key_name = 'someone else'"],
+    ["DELETE FROM enqueue_refusal_counts"],
+    ["TRUNCATE enqueue_refusals"],
     ["DELETE FROM email_steps"],
     [
         "INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
@@ -190,6 +194,28 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         {"app": r.app},
     )
     assert granted == {"circuit_update": True, "events_insert": True, "events_update": False, "events_delete": False}
+    # Refused enqueues (0013): recorded and pruned, never rewritten; their counter only grows.
+    [refusals] = rows(
+        r.admin_url,
+        """
+        SELECT has_table_privilege(%(app)s, 'enqueue_refusals', 'INSERT') AS insert,
+               has_table_privilege(%(app)s, 'enqueue_refusals', 'DELETE') AS prune,
+               has_table_privilege(%(app)s, 'enqueue_refusals', 'UPDATE') AS rewrite,
+               has_table_privilege(%(app)s, 'enqueue_refusal_counts', 'UPDATE') AS count,
+               has_table_privilege(%(app)s, 'enqueue_refusal_counts', 'DELETE') AS uncount
+        """,
+        {"app": r.app},
+    )
+    assert refusals == {"insert": True, "prune": True, "rewrite": False, "count": True, "uncount": False}
+    # UPDATE is granted for the increment; a count that goes down is refused by 0013's trigger.
+    with psycopg.connect(r.app_url) as conn:
+        conn.execute(
+            "INSERT INTO enqueue_refusal_counts (interface, field, total) VALUES ('cli', 'to', 3) ON CONFLICT DO NOTHING"
+        )
+        conn.execute("UPDATE enqueue_refusal_counts SET total = total + 1 WHERE field = 'to'")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE enqueue_refusal_counts SET total = 0 WHERE field = 'to'")
+        conn.rollback()
 
 
 def run_as_runtime_role(r: Roles) -> dict:

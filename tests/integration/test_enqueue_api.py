@@ -91,3 +91,22 @@ def test_no_caller_of_the_python_api_can_send_as_evqs_notice_sender(db_url):
     with pytest.raises(InvalidRequest):
         enqueue_own(db_url, forged)
     assert count(db_url) == (0, 0)
+
+
+def test_enqueue_own_records_its_refusals_and_enqueue_in_a_transaction_does_not(db_url):
+    from dataclasses import replace
+
+    policy = replace(POLICY, require_provenance=("model",))
+    with pytest.raises(InvalidRequest) as caught:
+        enqueue_own(db_url, request(run_id="run-own", decision=None), policy=policy)
+    assert [e["field"] for e in caught.value.errors] == ["decision.model"]
+    [row] = rows(db_url, "SELECT interface, key_name, reasons, asked FROM enqueue_refusals")
+    assert (row["interface"], row["key_name"], row["reasons"]) == ("python", None, ["decision"])
+    assert row["asked"][0]["run_id"] == "run-own"
+    with pytest.raises(InvalidRequest):
+        enqueue_own(db_url, request(decision=None), policy=policy, record_refusals=False)
+    # Inside the caller's transaction nothing is written, not even the refusal (see enqueue_own's docstring).
+    with psycopg.connect(db_url) as conn, conn.transaction(), pytest.raises(InvalidRequest):
+        enqueue(conn, request(decision=None), policy=policy)
+    assert rows(db_url, "SELECT count(*) AS n FROM enqueue_refusals")[0]["n"] == 1
+    assert rows(db_url, "SELECT total FROM enqueue_refusal_counts") == [{"total": 1}]

@@ -9,6 +9,7 @@ policy re-check, and no API key anywhere.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -87,6 +88,8 @@ async def test_2xx_is_accepted_with_the_providers_id(provider, server) -> None:
     assert isinstance(outcome, Accepted)
     [message] = server.messages
     assert outcome.provider_message_id == message["id"]
+    # Visibly a test id, never the shape of a real provider's (Resend's is a UUID).
+    assert re.fullmatch(r"test_[0-9a-f]{24}", message["id"])
     assert outcome.response["code"] == 200 and outcome.response["sent"] is True
     # The request as the provider saw it: key in the header and in a tag, Message-ID kept.
     [post] = server.posts()

@@ -22,7 +22,7 @@ from evq.ops.bench import collector as collector_bench
 from evq.ops.settings import Settings
 from evq.ops.wiring import metrics_endpoint
 from evq.worker.errors import ConfigError, DatabaseUnavailable, StateConflict
-from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
+from evq.worker.metrics import PENDING_AGE_BUCKETS, UNKNOWN_AGE_BUCKETS
 from evq.worker.outcomes import Retryable, Unknown
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.resolution import Resolution
@@ -220,7 +220,12 @@ def test_collector_query_reads_the_partial_indexes_not_the_table(db_url):
     with psycopg.connect(db_url) as conn:
         [[plan]] = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + Q["queue_stats"],
-            {"now": None, "buckets": list(UNKNOWN_AGE_BUCKETS), "exact_limit": 1000},
+            {
+                "now": None,
+                "buckets": list(UNKNOWN_AGE_BUCKETS),
+                "pending_buckets": list(PENDING_AGE_BUCKETS),
+                "exact_limit": 1000,
+            },
         ).fetchall()
     nodes = [n for n in _plan_nodes(plan[0]["Plan"]) if n.get("Relation Name") == "email_steps"]
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(nodes, indent=1)
@@ -244,6 +249,10 @@ def test_collector_query_reads_the_partial_indexes_not_the_table(db_url):
     assert stats.steps["unknown"] == filled["unknown"] == live["unknown"]
     assert stats.steps["pending"] == live["pending_due"] + live["pending_later"]
     assert stats.in_flight_expired == live["expired"]
+    # The claimable rows' waiting times (due 30 s ago), read through the claim's own index.
+    buckets = dict(stats.pending_buckets)
+    assert stats.pending_due == live["pending_due"] and buckets[15.0] == 0 and buckets[60.0] == live["pending_due"]
+    assert 25 * live["pending_due"] < stats.pending_age_sum < 120 * live["pending_due"]
 
 
 def test_collector_bench_prints_its_query_time(db_url):

@@ -306,3 +306,22 @@ async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(
         )
     assert await pruner(store).run_once() == PruneCounts()
     assert rows(db_url, "SELECT id FROM email_steps") == [{"id": fresh}]
+
+
+async def test_old_refusals_are_pruned_with_the_same_cutoff_and_their_counts_stay(store, db_url):
+    from evq.worker.refusals import describe
+
+    def refused(at: datetime):
+        return store.record_refusal(
+            describe("cli", [{"run_id": "r"}], [{"field": "to", "message": "required"}], key_name=None), now=at
+        )
+
+    for _ in range(3):
+        await refused(OLD)
+    await refused(NOW - timedelta(days=1))
+    counted = await pruner(store, dry_run=True).run_once()
+    assert counted.refusals == 3 and count(db_url, "SELECT count(*) AS n FROM enqueue_refusals") == 4
+    done = await pruner(store).run_once()  # batch 2: two statements, then an empty one
+    assert done.refusals == 3 and done.steps == 0
+    assert count(db_url, "SELECT count(*) AS n FROM enqueue_refusals") == 1
+    assert rows(db_url, "SELECT total FROM enqueue_refusal_counts") == [{"total": 4}]

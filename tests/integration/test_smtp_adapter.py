@@ -12,6 +12,7 @@ import asyncio
 import base64
 import datetime as dt
 import ipaddress
+import re
 import signal
 import ssl
 import subprocess
@@ -115,6 +116,8 @@ def test_accepted_carries_the_queue_id(server: DevSmtpServer) -> None:
     assert isinstance(outcome, Accepted)
     [message] = server.messages
     assert outcome.provider_message_id == message["queue_id"]
+    # Visibly a test id, never the shape of a real MTA's (Postfix: upper-case hex).
+    assert re.fullmatch(r"test_[0-9a-f]{24}", outcome.provider_message_id)
     assert outcome.response["phase"] == "final" and outcome.response["code"] == 250
     assert outcome.response["error_class"] is None and outcome.response["refused"] == {}
     assert message["message_id"] == MESSAGE_ID

@@ -57,6 +57,7 @@ def test_dashboard_answers_the_operators_questions():
         'evq_send_attempts_total{outcome="retryable"}',  # retry ratio
         'evq_send_attempts_total{outcome="unknown"}',  # unknown ratio
         "evq_send_duration_seconds_bucket",  # latency quantiles
+        "evq_enqueue_refusals_total",  # what agents were refused, from every process
     ):
         assert metric in exprs, metric
     assert any("sum by (outcome)" in t["expr"] for _, t in _targets())  # throughput by outcome

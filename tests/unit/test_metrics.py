@@ -56,6 +56,28 @@ def test_collector_exports_every_status_and_cumulative_age_buckets():
     assert page[("evq_collector_duration_seconds", ())] >= 0
 
 
+def test_collector_exports_pending_waits_and_every_processs_refusals():
+    stats = QueueStats(
+        **{
+            **{f: getattr(STATS, f) for f in STATS.__dataclass_fields__},
+            "pending_due": 4,
+            "pending_age_sum": 700.0,
+            "pending_buckets": tuple((le, min(i, 4)) for i, le in enumerate(metrics.PENDING_AGE_BUCKETS)),
+            "refusals": {("http", "decision"): 3, ("python", "to"): 1},
+        }
+    )
+    page = _page(QueueCollector(lambda buckets: stats))
+    assert page[("evq_pending_age_seconds_bucket", (("le", "1.0"),))] == 0
+    assert page[("evq_pending_age_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert page[("evq_pending_age_seconds_gsum", ())] == 700.0
+    assert page[("evq_enqueue_refusals_total", (("field", "decision"), ("interface", "http")))] == 3
+    assert page[("evq_enqueue_refusals_total", (("field", "to"), ("interface", "python")))] == 1
+    # Described without a read, so registering the collector runs no query.
+    assert {"evq_pending_age_seconds_bucket", "evq_enqueue_refusals_total"} <= exported_names(
+        QueueCollector(lambda buckets: pytest.fail("read"))
+    )
+
+
 # Every metric issue 5 asks for: (type as OpenMetrics exposes it, label names).
 CATALOGUE = {
     "evq_content_redacted": ("counter", set()),

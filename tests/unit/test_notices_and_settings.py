@@ -205,3 +205,11 @@ def test_internal_domains_open_only_the_named_special_use_domains():
         parse({**request, "to": ["a@hr.corp.local"]})  # the default policy names none
     assert settings.notices().internal_domains == settings.internal_domains
     assert Settings.load({"EVQ_INTERNAL_DOMAINS": "mail.test", "EVQ_NOTICE_FROM": "evq@mail.test"}).notice_from
+
+
+def test_require_provenance_reaches_the_policy_and_refuses_unknown_fields():
+    settings = Settings.load({"EVQ_REQUIRE_PROVENANCE": "Model, instruction_version"})
+    assert settings.policy().require_provenance == ("model", "instruction_version")
+    with pytest.raises(ConfigError) as caught:
+        Settings.load({"EVQ_REQUIRE_PROVENANCE": "model,modle"})
+    assert "EVQ_REQUIRE_PROVENANCE" in str(caught.value) and "modle" in str(caught.value)

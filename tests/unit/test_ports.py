@@ -42,6 +42,7 @@ def _roles() -> list[type]:
         ports.StepReader,
         ports.ResolveStore,
         ports.KeyLookup,
+        ports.RefusalStore,
     ]
 
 

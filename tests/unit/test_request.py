@@ -198,3 +198,37 @@ def test_plain_address_shortcut_is_taken():
         addr = f"{local}@{long_domain}"
         assert (r._plain_address(addr) is None) == (len(addr) > 254)
         assert_agrees_with_email_validator(addr)
+
+
+# -- required provenance (EVQ_REQUIRE_PROVENANCE) ---------------------------------
+
+PROVENANCE = replace(POLICY, require_provenance=("model", "instruction_version"))
+
+
+def test_required_provenance_refuses_a_request_without_it_naming_each_field() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse(request(decision=None), PROVENANCE)
+    fields = {e["field"]: e["message"] for e in caught.value.errors}
+    assert set(fields) == {"decision.model", "decision.instruction_version"}
+    assert "EVQ_REQUIRE_PROVENANCE" in fields["decision.model"]
+
+
+def test_required_provenance_refuses_an_empty_value_and_keeps_its_own_error_once() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse(request(decision={"model": "  ", "instruction_version": 7}), PROVENANCE)
+    fields = [e["field"] for e in caught.value.errors]
+    # The blank model is missing; the number is already refused as "must be a string", once.
+    assert sorted(fields) == ["decision.instruction_version", "decision.model"]
+
+
+def test_required_provenance_accepts_a_request_that_carries_it() -> None:
+    checked = parse(request(decision={"model": "m-1", "instruction_version": "v1"}), PROVENANCE)
+    assert checked.decision.model == "m-1" and checked.decision.instruction_version == "v1"
+    # Without the setting, a request with no decision at all is still accepted.
+    assert parse(request(decision=None), POLICY).decision.model is None
+
+
+def test_the_send_time_recheck_does_not_ask_a_stored_payload_for_provenance() -> None:
+    # A stored payload holds no decision: the adapter's re-check must not refuse every send.
+    payload = parse(request(), PROVENANCE).payload
+    assert check_payload(payload, PROVENANCE) is None

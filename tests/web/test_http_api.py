@@ -310,6 +310,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/steps/{step_id}/resolve",
         "/v1/steps/resolve",
         "/v1/providers",
+        "/v1/refusals",
     }
     # Each operation is named after its command (ops/app/commands.py): `evq steps enqueue` is steps.enqueue.
     assert doc["paths"]["/v1/steps"]["post"]["operationId"] == "steps.enqueue"
@@ -392,3 +393,43 @@ def test_a_read_only_database_is_a_clear_503_and_nothing_is_written(db_url, keys
     assert listed.status_code == 200 and [s["id"] for s in checked(listed)["data"]] == [step.id]
     assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
     assert step_row(db_url, step.id)["status"] == "unknown"
+
+
+def test_a_refused_enqueue_is_recorded_with_its_key_counted_and_shown(db_url, keys):
+    """EVQ_REQUIRE_PROVENANCE refuses a request without model and instruction version; the
+    refusal is recorded (the key's name, every field, what was asked, never the body), read
+    back at GET /v1/refusals and on the ops page, and counted by the collector's scrape."""
+    with serving(db_url, require_provenance=("model", "instruction_version")) as served:
+        agent = served.client(keys["agent"])
+        secret_body = "the body that must not be kept"
+        sent = request(run_id="run-refused", step_id="no-provenance", text=secret_body, decision=None)
+        refused = agent.post("/v1/steps", json=sent)
+        assert refused.status_code == 422
+        fields = [f["field"] for f in checked(refused)["error"]["context"]["fields"]]
+        assert fields == ["decision.model", "decision.instruction_version"]
+        assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+        ok = agent.post("/v1/steps", json={**sent, "decision": {"model": "m-1", "instruction_version": "v1"}})
+        assert ok.status_code == 201
+
+        listed = checked(agent.get("/v1/refusals"))
+        [row] = listed["data"]
+        assert (row["interface"], row["key_name"], row["dry_run"], row["requests"]) == ("http", "bot", False, 1)
+        assert [e["field"] for e in row["errors"]] == fields and row["reasons"] == ["decision"]
+        assert row["asked"][0]["run_id"] == "run-refused" and row["asked"][0]["recipients"] == 1
+        stored = json.dumps(rows(db_url, "SELECT * FROM enqueue_refusals"), default=str)
+        assert secret_body not in stored and sent["to"][0] not in stored and keys["agent"] not in stored
+        assert checked(agent.get("/v1/refusals", params={"interface": "mcp"}))["data"] == []
+        assert agent.get("/v1/refusals", params={"interface": "smtp"}).status_code == 422
+
+        scraped = httpx.get(served.url + "/metrics").text
+        assert 'evq_enqueue_refusals_total{field="decision",interface="http"} 1.0' in scraped
+        assert 'evq_pending_age_seconds_bucket{le="+Inf"} 1.0' in scraped
+
+        with httpx.Client(base_url=served.url, timeout=30) as web:
+            login = web.get("/ops/login")
+            token = re.search(r'name="csrf" value="([^"]+)"', login.text)
+            assert token
+            signed = web.post("/ops/login", data={"csrf": token[1], "key": keys["operator"]})
+            assert signed.status_code == 303
+            overview = web.get("/ops").text
+        assert f'id="refusal-{row["id"]}"' in overview and "decision.model" in overview

@@ -176,3 +176,17 @@ async def test_a_revoked_key_stops_working_at_the_next_call(db_url, store):
         refused = await call(c, "evq_steps_enqueue", request(), "steps.enqueue")
         assert refused["error"]["code"] == "E_AUTH_FAILED" and "revoked" in refused["error"]["message"]
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+
+
+async def test_a_refused_send_is_recorded_with_the_servers_key_and_required_provenance(db_url):
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    sent = request(run_id="run-mcp-refused", decision={"model": "m-1"})
+    async with client(db_url, agent, require_provenance=("model", "instruction_version")) as c:
+        refused = await call(c, "evq_email_send", sent, "enqueue")
+    assert refused["error"]["code"] == "E_INVALID_ARG"
+    assert [f["field"] for f in refused["error"]["context"]["fields"]] == ["decision.instruction_version"]
+    [row] = await asyncio.to_thread(rows, db_url, "SELECT * FROM enqueue_refusals")
+    assert (row["interface"], row["key_name"], row["reasons"]) == ("mcp", "bot", ["decision"])
+    assert row["asked"][0]["run_id"] == "run-mcp-refused" and sent["text"] not in str(row)
+    [count] = await asyncio.to_thread(rows, db_url, "SELECT * FROM enqueue_refusal_counts")
+    assert count == {"interface": "mcp", "field": "decision", "total": 1}

@@ -6,6 +6,7 @@ Each part of the core asks for the role it uses, so a test fake implements only 
 - :mod:`.circuits`: the providers' circuits (the worker changes them, the interfaces read them);
 - :mod:`.rates`: the shared rate limits; :mod:`.reconcile`: settling unknown rows;
   :mod:`.prune`: retention; :mod:`.redact`: content retention;
+  :mod:`.refusals`: refused enqueues, recorded and read;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
   (ops/app/service.py) does; :mod:`.keys`: the API keys it checks;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
@@ -29,6 +30,7 @@ from evq.worker.ports.queue import ClaimStore, RecordStore, RescueStore
 from evq.worker.ports.rates import RateStore
 from evq.worker.ports.reconcile import ReconcileStore
 from evq.worker.ports.redact import RedactStore
+from evq.worker.ports.refusals import RefusalStore
 from evq.worker.ports.services import Service
 from evq.worker.ports.steps import EnqueueStore, ResolveStore, StepFilter, StepReader
 from evq.worker.ports.wakeup import Wakeup
@@ -49,6 +51,7 @@ __all__ = [
     "ReconcileStore",
     "RecordStore",
     "RedactStore",
+    "RefusalStore",
     "RescueStore",
     "ResolveStore",
     "SendRequest",
@@ -65,7 +68,7 @@ class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore,
     """What worker/runner.py needs: its claim loop and every service it runs."""
 
 
-class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, Protocol):
+class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, Protocol):
     """What the interfaces need, through ops/app/service.py."""
 
 

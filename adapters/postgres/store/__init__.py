@@ -15,6 +15,7 @@ from evq.adapters.postgres.store.queue import PostgresQueue, new_claim_id
 from evq.adapters.postgres.store.rates import PostgresRates
 from evq.adapters.postgres.store.reconcile import PostgresReconcile
 from evq.adapters.postgres.store.redact import PostgresRedact
+from evq.adapters.postgres.store.refusals import PostgresRefusals
 from evq.adapters.postgres.store.steps import PostgresSteps
 
 __all__ = ["PostgresBase", "PostgresStore", "new_claim_id"]
@@ -29,7 +30,9 @@ class PostgresStore(
     PostgresRedact,
     PostgresSteps,
     PostgresKeys,
+    PostgresRefusals,
 ):
     """Every port over one pool: the worker's queue (claim, record, release, rescue), rates,
-    circuits, the reconciler, pruning, content retention, the app's steps (enqueue, reads, resolve) and API keys.
+    circuits, the reconciler, pruning, content retention, the app's steps (enqueue, reads, resolve),
+    API keys and refused enqueues.
     ``PostgresStore.open(url)`` opens the pool (PostgresBase.open)."""
