@@ -249,6 +249,7 @@ def refusal_query(dest: str, **http: Any) -> Any:
     description="Bounded and scrubbed: identifiers, field names, a digest and size of the request, never its "
     "body or a key. Any role may read.",
     responses=_responses("refusals.list", 200),
+    **operation("refusals.list"),
 )
 async def list_refusals(
     request: Request,
