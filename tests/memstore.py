@@ -229,6 +229,7 @@ class MemoryStore:
         self.rate_limits: dict[str, dict[str, Any]] = {}
         self.circuit_rows: dict[str, dict[str, Any]] = {}
         self.circuit_events: list[Mapping[str, Any]] = []
+        self.key_events: list[Mapping[str, Any]] = []  # append-only, like evidence
         self._step_ids = 0
         self._decision_ids = 0
         self._evidence_ids = 0
@@ -299,7 +300,38 @@ class MemoryStore:
         self._evidence_ids += 1
         frozen = MappingProxyType({"id": self._evidence_ids, **row})
         self.evidence.append(frozen)
+        self._key_event(frozen)
         return frozen
+
+    def _key_event(self, e: Mapping[str, Any]) -> None:
+        """The evidence_key_events trigger (0013): a rejection, unknown or verdict on an
+        agent's step lands in the feed of the key that enqueued it."""
+        moved = e["to_status"] in ("rejected", "unknown") and e["from_status"] != e["to_status"]
+        if not (moved or e["kind"] == "operator_resolved"):
+            return
+        step = self.steps[e["step_id"]]
+        if step["notice_of"] is not None:
+            return
+        detail = e["detail"] or {}
+        text = detail.get("message") if detail.get("message") is not None else detail.get("note")
+        self.key_events.append(
+            MappingProxyType(
+                {
+                    "id": len(self.key_events) + 1,
+                    "key_id": self.decisions[step["decision_id"]]["actor_key_id"],
+                    "kind": "verdict" if e["kind"] == "operator_resolved" else e["to_status"],
+                    "step": step["id"],
+                    "run_id": step["run_id"],
+                    "step_id": step["step_id"],
+                    "status": e["to_status"],
+                    "reason": e["reason"],
+                    "detail": None if text is None else str(text)[:1000],
+                    "actor": e["actor"],
+                    "evidence_id": e["id"],
+                    "created_at": e["created_at"],
+                }
+            )
+        )
 
     def _evidence_of(self, step_id: int) -> list[Mapping[str, Any]]:
         return [e for e in self.evidence if e["step_id"] == step_id]
@@ -405,6 +437,9 @@ class MemoryStore:
             "rationale": None if d.rationale is None else _json(d.rationale),
             "decided_at": at if notice_of is not None else d.decided_at,
             "created_at": at,
+            "actor": request.actor.name if request.actor else None,
+            "actor_key_id": request.actor.key_id if request.actor else None,
+            "interface": request.actor.interface if request.actor else None,
         }
         self.steps[row["id"]] = row
         return EnqueueResult(

@@ -121,6 +121,20 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asked for a send: the API key's name and public id (never its secret), and
+    the interface it came through. The Python API has no key: ``key_id`` is None and
+    ``name`` is what the caller passed as ``actor=`` (maybe None)."""
+
+    interface: str  # cli, http, mcp, python
+    key_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key_id": self.key_id, "name": self.name, "interface": self.interface}
+
+
+@dataclass(frozen=True, slots=True)
 class ValidRequest:
     run_id: str
     step_id: str
@@ -133,6 +147,8 @@ class ValidRequest:
     notify: str | None = None
     max_attempts: int | None = None
     sender_domain: str = field(default="localhost")
+    # Set by the interface after the key is checked, never by the request itself.
+    actor: Actor | None = None
 
     @property
     def recipients(self) -> list[str]:

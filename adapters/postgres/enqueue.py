@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,7 @@ from evq.worker import metrics
 from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate
 from evq.worker.errors import Conflict, InvalidRequest
 from evq.worker.records import EnqueueResult
-from evq.worker.request import Policy, ValidRequest
+from evq.worker.request import Actor, Policy, ValidRequest
 from evq.worker.states import Status
 
 Rows = list[dict[str, Any]]
@@ -38,6 +39,7 @@ Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
 
 def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[str, Any]:
     d = request.decision
+    actor = request.actor
     return {
         "now": now,
         "run_id": request.run_id,
@@ -56,6 +58,9 @@ def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[s
         "tool": d.tool,
         "rationale": None if d.rationale is None else json.dumps(d.rationale, ensure_ascii=False),
         "decided_at": d.decided_at,
+        "actor": actor.name if actor else None,
+        "actor_key_id": actor.key_id if actor else None,
+        "interface": actor.interface if actor else None,
     }
 
 
@@ -95,6 +100,7 @@ def enqueue_many_params(
     rows = []
     for request, message_id in zip(requests, message_ids, strict=True):
         d = request.decision
+        actor = request.actor
         head = _dumps(
             [
                 request.run_id,
@@ -112,6 +118,9 @@ def enqueue_many_params(
                 d.tool,
                 d.rationale,
                 None if d.decided_at is None else d.decided_at.isoformat(),
+                actor.name if actor else None,
+                actor.key_id if actor else None,
+                actor.interface if actor else None,
             ]
         )
         # The payload goes in as the canonical JSON text validation made (and hashed),
@@ -203,13 +212,14 @@ def enqueue(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> EnqueueResult:
     """Enqueue one send inside ``conn``'s current transaction (psycopg or SQLAlchemy, sync).
 
     Raises InvalidRequest before anything is written, IdempotencyConflict when the
     key is taken by a different request. Commit is the caller's.
     """
-    valid = validate(request, policy)
+    valid = _as_python(validate(request, policy), actor)
     return run_sync(_driver_connection(conn), enqueue_op(valid, now))
 
 
@@ -219,9 +229,10 @@ async def enqueue_async(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> EnqueueResult:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = validate(request, policy)
+    valid = _as_python(validate(request, policy), actor)
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
@@ -234,13 +245,14 @@ def enqueue_many(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue several sends inside ``conn``'s current transaction, in one round trip.
 
     Every request is validated first: one bad request raises InvalidRequest naming it
     (``[index].field``) and nothing is written. Commit is the caller's.
     """
-    valid = validate_many(list(requests), policy)
+    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
     return run_sync(_driver_connection(conn), enqueue_many_op(valid, now))
 
 
@@ -250,16 +262,19 @@ async def enqueue_many_async(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> list[EnqueueResult]:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = validate_many(list(requests), policy)
+    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
     return await run_async(conn, enqueue_many_op(valid, now))
 
 
-def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy()) -> EnqueueResult:
+def enqueue_own(
+    url: str, request: Mapping[str, Any] | ValidRequest, *, policy: Policy = Policy(), actor: str | None = None
+) -> EnqueueResult:
     """Enqueue in a transaction of its own (opens and closes one connection).
 
     Autocommit: decision and step are one statement, so that statement is the whole
@@ -267,9 +282,18 @@ def enqueue_own(url: str, request: Mapping[str, Any] | ValidRequest, *, policy: 
     """
     from evq.adapters.postgres.database import connect_kwargs
 
-    valid = validate(request, policy)
+    valid = _as_python(validate(request, policy), actor)
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         return run_sync(conn, enqueue_op(valid))
+
+
+def _as_python(request: ValidRequest, actor: str | None) -> ValidRequest:
+    """The request as the Python API enqueues it: no key, so the actor is whatever the
+    caller named (``actor=``, maybe None) and the interface is ``python``. A request
+    an interface already stamped (a ValidRequest passed through) keeps its actor."""
+    if request.actor is not None:
+        return request
+    return replace(request, actor=Actor(interface="python", name=actor))
 
 
 def validate_many(requests: list[Any], policy: Policy) -> list[ValidRequest]:

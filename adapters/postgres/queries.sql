@@ -31,10 +31,11 @@ WITH t AS (
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
-        rationale, decided_at, created_at
+        rationale, decided_at, created_at, actor, actor_key_id, interface
     )
     SELECT step.decision_id, %(run_id)s, %(step_id)s, %(intent)s, %(instruction_version)s, %(prompt_version)s,
-           %(model)s, %(tool)s, %(rationale)s::jsonb, %(decided_at)s, t.now
+           %(model)s, %(tool)s, %(rationale)s::jsonb, %(decided_at)s, t.now, %(actor)s, %(actor_key_id)s,
+           %(interface)s
     FROM step, t
     RETURNING id
 )
@@ -63,13 +64,14 @@ WITH t AS (
 ), r AS (
     -- One JSON array of positional arrays, one per request, the payload last as
     -- the canonical JSON the caller already has: one document to encode and parse,
-    -- without sixteen typed arrays (whose per-element encoding cost more than the
+    -- without nineteen typed arrays (whose per-element encoding cost more than the
     -- inserts) or a key name repeated in every row. `->>` on a JSON null is NULL.
     SELECT e.ord, e.v->>0 AS run_id, e.v->>1 AS step_id, e.v->>2 AS idempotency_key, e.v->>3 AS message_id,
            e.v->>4 AS provider, e.v->>5 AS payload_sha256, (e.v->>6)::int AS max_attempts, e.v->>7 AS notify,
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
-           e.v->15 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+           e.v->>15 AS actor, e.v->>16 AS actor_key_id, e.v->>17 AS interface,
+           e.v->18 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
@@ -86,10 +88,10 @@ WITH t AS (
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
-        rationale, decided_at, created_at
+        rationale, decided_at, created_at, actor, actor_key_id, interface
     )
     SELECT r.decision_id, r.run_id, r.step_id, r.intent, r.instruction_version, r.prompt_version, r.model, r.tool,
-           r.rationale, r.decided_at, t.now
+           r.rationale, r.decided_at, t.now, r.actor, r.actor_key_id, r.interface
     FROM step JOIN r ON r.decision_id = step.decision_id, t
 ), wake AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p

@@ -72,6 +72,11 @@ decisions = Table(
     Column("rationale", JSONB),
     Column("decided_at", TZ),
     Column("created_at", TZ, nullable=False, server_default=NOW),
+    # Who asked (0013): the API key's name and public id (never its secret), and the
+    # interface the enqueue came through. A Python API enqueue has no key id.
+    Column("actor", Text),
+    Column("actor_key_id", Text),
+    Column("interface", Text),
     Index(None, "run_id", "created_at"),
 )
 
@@ -243,6 +248,9 @@ api_keys = Table(
     # Bumped when the key's holder signs out of the ops page: sessions made under an
     # older generation are refused (ops/web/session.py).
     Column("session_generation", Integer, nullable=False, server_default=text("0")),
+    # The key's default notification target (0013): told of a failure of a step it
+    # enqueued when the request named no notify address.
+    Column("notify_email", Text),
     UniqueConstraint("name"),
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
@@ -349,4 +357,29 @@ provider_circuit_events = Table(
     CheckConstraint(_in("from_state", CIRCUIT_STATES), name="from_state"),
     CheckConstraint(_in("to_state", CIRCUIT_STATES), name="to_state"),
     Index(None, "provider", "id"),
+)
+
+# What became of each key's sends (0013): every rejection, unknown and operator verdict
+# on a step the key enqueued, append-only, written by a trigger on evidence (so every
+# path that closes a step writes it). The id is the feed's cursor. key_id NULL: a step
+# enqueued without a key (the Python API). No foreign key: prune keeps the feed.
+KEY_EVENT_KINDS = ("rejected", "unknown", "verdict")
+
+key_events = Table(
+    "key_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("key_id", Text),
+    Column("kind", Text, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("step_id", Text, nullable=False),
+    Column("status", Text),
+    Column("reason", Text),
+    Column("detail", Text),
+    Column("actor", Text, nullable=False),
+    Column("evidence_id", BigInteger, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(_in("kind", KEY_EVENT_KINDS), name="kind"),
+    Index(None, "key_id", "id"),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, authenticate, 
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
-from evq.worker.request import Policy, ValidRequest, unicode_domain
+from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
@@ -96,16 +96,18 @@ class Caller:
         *,
         source: str = CLI_KEY_SOURCE,
         trusted_reader: bool = False,
+        interface: str = "cli",
     ):
         self.key = key or None
         self.source = source
         self.trusted_reader = trusted_reader
+        self.interface = interface  # recorded with what the caller enqueues (cli, http, mcp, ops-page)
         self._identity: Identity | None = None
 
     @classmethod
-    def signed_in(cls, identity: Identity, *, source: str) -> Caller:
+    def signed_in(cls, identity: Identity, *, source: str, interface: str = "ops-page") -> Caller:
         """A caller whose key was verified earlier (the ops page's session); roles still apply."""
-        caller = cls(None, source=source)
+        caller = cls(None, source=source, interface=interface)
         caller._identity = identity
         return caller
 
@@ -145,7 +147,11 @@ async def enqueue(
         await caller.identify(store, Permission.READ)
         plan = [await _plan(store, v) for v in valid]
         return Reply({"dry_run": True, "plan": plan}, {"count": len(plan)})
-    await caller.identify(store, Permission.ENQUEUE)
+    identity = await caller.identify(store, Permission.ENQUEUE)
+    assert identity is not None  # ENQUEUE is never granted without a key
+    # Who asked goes with the decision: the key's name and public id, never its secret.
+    actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
+    valid = [replace(v, actor=actor) for v in valid]
     results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
     created = sum(1 for r in results if r.created)
     if not many:

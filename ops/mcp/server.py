@@ -122,7 +122,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment)."""
 
     def caller() -> Caller:
-        return Caller(api_key, source=KEY_SOURCE)
+        return Caller(api_key, source=KEY_SOURCE, interface="mcp")
 
     async def send(args: Mapping[str, Any]) -> service.Reply:
         request = dict(args)

@@ -54,7 +54,7 @@ async def caller(request: Request) -> Caller:
     """The key of this request, checked for reading before anything else is looked at; an
     address that presented too many wrong keys lately gets 429 without a look (ops/web/throttle.py)."""
     state: AppState = request.app.state.evq
-    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, interface="http")
     await checked(state, client_address(request), lambda: who.identify(state.store, Permission.READ))
     return who
 
