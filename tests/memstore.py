@@ -229,7 +229,7 @@ class MemoryStore:
         self.rate_limits: dict[str, dict[str, Any]] = {}
         self.circuit_rows: dict[str, dict[str, Any]] = {}
         self.circuit_events: list[Mapping[str, Any]] = []
-        self.key_events: list[Mapping[str, Any]] = []  # append-only, like evidence
+        self.feed: list[Mapping[str, Any]] = []  # append-only, like evidence
         self._step_ids = 0
         self._decision_ids = 0
         self._evidence_ids = 0
@@ -314,10 +314,10 @@ class MemoryStore:
             return
         detail = e["detail"] or {}
         text = detail.get("message") if detail.get("message") is not None else detail.get("note")
-        self.key_events.append(
+        self.feed.append(
             MappingProxyType(
                 {
-                    "id": len(self.key_events) + 1,
+                    "id": len(self.feed) + 1,
                     "key_id": self.decisions[step["decision_id"]]["actor_key_id"],
                     "kind": "verdict" if e["kind"] == "operator_resolved" else e["to_status"],
                     "step": step["id"],
@@ -1412,6 +1412,19 @@ class MemoryStore:
             "session_generation": 0,
         }
         return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by")}
+
+    async def key_events(
+        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
+    ) -> list[dict[str, Any]]:
+        await self._op("key_events", None)
+        if not every and key_id is None:
+            key_id = self.keys[key_name]["key_id"] if key_name in self.keys else None
+        names = {k["key_id"]: name for name, k in self.keys.items()}
+        return [
+            {**e, "key_name": names.get(e["key_id"])}
+            for e in self.feed
+            if e["id"] > since and (every or (key_id is not None and e["key_id"] == key_id))
+        ][:limit]
 
     async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
         await self._op("key_by_id", None)

@@ -1091,6 +1091,28 @@ SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NUL
        EXISTS (SELECT 1 FROM api_keys WHERE name = %(name)s) AS name_taken;
 
 
+-- name: key_events_of_key
+-- One key's feed after a cursor, by its id or its name: the (key_id, id) index walks
+-- exactly that key's events from the cursor on.
+SELECT e.*, k.name AS key_name
+FROM key_events e
+LEFT JOIN api_keys k ON k.key_id = e.key_id
+WHERE e.key_id = coalesce(%(key_id)s, (SELECT key_id FROM api_keys WHERE name = %(key_name)s))
+  AND e.id > %(since)s
+ORDER BY e.id
+LIMIT %(limit)s;
+
+
+-- name: key_events_all
+-- Every key's feed (and steps enqueued without a key), for an operator.
+SELECT e.*, k.name AS key_name
+FROM key_events e
+LEFT JOIN api_keys k ON k.key_id = e.key_id
+WHERE e.id > %(since)s
+ORDER BY e.id
+LIMIT %(limit)s;
+
+
 -- name: api_key_list
 SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
 FROM api_keys

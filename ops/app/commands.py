@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from evq.ops.app.service import DECISION_FIELDS, FILTERS, HEADERS_HELP, LIST_LIMIT_MAX, MAX_ATTEMPTS_HELP, MAX_ID
+from evq.ops.app.service import (
+    DECISION_FIELDS,
+    EVENTS_LIMIT_MAX,
+    FILTERS,
+    HEADERS_HELP,
+    LIST_LIMIT_MAX,
+    MAX_ATTEMPTS_HELP,
+    MAX_ID,
+)
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.settings import OPTIONS, Option
 from evq.worker.circuit import FAULTS
@@ -213,6 +221,7 @@ def _setting(option: Option) -> Param:
 # The groups' one line each, for `evq schema` and `evq GROUP --help`.
 GROUPS: dict[str, str] = {
     "db": "Create or migrate evq's tables (Alembic).",
+    "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
@@ -346,6 +355,54 @@ _TABLE: tuple[Command, ...] = (
             '    --from agent@example.org --subject Hello --text "Hi Bob" --intent "welcome Bob"',
             "evq enqueue --file request.json -o json",
         ),
+    ),
+    Command(
+        "events.list",
+        "List a key's events (rejections, unknowns, operator verdicts on the sends it enqueued) after a cursor.",
+        "List the events of the API key's own sends after a cursor, oldest first: every "
+        "rejection, every step that became unknown, and every operator verdict, whatever "
+        "notices are configured. Poll with --since set to the last call's meta.next_cursor "
+        "(an event id; 0: from the start).\n\n"
+        "An operator or admin key (or the command line without a key) reads another key's "
+        "feed with --key NAME, or every key's with --all-keys.",
+        Effect.READ,
+        (
+            Param(
+                "since",
+                type="integer",
+                minimum=0,
+                maximum=MAX_ID,
+                default=0,
+                show_default=True,
+                metavar="CURSOR",
+                help="Only events after this one (the last call's meta.next_cursor).",
+            ),
+            Param(
+                "limit",
+                type="integer",
+                minimum=1,
+                maximum=EVENTS_LIMIT_MAX,
+                default=100,
+                show_default=True,
+                help="Events per call.",
+            ),
+            Param("key", metavar="NAME", help="Another key's feed, by its name (operator or admin)."),
+            Param(
+                "all_keys", Kind.FLAG, help="Every key's feed, and steps enqueued without a key (operator or admin)."
+            ),
+            Param(
+                CREDENTIAL,
+                flags=("--api-key",),
+                env=API_KEY_ENV,
+                local=True,
+                metavar="KEY",
+                help=f"The key whose feed to read [env: {API_KEY_ENV}].",
+            ),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.READ,
+        examples=("evq events list --since 0 -o json", "evq events list --key agent-7 --since 1200"),
     ),
     Command(
         "keys.create",

@@ -17,8 +17,8 @@ from typing import Any
 
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
-from evq.worker.errors import IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
+from evq.worker.errors import Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.keys import CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
@@ -119,6 +119,13 @@ class Caller:
             self._identity = await authenticate(lookup, self.key, permission, source=self.source)
             return self._identity
         return authorize(self._identity, permission)
+
+    async def key_holder(self, lookup: KeyLookup) -> Identity | None:
+        """Whose key this is, checked even for a trusted reader (a feed is per key); None:
+        a trusted reader without a key. AuthFailed for a wrong key or none where one is needed."""
+        if self._identity is None and (self.key is not None or not self.trusted_reader):
+            self._identity = await authenticate(lookup, self.key, Permission.READ, source=self.source)
+        return self._identity
 
 
 # -- enqueue ------------------------------------------------------------------
@@ -308,6 +315,64 @@ async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
         "events": run_events(detail.steps, detail.decisions, detail.evidence),
     }
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
+
+
+# -- each key's event feed ------------------------------------------------------
+
+EVENTS_LIMIT_MAX = 1000
+EVENT_FIELDS = (
+    "id",
+    "kind",
+    "step",
+    "run_id",
+    "step_id",
+    "status",
+    "reason",
+    "detail",
+    "actor",
+    "evidence_id",
+    "key_id",
+    "key_name",
+    "created_at",
+)
+# Who may read another key's feed (or every key's): those who act on other agents' sends.
+_FEED_READERS = (Role.OPERATOR, Role.ADMIN)
+
+
+async def list_events(
+    store: AppStore,
+    caller: Caller,
+    *,
+    since: int = 0,
+    limit: int = 100,
+    key: str | None = None,
+    all_keys: bool = False,
+) -> Reply:
+    """The caller's key's events after cursor ``since`` (every rejection, unknown and operator
+    verdict on a step it enqueued), oldest first; ``meta.next_cursor`` is the ``since`` of the
+    next call. ``key`` (a key's name) or ``all_keys``: another key's feed, or every key's, for
+    an operator or admin key (or the command line without a key, which reads every row anyway)."""
+    holder = await caller.key_holder(store)
+    if key is not None and all_keys:
+        raise InvalidRequest([{"field": "--key", "message": "give --key NAME or --all-keys, not both"}])
+    others = key is not None or all_keys
+    if others and holder is not None and holder.role not in _FEED_READERS:
+        raise Forbidden(
+            f"the API key {holder.name!r} has role {holder.role}: it reads only its own events",
+            hint="leave out --key and --all-keys to read this key's feed",
+            context={"name": holder.name, "role": str(holder.role), "roles": [str(r) for r in _FEED_READERS]},
+        )
+    if not others and holder is None:
+        raise InvalidRequest(
+            [{"field": "--api-key", "message": "a feed is per key: give the key whose events to read, or --key NAME"}]
+        )
+    if holder is not None and key is None and not all_keys:
+        rows = await store.key_events(since=since, limit=limit, key_id=holder.key_id, key_name=holder.name)
+    else:
+        rows = await store.key_events(since=since, limit=limit, key_name=key, every=all_keys)
+    data = [{k: r.get(k) for k in EVENT_FIELDS} for r in rows]
+    cursor = data[-1]["id"] if data else since
+    return Reply(data, {"count": len(data), "limit": limit, "since": since, "next_cursor": cursor})
 
 
 # -- providers' circuits (worker/circuit.py) -----------------------------------------

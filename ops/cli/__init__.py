@@ -11,6 +11,7 @@ from evq.ops.cli.bench import bench_cmd
 from evq.ops.cli.db import db
 from evq.ops.cli.demo import demo
 from evq.ops.cli.enqueue import enqueue_cmd
+from evq.ops.cli.events import events
 from evq.ops.cli.keys import keys
 from evq.ops.cli.mcptools import mcp
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
@@ -42,6 +43,7 @@ def cli() -> None:
     Work:         evq worker run
     Serve:        evq serve   (HTTP API, operators' page at /ops, /metrics) ; evq mcp   (MCP tools, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
+    Told:         evq events list --since CURSOR   (your key's rejections, unknowns, verdicts)
     Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
@@ -58,6 +60,7 @@ cli.add_command(worker_group)
 cli.add_command(steps)
 cli.add_command(runs)
 cli.add_command(keys)
+cli.add_command(events)
 cli.add_command(providers)
 cli.add_command(schema)
 cli.add_command(serve)

@@ -36,7 +36,8 @@ log = get_logger("evq.mcp")
 KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
 INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
 Send with evq_email_send (a repeat of the same run_id/step_id returns the same step); follow it with
-evq_steps_get (its state and evidence) or evq_runs_get (a whole run). A step whose status is `unknown`
+evq_steps_get (its state and evidence) or evq_runs_get (a whole run); evq_events_list tells you of every
+send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides.
 Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
 
@@ -114,6 +115,10 @@ def run_schema() -> dict[str, Any]:
     return command_input("runs.show")
 
 
+def events_schema() -> dict[str, Any]:
+    return command_input("events.list")
+
+
 def resolve_schema() -> dict[str, Any]:
     return command_input("steps.resolve", rename={"step_id": "id"}, defaults={"dry_run": True})
 
@@ -145,6 +150,12 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
         return await service.show_run(store, caller(), a["run_id"])
+
+    async def events(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(events_schema(), args)
+        return await service.list_events(
+            store, caller(), since=a["since"], limit=a["limit"], key=a["key"], all_keys=a["all_keys"]
+        )
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(resolve_schema(), args)
@@ -201,6 +212,16 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             run_schema(),
             "runs.show",
             run,
+            read_only=True,
+        ),
+        _tool(
+            "evq_events_list",
+            "Your key's event feed: every send of yours that was rejected, became unknown, or got an operator's "
+            "verdict, oldest first after the cursor `since` (pass the last answer's meta.next_cursor). Poll it to "
+            "learn of failures without a notify address.",
+            events_schema(),
+            "events.list",
+            events,
             read_only=True,
         ),
     ]

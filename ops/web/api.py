@@ -28,7 +28,8 @@ from evq.worker.states import Status
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 T = TypeVar("T")
 _LIST = command("steps.list")
-COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve", "events.list"]
+_EVENTS = command("events.list")
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -206,6 +207,32 @@ async def show_run(
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
+
+
+def event_query(dest: str) -> Any:
+    p = _EVENTS.param(dest)
+    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    return Query(p.default, description=p.help, **bounds)
+
+
+@router.get(
+    "/events",
+    summary="The key's event feed: every rejection, unknown and operator verdict on its sends, after a cursor",
+    description="Poll with `since` set to the last answer's meta.next_cursor. An operator or admin key reads "
+    "another key's feed with `key` (its name), or every key's with `all_keys`.",
+    responses=_responses("events.list", 200),
+)
+async def list_events(
+    request: Request,
+    who: Caller = Depends(caller),
+    since: int = event_query("since"),
+    limit: int = event_query("limit"),
+    key: str | None = Query(None, max_length=64, description=_EVENTS.param("key").help),
+    all_keys: bool = Query(False, description=_EVENTS.param("all_keys").help),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    reply = await service.list_events(state.store, who, since=since, limit=limit, key=key, all_keys=all_keys)
+    return _answer(reply, request.state.timer)
 
 
 @router.post(

@@ -41,6 +41,7 @@ def _roles() -> list[type]:
         ports.StepReader,
         ports.ResolveStore,
         ports.KeyLookup,
+        ports.EventFeed,
     ]
 
 

@@ -7,7 +7,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
 - :mod:`.rates`: the shared rate limits; :mod:`.reconcile`: settling unknown rows;
   :mod:`.prune`: retention;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
-  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks;
+  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
+  key's event feed;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
+from evq.worker.ports.events import EventFeed
 from evq.worker.ports.keys import KeyLookup
 from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
 from evq.worker.ports.prune import PruneStore
@@ -38,6 +40,7 @@ __all__ = [
     "CircuitStore",
     "ClaimStore",
     "EnqueueStore",
+    "EventFeed",
     "KeyLookup",
     "Lookup",
     "LookupFailed",
@@ -63,7 +66,7 @@ class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore,
     """What worker/runner.py needs: its claim loop and every service it runs."""
 
 
-class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, Protocol):
+class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, EventFeed, Protocol):
     """What the interfaces need, through ops/app/service.py."""
 
 

@@ -81,3 +81,12 @@ class PostgresKeys(PostgresBase):
 
     async def list_keys(self) -> list[dict[str, Any]]:
         return await self._fetch("list_keys", Q["api_key_list"], {})
+
+    async def key_events(
+        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
+    ) -> list[dict[str, Any]]:
+        """A key's event feed after the cursor ``since`` (worker/ports/events.py)."""
+        params = {"since": since, "limit": limit, "key_id": key_id, "key_name": key_name}
+        if every:
+            return await self._fetch("key_events", Q["key_events_all"], params)
+        return await self._fetch("key_events", Q["key_events_of_key"], params)
