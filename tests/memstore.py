@@ -808,15 +808,24 @@ class MemoryStore:
         created: list[tuple[int, int]] = []
         for step_id in sorted(set(step_ids)):
             s = self.steps.get(step_id)
-            if s is None or s["notify"] is None or s["notice_of"] is not None:
+            if s is None or s["notice_of"] is not None:
                 continue
+            # The enqueuing key's default target when the request named none (notice_candidates).
+            key_id = self.decisions[s["decision_id"]]["actor_key_id"]
+            key = next((k for k in self.keys.values() if key_id is not None and k["key_id"] == key_id), None)
+            notify = s["notify"] or (key or {}).get("notify_email")
+            if notify is None:
+                continue
+            notify_key = key["name"] if key is not None and s["notify"] is None else None
             partial = s["status"] == "accepted" and s["reason"] == "partially_refused"
             if s["status"] not in statuses and not partial:
                 continue
             answers = [e for e in self._evidence_of(step_id) if e["outcome"] == "accepted" and e["kind"] in ANSWERS]
             refused = answers[-1]["detail"].get("refused") if partial and answers else None
             try:
-                notice = build_notice({**s, "refused": refused}, self.notices)
+                notice = build_notice(
+                    {**s, "notify": notify, "notify_key": notify_key, "refused": refused}, self.notices
+                )
             except InvalidRequest as exc:
                 log.error("notice_not_built", step=step_id, error=exc.message, fields=exc.errors)
                 continue
@@ -1382,7 +1391,14 @@ class MemoryStore:
     # -- API keys (worker/keys.py) ----------------------------------------------------
 
     async def create_key(
-        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+        self,
+        *,
+        name: str,
+        role: Role,
+        key: NewKey,
+        created_by: str | None,
+        notify_email: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, Any]:
         """As PostgresStore.create_key: a bootstrap (``created_by=None``) only while no active
         admin key exists; a name is never reused, even after a revoke."""
@@ -1410,8 +1426,16 @@ class MemoryStore:
             "revoked_at": None,
             "revoked_by": None,
             "session_generation": 0,
+            "notify_email": notify_email,
         }
-        return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by")}
+        return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email")}
+
+    async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
+        await self._op("set_key_notify", None)
+        if name not in self.keys:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        self.keys[name]["notify_email"] = notify_email
+        return {k: v for k, v in self.keys[name].items() if k not in ("secret_hash", "session_generation")}
 
     async def key_events(
         self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False

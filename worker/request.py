@@ -589,6 +589,18 @@ def _address_list(data: Mapping[str, Any], name: str, errors: _Errors, internal:
     return out
 
 
+def notify_address(raw: Any, policy: Policy, field_name: str = "notify") -> str:
+    """One address a notice may go to (a key's default target), checked as a request's
+    ``notify`` is: one address, under the same domain rules. InvalidRequest otherwise."""
+    errors = _Errors()
+    addr = _address(raw, field_name, errors, policy.internal_domains)
+    if addr and (refusal := _domain_refusal(addr["email"], policy)):
+        errors.add(field_name, refusal)
+    if errors.items or addr is None:
+        raise InvalidRequest(errors.items or [{"field": field_name, "message": "not an email address"}])
+    return addr["email"]
+
+
 def _single_address(
     data: Mapping[str, Any], name: str, errors: _Errors, *, default: str | None, internal: tuple[str, ...] = ()
 ) -> Address | None:

@@ -649,11 +649,12 @@ ORDER BY c.provider;
 -- name: notice_candidates
 -- Steps just moved to a state that owes a notice (rejected; unknown when so
 -- configured; accepted with some recipients refused) whose caller named an address
--- to tell. Run in the transaction of the transition itself, on rows it has just
+-- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
-       s.reason, s.detail, s.attempts, s.notify,
+       s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
+       CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
        CASE WHEN s.reason = 'partially_refused' THEN (
            SELECT e.detail -> 'refused'
            FROM evidence e
@@ -661,9 +662,12 @@ SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s
            ORDER BY e.id DESC
            LIMIT 1) END AS refused
 FROM email_steps s
+JOIN decisions d ON d.id = s.decision_id
+-- The key that enqueued the step: its default target when the request named none (0013).
+LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
-  AND s.notify IS NOT NULL
+  AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
 ORDER BY s.id;
 
@@ -1018,12 +1022,12 @@ WITH t AS (
     SELECT NOT %(bootstrap)s
            OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
 ), created AS (
-    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by)
-    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s
     FROM guard, t
     WHERE guard.allowed
     ON CONFLICT DO NOTHING
-    RETURNING name, role, key_id, created_at, created_by
+    RETURNING name, role, key_id, created_at, created_by, notify_email
 )
 SELECT guard.allowed, created.*
 FROM guard LEFT JOIN created ON true;
@@ -1036,7 +1040,7 @@ FROM guard LEFT JOIN created ON true;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), target AS (
-    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by
+    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email
     FROM api_keys k
     WHERE k.name = %(name)s
 ), other_admins AS (
@@ -1049,7 +1053,7 @@ WITH t AS (
       AND (k.role <> 'admin' OR other_admins.n > 0)
     RETURNING k.revoked_at, k.revoked_by
 )
-SELECT target.name, target.role, target.key_id, target.created_at, target.created_by,
+SELECT target.name, target.role, target.key_id, target.created_at, target.created_by, target.notify_email,
        coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
        coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
        revoked.revoked_at IS NOT NULL AS changed,
@@ -1113,8 +1117,16 @@ ORDER BY e.id
 LIMIT %(limit)s;
 
 
+-- name: api_key_set_notify
+-- A key's default notification target (NULL: none). A revoked key keeps its own.
+UPDATE api_keys
+SET notify_email = %(notify_email)s
+WHERE name = %(name)s
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email;
+
+
 -- name: api_key_list
-SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email
 FROM api_keys
 ORDER BY created_at, id;
 

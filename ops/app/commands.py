@@ -229,6 +229,10 @@ GROUPS: dict[str, str] = {
     "worker": "Run the worker that sends queued email.",
 }
 
+NOTIFY_EMAIL_HELP = (
+    "The key's default notification target: told of every rejected send the key enqueued "
+    "whose request named no notify address."
+)
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
@@ -414,12 +418,14 @@ _TABLE: tuple[Command, ...] = (
         (
             Param("name", required=True, help="Who holds the key; recorded as the actor in evidence. Never reused."),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
+            Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
             DRY_RUN,
             api_key(Permission.MANAGE_KEYS),
             OUTPUT,
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
+        examples=("evq keys create --name agent-7 --role agent --notify-email agent-7-inbox@example.org",),
     ),
     Command(
         "keys.list",
@@ -455,6 +461,25 @@ _TABLE: tuple[Command, ...] = (
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
+    ),
+    Command(
+        "keys.update",
+        "Change a key's default notification target (--notify-email, or --clear-notify-email).",
+        "Change a key's default notification target: the address told of a failure of a "
+        "send the key enqueued when the request named no notify address. The key itself "
+        "is unchanged. Its event feed (`evq events list`) gets every failure either way.",
+        Effect.WRITE,
+        (
+            Param("name", Kind.ARGUMENT, required=True),
+            Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
+            Param("clear_notify_email", Kind.FLAG, help="Remove the key's default notification address."),
+            DRY_RUN,
+            api_key(Permission.MANAGE_KEYS),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.MANAGE_KEYS,
+        examples=("evq keys update agent-7 --notify-email agent-7-inbox@example.org",),
     ),
     Command(
         "mcp",

@@ -15,8 +15,9 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
-from evq.worker.errors import AuthFailed, Conflict
+from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound
 from evq.worker.keys import PREFIX, Role, check_name, generate
+from evq.worker.request import notify_address
 
 keys = table_group("keys")
 
@@ -24,10 +25,18 @@ keys = table_group("keys")
 @from_table("keys.create", keys)
 @command
 def keys_create(
-    out: Output, name: str, role: str, dry_run: bool, credential: Credential, database_url: str | None
+    out: Output,
+    name: str,
+    role: str,
+    notify_email: str | None,
+    dry_run: bool,
+    credential: Credential,
+    database_url: str | None,
 ) -> None:
     check_name(name)
     settings = load_settings(database_url=database_url)
+    if notify_email is not None:
+        notify_email = notify_address(notify_email, settings.policy(), "--notify-email")
 
     async def work() -> dict[str, Any]:
         async with wiring.open_store(settings, max_size=1) as store:
@@ -36,7 +45,13 @@ def keys_create(
             if dry_run:
                 if state["name_taken"]:
                     raise Conflict(f"a key named {name!r} exists", context={"name": name})
-                return {"dry_run": True, "name": name, "role": role, "bootstrap": bootstrap}
+                return {
+                    "dry_run": True,
+                    "name": name,
+                    "role": role,
+                    "bootstrap": bootstrap,
+                    "notify_email": notify_email,
+                }
             if bootstrap and role != Role.ADMIN:
                 raise AuthFailed(
                     "no admin key exists yet: the first key must be an admin key",
@@ -45,7 +60,9 @@ def keys_create(
                 )
             created_by = None if bootstrap else (await credential.identify(store)).name
             key = generate()
-            row = await store.create_key(name=name, role=Role(role), key=key, created_by=created_by)
+            row = await store.create_key(
+                name=name, role=Role(role), key=key, created_by=created_by, notify_email=notify_email
+            )
             return {"dry_run": False, **key_view(row), "key": key.text, "bootstrap": bootstrap}
 
     data = run(work())
@@ -62,6 +79,7 @@ def key_view(row: dict[str, Any]) -> dict[str, Any]:
         "created_by": row["created_by"],
         "revoked_at": row.get("revoked_at"),
         "revoked_by": row.get("revoked_by"),
+        "notify_email": row.get("notify_email"),
     }
 
 
@@ -107,6 +125,48 @@ def keys_list(out: Output, limit: int, offset: int, database_url: str | None) ->
         ),
         meta={"count": len(data), "total": len(every), "limit": limit, "offset": offset},
     )
+
+
+@from_table("keys.update", keys)
+@command
+def keys_update(
+    out: Output,
+    name: str,
+    notify_email: str | None,
+    clear_notify_email: bool,
+    dry_run: bool,
+    credential: Credential,
+    database_url: str | None,
+) -> None:
+    settings = load_settings(database_url=database_url)
+    if (notify_email is None) == (not clear_notify_email):
+        raise InvalidRequest(
+            [{"field": "--notify-email", "message": "give --notify-email ADDR or --clear-notify-email (one of them)"}]
+        )
+    target = None if clear_notify_email else notify_address(notify_email, settings.policy(), "--notify-email")
+
+    async def work() -> dict[str, Any]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            if dry_run:
+                row = next((k for k in await store.list_keys() if k["name"] == name), None)
+                if row is None:
+                    raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+                return {
+                    "dry_run": True,
+                    **key_view(row),
+                    "notify_email": target,
+                    "changed": row["notify_email"] != target,
+                }
+            await credential.identify(store)
+            before = next((k for k in await store.list_keys() if k["name"] == name), None)
+            row = await store.set_key_notify(name, notify_email=target)
+            changed = before is None or before["notify_email"] != target
+            return {"dry_run": False, **key_view(row), "changed": changed}
+
+    data = run(work())
+    where = data["notify_email"] or "no address (the event feed only)"
+    verb = "would tell" if data["dry_run"] else "tells"
+    out.success(data, human=lambda d: f"key {d['name']!r} {verb} {where} of its failed sends")
 
 
 @from_table("keys.revoke", keys)

@@ -30,12 +30,21 @@ class PostgresKeys(PostgresBase):
         return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
 
     async def create_key(
-        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+        self,
+        *,
+        name: str,
+        role: Role,
+        key: NewKey,
+        created_by: str | None,
+        notify_email: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, Any]:
         """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
-        only while no active admin key exists."""
+        only while no active admin key exists. ``notify_email``: the key's default
+        notification target (told of a failure when a request names no notify)."""
         params = {
             "now": now,
+            "notify_email": notify_email,
             "name": name,
             "role": str(role),
             "key_id": key.key_id,
@@ -78,6 +87,15 @@ class PostgresKeys(PostgresBase):
                 context={"name": name},
             )
         return row
+
+    async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
+        """Change the key's default notification target (None: none)."""
+        rows = await self._fetch(
+            "set_key_notify", Q["api_key_set_notify"], {"name": name, "notify_email": notify_email}
+        )
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        return rows[0]
 
     async def list_keys(self) -> list[dict[str, Any]]:
         return await self._fetch("list_keys", Q["api_key_list"], {})
