@@ -53,7 +53,8 @@ async def call(client: Client, tool: str, arguments: dict[str, Any], command: st
 async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     async with client(db_url, None) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-    assert set(tools) == {"evq_email_send", "evq_steps_get", "evq_steps_list", "evq_runs_get"}
+    assert set(tools) == {"evq_email_send", "evq_steps_get", "evq_steps_list", "evq_runs_get", "evq_events_list"}
+    assert tools["evq_events_list"].input_schema == command_input("events.list")
     send = tools["evq_email_send"].input_schema
     assert {k: v for k, v in send["properties"].items() if k != "dry_run"} == request_schema()["properties"]
     assert send["additionalProperties"] is False and "api_key" not in send["properties"]
