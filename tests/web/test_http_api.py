@@ -309,6 +309,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/runs/{run_id}",
         "/v1/steps/{step_id}/resolve",
         "/v1/steps/resolve",
+        "/v1/events",
     }
     assert doc["paths"]["/v1/steps"]["post"]["security"] == [{"bearer": []}]
     created = doc["paths"]["/v1/steps"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]

@@ -57,7 +57,7 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(db_url, t
             cwd=tmp_path,
         )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert "Tested: 6" in done.stdout or "Selected: 6/6" in done.stdout, done.stdout[-3000:]
+    assert "Tested: 7" in done.stdout or "Selected: 7/7" in done.stdout, done.stdout[-3000:]
     # A run's trace reached its success path too (not only 404s), so its 200 bodies were checked.
     missing = done.stdout.partition("Missing test data")[2].partition("💡")[0]  # the operations it lists
     assert "/v1/runs/" not in missing, done.stdout[-3000:]
