@@ -1398,6 +1398,7 @@ class MemoryStore:
         key: NewKey,
         created_by: str | None,
         notify_email: str | None = None,
+        notify_url: str | None = None,
         now: datetime | None = None,
     ) -> dict[str, Any]:
         """As PostgresStore.create_key: a bootstrap (``created_by=None``) only while no active
@@ -1427,8 +1428,12 @@ class MemoryStore:
             "revoked_by": None,
             "session_generation": 0,
             "notify_email": notify_email,
+            "notify_url": notify_url,
         }
-        return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email")}
+        return {
+            k: self.keys[name][k]
+            for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email", "notify_url")
+        }
 
     async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
         await self._op("set_key_notify", None)

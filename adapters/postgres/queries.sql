@@ -1022,12 +1022,12 @@ WITH t AS (
     SELECT NOT %(bootstrap)s
            OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
 ), created AS (
-    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email)
-    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s
     FROM guard, t
     WHERE guard.allowed
     ON CONFLICT DO NOTHING
-    RETURNING name, role, key_id, created_at, created_by, notify_email
+    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url
 )
 SELECT guard.allowed, created.*
 FROM guard LEFT JOIN created ON true;
@@ -1040,7 +1040,8 @@ FROM guard LEFT JOIN created ON true;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), target AS (
-    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email
+    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
+           k.notify_url
     FROM api_keys k
     WHERE k.name = %(name)s
 ), other_admins AS (
@@ -1054,6 +1055,7 @@ WITH t AS (
     RETURNING k.revoked_at, k.revoked_by
 )
 SELECT target.name, target.role, target.key_id, target.created_at, target.created_by, target.notify_email,
+       target.notify_url,
        coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
        coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
        revoked.revoked_at IS NOT NULL AS changed,
@@ -1122,11 +1124,11 @@ LIMIT %(limit)s;
 UPDATE api_keys
 SET notify_email = %(notify_email)s
 WHERE name = %(name)s
-RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email;
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url;
 
 
 -- name: api_key_list
-SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url
 FROM api_keys
 ORDER BY created_at, id;
 
@@ -1281,3 +1283,66 @@ ORDER BY r.rolname;
 -- name: runtime_grant
 -- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
 SELECT evq_grant_runtime(%(role)s) AS granted;
+
+
+-- name: callback_claim
+-- The deliveries due now, each held for hold_seconds (next_attempt_at moves forward,
+-- attempts counts this try) so no other worker takes it meanwhile; a worker that dies
+-- mid-POST leaves it due again once the hold passes (at-least-once). SKIP LOCKED keeps
+-- concurrent claims apart. With each: its event, the key's URL and what signs it.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT c.id
+    FROM callback_deliveries c
+    WHERE c.status = 'pending' AND c.next_attempt_at <= (SELECT now FROM t)
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED
+), held AS (
+    UPDATE callback_deliveries c
+    SET next_attempt_at = t.now + make_interval(secs => %(hold_seconds)s),
+        attempts = c.attempts + 1,
+        updated_at = t.now
+    FROM picked, t
+    WHERE c.id = picked.id
+    RETURNING c.id, c.event_id, c.key_id, c.attempts
+)
+SELECT h.id, h.attempts, k.notify_url AS url, k.name AS key_name, k.callback_generation, p.pepper,
+       e.id AS event_id, e.kind, e.step, e.run_id, e.step_id, e.status, e.reason, e.detail, e.actor,
+       e.evidence_id, e.key_id, e.created_at
+FROM held h
+JOIN key_events e ON e.id = h.event_id
+JOIN api_keys k ON k.key_id = h.key_id
+CROSS JOIN api_key_pepper p
+ORDER BY h.id;
+
+
+-- name: callback_delivered
+UPDATE callback_deliveries
+SET status = 'delivered', delivered_at = coalesce(%(now)s::timestamptz, now()), last_status = %(status_code)s,
+    last_error = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'pending';
+
+
+-- name: callback_failed
+-- A try that did not get a 2xx: due again after the backoff, or given up (the event
+-- stays in the key's feed either way). The error names what failed, never the URL.
+UPDATE callback_deliveries
+SET status = CASE WHEN %(give_up)s THEN 'failed' ELSE 'pending' END,
+    next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+    last_status = %(status_code)s,
+    last_error = left(%(error)s, 500),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'pending';
+
+
+-- name: api_key_set_url
+-- A key's callback URL (NULL: none); rotate: a new signing secret (the generation it derives from).
+UPDATE api_keys k
+SET notify_url = %(notify_url)s,
+    callback_generation = k.callback_generation + CASE WHEN %(rotate)s THEN 1 ELSE 0 END
+FROM api_key_pepper p
+WHERE k.name = %(name)s AND p.id = 1
+RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
+          k.notify_url, k.callback_generation, p.pepper;

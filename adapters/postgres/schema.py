@@ -251,6 +251,10 @@ api_keys = Table(
     # The key's default notification target (0013): told of a failure of a step it
     # enqueued when the request named no notify address.
     Column("notify_email", Text),
+    # ...and the URL evq POSTs a signed JSON event to (0013). The signing secret is derived
+    # from the pepper and this generation (worker/callbacks.py), never stored.
+    Column("notify_url", Text),
+    Column("callback_generation", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
@@ -382,4 +386,35 @@ key_events = Table(
     Column("created_at", TZ, nullable=False, server_default=NOW),
     CheckConstraint(_in("kind", KEY_EVENT_KINDS), name="kind"),
     Index(None, "key_id", "id"),
+)
+
+# The events owed to a key's callback URL (0013): written with the event by the same
+# trigger, so a POST is durable before it is tried; retried with backoff until delivered
+# or given up (worker/callbacks.py). Queue state: nothing secret (the URL stays on the key).
+CALLBACK_STATUSES = ("pending", "delivered", "failed")
+
+callback_deliveries = Table(
+    "callback_deliveries",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("event_id", BigInteger, ForeignKey("key_events.id"), nullable=False),
+    Column("key_id", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", TZ, nullable=False, server_default=NOW),
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    Column("delivered_at", TZ),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    UniqueConstraint("event_id"),
+    CheckConstraint(_in("status", CALLBACK_STATUSES), name="status"),
+    CheckConstraint("(status = 'delivered') = (delivered_at IS NOT NULL)", name="delivered_iff_delivered_at"),
+    CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+)
+Index(
+    "ix_callback_deliveries_due",
+    callback_deliveries.c.next_attempt_at,
+    callback_deliveries.c.id,
+    postgresql_where=text("status = 'pending'"),
 )

@@ -233,6 +233,10 @@ NOTIFY_EMAIL_HELP = (
     "The key's default notification target: told of every rejected send the key enqueued "
     "whose request named no notify address."
 )
+NOTIFY_URL_HELP = (
+    "A callback URL: evq POSTs each of the key's events (rejected, unknown, verdict) to it as JSON, signed "
+    "the Standard Webhooks way (webhook-id, webhook-timestamp, webhook-signature); the secret is printed once."
+)
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
@@ -419,6 +423,7 @@ _TABLE: tuple[Command, ...] = (
             Param("name", required=True, help="Who holds the key; recorded as the actor in evidence. Never reused."),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
             Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
+            Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
             DRY_RUN,
             api_key(Permission.MANAGE_KEYS),
             OUTPUT,
@@ -464,15 +469,23 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "keys.update",
-        "Change a key's default notification target (--notify-email, or --clear-notify-email).",
-        "Change a key's default notification target: the address told of a failure of a "
-        "send the key enqueued when the request named no notify address. The key itself "
-        "is unchanged. Its event feed (`evq events list`) gets every failure either way.",
+        "Change a key's default notification targets: its email address and its callback URL.",
+        "Change a key's default notification targets: the address told of a failure of a "
+        "send the key enqueued when the request named no notify address, and the URL evq "
+        "POSTs each of its events to, signed (the secret is printed when a URL is set). The "
+        "key itself is unchanged. Its event feed (`evq events list`) gets every event either way.",
         Effect.WRITE,
         (
             Param("name", Kind.ARGUMENT, required=True),
             Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
             Param("clear_notify_email", Kind.FLAG, help="Remove the key's default notification address."),
+            Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
+            Param("clear_notify_url", Kind.FLAG, help="Remove the key's callback URL (no more callbacks)."),
+            Param(
+                "rotate_callback_secret",
+                Kind.FLAG,
+                help="A new signing secret for the callbacks (printed once); the old one stops verifying.",
+            ),
             DRY_RUN,
             api_key(Permission.MANAGE_KEYS),
             OUTPUT,

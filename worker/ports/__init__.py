@@ -8,7 +8,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   :mod:`.prune`: retention;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
   (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
-  key's event feed;
+  key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
+  callback service, given the store and a poster apart from the Store union);
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from evq.worker.ports.callbacks import CallbackStore, Poster
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.events import EventFeed
 from evq.worker.ports.keys import KeyLookup
@@ -36,6 +38,7 @@ from evq.worker.ports.wakeup import Wakeup
 
 __all__ = [
     "AppStore",
+    "CallbackStore",
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
@@ -45,6 +48,7 @@ __all__ = [
     "Lookup",
     "LookupFailed",
     "LookupResult",
+    "Poster",
     "Provider",
     "PruneStore",
     "RateStore",

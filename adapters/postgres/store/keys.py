@@ -7,6 +7,7 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.worker.callbacks import secret_text, signing_secret
 from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, hash_secret
 
@@ -37,6 +38,7 @@ class PostgresKeys(PostgresBase):
         key: NewKey,
         created_by: str | None,
         notify_email: str | None = None,
+        notify_url: str | None = None,
         now: datetime | None = None,
     ) -> dict[str, Any]:
         """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
@@ -45,6 +47,7 @@ class PostgresKeys(PostgresBase):
         params = {
             "now": now,
             "notify_email": notify_email,
+            "notify_url": notify_url,
             "name": name,
             "role": str(role),
             "key_id": key.key_id,
@@ -67,7 +70,11 @@ class PostgresKeys(PostgresBase):
                 hint="choose another name; `evq keys list` shows the names",
                 context={"name": name},
             )
-        return {k: v for k, v in row.items() if k != "allowed"}
+        out = {k: v for k, v in row.items() if k != "allowed"}
+        if notify_url is not None:
+            # Shown this once; derived from the pepper, so never stored (worker/callbacks.py).
+            out["callback_secret"] = secret_text(signing_secret(bytes(pepper["pepper"]), key.key_id, 0))
+        return out
 
     async def revoke_key(
         self, name: str, *, actor: str | None, dry_run: bool = False, now: datetime | None = None
@@ -108,3 +115,55 @@ class PostgresKeys(PostgresBase):
         if every:
             return await self._fetch("key_events", Q["key_events_all"], params)
         return await self._fetch("key_events", Q["key_events_of_key"], params)
+
+    async def set_key_url(self, name: str, *, notify_url: str | None, rotate: bool) -> dict[str, Any]:
+        """Change the key's callback URL (None: none); ``rotate``: a new signing secret."""
+        rows = await self._fetch(
+            "set_key_url", Q["api_key_set_url"], {"name": name, "notify_url": notify_url, "rotate": rotate}
+        )
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        row = rows[0]
+        pepper = bytes(row.pop("pepper"))
+        generation = row.pop("callback_generation")
+        row["callback_secret"] = (
+            secret_text(signing_secret(pepper, row["key_id"], generation)) if row["notify_url"] else None
+        )
+        return row
+
+    # -- callback deliveries (worker/callbacks.py) ---------------------------------
+
+    async def callback_claim(
+        self, *, limit: int, hold_seconds: float, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._fetch(
+            "callback_claim", Q["callback_claim"], {"limit": limit, "hold_seconds": hold_seconds, "now": now}
+        )
+
+    async def callback_delivered(self, delivery_id: int, *, status_code: int, now: datetime | None = None) -> None:
+        await self._fetch(
+            "callback_delivered", Q["callback_delivered"], {"id": delivery_id, "status_code": status_code, "now": now}
+        )
+
+    async def callback_failed(
+        self,
+        delivery_id: int,
+        *,
+        error: str,
+        status_code: int | None,
+        delay: float,
+        give_up: bool,
+        now: datetime | None = None,
+    ) -> None:
+        await self._fetch(
+            "callback_failed",
+            Q["callback_failed"],
+            {
+                "id": delivery_id,
+                "error": error,
+                "status_code": status_code,
+                "delay": delay,
+                "give_up": give_up,
+                "now": now,
+            },
+        )
