@@ -70,3 +70,19 @@ def test_keys_update_changes_and_clears_the_default_address(evq):
     bad = evq.json("keys", "update", "agent-8", "--notify-email", "not an address", expect=2)
     assert bad["error"]["context"]["fields"][0]["field"] == "--notify-email"
     assert evq.json("keys", "update", "nobody", "--clear-notify-email", expect=1)["error"]["code"] == "E_NOT_FOUND"
+
+
+def test_a_callback_url_prints_its_signing_secret_once_and_rotates(evq, db_url):
+    made = evq.json(
+        "keys", "create", "--name", "agent-9", "--role", "agent", "--notify-url", "https://hooks.example.org/evq"
+    )["data"]
+    assert made["notify_url"] == "https://hooks.example.org/evq" and made["callback_secret"].startswith("whsec_")
+    listed = {k["name"]: k for k in evq.json("keys", "list")["data"]}
+    assert "callback_secret" not in listed["agent-9"]
+    rotated = evq.json("keys", "update", "agent-9", "--rotate-callback-secret")["data"]
+    assert rotated["callback_secret"].startswith("whsec_") and rotated["callback_secret"] != made["callback_secret"]
+    cleared = evq.json("keys", "update", "agent-9", "--clear-notify-url")["data"]
+    assert (cleared["notify_url"], cleared["callback_secret"]) == (None, None)
+    bad = evq.json("keys", "update", "agent-9", "--notify-url", "https://user:pw@hooks.example.org/", expect=2)
+    assert bad["error"]["context"]["fields"][0]["field"] == "--notify-url"
+    assert evq.json("keys", "update", "agent-9", expect=2)["error"]["code"] == "E_INVALID_ARG"
