@@ -131,7 +131,7 @@ async def test_a_rejection_is_posted_signed_once_and_retried_until_acknowledged(
 
 
 async def test_a_loopback_url_is_refused_unless_allowed(store, db_url, receiver):
-    key, secret = await agent_with_url(store, receiver.url)
+    key, _secret = await agent_with_url(store, receiver.url)
     await rejected_send(store, key.text, "r-ssrf")
     poster = CallbackPoster(timeout=5, allow_private=False)
     try:
