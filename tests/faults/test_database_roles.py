@@ -80,6 +80,11 @@ BYPASSES = [
     ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
     ["DELETE FROM provider_circuit_events"],
     ["TRUNCATE provider_circuit_events"],
+    # Each key's event feed (0013): appended by the evidence trigger, never rewritten.
+    ["UPDATE key_events SET reason = 'rewritten'"],
+    ["DELETE FROM key_events"],
+    ["TRUNCATE key_events CASCADE"],
+    ["ALTER TABLE evidence DISABLE TRIGGER evidence_key_events"],
     ["DELETE FROM email_steps"],
     [
         "INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
