@@ -498,7 +498,7 @@ _TABLE: tuple[Command, ...] = (
         "mcp",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client): "
-        "evq_email_send, evq_steps_get, evq_steps_list, evq_runs_get, and "
+        "evq_email_send, evq_steps_get, evq_steps_list, evq_runs_get, evq_events_list, and "
         "evq_steps_resolve with EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
