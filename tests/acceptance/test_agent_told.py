@@ -11,6 +11,7 @@ import email.policy
 import json
 
 from tests.acceptance.conftest import Evq, smtp_env
+from tests.integration.test_callbacks import receiver  # noqa: F401 - a fixture
 from tests.support import request
 
 INBOX = "agent-7-inbox@example.org"
@@ -86,3 +87,16 @@ def test_a_callback_url_prints_its_signing_secret_once_and_rotates(evq, db_url):
     bad = evq.json("keys", "update", "agent-9", "--notify-url", "https://user:pw@hooks.example.org/", expect=2)
     assert bad["error"]["context"]["fields"][0]["field"] == "--notify-url"
     assert evq.json("keys", "update", "agent-9", expect=2)["error"]["code"] == "E_INVALID_ARG"
+
+
+def test_a_drained_worker_posts_the_signed_callback_of_a_rejection(evq, db_url, smtp, receiver):
+    made = evq.json("keys", "create", "--name", "agent-10", "--role", "agent", "--notify-url", receiver.url)["data"]
+    receiver.use(made["callback_secret"])
+    agent = Evq(db_url, api_key=made["key"])
+    step = agent.json("enqueue", "--file", "-", input=json.dumps(request(run_id="hook", to=["reject@example.com"])))
+    done = agent.run("worker", "run", "--drain", **smtp_env(smtp, EVQ_HTTP_CALLBACK_ALLOW_PRIVATE="true"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    [posted] = receiver.received
+    assert posted["valid"] and posted["fresh"]
+    assert (posted["body"]["type"], posted["body"]["data"]["step"]) == ("evq.step.rejected", step["data"]["id"])
+    assert "receiver-token" not in done.stderr and made["callback_secret"] not in done.stderr
