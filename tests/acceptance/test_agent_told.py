@@ -11,7 +11,6 @@ import email.policy
 import json
 
 from tests.acceptance.conftest import Evq, smtp_env
-from tests.integration.test_callbacks import receiver  # noqa: F401 - a fixture
 from tests.support import request
 
 INBOX = "agent-7-inbox@example.org"
