@@ -47,6 +47,11 @@ def test_a_rejected_send_without_notify_reaches_the_key_that_enqueued_it(evq, db
     assert (event["kind"], event["step"], event["key_name"]) == ("rejected", step["data"]["id"], "agent-7")
     assert feed["meta"]["next_cursor"] == event["id"]
     assert agent.json("events", "list", "--since", str(event["id"]))["data"] == []
+    shown = agent.run("events", "list")
+    assert shown.returncode == 0 and f"next: evq events list --since {event['id']}" in shown.stdout, shown
+    assert "provider_rejected" in shown.stdout
+    human = evq.run("steps", "show", str(step["data"]["id"]))
+    assert f"asked by        agent-7 (key {made['key_prefix']}) via cli" in human.stdout, human.stdout
     # An agent key reads only its own feed; the admin reads any key's.
     refused = agent.json("events", "list", "--all-keys", expect=4)
     assert refused["error"]["code"] == "E_AUTH_FAILED"
