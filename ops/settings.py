@@ -261,6 +261,8 @@ class Settings:
     http_api_key: str | None = None
     http_timeout: float = 10.0
     http_dedupe_window: float = 86400.0
+    http_callback_timeout: float = 5.0
+    http_callback_allow_private: bool = False
     notice_from: str | None = None
     notice_on_unknown: bool = False
     reconcile_interval: float = 30.0

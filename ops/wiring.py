@@ -244,11 +244,18 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         )
     elif settings.listen != "off":
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
+    from evq.adapters.http.callback import CallbackPoster
+    from evq.worker.callbacks import CallbackConfig, CallbackSender
+
+    http = settings.http_config()
+    poster = CallbackPoster(timeout=http.callback_timeout, allow_private=http.callback_allow_private)
     try:
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url, patient=True) as store:
-                yield Worker(store, providers, settings.worker_config(), wakeup=wakeup)
+                callbacks = CallbackSender(store, poster, CallbackConfig(timeout=http.callback_timeout))
+                yield Worker(store, providers, settings.worker_config(), wakeup=wakeup, services=[callbacks])
     finally:
+        await poster.close()
         for provider in providers.values():
             await provider.close()
         if wakeup is not None:

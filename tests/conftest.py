@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Fixtures more than one test folder asks for, by name (a fixture imported into a test module
 # would be a name the module never uses, and shadowed by the test's own parameter).
-pytest_plugins = ["tests.database_roles"]
+pytest_plugins = ["tests.database_roles", "tests.webhooks"]
 
 # Under CI the property tests replay the same examples every run, so a red build names a change,
 # not a lucky draw; on a developer's machine they keep exploring new inputs (a failure prints the

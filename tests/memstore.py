@@ -242,6 +242,7 @@ class MemoryStore:
         self.rate_limits: dict[str, dict[str, Any]] = {}
         self.circuit_rows: dict[str, dict[str, Any]] = {}
         self.circuit_events: list[Mapping[str, Any]] = []
+        self.feed: list[Mapping[str, Any]] = []  # append-only, like evidence
         self._step_ids = 0
         self._decision_ids = 0
         self._evidence_ids = 0
@@ -314,7 +315,38 @@ class MemoryStore:
         self._evidence_ids += 1
         frozen = MappingProxyType({"id": self._evidence_ids, **row})
         self.evidence.append(frozen)
+        self._key_event(frozen)
         return frozen
+
+    def _key_event(self, e: Mapping[str, Any]) -> None:
+        """The evidence_key_events trigger (0015): a rejection, unknown or verdict on an
+        agent's step lands in the feed of the key that enqueued it."""
+        moved = e["to_status"] in ("rejected", "unknown") and e["from_status"] != e["to_status"]
+        if not (moved or e["kind"] == "operator_resolved"):
+            return
+        step = self.steps[e["step_id"]]
+        if step["notice_of"] is not None:
+            return
+        detail = e["detail"] or {}
+        text = detail.get("message") if detail.get("message") is not None else detail.get("note")
+        self.feed.append(
+            MappingProxyType(
+                {
+                    "id": len(self.feed) + 1,
+                    "key_id": self.decisions[step["decision_id"]]["actor_key_id"],
+                    "kind": "verdict" if e["kind"] == "operator_resolved" else e["to_status"],
+                    "step": step["id"],
+                    "run_id": step["run_id"],
+                    "step_id": step["step_id"],
+                    "status": e["to_status"],
+                    "reason": e["reason"],
+                    "detail": None if text is None else str(text)[:1000],
+                    "actor": e["actor"],
+                    "evidence_id": e["id"],
+                    "created_at": e["created_at"],
+                }
+            )
+        )
 
     def _evidence_of(self, step_id: int) -> list[Mapping[str, Any]]:
         return [e for e in self.evidence if e["step_id"] == step_id]
@@ -421,6 +453,9 @@ class MemoryStore:
             "rationale": None if d.rationale is None else _json(d.rationale),
             "decided_at": at if notice_of is not None else d.decided_at,
             "created_at": at,
+            "actor": request.actor.name if request.actor else None,
+            "actor_key_id": request.actor.key_id if request.actor else None,
+            "interface": request.actor.interface if request.actor else None,
         }
         self.steps[row["id"]] = row
         return EnqueueResult(
@@ -789,15 +824,24 @@ class MemoryStore:
         created: list[tuple[int, int]] = []
         for step_id in sorted(set(step_ids)):
             s = self.steps.get(step_id)
-            if s is None or s["notify"] is None or s["notice_of"] is not None:
+            if s is None or s["notice_of"] is not None:
                 continue
+            # The enqueuing key's default target when the request named none (notice_candidates).
+            key_id = self.decisions[s["decision_id"]]["actor_key_id"]
+            key = next((k for k in self.keys.values() if key_id is not None and k["key_id"] == key_id), None)
+            notify = s["notify"] or (key or {}).get("notify_email")
+            if notify is None:
+                continue
+            notify_key = key["name"] if key is not None and s["notify"] is None else None
             partial = s["status"] == "accepted" and s["reason"] == "partially_refused"
             if s["status"] not in statuses and not partial:
                 continue
             answers = [e for e in self._evidence_of(step_id) if e["outcome"] == "accepted" and e["kind"] in ANSWERS]
             refused = answers[-1]["detail"].get("refused") if partial and answers else None
             try:
-                notice = build_notice({**s, "refused": refused}, self.notices)
+                notice = build_notice(
+                    {**s, "notify": notify, "notify_key": notify_key, "refused": refused}, self.notices
+                )
             except InvalidRequest as exc:
                 log.error("notice_not_built", step=step_id, error=exc.message, fields=exc.errors)
                 continue
@@ -1370,7 +1414,15 @@ class MemoryStore:
     # -- API keys (worker/keys.py) ----------------------------------------------------
 
     async def create_key(
-        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+        self,
+        *,
+        name: str,
+        role: Role,
+        key: NewKey,
+        created_by: str | None,
+        notify_email: str | None = None,
+        notify_url: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, Any]:
         """As PostgresStore.create_key: a bootstrap (``created_by=None``) only while no active
         admin key exists; a name is never reused, even after a revoke."""
@@ -1398,8 +1450,33 @@ class MemoryStore:
             "revoked_at": None,
             "revoked_by": None,
             "session_generation": 0,
+            "notify_email": notify_email,
+            "notify_url": notify_url,
         }
-        return {k: self.keys[name][k] for k in ("name", "role", "key_id", "created_at", "created_by")}
+        return {
+            k: self.keys[name][k]
+            for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email", "notify_url")
+        }
+
+    async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
+        await self._op("set_key_notify", None)
+        if name not in self.keys:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        self.keys[name]["notify_email"] = notify_email
+        return {k: v for k, v in self.keys[name].items() if k not in ("secret_hash", "session_generation")}
+
+    async def key_events(
+        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
+    ) -> list[dict[str, Any]]:
+        await self._op("key_events", None)
+        if not every and key_id is None:
+            key_id = self.keys[key_name]["key_id"] if key_name in self.keys else None
+        names = {k["key_id"]: name for name, k in self.keys.items()}
+        return [
+            {**e, "key_name": names.get(e["key_id"])}
+            for e in self.feed
+            if e["id"] > since and (every or (key_id is not None and e["key_id"] == key_id))
+        ][:limit]
 
     async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
         await self._op("key_by_id", None)

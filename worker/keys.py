@@ -80,6 +80,7 @@ class Identity:
 
     name: str
     role: Role
+    key_id: str | None = None  # the key's public id (never its secret): recorded with what it enqueues
 
     def may(self, permission: Permission) -> bool:
         return self.role in ALLOWED[permission]
@@ -204,7 +205,7 @@ async def authenticate(
     assert parts is not None  # a row is only looked up for a well-formed key
     if is_legacy(row["secret_hash"]):
         await _rehash(lookup, parts[0], secret, row)
-    identity = Identity(name=row["name"], role=Role(row["role"]))
+    identity = Identity(name=row["name"], role=Role(row["role"]), key_id=parts[0])
     if row["revoked_at"] is not None:
         raise BadKey(
             f"the API key {identity.name!r} was revoked",

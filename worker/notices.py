@@ -1,5 +1,8 @@
 """Failure notices: when a step ends ``rejected`` (or, if configured, ``unknown``),
-the address the caller named in ``notify`` is told, by an email step of its own.
+the address the caller named in ``notify`` is told, by an email step of its own; a
+request that named none tells the enqueuing API key's default address
+(``api_keys.notify_email``), if it has one. Every notice is one template: the
+reason in words, what to do about it, and a legend of every reason.
 
 This module decides what a notice says and who sends it; the store enqueues it in
 the same transaction as the transition that called for it
@@ -96,8 +99,13 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         "subject": subject,
         "text": notice_text(original),
         # Auto-Submitted keeps auto-responders from answering a machine (RFC 3834);
-        # References threads the notice under the message it is about.
-        "headers": {"Auto-Submitted": "auto-generated", "References": original["message_id"]},
+        # In-Reply-To and References thread the notice under the message it is about
+        # (RFC 5322 3.6.4: a reply carries both; some clients thread on only one).
+        "headers": {
+            "Auto-Submitted": "auto-generated",
+            "In-Reply-To": original["message_id"],
+            "References": original["message_id"],
+        },
     }
     # evq itself is the one sender allowed to use the reserved address.
     checked = parse(
@@ -147,12 +155,84 @@ def _about(original: Mapping[str, Any], bcc: Sequence[str]) -> list[str]:
     ]
 
 
-_SIGNATURE = [
-    "",
-    "-- ",
-    "evq sent this because the request named this address to be told (notify).",
-    "It is an automatic message; replies are not read.",
-]
+def _signature(original: Mapping[str, Any]) -> list[str]:
+    key = original.get("notify_key")
+    why = (
+        f"evq sent this to the notification address of the API key {key!r}, which enqueued the send"
+        " (the request named no notify address)."
+        if key
+        else "evq sent this because the request named this address to be told (notify)."
+    )
+    return ["", "-- ", *textwrap.wrap(why, width=76), "It is an automatic message; replies are not read."]
+
+
+# Every notice, whatever its reason, carries this legend: the reader never has to look a
+# code up. (codes, what it means, what to do), in the order a reader meets them most.
+LEGEND: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        (Reason.PROVIDER_REJECTED.value, Reason.LATE_ANSWER.value),
+        "the provider refused the message for good.",
+        "Check the addresses and content against the provider's answer; send a corrected request as a new step.",
+    ),
+    (
+        (Reason.POLICY_REFUSED.value,),
+        "evq's own policy refused it at send time (a blocked domain, a size limit); nothing reached the provider.",
+        "Do not send it again unless the operator changes the policy.",
+    ),
+    (
+        (Reason.ATTEMPTS_EXHAUSTED.value, Reason.RETRY_BUDGET_EXHAUSTED.value),
+        "every attempt failed temporarily (for as many attempts, or as long, as evq retries); none was delivered.",
+        "Sending it again later as a new step is safe; an operator can also requeue it.",
+    ),
+    (
+        (Reason.OPERATOR.value,),
+        "an operator checked the send and closed it (their note is the reason given).",
+        "If the email is still needed, send it again as a new step.",
+    ),
+    (
+        (Reason.AMBIGUOUS_RESPONSE.value, Reason.LEASE_EXPIRED.value, Reason.DEDUPE_WINDOW_CLOSED.value),
+        "status unknown: the answer was lost, so the message may or may not have gone out.",
+        "Do NOT send it again (the recipients could get it twice); an operator or the reconciler decides, and "
+        "you are told of the verdict.",
+    ),
+    (
+        (Reason.PARTIALLY_REFUSED.value,),
+        "the message went out, but some recipients were refused.",
+        "Send a new step to the refused recipients alone; the others have it.",
+    ),
+    (
+        ("anything else",),
+        "a reason evq does not describe here.",
+        "Read the provider's answer above and the whole record (evq steps show); ask the operator if unsure.",
+    ),
+)
+# The reason in words, for the line that names it (its code follows in brackets).
+REASON_WORDS = {
+    Reason.PROVIDER_REJECTED.value: "the provider refused the message",
+    Reason.LATE_ANSWER.value: "the provider refused the message (its answer came late)",
+    Reason.POLICY_REFUSED.value: "evq's policy refused the message before it was sent",
+    Reason.ATTEMPTS_EXHAUSTED.value: "every attempt failed temporarily",
+    Reason.RETRY_BUDGET_EXHAUSTED.value: "temporary failures for longer than evq retries",
+    Reason.OPERATOR.value: "an operator closed the send",
+    Reason.AMBIGUOUS_RESPONSE.value: "the provider's answer was lost or unclear",
+    Reason.LEASE_EXPIRED.value: "the sending worker stopped before the answer was recorded",
+    Reason.DEDUPE_WINDOW_CLOSED.value: "a retry could no longer be recognised as a duplicate by the provider",
+    Reason.PARTIALLY_REFUSED.value: "some recipients were refused",
+}
+
+
+def reason_words(reason: str | None) -> str:
+    if not reason:
+        return "no reason recorded"
+    return f"{REASON_WORDS.get(reason, 'see the provider answer below')} [{reason}]"
+
+
+def legend() -> list[str]:
+    lines = ["What each reason means, and what to do:"]
+    for codes, meaning, action in LEGEND:
+        head = " / ".join(codes)
+        lines += textwrap.wrap(f"{head}: {meaning} {action}", width=76, initial_indent="  * ", subsequent_indent="    ")
+    return lines
 
 
 def notice_text(original: Mapping[str, Any]) -> str:
@@ -173,13 +253,16 @@ def notice_text(original: Mapping[str, Any]) -> str:
         *_about(original, bcc),
         f"  Status:      {status.value} after {attempts} attempt{'s' if attempts != 1 else ''}"
         f" ({original['reason'] or 'no reason recorded'})",
-        f"  Reason:      {_hidden(original['detail'], bcc) or '-'}",
+        f"  Reason:      {reason_words(original['reason'])}",
+        f"  Answer:      {_hidden(original['detail'], bcc) or '-'}",
         "",
         "What to do:",
         *_wrap(advice(status, original["reason"])),
         "",
+        *legend(),
+        "",
         f"The whole record, with every attempt and the provider's answers: evq steps show {original['id']}",
-        *_SIGNATURE,
+        *_signature(original),
     ]
     return "\n".join(lines) + "\n"
 
@@ -210,6 +293,7 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
         "",
         *_about(original, bcc_list),
         f"  Status:      accepted for the others ({original['reason']})",
+        f"  Reason:      {reason_words(original['reason'])}",
         "",
         "Refused by the server:",
         *lines_refused,
@@ -220,8 +304,10 @@ def partial_notice_text(original: Mapping[str, Any]) -> str:
             "server's answer above; to reach those recipients, send a new step (a new step_id) to them alone."
         ),
         "",
+        *legend(),
+        "",
         f"The whole record, with the provider's answers: evq steps show {original['id']}",
-        *_SIGNATURE,
+        *_signature(original),
     ]
     return "\n".join(lines) + "\n"
 

@@ -125,6 +125,20 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asked for a send: the API key's name and public id (never its secret), and
+    the interface it came through. The Python API has no key: ``key_id`` is None and
+    ``name`` is what the caller passed as ``actor=`` (maybe None)."""
+
+    interface: str  # cli, http, mcp, python
+    key_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key_id": self.key_id, "name": self.name, "interface": self.interface}
+
+
+@dataclass(frozen=True, slots=True)
 class ValidRequest:
     run_id: str
     step_id: str
@@ -137,6 +151,8 @@ class ValidRequest:
     notify: str | None = None
     max_attempts: int | None = None
     sender_domain: str = field(default="localhost")
+    # Set by the interface after the key is checked, never by the request itself.
+    actor: Actor | None = None
 
     @property
     def recipients(self) -> list[str]:
@@ -583,6 +599,18 @@ def _address_list(data: Mapping[str, Any], name: str, errors: _Errors, internal:
     if len(value) > 1000:
         errors.add(name, "too many addresses")
     return out
+
+
+def notify_address(raw: Any, policy: Policy, field_name: str = "notify") -> str:
+    """One address a notice may go to (a key's default target), checked as a request's
+    ``notify`` is: one address, under the same domain rules. InvalidRequest otherwise."""
+    errors = _Errors()
+    addr = _address(raw, field_name, errors, policy.internal_domains)
+    if addr and (refusal := _domain_refusal(addr["email"], policy)):
+        errors.add(field_name, refusal)
+    if errors.items or addr is None:
+        raise InvalidRequest(errors.items or [{"field": field_name, "message": "not an email address"}])
+    return addr["email"]
 
 
 def _single_address(

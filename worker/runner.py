@@ -29,7 +29,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -41,7 +41,7 @@ from evq.worker.circuit import CircuitBook, CircuitState, Verdict
 from evq.worker.config import WorkerConfig
 from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from evq.worker.logs import get_logger
-from evq.worker.ports import Lookup, Provider, SendRequest, Wakeup, WorkerStore
+from evq.worker.ports import Lookup, Provider, SendRequest, Service, Wakeup, WorkerStore
 from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
 from evq.worker.recorder import Recorder
@@ -120,8 +120,12 @@ class Worker:
         *,
         wakeup: Wakeup | None = None,
         owner: str | None = None,
+        services: Sequence[Service] = (),
     ):
         self.store = store
+        # More periodic work beside the rescuer and the reconciler (the signed callbacks,
+        # worker/callbacks.py): run on the same schedule loop, never on the send path.
+        self.extra_services = tuple(services)
         self.providers = dict(providers)
         self.settings = settings
         self.wakeup = wakeup or PollOnly()
@@ -223,7 +227,7 @@ class Worker:
         await self._run_once(self.rescuer)
         services = [
             asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
-            for service in (_RescueAfterOrphans(self), self.reconciler, self.redactor)
+            for service in (_RescueAfterOrphans(self), self.reconciler, self.redactor, *self.extra_services)
             if service is not None
         ]
         log.info(
@@ -236,6 +240,11 @@ class Worker:
         try:
             await self._claim_loop(drain=drain)
             clean = await self._shutdown()
+            if drain:
+                # A drained run may end before a periodic pass came round: what the run
+                # owes (its callbacks) gets one pass; anything it leaves stays owed in its rows.
+                for extra in self.extra_services:
+                    await self._run_once(extra)
         finally:
             self._stopping.set()
             await asyncio.gather(*services)
@@ -487,7 +496,7 @@ class Worker:
                 error=getattr(exc, "message", None) or str(exc)[:200],
             )
 
-    async def _run_once(self, service: Rescuer | Reconciler | None) -> None:
+    async def _run_once(self, service: Service | None) -> None:
         if service is None:
             return
         try:

@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 DECISION_FIELDS = ("intent", "instruction_version", "prompt_version", "model", "tool", "rationale", "decided_at")
+# Who asked (the API key's name and public id, and the interface): on the decision and
+# the enqueued action, so an audit of a run names the agent behind every send.
+ACTOR_FIELDS = ("actor", "actor_key_id", "interface")
 ACTION_FIELDS = ("idempotency_key", "message_id", "provider", "max_attempts", "notify")
 
 
@@ -22,6 +25,7 @@ def run_events(
 ) -> list[dict[str, Any]]:
     by_id = {s["id"]: s for s in steps}
     by_decision = {s["decision_id"]: s for s in steps}
+    asked = {d["id"]: {k: d.get(k) for k in ACTOR_FIELDS} for d in decisions}
     events: list[tuple[Any, int, int, dict[str, Any]]] = []
     for d in decisions:
         step = by_decision.get(d["id"])
@@ -31,7 +35,13 @@ def run_events(
                     d["created_at"],
                     0,
                     d["id"],
-                    _event(d["created_at"], "decision", step, detail={k: d.get(k) for k in DECISION_FIELDS}),
+                    _event(
+                        d["created_at"],
+                        "decision",
+                        step,
+                        actor=d.get("actor"),
+                        detail={k: d.get(k) for k in (*DECISION_FIELDS, *ACTOR_FIELDS)},
+                    ),
                 )
             )
     for s in steps:
@@ -41,9 +51,10 @@ def run_events(
             {k: [a["email"] for a in payload.get(k, [])] for k in ("to", "cc", "bcc")},
             subject=payload.get("subject"),
         )
-        events.append(
-            (s["created_at"], 1, s["id"], _event(s["created_at"], "enqueued", s, to_status="pending", detail=action))
-        )
+        who = asked.get(s["decision_id"], dict.fromkeys(ACTOR_FIELDS))
+        action.update(actor_key_id=who["actor_key_id"], interface=who["interface"])
+        enqueued = _event(s["created_at"], "enqueued", s, actor=who["actor"], to_status="pending", detail=action)
+        events.append((s["created_at"], 1, s["id"], enqueued))
     for e in evidence:
         step = by_id.get(e["step_id"])
         if step is not None:

@@ -36,6 +36,20 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds the HTTP provider honours our Idempotency-Key, counted from the first attempt (0: it does not).",
         minimum=0,
     ),
+    Option(
+        "http_callback_timeout",
+        float,
+        5.0,
+        "Seconds for each POST of a signed callback to an API key's notify URL (connect to answer).",
+        minimum=0.1,
+    ),
+    Option(
+        "http_callback_allow_private",
+        bool,
+        False,
+        "Let callbacks reach loopback, private and link-local addresses (off: refused, so a key's URL cannot "
+        "reach evq's own network).",
+    ),
 )
 
 _OPTION = {o.name: o for o in OPTIONS}
@@ -49,6 +63,8 @@ class HttpConfig:
     api_key: str | None = None
     timeout: float = 10.0
     dedupe_window: float = 86400.0
+    callback_timeout: float = 5.0
+    callback_allow_private: bool = False
 
     def validate(self) -> None:
         """The checks of a worker that sends through this adapter."""

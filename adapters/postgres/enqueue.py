@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +32,7 @@ from evq.worker.errors import Conflict, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.records import EnqueueResult
 from evq.worker.refusals import describe
-from evq.worker.request import Policy, ValidRequest
+from evq.worker.request import Actor, Policy, ValidRequest
 from evq.worker.states import Status
 
 log = get_logger("evq.enqueue")
@@ -41,6 +42,7 @@ Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
 
 def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[str, Any]:
     d = request.decision
+    actor = request.actor
     return {
         "now": now,
         "run_id": request.run_id,
@@ -59,6 +61,9 @@ def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[s
         "tool": d.tool,
         "rationale": None if d.rationale is None else json.dumps(d.rationale, ensure_ascii=False),
         "decided_at": d.decided_at,
+        "actor": actor.name if actor else None,
+        "actor_key_id": actor.key_id if actor else None,
+        "interface": actor.interface if actor else None,
     }
 
 
@@ -98,6 +103,7 @@ def enqueue_many_params(
     rows = []
     for request, message_id in zip(requests, message_ids, strict=True):
         d = request.decision
+        actor = request.actor
         head = _dumps(
             [
                 request.run_id,
@@ -115,6 +121,9 @@ def enqueue_many_params(
                 d.tool,
                 d.rationale,
                 None if d.decided_at is None else d.decided_at.isoformat(),
+                actor.name if actor else None,
+                actor.key_id if actor else None,
+                actor.interface if actor else None,
             ]
         )
         # The payload goes in as the canonical JSON text validation made (and hashed),
@@ -206,13 +215,14 @@ def enqueue(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> EnqueueResult:
     """Enqueue one send inside ``conn``'s current transaction (psycopg or SQLAlchemy, sync).
 
     Raises InvalidRequest before anything is written, IdempotencyConflict when the
     key is taken by a different request. Commit is the caller's.
     """
-    valid = validate(request, policy)
+    valid = _as_python(validate(request, policy), actor)
     return run_sync(_driver_connection(conn), enqueue_op(valid, now))
 
 
@@ -222,9 +232,10 @@ async def enqueue_async(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> EnqueueResult:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = validate(request, policy)
+    valid = _as_python(validate(request, policy), actor)
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
@@ -237,13 +248,14 @@ def enqueue_many(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue several sends inside ``conn``'s current transaction, in one round trip.
 
     Every request is validated first: one bad request raises InvalidRequest naming it
     (``[index].field``) and nothing is written. Commit is the caller's.
     """
-    valid = validate_many(list(requests), policy)
+    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
     return run_sync(_driver_connection(conn), enqueue_many_op(valid, now))
 
 
@@ -253,9 +265,10 @@ async def enqueue_many_async(
     *,
     policy: Policy = Policy(),
     now: datetime | None = None,
+    actor: str | None = None,
 ) -> list[EnqueueResult]:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = validate_many(list(requests), policy)
+    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
@@ -268,6 +281,7 @@ def enqueue_own(
     *,
     policy: Policy = Policy(),
     record_refusals: bool = True,
+    actor: str | None = None,
 ) -> EnqueueResult:
     """Enqueue in a transaction of its own (opens and closes one connection).
 
@@ -285,7 +299,7 @@ def enqueue_own(
     from evq.adapters.postgres.database import connect_kwargs
 
     try:
-        valid = validate(request, policy)
+        valid = _as_python(validate(request, policy), actor)
     except InvalidRequest as exc:
         if record_refusals:
             _record_refusal(url, request, exc)
@@ -305,3 +319,12 @@ def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
             conn.execute(Q["refusal_record"], params)
     except Exception as failure:
         log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)
+
+
+def _as_python(request: ValidRequest, actor: str | None) -> ValidRequest:
+    """The request as the Python API enqueues it: no key, so the actor is whatever the
+    caller named (``actor=``, maybe None) and the interface is ``python``. A request
+    an interface already stamped (a ValidRequest passed through) keeps its actor."""
+    if request.actor is not None:
+        return request
+    return replace(request, actor=Actor(interface="python", name=actor))

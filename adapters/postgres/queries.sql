@@ -31,10 +31,11 @@ WITH t AS (
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
-        rationale, decided_at, created_at
+        rationale, decided_at, created_at, actor, actor_key_id, interface
     )
     SELECT step.decision_id, %(run_id)s, %(step_id)s, %(intent)s, %(instruction_version)s, %(prompt_version)s,
-           %(model)s, %(tool)s, %(rationale)s::jsonb, %(decided_at)s, t.now
+           %(model)s, %(tool)s, %(rationale)s::jsonb, %(decided_at)s, t.now, %(actor)s, %(actor_key_id)s,
+           %(interface)s
     FROM step, t
     RETURNING id
 )
@@ -63,13 +64,14 @@ WITH t AS (
 ), r AS (
     -- One JSON array of positional arrays, one per request, the payload last as
     -- the canonical JSON the caller already has: one document to encode and parse,
-    -- without sixteen typed arrays (whose per-element encoding cost more than the
+    -- without nineteen typed arrays (whose per-element encoding cost more than the
     -- inserts) or a key name repeated in every row. `->>` on a JSON null is NULL.
     SELECT e.ord, e.v->>0 AS run_id, e.v->>1 AS step_id, e.v->>2 AS idempotency_key, e.v->>3 AS message_id,
            e.v->>4 AS provider, e.v->>5 AS payload_sha256, (e.v->>6)::int AS max_attempts, e.v->>7 AS notify,
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
-           e.v->15 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+           e.v->>15 AS actor, e.v->>16 AS actor_key_id, e.v->>17 AS interface,
+           e.v->18 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
@@ -86,10 +88,10 @@ WITH t AS (
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
-        rationale, decided_at, created_at
+        rationale, decided_at, created_at, actor, actor_key_id, interface
     )
     SELECT r.decision_id, r.run_id, r.step_id, r.intent, r.instruction_version, r.prompt_version, r.model, r.tool,
-           r.rationale, r.decided_at, t.now
+           r.rationale, r.decided_at, t.now, r.actor, r.actor_key_id, r.interface
     FROM step JOIN r ON r.decision_id = step.decision_id, t
 ), wake AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
@@ -647,11 +649,12 @@ ORDER BY c.provider;
 -- name: notice_candidates
 -- Steps just moved to a state that owes a notice (rejected; unknown when so
 -- configured; accepted with some recipients refused) whose caller named an address
--- to tell. Run in the transaction of the transition itself, on rows it has just
+-- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
-       s.reason, s.detail, s.attempts, s.notify,
+       s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
+       CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
        CASE WHEN s.reason = 'partially_refused' THEN (
            SELECT e.detail -> 'refused'
            FROM evidence e
@@ -659,9 +662,12 @@ SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s
            ORDER BY e.id DESC
            LIMIT 1) END AS refused
 FROM email_steps s
+JOIN decisions d ON d.id = s.decision_id
+-- The key that enqueued the step: its default target when the request named none (0013).
+LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
-  AND s.notify IS NOT NULL
+  AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
 ORDER BY s.id;
 
@@ -1019,12 +1025,12 @@ WITH t AS (
     SELECT NOT %(bootstrap)s
            OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
 ), created AS (
-    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by)
-    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s
     FROM guard, t
     WHERE guard.allowed
     ON CONFLICT DO NOTHING
-    RETURNING name, role, key_id, created_at, created_by
+    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url
 )
 SELECT guard.allowed, created.*
 FROM guard LEFT JOIN created ON true;
@@ -1037,7 +1043,8 @@ FROM guard LEFT JOIN created ON true;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), target AS (
-    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by
+    SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
+           k.notify_url
     FROM api_keys k
     WHERE k.name = %(name)s
 ), other_admins AS (
@@ -1050,7 +1057,8 @@ WITH t AS (
       AND (k.role <> 'admin' OR other_admins.n > 0)
     RETURNING k.revoked_at, k.revoked_by
 )
-SELECT target.name, target.role, target.key_id, target.created_at, target.created_by,
+SELECT target.name, target.role, target.key_id, target.created_at, target.created_by, target.notify_email,
+       target.notify_url,
        coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
        coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
        revoked.revoked_at IS NOT NULL AS changed,
@@ -1092,8 +1100,38 @@ SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NUL
        EXISTS (SELECT 1 FROM api_keys WHERE name = %(name)s) AS name_taken;
 
 
+-- name: key_events_of_key
+-- One key's feed after a cursor, by its id or its name: the (key_id, id) index walks
+-- exactly that key's events from the cursor on.
+SELECT e.*, k.name AS key_name
+FROM key_events e
+LEFT JOIN api_keys k ON k.key_id = e.key_id
+WHERE e.key_id = coalesce(%(key_id)s, (SELECT key_id FROM api_keys WHERE name = %(key_name)s))
+  AND e.id > %(since)s
+ORDER BY e.id
+LIMIT %(limit)s;
+
+
+-- name: key_events_all
+-- Every key's feed (and steps enqueued without a key), for an operator.
+SELECT e.*, k.name AS key_name
+FROM key_events e
+LEFT JOIN api_keys k ON k.key_id = e.key_id
+WHERE e.id > %(since)s
+ORDER BY e.id
+LIMIT %(limit)s;
+
+
+-- name: api_key_set_notify
+-- A key's default notification target (NULL: none). A revoked key keeps its own.
+UPDATE api_keys
+SET notify_email = %(notify_email)s
+WHERE name = %(name)s
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url;
+
+
 -- name: api_key_list
-SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url
 FROM api_keys
 ORDER BY created_at, id;
 
@@ -1332,3 +1370,66 @@ ORDER BY r.rolname;
 -- name: runtime_grant
 -- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
 SELECT evq_grant_runtime(%(role)s) AS granted;
+
+
+-- name: callback_claim
+-- The deliveries due now, each held for hold_seconds (next_attempt_at moves forward,
+-- attempts counts this try) so no other worker takes it meanwhile; a worker that dies
+-- mid-POST leaves it due again once the hold passes (at-least-once). SKIP LOCKED keeps
+-- concurrent claims apart. With each: its event, the key's URL and what signs it.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), picked AS (
+    SELECT c.id
+    FROM callback_deliveries c
+    WHERE c.status = 'pending' AND c.next_attempt_at <= (SELECT now FROM t)
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED
+), held AS (
+    UPDATE callback_deliveries c
+    SET next_attempt_at = t.now + make_interval(secs => %(hold_seconds)s),
+        attempts = c.attempts + 1,
+        updated_at = t.now
+    FROM picked, t
+    WHERE c.id = picked.id
+    RETURNING c.id, c.event_id, c.key_id, c.attempts
+)
+SELECT h.id, h.attempts, k.notify_url AS url, k.name AS key_name, k.callback_generation, p.pepper,
+       e.id AS event_id, e.kind, e.step, e.run_id, e.step_id, e.status, e.reason, e.detail, e.actor,
+       e.evidence_id, e.key_id, e.created_at
+FROM held h
+JOIN key_events e ON e.id = h.event_id
+JOIN api_keys k ON k.key_id = h.key_id
+CROSS JOIN api_key_pepper p
+ORDER BY h.id;
+
+
+-- name: callback_delivered
+UPDATE callback_deliveries
+SET status = 'delivered', delivered_at = coalesce(%(now)s::timestamptz, now()), last_status = %(status_code)s,
+    last_error = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'pending';
+
+
+-- name: callback_failed
+-- A try that did not get a 2xx: due again after the backoff, or given up (the event
+-- stays in the key's feed either way). The error names what failed, never the URL.
+UPDATE callback_deliveries
+SET status = CASE WHEN %(give_up)s THEN 'failed' ELSE 'pending' END,
+    next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+    last_status = %(status_code)s,
+    last_error = left(%(error)s, 500),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND status = 'pending';
+
+
+-- name: api_key_set_url
+-- A key's callback URL (NULL: none); rotate: a new signing secret (the generation it derives from).
+UPDATE api_keys k
+SET notify_url = %(notify_url)s,
+    callback_generation = k.callback_generation + CASE WHEN %(rotate)s THEN 1 ELSE 0 END
+FROM api_key_pepper p
+WHERE k.name = %(name)s AND p.id = 1
+RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
+          k.notify_url, k.callback_generation, p.pepper;

@@ -73,6 +73,11 @@ decisions = Table(
     Column("rationale", JSONB),
     Column("decided_at", TZ),
     Column("created_at", TZ, nullable=False, server_default=NOW),
+    # Who asked (0015): the API key's name and public id (never its secret), and the
+    # interface the enqueue came through. A Python API enqueue has no key id.
+    Column("actor", Text),
+    Column("actor_key_id", Text),
+    Column("interface", Text),
     Index(None, "run_id", "created_at"),
 )
 
@@ -258,6 +263,13 @@ api_keys = Table(
     # Bumped when the key's holder signs out of the ops page: sessions made under an
     # older generation are refused (ops/web/session.py).
     Column("session_generation", Integer, nullable=False, server_default=text("0")),
+    # The key's default notification target (0015): told of a failure of a step it
+    # enqueued when the request named no notify address.
+    Column("notify_email", Text),
+    # ...and the URL evq POSTs a signed JSON event to (0015). The signing secret is derived
+    # from the pepper and this generation (worker/callbacks.py), never stored.
+    Column("notify_url", Text),
+    Column("callback_generation", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("name"),
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
@@ -408,4 +420,60 @@ enqueue_refusal_counts = Table(
     Column("field", Text, primary_key=True),
     Column("total", BigInteger, nullable=False),
     CheckConstraint("total >= 0", name="total_nonnegative"),
+)
+
+# What became of each key's sends (0015): every rejection, unknown and operator verdict
+# on a step the key enqueued, append-only, written by a trigger on evidence (so every
+# path that closes a step writes it). The id is the feed's cursor. key_id NULL: a step
+# enqueued without a key (the Python API). No foreign key: prune keeps the feed.
+KEY_EVENT_KINDS = ("rejected", "unknown", "verdict")
+
+key_events = Table(
+    "key_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("key_id", Text),
+    Column("kind", Text, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("step_id", Text, nullable=False),
+    Column("status", Text),
+    Column("reason", Text),
+    Column("detail", Text),
+    Column("actor", Text, nullable=False),
+    Column("evidence_id", BigInteger, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(_in("kind", KEY_EVENT_KINDS), name="kind"),
+    Index(None, "key_id", "id"),
+)
+
+# The events owed to a key's callback URL (0015): written with the event by the same
+# trigger, so a POST is durable before it is tried; retried with backoff until delivered
+# or given up (worker/callbacks.py). Queue state: nothing secret (the URL stays on the key).
+CALLBACK_STATUSES = ("pending", "delivered", "failed")
+
+callback_deliveries = Table(
+    "callback_deliveries",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("event_id", BigInteger, ForeignKey("key_events.id"), nullable=False),
+    Column("key_id", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", TZ, nullable=False, server_default=NOW),
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    Column("delivered_at", TZ),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    UniqueConstraint("event_id"),
+    CheckConstraint(_in("status", CALLBACK_STATUSES), name="status"),
+    CheckConstraint("(status = 'delivered') = (delivered_at IS NOT NULL)", name="delivered_iff_delivered_at"),
+    CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+)
+Index(
+    "ix_callback_deliveries_due",
+    callback_deliveries.c.next_attempt_at,
+    callback_deliveries.c.id,
+    postgresql_where=text("status = 'pending'"),
 )

@@ -39,7 +39,15 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from evq.ops.app.service import DECISION_FIELDS, FILTERS, HEADERS_HELP, LIST_LIMIT_MAX, MAX_ATTEMPTS_HELP, MAX_ID
+from evq.ops.app.service import (
+    DECISION_FIELDS,
+    EVENTS_LIMIT_MAX,
+    FILTERS,
+    HEADERS_HELP,
+    LIST_LIMIT_MAX,
+    MAX_ATTEMPTS_HELP,
+    MAX_ID,
+)
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.settings import OPTIONS, Option
 from evq.worker.circuit import FAULTS
@@ -377,6 +385,7 @@ def _setting(option: Option) -> Param:
 GROUPS: dict[str, str] = {
     "admin": "Run and look after an installation: the database schema, the HTTP and MCP servers, the demo, "
     "the benchmark.",
+    "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
     "refusals": "Enqueues evq refused: what agents asked, by which key, and every failing field.",
@@ -386,6 +395,14 @@ GROUPS: dict[str, str] = {
     "worker": "Run the worker that sends queued email.",
 }
 
+NOTIFY_EMAIL_HELP = (
+    "The key's default notification target: told of every rejected send the key enqueued "
+    "whose request named no notify address."
+)
+NOTIFY_URL_HELP = (
+    "A callback URL: evq POSTs each of the key's events (rejected, unknown, verdict) to it as JSON, signed "
+    "the Standard Webhooks way (webhook-id, webhook-timestamp, webhook-signature); the secret is printed once."
+)
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
@@ -509,6 +526,58 @@ _TABLE: tuple[Command, ...] = (
         local_only=_PROCESS,
     ),
     Command(
+        "events.list",
+        "List a key's events (rejections, unknowns, operator verdicts on the sends it enqueued) after a cursor.",
+        "List the events of the API key's own sends after a cursor, oldest first: every "
+        "rejection, every step that became unknown, and every operator verdict, whatever "
+        "notices are configured. Poll with --since set to the last call's meta.next_cursor "
+        "(an event id; 0: from the start).\n\n"
+        "An operator or admin key (or the command line without a key) reads another key's "
+        "feed with --key NAME, or every key's with --all-keys.",
+        Effect.READ,
+        (
+            Param(
+                "since",
+                type="integer",
+                minimum=0,
+                maximum=MAX_ID,
+                default=0,
+                show_default=True,
+                metavar="CURSOR",
+                help="Only events after this one (the last call's meta.next_cursor).",
+            ),
+            Param(
+                "limit",
+                type="integer",
+                minimum=1,
+                maximum=EVENTS_LIMIT_MAX,
+                default=100,
+                show_default=True,
+                help="Events per call.",
+            ),
+            Param("key", metavar="NAME", help="Another key's feed, by its name (operator or admin)."),
+            Param(
+                "all_keys", Kind.FLAG, help="Every key's feed, and steps enqueued without a key (operator or admin)."
+            ),
+            Param(
+                CREDENTIAL,
+                flags=("--api-key",),
+                env=API_KEY_ENV,
+                local=True,
+                metavar="KEY",
+                help=f"The key whose feed to read [env: {API_KEY_ENV}].",
+            ),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.READ,
+        examples=("evq events list --since 0 -o json", "evq events list --key agent-7 --since 1200"),
+        use_when="an agent catching up on what went wrong with its sends since its last look (poll with the cursor)",
+        avoid_when="following one send you are waiting on: `steps show` answers at once",
+        http=(Route("GET", "/v1/events"),),
+        mcp=True,
+    ),
+    Command(
         "keys.create",
         "Create an API key and print it once (only its hash is stored).",
         "Create an API key and print it once (only its hash is stored).\n\n"
@@ -523,6 +592,8 @@ _TABLE: tuple[Command, ...] = (
                 help="Who holds the key; recorded as the actor in evidence. Never reused.",
             ),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
+            Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
+            Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
             DRY_RUN,
             replace(
                 api_key(Permission.MANAGE_KEYS),
@@ -533,6 +604,7 @@ _TABLE: tuple[Command, ...] = (
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
+        examples=("evq keys create --name agent-7 --role agent --notify-email agent-7-inbox@example.org",),
         use_when="giving an agent, an operator or a service its own key (one per holder: evidence names it)",
         avoid_when="sharing one key between holders: revoke and create instead",
         risk=Risk.MEDIUM,
@@ -582,11 +654,42 @@ _TABLE: tuple[Command, ...] = (
         local_only="keys are managed where the database is, by an administrator",
     ),
     Command(
+        "keys.update",
+        "Change a key's default notification targets: its email address and its callback URL.",
+        "Change a key's default notification targets: the address told of a failure of a "
+        "send the key enqueued when the request named no notify address, and the URL evq "
+        "POSTs each of its events to, signed (the secret is printed when a URL is set). The "
+        "key itself is unchanged. Its event feed (`evq events list`) gets every event either way.",
+        Effect.WRITE,
+        (
+            Param("name", Kind.ARGUMENT, required=True),
+            Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
+            Param("clear_notify_email", Kind.FLAG, help="Remove the key's default notification address."),
+            Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
+            Param("clear_notify_url", Kind.FLAG, help="Remove the key's callback URL (no more callbacks)."),
+            Param(
+                "rotate_callback_secret",
+                Kind.FLAG,
+                help="A new signing secret for the callbacks (printed once); the old one stops verifying.",
+            ),
+            DRY_RUN,
+            api_key(Permission.MANAGE_KEYS),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.MANAGE_KEYS,
+        examples=("evq keys update agent-7 --notify-email agent-7-inbox@example.org",),
+        use_when="pointing a key's failures at an inbox or a callback URL, or rotating the callback's secret",
+        avoid_when="changing what a key may do: revoke it and create another",
+        risk=Risk.MEDIUM,
+        local_only="keys are managed where the database is, by an administrator; no request can change a key",
+    ),
+    Command(
         "admin.mcp",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_steps_enqueue, evq_steps_show, "
-        "evq_steps_list, evq_runs_show, evq_providers_list, and evq_steps_resolve with "
+        "evq_steps_list, evq_runs_show, evq_providers_list, evq_events_list, and evq_steps_resolve with "
         "EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "

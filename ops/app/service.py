@@ -12,20 +12,20 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
 from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
-from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
+from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
 from evq.worker.logs import get_logger
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.records import StepSummary
 from evq.worker.refusals import INTERFACES, describe
-from evq.worker.request import Policy, ValidRequest, unicode_domain
+from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
@@ -101,16 +101,18 @@ class Caller:
         *,
         source: str = CLI_KEY_SOURCE,
         trusted_reader: bool = False,
+        interface: str = "cli",
     ):
         self.key = key or None
         self.source = source
         self.trusted_reader = trusted_reader
+        self.interface = interface  # recorded with what the caller enqueues (cli, http, mcp, ops-page)
         self._identity: Identity | None = None
 
     @classmethod
-    def signed_in(cls, identity: Identity, *, source: str) -> Caller:
+    def signed_in(cls, identity: Identity, *, source: str, interface: str = "ops-page") -> Caller:
         """A caller whose key was verified earlier (the ops page's session); roles still apply."""
-        caller = cls(None, source=source)
+        caller = cls(None, source=source, interface=interface)
         caller._identity = identity
         return caller
 
@@ -148,6 +150,13 @@ class Caller:
             role = (exc.context or {}).get("role", "another role")
             return f"the key's role ({role}) does not see message content; roles {_CONTENT_ROLES} do"
         return None
+
+    async def key_holder(self, lookup: KeyLookup) -> Identity | None:
+        """Whose key this is, checked even for a trusted reader (a feed is per key); None:
+        a trusted reader without a key. AuthFailed for a wrong key or none where one is needed."""
+        if self._identity is None and (self.key is not None or not self.trusted_reader):
+            self._identity = await authenticate(lookup, self.key, Permission.READ, source=self.source)
+        return self._identity
 
 
 _CONTENT_ROLES = " or ".join(str(r) for r in ALLOWED[Permission.READ_CONTENT])
@@ -189,7 +198,11 @@ async def enqueue(
         await caller.identify(store, Permission.READ)
         plan = [await _plan(store, v) for v in valid]
         return Reply({"dry_run": True, "plan": plan}, {"count": len(plan)})
-    await caller.identify(store, Permission.ENQUEUE)
+    identity = await caller.identify(store, Permission.ENQUEUE)
+    assert identity is not None  # ENQUEUE is never granted without a key
+    # Who asked goes with the decision: the key's name and public id, never its secret.
+    actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
+    valid = [replace(v, actor=actor) for v in valid]
     results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
     created = sum(1 for r in results if r.created)
     if not many:
@@ -458,6 +471,64 @@ async def list_refusals(
     if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page starts below this one
         meta["next_before_id"] = data[-1]["id"] - 1
     return Reply(data, meta)
+
+
+# -- each key's event feed ------------------------------------------------------
+
+EVENTS_LIMIT_MAX = 1000
+EVENT_FIELDS = (
+    "id",
+    "kind",
+    "step",
+    "run_id",
+    "step_id",
+    "status",
+    "reason",
+    "detail",
+    "actor",
+    "evidence_id",
+    "key_id",
+    "key_name",
+    "created_at",
+)
+# Who may read another key's feed (or every key's): those who act on other agents' sends.
+_FEED_READERS = (Role.OPERATOR, Role.ADMIN)
+
+
+async def list_events(
+    store: AppStore,
+    caller: Caller,
+    *,
+    since: int = 0,
+    limit: int = 100,
+    key: str | None = None,
+    all_keys: bool = False,
+) -> Reply:
+    """The caller's key's events after cursor ``since`` (every rejection, unknown and operator
+    verdict on a step it enqueued), oldest first; ``meta.next_cursor`` is the ``since`` of the
+    next call. ``key`` (a key's name) or ``all_keys``: another key's feed, or every key's, for
+    an operator or admin key (or the command line without a key, which reads every row anyway)."""
+    holder = await caller.key_holder(store)
+    if key is not None and all_keys:
+        raise InvalidRequest([{"field": "--key", "message": "give --key NAME or --all-keys, not both"}])
+    others = key is not None or all_keys
+    if others and holder is not None and holder.role not in _FEED_READERS:
+        raise Forbidden(
+            f"the API key {holder.name!r} has role {holder.role}: it reads only its own events",
+            hint="leave out --key and --all-keys to read this key's feed",
+            context={"name": holder.name, "role": str(holder.role), "roles": [str(r) for r in _FEED_READERS]},
+        )
+    if not others and holder is None:
+        raise InvalidRequest(
+            [{"field": "--api-key", "message": "a feed is per key: give the key whose events to read, or --key NAME"}]
+        )
+    if holder is not None and key is None and not all_keys:
+        rows = await store.key_events(since=since, limit=limit, key_id=holder.key_id, key_name=holder.name)
+    else:
+        rows = await store.key_events(since=since, limit=limit, key_name=key, every=all_keys)
+    data = [{k: r.get(k) for k in EVENT_FIELDS} for r in rows]
+    cursor = data[-1]["id"] if data else since
+    return Reply(data, {"count": len(data), "limit": limit, "since": since, "next_cursor": cursor})
 
 
 # -- providers' circuits (worker/circuit.py) -----------------------------------------

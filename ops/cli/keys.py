@@ -15,8 +15,11 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
-from evq.worker.errors import AuthFailed, Conflict
+from evq.worker.callbacks import check_url
+from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound
 from evq.worker.keys import PREFIX, Role, check_name, generate
+from evq.worker.logs import register_secrets
+from evq.worker.request import notify_address
 
 keys = table_group("keys")
 
@@ -24,10 +27,21 @@ keys = table_group("keys")
 @from_table("keys.create", keys)
 @command
 def keys_create(
-    out: Output, name: str, role: str, dry_run: bool, credential: Credential, database_url: str | None
+    out: Output,
+    name: str,
+    role: str,
+    notify_email: str | None,
+    notify_url: str | None,
+    dry_run: bool,
+    credential: Credential,
+    database_url: str | None,
 ) -> None:
     check_name(name)
     settings = load_settings(database_url=database_url)
+    if notify_email is not None:
+        notify_email = notify_address(notify_email, settings.policy(), "--notify-email")
+    if notify_url is not None:
+        notify_url = check_url(notify_url)
 
     async def work() -> dict[str, Any]:
         async with wiring.open_store(settings, max_size=1) as store:
@@ -36,7 +50,14 @@ def keys_create(
             if dry_run:
                 if state["name_taken"]:
                     raise Conflict(f"a key named {name!r} exists", context={"name": name})
-                return {"dry_run": True, "name": name, "role": role, "bootstrap": bootstrap}
+                return {
+                    "dry_run": True,
+                    "name": name,
+                    "role": role,
+                    "bootstrap": bootstrap,
+                    "notify_email": notify_email,
+                    "notify_url": notify_url,
+                }
             if bootstrap and role != Role.ADMIN:
                 raise AuthFailed(
                     "no admin key exists yet: the first key must be an admin key",
@@ -45,8 +66,22 @@ def keys_create(
                 )
             created_by = None if bootstrap else (await credential.identify(store)).name
             key = generate()
-            row = await store.create_key(name=name, role=Role(role), key=key, created_by=created_by)
-            return {"dry_run": False, **key_view(row), "key": key.text, "bootstrap": bootstrap}
+            row = await store.create_key(
+                name=name,
+                role=Role(role),
+                key=key,
+                created_by=created_by,
+                notify_email=notify_email,
+                notify_url=notify_url,
+            )
+            register_secrets([row.get("callback_secret")])
+            return {
+                "dry_run": False,
+                **key_view(row),
+                "key": key.text,
+                "bootstrap": bootstrap,
+                "callback_secret": row.get("callback_secret"),
+            }
 
     data = run(work())
     out.success(data, human=_human_created)
@@ -62,6 +97,8 @@ def key_view(row: dict[str, Any]) -> dict[str, Any]:
         "created_by": row["created_by"],
         "revoked_at": row.get("revoked_at"),
         "revoked_by": row.get("revoked_by"),
+        "notify_email": row.get("notify_email"),
+        "notify_url": row.get("notify_url"),
     }
 
 
@@ -76,6 +113,16 @@ def _human_created(d: dict[str, Any]) -> str:
             f"    {d['key']}",
             "",
             "Use it with: export EVQ_API_KEY=<the key>",
+            *(
+                [
+                    "",
+                    "Callbacks to its URL are signed with (shown only now; give it to the receiver):",
+                    "",
+                    f"    {d['callback_secret']}",
+                ]
+                if d.get("callback_secret")
+                else []
+            ),
         ]
     )
 
@@ -107,6 +154,80 @@ def keys_list(out: Output, limit: int, offset: int, database_url: str | None) ->
         ),
         meta={"count": len(data), "total": len(every), "limit": limit, "offset": offset},
     )
+
+
+@from_table("keys.update", keys)
+@command
+def keys_update(
+    out: Output,
+    name: str,
+    notify_email: str | None,
+    clear_notify_email: bool,
+    notify_url: str | None,
+    clear_notify_url: bool,
+    rotate_callback_secret: bool,
+    dry_run: bool,
+    credential: Credential,
+    database_url: str | None,
+) -> None:
+    settings = load_settings(database_url=database_url)
+    for given, clear, flag in ((notify_email, clear_notify_email, "email"), (notify_url, clear_notify_url, "url")):
+        if given is not None and clear:
+            raise InvalidRequest(
+                [{"field": f"--notify-{flag}", "message": f"give --notify-{flag} or --clear-notify-{flag}, not both"}]
+            )
+    email_change = notify_email is not None or clear_notify_email
+    url_change = notify_url is not None or clear_notify_url or rotate_callback_secret
+    if not email_change and not url_change:
+        raise InvalidRequest(
+            [
+                {
+                    "field": "--notify-email",
+                    "message": "nothing to change: give --notify-email/--clear-notify-email, "
+                    "--notify-url/--clear-notify-url or --rotate-callback-secret",
+                }
+            ]
+        )
+    email = None if notify_email is None else notify_address(notify_email, settings.policy(), "--notify-email")
+    url = None if notify_url is None else check_url(notify_url)
+
+    async def work() -> dict[str, Any]:
+        async with wiring.open_store(settings, max_size=1) as store:
+            before = next((k for k in await store.list_keys() if k["name"] == name), None)
+            if before is None:
+                raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+            after = {
+                "notify_email": email if email_change else before["notify_email"],
+                "notify_url": url if (notify_url is not None or clear_notify_url) else before["notify_url"],
+            }
+            changed = any(after[k] != before[k] for k in after) or rotate_callback_secret
+            if dry_run:
+                return {"dry_run": True, **key_view({**before, **after}), "changed": changed, "callback_secret": None}
+            await credential.identify(store)
+            row = before
+            if email_change:
+                row = await store.set_key_notify(name, notify_email=after["notify_email"])
+            secret = None
+            if url_change:
+                row = await store.set_key_url(name, notify_url=after["notify_url"], rotate=rotate_callback_secret)
+                # Printed when a URL is set or its secret rotated: the receiver needs it to verify.
+                secret = row.pop("callback_secret") if (notify_url is not None or rotate_callback_secret) else None
+                register_secrets([secret])
+            return {"dry_run": False, **key_view(row), "changed": changed, "callback_secret": secret}
+
+    data = run(work())
+
+    def human(d: dict[str, Any]) -> str:
+        verb = "would tell" if d["dry_run"] else "tells"
+        lines = [
+            f"key {d['name']!r} {verb} {d['notify_email'] or 'no address'} by email"
+            f" and {d['notify_url'] or 'no URL'} by callback of its failed sends (and its event feed)"
+        ]
+        if d.get("callback_secret"):
+            lines += ["", "Callbacks are signed with (shown only now):", "", f"    {d['callback_secret']}"]
+        return "\n".join(lines)
+
+    out.success(data, human=human)
 
 
 @from_table("keys.revoke", keys)

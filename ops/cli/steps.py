@@ -104,6 +104,14 @@ def _content_line(c: dict[str, Any]) -> str:
     return f"{sizes}; not shown: {c.get('note')}"
 
 
+def _asked_by(decision: dict[str, Any]) -> str:
+    """Who enqueued the send: the key's name and public id, and the interface."""
+    if not decision.get("interface"):
+        return "-"
+    key = f" (key evq_{decision['actor_key_id']})" if decision.get("actor_key_id") else " (no key)"
+    return f"{decision.get('actor') or '-'}{key} via {decision['interface']}"
+
+
 def _human_detail(d: dict[str, Any]) -> str:
     s, dec = d["step"], d["decision"] or {}
     p = s["payload"]
@@ -130,6 +138,7 @@ def _human_detail(d: dict[str, Any]) -> str:
         f"  model / tool    {dec.get('model') or '-'} / {dec.get('tool') or '-'}",
         f"  instructions    {dec.get('instruction_version') or '-'}  prompt {dec.get('prompt_version') or '-'}",
         f"  decided at      {dec.get('decided_at') or '-'}",
+        f"  asked by        {_asked_by(dec)}",
         "evidence",
         table([evidence_line(e) for e in d["evidence"]], EVIDENCE_COLUMNS),
     ]

@@ -41,7 +41,8 @@ KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
 INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
 Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the same step); follow it with
 evq_steps_show (its state and evidence) or evq_runs_show (a whole run); evq_providers_list says whether a
-provider is down. A step whose status is `unknown`
+provider is down; evq_events_list tells you of every
+send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides.
 Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
 
@@ -125,6 +126,10 @@ def providers_schema() -> dict[str, Any]:
     return command_input("providers.list")
 
 
+def events_schema() -> dict[str, Any]:
+    return command_input("events.list")
+
+
 def resolve_schema() -> dict[str, Any]:
     # The command's own parameters; only the default differs: a tool dry-runs unless told not to.
     return command_input("steps.resolve", defaults={"dry_run": True})
@@ -134,7 +139,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment)."""
 
     def caller() -> Caller:
-        return Caller(api_key, source=KEY_SOURCE)
+        return Caller(api_key, source=KEY_SOURCE, interface="mcp")
 
     async def send(args: Mapping[str, Any]) -> service.Reply:
         request = dict(args)
@@ -161,6 +166,12 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
     async def providers(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(providers_schema(), args)
         return await service.list_providers(store, caller(), ADAPTERS)
+
+    async def events(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(events_schema(), args)
+        return await service.list_events(
+            store, caller(), since=a["since"], limit=a["limit"], key=a["key"], all_keys=a["all_keys"]
+        )
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(resolve_schema(), args)
@@ -216,6 +227,16 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             "Every provider's circuit: closed (sending), open (down or misconfigured, and why) or half_open.",
             providers_schema(),
             providers,
+        ),
+        _tool(
+            "evq_events_list",
+            "Your key's event feed: every send of yours that was rejected, became unknown, or got an operator's "
+            "verdict, oldest first after the cursor `since` (pass the last answer's meta.next_cursor). Poll it to "
+            "learn of failures without a notify address.",
+            events_schema(),
+            "events.list",
+            events,
+            read_only=True,
         ),
     ]
     if settings.mcp_resolve:

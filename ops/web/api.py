@@ -48,6 +48,7 @@ def operation(path: str, route: int = 0, **openapi_extra: Any) -> dict[str, Any]
 
 
 _REFUSALS = command("refusals.list")
+_EVENTS = command("events.list")
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -74,7 +75,7 @@ async def caller(request: Request) -> Caller:
     """The key of this request, checked for reading before anything else is looked at; an
     address that presented too many wrong keys lately gets 429 without a look (ops/web/throttle.py)."""
     state: AppState = request.app.state.evq
-    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, interface="http")
     await checked(state, client_address(request), lambda: who.identify(state.store, Permission.READ))
     return who
 
@@ -263,6 +264,33 @@ async def list_refusals(
     reply = await service.list_refusals(
         state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit
     )
+    return _answer(reply, request.state.timer)
+
+
+def event_query(dest: str) -> Any:
+    p = _EVENTS.param(dest)
+    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    return Query(p.default, description=p.help, **bounds)
+
+
+@router.get(
+    "/events",
+    summary="The key's event feed: every rejection, unknown and operator verdict on its sends, after a cursor",
+    description="Poll with `since` set to the last answer's meta.next_cursor. An operator or admin key reads "
+    "another key's feed with `key` (its name), or every key's with `all_keys`.",
+    responses=_responses("events.list", 200),
+    **operation("events.list"),
+)
+async def list_events(
+    request: Request,
+    who: Caller = Depends(caller),
+    since: int = event_query("since"),
+    limit: int = event_query("limit"),
+    key: str | None = Query(None, max_length=64, description=_EVENTS.param("key").help),
+    all_keys: bool = Query(False, description=_EVENTS.param("all_keys").help),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    reply = await service.list_events(state.store, who, since=since, limit=limit, key=key, all_keys=all_keys)
     return _answer(reply, request.state.timer)
 
 

@@ -96,6 +96,10 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
     assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1
     run(anyone, "refusals", "list", "--interface", "smtp", expect=2)
+    run(admin, "keys", "update", "ops", "--notify-email", "ops-inbox@example.org")
+    run(admin, "keys", "update", "ops", "--notify-email", "not an address", expect=2)
+    run(admin, "events", "list", "--all-keys")
+    run(anyone, "events", "list", expect=2)  # a feed is per key: give one, or --key / --all-keys
     run(admin, "keys", "revoke", "ops")
     run(admin, "keys", "revoke", "nobody", expect=1)
     run(anyone, "schema")

@@ -80,10 +80,15 @@ BYPASSES = [
     ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
     ["DELETE FROM provider_circuit_events"],
     ["TRUNCATE provider_circuit_events"],
-    # Refused enqueues (0013): what an agent tried stays as recorded; the counter never goes down.
+    # Refused enqueues (0014): what an agent tried stays as recorded; the counter never goes down.
     ["UPDATE enqueue_refusals SET key_name = 'someone else'"],
     ["DELETE FROM enqueue_refusal_counts"],
     ["TRUNCATE enqueue_refusals"],
+    # Each key's event feed (0015): appended by the evidence trigger, never rewritten.
+    ["UPDATE key_events SET reason = 'rewritten'"],
+    ["DELETE FROM key_events"],
+    ["TRUNCATE key_events CASCADE"],
+    ["ALTER TABLE evidence DISABLE TRIGGER evidence_key_events"],
     ["DELETE FROM email_steps"],
     [
         "INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
@@ -194,7 +199,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         {"app": r.app},
     )
     assert granted == {"circuit_update": True, "events_insert": True, "events_update": False, "events_delete": False}
-    # Refused enqueues (0013): recorded and pruned, never rewritten; their counter only grows.
+    # Refused enqueues (0014): recorded and pruned, never rewritten; their counter only grows.
     [refusals] = rows(
         r.admin_url,
         """

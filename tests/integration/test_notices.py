@@ -74,7 +74,11 @@ async def test_a_rejected_step_sends_one_notice_to_its_notify_address(store, db_
     p = notice["payload"]
     assert p["from"] == {"email": "evq-notices@example.org", "name": "evq"} and p["to"][0]["email"] == NOTIFY
     assert p["subject"] == "[delivery failed] Offer"
-    assert p["headers"] == {"Auto-Submitted": "auto-generated", "References": bounce.message_id}
+    assert p["headers"] == {
+        "Auto-Submitted": "auto-generated",
+        "In-Reply-To": bounce.message_id,
+        "References": bounce.message_id,
+    }
     text = p["text"]
     for expected in (
         "did not go out",

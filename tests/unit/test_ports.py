@@ -43,6 +43,7 @@ def _roles() -> list[type]:
         ports.ResolveStore,
         ports.KeyLookup,
         ports.RefusalStore,
+        ports.EventFeed,
     ]
 
 

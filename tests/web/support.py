@@ -24,6 +24,7 @@ COMMAND_OF = {
     ("POST", "/v1/steps/{id}/resolve"): "steps.resolve",
     ("POST", "/v1/steps/resolve"): "steps.resolve",
     ("GET", "/v1/refusals"): "refusals.list",
+    ("GET", "/v1/events"): "events.list",
 }
 
 

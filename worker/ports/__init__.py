@@ -8,7 +8,9 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   :mod:`.prune`: retention; :mod:`.redact`: content retention;
   :mod:`.refusals`: refused enqueues, recorded and read;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
-  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks;
+  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
+  key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
+  callback service, given the store and a poster apart from the Store union);
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from evq.worker.ports.callbacks import CallbackStore, Poster
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
+from evq.worker.ports.events import EventFeed
 from evq.worker.ports.keys import KeyLookup
 from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
 from evq.worker.ports.prune import PruneStore
@@ -37,14 +41,17 @@ from evq.worker.ports.wakeup import Wakeup
 
 __all__ = [
     "AppStore",
+    "CallbackStore",
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
     "EnqueueStore",
+    "EventFeed",
     "KeyLookup",
     "Lookup",
     "LookupFailed",
     "LookupResult",
+    "Poster",
     "Provider",
     "PruneStore",
     "RateStore",
@@ -68,7 +75,7 @@ class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore,
     """What worker/runner.py needs: its claim loop and every service it runs."""
 
 
-class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, Protocol):
+class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, EventFeed, Protocol):
     """What the interfaces need, through ops/app/service.py."""
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.worker.callbacks import secret_text, signing_secret
 from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, hash_secret
 
@@ -30,12 +31,23 @@ class PostgresKeys(PostgresBase):
         return (await self._fetch("key_state", Q["api_key_state"], {"name": name}))[0]
 
     async def create_key(
-        self, *, name: str, role: Role, key: NewKey, created_by: str | None, now: datetime | None = None
+        self,
+        *,
+        name: str,
+        role: Role,
+        key: NewKey,
+        created_by: str | None,
+        notify_email: str | None = None,
+        notify_url: str | None = None,
+        now: datetime | None = None,
     ) -> dict[str, Any]:
         """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
-        only while no active admin key exists."""
+        only while no active admin key exists. ``notify_email``: the key's default
+        notification target (told of a failure when a request names no notify)."""
         params = {
             "now": now,
+            "notify_email": notify_email,
+            "notify_url": notify_url,
             "name": name,
             "role": str(role),
             "key_id": key.key_id,
@@ -58,7 +70,11 @@ class PostgresKeys(PostgresBase):
                 hint="choose another name; `evq keys list` shows the names",
                 context={"name": name},
             )
-        return {k: v for k, v in row.items() if k != "allowed"}
+        out = {k: v for k, v in row.items() if k != "allowed"}
+        if notify_url is not None:
+            # Shown this once; derived from the pepper, so never stored (worker/callbacks.py).
+            out["callback_secret"] = secret_text(signing_secret(bytes(pepper["pepper"]), key.key_id, 0))
+        return out
 
     async def revoke_key(
         self, name: str, *, actor: str | None, dry_run: bool = False, now: datetime | None = None
@@ -79,5 +95,75 @@ class PostgresKeys(PostgresBase):
             )
         return row
 
+    async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
+        """Change the key's default notification target (None: none)."""
+        rows = await self._fetch(
+            "set_key_notify", Q["api_key_set_notify"], {"name": name, "notify_email": notify_email}
+        )
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        return rows[0]
+
     async def list_keys(self) -> list[dict[str, Any]]:
         return await self._fetch("list_keys", Q["api_key_list"], {})
+
+    async def key_events(
+        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
+    ) -> list[dict[str, Any]]:
+        """A key's event feed after the cursor ``since`` (worker/ports/events.py)."""
+        params = {"since": since, "limit": limit, "key_id": key_id, "key_name": key_name}
+        if every:
+            return await self._fetch("key_events", Q["key_events_all"], params)
+        return await self._fetch("key_events", Q["key_events_of_key"], params)
+
+    async def set_key_url(self, name: str, *, notify_url: str | None, rotate: bool) -> dict[str, Any]:
+        """Change the key's callback URL (None: none); ``rotate``: a new signing secret."""
+        rows = await self._fetch(
+            "set_key_url", Q["api_key_set_url"], {"name": name, "notify_url": notify_url, "rotate": rotate}
+        )
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        row = rows[0]
+        pepper = bytes(row.pop("pepper"))
+        generation = row.pop("callback_generation")
+        row["callback_secret"] = (
+            secret_text(signing_secret(pepper, row["key_id"], generation)) if row["notify_url"] else None
+        )
+        return row
+
+    # -- callback deliveries (worker/callbacks.py) ---------------------------------
+
+    async def callback_claim(
+        self, *, limit: int, hold_seconds: float, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._fetch(
+            "callback_claim", Q["callback_claim"], {"limit": limit, "hold_seconds": hold_seconds, "now": now}
+        )
+
+    async def callback_delivered(self, delivery_id: int, *, status_code: int, now: datetime | None = None) -> None:
+        await self._fetch(
+            "callback_delivered", Q["callback_delivered"], {"id": delivery_id, "status_code": status_code, "now": now}
+        )
+
+    async def callback_failed(
+        self,
+        delivery_id: int,
+        *,
+        error: str,
+        status_code: int | None,
+        delay: float,
+        give_up: bool,
+        now: datetime | None = None,
+    ) -> None:
+        await self._fetch(
+            "callback_failed",
+            Q["callback_failed"],
+            {
+                "id": delivery_id,
+                "error": error,
+                "status_code": status_code,
+                "delay": delay,
+                "give_up": give_up,
+                "now": now,
+            },
+        )
