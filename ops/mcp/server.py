@@ -229,14 +229,12 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             providers,
         ),
         _tool(
-            "evq_events_list",
+            "events.list",
             "Your key's event feed: every send of yours that was rejected, became unknown, or got an operator's "
             "verdict, oldest first after the cursor `since` (pass the last answer's meta.next_cursor). Poll it to "
             "learn of failures without a notify address.",
             events_schema(),
-            "events.list",
             events,
-            read_only=True,
         ),
     ]
     if settings.mcp_resolve:

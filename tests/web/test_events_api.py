@@ -48,7 +48,7 @@ def test_an_agent_reads_its_rejections_from_get_v1_events(db_url):
 async def test_an_agent_reads_its_rejections_from_the_mcp_tool(db_url):
     agent = await asyncio.to_thread(make_key, db_url, "bot", "agent", created_by=None)
     async with client(db_url, agent) as c:
-        sent = await call(c, "evq_email_send", request(run_id="r-mcp"), "enqueue")
+        sent = await call(c, "evq_steps_enqueue", request(run_id="r-mcp"), "steps.enqueue")
         await asyncio.to_thread(reject_all, db_url)
         feed = await call(c, "evq_events_list", {"since": 0}, "events.list")
         assert [(e["kind"], e["step"]) for e in feed["data"]] == [("rejected", sent["data"]["id"])]

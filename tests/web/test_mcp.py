@@ -184,7 +184,7 @@ async def test_a_refused_send_is_recorded_with_the_servers_key_and_required_prov
     agent = await key(db_url, "bot", "agent", created_by=None)
     sent = request(run_id="run-mcp-refused", decision={"model": "m-1"})
     async with client(db_url, agent, require_provenance=("model", "instruction_version")) as c:
-        refused = await call(c, "evq_email_send", sent, "enqueue")
+        refused = await call(c, "evq_steps_enqueue", sent, "steps.enqueue")
     assert refused["error"]["code"] == "E_INVALID_ARG"
     assert [f["field"] for f in refused["error"]["context"]["fields"]] == ["decision.instruction_version"]
     [row] = await asyncio.to_thread(rows, db_url, "SELECT * FROM enqueue_refusals")
