@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from evq.adapters.postgres.conninfo import passwords
 from evq.ops.settings import OPTION_BY_NAME, Settings
-from evq.worker.errors import ConfigError
+from evq.worker.errors import ConfigError, DatabaseUnavailable
 from evq.worker.logs import configure, get_logger, register_secrets
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
@@ -49,6 +49,59 @@ def check_at_head(url: str) -> None:
     from evq.adapters.postgres.database import check_at_head as at_head
 
     at_head(url)
+
+
+# The backoff of a starting process waiting for its database: short at first (a restart takes
+# seconds), never longer than this between tries, so it starts soon after the database is back.
+STARTUP_RETRY_FIRST = 0.5
+STARTUP_RETRY_MAX = 5.0
+
+
+async def wait_for_schema(settings: Settings, url: str) -> None:
+    """The start-up schema check of a long-running process (the worker, `evq serve`), retried
+    while the database does not answer, as the running worker retries its claims: a worker
+    started while PostgreSQL restarts waits for it (logging each try) instead of exiting.
+    After EVQ_STARTUP_WAIT seconds it gives up: E_DB_UNAVAILABLE (exit 9). A database that
+    answers and is wrong (another schema revision, no such database, a refused login) is
+    refused at once: waiting would not change it."""
+    import asyncio
+    import time
+
+    from evq.adapters.postgres.database import unreachable
+
+    started = time.monotonic()
+    delay = STARTUP_RETRY_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            await asyncio.to_thread(check_at_head, url)
+        except DatabaseUnavailable as exc:
+            waited = time.monotonic() - started
+            if not unreachable(exc):
+                raise
+            if waited + delay > settings.startup_wait:
+                option = OPTION_BY_NAME["startup_wait"]
+                raise DatabaseUnavailable(
+                    f"{exc.message} (still, after {tries} tries in {waited:.0f}s at start-up)",
+                    hint=f"check EVQ_DATABASE_URL and that PostgreSQL is running; {option.env} "
+                    f"({settings.startup_wait:g}s) is how long a starting process waits for it",
+                    context={"tries": tries, "waited_ms": round(waited * 1000), "startup_wait": settings.startup_wait},
+                ) from exc
+            log.warning(
+                "database_unavailable_at_start",
+                error=exc.message,
+                tries=tries,
+                retry_in=round(delay, 3),
+                waited=round(waited, 3),
+                startup_wait=settings.startup_wait,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STARTUP_RETRY_MAX)
+        else:
+            if tries > 1:
+                log.info("database_available", tries=tries, waited=round(time.monotonic() - started, 3))
+            return
 
 
 def build_providers(settings: Settings) -> dict[str, Provider]:
@@ -200,7 +253,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
     url = url or database_url(settings)
-    check_at_head(url)
+    await wait_for_schema(settings, url)
     reader = QueueStatsReader(url)
     try:
         with metrics_registry(settings, url) as registry:
@@ -226,13 +279,13 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 
 @asynccontextmanager
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
-    """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
+    """A worker with its schema checked (waiting for a database that does not answer yet) and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
     from evq.adapters.postgres.listen import PostgresWakeup
     from evq.worker.runner import Worker
 
     url = url or database_url(settings)
-    check_at_head(url)
+    await wait_for_schema(settings, url)
     settings = await resolve_pooler(settings, url)
     providers = build_providers(settings)
     wakeup = None
