@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from evq.adapters.postgres.conninfo import passwords
 from evq.ops.settings import OPTION_BY_NAME, Settings
-from evq.worker.errors import ConfigError, DatabaseUnavailable
+from evq.worker.errors import ConfigError, DatabaseUnavailable, EvqError
 from evq.worker.logs import configure, get_logger, register_secrets
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
@@ -265,6 +265,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                     sessions=Sessions(settings.serve_secret),
                     read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
                     throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
+                    health=health_reader(settings, url=url),
                 )
     finally:
         reader.close()
@@ -309,9 +310,48 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
 
 
 async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
-    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
+    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code.
+    While it runs, its heartbeat tells `evq admin health` that a worker is there."""
+    import asyncio
+
     async with prepared_worker(settings) as worker:
-        return await worker.run(drain=drain, install_signals=install_signals)
+        stop = asyncio.Event()
+        beat = asyncio.create_task(heartbeats(worker.store, worker.owner, sorted(worker.providers), stop))
+        try:
+            return await worker.run(drain=drain, install_signals=install_signals)
+        finally:
+            stop.set()
+            await beat
+
+
+async def heartbeats(store: Any, owner: str, providers: list[str], stop: Any) -> None:
+    """Upsert this worker's ``worker_heartbeats`` row every HEARTBEAT_SECONDS until ``stop``
+    (an asyncio.Event) is set, then delete it. A beat that fails (the database restarting) is
+    logged and the next one tries again: the heartbeat never stops the worker."""
+    import asyncio
+
+    from evq.ops.app.health import HEARTBEAT_SECONDS
+
+    while not stop.is_set():
+        try:
+            await store.heartbeat(owner, providers)
+        except EvqError as exc:
+            log.warning("heartbeat_failed", error=exc.message)
+        try:
+            await asyncio.wait_for(stop.wait(), HEARTBEAT_SECONDS)
+        except TimeoutError:
+            pass
+    try:
+        await store.heartbeat_end(owner)
+    except EvqError as exc:
+        log.warning("heartbeat_end_failed", error=exc.message, note="the row ages out of health's window")
+
+
+def health_reader(settings: Settings, *, url: str | None = None) -> Any:
+    """What `evq admin health`, `GET /v1/health` and the MCP tool read (ops/app/health.py's HealthReader)."""
+    from evq.adapters.postgres.health import PostgresHealth
+
+    return PostgresHealth(url or database_url(settings))
 
 
 # -- the commands that start an interface or manage the schema -------------------
@@ -332,7 +372,8 @@ async def run_mcp(settings: Settings, api_key: str | None, *, url: str) -> None:
     from evq.ops.mcp.stdio import run_stdio
 
     async with open_store(settings, url=url, max_size=4, patient=True) as store:
-        await run_stdio(build_server(store, settings, api_key), max_line=settings.max_input_bytes)
+        server = build_server(store, settings, api_key, health=health_reader(settings, url=url))
+        await run_stdio(server, max_line=settings.max_input_bytes)
 
 
 def revisions(url: str) -> tuple[str | None, str]:

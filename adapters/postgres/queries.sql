@@ -1245,3 +1245,27 @@ ORDER BY r.rolname;
 -- name: runtime_grant
 -- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
 SELECT evq_grant_runtime(%(role)s) AS granted;
+
+
+-- name: heartbeat_beat
+-- A running worker says so (migration 0013_worker_heartbeats); rows of workers gone
+-- for a day without a goodbye (killed) go in the same statement, so the table stays
+-- the size of the fleet.
+WITH gone AS (
+    DELETE FROM worker_heartbeats WHERE seen_at < now() - interval '1 day' AND owner <> %(owner)s
+)
+INSERT INTO worker_heartbeats (owner, providers) VALUES (%(owner)s, %(providers)s)
+ON CONFLICT (owner) DO UPDATE SET seen_at = now(), providers = EXCLUDED.providers;
+
+
+-- name: heartbeat_end
+-- A worker that stops says goodbye: health must not count it as running.
+DELETE FROM worker_heartbeats WHERE owner = %(owner)s;
+
+
+-- name: heartbeats_seen
+-- The workers that beat within the last %(within)s seconds, on the database's clock.
+SELECT owner, providers, started_at, seen_at, extract(epoch FROM now() - seen_at)::float8 AS age_seconds
+FROM worker_heartbeats
+WHERE seen_at >= now() - make_interval(secs => %(within)s)
+ORDER BY seen_at DESC;

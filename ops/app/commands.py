@@ -212,6 +212,7 @@ def _setting(option: Option) -> Param:
 
 # The groups' one line each, for `evq schema` and `evq GROUP --help`.
 GROUPS: dict[str, str] = {
+    "admin": "Check that evq can do its work: the database, its schema, workers, the collector, providers.",
     "db": "Create or migrate evq's tables (Alembic).",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
@@ -226,6 +227,19 @@ ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: bot
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
 
 _TABLE: tuple[Command, ...] = (
+    Command(
+        "admin.health",
+        "Check that evq can do its work now: the first call before writing.",
+        "Check that evq can do its work now: the database answers, its schema is this "
+        "evq's, a worker was seen in the last 30 s (workers leave a heartbeat every 5 s), "
+        "the /metrics queue gauges can be read, and no provider's circuit is held open. "
+        "Every check is listed with ok and a detail. Exit 0 when healthy; otherwise the "
+        "answer's status is partial_failure and the exit code is the first failed "
+        "check's: 9 (database), 5 (schema) or 6 (the others).",
+        Effect.READ,
+        (OUTPUT, DATABASE_URL),
+        examples=("evq admin health -o json && evq steps enqueue ...",),
+    ),
     Command(
         "bench",
         "Run the benchmark and print every figure with its ratios to the raw SQL ceiling and to pgqueuer.",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import click
 
+from evq.ops.cli.admin import admin
 from evq.ops.cli.bench import bench_cmd
 from evq.ops.cli.db import db
 from evq.ops.cli.demo import demo
@@ -37,6 +38,7 @@ def cli() -> None:
 
     \b
     Start here:   evq demo
+    Check:        evq admin health   (database, schema, workers, collector, providers; exit 0 = healthy)
     Set up:       evq db upgrade ; evq keys create --name NAME --role admin
     Send:         evq enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run
@@ -52,6 +54,7 @@ def cli() -> None:
     """
 
 
+cli.add_command(admin)
 cli.add_command(db)
 cli.add_command(enqueue_cmd)
 cli.add_command(worker_group)

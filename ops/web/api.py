@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from evq.ops.app import service
 from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, plain, success
+from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
 from evq.ops.web.openapi import component_name, ref
@@ -28,7 +29,7 @@ from evq.worker.states import Status
 _BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
 T = TypeVar("T")
 _LIST = command("steps.list")
-COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve"]
+COMMANDS = ["enqueue", "steps.list", "steps.show", "runs.show", "steps.resolve", "admin.health"]
 
 
 def query(dest: str, **http: Any) -> Any:
@@ -267,6 +268,21 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
         dry_run=bool(args["dry_run"]),
     )
     return _answer(reply, request.state.timer)
+
+
+@router.get(
+    "/health",
+    summary="Whether evq can do its work now: the first call before writing",
+    description="The database, its schema, workers seen recently, the collector and the providers' circuits, "
+    "each with ok and a detail. 200 when healthy; 503 with the same body (status partial_failure) when not. "
+    "Needs a key (any role); while the database cannot verify one, the answer says only that it does not answer.",
+    responses=_responses("admin.health", 200, 503),
+)
+async def health(request: Request) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    reply = await checked(state, client_address(request), lambda: check_health(state.health, who, state.store))
+    return _answer(reply, request.state.timer, 200 if reply.data["healthy"] else 503)
 
 
 def method_not_allowed(method: str) -> BadRequest:

@@ -22,6 +22,7 @@ COMMAND_OF = {
     ("GET", "/v1/runs/{id}"): "runs.show",
     ("POST", "/v1/steps/{id}/resolve"): "steps.resolve",
     ("POST", "/v1/steps/resolve"): "steps.resolve",
+    ("GET", "/v1/health"): "admin.health",
 }
 
 

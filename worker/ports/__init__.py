@@ -9,7 +9,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
   (ops/app/service.py) does; :mod:`.keys`: the API keys it checks;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
-- :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
+- :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically;
+- :mod:`.health`: what the health gate reads (``evq admin health``).
 
 :class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
 given, and :class:`Store` is every store role in one: the PostgreSQL store
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
+from evq.worker.ports.health import HealthReader
 from evq.worker.ports.keys import KeyLookup
 from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
 from evq.worker.ports.prune import PruneStore
@@ -38,6 +40,7 @@ __all__ = [
     "CircuitStore",
     "ClaimStore",
     "EnqueueStore",
+    "HealthReader",
     "KeyLookup",
     "Lookup",
     "LookupFailed",
