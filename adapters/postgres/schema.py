@@ -24,7 +24,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import BYTEA, JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, TIMESTAMP, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -349,4 +349,15 @@ provider_circuit_events = Table(
     CheckConstraint(_in("from_state", CIRCUIT_STATES), name="from_state"),
     CheckConstraint(_in("to_state", CIRCUIT_STATES), name="to_state"),
     Index(None, "provider", "id"),
+)
+
+# One row per running worker (0013): upserted every few seconds, deleted when it stops;
+# what `evq admin health` reads to say whether workers run.
+worker_heartbeats = Table(
+    "worker_heartbeats",
+    metadata,
+    Column("owner", Text, primary_key=True),
+    Column("providers", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("started_at", TZ, nullable=False, server_default=NOW),
+    Column("seen_at", TZ, nullable=False, server_default=NOW),
 )

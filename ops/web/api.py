@@ -276,7 +276,14 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
     description="The database, its schema, workers seen recently, the collector and the providers' circuits, "
     "each with ok and a detail. 200 when healthy; 503 with the same body (status partial_failure) when not. "
     "Needs a key (any role); while the database cannot verify one, the answer says only that it does not answer.",
-    responses=_responses("admin.health", 200, 503),
+    responses={
+        **_responses("admin.health", 200),
+        # Unhealthy is an answer, not a failure of the request: the same body as 200.
+        503: {
+            "description": "not healthy: the same body, status partial_failure, healthy false",
+            "content": {"application/json": {"schema": ref(component_name("admin.health"))}},
+        },
+    },
 )
 async def health(request: Request) -> JSONResponse:
     state: AppState = request.app.state.evq
