@@ -57,8 +57,9 @@ STARTUP_RETRY_FIRST = 0.5
 STARTUP_RETRY_MAX = 5.0
 
 
-async def wait_for_schema(settings: Settings, url: str) -> None:
-    """The start-up schema check of a long-running process (the worker, `evq serve`), retried
+async def wait_for_database(settings: Settings, url: str) -> Settings:
+    """The start-up checks of a long-running process (the worker, `evq serve`): the schema check
+    and the pooler probe (EVQ_POOLER=auto; the settings it returns say what was found), retried
     while the database does not answer, as the running worker retries its claims: a worker
     started while PostgreSQL restarts waits for it (logging each try) instead of exiting.
     After EVQ_STARTUP_WAIT seconds it gives up: E_DB_UNAVAILABLE (exit 9). A database that
@@ -76,6 +77,7 @@ async def wait_for_schema(settings: Settings, url: str) -> None:
         tries += 1
         try:
             await asyncio.to_thread(check_at_head, url)
+            resolved = await resolve_pooler(settings, url)
         except DatabaseUnavailable as exc:
             waited = time.monotonic() - started
             if not unreachable(exc):
@@ -101,7 +103,7 @@ async def wait_for_schema(settings: Settings, url: str) -> None:
         else:
             if tries > 1:
                 log.info("database_available", tries=tries, waited=round(time.monotonic() - started, 3))
-            return
+            return resolved
 
 
 def build_providers(settings: Settings) -> dict[str, Provider]:
@@ -253,7 +255,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
     url = url or database_url(settings)
-    await wait_for_schema(settings, url)
+    settings = await wait_for_database(settings, url)
     reader = QueueStatsReader(url)
     try:
         with metrics_registry(settings, url) as registry:
@@ -286,8 +288,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
     from evq.worker.runner import Worker
 
     url = url or database_url(settings)
-    await wait_for_schema(settings, url)
-    settings = await resolve_pooler(settings, url)
+    settings = await wait_for_database(settings, url)
     providers = build_providers(settings)
     wakeup = None
     if settings.pooler == "transaction":

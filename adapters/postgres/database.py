@@ -191,9 +191,12 @@ def unreachable(exc: BaseException) -> bool:
     right now (nothing listening, starting up, shutting down): worth waiting for. A URL the server
     refuses for good (no such database, bad login), a read-only server or a full disk are not."""
     cause = exc.__cause__
+    if type(exc) is not DatabaseUnavailable:
+        return False
+    if isinstance(cause, TimeoutError):
+        return True  # connected to nothing in time
     return (
-        type(exc) is DatabaseUnavailable
-        and isinstance(cause, psycopg.OperationalError)
+        isinstance(cause, psycopg.OperationalError)
         and not isinstance(cause, (pgerr.QueryCanceled, pgerr.LockNotAvailable, pgerr.DiskFull))
         and not misconfigured(cause)
     )
