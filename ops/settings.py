@@ -38,7 +38,7 @@ from evq.worker.config import (
     WorkerConfig,
 )
 from evq.worker.notices import NoticeConfig, reserved_sender
-from evq.worker.options import Option, bad, boolean, lowercase_list, parse
+from evq.worker.options import Option, bad, boolean, duration, lowercase_list, parse
 from evq.worker.ratelimit import RateLimit
 from evq.worker.request import DECISION_FIELDS, Policy, validate_address
 
@@ -83,6 +83,14 @@ CONNECTION_OPTIONS: tuple[Option, ...] = (
         "transaction, with a warning), none (no probe), or transaction (PgBouncer in transaction mode: "
         "no prepared statements, no LISTEN; polling instead).",
         choices=("auto", "none", "transaction"),
+    ),
+    Option(
+        "startup_wait",
+        duration,
+        60.0,
+        "Seconds a starting worker or `evq serve` waits for a database that does not answer (down, starting, "
+        "shutting down), retrying with a logged backoff, before it exits 9 (E_DB_UNAVAILABLE); 0: fail at once.",
+        minimum=0,
     ),
 )
 
@@ -235,6 +243,7 @@ class Settings:
     circuit_probe_max: float = 600.0
     listen: str = "auto"
     pooler: str = "auto"
+    startup_wait: float = 60.0
     rate_limit: tuple[RateLimit, ...] = ()
     rescue_interval: float = 15.0
     shutdown_grace: float = 30.0

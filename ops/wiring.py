@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from evq.adapters.postgres.conninfo import passwords
 from evq.ops.settings import OPTION_BY_NAME, Settings
-from evq.worker.errors import ConfigError
+from evq.worker.errors import ConfigError, DatabaseUnavailable, EvqError
 from evq.worker.logs import configure, get_logger, register_secrets
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
@@ -49,6 +49,61 @@ def check_at_head(url: str) -> None:
     from evq.adapters.postgres.database import check_at_head as at_head
 
     at_head(url)
+
+
+# The backoff of a starting process waiting for its database: short at first (a restart takes
+# seconds), never longer than this between tries, so it starts soon after the database is back.
+STARTUP_RETRY_FIRST = 0.5
+STARTUP_RETRY_MAX = 5.0
+
+
+async def wait_for_database(settings: Settings, url: str) -> Settings:
+    """The start-up checks of a long-running process (the worker, `evq serve`): the schema check
+    and the pooler probe (EVQ_POOLER=auto; the settings it returns say what was found), retried
+    while the database does not answer, as the running worker retries its claims: a worker
+    started while PostgreSQL restarts waits for it (logging each try) instead of exiting.
+    After EVQ_STARTUP_WAIT seconds it gives up: E_DB_UNAVAILABLE (exit 9). A database that
+    answers and is wrong (another schema revision, no such database, a refused login) is
+    refused at once: waiting would not change it."""
+    import asyncio
+    import time
+
+    from evq.adapters.postgres.database import unreachable
+
+    started = time.monotonic()
+    delay = STARTUP_RETRY_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            await asyncio.to_thread(check_at_head, url)
+            resolved = await resolve_pooler(settings, url)
+        except DatabaseUnavailable as exc:
+            waited = time.monotonic() - started
+            if not unreachable(exc):
+                raise
+            if waited + delay > settings.startup_wait:
+                option = OPTION_BY_NAME["startup_wait"]
+                raise DatabaseUnavailable(
+                    f"{exc.message} (still, after {tries} tries in {waited:.0f}s at start-up)",
+                    hint=f"check EVQ_DATABASE_URL and that PostgreSQL is running; {option.env} "
+                    f"({settings.startup_wait:g}s) is how long a starting process waits for it",
+                    context={"tries": tries, "waited_ms": round(waited * 1000), "startup_wait": settings.startup_wait},
+                ) from exc
+            log.warning(
+                "database_unavailable_at_start",
+                error=exc.message,
+                tries=tries,
+                retry_in=round(delay, 3),
+                waited=round(waited, 3),
+                startup_wait=settings.startup_wait,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STARTUP_RETRY_MAX)
+        else:
+            if tries > 1:
+                log.info("database_available", tries=tries, waited=round(time.monotonic() - started, 3))
+            return resolved
 
 
 def build_providers(settings: Settings) -> dict[str, Provider]:
@@ -200,7 +255,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
 
     url = url or database_url(settings)
-    check_at_head(url)
+    settings = await wait_for_database(settings, url)
     reader = QueueStatsReader(url)
     try:
         with metrics_registry(settings, url) as registry:
@@ -212,6 +267,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                     sessions=Sessions(settings.serve_secret),
                     read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
                     throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
+                    health=health_reader(settings, url=url),
                 )
     finally:
         reader.close()
@@ -226,14 +282,13 @@ def serve_app(settings: Settings, *, url: str | None = None) -> Any:
 
 @asynccontextmanager
 async def prepared_worker(settings: Settings, *, url: str | None = None) -> AsyncIterator[Worker]:
-    """A worker with its schema checked and its store, providers, wakeup and /metrics open, not yet
+    """A worker with its schema checked (waiting for a database that does not answer yet) and its store, providers, wakeup and /metrics open, not yet
     running: `run_worker` runs it at once; the benchmark starts its clock only once it is ready."""
     from evq.adapters.postgres.listen import PostgresWakeup
     from evq.worker.runner import Worker
 
     url = url or database_url(settings)
-    check_at_head(url)
-    settings = await resolve_pooler(settings, url)
+    settings = await wait_for_database(settings, url)
     providers = build_providers(settings)
     wakeup = None
     if settings.pooler == "transaction":
@@ -263,9 +318,48 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
 
 
 async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
-    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code."""
+    """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code.
+    While it runs, its heartbeat tells `evq admin health` that a worker is there."""
+    import asyncio
+
     async with prepared_worker(settings) as worker:
-        return await worker.run(drain=drain, install_signals=install_signals)
+        stop = asyncio.Event()
+        beat = asyncio.create_task(heartbeats(worker.store, worker.owner, sorted(worker.providers), stop))
+        try:
+            return await worker.run(drain=drain, install_signals=install_signals)
+        finally:
+            stop.set()
+            await beat
+
+
+async def heartbeats(store: Any, owner: str, providers: list[str], stop: Any) -> None:
+    """Upsert this worker's ``worker_heartbeats`` row every HEARTBEAT_SECONDS until ``stop``
+    (an asyncio.Event) is set, then delete it. A beat that fails (the database restarting) is
+    logged and the next one tries again: the heartbeat never stops the worker."""
+    import asyncio
+
+    from evq.ops.app.health import HEARTBEAT_SECONDS
+
+    while not stop.is_set():
+        try:
+            await store.heartbeat(owner, providers)
+        except EvqError as exc:
+            log.warning("heartbeat_failed", error=exc.message)
+        try:
+            await asyncio.wait_for(stop.wait(), HEARTBEAT_SECONDS)
+        except TimeoutError:
+            pass
+    try:
+        await store.heartbeat_end(owner)
+    except EvqError as exc:
+        log.warning("heartbeat_end_failed", error=exc.message, note="the row ages out of health's window")
+
+
+def health_reader(settings: Settings, *, url: str | None = None) -> Any:
+    """What `evq admin health`, `GET /v1/health` and the MCP tool read (ops/app/health.py's HealthReader)."""
+    from evq.adapters.postgres.health import PostgresHealth
+
+    return PostgresHealth(url or database_url(settings))
 
 
 # -- the commands that start an interface or manage the schema -------------------
@@ -286,7 +380,8 @@ async def run_mcp(settings: Settings, api_key: str | None, *, url: str) -> None:
     from evq.ops.mcp.stdio import run_stdio
 
     async with open_store(settings, url=url, max_size=4, patient=True) as store:
-        await run_stdio(build_server(store, settings, api_key), max_line=settings.max_input_bytes)
+        server = build_server(store, settings, api_key, health=health_reader(settings, url=url))
+        await run_stdio(server, max_line=settings.max_input_bytes)
 
 
 def revisions(url: str) -> tuple[str | None, str]:

@@ -105,12 +105,17 @@ class Pruner:
         *,
         actor: str,
         progress: Callable[[PruneCounts], None] = lambda _: None,
+        should_stop: Callable[[], bool] = lambda: False,
     ):
         self.store = store
         self.config = config.validate()
         self.interval = config.interval
         self.actor = actor
         self.progress = progress
+        # Asked between batches (evq prune's first Ctrl-C): the batch in progress commits
+        # with its prune_log row, then the run ends early and says so (``stopped``).
+        self.should_stop = should_stop
+        self.stopped = False
         self.last_cutoff: datetime | None = None
 
     async def run_once(self) -> PruneCounts:
@@ -129,6 +134,9 @@ class Pruner:
         run = uuid.uuid4()
         total = PruneCounts()
         while True:
+            if self.should_stop():
+                self.stopped = True
+                return total
             counts = await self.store.prune_batch(
                 cutoff=cutoff, limit=self.config.batch, actor=self.actor, run=run, batch=total.batches + 1
             )

@@ -173,6 +173,35 @@ def connect_kwargs() -> dict[str, Any]:
     return {"connect_timeout": 10, "application_name": "evq"}
 
 
+def misconfigured(exc: psycopg.Error) -> bool:
+    """The server answered and refused this URL for good: no such database or role, bad login."""
+    state = exc.sqlstate or ""
+    if state.startswith("28") or state == "3D000":
+        return True
+    # libpq gives no SQLSTATE for a refused connection: the server's FATAL text is what there is.
+    text = str(exc)
+    return "FATAL" in text and any(m in text for m in _MISCONFIGURED)
+
+
+_MISCONFIGURED = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (an evq error from :func:`translated`) means the server is not answering
+    right now (nothing listening, starting up, shutting down): worth waiting for. A URL the server
+    refuses for good (no such database, bad login), a read-only server or a full disk are not."""
+    cause = exc.__cause__
+    if type(exc) is not DatabaseUnavailable:
+        return False
+    if isinstance(cause, TimeoutError):
+        return True  # connected to nothing in time
+    return (
+        isinstance(cause, psycopg.OperationalError)
+        and not isinstance(cause, (pgerr.QueryCanceled, pgerr.LockNotAvailable, pgerr.DiskFull))
+        and not misconfigured(cause)
+    )
+
+
 # SQLSTATEs that mean "cannot reach or use the server right now": retry later.
 _UNAVAILABLE = (pgerr.OperationalError, pgerr.AdminShutdown, pgerr.CannotConnectNow, pgerr.CrashShutdown)
 

@@ -41,13 +41,17 @@ async def probe(url: str, *, tries: int = 3) -> PoolerProbe:
     try:
         async with asyncio.timeout(PROBE_TIMEOUT):
             return await _probe(url, tries, seen)
-    except TimeoutError:
+    except TimeoutError as exc:
         if not seen:
-            raise DatabaseUnavailable(f"the database did not answer within {PROBE_TIMEOUT:g}s") from None
+            # The cause stays: a starting worker waits for a database that does not answer (ops/wiring.py).
+            raise DatabaseUnavailable(f"the database did not answer within {PROBE_TIMEOUT:g}s") from exc
         # A pooler whose server connections are all busy makes a second client wait.
         return PoolerProbe(pooled=seen[0], shares_backends=False)
     except psycopg.Error as exc:
-        raise translate(exc) or exc from None
+        mapped = translate(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 async def _probe(url: str, tries: int, seen: list[bool]) -> PoolerProbe:

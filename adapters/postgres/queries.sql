@@ -663,7 +663,7 @@ SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s
            LIMIT 1) END AS refused
 FROM email_steps s
 JOIN decisions d ON d.id = s.decision_id
--- The key that enqueued the step: its default target when the request named none (0013).
+-- The key that enqueued the step: its default target when the request named none (0015).
 LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
@@ -1433,3 +1433,27 @@ FROM api_key_pepper p
 WHERE k.name = %(name)s AND p.id = 1
 RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
           k.notify_url, k.callback_generation, p.pepper;
+
+
+-- name: heartbeat_beat
+-- A running worker says so (migration 0016_worker_heartbeats); rows of workers gone
+-- for a day without a goodbye (killed) go in the same statement, so the table stays
+-- the size of the fleet.
+WITH gone AS (
+    DELETE FROM worker_heartbeats WHERE seen_at < now() - interval '1 day' AND owner <> %(owner)s
+)
+INSERT INTO worker_heartbeats (owner, providers) VALUES (%(owner)s, %(providers)s)
+ON CONFLICT (owner) DO UPDATE SET seen_at = now(), providers = EXCLUDED.providers;
+
+
+-- name: heartbeat_end
+-- A worker that stops says goodbye: health must not count it as running.
+DELETE FROM worker_heartbeats WHERE owner = %(owner)s;
+
+
+-- name: heartbeats_seen
+-- The workers that beat within the last %(within)s seconds, on the database's clock.
+SELECT owner, providers, started_at, seen_at, extract(epoch FROM now() - seen_at)::float8 AS age_seconds
+FROM worker_heartbeats
+WHERE seen_at >= now() - make_interval(secs => %(within)s)
+ORDER BY seen_at DESC;

@@ -477,3 +477,14 @@ Index(
     callback_deliveries.c.id,
     postgresql_where=text("status = 'pending'"),
 )
+
+# One row per running worker (0016): upserted every few seconds, deleted when it stops;
+# what `evq admin health` reads to say whether workers run.
+worker_heartbeats = Table(
+    "worker_heartbeats",
+    metadata,
+    Column("owner", Text, primary_key=True),
+    Column("providers", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("started_at", TZ, nullable=False, server_default=NOW),
+    Column("seen_at", TZ, nullable=False, server_default=NOW),
+)

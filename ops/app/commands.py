@@ -383,7 +383,7 @@ def _setting(option: Option) -> Param:
 
 # The groups' one line each, for `evq schema` and `evq GROUP --help`.
 GROUPS: dict[str, str] = {
-    "admin": "Run and look after an installation: the database schema, the HTTP and MCP servers, the demo, "
+    "admin": "Run and look after an installation: its health, the database schema, the HTTP and MCP servers, the demo, "
     "the benchmark.",
     "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
@@ -413,6 +413,23 @@ _PROCESS = "it runs a process on this machine (or for as long as it runs); a req
 _DATABASE = "it needs the database's own credentials, not an API key, so it is run where the database is"
 
 _TABLE: tuple[Command, ...] = (
+    Command(
+        "admin.health",
+        "Check that evq can do its work now: the first call before writing.",
+        "Check that evq can do its work now: the database answers, its schema is this "
+        "evq's, a worker was seen in the last 30 s (workers leave a heartbeat every 5 s), "
+        "the /metrics queue gauges can be read, and no provider's circuit is held open. "
+        "Every check is listed with ok and a detail. Exit 0 when healthy; otherwise the "
+        "answer's status is partial_failure and the exit code is the first failed "
+        "check's: 9 (database), 5 (schema) or 6 (the others).",
+        Effect.READ,
+        (OUTPUT, DATABASE_URL),
+        examples=("evq admin health -o json && evq steps enqueue ...",),
+        use_when="first, before an agent writes: can evq take and send work right now?",
+        avoid_when="asking about one send: `steps show` has its state",
+        http=(Route("GET", "/v1/health"),),
+        mcp=True,
+    ),
     Command(
         "admin.bench",
         "Run the benchmark and print every figure with its ratios to the raw SQL ceiling and to pgqueuer.",

@@ -3,7 +3,10 @@
     {"status": "success" | "error" | "partial_failure", "schema_version": 2,
      "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
 
-Times are ISO 8601 with a zone, numbers are numbers. The schemas are ops/app/cli-schema/.
+Times are ISO 8601 with a zone, numbers are numbers: integers (durations in whole milliseconds,
+``duration_ms``), unless their unit needs fractions (a benchmark's measured figures). A display
+value that is not a machine key comes as a ``_label`` beside its key (ops/app/labels.py). The
+schemas are ops/app/cli-schema/; their README says when ``schema_version`` changes.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ class Timer:
         self.started = time.perf_counter()
 
     def meta(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {"duration_ms": round((time.perf_counter() - self.started) * 1000, 3), **(extra or {})}
+        # Whole milliseconds: a duration is an integer (the contract's numbers are integers unless
+        # their unit needs fractions); a command that took less than half of one says 0.
+        return {"duration_ms": round((time.perf_counter() - self.started) * 1000), **(extra or {})}
 
 
 def success(data: Any, meta: dict[str, Any], status: str = "success") -> dict[str, Any]:

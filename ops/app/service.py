@@ -10,12 +10,14 @@ so no interface can grant more than another.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
 from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
@@ -206,8 +208,9 @@ async def enqueue(
     results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
     created = sum(1 for r in results if r.created)
     if not many:
-        return Reply(results[0].to_dict(), created=results[0].created)
-    return Reply([r.to_dict() for r in results], {"count": len(results), "created": created}, created=created > 0)
+        return Reply(with_labels(results[0].to_dict()), created=results[0].created)
+    data = [with_labels(r.to_dict()) for r in results]
+    return Reply(data, {"count": len(results), "created": created}, created=created > 0)
 
 
 async def record_refusal(
@@ -298,7 +301,9 @@ def summary(r: StepSummary) -> dict[str, Any]:
         "run_id": r.run_id,
         "step_id": r.step_id,
         "status": str(r.status),
+        "status_label": label(STATUS_LABELS, str(r.status)),
         "reason": r.reason,
+        "reason_label": label(REASON_LABELS, r.reason),
         "provider": r.provider,
         "attempts": r.attempts,
         "recipients": r.recipients,
@@ -307,7 +312,8 @@ def summary(r: StepSummary) -> dict[str, Any]:
         "updated_at": r.updated_at,
         "unknown_since": r.unknown_since,
         "closed_at": r.closed_at,
-        "age_seconds": r.age_seconds,
+        # A duration: whole seconds (the contract's numbers are integers unless a unit needs fractions).
+        "age_seconds": int(r.age_seconds),
     }
 
 
@@ -334,7 +340,19 @@ _HIDDEN = ("lease_token",)
 
 
 def public_step(step: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in step.items() if k not in _HIDDEN}
+    out = with_labels({k: v for k, v in step.items() if k not in _HIDDEN})
+    if out.get("age_seconds") is not None:
+        out["age_seconds"] = int(out["age_seconds"])
+    return out
+
+
+def public_evidence(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An evidence row as every interface shows it: its reason labelled, its latency whole
+    milliseconds (the row keeps the measured value)."""
+    out = with_labels(row)
+    if out.get("latency_ms") is not None:
+        out["latency_ms"] = round(out["latency_ms"])
+    return out
 
 
 async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
@@ -350,7 +368,8 @@ async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
     }
     if refusal is not None:
         step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
-    return Reply({"step": step, "decision": detail.decision, "evidence": detail.evidence})
+    evidence = [public_evidence(e) for e in detail.evidence]
+    return Reply({"step": step, "decision": detail.decision, "evidence": evidence})
 
 
 # The parts of a payload that are the message's content (worker/redactor.py removes them).
@@ -426,8 +445,8 @@ async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
     detail = await store.get_run(run_id)
     data = {
         "run_id": detail.run_id,
-        "steps": [{k: s[k] for k in RUN_STEP_FIELDS} for s in detail.steps],
-        "events": run_events(detail.steps, detail.decisions, detail.evidence),
+        "steps": [with_labels({k: s[k] for k in RUN_STEP_FIELDS}) for s in detail.steps],
+        "events": [public_evidence(e) for e in run_events(detail.steps, detail.decisions, detail.evidence)],
     }
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
 
@@ -539,16 +558,20 @@ def circuit_view(provider: str, row: Mapping[str, Any] | None) -> dict[str, Any]
     row = row or {}
     state = row.get("state") or "closed"
     held = state != "closed"
+    reason = row.get("reason") if held else None
     return {
         "provider": provider,
         "state": state,
+        "state_label": label(STATE_LABELS, state),
         "sending": not held,
-        "reason": row.get("reason") if held else None,
+        "reason": reason,
+        "reason_label": label(REASON_LABELS, reason),
         "detail": row.get("detail") if held else None,
         "opened_at": row.get("opened_at"),
-        "open_for_seconds": round(row["open_for"], 3) if held and row.get("open_for") is not None else None,
+        # Durations in whole seconds: how long it has been open (down), how long until the next probe (up).
+        "open_for_seconds": int(row["open_for"]) if held and row.get("open_for") is not None else None,
         "next_probe_at": row.get("probe_at"),
-        "next_probe_in_seconds": round(max(0.0, row["probe_in"]), 3) if row.get("probe_in") is not None else None,
+        "next_probe_in_seconds": math.ceil(max(0.0, row["probe_in"])) if row.get("probe_in") is not None else None,
         "failed_probes": row.get("probes", 0) if held else 0,
         "probe_owner": row.get("probe_owner"),
         "openings": row.get("openings", 0),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import click
 
 # Each module adds its commands to its group (ops/cli/admin.py's, ops/cli/steps.py's...).
-from evq.ops.cli import bench, db, demo, enqueue, mcptools, prune, serve  # noqa: F401
+from evq.ops.cli import bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
 from evq.ops.cli.admin import admin
 from evq.ops.cli.events import events
 from evq.ops.cli.keys import keys
@@ -36,6 +36,7 @@ def cli() -> None:
 
     \b
     Start here:   evq admin demo
+    Check:        evq admin health   (database, schema, workers, collector, providers; exit 0 = healthy)
     Set up:       evq admin db-upgrade ; evq keys create --name NAME --role admin
     Send:         evq steps enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
     Work:         evq worker run

@@ -1,7 +1,9 @@
 """evq steps prune (formerly `evq prune`): retention, the only command that removes evidence.
 
 A write command for administrators: it deletes history for good, so it needs an
-admin key (Permission.PRUNE), except to count with --dry-run.
+admin key (Permission.PRUNE), except to count with --dry-run. Long work by the
+contract's rules (ops/app/longwork.py): the first Ctrl-C or SIGTERM lets the batch in
+progress commit, then answers E_ABORTED (exit 7) with what was deleted.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import click
 
 from evq.ops import wiring
+from evq.ops.app.longwork import interruptible
 from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output
 from evq.ops.cli.steps import steps
 from evq.ops.cli.table import from_table
+from evq.worker.errors import Aborted
 from evq.worker.pruner import Pruner, PrunerConfig, parse_retention
 from evq.worker.records import PruneCounts
 
@@ -33,15 +37,15 @@ def prune_cmd(
             err=True,
         )
 
-    async def go() -> tuple[PruneCounts, str]:
-        async with wiring.open_store(settings) as store:
+    async def go() -> tuple[PruneCounts, str, bool]:
+        async with interruptible("prune", unit="batch") as stop, wiring.open_store(settings) as store:
             actor = "dry-run" if dry_run else (await credential.identify(store)).name
-            pruner = Pruner(store, config, actor=actor, progress=progress)
+            pruner = Pruner(store, config, actor=actor, progress=progress, should_stop=stop.is_set)
             counts = await pruner.run_once()
             assert pruner.last_cutoff is not None
-            return counts, pruner.last_cutoff.isoformat()
+            return counts, pruner.last_cutoff.isoformat(), pruner.stopped
 
-    counts, cutoff = run(go())
+    counts, cutoff, stopped = run(go())
     data = {
         "dry_run": dry_run,
         "cutoff": cutoff,
@@ -51,6 +55,14 @@ def prune_cmd(
         "batches": counts.batches,
         "refusals": counts.refusals,
     }
+    if stopped:
+        # Every batch counted here is committed and in prune_log; the rest is untouched.
+        raise Aborted(
+            f"prune: stopped by an interrupt after {counts.batches} batches ({counts.steps} steps, "
+            f"{counts.evidence} evidence rows, {counts.decisions} decisions deleted)",
+            hint="run the same command again for the rest (the same --older-than finds what is left)",
+            context=data,
+        )
     verb = "would delete" if dry_run else "deleted"
     out.success(
         data,

@@ -29,6 +29,7 @@ from pydantic import Field
 from evq.ops.app import service
 from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
+from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
 from evq.ops.settings import ADAPTERS, Settings
@@ -135,8 +136,9 @@ def resolve_schema() -> dict[str, Any]:
     return command_input("steps.resolve", defaults={"dry_run": True})
 
 
-def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServer:
-    """The MCP server over an open store; ``api_key`` is the server's own (from its environment)."""
+def build_server(store: Any, settings: Settings, api_key: str | None, *, health: Any = None) -> MCPServer:
+    """The MCP server over an open store; ``api_key`` is the server's own (from its environment);
+    ``health`` the HealthReader of ``evq_admin_health`` (ops/wiring.py's health_reader; None: no such tool)."""
 
     def caller() -> Caller:
         return Caller(api_key, source=KEY_SOURCE, interface="mcp")
@@ -193,6 +195,10 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             store, caller(), resolution, selection, default_max_attempts=settings.max_attempts, dry_run=a["dry_run"]
         )
 
+    async def health_check(args: Mapping[str, Any]) -> service.Reply:
+        check_arguments(command_input("admin.health"), args)
+        return await check_health(health, caller(), store)
+
     tools = [
         _tool(
             "steps.enqueue",
@@ -237,6 +243,20 @@ def build_server(store: Any, settings: Settings, api_key: str | None) -> MCPServ
             events,
         ),
     ]
+    if health is not None:
+        tools.insert(
+            0,
+            _tool(
+                "evq_admin_health",
+                "Call this first, before writing: whether evq can do its work now (the database, its schema, "
+                "workers seen recently, the collector, the providers' circuits), each check with ok and a detail. "
+                "healthy: false (status partial_failure) means sends may not go out: tell your operator.",
+                command_input("admin.health"),
+                "admin.health",
+                health_check,
+                read_only=True,
+            ),
+        )
     if settings.mcp_resolve:
         tools.append(
             _tool(

@@ -18,6 +18,7 @@ from evq.ops.app import service
 from evq.ops.app.commands import COMMANDS as TABLE
 from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, plain, success
+from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
 from evq.ops.settings import ADAPTERS
@@ -373,6 +374,28 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
         dry_run=bool(args["dry_run"]),
     )
     return _answer(reply, request.state.timer)
+
+
+@router.get(
+    "/health",
+    summary="Whether evq can do its work now: the first call before writing",
+    description="The database, its schema, workers seen recently, the collector and the providers' circuits, "
+    "each with ok and a detail. 200 when healthy; 503 with the same body (status partial_failure) when not. "
+    "Needs a key (any role); while the database cannot verify one, the answer says only that it does not answer.",
+    responses={
+        **_responses("admin.health", 200),
+        # Unhealthy is an answer, not a failure of the request: the same body as 200.
+        503: {
+            "description": "not healthy: the same body, status partial_failure, healthy false",
+            "content": {"application/json": {"schema": ref(component_name("admin.health"))}},
+        },
+    },
+)
+async def health(request: Request) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    reply = await checked(state, client_address(request), lambda: check_health(state.health, who, state.store))
+    return _answer(reply, request.state.timer, 200 if reply.data["healthy"] else 503)
 
 
 def method_not_allowed(method: str) -> BadRequest:

@@ -21,6 +21,7 @@ class AppState:
     sessions: Sessions
     read_stats: Any  # Callable[[], QueueStats] for the page's overview
     throttle: FailureThrottle  # failed key checks per client address (HTTP API and sign-in)
+    health: Any = None  # ops.app.health.HealthReader for GET /v1/health (ops/wiring.py's health_reader)
 
     @property
     def policy(self) -> Policy:

@@ -55,7 +55,16 @@ def test_enqueue_send_and_read_back_the_whole_story(evq: Evq, smtp, db_url):
     )["data"]
     assert flags["created"] is True and flags["status"] == "pending" and flags["idempotency_key"] == "run-7:flags"
     first = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
-    assert set(first) == {"id", "run_id", "step_id", "idempotency_key", "message_id", "status", "created"}
+    assert set(first) == {
+        "id",
+        "run_id",
+        "step_id",
+        "idempotency_key",
+        "message_id",
+        "status",
+        "status_label",
+        "created",
+    }
 
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]

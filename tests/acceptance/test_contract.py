@@ -92,6 +92,9 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "keys", "list")
     run(nowhere, "keys", "list", expect=9)
     run(anyone, "providers", "list")
+    run(anyone, "admin", "health", expect=6)  # no worker runs: partial_failure
+    run(nowhere, "admin", "health", expect=9)
+    run(anyone, "admin", "health", "--no-such-flag", expect=2)
     run(nowhere, "providers", "list", expect=9)
     run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
     assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta
 
 import psycopg
+import pytest
 
+from tests import contract
 from tests.acceptance.conftest import Evq, make_key
 from tests.support import request, rows
 
@@ -143,3 +146,40 @@ def test_an_ambiguous_unit_is_refused_and_deletes_nothing(evq: Evq, db_url, tmp_
     for fine in ("90d", "2w", "1y", "12h", "6mo"):
         assert evq.json("prune", "--older-than", fine, "--dry-run")["data"]["dry_run"] is True
     assert "min" in evq.run("prune", "--help").stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_the_first_interrupt_commits_the_batch_in_progress_and_answers_e_aborted(evq: Evq, db_url, sig):
+    """Long work's rule (ops/app/longwork.py): a real signal to a real `evq prune -o json`
+    mid-run; the batches done are committed and logged, the answer says what they were."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO decisions (id, run_id, step_id) SELECT g, 'r', 's' || g FROM generate_series(1, 20000) g;
+            INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+                                     payload_sha256, status, closed_at, attempts, first_attempt_at, created_at)
+            SELECT 'r', 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64), 'accepted',
+                   now() - interval '100 days', 1, now() - interval '100 days', now() - interval '100 days'
+            FROM generate_series(1, 20000) g;
+            """
+        )
+    proc = evq.popen("prune", "--older-than", "90d", "--batch-size", "20", "-o", "json")
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("prune: ") and "batches" in line:
+                break  # a batch is committed: the prune is under way
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 7, (proc.returncode, stdout, stderr[-2000:])
+    out = json.loads(stdout)
+    contract.check(("prune",), out)
+    assert out["error"]["code"] == "E_ABORTED"
+    done = out["error"]["context"]
+    left = rows(db_url, "SELECT count(*)::int AS n FROM email_steps")[0]["n"]
+    logged = rows(db_url, "SELECT count(*)::int AS batches, coalesce(sum(steps), 0)::int AS steps FROM prune_log")[0]
+    assert 0 < done["steps"] < 20000 and left == 20000 - done["steps"]
+    assert logged == {"batches": done["batches"], "steps": done["steps"]}
+    assert done["decisions"] == done["steps"] and done["dry_run"] is False

@@ -304,6 +304,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
     assert anonymous.status_code == 401 and checked(anonymous)["error"]["code"] == "E_AUTH_FAILED"
     doc = api.client(keys["agent"]).get("/openapi.json").json()
     assert set(doc["paths"]) == {
+        "/v1/health",
         "/v1/steps",
         "/v1/steps/{step_id}",
         "/v1/runs/{run_id}",

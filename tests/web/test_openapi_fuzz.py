@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import psycopg
 
 from tests.acceptance.conftest import make_key
 from tests.support import unknown_steps, with_store
@@ -29,6 +30,10 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(db_url, t
     key = make_key(db_url, "fuzz", "admin", created_by=None)
     # Something to read back and to close: ids 1 and 2 exist, and run-1.
     with_store(db_url, lambda store: unknown_steps(store, 2))
+    # A worker's heartbeat, fresh for longer than the run: GET /v1/health answers 200, healthy (with
+    # no worker it answers 503, which this check counts as a server error whatever the document says).
+    with psycopg.connect(db_url) as conn:
+        conn.execute("INSERT INTO worker_heartbeats (owner, seen_at) VALUES ('fuzz', now() + interval '10 minutes')")
     # Known ids for the path parameters schemathesis cannot guess (a random run_id is always a 404).
     (tmp_path / "schemathesis.toml").write_text(
         '[[operations]]\ninclude-path = "/v1/runs/{run_id}"\nparameters = { "path.run_id" = "run-1" }\n'

@@ -12,7 +12,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
   callback service, given the store and a poster apart from the Store union);
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
-- :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically.
+- :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically;
+- :mod:`.health`: what the health gate reads (``evq admin health``).
 
 :class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
 given, and :class:`Store` is every store role in one: the PostgreSQL store
@@ -27,6 +28,7 @@ from typing import Protocol, runtime_checkable
 from evq.worker.ports.callbacks import CallbackStore, Poster
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.events import EventFeed
+from evq.worker.ports.health import HealthReader
 from evq.worker.ports.keys import KeyLookup
 from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
 from evq.worker.ports.prune import PruneStore
@@ -47,6 +49,7 @@ __all__ = [
     "ClaimStore",
     "EnqueueStore",
     "EventFeed",
+    "HealthReader",
     "KeyLookup",
     "Lookup",
     "LookupFailed",

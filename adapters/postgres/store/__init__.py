@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from evq.adapters.postgres.store.base import PostgresBase
 from evq.adapters.postgres.store.circuits import PostgresCircuits
+from evq.adapters.postgres.store.heartbeats import PostgresHeartbeats
 from evq.adapters.postgres.store.keys import PostgresKeys
 from evq.adapters.postgres.store.prune import PostgresPrune
 from evq.adapters.postgres.store.queue import PostgresQueue, new_claim_id
@@ -31,8 +32,10 @@ class PostgresStore(
     PostgresSteps,
     PostgresKeys,
     PostgresRefusals,
+    PostgresHeartbeats,
 ):
     """Every port over one pool: the worker's queue (claim, record, release, rescue), rates,
     circuits, the reconciler, pruning, content retention, the app's steps (enqueue, reads, resolve),
-    API keys and refused enqueues.
+    API keys, refused enqueues and the workers' heartbeats (which ops/wiring.py writes beside the
+    core's loop).
     ``PostgresStore.open(url)`` opens the pool (PostgresBase.open)."""

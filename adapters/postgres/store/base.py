@@ -25,26 +25,13 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from evq.adapters.postgres.conninfo import normalise
-from evq.adapters.postgres.database import connect_kwargs, translate
+from evq.adapters.postgres.database import connect_kwargs, misconfigured, translate
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
 from evq.worker.notices import NoticeConfig
 
 # The connection of the store transaction the current task is inside, if any.
 _PINNED: ContextVar[tuple[PostgresBase, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
-
-
-def _misconfigured(exc: psycopg.Error) -> bool:
-    """The server answered and refused this URL for good: no such database or role, bad login."""
-    state = exc.sqlstate or ""
-    if state.startswith("28") or state == "3D000":
-        return True
-    # libpq gives no SQLSTATE for a refused connection: the server's FATAL text is what there is.
-    text = str(exc)
-    return "FATAL" in text and any(m in text for m in _MISCONFIGURED)
-
-
-_MISCONFIGURED = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
 
 
 class PostgresBase:
@@ -77,7 +64,7 @@ class PostgresBase:
         try:
             probe = await psycopg.AsyncConnection.connect(url, **connect_kwargs())
         except psycopg.OperationalError as exc:
-            if _misconfigured(exc) or not patient:
+            if misconfigured(exc) or not patient:
                 raise translate(exc) or exc from None
         else:
             await probe.close()
