@@ -136,9 +136,10 @@ def resolve_schema() -> dict[str, Any]:
     return command_input("steps.resolve", defaults={"dry_run": True})
 
 
-def build_server(store: Any, settings: Settings, api_key: str | None, *, health: Any = None) -> MCPServer:
+def build_server(store: Any, settings: Settings, api_key: str | None, *, health: Any) -> MCPServer:
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment);
-    ``health`` the HealthReader of ``evq_admin_health`` (ops/wiring.py's health_reader; None: no such tool)."""
+    ``health`` the HealthReader of ``evq_admin_health`` (ops/wiring.py's health_reader), which
+    every server offers: it is the first call an agent makes."""
 
     def caller() -> Caller:
         return Caller(api_key, source=KEY_SOURCE, interface="mcp")
@@ -243,20 +244,17 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             events,
         ),
     ]
-    if health is not None:
-        tools.insert(
-            0,
-            _tool(
-                "evq_admin_health",
-                "Call this first, before writing: whether evq can do its work now (the database, its schema, "
-                "workers seen recently, the collector, the providers' circuits), each check with ok and a detail. "
-                "healthy: false (status partial_failure) means sends may not go out: tell your operator.",
-                command_input("admin.health"),
-                "admin.health",
-                health_check,
-                read_only=True,
-            ),
-        )
+    tools.insert(
+        0,
+        _tool(
+            "admin.health",
+            "Call this first, before writing: whether evq can do its work now (the database, its schema, "
+            "workers seen recently, the collector, the providers' circuits), each check with ok and a detail. "
+            "healthy: false (status partial_failure) means sends may not go out: tell your operator.",
+            command_input("admin.health"),
+            health_check,
+        ),
+    )
     if settings.mcp_resolve:
         tools.append(
             _tool(

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
+from evq.adapters.postgres.health import PostgresHealth
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app.schemas import command_input, request_schema
 from evq.ops.mcp.server import build_server
@@ -31,7 +32,9 @@ async def key(db_url: str, name: str, role: str, *, created_by: str | None) -> s
 async def client(db_url: str, key: str | None, **settings: Any) -> AsyncIterator[Client]:
     store = await PostgresStore.open(db_url, max_size=2)
     try:
-        server = build_server(store, Settings.load(env={}, database_url=db_url, **settings), key)
+        server = build_server(
+            store, Settings.load(env={}, database_url=db_url, **settings), key, health=PostgresHealth(db_url)
+        )
         async with Client(server) as connected:
             yield connected
     finally:
