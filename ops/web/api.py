@@ -390,6 +390,7 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
             "content": {"application/json": {"schema": ref(component_name("admin.health"))}},
         },
     },
+    **operation("admin.health"),
 )
 async def health(request: Request) -> JSONResponse:
     state: AppState = request.app.state.evq
