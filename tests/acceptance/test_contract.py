@@ -54,6 +54,7 @@ def test_schema_enumerations_are_the_models():
     assert common["error_code"]["enum"] == list(EXIT_CODES)
 
 
+@pytest.mark.slow
 def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_key, smtp):
     """Each line runs the real command, each in a child process of its own (the contract is
     about what a process prints and exits with); Evq.json validates every output against its schema."""

@@ -153,6 +153,7 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
     assert '"orphan_claims_released"' in log
 
 
+@pytest.mark.slow
 def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp, admin_key):
     """Row 3: the send succeeds while the worker cannot reach the database. The rescuer
     (another worker, which can) makes the row unknown; when the first worker's answer
