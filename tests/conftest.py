@@ -8,7 +8,10 @@
 A run with no database fails; it never skips. Isolation is chosen on purpose:
 every test that touches the database gets its own database cloned from a
 template migrated once per session, so tests can commit, use several
-connections and kill processes without seeing each other.
+connections and kill processes without seeing each other. The clones are made
+ahead and dropped behind the tests on a thread (tests/clones.py), so a test
+does not wait for either. Under pytest-xdist (pyproject's addopts) each worker
+is a session of its own: its own template, clones and cleanup.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tests.clones import ClonePool
+
 if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting tests does not load the store
     from evq.adapters.postgres.store import PostgresStore
 
@@ -42,6 +47,12 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 _counter = itertools.count()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (the order is otherwise kept): under pytest-xdist a test of a
+    minute that starts last is the run's last minute, with the other workers idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _try_connect(url: str) -> bool:
@@ -141,18 +152,23 @@ def template_db(pg_server: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def _clones(pg_server: str, template_db: str) -> Iterator[ClonePool]:
+    pool = ClonePool(pg_server, template_db, prefix=f"evq_t_{os.getpid()}")
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def db_url(pg_server: str, template_db: str) -> Iterator[str]:
-    """A fresh database at head, for this test only."""
-    name = f"evq_t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        # FILE_COPY (PostgreSQL 15+) clones a small template several times faster than WAL_LOG.
-        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"{strategy}')
-    yield _with_database(pg_server, name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def db_url(pg_server: str, _clones: ClonePool) -> Iterator[str]:
+    """A fresh database at head, for this test only (cloned before the test asked, dropped after)."""
+    name = _clones.take()
+    try:
+        yield _with_database(pg_server, name)
+    finally:
+        _clones.give_back(name)
 
 
 @pytest.fixture

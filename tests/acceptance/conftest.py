@@ -1,4 +1,5 @@
-"""Fixtures for driving the real `evq` command in subprocesses."""
+"""Fixtures for driving the real `evq` command: in subprocesses, or in this process where
+a child proves nothing more (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ from typing import Any
 import pytest
 
 from evq.ops.dev.smtp import DevSmtpServer
-from tests import contract
+from tests import contract, inprocess
 from tests.support import spawn, with_store
 
 
 class Evq:
     """Runs `evq` (as `python -m evq.ops.cli`) against one test database, with ``api_key`` if given.
 
+    Commands that only read, write rows and print run in this process (tests/inprocess.py
+    says which); ``process=True`` runs every command as a child.
     Every ``json()`` output is checked against its command's schema in docs/cli-schema/.
     """
 
-    def __init__(self, db_url: str, api_key: str | None = None, **env: str):
+    def __init__(self, db_url: str, api_key: str | None = None, *, process: bool = False, **env: str):
+        self.process = process
         self.env = {k: v for k, v in os.environ.items() if k != "EVQ_API_KEY"}
         self.env.update({"EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json", **env})
         if api_key:
@@ -32,6 +36,8 @@ class Evq:
         return [sys.executable, "-m", "evq.ops.cli", *args]
 
     def run(self, *args: str, input: str | None = None, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+        if not self.process and inprocess.can_run(args):
+            return inprocess.run(self.cmd(*args), args, input, {**self.env, **env})
         return subprocess.run(
             self.cmd(*args), input=input, capture_output=True, text=True, timeout=timeout, env={**self.env, **env}
         )

@@ -56,9 +56,12 @@ def test_schema_enumerations_are_the_models():
     assert common["error_code"]["enum"] == list(EXIT_CODES)
 
 
+@pytest.mark.slow
 def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_key, smtp):
-    """Each line runs the real command; Evq.json validates every output against its schema."""
-    admin, anyone, nowhere = Evq(db_url, api_key=admin_key), Evq(db_url), Evq(NOWHERE)
+    """Each line runs the real command, each in a child process of its own (the contract is
+    about what a process prints and exits with); Evq.json validates every output against its schema."""
+    admin = Evq(db_url, api_key=admin_key, process=True)
+    anyone, nowhere = Evq(db_url, process=True), Evq(NOWHERE, process=True)
     [unknown] = with_store(db_url, lambda store: unknown_steps(store, run_id="r-u"))
     seen: set[tuple[str, str]] = set()
 
@@ -71,7 +74,7 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(admin, "db", "upgrade", "--dry-run")
     run(nowhere, "db", "upgrade", expect=9)
     run(anyone, "db", "status")
-    run(Evq(empty_db_url), "db", "status", expect=5)
+    run(Evq(empty_db_url, process=True), "db", "status", expect=5)
     step = run(admin, "enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
     run(admin, "enqueue", "--file", "-", "--dry-run", input=json.dumps(REQUEST))
     run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
@@ -110,7 +113,7 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "schema", "steps.resolve")
     run(anyone, "schema", "--all")
     run(anyone, "schema", "no.such", expect=1)
-    run(Evq(empty_db_url), "demo")
+    run(Evq(empty_db_url, process=True), "demo")
     run(anyone, "demo", expect=3)  # this database holds steps that are not the demo's
     run(nowhere, "demo", expect=9)
     run(anyone, "prune", "--older-than", "90d", "--dry-run")

@@ -98,6 +98,7 @@ def test_sigterm_during_a_trickling_send_exits_within_the_grace(evq: Evq, db_url
 PAUSE_LEASE = 8  # seconds: send-by at 4 s, deadline at 6 s; a retry waits 8 + 6 s from the claim
 
 
+@pytest.mark.slow
 def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(evq: Evq, db_url, stop_all):
     """The issue's reproduction: SIGSTOP while the server holds its reply to DATA, rescue,
     an operator's retry, SIGCONT. Today the zombie finishes the conversation and the

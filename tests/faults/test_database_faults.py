@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,6 +19,34 @@ from tests.faults.proxy import TcpProxy
 from tests.support import evidence_kinds, rows, step_row, wait_until
 
 LEASE = 8
+
+
+def claimants(url: str) -> int:
+    """How many workers have claimed a row so far (each attempt_started names its owner)."""
+    return rows(url, "SELECT count(DISTINCT actor)::int AS n FROM evidence WHERE kind = 'attempt_started'")[0]["n"]
+
+
+class Lines:
+    """A child's stderr read as it comes, on a thread, so a test can wait for a line."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self._lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self._lines)
+
+    def join(self) -> str:
+        """Everything, once the child has exited (its end of the pipe closed)."""
+        self._thread.join(timeout=30)
+        self._stream.close()
+        return self.text()
 
 
 def request(step: str, to: str) -> str:
@@ -34,7 +63,11 @@ def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp)
     assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
     workers = [evq.popen("worker", "run", "--drain", "--concurrency", "8", **smtp_env(smtp)) for _ in range(2)]
     try:
-        wait_until(lambda: len(smtp.messages) >= 30, what="sends under way")
+        # Both workers sending, not just the first to start: a worker still starting when the
+        # server goes down fails fast by design (exit 9), which is not what this row is about.
+        wait_until(
+            lambda: len(smtp.messages) >= 30 and claimants(private_pg.url) >= 2, timeout=60, what="sends under way"
+        )
         private_pg.restart(down_for=2.0)
         codes = [w.wait(120) for w in workers]
     finally:
@@ -120,6 +153,7 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
     assert '"orphan_claims_released"' in log
 
 
+@pytest.mark.slow
 def test_database_out_of_reach_longer_than_a_lease(proxied_url, db_url, smtp, admin_key):
     """Row 3: the send succeeds while the worker cannot reach the database. The rescuer
     (another worker, which can) makes the row unknown; when the first worker's answer
@@ -174,8 +208,11 @@ def test_read_only_database(evq: Evq, db_url, smtp):
     refused = evq.json("enqueue", "--file", "-", input=request("during", "ok@example.com"), expect=9)
     assert refused["error"]["code"] == "E_DB_UNAVAILABLE" and "read-only" in refused["error"]["message"]
     worker = evq.popen("worker", "run", "--listen", "off", **smtp_env(smtp))
+    err = Lines(worker.stderr)
     try:
-        time.sleep(3)
+        # Until the worker has been refused twice (a fixed sleep raced a worker slow to start
+        # on a loaded machine, and then saw it claim only after writes were back).
+        wait_until(lambda: err.text().count('"read_only": true') >= 2, timeout=60, what="two refused claims")
         assert smtp.messages == []  # nothing sent: the attempt could not be committed
         assert step_row(db_url, ready["id"])["status"] == "pending"
         read_only(db_url, False)
@@ -185,7 +222,9 @@ def test_read_only_database(evq: Evq, db_url, smtp):
     finally:
         read_only(db_url, False)
         worker.kill()
-        _, log = worker.communicate()
+        worker.wait()
+        log = err.join()
+        worker.stdout.close()
     assert '"read_only": true' in log and "not claiming" in log
     assert rows(db_url, "SELECT step_id FROM email_steps ORDER BY id") == [{"step_id": "before"}]
     assert rows(db_url, "SELECT step_id FROM decisions") == [{"step_id": "before"}]  # the refused enqueue: nothing

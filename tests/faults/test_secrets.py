@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import psycopg
+import pytest
 
 from evq.ops.dev.http import DevHttpServer
 from evq.ops.dev.smtp import DevSmtpServer
@@ -33,6 +34,7 @@ def _all_rows_text(url: str) -> str:
     return "\n".join(json.dumps(r) for t in tables for r in rows(url, f'SELECT row_to_json(x)::text AS j FROM "{t}" x'))
 
 
+@pytest.mark.slow
 def test_no_secret_anywhere_after_a_whole_run(db_url, admin_key):
     url = _with_password(db_url, DB_PASSWORD)
     outputs: list[str] = []

@@ -203,6 +203,7 @@ async def sweep(pg_server: str, template: str, sink: DevSmtpServer, calls: int) 
     return len(cases), [f"{case.describe()}: {case.violations}" for case in cases if case.violations]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_store_error_of_any_class_at_any_call_never_sends_twice_or_lies(pg_server, template_db):
     with DevSmtpServer() as sink:

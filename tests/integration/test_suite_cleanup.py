@@ -1,4 +1,5 @@
-"""A test session leaves no database behind on the developer's server, even when a test fails."""
+"""A test session leaves no database behind on the developer's server, even when a test fails:
+not its template, not the test's clone, not the clones made ahead for tests that never came."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 
 def test_records_its_template_then_fails(template_db, db_url):
-    Path(os.environ["SUITEFIX_OUT"]).write_text(template_db)
+    Path(os.environ["SUITEFIX_OUT"]).write_text(template_db + " " + f"evq_t_{os.getpid()}_")
     assert False, "this session must fail, and still clean up"
 """
 
@@ -50,7 +51,9 @@ def test_a_failed_session_drops_its_template_database(pg_server: str, tmp_path: 
         timeout=120,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    template = out.read_text()
+    template, clones = out.read_text().split()
     assert template.startswith("evq_tpl_")
     left = rows(pg_server, "SELECT datname FROM pg_database WHERE datname = %s", (template,))
     assert left == [], f"{template} outlived its session"
+    left = rows(pg_server, "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (clones,))
+    assert left == [], f"clones outlived their session: {left}"

@@ -10,6 +10,7 @@ import sys
 
 import httpx
 import psycopg
+import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.support import unknown_steps, with_store
@@ -26,6 +27,7 @@ CHECKS = ",".join(
 )
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(db_url, tmp_path):
     key = make_key(db_url, "fuzz", "admin", created_by=None)
     # Something to read back and to close: ids 1 and 2 exist, and run-1.
