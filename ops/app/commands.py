@@ -583,6 +583,10 @@ _TABLE: tuple[Command, ...] = (
                 local=True,
                 metavar="KEY",
                 help=f"The key whose feed to read [env: {API_KEY_ENV}].",
+                # A feed is per key: without one, the command line must name whose (or every key's).
+                unless=("key", "all_keys"),
+                unless_env=API_KEY_ENV,
+                required_text=f"required unless --key or --all-keys is given or {API_KEY_ENV} is set",
             ),
             OUTPUT,
             DATABASE_URL,
@@ -680,7 +684,16 @@ _TABLE: tuple[Command, ...] = (
         Effect.WRITE,
         (
             Param("name", Kind.ARGUMENT, required=True),
-            Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
+            Param(
+                "notify_email",
+                metavar="ADDR",
+                help=NOTIFY_EMAIL_HELP,
+                example="agent-inbox@example.org",
+                # Something must change: this, or one of the other changes.
+                unless=("clear_notify_email", "notify_url", "clear_notify_url", "rotate_callback_secret"),
+                required_text="one change is needed: this, --clear-notify-email, --notify-url, "
+                "--clear-notify-url or --rotate-callback-secret",
+            ),
             Param("clear_notify_email", Kind.FLAG, help="Remove the key's default notification address."),
             Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
             Param("clear_notify_url", Kind.FLAG, help="Remove the key's callback URL (no more callbacks)."),

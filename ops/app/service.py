@@ -538,8 +538,10 @@ async def list_events(
             context={"name": holder.name, "role": str(holder.role), "roles": [str(r) for r in _FEED_READERS]},
         )
     if not others and holder is None:
-        raise InvalidRequest(
-            [{"field": "--api-key", "message": "a feed is per key: give the key whose events to read, or --key NAME"}]
+        # A feed is per key: no key is a missing credential, as for every command that needs one.
+        raise AuthFailed(
+            "no API key: a feed is per key",
+            hint="give the key whose events to read (--api-key or EVQ_API_KEY), or --key NAME / --all-keys",
         )
     if holder is not None and key is None and not all_keys:
         rows = await store.key_events(since=since, limit=limit, key_id=holder.key_id, key_name=holder.name)

@@ -193,6 +193,9 @@ def keys_update(
 
     async def work() -> dict[str, Any]:
         async with wiring.open_store(settings, max_size=1) as store:
+            # The key first: without a valid one nobody learns which names exist.
+            if not dry_run:
+                await credential.identify(store)
             before = next((k for k in await store.list_keys() if k["name"] == name), None)
             if before is None:
                 raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
@@ -203,7 +206,6 @@ def keys_update(
             changed = any(after[k] != before[k] for k in after) or rotate_callback_secret
             if dry_run:
                 return {"dry_run": True, **key_view({**before, **after}), "changed": changed, "callback_secret": None}
-            await credential.identify(store)
             row = before
             if email_change:
                 row = await store.set_key_notify(name, notify_email=after["notify_email"])
