@@ -42,6 +42,8 @@ MAX_KEYS = len(REQUEST_FIELDS) + 5
 
 _REASONS = frozenset((*REQUEST_FIELDS, "$"))
 _INDEX = re.compile(r"^\[\d+\]\.?")
+# The shape worker/request.py accepts for a provider name.
+_PROVIDER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def reason(field: str) -> str:
@@ -77,7 +79,7 @@ def describe(
         raise ValueError(f"unknown interface {interface!r}")
     text = _digest_text(list(requests))
     kept = [
-        {"field": _cut(str(e.get("field", "")), MAX_FIELD), "message": _cut(str(e.get("message", "")), MAX_MESSAGE)}
+        {"field": _kept_field(str(e.get("field", ""))), "message": _cut(str(e.get("message", "")), MAX_MESSAGE)}
         for e in errors[:MAX_ERRORS]
     ]
     return Refusal(
@@ -94,6 +96,14 @@ def describe(
     )
 
 
+def _kept_field(field: str) -> str:
+    """A failing field's name as kept: an unknown field is whatever the caller wrote as a
+    key (an address, a token), so only its kind is kept, like the counter's label."""
+    if reason(field) == "unknown_field":
+        return "(unknown field)"
+    return _cut(field, MAX_FIELD)
+
+
 def _digest_text(requests: list[Any]) -> bytes:
     """The canonical JSON of what was asked; a value JSON cannot hold (NaN, bytes) is its repr."""
     try:
@@ -107,11 +117,17 @@ def _asked(request: Any) -> dict[str, Any]:
     if not isinstance(request, Mapping):
         return {"type": type(request).__name__}
     out: dict[str, Any] = {}
-    for name in ("run_id", "step_id", "provider"):
+    for name in ("run_id", "step_id"):
         value = request.get(name)
         if isinstance(value, str):
             out[name] = _cut(value, MAX_IDENTIFIER)
-    out["fields"] = sorted(_cut(str(k), 40) for k in list(request)[:MAX_KEYS])
+    provider = request.get("provider")
+    if isinstance(provider, str):
+        # A provider name is a short identifier; anything else is not kept verbatim.
+        out["provider"] = provider if _PROVIDER.match(provider) else "(not a provider name)"
+    # Known field names only: an unknown key is the caller's text, counted, not kept.
+    keys = [str(k) for k in list(request)[:MAX_KEYS]]
+    out["fields"] = sorted({k if reason(k) != "unknown_field" else "(unknown field)" for k in keys})
     out["recipients"] = sum(_count(request.get(name)) for name in ("to", "cc", "bcc"))
     return out
 

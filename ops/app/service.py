@@ -483,7 +483,16 @@ async def list_refusals(
         raise InvalidRequest(
             [{"field": "--interface", "message": f"one of {', '.join(INTERFACES)}, got {interface[:40]!r}"}]
         )
-    await caller.identify(store, Permission.READ)
+    who = await caller.identify(store, Permission.READ)
+    if who is not None and who.role not in _FEED_READERS:
+        # An agent sees what it tried itself; every agent's refusals are an operator's view.
+        if key_name is not None and key_name != who.name:
+            raise Forbidden(
+                f"the API key {who.name!r} has role {who.role}: it reads only its own refusals",
+                hint="leave out --key to read this key's refusals",
+                context={"name": who.name, "role": str(who.role), "roles": [str(r) for r in _FEED_READERS]},
+            )
+        key_name = who.name
     rows = await store.list_refusals(key_name=key_name, interface=interface, before_id=before_id, limit=limit)
     data = [{k: r[k] for k in REFUSAL_FIELDS} for r in rows]
     meta: dict[str, Any] = {"count": len(data), "limit": limit}
