@@ -35,6 +35,12 @@ if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting test
     from evq.adapters.postgres.store import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every child a test starts (`python -m evq.ops.cli ...`, the dev servers) runs this checkout's
+# code, wherever pytest was started from: without it, a child started outside the root would
+# import whichever evq is installed (an editable install of another checkout) and test that.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT))]
+)
 
 # Fixtures more than one test folder asks for, by name (a fixture imported into a test module
 # would be a name the module never uses, and shadowed by the test's own parameter).
@@ -138,7 +144,8 @@ def template_db(pg_server: str) -> Iterator[str]:
     session ends (passed or failed). The name is this run's own, so concurrent sessions on one
     server (other checkouts, other migrations) never share, lock or drop each other's template;
     migrating costs under a second, so there is nothing worth caching across runs. Only a
-    session killed outright (SIGKILL) leaves its ``evq_tpl_*``/``evq_t_*`` databases behind."""
+    session killed outright (SIGKILL, or SIGTERM, which ends pytest without teardown) leaves its
+    ``evq_tpl_*``/``evq_t_*`` databases behind."""
     from evq.adapters.postgres.database import upgrade
 
     name = f"evq_tpl_{os.getpid()}_{secrets.token_hex(4)}"

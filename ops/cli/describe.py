@@ -66,7 +66,13 @@ def describe_command(entry: Command, *, through: str | None = None) -> dict[str,
         "writes": entry.permission is not None,
         "api_key": None
         if key is None
-        else {"flag": key.flag, "env": key.env, "roles": entry.roles, "not_needed_with": "--dry-run"},
+        else {
+            "flag": key.flag,
+            "env": key.env,
+            "roles": entry.roles,
+            # Only a command that has --dry-run can be tried without its key.
+            "not_needed_with": "--dry-run" if any(p.dest == "dry_run" for p in entry.params) else None,
+        },
         "interfaces": {
             "cli": f"evq {entry.words}",
             "http": [{"method": r.method, "path": r.path, "operation_id": entry.operation_id(r)} for r in entry.http],

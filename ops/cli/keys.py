@@ -211,10 +211,14 @@ def keys_update(
                 row = await store.set_key_notify(name, notify_email=after["notify_email"])
             secret = None
             if url_change:
-                row = await store.set_key_url(name, notify_url=after["notify_url"], rotate=rotate_callback_secret)
-                # Printed when a URL is set or its secret rotated: the receiver needs it to verify.
-                secret = row.pop("callback_secret") if (notify_url is not None or rotate_callback_secret) else None
-                register_secrets([secret])
+                # A new receiver gets a new secret: the old receiver's must not verify the new one's
+                # callbacks, and a secret is printed only when it is new (never read back).
+                moved = after["notify_url"] is not None and after["notify_url"] != before["notify_url"]
+                rotate = rotate_callback_secret or moved
+                row = await store.set_key_url(name, notify_url=after["notify_url"], rotate=rotate)
+                new_secret = row.pop("callback_secret", None)
+                secret = new_secret if rotate and after["notify_url"] is not None else None
+                register_secrets([new_secret])
             return {"dry_run": False, **key_view(row), "changed": changed, "callback_secret": secret}
 
     data = run(work())
