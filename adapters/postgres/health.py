@@ -39,6 +39,10 @@ class PostgresHealth:
     async def circuits(self) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._query, Q["circuit_list"], {"now": None})
 
+    async def providers_waiting(self) -> list[str]:
+        rows = await asyncio.to_thread(self._query, Q["providers_waiting"], {})
+        return [str(r["provider"]) for r in rows]
+
     async def collector(self) -> float:
         """The /metrics queue gauges' own query (adapters/postgres/queue_stats.py), timed."""
 

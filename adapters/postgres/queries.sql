@@ -1451,6 +1451,15 @@ ON CONFLICT (owner) DO UPDATE SET seen_at = now(), providers = EXCLUDED.provider
 DELETE FROM worker_heartbeats WHERE owner = %(owner)s;
 
 
+-- name: providers_waiting
+-- The providers that steps wait for now (pending, or retryable and due): `evq admin health`
+-- checks that a worker seen recently sends through each. Through the claim index's columns.
+SELECT DISTINCT s.provider
+FROM email_steps s
+WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= now()
+ORDER BY s.provider;
+
+
 -- name: heartbeats_seen
 -- The workers that beat within the last %(within)s seconds, on the database's clock.
 SELECT owner, providers, started_at, seen_at, extract(epoch FROM now() - seen_at)::float8 AS age_seconds

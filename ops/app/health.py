@@ -87,6 +87,20 @@ async def _workers(reader: HealthReader) -> dict[str, Any]:
             f"no worker seen in the last {SEEN_WITHIN_SECONDS:g}s: nothing will be sent (start `evq worker run`)",
         )
     names = ", ".join(str(w["owner"]) for w in seen[:5]) + (", ..." if len(seen) > 5 else "")
+    # A worker that sends through other providers does nothing for these steps.
+    try:
+        waiting = await reader.providers_waiting()
+    except EvqError as exc:
+        return _check("workers", False, exc.message)
+    served = {str(p) for w in seen for p in (w.get("providers") or ())}
+    unserved = [p for p in waiting if p not in served]
+    if unserved:
+        return _check(
+            "workers",
+            False,
+            f"{len(seen)} seen ({names}), but none sends through {', '.join(unserved)}, which steps wait for "
+            "(start `evq worker run` with EVQ_ADAPTER including it)",
+        )
     return _check("workers", True, f"{len(seen)} seen in the last {SEEN_WITHIN_SECONDS:g}s: {names}")
 
 

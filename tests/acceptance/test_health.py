@@ -21,7 +21,7 @@ from evq.ops.settings import Settings
 from tests import contract
 from tests.acceptance.conftest import Evq, make_key
 from tests.faults.cluster import ThrowawayCluster
-from tests.support import rows, wait_until
+from tests.support import rows, valid, wait_until, with_store
 from tests.web.support import checked, serving
 
 NAMES = ["database", "schema", "workers", "collector", "providers"]
@@ -70,6 +70,15 @@ def test_an_open_circuit_is_unhealthy(evq: Evq, db_url, worker):
         )
     out = evq.json("admin", "health", expect=6)
     assert checks(out)["providers"] is False and "smtp: open (tls_failed)" in out["data"]["checks"][4]["detail"]
+
+
+def test_a_worker_that_sends_through_another_provider_does_not_make_it_healthy(evq: Evq, db_url, worker):
+    """Steps wait for smtp; the only worker seen sends through the null adapter: nothing will go out."""
+    wait_until(lambda: evq.run("admin", "health").returncode == 0, timeout=30, what="the worker's first heartbeat")
+    with_store(db_url, lambda store: store.enqueue(valid(run_id="r-health", provider="smtp")))
+    out = evq.json("admin", "health", expect=6)
+    assert checks(out)["workers"] is False
+    assert "none sends through smtp" in out["data"]["checks"][2]["detail"]
 
 
 def test_no_worker_seen(evq: Evq):
