@@ -54,15 +54,40 @@ class CallbackPoster:
             raise OSError(type(exc).__name__) from None
 
     async def _check_public(self, host: str, port: int) -> None:
+        # Every address the name resolves to must be public (see public()).
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.timeout):
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         for info in infos:
             address = ipaddress.ip_address(info[4][0])
-            if not address.is_global or address.is_multicast:
+            if not public(address):
                 raise CallbackRefused(
                     f"{host} resolves to a non-public address ({address}); EVQ_HTTP_CALLBACK_ALLOW_PRIVATE allows it"
                 )
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+# IPv6 ranges that carry an IPv4 address a gateway or the host may translate to (NAT64, 6to4,
+# IPv4-compatible) or that are not routed publicly (site-local): is_global says True for
+# some of them on Python 3.11, so they are judged by the IPv4 address inside, or refused.
+_EMBEDS_V4 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
+_REFUSED_V6 = (
+    ipaddress.ip_network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215)
+    ipaddress.ip_network("2002::/16"),  # 6to4: the next 32 bits are an IPv4 address
+    ipaddress.ip_network("fec0::/10"),  # site-local (deprecated, never public)
+)
+
+
+def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a callback may be POSTed to ``address``: a global unicast address, judged by the
+    IPv4 address it carries when it carries one (mapped, NAT64, IPv4-compatible)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return public(address.ipv4_mapped)
+        if any(address in net for net in _EMBEDS_V4):
+            return public(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if any(address in net for net in _REFUSED_V6):
+            return False
+    return address.is_global and not address.is_multicast

@@ -920,8 +920,9 @@ _TABLE: tuple[Command, ...] = (
         "Enqueue an email send. Repeating the same request returns the same step "
         "(created: false); the same key with a different request is refused (exit 3). "
         "Needs an API key with role agent or admin.",
-        # It records the send; the worker is what sends it.
-        Effect.WRITE,
+        # The worker does the sending, but an enqueued step is a send decided: nothing
+        # after it asks anyone, so for an agent deciding whether to ask first this is the send.
+        Effect.SEND,
         (
             *_send_request(),
             Param(

@@ -556,7 +556,7 @@ async def list_events(
         rows = await store.key_events(since=since, limit=limit, key_id=holder.key_id, key_name=holder.name)
     else:
         rows = await store.key_events(since=since, limit=limit, key_name=key, every=all_keys)
-    data = [{k: r.get(k) for k in EVENT_FIELDS} for r in rows]
+    data = [with_labels({k: r.get(k) for k in EVENT_FIELDS}) for r in rows]
     cursor = data[-1]["id"] if data else since
     return Reply(data, {"count": len(data), "limit": limit, "since": since, "next_cursor": cursor})
 
