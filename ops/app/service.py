@@ -469,6 +469,19 @@ REFUSAL_FIELDS = (
 )
 
 
+# Who may read another key's feed (or every key's): those who act on other agents' sends.
+_FEED_READERS = (Role.OPERATOR, Role.ADMIN)
+
+
+def _only_its_own(who: Identity, what: str, *, hint: str) -> Forbidden:
+    """The refusal of a key that may read only its own ``what`` asking for another key's."""
+    return Forbidden(
+        f"the API key {who.name!r} has role {who.role}: it reads only its own {what}",
+        hint=hint,
+        context={"name": who.name, "role": str(who.role), "roles": [str(r) for r in _FEED_READERS]},
+    )
+
+
 async def list_refusals(
     store: AppStore,
     caller: Caller,
@@ -487,11 +500,7 @@ async def list_refusals(
     if who is not None and who.role not in _FEED_READERS:
         # An agent sees what it tried itself; every agent's refusals are an operator's view.
         if key_name is not None and key_name != who.name:
-            raise Forbidden(
-                f"the API key {who.name!r} has role {who.role}: it reads only its own refusals",
-                hint="leave out --key to read this key's refusals",
-                context={"name": who.name, "role": str(who.role), "roles": [str(r) for r in _FEED_READERS]},
-            )
+            raise _only_its_own(who, "refusals", hint="leave out --key to read this key's refusals")
         key_name = who.name
     rows = await store.list_refusals(key_name=key_name, interface=interface, before_id=before_id, limit=limit)
     data = [{k: r[k] for k in REFUSAL_FIELDS} for r in rows]
@@ -519,8 +528,6 @@ EVENT_FIELDS = (
     "key_name",
     "created_at",
 )
-# Who may read another key's feed (or every key's): those who act on other agents' sends.
-_FEED_READERS = (Role.OPERATOR, Role.ADMIN)
 
 
 async def list_events(
@@ -541,11 +548,7 @@ async def list_events(
         raise InvalidRequest([{"field": "--key", "message": "give --key NAME or --all-keys, not both"}])
     others = key is not None or all_keys
     if others and holder is not None and holder.role not in _FEED_READERS:
-        raise Forbidden(
-            f"the API key {holder.name!r} has role {holder.role}: it reads only its own events",
-            hint="leave out --key and --all-keys to read this key's feed",
-            context={"name": holder.name, "role": str(holder.role), "roles": [str(r) for r in _FEED_READERS]},
-        )
+        raise _only_its_own(holder, "events", hint="leave out --key and --all-keys to read this key's feed")
     if not others and holder is None:
         # A feed is per key: no key is a missing credential, as for every command that needs one.
         raise AuthFailed(

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from evq.ops.app import service
 from evq.ops.app.commands import COMMANDS as TABLE
-from evq.ops.app.commands import command
+from evq.ops.app.commands import Command, command
 from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
@@ -52,10 +52,10 @@ _REFUSALS = command("refusals.list")
 _EVENTS = command("events.list")
 
 
-def query(dest: str, **http: Any) -> Any:
-    """A query parameter of `GET /v1/steps` as the command table describes it; ``http``: the
-    bounds only HTTP needs (a query string's length)."""
-    p = _LIST.param(dest)
+def query(dest: str, *, of: Command = _LIST, **http: Any) -> Any:
+    """A query parameter of command ``of``'s GET route (`GET /v1/steps` unless told) as the
+    command table describes it; ``http``: the bounds only HTTP needs (a query string's length)."""
+    p = of.param(dest)
     bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
     return Query(list(p.default) if p.repeatable else p.default, description=p.help, **{**bounds, **http})
 
@@ -238,13 +238,6 @@ async def show_run(
     return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
 
 
-def refusal_query(dest: str, **http: Any) -> Any:
-    """A query parameter of `GET /v1/refusals` as the command table describes it."""
-    p = _REFUSALS.param(dest)
-    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
-    return Query(p.default, description=p.help, **{**bounds, **http})
-
-
 @router.get(
     "/refusals",
     summary="Refused enqueues, newest first: what was asked, by which key, every failing field",
@@ -256,22 +249,16 @@ def refusal_query(dest: str, **http: Any) -> Any:
 async def list_refusals(
     request: Request,
     who: Caller = Depends(caller),
-    key: str | None = refusal_query("key_name", max_length=64),
-    interface: Literal["cli", "http", "mcp", "python"] | None = refusal_query("interface"),
-    before_id: int | None = refusal_query("before_id"),
-    limit: int = refusal_query("limit"),
+    key: str | None = query("key_name", of=_REFUSALS, max_length=64),
+    interface: Literal["cli", "http", "mcp", "python"] | None = query("interface", of=_REFUSALS),
+    before_id: int | None = query("before_id", of=_REFUSALS),
+    limit: int = query("limit", of=_REFUSALS),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     reply = await service.list_refusals(
         state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit
     )
     return _answer(reply, request.state.timer)
-
-
-def event_query(dest: str) -> Any:
-    p = _EVENTS.param(dest)
-    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
-    return Query(p.default, description=p.help, **bounds)
 
 
 @router.get(
@@ -285,9 +272,9 @@ def event_query(dest: str) -> Any:
 async def list_events(
     request: Request,
     who: Caller = Depends(caller),
-    since: int = event_query("since"),
-    limit: int = event_query("limit"),
-    key: str | None = Query(None, max_length=64, description=_EVENTS.param("key").help),
+    since: int = query("since", of=_EVENTS),
+    limit: int = query("limit", of=_EVENTS),
+    key: str | None = query("key", of=_EVENTS, max_length=64),
     all_keys: bool = Query(False, description=_EVENTS.param("all_keys").help),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
