@@ -108,9 +108,21 @@ def click_and_load(driver, element) -> None:
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from selenium.common.exceptions import WebDriverException
+
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(old))
+
+    def old_page_gone(_driver) -> bool:
+        # Chromium answers a question about a node of the page being replaced either with
+        # "stale element" or, mid-navigation, with "Node with given id does not belong to the
+        # document" (an inspector error selenium does not map to staleness): both mean gone.
+        try:
+            return bool(expected_conditions.staleness_of(old)(_driver))
+        except WebDriverException as error:
+            return "does not belong to the document" in str(error)
+
+    WebDriverWait(driver, 20).until(old_page_gone)
 
 
 def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail(server, browser, db_url):

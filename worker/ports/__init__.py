@@ -30,7 +30,15 @@ from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.events import EventFeed
 from evq.worker.ports.health import HealthReader
 from evq.worker.ports.keys import KeyLookup
-from evq.worker.ports.providers import Lookup, LookupFailed, LookupResult, Provider, SendRequest
+from evq.worker.ports.providers import (
+    Lookup,
+    LookupFailed,
+    LookupResult,
+    Provider,
+    ProviderProfile,
+    SendRequest,
+    profile_of,
+)
 from evq.worker.ports.prune import PruneStore
 from evq.worker.ports.queue import ClaimStore, RecordStore, RescueStore
 from evq.worker.ports.rates import RateStore
@@ -56,6 +64,7 @@ __all__ = [
     "LookupResult",
     "Poster",
     "Provider",
+    "ProviderProfile",
     "PruneStore",
     "RateStore",
     "ReconcileStore",
@@ -71,6 +80,7 @@ __all__ = [
     "Store",
     "Wakeup",
     "WorkerStore",
+    "profile_of",
 ]
 
 

@@ -29,6 +29,39 @@ class SendRequest:
     send_by: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderProfile:
+    """What a provider can do to settle a send whose answer was lost (docs/design.md,
+    "Provider profiles"). An adapter may declare one as its ``profile`` attribute;
+    :func:`profile_of` derives it otherwise.
+
+    ``dedupe_window``: seconds the provider honours our idempotency key (None: it does not);
+    ``lookup_by``: what a lookup finds a message by (``key_tag``, ``message_id``), empty when
+    messages cannot be looked up; ``webhook_events``: the delivery types
+    (worker/delivery.py) its webhooks send, empty when it sends none.
+    """
+
+    dedupe_window: float | None = None
+    lookup_by: tuple[str, ...] = ()
+    webhook_events: tuple[str, ...] = ()
+
+    @property
+    def resolvable(self) -> bool:
+        """Whether an ambiguous send could ever be settled without an operator."""
+        return bool(self.dedupe_window) or bool(self.lookup_by) or bool(self.webhook_events)
+
+
+def profile_of(provider: object) -> ProviderProfile:
+    """The provider's declared profile, or what its attributes say (a fake's, say)."""
+    declared = getattr(provider, "profile", None)
+    if isinstance(declared, ProviderProfile):
+        return declared
+    return ProviderProfile(
+        dedupe_window=getattr(provider, "dedupe_window", None),
+        lookup_by=("key_tag",) if isinstance(provider, Lookup) else (),
+    )
+
+
 @runtime_checkable
 class Provider(Protocol):
     """An email provider adapter: one request in, exactly one outcome out."""
