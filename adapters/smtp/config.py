@@ -187,6 +187,9 @@ class JournalConfig:
         self.where()
         if not self.password:
             raise bad(_OPTION["journal_imap_password"], "must be set with EVQ_JOURNAL_IMAP_URL")
+        if not self.password.isascii() or any(c in self.password for c in "\r\n\0"):
+            # IMAP LOGIN sends it as a quoted string: ASCII without line breaks (never echoed here).
+            raise bad(_OPTION["journal_imap_password"], "must be ASCII without line breaks")
         if self.ca_file is not None:
             if not os.path.isfile(self.ca_file):
                 raise bad(_OPTION["journal_imap_ca_file"], f"names no readable file: {self.ca_file!r}")
