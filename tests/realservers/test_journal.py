@@ -336,6 +336,9 @@ def test_a_lost_answer_is_settled_by_the_journal_copy(
     row = step_row(db_url, step["id"])
     assert row["status"] == "unknown", (row, sent[-2000:])
     assert lost.withheld and lost.withheld[0].startswith(b"250")  # Postfix took it; evq never heard
+    [answer] = rows(db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'provider_response'", (step["id"],))
+    assert (answer["detail"]["phase"], answer["detail"]["error_class"]) == ("final", "SMTPServerDisconnected")
+    assert answer["detail"]["journal"]["accepted"] is True  # the journal was in the lost transaction
     assert len(postfix.journaled(step["message_id"], expect=1)) == 1
 
     settled = drain(evq, **smtp_env(postfix, lost.port, EVQ_SMTP_JOURNAL=JOURNAL), **imap_env(dovecot))
