@@ -26,7 +26,7 @@ from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.http.config import HttpConfig
 from evq.adapters.smtp import config as smtp
-from evq.adapters.smtp.config import SmtpConfig
+from evq.adapters.smtp.config import JournalConfig, SmtpConfig
 from evq.worker.circuit import FAULTS
 from evq.worker.config import (
     NOTICE_OPTIONS,
@@ -207,6 +207,7 @@ OPTIONS: tuple[Option, ...] = (
     *PACE_OPTIONS,
     *POLICY_OPTIONS,
     *smtp.OPTIONS,
+    *smtp.JOURNAL_OPTIONS,
     *http.OPTIONS,
     *NOTICE_OPTIONS,
     *RECONCILE_OPTIONS,
@@ -266,6 +267,11 @@ class Settings:
     smtp_client_cert: str | None = None
     smtp_client_key: str | None = None
     smtp_allow_plain_auth: bool = False
+    smtp_journal: str | None = None
+    journal_imap_url: str | None = None
+    journal_imap_password: str | None = None
+    journal_imap_ca_file: str | None = None
+    journal_imap_timeout: float = 10.0
     http_base_url: str = "https://api.resend.com"
     http_api_key: str | None = None
     http_timeout: float = 10.0
@@ -343,6 +349,14 @@ class Settings:
             )
         if "smtp" in self.adapter:
             self.smtp_config().validate()
+            self.journal_config().validate()
+            if self.journal_imap_url and self.journal_imap_timeout * 2 >= self.lease_seconds:
+                # The reconciler gives one lookup half of its hold (about a lease): the
+                # lookup's own limit must come first, so its failure is the one reported.
+                raise bad(
+                    OPTION_BY_NAME["journal_imap_timeout"],
+                    f"must be under half of EVQ_LEASE_SECONDS ({self.lease_seconds / 2:g}s)",
+                )
         for limit in self.rate_limit:
             if limit.provider not in ADAPTERS:
                 raise bad(
@@ -380,6 +394,9 @@ class Settings:
 
     def smtp_config(self) -> SmtpConfig:
         return _section(SmtpConfig, self, "smtp_")
+
+    def journal_config(self) -> JournalConfig:
+        return _section(JournalConfig, self, "journal_imap_")
 
     def http_config(self) -> HttpConfig:
         return _section(HttpConfig, self, "http_")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from evq.adapters.postgres.store import PostgresStore
+    from evq.adapters.smtp.journal import ImapJournal
     from evq.ops.app.metrics import MetricsServer
     from evq.ops.web.state import AppState
     from evq.worker.ports import Provider
@@ -125,6 +126,8 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 helo_name=smtp.helo_name,
                 ssl_context=tls_context(smtp.ca_file, smtp.client_cert, smtp.client_key),
                 allow_plain_auth=smtp.allow_plain_auth,
+                journal=smtp.journal,
+                witness=build_journal(settings),
             )
         elif name == "http":
             from evq.adapters.http import HttpProvider
@@ -144,6 +147,22 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
 
             providers[name] = NullProvider(delay=settings.null_delay)
     return providers
+
+
+def build_journal(settings: Settings) -> ImapJournal | None:
+    """The SMTP adapter's witness (adapters/smtp/journal.py) when EVQ_JOURNAL_IMAP_URL is set, else None."""
+    journal = settings.journal_config()
+    if journal.url is None:
+        return None
+    from evq.adapters.smtp.journal import ImapJournal, imap_tls_context
+
+    assert journal.password  # JournalConfig.validate insists
+    return ImapJournal(
+        journal.where(),
+        password=journal.password,
+        timeout=journal.timeout,
+        ssl_context=imap_tls_context(journal.ca_file),
+    )
 
 
 async def resolve_pooler(settings: Settings, url: str) -> Settings:

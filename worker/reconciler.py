@@ -32,7 +32,7 @@ import structlog
 from evq.worker import metrics
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
-from evq.worker.ports import Lookup, LookupFailed, LookupResult, ReconcileStore
+from evq.worker.ports import Lookup, LookupFailed, LookupResult, ReconcileStore, profile_of
 from evq.worker.records import ReconcileCounts, UnknownStep
 from evq.worker.scrub import scrub_record
 
@@ -137,11 +137,17 @@ class Reconciler:
             return await self._found(step, result, now)
         return await self._absent(step, result, now)
 
+    def _by(self, step: UnknownStep) -> str:
+        """What the provider's lookup searched by, in words (its profile's ``lookup_by``)."""
+        by = profile_of(self.lookups[step.provider]).lookup_by
+        return "Message-ID" if by == ("message_id",) else "key"
+
     async def _found(self, step: UnknownStep, result: LookupResult, now: datetime | None) -> str:
         metrics.RECONCILED.labels(result="accepted").inc()
+        known = f" (id {result.provider_message_id})" if result.provider_message_id else ""
         message = (
-            f"the {step.provider} provider has this message (id {result.provider_message_id}), "
-            "found by the step's key: reconciled as accepted"
+            f"the {step.provider} provider has this message{known}, "
+            f"found by the step's {self._by(step)}: reconciled as accepted"
         )
         closed = await self.store.reconcile_found(
             step.id,
@@ -164,7 +170,7 @@ class Reconciler:
             else f"asked again in {delay:g}s"
         )
         message = (
-            f"the {step.provider} provider has no message with this step's key (lookup {check} of "
+            f"the {step.provider} provider has no message with this step's {self._by(step)} (lookup {check} of "
             f"{self.config.max_checks}); absence is not proof, so the step stays unknown; {later}"
         )
         recorded = await self.store.reconcile_absent(

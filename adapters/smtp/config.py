@@ -11,6 +11,7 @@ import os
 import re
 import ssl
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from evq.worker.options import Option, bad, boolean
 
@@ -61,9 +62,43 @@ OPTIONS: tuple[Option, ...] = (
         "Allow SMTP AUTH (EVQ_SMTP_USERNAME) over a connection without TLS, i.e. the password in clear; "
         "only for a trusted network. Default: refused.",
     ),
+    Option(
+        "smtp_journal",
+        str,
+        None,
+        "Journal address: every SMTP send also goes to it as one more envelope recipient (RCPT TO only, never a "
+        "header; recipients cannot see it), so EVQ_JOURNAL_IMAP_URL can find the copy of a send whose answer was lost.",
+    ),
 )
 
-_OPTION = {o.name: o for o in OPTIONS}
+# The witness of the SMTP adapter (adapters/smtp/journal.py): the IMAP mailbox the journal
+# copies land in (or the relay's own archive), searched by Message-ID to settle unknown rows.
+JOURNAL_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "journal_imap_url",
+        str,
+        None,
+        "IMAP mailbox the reconciler searches by Message-ID to settle unknown SMTP steps: "
+        "imaps://user@host:993/MAILBOX (TLS) or imap://user@host:143/MAILBOX (STARTTLS, required); unset: none.",
+    ),
+    Option("journal_imap_password", str, None, "Password of EVQ_JOURNAL_IMAP_URL's user (never logged).", secret=True),
+    Option(
+        "journal_imap_ca_file",
+        str,
+        None,
+        "PEM bundle of the CA(s) trusted for the journal IMAP server's certificate; unset: the system's trust store.",
+    ),
+    Option(
+        "journal_imap_timeout", float, 10.0, "Seconds for one whole journal lookup (connect to logout).", minimum=0.1
+    ),
+)
+
+_OPTION = {o.name: o for o in (*OPTIONS, *JOURNAL_OPTIONS)}
+# An address evq can put in RCPT TO as it is: ASCII, no quoting, no route.
+_JOURNAL_ADDRESS = re.compile(
+    r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$"
+)
+IMAP_SCHEMES = {"imaps": 993, "imap": 143}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +116,16 @@ class SmtpConfig:
     client_cert: str | None = None
     client_key: str | None = None
     allow_plain_auth: bool = False
+    journal: str | None = None
 
     def validate(self) -> None:
         """The checks between these options, and the TLS files read now: a bad bundle or key
         fails at startup with its setting named, not as every send's TLS failure."""
+        if self.journal is not None and not _JOURNAL_ADDRESS.match(self.journal):
+            raise bad(
+                _OPTION["smtp_journal"],
+                f"must be a plain ASCII address such as journal@example.org, got {self.journal!r}",
+            )
         if bool(self.username) != bool(self.password):
             raise bad(_OPTION["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.username and self.tls == "none" and not self.allow_plain_auth:
@@ -115,3 +156,74 @@ class SmtpConfig:
                 context.load_cert_chain(self.client_cert, self.client_key)
             except (ssl.SSLError, OSError, ValueError) as exc:
                 raise bad(_OPTION["smtp_client_cert"], f"and its key cannot be loaded: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalImap:
+    """Where the journal mailbox is, as EVQ_JOURNAL_IMAP_URL says."""
+
+    tls: str  # "ssl" (imaps://) or "starttls" (imap://)
+    host: str
+    port: int
+    user: str
+    mailbox: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalConfig:
+    """The EVQ_JOURNAL_IMAP_* options without their prefix."""
+
+    url: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    timeout: float = 10.0
+
+    def validate(self) -> None:
+        if self.url is None:
+            for name in ("password", "ca_file"):
+                if getattr(self, name) is not None:
+                    raise bad(_OPTION["journal_imap_" + name], "needs EVQ_JOURNAL_IMAP_URL")
+            return
+        self.where()
+        if not self.password:
+            raise bad(_OPTION["journal_imap_password"], "must be set with EVQ_JOURNAL_IMAP_URL")
+        if not self.password.isascii() or any(c in self.password for c in "\r\n\0"):
+            # IMAP LOGIN sends it as a quoted string: ASCII without line breaks (never echoed here).
+            raise bad(_OPTION["journal_imap_password"], "must be ASCII without line breaks")
+        if self.ca_file is not None:
+            if not os.path.isfile(self.ca_file):
+                raise bad(_OPTION["journal_imap_ca_file"], f"names no readable file: {self.ca_file!r}")
+            try:
+                ssl.create_default_context(cafile=self.ca_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise bad(_OPTION["journal_imap_ca_file"], f"cannot be loaded as a PEM CA bundle: {exc}") from None
+
+    def where(self) -> JournalImap:
+        """The URL's parts; a password in the URL is refused (it would be shown wherever the URL is)."""
+        option = _OPTION["journal_imap_url"]
+        assert self.url is not None
+        try:
+            parts = urlsplit(self.url)
+            port = parts.port
+        except ValueError as exc:
+            raise bad(option, f"is not a URL: {exc}") from None
+        if parts.scheme not in IMAP_SCHEMES:
+            raise bad(option, "must start with imaps:// (TLS) or imap:// (STARTTLS); plain IMAP is not offered")
+        if parts.password is not None:
+            raise bad(option, "must not carry the password: set EVQ_JOURNAL_IMAP_PASSWORD")
+        if not parts.hostname or not parts.username:
+            raise bad(option, "must name the user and the host: imaps://user@host:993/MAILBOX")
+        if parts.query or parts.fragment:
+            raise bad(option, "takes no query or fragment")
+        mailbox = unquote(parts.path.lstrip("/")) or "INBOX"
+        user = unquote(parts.username)
+        for what, value in (("user", user), ("mailbox", mailbox)):
+            if not value.isascii() or any(c < " " or c == "\x7f" for c in value):
+                raise bad(option, f"{what} must be printable ASCII, got {value!r}")
+        return JournalImap(
+            tls="ssl" if parts.scheme == "imaps" else "starttls",
+            host=parts.hostname,
+            port=port or IMAP_SCHEMES[parts.scheme],
+            user=user,
+            mailbox=mailbox,
+        )

@@ -142,6 +142,8 @@ class _Conversation:
         self.refused: dict[str, dict[str, Any]] = {}
         self.transactions: list[dict[str, Any]] = []  # accepted MAIL..DATA exchanges, in order
         self.deferred_by: dict[str, Any] | None = None  # the 452 that ended the current transaction's RCPTs
+        # The journal recipient's answer (EVQ_SMTP_JOURNAL), once asked: evidence, never the outcome.
+        self.journal: dict[str, Any] | None = None
         self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
@@ -359,6 +361,10 @@ class _Conversation:
 
         self.phase = "rcpt"
         accepted, rest = self._recipients(recipients, first=first)
+        if not rest:
+            # In the last transaction only: it happens after every earlier one was accepted,
+            # so a journal copy proves the first "." was.
+            self._journal_rcpt()
 
         self.phase = "data"
         self._arm()
@@ -499,6 +505,23 @@ class _Conversation:
             )
         return accepted, []
 
+    def _journal_rcpt(self) -> None:
+        """RCPT TO the journal address (envelope only: the message's bytes do not change).
+
+        Asked after the real recipients, once they were accepted, so it never makes a send
+        that refuses all of them look accepted; its refusal is recorded, never the outcome."""
+        address = self.p.journal
+        if address is None or self.journal is not None:
+            return
+        if address.lower() in (r.lower() for r in self.envelope.recipients):
+            self.journal = {"address": address, "accepted": True, "code": None, "reply": "is a recipient"}
+            return
+        conn = self.conn
+        assert conn is not None
+        self._arm()
+        code, raw = conn.rcpt(address)
+        self.journal = {"address": address, "accepted": 200 <= code < 300, "code": code, "reply": self._text(raw)[:200]}
+
     def _expect(self, answer: tuple[int, bytes | str], ok: Container[int]) -> None:
         code, raw = answer
         if code in ok:
@@ -593,7 +616,7 @@ class _Conversation:
     def _evidence(
         self, code: int | None, reply: str, *, error_class: str | None = None, **extra: Any
     ) -> dict[str, Any]:
-        return {
+        evidence = {
             "phase": self.phase,
             "code": code,
             "reply": reply[:MAX_REPLY],
@@ -601,6 +624,10 @@ class _Conversation:
             "refused": dict(self.refused),
             **extra,
         }
+        if self.p.journal is not None:
+            # None: the journal was never asked (the send ended before its RCPT).
+            evidence["journal"] = dict(self.journal) if self.journal is not None else None
+        return evidence
 
     def _text(self, raw: bytes | str) -> str:
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -3,6 +3,11 @@
 It renders each request (adapters/smtp/message.py) and runs one conversation per
 attempt in a thread of its own (adapters/smtp/conversation.py, whose docstring says
 why), bounded by the request's deadline; the outcome is logged here, on the loop.
+
+SMTP itself can answer nothing about a send whose reply was lost. With a journal
+(``journal``: an extra envelope recipient, EVQ_SMTP_JOURNAL) and a witness that can
+search the mailbox it lands in (``witness``: adapters/smtp/journal.py, over IMAP), the
+provider has a ``lookup`` by Message-ID and the reconciler settles its unknown rows.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from evq.adapters.smtp.message import BuildError, build_message
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Outcome, Rejected, Retryable, Unknown, log_fields
-from evq.worker.ports import SendRequest
+from evq.worker.ports import Lookup, LookupResult, ProviderProfile, SendRequest
 from evq.worker.request import Policy, check_payload
 
 log = get_logger("evq.adapters.smtp")
@@ -50,6 +55,8 @@ class SmtpProvider:
         helo_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         allow_plain_auth: bool = False,
+        journal: str | None = None,
+        witness: Lookup | None = None,
     ):
         if tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
@@ -63,6 +70,15 @@ class SmtpProvider:
         self.helo_name = helo_name
         self.allow_plain_auth = allow_plain_auth
         self.policy = policy
+        # The journal address (RCPT only) and the lookup that searches where its copies land.
+        self.journal = journal
+        self.witness = witness
+        # No key a server honours, no webhooks; a lookup by Message-ID only with a witness.
+        self.profile = ProviderProfile(lookup_by=("message_id",) if witness is not None else ())
+        if witness is not None:
+            # An instance attribute, not a method: the worker gives the reconciler the
+            # providers that have a lookup, and without a witness this one has none.
+            self.lookup = self._lookup
         self.ssl_context = ssl_context or ssl.create_default_context()
         self.secrets = _Secrets(username, password)
         register_secrets([password])
@@ -74,6 +90,11 @@ class SmtpProvider:
         self._threads: set[threading.Thread] = set()
         self._track = threading.Lock()
         self._closed = False
+
+    async def _lookup(self, idempotency_key: str, message_id: str) -> LookupResult:
+        """The reconciler's question, asked of the witness (it raises LookupFailed when it cannot answer)."""
+        assert self.witness is not None
+        return await self.witness.lookup(idempotency_key, message_id)
 
     def __repr__(self) -> str:
         return f"SmtpProvider(host={self.host!r}, port={self.port}, tls={self.tls!r}, user={self.username!r})"
@@ -199,6 +220,10 @@ class SmtpProvider:
         fields = log_fields(
             request.step_id, request.attempt, outcome, phase=r.get("phase"), host=self.host, port=self.port
         )
+        journal = r.get("journal")
+        if isinstance(journal, dict) and not journal.get("accepted"):
+            # The send's outcome stands; only its witness copy is missing.
+            log.warning("smtp_journal_refused", journal=journal, **fields)
         if isinstance(outcome, Retryable) and outcome.misconfigured:
             # Retried, but no retry succeeds until someone fixes the settings.
             log.error("smtp_config_failure", reason=outcome.reason, reply=r.get("reply"), **fields)

@@ -1,4 +1,5 @@
-"""One real Postfix for the tests in this folder (started once, stopped at the end)."""
+"""One real Postfix for the tests in this folder (started once, stopped at the end), and one
+real Dovecot serving its journal maildir over IMAP for the SMTP witness's tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.realservers.dovecot import Dovecot
 from tests.realservers.postfix import Postfix
 from tests.support import require_binary
 
@@ -28,6 +30,18 @@ def postfix() -> Iterator[Postfix]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def dovecot(postfix: Postfix) -> Iterator[Dovecot]:
+    """Dovecot serving ``mail/journal/`` of the Postfix above (where JOURNAL's copies land)."""
+    require_binary("dovecot", "dovecot-imapd")
+    server = Dovecot(maildir=postfix.root / "mail/journal", ca=postfix.ca)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

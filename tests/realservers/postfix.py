@@ -16,7 +16,9 @@ and port 25 are never touched. What it enforces is what the issue met in the fie
 
 Everything it accepts for ``@evq.test`` or ``@example.net`` is delivered to one maildir, so a test counts
 what the server really received (``delivered``), each message with its
-``Delivered-To`` header. Postfix needs root (master binds and drops to ``postfix``).
+``Delivered-To`` header; but ``journal@evq.test`` (``JOURNAL``) has a maildir of its own,
+``mail/journal/``, which tests/realservers/dovecot.py serves over IMAP (the SMTP witness).
+Postfix needs root (master binds and drops to ``postfix``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ USERNAME = "evq"
 PASSWORD = "Pf-s3cret-horse-staple-42"  # a known secret the tests hunt for in outputs
 RECIPIENT_LIMIT = 2
 HOSTNAME = "mx.evq.test"
+JOURNAL = f"journal@{DOMAIN}"  # delivered to mail/journal/ (the SMTP witness's mailbox)
 
 _MASTER = """\
 {plain}  inet n - n - - smtpd
@@ -97,7 +100,7 @@ default_transport = discard
 notify_classes =
 virtual_mailbox_domains = {domain}, {public_domain}
 virtual_mailbox_base = {d}/mail
-virtual_mailbox_maps = static:inbox/
+virtual_mailbox_maps = texthash:{d}/etc/mailboxes, static:inbox/
 virtual_uid_maps = static:{uid}
 virtual_gid_maps = static:{gid}
 virtual_minimum_uid = 1
@@ -171,6 +174,7 @@ class Postfix:
                 ca_file=self.ca.ca_file,
             )
         )
+        (d / "etc/mailboxes").write_text(f"{JOURNAL} journal/\n")
         (d / "etc/refuse").write_text(f"/^{REFUSED_LOCAL}(\\+[^@]*)?@/ 550 5.1.1 no such user here\n")
         sasldb = d / "etc/sasldb2"
         (d / "etc/sasl/smtpd.conf").write_text(
@@ -226,14 +230,39 @@ class Postfix:
     def log(self) -> str:
         return self.maillog.read_text(errors="replace") if self.maillog.exists() else ""
 
-    def messages(self) -> list[email.message.EmailMessage]:
-        new = self.root / "mail/inbox/new"
-        if not new.is_dir():
-            return []
+    def messages(self, mailbox: str = "inbox") -> list[email.message.EmailMessage]:
         out = []
-        for path in sorted(new.iterdir()):
-            out.append(email.message_from_bytes(path.read_bytes(), policy=email.policy.default))
+        # A reader of the maildir (the journal's IMAP server) may have moved them to cur/.
+        for sub in ("new", "cur"):
+            folder = self.root / "mail" / mailbox / sub
+            if folder.is_dir():
+                for path in sorted(folder.iterdir()):
+                    out.append(email.message_from_bytes(path.read_bytes(), policy=email.policy.default))
         return out
+
+    def journaled_raw(self, needle: bytes, *, expect: int, timeout: float = 20.0) -> list[Path]:
+        """The journal's message files whose bytes hold ``needle``, once ``expect`` are there."""
+        until = time.monotonic() + timeout
+        while True:
+            found = [
+                path
+                for sub in ("new", "cur")
+                if (self.root / "mail/journal" / sub).is_dir()
+                for path in sorted((self.root / "mail/journal" / sub).iterdir())
+                if needle in path.read_bytes()
+            ]
+            if len(found) >= expect or time.monotonic() > until:
+                return found
+            time.sleep(0.05)
+
+    def journaled(self, message_id: str, *, expect: int, timeout: float = 20.0) -> list[email.message.EmailMessage]:
+        """The journal's copies of one Message-ID, once ``expect`` of them have arrived."""
+        until = time.monotonic() + timeout
+        while True:
+            found = [m for m in self.messages("journal") if m["Message-ID"] == message_id]
+            if len(found) >= expect or time.monotonic() > until:
+                return found
+            time.sleep(0.05)
 
     def delivered(self, message_id: str, *, expect: int, timeout: float = 20.0) -> list[email.message.EmailMessage]:
         """The deliveries of one Message-ID, once ``expect`` of them have arrived (delivery

@@ -33,6 +33,7 @@ def test_every_option_is_one_settings_field_with_its_default():
     [
         (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS, *RETENTION_OPTIONS), ""),
         (smtp.SmtpConfig, smtp.OPTIONS, "smtp_"),
+        (smtp.JournalConfig, smtp.JOURNAL_OPTIONS, "journal_imap_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
     ],
 )
