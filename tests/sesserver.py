@@ -31,6 +31,10 @@ from typing import Any
 # (pytest-xdist runs several), so two processes' recordings never mix.
 os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(tempfile.gettempdir(), f"evq-moto-{os.getpid()}.jsonl"))
 
+# botocore's credential and region chain would ask the EC2 instance metadata service, an
+# address off this machine: never from a test, nor from the workers it starts.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
 from moto.server import ThreadedMotoServer
 
 REGION = "eu-west-1"

@@ -313,12 +313,7 @@ class SesProvider:
         elif self._closed:
             outcome = Retryable("the ses adapter is closed", response=_evidence("closed"))
         else:
-            try:
-                message = self._message(request)
-            except BuildError as exc:
-                outcome = Rejected(str(exc), response=_evidence("build"), before_send=True)
-            else:
-                outcome = await self._run(request, message)
+            outcome = await self._run(request)
         self._log(request, outcome)
         return outcome
 
@@ -337,10 +332,10 @@ class SesProvider:
             message["ConfigurationSetName"] = self.configuration_set
         return message
 
-    async def _run(self, request: SendRequest, message: dict[str, Any]) -> Outcome:
+    async def _run(self, request: SendRequest) -> Outcome:
         attempt = _Attempt(request.send_by, request.deadline)
         loop = asyncio.get_running_loop()
-        job = self._pool.submit(self._call, attempt, message)
+        job = self._pool.submit(self._call, attempt, request)
         with self._track:
             self._jobs.add(job)
         job.add_done_callback(self._forget)
@@ -374,8 +369,13 @@ class SesProvider:
         with self._track:
             self._jobs.discard(job)
 
-    def _call(self, attempt: _Attempt, message: dict[str, Any]) -> Outcome:
-        """One SendEmail in a pool thread; every exception becomes an outcome."""
+    def _call(self, attempt: _Attempt, request: SendRequest) -> Outcome:
+        """One SendEmail in a pool thread (rendering a large message is CPU work too, so it
+        happens here, off the loop); every exception becomes an outcome."""
+        try:
+            message = self._message(request)
+        except BuildError as exc:
+            return Rejected(str(exc), response=_evidence("build"), before_send=True)
         self._local.attempt = attempt
         with self._track:
             self._live.add(attempt)

@@ -12,6 +12,7 @@ credential anywhere.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -307,6 +308,23 @@ async def test_the_policy_recheck_and_smtputf8_refuse_before_any_request() -> No
         assert peer.requests == []
     assert isinstance(blocked, Rejected) and blocked.before_send, blocked
     assert isinstance(utf8, Rejected) and utf8.before_send and "SMTPUTF8" in utf8.reason, utf8
+
+
+async def test_no_credentials_anywhere_is_misconfigured_and_nothing_is_sent(monkeypatch, tmp_path) -> None:
+    # The standard AWS chain, with nothing in it: no keys, no profile, no container or instance role.
+    for name in [n for n in os.environ if n.startswith("AWS_") and n != "AWS_EC2_METADATA_DISABLED"]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with SesErrorPeer() as peer:
+        p = SesProvider(region=REGION, endpoint_url=peer.url, timeout=2.0)
+        try:
+            outcome = await p.send(make_request())
+        finally:
+            await p.close()
+        assert peer.requests == []
+    assert isinstance(outcome, Retryable) and outcome.misconfigured and outcome.fault == "auth_failed", outcome
+    assert outcome.response["sent"] is False
 
 
 async def test_the_credentials_are_in_no_outcome_no_log_and_no_evidence() -> None:
