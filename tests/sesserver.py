@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
@@ -29,7 +30,10 @@ from typing import Any
 
 # moto's recorder writes to this file, read when moto is first imported: one per process
 # (pytest-xdist runs several), so two processes' recordings never mix.
-os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(tempfile.gettempdir(), f"evq-moto-{os.getpid()}.jsonl"))
+if "MOTO_RECORDER_FILEPATH" not in os.environ:
+    _RECORDING = os.path.join(tempfile.gettempdir(), f"evq-moto-{os.getpid()}.jsonl")
+    os.environ["MOTO_RECORDER_FILEPATH"] = _RECORDING
+    atexit.register(lambda: os.path.exists(_RECORDING) and os.remove(_RECORDING))
 
 # botocore's credential and region chain would ask the EC2 instance metadata service, an
 # address off this machine: never from a test, nor from the workers it starts.
