@@ -170,7 +170,6 @@ class _Attempt:
         self.deadline = deadline
         self.phase = "request"  # request -> writing -> written
         self.cut = False
-        self.used = False  # the transport ran (botocore did not send it some other way)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -335,7 +334,10 @@ class SesProvider:
     async def _run(self, request: SendRequest) -> Outcome:
         attempt = _Attempt(request.send_by, request.deadline)
         loop = asyncio.get_running_loop()
-        job = self._pool.submit(self._call, attempt, request)
+        try:
+            job = self._pool.submit(self._call, attempt, request)
+        except RuntimeError:  # closed meanwhile: nothing was started
+            return Retryable("the ses adapter is closed", response=_evidence("closed"))
         with self._track:
             self._jobs.add(job)
         job.add_done_callback(self._forget)
@@ -438,7 +440,6 @@ class SesProvider:
         if attempt is None:
             # Only _call sends; anything else must not reach SES through an unwatched path.
             raise _Cut
-        attempt.used = True
         self._register_credentials()
         body = request.body
         if hasattr(body, "read"):

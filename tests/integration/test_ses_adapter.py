@@ -301,6 +301,15 @@ async def test_nothing_is_sent_once_the_send_by_limit_has_passed() -> None:
         assert peer.requests == []
 
 
+async def test_a_closed_adapter_sends_nothing_and_says_so() -> None:
+    with SesErrorPeer() as peer:
+        p = ses(peer.url)
+        await p.close()
+        outcome = await p.send(make_request())
+        assert isinstance(outcome, Retryable) and outcome.response["phase"] == "closed", outcome
+        assert peer.requests == []
+
+
 async def test_the_policy_recheck_and_smtputf8_refuse_before_any_request() -> None:
     with SesErrorPeer() as peer:
         blocked = await answer(peer.url, policy=Policy(blocked_domains=("example.com",), reserved_senders=()))
