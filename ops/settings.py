@@ -2,7 +2,8 @@
 
 The one loader of every option. Each config declares its own table where it is used
 (the core's in worker/config.py, the SMTP adapter's in adapters/smtp/config.py, the
-HTTP adapter's in adapters/http/config.py, the null adapter's in adapters/null.py);
+HTTP adapter's in adapters/http/config.py, the SES adapter's in adapters/ses/config.py,
+the null adapter's in adapters/null.py);
 the database, logging, /metrics, `evq serve` and `evq mcp` options, which only the
 interfaces and the composition root read, are here. :data:`OPTIONS` joins them and
 is the single source for the flags, the environment names, the defaults, the
@@ -25,6 +26,8 @@ from email_validator import EmailNotValidError
 from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.http.config import HttpConfig
+from evq.adapters.ses import config as ses
+from evq.adapters.ses.config import SesConfig
 from evq.adapters.smtp import config as smtp
 from evq.adapters.smtp.config import JournalConfig, SmtpConfig
 from evq.worker.circuit import FAULTS
@@ -62,7 +65,7 @@ ADAPTER_OPTIONS: tuple[Option, ...] = (
         "adapter",
         lowercase_list,
         ("smtp",),
-        "Provider adapter(s) this worker sends through, comma-separated: smtp, http, null.",
+        "Provider adapter(s) this worker sends through, comma-separated: smtp, http, ses, null.",
     ),
 )
 
@@ -209,6 +212,7 @@ OPTIONS: tuple[Option, ...] = (
     *smtp.OPTIONS,
     *smtp.JOURNAL_OPTIONS,
     *http.OPTIONS,
+    *ses.OPTIONS,
     *NOTICE_OPTIONS,
     *RECONCILE_OPTIONS,
     *RETENTION_OPTIONS,
@@ -278,6 +282,12 @@ class Settings:
     http_dedupe_window: float = 86400.0
     http_callback_timeout: float = 5.0
     http_callback_allow_private: bool = False
+    ses_region: str | None = None
+    ses_endpoint_url: str | None = None
+    ses_configuration_set: str | None = None
+    ses_timeout: float = 10.0
+    ses_access_key_id: str | None = None
+    ses_secret_access_key: str | None = None
     notice_from: str | None = None
     notice_on_unknown: bool = False
     reconcile_interval: float = 30.0
@@ -376,6 +386,14 @@ class Settings:
                     OPTION_BY_NAME["lease_seconds"],
                     f"must exceed 3 x EVQ_HTTP_TIMEOUT ({self.http_timeout * 3:g}s) so a live send is never rescued",
                 )
+        if "ses" in self.adapter:
+            self.ses_config().validate()
+            if self.lease_seconds <= self.ses_timeout * 3:
+                # Connect, send and answer are each bounded by ses_timeout.
+                raise bad(
+                    OPTION_BY_NAME["lease_seconds"],
+                    f"must exceed 3 x EVQ_SES_TIMEOUT ({self.ses_timeout * 3:g}s) so a live send is never rescued",
+                )
         unknown = [name for name in self.require_provenance if name not in DECISION_FIELDS]
         if unknown:
             raise bad(
@@ -400,6 +418,9 @@ class Settings:
 
     def http_config(self) -> HttpConfig:
         return _section(HttpConfig, self, "http_")
+
+    def ses_config(self) -> SesConfig:
+        return _section(SesConfig, self, "ses_")
 
     def policy(self) -> Policy:
         return Policy(
@@ -440,7 +461,7 @@ class Settings:
 
 
 # The provider names a step may name. Which of them a given worker sends through is EVQ_ADAPTER.
-ADAPTERS = ("smtp", "http", "null")
+ADAPTERS = ("smtp", "http", "ses", "null")
 
 
 def _section(config: type[C], settings: Settings, prefix: str = "") -> C:

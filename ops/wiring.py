@@ -142,6 +142,27 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 policy=settings.policy(),
                 max_connections=settings.concurrency,
             )
+        elif name == "ses":
+            try:
+                from evq.adapters.ses.provider import SesProvider
+            except ImportError as exc:
+                raise ConfigError(
+                    f"EVQ_ADAPTER=ses needs boto3 ({exc.name} is not installed)",
+                    hint="pip install 'evq[ses]'",
+                    field="EVQ_ADAPTER",
+                ) from None
+
+            ses = settings.ses_config()
+            providers[name] = SesProvider(
+                region=ses.region,
+                endpoint_url=ses.endpoint_url,
+                configuration_set=ses.configuration_set,
+                timeout=ses.timeout,
+                access_key_id=ses.access_key_id,
+                secret_access_key=ses.secret_access_key,
+                policy=settings.policy(),
+                max_workers=settings.concurrency,
+            )
         elif name == "null":
             from evq.adapters.null import NullProvider
 

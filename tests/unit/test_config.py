@@ -13,6 +13,7 @@ import pytest
 
 from evq.adapters import null
 from evq.adapters.http import config as http
+from evq.adapters.ses import config as ses
 from evq.adapters.smtp import config as smtp
 from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
 from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
@@ -35,6 +36,7 @@ def test_every_option_is_one_settings_field_with_its_default():
         (smtp.SmtpConfig, smtp.OPTIONS, "smtp_"),
         (smtp.JournalConfig, smtp.JOURNAL_OPTIONS, "journal_imap_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
+        (ses.SesConfig, ses.OPTIONS, "ses_"),
     ],
 )
 def test_each_config_is_its_table(config, table, prefix):
@@ -44,7 +46,7 @@ def test_each_config_is_its_table(config, table, prefix):
 
 def test_the_core_config_knows_no_adapter_or_interface_option():
     names = {f.name for f in fields(WorkerConfig)}
-    assert not {n for n in names if n.startswith(("smtp_", "http_", "serve_", "mcp_", "metrics_", "log_"))}
+    assert not {n for n in names if n.startswith(("smtp_", "http_", "ses_", "serve_", "mcp_", "metrics_", "log_"))}
     assert {o.name for o in null.OPTIONS} == {"null_delay"}
 
 
@@ -57,6 +59,35 @@ def test_the_configs_are_built_from_the_loaded_settings():
     assert s.smtp_config() == smtp.SmtpConfig(host="mx.example.org")
     assert s.http_config() == http.HttpConfig(api_key="k-1", timeout=4.0)
     assert s.worker_config() == WorkerConfig(lease_seconds=200.0)
+
+
+def test_the_ses_settings_are_checked_and_its_secrets_registered():
+    s = Settings.load(
+        env={"EVQ_SES_REGION": "eu-west-1", "EVQ_SES_CONFIGURATION_SET": "evq-events", "EVQ_SES_TIMEOUT": "5"},
+        adapter="ses",
+        ses_access_key_id="AKIAEXAMPLE0000",
+        ses_secret_access_key="the-secret-access-key",
+    )
+    assert s.ses_config() == ses.SesConfig(
+        region="eu-west-1",
+        configuration_set="evq-events",
+        timeout=5.0,
+        access_key_id="AKIAEXAMPLE0000",
+        secret_access_key="the-secret-access-key",
+    )
+    assert {"AKIAEXAMPLE0000", "the-secret-access-key"} <= set(s.secrets())
+    assert s.as_public_dict()["ses_secret_access_key"] == "***"
+    refusals = [
+        ({"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}, "EVQ_SES_ACCESS_KEY_ID"),  # without its secret
+        ({"EVQ_SES_ENDPOINT_URL": "ftp://ses.example"}, "EVQ_SES_ENDPOINT_URL"),
+        ({"EVQ_SES_TIMEOUT": "60"}, "EVQ_LEASE_SECONDS"),  # 3 x 60 s is more than the lease
+    ]
+    for env, named in refusals:
+        with pytest.raises(ConfigError) as refused:
+            Settings.load(env={"EVQ_ADAPTER": "ses", **env})
+        assert named in refused.value.message
+    # Only a worker that sends through SES checks them.
+    assert Settings.load(env={"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}).adapter == ("smtp",)
 
 
 def test_keep_content_is_a_duration_zero_or_forever():

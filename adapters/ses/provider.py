@@ -1,0 +1,634 @@
+"""Amazon SES adapter: SES API v2 ``SendEmail`` through boto3, with the key's digest as a tag.
+
+What is sent: ``Content.Raw``, the RFC 5322 bytes adapters/smtp/message.py renders (the
+same rendering, checks and Message-ID as an SMTP send), with ``Destination`` the envelope
+(To/Cc from the rendered headers, Bcc only there), ``EmailTags`` ``evq_key`` =
+:func:`worker.delivery.key_digest` (nothing else of evq's, nothing secret) and
+``ConfigurationSetName`` from ``EVQ_SES_CONFIGURATION_SET`` (its event destination
+publishes delivery events to SNS). Raw rather than Simple content because the message is
+then exactly the one evq rendered and verified (header-injection checks, display names,
+RFC 2047 words) and carries our Message-ID into SES; SES writes its own Message-ID on the
+copy it delivers (its documented behaviour for every content type), but its events echo
+the original headers and the tags, which is what matches an event to its step.
+
+SES has no idempotency key, so ``dedupe_window`` is None: an ambiguous send is ``unknown``
+and never sent again by evq. Classification (docs/design.md, "Adapters"; fail closed):
+
+| answer | outcome |
+|---|---|
+| 2xx with a ``MessageId`` | accepted, with SES's MessageId |
+| ``TooManyRequestsException``, ``Throttling``/``ThrottlingException``, ``LimitExceededException``, any 429 | retryable, ``throttled`` (pauses the provider for every worker) |
+| ``MessageRejected``, ``BadRequestException``, ``InvalidParameterValue``, ``ValidationException``, ``MailFromDomainNotVerifiedException`` | rejected |
+| ``AccountSuspendedException``, ``SendingPausedException``, ``AccessDenied(Exception)``, ``NotFoundException`` (the configuration set) | retryable, misconfigured, fault ``forbidden`` (opens the circuit) |
+| a credential SES refuses (``UnrecognizedClientException``, ``InvalidSignatureException``, ``ExpiredToken``, ...) or none found | retryable, misconfigured, fault ``auth_failed`` (opens the circuit) |
+| ``ServiceUnavailable`` (5xx, SES's own error) | retryable: SES says it did not take the request |
+| no connection, or failed before the whole request was written | retryable (``connection_refused`` opens the circuit) |
+| read timeout or reset after the whole request was written | unknown |
+| 5xx without SES's own error (a gateway answered), ``InternalFailure`` | unknown |
+| anything else (an unknown error code, an unreadable answer, an exception) | unknown |
+
+boto3 builds, signs and parses every call; only the HTTP exchange is this module's
+(``before-send`` hands botocore the answer), through httpx with its trace events, so
+whether the request was written is known exactly, as in adapters/http/provider.py, and
+``send_by`` is checked after connecting, right before the first byte (invariant 9). Each
+send uses a fresh connection: a pooled one that SES closed while idle would fail after
+our request was written, which cannot be told from a lost answer. botocore's own retries
+are off (``total_max_attempts=1``): evq decides retries, and a hidden retry of an
+ambiguous send is a duplicate. boto3 is synchronous, so each send runs in a bounded
+thread pool (the worker's concurrency); at the request's deadline the adapter shuts the
+socket down and answers from how far the exchange got.
+
+Credentials (settings or the AWS chain) are registered as secrets, never logged, never in
+evidence; the answers kept as evidence are scrubbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from email import policy as email_policy
+from email.parser import BytesParser
+from typing import Any
+
+import boto3
+import botocore.session
+import httpx
+from botocore.awsrequest import AWSResponse
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
+
+from evq.adapters.smtp.message import BuildError, Envelope, build_message
+from evq.worker import deadline as limits
+from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_digest
+from evq.worker.errors import ConfigError
+from evq.worker.logs import get_logger, register_secrets
+from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
+from evq.worker.ports import ProviderProfile, SendRequest
+from evq.worker.request import Policy, check_payload
+from evq.worker.scrub import scrub_text
+
+log = get_logger("evq.adapters.ses")
+
+MAX_BODY = 500  # characters of an answer kept as evidence
+# How long a cut-off send's thread gets to report how far it got, once its socket is shut down.
+_CUT_GRACE = 0.5
+
+_THROTTLED = frozenset(
+    {
+        "TooManyRequestsException",
+        "TooManyRequests",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "LimitExceededException",
+        "LimitExceeded",
+    }
+)
+_REJECTED = frozenset(
+    {
+        "MessageRejected",
+        "BadRequestException",
+        "BadRequest",
+        "InvalidParameterValue",
+        "InvalidParameterException",
+        "InvalidParameter",
+        "ValidationException",
+        "ValidationError",
+        "MailFromDomainNotVerifiedException",
+        "MailFromDomainNotVerified",
+    }
+)
+_FORBIDDEN = frozenset(
+    {
+        "AccountSuspendedException",
+        "AccountSuspended",
+        "SendingPausedException",
+        "SendingPaused",
+        "AccessDeniedException",
+        "AccessDenied",
+        "NotFoundException",
+        "ConfigurationSetDoesNotExist",
+    }
+)
+_BAD_CREDENTIALS = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "InvalidSignatureException",
+        "SignatureDoesNotMatch",
+        "IncompleteSignature",
+        "IncompleteSignatureException",
+        "MissingAuthenticationToken",
+        "MissingAuthenticationTokenException",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "AuthFailure",
+    }
+)
+# SES's own word that it did not take the request, for the moment.
+_UNAVAILABLE = frozenset({"ServiceUnavailable", "ServiceUnavailableException"})
+
+# httpcore's trace events: the last moment before the first byte, and the whole request written.
+_REQUEST_STARTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
+_REQUEST_WRITTEN = ("http11.send_request_body.complete", "http2.send_request_body.complete")
+_CONNECTED = "connection.connect_tcp.complete"
+
+
+class _LeaseTooShort(Exception):
+    """Raised from the trace hook before a byte of the request is written (invariant 9)."""
+
+
+class _Cut(Exception):
+    """The send's deadline passed before the request began: it must never begin."""
+
+
+class _TransportFailed(Exception):
+    """The HTTP exchange failed; ``written`` says whether the whole request had gone out."""
+
+    def __init__(self, error: BaseException, written: bool):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.written = written
+
+
+class _Attempt:
+    """How far one send's HTTP exchange got, shared by its thread and the event loop."""
+
+    def __init__(self, send_by: float | None, deadline: float | None):
+        self.send_by = send_by
+        self.deadline = deadline
+        self.phase = "request"  # request -> writing -> written
+        self.cut = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == _CONNECTED:
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            with self._lock:
+                self._sock = sock
+                cut = self.cut
+            if cut:
+                self._shutdown()
+        elif event in _REQUEST_STARTS:
+            with self._lock:
+                if self.cut:
+                    raise _Cut
+                if not limits.may_send(self.send_by):
+                    # Connecting may have taken the lease's time, or the process was paused.
+                    raise _LeaseTooShort
+                self.phase = "writing"
+        elif event in _REQUEST_WRITTEN:
+            with self._lock:
+                self.phase = "written"
+
+    @property
+    def written(self) -> bool:
+        with self._lock:
+            return self.phase == "written"
+
+    def cut_off(self) -> str:
+        """From the loop, at the deadline: no request may begin any more; a live one is
+        ended by shutting its socket down (a trickling peer defeats per-read timeouts).
+        Returns the phase the exchange had reached."""
+        with self._lock:
+            self.cut = True
+            phase = self.phase
+        self._shutdown()
+        return phase
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Body:
+    """The raw answer as botocore reads it (``stream()``)."""
+
+    def __init__(self, content: bytes):
+        self._content = content
+
+    def stream(self, **_kwargs: Any) -> Any:
+        yield self._content
+
+
+class SesProvider:
+    """The SES adapter: satisfies :class:`worker.ports.Provider` (no lookup: SES has none by our values)."""
+
+    name = "ses"
+    # SES has no idempotency key: an ambiguous send is unknown, never retried by evq.
+    dedupe_window: float | None = None
+    profile = ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=DELIVERY_TYPES)
+
+    def __init__(
+        self,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        configuration_set: str | None = None,
+        timeout: float = 10.0,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        policy: Policy = Policy(),
+        max_workers: int = 16,
+    ):
+        if timeout <= 0 or max_workers < 1:
+            raise ValueError("timeout must be positive and max_workers at least 1")
+        if bool(access_key_id) != bool(secret_access_key):
+            raise ValueError("an access key id needs its secret access key")
+        register_secrets([access_key_id, secret_access_key])
+        self.endpoint_url = endpoint_url
+        self.configuration_set = configuration_set
+        self.timeout = timeout
+        self.policy = policy
+        core = botocore.session.Session()
+        session = boto3.session.Session(
+            aws_access_key_id=access_key_id or None,
+            aws_secret_access_key=secret_access_key or None,
+            region_name=region or None,
+            botocore_session=core,
+        )
+        # Resolved once from settings or the AWS chain; refreshed credentials are registered
+        # as secrets again at each send (_register_credentials).
+        self._credentials = session.get_credentials()
+        self._registered: tuple[str | None, str | None] = (None, None)
+        self._register_credentials()
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            user_agent_extra="evq",
+        )
+        try:
+            self._client = session.client("sesv2", endpoint_url=endpoint_url or None, config=config)
+        except NoRegionError:
+            raise ConfigError(
+                "the SES adapter needs a region: set EVQ_SES_REGION (or AWS_REGION)", field="EVQ_SES_REGION"
+            ) from None
+        self.region = self._client.meta.region_name
+        self._client.meta.events.register("before-send.sesv2.SendEmail", self._exchange)
+        ca_bundle = core.get_config_variable("ca_bundle")
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(timeout),
+            # A fresh connection per send (the module's docstring says why).
+            limits=httpx.Limits(max_connections=max_workers, max_keepalive_connections=0),
+            follow_redirects=False,
+            verify=ssl.create_default_context(cafile=ca_bundle) if ca_bundle else True,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="evq-ses")
+        self._local = threading.local()
+        self._live: set[_Attempt] = set()
+        self._jobs: set[Future[Outcome]] = set()
+        self._track = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SesProvider(region={self.region!r}, endpoint_url={self.endpoint_url!r}, configuration_set={self.configuration_set!r})"
+
+    # -- send -------------------------------------------------------------------
+
+    async def send(self, request: SendRequest) -> Outcome:
+        # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
+        refusal = check_payload(request.payload, self.policy)
+        if refusal is not None:
+            outcome: Outcome = Rejected(refusal, response=_evidence("policy"), before_send=True)
+        elif self._closed:
+            outcome = Retryable("the ses adapter is closed", response=_evidence("closed"))
+        else:
+            outcome = await self._run(request)
+        self._log(request, outcome)
+        return outcome
+
+    def _message(self, request: SendRequest) -> dict[str, Any]:
+        """The SendEmail parameters: the same on every attempt but for the Date header."""
+        envelope = build_message(request, internal_domains=self.policy.internal_domains)
+        if envelope.smtputf8:
+            raise BuildError("SES does not take addresses with a non-ASCII local part (SMTPUTF8)")
+        message: dict[str, Any] = {
+            "FromEmailAddress": envelope.sender,
+            "Destination": destination(envelope),
+            "Content": {"Raw": {"Data": envelope.data}},
+            "EmailTags": [{"Name": KEY_TAG, "Value": key_digest(request.idempotency_key)}],
+        }
+        if self.configuration_set:
+            message["ConfigurationSetName"] = self.configuration_set
+        return message
+
+    async def _run(self, request: SendRequest) -> Outcome:
+        attempt = _Attempt(request.send_by, request.deadline)
+        loop = asyncio.get_running_loop()
+        try:
+            job = self._pool.submit(self._call, attempt, request)
+        except RuntimeError:  # closed meanwhile: nothing was started
+            return Retryable("the ses adapter is closed", response=_evidence("closed"))
+        with self._track:
+            self._jobs.add(job)
+        job.add_done_callback(self._forget)
+        done = asyncio.wrap_future(job, loop=loop)
+        timeout = limits.left(request.deadline)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout=None if timeout is None else max(0.0, timeout))
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            # The worker gave up on this send (its shutdown grace ran out): free the thread;
+            # the row is the rescuer's, whatever the thread finds.
+            attempt.cut_off()
+            raise
+        phase = attempt.cut_off()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
+        except TimeoutError:
+            pass
+        response = {**_evidence("answer" if phase != "request" else "request"), "error_class": "DeadlineExceeded"}
+        if phase != "request":
+            return Unknown(
+                "no answer from SES by the send's deadline after the request began; SES may have accepted it",
+                response={**response, "sent": True},
+            )
+        return Retryable(
+            "cut off before the request began: the send's deadline passed; nothing was sent", response=response
+        )
+
+    def _forget(self, job: Future[Outcome]) -> None:
+        with self._track:
+            self._jobs.discard(job)
+
+    def _call(self, attempt: _Attempt, request: SendRequest) -> Outcome:
+        """One SendEmail in a pool thread (rendering a large message is CPU work too, so it
+        happens here, off the loop); every exception becomes an outcome."""
+        try:
+            message = self._message(request)
+        except BuildError as exc:
+            return Rejected(str(exc), response=_evidence("build"), before_send=True)
+        self._local.attempt = attempt
+        with self._track:
+            self._live.add(attempt)
+        try:
+            answer = self._client.send_email(**message)
+        except _LeaseTooShort:
+            return Retryable(
+                "not sent: the lease no longer leaves time to send and record",
+                response=_evidence("request", error_class="LeaseTooShort"),
+            )
+        except _Cut:
+            return Retryable(
+                "not sent: the send's deadline passed before the request began",
+                response=_evidence("request", error_class="DeadlineExceeded"),
+            )
+        except _TransportFailed as exc:
+            return self._failed(exc)
+        except ClientError as exc:
+            return self._classify(exc)
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            return Retryable(
+                f"{type(exc).__name__}: no AWS credentials were found for SES; nothing was sent "
+                "(set EVQ_SES_ACCESS_KEY_ID and EVQ_SES_SECRET_ACCESS_KEY, or the AWS chain)",
+                response=_evidence("request", error_class=type(exc).__name__),
+                misconfigured=True,
+                fault="auth_failed",
+            )
+        except ParamValidationError as exc:
+            # botocore refused the parameters before building a request.
+            return Rejected(
+                f"not sent: {self._scrub(str(exc))[:300]}",
+                response=_evidence("request", error_class="ParamValidationError"),
+                before_send=True,
+            )
+        except Exception as exc:  # fail closed: the provider may have acted
+            return Unknown(
+                f"the ses send raised {type(exc).__name__}; SES may have accepted it",
+                response=_evidence(attempt.phase, error_class=type(exc).__name__, sent=attempt.phase != "request"),
+            )
+        finally:
+            self._local.attempt = None
+            with self._track:
+                self._live.discard(attempt)
+        answer = answer if isinstance(answer, dict) else {}
+        message_id = answer.get("MessageId")
+        meta = answer.get("ResponseMetadata") or {}
+        if not isinstance(message_id, str) or not message_id:
+            return Unknown(
+                "SES answered without a MessageId; it may have accepted the message",
+                response=_evidence("answer", code=meta.get("HTTPStatusCode"), sent=True),
+            )
+        return Accepted(
+            provider_message_id=message_id,
+            response=_evidence("answer", code=meta.get("HTTPStatusCode"), sent=True, request_id=meta.get("RequestId")),
+        )
+
+    def _exchange(self, request: Any, **_kwargs: Any) -> AWSResponse:
+        """botocore's ``before-send``: the signed request, sent here, answered to botocore."""
+        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        if attempt is None:
+            # Only _call sends; anything else must not reach SES through an unwatched path.
+            raise _Cut
+        self._register_credentials()
+        body = request.body
+        if hasattr(body, "read"):
+            body = body.read()
+        headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        each = limits.bounded(self.timeout, attempt.deadline)
+        try:
+            response = self._http.request(
+                request.method,
+                request.url,
+                headers=headers,
+                content=body,
+                extensions={
+                    "trace": attempt.trace,
+                    "timeout": {"connect": each, "read": each, "write": each, "pool": each},
+                },
+            )
+        except (_LeaseTooShort, _Cut):
+            raise
+        except (httpx.HTTPError, OSError) as exc:
+            raise _TransportFailed(exc, attempt.written) from None
+        return AWSResponse(request.url, response.status_code, dict(response.headers), _Body(response.content))
+
+    def _failed(self, exc: _TransportFailed) -> Outcome:
+        error_class = type(exc.error).__name__
+        detail = self._scrub(str(exc.error))
+        if exc.written:
+            return Unknown(
+                f"{error_class} after the request was sent; SES may have accepted it",
+                response=_evidence("answer", error_class=error_class, reply=detail, sent=True),
+            )
+        fault = _transport_fault(exc.error)
+        return Retryable(
+            f"{error_class} before the request was sent" + (f": {_short(detail)}" if detail else ""),
+            response=_evidence("request", error_class=error_class, reply=detail),
+            fault=fault,
+        )
+
+    def _classify(self, exc: ClientError) -> Outcome:
+        error = exc.response.get("Error") or {}
+        meta = exc.response.get("ResponseMetadata") or {}
+        code = str(error.get("Code") or "")
+        status = meta.get("HTTPStatusCode")
+        headers = meta.get("HTTPHeaders") or {}
+        message = self._scrub(str(error.get("Message") or ""))
+        # An answer SES wrote names its error (x-amzn-ErrorType or the body's code); a gateway's
+        # HTML or an empty body leaves botocore only the status as the "code".
+        parsed = bool(code) and not code.isdigit()
+        evidence = _evidence(
+            "answer", code=status, reply=message, error_name=code or None, sent=True, request_id=meta.get("RequestId")
+        )
+        what = f"ses {status} {code}" + (f": {_short(message)}" if message else "")
+        if code in _THROTTLED or status == 429:
+            return Retryable(what, retry_after=_retry_after(headers), response=evidence, throttled=True)
+        if code in _REJECTED:
+            return Rejected(what, response=evidence)
+        if code in _FORBIDDEN:
+            return Retryable(
+                f"{what} (the account or its settings may not send: check SES and EVQ_SES_CONFIGURATION_SET)",
+                response=evidence,
+                misconfigured=True,
+                fault="forbidden",
+            )
+        if code in _BAD_CREDENTIALS or (status in (401, 403) and not parsed):
+            return Retryable(
+                f"{what} (check the AWS credentials: EVQ_SES_ACCESS_KEY_ID or the AWS chain)",
+                response=evidence,
+                misconfigured=True,
+                fault="auth_failed",
+            )
+        if code in _UNAVAILABLE and isinstance(status, int) and status >= 500:
+            return Retryable(what, retry_after=_retry_after(headers), response=evidence)
+        if isinstance(status, int) and status >= 500 and not parsed:
+            return Unknown(f"{what} without SES's own error; SES may have accepted the message", response=evidence)
+        return Unknown(f"{what}: an answer evq does not know; SES may have accepted the message", response=evidence)
+
+    def _register_credentials(self) -> None:
+        if self._credentials is None:
+            return
+        try:
+            frozen = self._credentials.get_frozen_credentials()
+        except Exception:  # refreshing failed: the send itself will say so
+            return
+        pair = (frozen.secret_key, frozen.token)
+        if pair != self._registered:
+            register_secrets([frozen.access_key, frozen.secret_key, frozen.token])
+            self._registered = pair
+
+    def _scrub(self, text: str) -> str:
+        return scrub_text(text)[: MAX_BODY * 4]
+
+    def _log(self, request: SendRequest, outcome: Outcome) -> None:
+        r = outcome.response
+        fields = log_fields(
+            request.step_id,
+            request.attempt,
+            outcome,
+            sent=r.get("sent"),
+            region=self.region,
+            error_name=r.get("error_name"),
+        )
+        if isinstance(outcome, Retryable) and outcome.misconfigured:
+            # Retried, but no retry succeeds until someone fixes the account or the settings.
+            log.error("ses_config_failure", reason=outcome.reason, **fields)
+        else:
+            log.debug("ses_send_finished", **fields)
+
+    async def close(self, grace: float = 1.0) -> None:
+        """Stop taking sends, give those in flight ``grace`` seconds, then cut them off."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._track:
+            jobs = list(self._jobs)
+        if jobs:
+            await asyncio.to_thread(wait, jobs, grace)
+        with self._track:
+            live = list(self._live)
+            jobs = list(self._jobs)
+        for attempt in live:
+            attempt.cut_off()
+        if jobs:
+            await asyncio.to_thread(wait, jobs, _CUT_GRACE)
+        self._http.close()
+        self._client.close()
+
+
+def destination(envelope: Envelope) -> dict[str, list[str]]:
+    """SES's ``Destination`` for a rendered message: To and Cc as its headers say, and every
+    other envelope recipient (the Bcc, which no header names) as Bcc."""
+    parser = BytesParser(policy=email_policy.default)
+    headers = parser.parsebytes(envelope.data, headersonly=True)
+    groups: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for header, key in (("to", "ToAddresses"), ("cc", "CcAddresses")):
+        named = {f"{a.username}@{a.domain}".lower() for a in (headers[header].addresses if header in headers else ())}
+        picked = [r for r in envelope.recipients if r.lower() in named and r.lower() not in seen]
+        seen |= {r.lower() for r in picked}
+        if picked:
+            groups[key] = picked
+    bcc = [r for r in envelope.recipients if r.lower() not in seen]
+    if bcc:
+        groups["BccAddresses"] = bcc
+    return groups
+
+
+def _retry_after(headers: Mapping[str, Any]) -> float | None:
+    value = str(headers.get("retry-after") or "").strip()
+    return float(value) if value.isdigit() else None
+
+
+def _transport_fault(exc: BaseException) -> str | None:
+    """Nothing listening, or TLS that fails: SES or our settings, not this message."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection_refused"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_failed"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    if isinstance(exc, httpx.ConnectError):
+        if "Connection refused" in text or "Errno 111" in text:
+            return "connection_refused"
+        if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+            return "tls_failed"
+    return None
+
+
+def _evidence(
+    phase: str,
+    *,
+    code: int | None = None,
+    reply: str = "",
+    error_class: str | None = None,
+    error_name: str | None = None,
+    sent: bool = False,
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "code": code,
+        "reply": reply[:MAX_BODY],
+        "error_class": error_class,
+        "error_name": error_name,
+        "sent": sent,
+        "request_id": request_id,
+    }
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
