@@ -137,6 +137,13 @@ SERVE_REFUSED = Counter(
     "unread (an answer the client did not read within the body timeout), evicted (closed for a newcomer under the connection cap), full (every connection busy).",
     ["reason"],
 )
+# Provider webhooks `evq serve` refused (worker/ports/webhooks.py's REFUSAL_REASONS): never stored.
+WEBHOOK_REFUSED = Counter(
+    "evq_webhook_refused_total",
+    "Provider delivery webhooks `evq serve` refused (POST /v1/webhooks/{provider}), by provider and reason: "
+    "unsigned, bad_signature, replayed, too_large, malformed, not_configured, wrong_topic, foreign_cert, ...",
+    ["provider", "reason"],
+)
 
 for _to in RESCUED_TO:
     RESCUED.labels(to=_to)

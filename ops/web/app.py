@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from evq.ops.app.metrics import render
-from evq.ops.web import api, page
+from evq.ops.web import api, page, webhooks
 from evq.ops.web.openapi import components
 from evq.ops.web.protocol import Guard, error_body
 from evq.ops.web.state import AppState
@@ -64,6 +64,7 @@ def create_app(state: Callable[[], AbstractAsyncContextManager[AppState]], *, ma
     )
     app.include_router(api.router)
     app.include_router(page.router)
+    app.include_router(webhooks.router)
 
     # Like every route but /healthz and /metrics, the document needs a key (any role).
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(api.caller)])
@@ -159,7 +160,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     }
     for path, item in doc["paths"].items():
         for operation in item.values():
-            if path.startswith("/v1"):
+            if path.startswith("/v1") and not path.startswith("/v1/webhooks/"):
                 operation["security"] = [{"bearer": []}]
     app.openapi_schema = doc
     return doc
