@@ -36,6 +36,19 @@ def _call(
     return module_verify(headers, body, config, now, query)  # type: ignore[operator,no-any-return]
 
 
+def _mailgun(
+    config: WebhookConfig,
+    seen: object,
+    headers: Mapping[str, str],
+    body: bytes,
+    query: Mapping[str, str],
+    now: datetime,
+) -> list[DeliveryEvent]:
+    from evq.adapters.webhooks import mailgun
+
+    return mailgun.verify_and_parse(headers, body, config, now, query, seen)  # type: ignore[arg-type]
+
+
 def receivers(config: WebhookConfig) -> dict[str, Receiver]:
     """A receiver for each provider the settings configure; the others have none (404)."""
     from evq.adapters.webhooks import mailgun, postmark, resend, sendgrid
@@ -45,7 +58,9 @@ def receivers(config: WebhookConfig) -> dict[str, Receiver]:
     for name in config.configured():
         if name == "ses":
             out[name] = SnsReceiver(config)
+        elif name == "mailgun":
+            out[name] = partial(_mailgun, config, mailgun.SeenTokens())
         else:
-            module = {"resend": resend, "sendgrid": sendgrid, "postmark": postmark, "mailgun": mailgun}[name]
+            module = {"resend": resend, "sendgrid": sendgrid, "postmark": postmark}[name]
             out[name] = partial(_call, module.verify_and_parse, config)
     return out

@@ -147,9 +147,9 @@ class WebhookConfig:
     def validate(self) -> None:
         """What can be checked without a request: a setting that could never verify one fails at start."""
         if self.resend_secret:
-            raw = self.resend_secret.removeprefix("whsec_")
+            raw = self.resend_secret.removeprefix("whsec_").rstrip("=")
             try:
-                if not base64.b64decode(raw + "==", validate=True):
+                if not base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True):
                     raise ValueError("empty")
             except ValueError:
                 raise bad(_OPTION["webhook_resend_secret"], "is not a Svix secret (whsec_ and base64)") from None

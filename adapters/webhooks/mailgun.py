@@ -4,9 +4,12 @@ signature}``, where ``signature`` is the hex HMAC-SHA256 of ``timestamp`` follow
 under the same key of the primary account, is accepted too), compared in constant time.
 
 Replay: a timestamp further than EVQ_WEBHOOK_TOLERANCE from now is refused. Within it, evq
-keeps no table of tokens seen: a replayed request is the same event with the same
+keeps no table of tokens in the database: a replayed request is the same event with the same
 ``event-data.id``, which the store keeps once (append-only, deduplicated by event id), so
-replaying it changes nothing.
+replaying it changes nothing. Mailgun's signature does not cover ``event-data``, though, so
+each receiver remembers (in memory, for the tolerance) the tokens it verified with a digest
+of their body: the same token with other bytes is refused as ``replayed``. Several `evq
+serve` processes do not share that memory; what stops a forger there is the window.
 
 ``event-data``: ``delivered``; ``failed`` with ``severity`` permanent (hard) or temporary
 (soft; Mailgun retries it); ``complained``; ``opened``; ``clicked``. Matched by
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -31,6 +36,7 @@ from evq.adapters.webhooks.common import (
     load_json,
     malformed,
     message_id,
+    replayed,
     text,
     unix_time,
     unsigned,
@@ -48,12 +54,34 @@ TYPES: dict[str, DeliveryType] = {
 _KEPT = ("event", "severity", "reason", "log-level")
 
 
+class SeenTokens:
+    """Tokens verified lately, each with the SHA-256 of its body, forgotten after twice the tolerance."""
+
+    LIMIT = 100_000
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, token: str, body: bytes, keep: float) -> None:
+        body_digest = hashlib.sha256(body).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            if len(self._seen) >= self.LIMIT:
+                self._seen = {t: v for t, v in self._seen.items() if v[0] > now}
+            seen = self._seen.get(token)
+            if seen is not None and seen[0] > now and seen[1] != body_digest:
+                raise replayed("this token was signed for another body")
+            self._seen[token] = (now + 2 * keep, body_digest)
+
+
 def verify_and_parse(
     headers: Mapping[str, str],
     body: bytes,
     config: WebhookConfig,
     now: datetime,
     query: Mapping[str, str] | None = None,
+    seen: SeenTokens | None = None,
 ) -> list[DeliveryEvent]:
     assert config.mailgun_signing_key
     payload = load_json(body)
@@ -71,6 +99,8 @@ def verify_and_parse(
     if sent_at is None:
         raise malformed("signature.timestamp is not a time")
     check_window(sent_at, now, config.tolerance)
+    if seen is not None:
+        seen.check(token, body, config.tolerance)
     return parse(payload.get("event-data"))
 
 

@@ -146,6 +146,8 @@ class SnsReceiver:
         if version not in ("1", "2"):
             raise bad_signature("SignatureVersion is 1 or 2")
         url = self.sns_url(message["SigningCertURL"])
+        if message["Type"] == "SubscriptionConfirmation":
+            self.sns_url(message.get("SubscribeURL"))  # refused before anything is fetched
         signed = string_to_sign(message)
         key = self._public_key(url)
         try:
