@@ -240,7 +240,7 @@ def test_mailgun_signed_event_is_read_and_its_message_id_gets_its_brackets_back(
 
 
 def test_mailgun_refusals():
-    headers, body = hooks.mailgun(mailgun_event())
+    _, body = hooks.mailgun(mailgun_event())
     refused("unsigned", "mailgun", MAILGUN, {}, json.dumps({"event-data": mailgun_event()}).encode())
     refused("bad_signature", "mailgun", MAILGUN, *hooks.mailgun(mailgun_event(), key="another-signing-key-0123456789"))
     doc = json.loads(body)
