@@ -34,7 +34,8 @@ DESCRIPTION = """The evq HTTP API: the same operations, bodies and error codes a
 Every body is the contract's wrapper `{status, schema_version: 2, data | error, meta}`; an error's
 `error.code` is one of the `E_*` codes (ops/app/cli-schema/error-codes.md). Every /v1 route needs
 `Authorization: Bearer <key>` (`evq keys create`): reads any role, enqueue agent or admin,
-resolve operator or admin."""
+resolve operator or admin. The one exception is `POST /v1/webhooks/{provider}`, which providers
+call: its authentication is the request's signature."""
 
 
 def _version() -> str:

@@ -14,6 +14,7 @@ import pytest
 from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.smtp import config as smtp
+from evq.adapters.webhooks import config as webhooks
 from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
 from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
 from evq.worker.errors import ConfigError
@@ -34,6 +35,7 @@ def test_every_option_is_one_settings_field_with_its_default():
         (WorkerConfig, (*WORKER_OPTIONS, *PACE_OPTIONS, *RECONCILE_OPTIONS, *RETENTION_OPTIONS), ""),
         (smtp.SmtpConfig, smtp.OPTIONS, "smtp_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
+        (webhooks.WebhookConfig, webhooks.OPTIONS, "webhook_"),
     ],
 )
 def test_each_config_is_its_table(config, table, prefix):
