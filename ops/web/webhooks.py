@@ -88,6 +88,45 @@ async def read_capped(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# The 200 body: the contract's wrapper around receive_deliveries' data (ops/app/service.py).
+RECEIVED: dict[str, Any] = {
+    "allOf": [ref("success_response")],
+    "properties": {
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["event_id", "type", "matched", "step", "duplicate", "closed"],
+                "properties": {
+                    "event_id": {"type": "string", "description": "the provider's id of the event (or one derived)"},
+                    "type": {
+                        "enum": [
+                            "delivered",
+                            "deferred",
+                            "bounced_hard",
+                            "bounced_soft",
+                            "complained",
+                            "opened",
+                            "clicked",
+                        ]
+                    },
+                    "matched": {
+                        "type": "boolean",
+                        "description": "whether a step carries the event's key or Message-ID",
+                    },
+                    "step": {"type": ["integer", "null"], "description": "that step's id"},
+                    "duplicate": {
+                        "type": "boolean",
+                        "description": "stored before (a retry or replay): nothing changed",
+                    },
+                    "closed": {"type": "boolean", "description": "the event closed an unknown step accepted (webhook)"},
+                },
+            },
+        }
+    },
+}
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": ref("error_response")}}}
 
@@ -103,8 +142,9 @@ def _error(description: str) -> dict[str, Any]:
     operation_id="webhooks.receive",
     responses={
         200: {
-            "description": "verified and stored: a summary of the events",
-            "content": {"application/json": {"schema": ref("success_response")}},
+            "description": "verified and stored: one entry per event read (none for an SNS subscription or "
+            "events that say nothing of delivery); meta counts them",
+            "content": {"application/json": {"schema": RECEIVED}},
         },
         400: _error("signed, but not the provider's documented shape (reason malformed; E_INVALID_ARG)"),
         401: _error("unsigned, badly signed, or replayed (reason unsigned, bad_signature, replayed; E_AUTH_FAILED)"),

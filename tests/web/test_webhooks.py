@@ -12,8 +12,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
+from evq.ops.web.webhooks import RECEIVED
 from evq.worker.delivery import key_digest
 from tests import providerhooks as hooks
 from tests.acceptance.conftest import make_key
@@ -154,7 +156,7 @@ def refused_count(url: str, provider: str, reason: str) -> float:
 
 
 @pytest.mark.parametrize("make", CASES, ids=lambda make: make.__name__.removesuffix("_case"))
-def test_a_signed_event_settles_an_unknown_step_and_forged_or_replayed_ones_change_nothing(db_url, sns, make):
+def test_a_signed_event_settles_an_unknown_step_and_forged_or_replayed_ones_change_nothing(db_url, sns, make, capfd):
     case = make(sns)
     step = make_unknown(db_url)
     with serving(db_url, **case.settings) as served:
@@ -166,6 +168,14 @@ def test_a_signed_event_settles_an_unknown_step_and_forged_or_replayed_ones_chan
         assert body["status"] == "error" and body["error"]["code"] == "E_AUTH_FAILED"
         assert body["error"]["context"] == {"provider": case.name, "reason": "bad_signature"}
         assert refused_count(served.url, case.name, "bad_signature") == forged_before + 1
+        # Neither the settings' secrets nor the peer's bytes come back in the answer or the log.
+        out, err = capfd.readouterr()
+        logged = out + err
+        assert "webhook_refused" in logged
+        secrets = [v for v in case.settings.values() if isinstance(v, str) and len(v) > 12]
+        for text in (forged.text, logged):
+            assert not [v for v in secrets if v in text]
+            assert step.message_id not in text and "u@example.com" not in text
         if case.name != "postmark":
             replayed = post(client, case.name, case.sign(step, old=True))
             assert replayed.status_code == 401 and replayed.json()["error"]["context"]["reason"] == "replayed"
@@ -177,6 +187,7 @@ def test_a_signed_event_settles_an_unknown_step_and_forged_or_replayed_ones_chan
         assert answer.status_code == 200, answer.text
         got = answer.json()
         assert got["status"] == "success"
+        jsonschema.validate(got["data"], RECEIVED["properties"]["data"])  # as /openapi.json documents it
         [entry] = got["data"]
         assert (entry["type"], entry["matched"], entry["step"], entry["closed"]) == ("delivered", True, step.id, True)
         row = step_row(db_url, step.id)
