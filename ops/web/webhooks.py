@@ -155,7 +155,9 @@ def _error(description: str) -> dict[str, Any]:
     },
     openapi_extra={"security": [], "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}}},
 )
-async def receive(request: Request, provider: str = Path(max_length=40)) -> JSONResponse:
+async def receive(
+    request: Request, provider: str = Path(description="resend, sendgrid, postmark, mailgun or ses")
+) -> JSONResponse:
     state: AppState = request.app.state.evq
     timer: Timer = request.state.timer
     receiver = (state.webhooks or {}).get(provider)
