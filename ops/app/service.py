@@ -798,7 +798,8 @@ async def resolve(
         _only_unknown(selection.step_id, rows, resolution)
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
-        plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
+        # Unknown rows: no delivery event can be on one (any event settles it), so the plan has no delivery.
+        plan = [{**_no_delivery(summary(r)), "to_status": head["to_status"]} for r in rows]
         return Reply({"dry_run": True, **head, "steps": plan}, {"count": len(plan)})
     assert identity is not None  # RESOLVE is never granted without a key
 
@@ -821,6 +822,11 @@ async def resolve(
         )
     status = "partial_failure" if tally.failed else "success"
     return Reply({"dry_run": False, **head, **tally.summary}, status=status)
+
+
+def _no_delivery(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop("delivery", None)
+    return row
 
 
 def _only_unknown(step_id: int, rows: list[StepSummary], resolution: Resolution) -> None:

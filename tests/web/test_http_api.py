@@ -313,6 +313,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/providers",
         "/v1/refusals",
         "/v1/events",
+        "/v1/deliveries",
         "/v1/webhooks/{provider}",
     }
     # Each operation is named after its command (ops/app/commands.py): `evq steps enqueue` is steps.enqueue.

@@ -104,10 +104,11 @@ def fill_verdict(form, verdict: str, note: str, **extra: str) -> None:
 def click_and_load(driver, element) -> None:
     """Click something that loads a new page, and wait until it has: reading the page right
     after a click may otherwise still see the old one (a slow, loaded machine makes that likely)."""
-    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from selenium.common.exceptions import WebDriverException
 
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
