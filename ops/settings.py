@@ -385,9 +385,6 @@ class Settings:
                 f"names no decision field: {', '.join(unknown)}; known: {', '.join(DECISION_FIELDS)}",
             )
         self.webhook_config().validate()
-        if self.webhook_max_body > self.serve_max_body:
-            # The serve guard's limit is met first: a larger webhook body would be refused uncounted.
-            raise bad(OPTION_BY_NAME["webhook_max_body"], f"cannot exceed EVQ_SERVE_MAX_BODY ({self.serve_max_body})")
         if self.notice_from is not None:
             try:
                 validate_address(self.notice_from, self.internal_domains)

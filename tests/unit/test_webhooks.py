@@ -390,7 +390,6 @@ def test_webhook_settings_are_read_and_their_secrets_registered(sendgrid_key):
         ("EVQ_WEBHOOK_POSTMARK_PASSWORD", "x" * 20),  # without a user
         ("EVQ_WEBHOOK_SES_TOPIC_ARNS", "my-topic"),
         ("EVQ_WEBHOOK_SNS_CERT_HOSTS", "sns(["),
-        ("EVQ_WEBHOOK_MAX_BODY", str(64 * 1024 * 1024)),  # over EVQ_SERVE_MAX_BODY
     ],
 )
 def test_a_webhook_setting_that_could_never_verify_fails_at_start(name, value):
