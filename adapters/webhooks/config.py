@@ -29,7 +29,8 @@ OPTIONS: tuple[Option, ...] = (
         "webhook_max_body",
         int,
         1024 * 1024,
-        "Largest provider webhook body `evq serve` reads (POST /v1/webhooks/{provider}), in bytes; 413 beyond.",
+        "Largest provider webhook body `evq serve` reads (POST /v1/webhooks/{provider}), in bytes; 413 beyond "
+        "(a smaller EVQ_SERVE_MAX_BODY applies first).",
         minimum=1024,
     ),
     Option(
