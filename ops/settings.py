@@ -30,6 +30,8 @@ from evq.adapters.ses import config as ses
 from evq.adapters.ses.config import SesConfig
 from evq.adapters.smtp import config as smtp
 from evq.adapters.smtp.config import JournalConfig, SmtpConfig
+from evq.adapters.webhooks import config as webhooks
+from evq.adapters.webhooks.config import WebhookConfig
 from evq.worker.circuit import FAULTS
 from evq.worker.config import (
     NOTICE_OPTIONS,
@@ -220,6 +222,7 @@ OPTIONS: tuple[Option, ...] = (
     *LOG_OPTIONS,
     *METRICS_OPTIONS,
     *SERVE_OPTIONS,
+    *webhooks.OPTIONS,
     *MCP_OPTIONS,
 )
 
@@ -309,6 +312,19 @@ class Settings:
     serve_header_timeout: float = 10.0
     serve_body_timeout: float = 30.0
     serve_max_connections: int = 512
+    # The delivery webhooks' EVQ_WEBHOOK_* (adapters/webhooks/config.py).
+    webhook_max_body: int = 1024 * 1024
+    webhook_tolerance: float = 300.0
+    webhook_resend_secret: str | None = None
+    webhook_sendgrid_public_key: str | None = None
+    webhook_postmark_user: str | None = None
+    webhook_postmark_password: str | None = None
+    webhook_postmark_token: str | None = None
+    webhook_mailgun_signing_key: str | None = None
+    webhook_ses_topic_arns: tuple[str, ...] = ()
+    webhook_sns_cert_hosts: str = webhooks.SNS_HOSTS
+    webhook_sns_ca_file: str | None = None
+    webhook_sns_tolerance: float = 3600.0
     mcp_resolve: bool = False
 
     @classmethod
@@ -400,6 +416,7 @@ class Settings:
                 OPTION_BY_NAME["require_provenance"],
                 f"names no decision field: {', '.join(unknown)}; known: {', '.join(DECISION_FIELDS)}",
             )
+        self.webhook_config().validate()
         if self.notice_from is not None:
             try:
                 validate_address(self.notice_from, self.internal_domains)
@@ -421,6 +438,9 @@ class Settings:
 
     def ses_config(self) -> SesConfig:
         return _section(SesConfig, self, "ses_")
+
+    def webhook_config(self) -> WebhookConfig:
+        return _section(WebhookConfig, self, "webhook_")
 
     def policy(self) -> Policy:
         return Policy(

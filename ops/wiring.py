@@ -289,6 +289,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
     queue counts (the collector's own query) and its session signer."""
     from evq.adapters.postgres.queue_stats import QueueStatsReader
+    from evq.adapters.webhooks import receivers
     from evq.ops.web.session import Sessions
     from evq.ops.web.state import AppState
     from evq.ops.web.throttle import FailureThrottle
@@ -308,6 +309,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                     read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
                     throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
                     health=health_reader(settings, url=url),
+                    webhooks=receivers(settings.webhook_config()),
                 )
     finally:
         reader.close()

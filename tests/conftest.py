@@ -44,7 +44,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 # Fixtures more than one test folder asks for, by name (a fixture imported into a test module
 # would be a name the module never uses, and shadowed by the test's own parameter).
-pytest_plugins = ["tests.database_roles", "tests.webhooks"]
+pytest_plugins = ["tests.database_roles", "tests.webhooks", "tests.providerhooks"]
 
 # Under CI the property tests replay the same examples every run, so a red build names a change,
 # not a lucky draw; on a developer's machine they keep exploring new inputs (a failure prints the

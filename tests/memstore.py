@@ -53,12 +53,13 @@ from typing import Any
 
 from evq.worker import metrics
 from evq.worker.deadline import DEADLINE_SHARE
+from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
 from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
-from evq.worker.notices import NoticeConfig, build_notice
-from evq.worker.ports import StepFilter
+from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
+from evq.worker.ports import DeliveryRecorded, StepFilter
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -99,6 +100,7 @@ EVIDENCE_KINDS = frozenset(
         "operator_resolved",
         "notice_enqueued",
         "content_redacted",
+        "delivery_event",
     }
 )
 OUTCOMES = frozenset({"accepted", "rejected", "retryable", "unknown"})
@@ -243,6 +245,7 @@ class MemoryStore:
         self.circuit_rows: dict[str, dict[str, Any]] = {}
         self.circuit_events: list[Mapping[str, Any]] = []
         self.feed: list[Mapping[str, Any]] = []  # append-only, like evidence
+        self.deliveries: list[Mapping[str, Any]] = []  # delivery_events (0017): append-only
         self._step_ids = 0
         self._decision_ids = 0
         self._evidence_ids = 0
@@ -1184,6 +1187,181 @@ class MemoryStore:
             created_at=at,
         )
         return True
+
+    # -- delivery events (delivery_record, migration 0017) ------------------------------
+
+    async def delivery_record(
+        self, event: DeliveryEvent, *, actor: str, now: datetime | None = None
+    ) -> DeliveryRecorded:
+        at = await self._op("delivery_record", now)
+        first = next(
+            (d for d in self.deliveries if (d["provider"], d["event_id"]) == (event.provider, event.event_id)), None
+        )
+        if first is not None:
+            return DeliveryRecorded(id=first["id"], step=first["step_id"], duplicate=True, closed=False)
+        if event.type not in DELIVERY_TYPES:
+            raise InvariantViolated(f"delivery event violates ck_delivery_events_type: {event.type!r}")
+        digest = (event.key_digest or "").lower()
+        by_key = (
+            next((s for s in self.steps.values() if key_digest(s["idempotency_key"]) == digest), None)
+            if _SHA256.match(digest)
+            else None
+        )
+        by_id = next((s for s in self.steps.values() if s["message_id"] == event.message_id), None)
+        s = by_key or by_id
+        row = MappingProxyType(
+            {
+                "id": len(self.deliveries) + 1,
+                "provider": event.provider,
+                "event_id": event.event_id,
+                "type": event.type,
+                "occurred_at": event.occurred_at,
+                "received_at": at,
+                "step_id": s["id"] if s is not None else None,
+                "key_digest": event.key_digest,
+                "message_id": event.message_id,
+                "provider_message_id": event.provider_message_id,
+                "recipient": event.recipient,
+                "detail": _json(dict(event.detail)),
+            }
+        )
+        self.deliveries.append(row)
+        closed = False
+        notices = 0
+        if s is not None:
+            was_accepted_at = s["closed_at"] if s["status"] == "accepted" else None
+            message = f"{event.provider} webhook: {event.type}" + (f" for {event.recipient}" if event.recipient else "")
+            closed = s["status"] == "unknown" and event.type in PROVES_ACCEPTED
+            if closed:
+                self._update(
+                    s,
+                    status="accepted",
+                    reason="webhook",
+                    detail=message,
+                    provider_message_id=_coalesce(event.provider_message_id, s["provider_message_id"]),
+                    unknown_since=None,
+                    closed_at=at,
+                    reconcile_after=None,
+                    updated_at=at,
+                )
+            self._insert_evidence(
+                step_id=s["id"],
+                run_id=s["run_id"],
+                attempt=s["attempts"],
+                kind="delivery_event",
+                actor=actor,
+                from_status="unknown" if closed else None,
+                to_status="accepted" if closed else None,
+                outcome="accepted" if closed else None,
+                reason="webhook" if closed else event.type,
+                provider_message_id=event.provider_message_id,
+                detail={
+                    **dict(event.detail),
+                    "delivery_event": row["id"],
+                    "provider": event.provider,
+                    "event_id": event.event_id,
+                    "type": event.type,
+                    "occurred_at": event.occurred_at,
+                    "recipient": event.recipient,
+                    "message": message,
+                },
+                created_at=at,
+            )
+            if s["status"] == "accepted" and event.type in TELLS_NOTIFY:
+                notices = self._enqueue_delivery_notice(s["id"], row, actor=actor, at=at)
+            if closed:
+                metrics.observe_closed(s["created_at"], at)
+            if event.type == "delivered" and s["status"] == "accepted":
+                metrics.observe_delivered(event.provider, at if closed else was_accepted_at, event.occurred_at or at)
+        metrics.observe_delivery(event.provider, event.type, matched=s is not None, settled=closed)
+        return DeliveryRecorded(id=row["id"], step=row["step_id"], duplicate=False, closed=closed, notices=notices)
+
+    def _enqueue_delivery_notice(self, step_id: int, event: Mapping[str, Any], *, actor: str, at: datetime) -> int:
+        """delivery_notice_candidates + notice_enqueue: one notice per step and event type."""
+        s = self.steps[step_id]
+        if s["notice_of"] is not None or s["status"] != "accepted":
+            return 0
+        key_id = self.decisions[s["decision_id"]]["actor_key_id"]
+        key = next((k for k in self.keys.values() if key_id is not None and k["key_id"] == key_id), None)
+        notify = s["notify"] or (key or {}).get("notify_email")
+        if notify is None:
+            return 0
+        notify_key = key["name"] if key is not None and s["notify"] is None else None
+        try:
+            notice = build_delivery_notice({**s, "notify": notify, "notify_key": notify_key}, event, self.notices)
+        except InvalidRequest as exc:
+            log.error("notice_not_built", step=step_id, error=exc.message, fields=exc.errors)
+            return 0
+        if any(
+            n["idempotency_key"] == notice.idempotency_key
+            or (n["run_id"], n["step_id"]) == (notice.run_id, notice.step_id)
+            for n in self.steps.values()
+        ):
+            return 0
+        kind = notice.decision.rationale["status"]
+        made = self._enqueue(notice, at, notice_of=step_id, tool="evq-notice")
+        to = notice.payload["to"][0]["email"]
+        self._insert_evidence(
+            step_id=step_id,
+            run_id=notice.run_id,
+            kind="notice_enqueued",
+            actor=actor,
+            reason=kind,
+            detail={
+                "notice_step": made.id,
+                "notice_key": made.idempotency_key,
+                "to": to,
+                "message": f"notice of {kind} queued as step {made.id} to {to}",
+            },
+            created_at=at,
+        )
+        metrics.NOTICES.inc()
+        return 1
+
+    async def delivery_events(
+        self,
+        *,
+        step: int | None = None,
+        unmatched: bool = False,
+        provider: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        await self._op("delivery_events", None)
+        rows = [
+            d
+            for d in reversed(self.deliveries)
+            if (step is None or d["step_id"] == step)
+            and (not unmatched or d["step_id"] is None)
+            and (provider is None or d["provider"] == provider)
+            and (before_id is None or d["id"] < before_id)
+        ][:limit]
+        out = []
+        for d in rows:
+            s = self.steps.get(d["step_id"]) if d["step_id"] is not None else None
+            out.append(
+                {
+                    **{k: copy.deepcopy(v) for k, v in d.items() if k != "step_id"},
+                    "step": d["step_id"],
+                    "run_id": s["run_id"] if s else None,
+                    "step_id": s["step_id"] if s else None,
+                }
+            )
+        return out
+
+    async def delivery_states(self, step_ids: Sequence[int]) -> Mapping[int, Mapping[str, Any]]:
+        await self._op("delivery_states", None)
+        out: dict[int, Mapping[str, Any]] = {}
+        for step_id in set(step_ids):
+            mine = [d for d in self.deliveries if d["step_id"] == step_id]
+            if mine:
+                last = max(mine, key=lambda d: (d["occurred_at"] or d["received_at"], d["id"]))
+                out[step_id] = {
+                    "state": last["type"],
+                    "at": last["occurred_at"] or last["received_at"],
+                    "events": len(mine),
+                }
+        return out
 
     # -- reading back -----------------------------------------------------------------
 

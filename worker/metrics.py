@@ -131,11 +131,38 @@ UNCHARGED_ATTEMPTS = Counter(
     ["provider"],
 )
 NOTICES = Counter("evq_notices_total", "Failure notices enqueued (one per step that owes one, ever).")
+# Delivery events from providers' webhooks (worker/delivery.py), counted by the process that
+# stored them (`evq serve`): sum() across instances. Bounce and complaint rates are these over
+# accepted sends (ops/prometheus/rules/recording.yml). Duplicates are not counted again.
+DELIVERY_EVENTS = Counter(
+    "evq_delivery_events_total", "Delivery events stored, by webhook provider and type.", ["provider", "type"]
+)
+DELIVERY_UNMATCHED = Counter(
+    "evq_delivery_events_unmatched_total",
+    "Delivery events that matched no step (kept for an operator: `evq deliveries list --unmatched`).",
+    ["provider"],
+)
+DELIVERY_SETTLED = Counter(
+    "evq_delivery_settled_total", "Unknown steps closed accepted by a webhook event (reason webhook).", ["provider"]
+)
+ACCEPTED_TO_DELIVERED = Histogram(
+    "evq_accepted_to_delivered_seconds",
+    "From the step's acceptance to the provider's delivered event (its time, else evq's).",
+    ["provider"],
+    buckets=(1, 5, 15, 30, 60, 300, 900, 3600, 14400, 86400),
+)
 SERVE_REFUSED = Counter(
     "evq_serve_refused_total",
     "Clients `evq serve` turned away: throttled (too many wrong keys), header_timeout, body_timeout, "
     "unread (an answer the client did not read within the body timeout), evicted (closed for a newcomer under the connection cap), full (every connection busy).",
     ["reason"],
+)
+# Provider webhooks `evq serve` refused (worker/ports/webhooks.py's REFUSAL_REASONS): never stored.
+WEBHOOK_REFUSED = Counter(
+    "evq_webhook_refused_total",
+    "Provider delivery webhooks `evq serve` refused (POST /v1/webhooks/{provider}), by provider and reason: "
+    "unsigned, bad_signature, replayed, too_large, malformed, not_configured, wrong_topic, foreign_cert, ...",
+    ["provider", "reason"],
 )
 
 for _to in RESCUED_TO:
@@ -168,6 +195,29 @@ def observe_decision_to_enqueue(decided_at: datetime | None, enqueued_at: dateti
         # Two clocks (the agent's and the database's): a decision "after" its enqueue
         # is skew, counted as 0 rather than dragging the sum below zero.
         DECISION_TO_ENQUEUE.observe(max(0.0, (enqueued_at - decided_at).total_seconds()))
+
+
+def init_delivery(provider: str, types: tuple[str, ...]) -> None:
+    """Create a webhook provider's delivery series at 0 (the route calls it), so rates exist from the start."""
+    for kind in types:
+        DELIVERY_EVENTS.labels(provider=provider, type=kind)
+    DELIVERY_UNMATCHED.labels(provider=provider)
+    DELIVERY_SETTLED.labels(provider=provider)
+
+
+def observe_delivery(provider: str, kind: str, *, matched: bool, settled: bool) -> None:
+    """One stored (not duplicate) delivery event; ``kind`` is one of worker/delivery.py's types."""
+    labelled(DELIVERY_EVENTS, provider, kind).inc()
+    if not matched:
+        labelled(DELIVERY_UNMATCHED, provider).inc()
+    if settled:
+        labelled(DELIVERY_SETTLED, provider).inc()
+
+
+def observe_delivered(provider: str, accepted_at: datetime | None, delivered_at: datetime | None) -> None:
+    if accepted_at is not None and delivered_at is not None:
+        # Two clocks (the provider's and the database's): skew counts as 0.
+        labelled(ACCEPTED_TO_DELIVERED, provider).observe(max(0.0, (delivered_at - accepted_at).total_seconds()))
 
 
 def observe_closed(created_at: datetime, closed_at: datetime) -> None:

@@ -87,8 +87,34 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
     """
     status = Status(original["status"])
     kind = notice_kind(status, original["reason"])
-    payload = original["payload"]
     prefix = PARTIAL_PREFIX if kind == PARTIAL_KIND else SUBJECT_PREFIX[status]
+    return _notice(original, config, kind=kind, prefix=prefix, text=notice_text(original), reason=original["reason"])
+
+
+# Delivery events that tell notify (worker/delivery.py TELLS_NOTIFY): a notice's kind each.
+DELIVERY_PREFIX = {"bounced_hard": "[bounced]", "complained": "[marked as spam]"}
+
+
+def build_delivery_notice(original: Mapping[str, Any], event: Mapping[str, Any], config: NoticeConfig) -> ValidRequest:
+    """The notice for a step the provider accepted and whose recipient then bounced it for
+    good or called it spam: ``original`` as for :func:`build_notice`, ``event`` the stored
+    delivery event (type, provider, recipient, occurred_at, received_at). Its kind is the
+    event's type, so each step is told once per type however often the provider repeats it."""
+    kind = event["type"]
+    return _notice(
+        original,
+        config,
+        kind=kind,
+        prefix=DELIVERY_PREFIX[kind],
+        text=delivery_notice_text(original, event),
+        reason=kind,
+    )
+
+
+def _notice(
+    original: Mapping[str, Any], config: NoticeConfig, *, kind: str, prefix: str, text: str, reason: str | None
+) -> ValidRequest:
+    payload = original["payload"]
     subject = f"{prefix} {payload.get('subject') or ''}".strip()[:MAX_SUBJECT]
     provider = original["provider"]
     request = {
@@ -97,7 +123,7 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         "from": {"email": config.sender_for(payload["from"]["email"]), "name": "evq"},
         "to": [original["notify"]],
         "subject": subject,
-        "text": notice_text(original),
+        "text": text,
         # Auto-Submitted keeps auto-responders from answering a machine (RFC 3834);
         # In-Reply-To and References thread the notice under the message it is about
         # (RFC 5322 3.6.4: a reply carries both; some clients thread on only one).
@@ -129,11 +155,52 @@ def build_notice(original: Mapping[str, Any], config: NoticeConfig) -> ValidRequ
         decision=Decision(
             intent=f"tell {original['notify']} that step {original['id']} ended {kind}",
             tool="evq-notice",
-            rationale={"notice_of": original["id"], "status": kind, "reason": original["reason"]},
+            rationale={"notice_of": original["id"], "status": kind, "reason": reason},
         ),
         notify=None,
         sender_domain=checked.sender_domain,
     )
+
+
+_DELIVERY_HEADLINE = {
+    "bounced_hard": "Your email was accepted, then bounced: a recipient's server refused it for good.",
+    "complained": "Your email was delivered, and a recipient marked it as spam.",
+}
+_DELIVERY_ADVICE = {
+    "bounced_hard": (
+        "The address does not take mail (it may not exist any more). Do not send to it again: providers suspend "
+        "senders whose hard bounces pass a few percent. Correct or remove the address before the next send."
+    ),
+    "complained": (
+        "Do not send this recipient more email of this kind: providers suspend senders whose complaint rate passes "
+        "about 0.1%. Check that they asked for it, and honour unsubscribes."
+    ),
+}
+
+
+def delivery_notice_text(original: Mapping[str, Any], event: Mapping[str, Any]) -> str:
+    """A notice about a delivery event (a hard bounce or a complaint); a Bcc recipient is not named."""
+    payload = original["payload"]
+    kind = event["type"]
+    bcc = [entry["email"] for entry in payload.get("bcc") or []]
+    recipient = event.get("recipient")
+    if recipient and recipient.lower() in {b.lower() for b in bcc}:
+        recipient = "a Bcc recipient"
+    lines = [
+        _DELIVERY_HEADLINE[kind],
+        "",
+        *_about(original, bcc),
+        f"  Event:       {kind} (from {event['provider']}'s webhook)",
+        f"  Recipient:   {recipient or 'not named by the provider'}",
+        f"  When:        {event.get('occurred_at') or event.get('received_at')}",
+        "",
+        "What to do:",
+        *_wrap(_DELIVERY_ADVICE[kind]),
+        "",
+        f"The whole record, with every delivery event: evq steps show {original['id']}",
+        *_signature(original),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _about(original: Mapping[str, Any], bcc: Sequence[str]) -> list[str]:

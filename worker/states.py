@@ -59,3 +59,4 @@ class Reason(StrEnum):
     OPERATOR = "operator"
     RECONCILED = "reconciled"  # the provider, asked by the reconciler, has the message
     RECONCILE_ABSENT = "reconcile_absent"  # evidence only: the provider says it has no such message
+    WEBHOOK = "webhook"  # the provider's webhook told of the message (worker/delivery.py): it had it

@@ -14,7 +14,7 @@ Calling it for steps that owe nothing, or twice for the same transition, is a no
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,7 @@ from evq.worker import metrics
 from evq.worker.enqueue import new_message_id
 from evq.worker.errors import InvalidRequest
 from evq.worker.logs import get_logger
-from evq.worker.notices import NoticeConfig, build_notice
+from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
 from evq.worker.request import ValidRequest
 
 log = get_logger("evq.notices")
@@ -79,3 +79,27 @@ def _params(notices: list[tuple[int, ValidRequest]], *, actor: str, now: datetim
         "intents": [n.decision.intent for _, n in notices],
         "rationales": [json.dumps(n.decision.rationale, ensure_ascii=False) for _, n in notices],
     }
+
+
+def delivery_notice_op(
+    step_id: int, event: Mapping[str, Any], config: NoticeConfig, *, actor: str, now: datetime | None = None
+) -> Op:
+    """The notice a hard bounce or a complaint (``event``: type, provider, recipient,
+    occurred_at, received_at) owes step ``step_id``, if it is accepted and someone is to be
+    told; one per step and type (its key is derived from both). [(notice id, step id)] created."""
+    rows = yield Q["delivery_notice_candidates"], {"id": step_id}
+    notices: list[tuple[int, ValidRequest]] = []
+    for row in rows:
+        try:
+            notices.append((row["id"], build_delivery_notice(row, event, config)))
+        except InvalidRequest as exc:
+            log.error("notice_not_built", step=row["id"], error=exc.message, fields=exc.errors)
+        except Exception:
+            log.exception("notice_not_built", step=row["id"])
+    if not notices:
+        return []
+    created = yield Q["notice_enqueue"], _params(notices, actor=actor, now=now)
+    for row in created:
+        metrics.NOTICES.inc()
+        log.info("notice_enqueued", step=row["notice_of"], notice=row["id"], kind=event["type"])
+    return [(r["id"], r["notice_of"]) for r in created]

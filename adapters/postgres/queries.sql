@@ -798,6 +798,122 @@ WITH t AS (
 SELECT count(*)::int AS n FROM checked;
 
 
+-- name: delivery_record
+-- One verified webhook event (worker/delivery.py), in one statement: stored unless the
+-- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
+-- the first and then writes nothing); matched to its step by key digest (the expression
+-- index ix_email_steps_key_sha256), else by Message-ID; the step, if still unknown and the
+-- type proves the provider had it, closed accepted (reason webhook) exactly as
+-- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
+-- row on the matched step, which carries the close when there was one. The key_events
+-- trigger sees the same evidence a reconciler close writes (no feed event for accepted).
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), m AS (
+    SELECT coalesce(
+        (SELECT s.id FROM email_steps s
+         WHERE %(digest)s::bytea IS NOT NULL AND evq_key_sha256(s.idempotency_key) = %(digest)s::bytea),
+        (SELECT s.id FROM email_steps s WHERE s.message_id = %(message_id)s)
+    ) AS step_id
+), ins AS (
+    INSERT INTO delivery_events (
+        provider, event_id, type, occurred_at, received_at, step_id, key_digest, message_id,
+        provider_message_id, recipient, detail
+    )
+    SELECT %(provider)s::text, %(event_id)s::text, %(type)s::text, %(occurred_at)s::timestamptz, t.now, m.step_id,
+           %(key_digest)s::text, %(message_id)s::text, %(provider_message_id)s::text, %(recipient)s::text,
+           %(detail)s::jsonb
+    FROM t, m
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING id, step_id, received_at
+), closed AS (
+    UPDATE email_steps s
+    SET status = 'accepted',
+        reason = 'webhook',
+        detail = %(message)s::text,
+        provider_message_id = coalesce(%(provider_message_id)s::text, s.provider_message_id),
+        unknown_since = NULL,
+        closed_at = t.now,
+        reconcile_after = NULL,
+        updated_at = t.now
+    FROM t, ins
+    WHERE s.id = ins.step_id AND s.status = 'unknown' AND %(proves)s::boolean
+    RETURNING s.id, s.created_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (
+        step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
+        provider_message_id, detail, created_at
+    )
+    SELECT s.id, s.run_id, s.attempts, 'delivery_event', %(actor)s,
+           CASE WHEN c.id IS NOT NULL THEN 'unknown' END,
+           CASE WHEN c.id IS NOT NULL THEN 'accepted' END,
+           CASE WHEN c.id IS NOT NULL THEN 'accepted' END,
+           CASE WHEN c.id IS NOT NULL THEN 'webhook' ELSE %(type)s::text END,
+           %(provider_message_id)s::text,
+           %(detail)s::jsonb || jsonb_build_object(
+               'delivery_event', ins.id, 'provider', %(provider)s::text, 'event_id', %(event_id)s::text,
+               'type', %(type)s::text, 'occurred_at', %(occurred_at)s::timestamptz,
+               'recipient', %(recipient)s::text, 'message', %(message)s::text),
+           t.now
+    FROM ins
+    JOIN email_steps s ON s.id = ins.step_id
+    LEFT JOIN closed c ON c.id = s.id
+    CROSS JOIN t
+    RETURNING id
+)
+SELECT ins.id, ins.step_id, ins.received_at, coalesce((SELECT c.id IS NOT NULL FROM closed c), false) AS closed,
+       (SELECT c.created_at FROM closed c) AS created_at, (SELECT c.at FROM closed c) AS closed_at,
+       s.status, s.closed_at AS accepted_at
+FROM ins
+LEFT JOIN email_steps s ON s.id = ins.step_id;
+
+
+-- name: delivery_get
+-- A duplicate's first row (the provider sent the same event again).
+SELECT id, step_id FROM delivery_events WHERE provider = %(provider)s AND event_id = %(event_id)s;
+
+
+-- name: delivery_notice_candidates
+-- The step an event that tells notify (a hard bounce, a complaint) matched, if it is
+-- accepted and someone is to be told: its notify address, or its key's default one
+-- (as notice_candidates). A notice never owes a notice.
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
+       s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
+       CASE WHEN s.notify IS NULL THEN k.name END AS notify_key
+FROM email_steps s
+JOIN decisions d ON d.id = s.decision_id
+LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
+WHERE s.id = %(id)s
+  AND s.status = 'accepted'
+  AND coalesce(s.notify, k.notify_email) IS NOT NULL
+  AND s.notice_of IS NULL;
+
+
+-- name: delivery_list
+-- Delivery events newest first; a NULL (or false) filter is off. The matched step's
+-- run and step ids beside it.
+SELECT d.id, d.provider, d.event_id, d.type, d.occurred_at, d.received_at, d.step_id AS step,
+       s.run_id, s.step_id, d.key_digest, d.message_id, d.provider_message_id, d.recipient, d.detail
+FROM delivery_events d
+LEFT JOIN email_steps s ON s.id = d.step_id
+WHERE (%(step)s::bigint IS NULL OR d.step_id = %(step)s::bigint)
+  AND (NOT %(unmatched)s::boolean OR d.step_id IS NULL)
+  AND (%(provider)s::text IS NULL OR d.provider = %(provider)s::text)
+  AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
+ORDER BY d.id DESC
+LIMIT %(limit)s;
+
+
+-- name: delivery_states
+-- Each step's latest delivery state: the type of its latest event by when it happened
+-- (the provider's time, else when evq received it), and how many it has.
+SELECT DISTINCT ON (d.step_id) d.step_id, d.type AS state, coalesce(d.occurred_at, d.received_at) AS at,
+       count(*) OVER (PARTITION BY d.step_id) AS events
+FROM delivery_events d
+WHERE d.step_id = ANY(%(ids)s::bigint[])
+ORDER BY d.step_id, coalesce(d.occurred_at, d.received_at) DESC, d.id DESC;
+
+
 -- name: step_get
 SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
 FROM email_steps s

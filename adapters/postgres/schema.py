@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, TIMESTAMP, UUID
@@ -49,6 +50,7 @@ EVIDENCE_KINDS = (
     "operator_resolved",
     "notice_enqueued",
     "content_redacted",
+    "delivery_event",
 )
 
 
@@ -190,6 +192,10 @@ Index(
     email_steps.c.id,
     postgresql_where=text("status IN ('accepted', 'rejected') AND content_redacted_at IS NULL"),
 )
+# A webhook's event matched by the key digest it echoes (0017): the SHA-256 of the key's
+# UTF-8 bytes, computed by evq_key_sha256 (the migration defines it), so the enqueue
+# statement writes nothing more and the digest can never disagree with the key.
+Index("ix_email_steps_key_sha256", func.evq_key_sha256(email_steps.c.idempotency_key))
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
 # rewrites a row without adding an entry here (migration 0005).
@@ -488,3 +494,31 @@ worker_heartbeats = Table(
     Column("started_at", TZ, nullable=False, server_default=NOW),
     Column("seen_at", TZ, nullable=False, server_default=NOW),
 )
+
+# What providers' webhooks say became of each message (0017; worker/delivery.py):
+# append-only, deduplicated by the provider's event id, matched to a step by key digest
+# or Message-ID (step_id NULL: matched none, kept for an operator). No foreign key:
+# pruning a step keeps what its provider said, as key_events does.
+DELIVERY_TYPES = ("delivered", "deferred", "bounced_hard", "bounced_soft", "complained", "opened", "clicked")
+
+delivery_events = Table(
+    "delivery_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("provider", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("occurred_at", TZ),
+    Column("received_at", TZ, nullable=False, server_default=NOW),
+    Column("step_id", BigInteger),
+    Column("key_digest", Text),
+    Column("message_id", Text),
+    Column("provider_message_id", Text),
+    Column("recipient", Text),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    UniqueConstraint("provider", "event_id"),
+    CheckConstraint(_in("type", DELIVERY_TYPES), name="type"),
+    Index(None, "step_id", "id"),
+)
+# The operators' list of events that matched no step, newest first.
+Index("ix_delivery_events_unmatched", delivery_events.c.id, postgresql_where=text("step_id IS NULL"))

@@ -385,6 +385,7 @@ def _setting(option: Option) -> Param:
 GROUPS: dict[str, str] = {
     "admin": "Run and look after an installation: its health, the database schema, the HTTP and MCP servers, the demo, "
     "the benchmark.",
+    "deliveries": "What providers' webhooks said became of each message: delivered, deferred, bounced, complained.",
     "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
     "providers": "The email providers evq sends through, and their circuits.",
@@ -541,6 +542,53 @@ _TABLE: tuple[Command, ...] = (
         use_when="seeing what evq does, on a machine with no evq set up",
         avoid_when="on a database that holds real steps: it refuses one that holds steps that are not its own",
         local_only=_PROCESS,
+    ),
+    Command(
+        "deliveries.list",
+        "List delivery events from providers' webhooks, newest first; --unmatched for those no step claimed.",
+        "List delivery events from providers' webhooks (delivered, deferred, bounced_hard, bounced_soft, "
+        "complained, opened, clicked), newest first: of one step (--step), of one provider, or those that "
+        "matched no step (--unmatched: kept for an operator, never dropped). Each names the step it matched "
+        "by the key digest or Message-ID it echoed. Page back with --since set to meta.next_cursor.\n\n"
+        "An agent key reads only the events of a step it enqueued (--step); every other view is an "
+        "operator's or admin's (or the command line's without a key).",
+        Effect.READ,
+        (
+            Param("unmatched", Kind.FLAG, help="Only events that matched no step."),
+            Param(
+                "step",
+                type="integer",
+                minimum=1,
+                maximum=MAX_ID,
+                metavar="ID",
+                help="Only events of this step (its evq id).",
+            ),
+            Param("provider", metavar="P", help="Only events from this provider's webhook (resend, sendgrid, ...)."),
+            Param(
+                "limit",
+                type="integer",
+                minimum=1,
+                maximum=LIST_LIMIT_MAX,
+                default=50,
+                show_default=True,
+                help="Events per page.",
+            ),
+            Param(
+                "since",
+                type="integer",
+                minimum=1,
+                maximum=MAX_ID,
+                metavar="CURSOR",
+                help="The next page: events older than this one (the last page's meta.next_cursor).",
+            ),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        examples=("evq deliveries list --unmatched -o json", "evq deliveries list --step 42"),
+        use_when="a webhook event matched no step, or checking what a provider said about a message",
+        avoid_when="one step's state: `steps show` gives its delivery state and events",
+        http=(Route("GET", "/v1/deliveries"),),
+        mcp=True,
     ),
     Command(
         "events.list",
@@ -719,7 +767,7 @@ _TABLE: tuple[Command, ...] = (
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_admin_health (call it first), evq_steps_enqueue, evq_steps_show, "
-        "evq_steps_list, evq_runs_show, evq_providers_list, evq_events_list, and evq_steps_resolve with "
+        "evq_steps_list, evq_runs_show, evq_providers_list, evq_events_list, evq_deliveries_list, and evq_steps_resolve with "
         "EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "

@@ -42,6 +42,7 @@ REASON_LABELS: dict[str, str] = {
     Reason.OPERATOR: "closed by an operator",
     Reason.RECONCILED: "the provider confirmed it has the message",
     Reason.RECONCILE_ABSENT: "the provider says it has no such message",
+    Reason.WEBHOOK: "the provider's webhook told of the message: it had it",
     # A circuit's reasons (worker/circuit.py): its faults, or why no single fault said so.
     "connection_refused": "nothing answers at the provider's address",
     "tls_failed": "TLS failed (handshake or certificate)",

@@ -19,6 +19,7 @@ from typing import Any
 
 from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
+from evq.worker.delivery import DeliveryEvent
 from evq.worker.enqueue import existing_or_conflict, validate, validate_many
 from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
@@ -295,7 +296,7 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
     )
 
 
-def summary(r: StepSummary) -> dict[str, Any]:
+def summary(r: StepSummary, delivery: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": r.id,
         "run_id": r.run_id,
@@ -314,6 +315,7 @@ def summary(r: StepSummary) -> dict[str, Any]:
         "closed_at": r.closed_at,
         # A duration: whole seconds (the contract's numbers are integers unless a unit needs fractions).
         "age_seconds": int(r.age_seconds),
+        "delivery": delivery_view(delivery),
     }
 
 
@@ -332,7 +334,8 @@ async def list_steps(
     where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset)
     await caller.identify(store, Permission.READ)
     rows, total = await store.list_steps(where, now=now)
-    data = [summary(r) for r in rows]
+    states = await store.delivery_states([r.id for r in rows])
+    data = [summary(r, states.get(r.id)) for r in rows]
     return Reply(data, {"count": len(data), "total": total, "limit": limit, "offset": offset})
 
 
@@ -361,15 +364,24 @@ async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
     refusal = await caller.content_refusal(store)
+    deliveries = await store.delivery_events(step=step_id, limit=DELIVERIES_SHOWN)
+    states = await store.delivery_states([step_id])
     step = {
         **public_step(detail.step),
         "refused_recipients": accepted_refusals(detail.step, detail.evidence),
         "content": content_view(detail.step, refusal),
+        "delivery": delivery_view(states.get(step_id)),
     }
     if refusal is not None:
         step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
     evidence = [public_evidence(e) for e in detail.evidence]
-    return Reply({"step": step, "decision": detail.decision, "evidence": evidence})
+    data = {
+        "step": step,
+        "decision": detail.decision,
+        "evidence": evidence,
+        "deliveries": public_deliveries(deliveries),
+    }
+    return Reply(data)
 
 
 # The parts of a payload that are the message's content (worker/redactor.py removes them).
@@ -443,9 +455,13 @@ async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
     """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_run(run_id)
+    states = await store.delivery_states([s["id"] for s in detail.steps])
     data = {
         "run_id": detail.run_id,
-        "steps": [with_labels({k: s[k] for k in RUN_STEP_FIELDS}) for s in detail.steps],
+        "steps": [
+            with_labels({**{k: s[k] for k in RUN_STEP_FIELDS}, "delivery": delivery_view(states.get(s["id"]))})
+            for s in detail.steps
+        ],
         "events": [public_evidence(e) for e in run_events(detail.steps, detail.decisions, detail.evidence)],
     }
     return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
@@ -564,6 +580,125 @@ async def list_events(
     return Reply(data, {"count": len(data), "limit": limit, "since": since, "next_cursor": cursor})
 
 
+# -- delivery events (worker/delivery.py) ---------------------------------------------
+
+DELIVERIES_SHOWN = 100  # a step's delivery events `steps show` lists (newest first)
+DELIVERY_FIELDS = (
+    "id",
+    "provider",
+    "event_id",
+    "type",
+    "occurred_at",
+    "received_at",
+    "step",
+    "run_id",
+    "step_id",
+    "key_digest",
+    "message_id",
+    "provider_message_id",
+    "recipient",
+    "detail",
+)
+
+
+def delivery_view(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A step's latest delivery state as every view shows it: {state, at, events}; None: no event."""
+    if state is None:
+        return None
+    return {"state": state["state"], "at": state["at"], "events": int(state["events"])}
+
+
+def public_deliveries(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: r.get(k) for k in DELIVERY_FIELDS} for r in rows]
+
+
+def delivery_actor(provider: str) -> str:
+    """Who the evidence of a webhook's event names: the provider's webhook, not a person or key."""
+    return f"webhook:{provider}"
+
+
+async def receive_deliveries(store: AppStore, provider: str, events: Sequence[DeliveryEvent]) -> Reply:
+    """Verified events from ``provider``'s webhook (its signature checked by the caller, the
+    HTTP route): each stored, matched and acted on in a transaction of its own
+    (DeliveryStore.delivery_record), so a provider that retries a whole batch after a
+    failure part way finds the stored ones duplicates. Data: one entry per event, in order."""
+    wrong = [i for i, e in enumerate(events) if e.provider != provider]
+    if wrong:
+        raise InvalidRequest(
+            [{"field": f"events[{i}].provider", "message": f"not {provider!r}"} for i in wrong[:50]],
+            hint="an event is stored under the provider whose webhook verified it",
+        )
+    actor = delivery_actor(provider)
+    data: list[dict[str, Any]] = []
+    for event in events:
+        done = await store.delivery_record(event, actor=actor)
+        log.info(
+            "delivery_event",
+            provider=provider,
+            type=event.type,
+            delivery=done.id,
+            step=done.step,
+            duplicate=done.duplicate,
+            closed=done.closed,
+        )
+        data.append(
+            {
+                "event_id": event.event_id,
+                "type": event.type,
+                "matched": done.step is not None,
+                "step": done.step,
+                "duplicate": done.duplicate,
+                "closed": done.closed,
+            }
+        )
+    meta = {
+        "count": len(data),
+        "duplicates": sum(1 for d in data if d["duplicate"]),
+        "unmatched": sum(1 for d in data if not d["matched"]),
+        "closed": sum(1 for d in data if d["closed"]),
+    }
+    return Reply(data, meta)
+
+
+async def _enqueued_by(store: AppStore, step_id: int, who: Identity) -> bool:
+    try:
+        detail = await store.get_step(step_id)
+    except NotFound:
+        return False
+    return detail.decision is not None and detail.decision.get("actor_key_id") == who.key_id
+
+
+async def list_deliveries(
+    store: AppStore,
+    caller: Caller,
+    *,
+    unmatched: bool = False,
+    step: int | None = None,
+    provider: str | None = None,
+    since: int | None = None,
+    limit: int = 50,
+) -> Reply:
+    """Delivery events newest first: of one step, of one provider, or those that matched no step.
+    ``since``: the next page, events older than this cursor (the last page's meta.next_cursor)."""
+    if unmatched and step is not None:
+        raise InvalidRequest([{"field": "--step", "message": "give --step ID or --unmatched, not both"}])
+    who = await caller.identify(store, Permission.READ)
+    if who is not None and who.role not in _FEED_READERS:
+        # An agent reads the events of the sends it enqueued itself; every agent's (and the
+        # unmatched ones, of nobody's) are an operator's view, as refusals are.
+        mine = step is not None and not unmatched and await _enqueued_by(store, step, who)
+        if not mine:
+            raise _only_its_own(who, "steps' delivery events", hint="give --step ID of a step this key enqueued")
+    rows = await store.delivery_events(
+        step=step, unmatched=unmatched, provider=provider, before_id=since or None, limit=limit
+    )
+    data = public_deliveries(rows)
+    meta: dict[str, Any] = {"count": len(data), "limit": limit}
+    if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page is older than this one
+        meta["next_cursor"] = data[-1]["id"]
+    return Reply(data, meta)
+
+
 # -- providers' circuits (worker/circuit.py) -----------------------------------------
 
 
@@ -663,7 +798,8 @@ async def resolve(
         _only_unknown(selection.step_id, rows, resolution)
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
-        plan = [{**summary(r), "to_status": head["to_status"]} for r in rows]
+        # Unknown rows: no delivery event can be on one (any event settles it), so the plan has no delivery.
+        plan = [{**_no_delivery(summary(r)), "to_status": head["to_status"]} for r in rows]
         return Reply({"dry_run": True, **head, "steps": plan}, {"count": len(plan)})
     assert identity is not None  # RESOLVE is never granted without a key
 
@@ -686,6 +822,11 @@ async def resolve(
         )
     status = "partial_failure" if tally.failed else "success"
     return Reply({"dry_run": False, **head, **tally.summary}, status=status)
+
+
+def _no_delivery(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop("delivery", None)
+    return row
 
 
 def _only_unknown(step_id: int, rows: list[StepSummary], resolution: Resolution) -> None:

@@ -10,6 +10,7 @@ import click
 # Each module adds its commands to its group (ops/cli/admin.py's, ops/cli/steps.py's...).
 from evq.ops.cli import bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
 from evq.ops.cli.admin import admin
+from evq.ops.cli.deliveries import deliveries
 from evq.ops.cli.events import events
 from evq.ops.cli.keys import keys
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
@@ -45,6 +46,7 @@ def cli() -> None:
     Told:         evq events list --since CURSOR   (your key's rejections, unknowns, verdicts)
     Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
     Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
+    Deliveries:   evq deliveries list [--unmatched]   (what providers' webhooks said: delivered, bounced...)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
@@ -57,7 +59,7 @@ def cli() -> None:
     """
 
 
-for group in (admin, events, keys, providers, refusals, runs, schema, steps, worker_group):
+for group in (admin, deliveries, events, keys, providers, refusals, runs, schema, steps, worker_group):
     cli.add_command(group)
 # The spellings before the resource-first names (`evq enqueue`, `evq db status`...), hidden.
 add_aliases(cli)

@@ -131,6 +131,10 @@ def events_schema() -> dict[str, Any]:
     return command_input("events.list")
 
 
+def deliveries_schema() -> dict[str, Any]:
+    return command_input("deliveries.list")
+
+
 def resolve_schema() -> dict[str, Any]:
     # The command's own parameters; only the default differs: a tool dry-runs unless told not to.
     return command_input("steps.resolve", defaults={"dry_run": True})
@@ -174,6 +178,18 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         a = check_arguments(events_schema(), args)
         return await service.list_events(
             store, caller(), since=a["since"], limit=a["limit"], key=a["key"], all_keys=a["all_keys"]
+        )
+
+    async def deliveries(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(deliveries_schema(), args)
+        return await service.list_deliveries(
+            store,
+            caller(),
+            unmatched=a["unmatched"],
+            step=a["step"],
+            provider=a["provider"],
+            since=a["since"],
+            limit=a["limit"],
         )
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
@@ -242,6 +258,14 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             "learn of failures without a notify address.",
             events_schema(),
             events,
+        ),
+        _tool(
+            "deliveries.list",
+            "Delivery events from providers' webhooks (delivered, deferred, bounced, complained, opened, "
+            "clicked), newest first: of one step (an agent key: only a step it enqueued), or those that matched "
+            "no step (operator or admin). A step's own latest state is `delivery` in evq_steps_show.",
+            deliveries_schema(),
+            deliveries,
         ),
     ]
     tools.insert(

@@ -50,6 +50,7 @@ def operation(path: str, route: int = 0, **openapi_extra: Any) -> dict[str, Any]
 
 _REFUSALS = command("refusals.list")
 _EVENTS = command("events.list")
+_DELIVERIES = command("deliveries.list")
 
 
 def query(dest: str, *, of: Command = _LIST, **http: Any) -> Any:
@@ -279,6 +280,30 @@ async def list_events(
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     reply = await service.list_events(state.store, who, since=since, limit=limit, key=key, all_keys=all_keys)
+    return _answer(reply, request.state.timer)
+
+
+@router.get(
+    "/deliveries",
+    summary="Delivery events from providers' webhooks, newest first; unmatched=true for those no step claimed",
+    description="Page back with `since` set to meta.next_cursor. An agent key reads only the events of a step it "
+    "enqueued (`step`); every other view needs an operator or admin key.",
+    responses=_responses("deliveries.list", 200),
+    **operation("deliveries.list"),
+)
+async def list_deliveries(
+    request: Request,
+    who: Caller = Depends(caller),
+    unmatched: bool = Query(False, description=_DELIVERIES.param("unmatched").help),
+    step: int | None = query("step", of=_DELIVERIES),
+    provider: str | None = query("provider", of=_DELIVERIES, max_length=64),
+    limit: int = query("limit", of=_DELIVERIES),
+    since: int | None = query("since", of=_DELIVERIES),
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    reply = await service.list_deliveries(
+        state.store, who, unmatched=unmatched, step=step, provider=provider, since=since, limit=limit
+    )
     return _answer(reply, request.state.timer)
 
 

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from evq.ops.app.metrics import render
-from evq.ops.web import api, page
+from evq.ops.web import api, page, webhooks
 from evq.ops.web.openapi import components
 from evq.ops.web.protocol import Guard, error_body
 from evq.ops.web.state import AppState
@@ -34,7 +34,8 @@ DESCRIPTION = """The evq HTTP API: the same operations, bodies and error codes a
 Every body is the contract's wrapper `{status, schema_version: 2, data | error, meta}`; an error's
 `error.code` is one of the `E_*` codes (ops/app/cli-schema/error-codes.md). Every /v1 route needs
 `Authorization: Bearer <key>` (`evq keys create`): reads any role, enqueue agent or admin,
-resolve operator or admin."""
+resolve operator or admin. The one exception is `POST /v1/webhooks/{provider}`, which providers
+call: its authentication is the request's signature."""
 
 
 def _version() -> str:
@@ -64,6 +65,7 @@ def create_app(state: Callable[[], AbstractAsyncContextManager[AppState]], *, ma
     )
     app.include_router(api.router)
     app.include_router(page.router)
+    app.include_router(webhooks.router)
 
     # Like every route but /healthz and /metrics, the document needs a key (any role).
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(api.caller)])
@@ -159,7 +161,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     }
     for path, item in doc["paths"].items():
         for operation in item.values():
-            if path.startswith("/v1"):
+            if path.startswith("/v1") and not path.startswith("/v1/webhooks/"):
                 operation["security"] = [{"bearer": []}]
     app.openapi_schema = doc
     return doc

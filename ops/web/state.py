@@ -22,6 +22,8 @@ class AppState:
     read_stats: Any  # Callable[[], QueueStats] for the page's overview
     throttle: FailureThrottle  # failed key checks per client address (HTTP API and sign-in)
     health: Any = None  # ops.app.health.HealthReader for GET /v1/health (ops/wiring.py's health_reader)
+    # Provider name -> its webhook receiver (worker/ports/webhooks.py), only the configured ones.
+    webhooks: Any = None
 
     @property
     def policy(self) -> Policy:

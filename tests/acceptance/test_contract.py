@@ -106,6 +106,8 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(admin, "keys", "update", "ops", "--notify-email", "not an address", expect=2)
     run(admin, "events", "list", "--all-keys")
     run(anyone, "events", "list", expect=4)  # a feed is per key: no key is a missing credential
+    run(anyone, "deliveries", "list", "--unmatched")
+    run(anyone, "deliveries", "list", "--unmatched", "--step", str(unknown.id), expect=2)
     run(admin, "keys", "revoke", "ops")
     run(admin, "keys", "revoke", "nobody", expect=1)
     run(anyone, "schema")

@@ -15,6 +15,7 @@ from evq.adapters import null
 from evq.adapters.http import config as http
 from evq.adapters.ses import config as ses
 from evq.adapters.smtp import config as smtp
+from evq.adapters.webhooks import config as webhooks
 from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
 from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
 from evq.worker.errors import ConfigError
@@ -37,6 +38,7 @@ def test_every_option_is_one_settings_field_with_its_default():
         (smtp.JournalConfig, smtp.JOURNAL_OPTIONS, "journal_imap_"),
         (http.HttpConfig, http.OPTIONS, "http_"),
         (ses.SesConfig, ses.OPTIONS, "ses_"),
+        (webhooks.WebhookConfig, webhooks.OPTIONS, "webhook_"),
     ],
 )
 def test_each_config_is_its_table(config, table, prefix):

@@ -13,6 +13,7 @@ from evq.ops.app.metrics import QueueCollector, build_registry, exported_names, 
 from evq.ops.settings import Settings
 from evq.ops.wiring import metrics_registry
 from evq.worker import metrics
+from evq.worker.delivery import DELIVERY_TYPES
 from evq.worker.enqueue import validate
 from evq.worker.errors import ConfigError, DatabaseUnavailable, InvalidRequest
 from evq.worker.records import QueueStats
@@ -177,7 +178,9 @@ def test_labels_come_from_fixed_sets():
     }
     assert rate_reasons == set(metrics.RATE_LIMITED_REASONS)
     assert labels["state"] == set(metrics.CIRCUIT_STATES)
-    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le", "state"}
+    # Delivery events by type (worker/delivery.py), seen once a webhook test ran in this process.
+    assert labels.get("type", set()) <= set(DELIVERY_TYPES)
+    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le", "state", "type"}
 
 
 def test_validation_errors_are_counted_by_field():

@@ -44,6 +44,7 @@ def _roles() -> list[type]:
         ports.KeyLookup,
         ports.RefusalStore,
         ports.EventFeed,
+        ports.DeliveryStore,
     ]
 
 

@@ -313,6 +313,8 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/providers",
         "/v1/refusals",
         "/v1/events",
+        "/v1/deliveries",
+        "/v1/webhooks/{provider}",
     }
     # Each operation is named after its command (ops/app/commands.py): `evq steps enqueue` is steps.enqueue.
     assert doc["paths"]["/v1/steps"]["post"]["operationId"] == "steps.enqueue"
@@ -327,6 +329,8 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
 
 # Reachable without a key on purpose: probes, and what a browser needs to sign in at all.
 OPEN = {("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/ops/login"), ("GET", "/ops/static/ops.css")}
+# The providers' webhooks carry no key: the request's signature is their authentication (tests/web/test_webhooks.py).
+OPEN |= {("POST", "/v1/webhooks/{provider}")}
 
 
 def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):

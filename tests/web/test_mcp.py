@@ -64,8 +64,10 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_providers_list",
         "evq_admin_health",
         "evq_events_list",
+        "evq_deliveries_list",
     }
     assert tools["evq_events_list"].input_schema == command_input("events.list")
+    assert tools["evq_deliveries_list"].input_schema == command_input("deliveries.list")
     send = tools["evq_steps_enqueue"].input_schema
     assert {k: v for k, v in send["properties"].items() if k != "dry_run"} == request_schema()["properties"]
     assert send["additionalProperties"] is False and "api_key" not in send["properties"]

@@ -11,6 +11,7 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
   key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
   callback service, given the store and a poster apart from the Store union);
+  :mod:`.deliveries`: providers' delivery events (webhooks), stored, matched and read;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically;
 - :mod:`.health`: what the health gate reads (``evq admin health``).
@@ -27,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from evq.worker.ports.callbacks import CallbackStore, Poster
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
+from evq.worker.ports.deliveries import DeliveryRecorded, DeliveryStore
 from evq.worker.ports.events import EventFeed
 from evq.worker.ports.health import HealthReader
 from evq.worker.ports.keys import KeyLookup
@@ -55,6 +57,8 @@ __all__ = [
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
+    "DeliveryRecorded",
+    "DeliveryStore",
     "EnqueueStore",
     "EventFeed",
     "HealthReader",
@@ -88,7 +92,9 @@ class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore,
     """What worker/runner.py needs: its claim loop and every service it runs."""
 
 
-class AppStore(EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, EventFeed, Protocol):
+class AppStore(
+    EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, EventFeed, DeliveryStore, Protocol
+):
     """What the interfaces need, through ops/app/service.py."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from evq.adapters.postgres.store.base import PostgresBase
 from evq.adapters.postgres.store.circuits import PostgresCircuits
+from evq.adapters.postgres.store.deliveries import PostgresDeliveries
 from evq.adapters.postgres.store.heartbeats import PostgresHeartbeats
 from evq.adapters.postgres.store.keys import PostgresKeys
 from evq.adapters.postgres.store.prune import PostgresPrune
@@ -33,9 +34,10 @@ class PostgresStore(
     PostgresKeys,
     PostgresRefusals,
     PostgresHeartbeats,
+    PostgresDeliveries,
 ):
     """Every port over one pool: the worker's queue (claim, record, release, rescue), rates,
     circuits, the reconciler, pruning, content retention, the app's steps (enqueue, reads, resolve),
-    API keys, refused enqueues and the workers' heartbeats (which ops/wiring.py writes beside the
+    API keys, refused enqueues, delivery events (providers' webhooks) and the workers' heartbeats (which ops/wiring.py writes beside the
     core's loop).
     ``PostgresStore.open(url)`` opens the pool (PostgresBase.open)."""

@@ -1,0 +1,169 @@
+"""Delivery events (issue 16, worker/delivery.py) against both stores: stored once per provider
+event id, matched by key digest then Message-ID, an unknown step settled accepted (reason
+webhook) with delivery_event evidence, every other step only gaining delivery state, unmatched
+events kept, and a hard bounce or complaint telling notify once per step and type."""
+
+from __future__ import annotations
+
+from evq.worker.delivery import DeliveryEvent, key_digest
+from evq.worker.outcomes import Accepted, Rejected, Unknown
+from tests.conformance.helpers import T0, at, claim, evidence, row, settle
+from tests.support import valid
+
+
+async def step_in(store, outcome, *, now=T0, **kw) -> dict:
+    e = await store.enqueue(valid(**kw), now=now)
+    [step] = [c for c in await claim(store, now=now) if c.id == e.id]
+    await store.record([settle(step, outcome)], actor="w1", now=now)
+    return await row(store, e.id)
+
+
+def event(event_id: str, kind: str = "delivered", **kw) -> DeliveryEvent:
+    return DeliveryEvent(provider=kw.pop("provider", "resend"), event_id=event_id, type=kind, **kw)
+
+
+async def test_an_event_settles_an_unknown_step_accepted_with_its_evidence(any_store):
+    s = await step_in(any_store, Unknown("reply lost after DATA"))
+    e = event(
+        "ev-1",
+        "delivered",
+        key_digest=key_digest(s["idempotency_key"]),
+        provider_message_id="re_123",
+        recipient="ada@example.com",
+        occurred_at=at(5),
+        detail={"raw_type": "email.delivered"},
+    )
+    done = await any_store.delivery_record(e, actor="webhook:resend", now=at(10))
+    assert (done.step, done.duplicate, done.closed) == (s["id"], False, True)
+    after = await row(any_store, s["id"])
+    assert (after["status"], after["reason"], after["provider_message_id"]) == ("accepted", "webhook", "re_123")
+    assert after["closed_at"] == at(10) and after["unknown_since"] is None
+    last = (await evidence(any_store, s["id"]))[-1]
+    assert (last["kind"], last["from_status"], last["to_status"], last["outcome"], last["reason"]) == (
+        "delivery_event",
+        "unknown",
+        "accepted",
+        "accepted",
+        "webhook",
+    )
+    assert last["actor"] == "webhook:resend" and last["provider_message_id"] == "re_123"
+    assert last["detail"]["delivery_event"] == done.id and last["detail"]["raw_type"] == "email.delivered"
+    assert last["detail"]["type"] == "delivered" and last["detail"]["recipient"] == "ada@example.com"
+    [stored] = await any_store.delivery_events(step=s["id"])
+    assert (stored["id"], stored["provider"], stored["event_id"], stored["type"]) == (
+        done.id,
+        "resend",
+        "ev-1",
+        "delivered",
+    )
+    assert (stored["run_id"], stored["step_id"], stored["occurred_at"]) == (s["run_id"], s["step_id"], at(5))
+    assert await any_store.delivery_states([s["id"]]) == {s["id"]: {"state": "delivered", "at": at(5), "events": 1}}
+
+
+async def test_a_duplicate_event_changes_nothing_and_says_so(any_store):
+    s = await step_in(any_store, Unknown("reply lost"))
+    e = event("ev-dup", "deferred", message_id=s["message_id"])
+    first = await any_store.delivery_record(e, actor="webhook:resend", now=at(1))
+    evidence_before = await evidence(any_store, s["id"])
+    again = await any_store.delivery_record(e, actor="webhook:resend", now=at(2))
+    assert (again.id, again.step, again.duplicate, again.closed) == (first.id, s["id"], True, False)
+    assert await evidence(any_store, s["id"]) == evidence_before
+    assert len(await any_store.delivery_events(step=s["id"])) == 1
+    # The same event id from another provider is another event.
+    other = await any_store.delivery_record(event("ev-dup", "deferred", provider="postmark"), actor="w", now=at(3))
+    assert not other.duplicate and other.id != first.id
+
+
+async def test_the_key_digest_wins_over_the_message_id(any_store):
+    a = await step_in(any_store, Accepted("q1"))
+    b = await step_in(any_store, Accepted("q2"))
+    done = await any_store.delivery_record(
+        event("ev-both", key_digest=key_digest(a["idempotency_key"]).upper(), message_id=b["message_id"]),
+        actor="w",
+        now=at(1),
+    )
+    assert done.step == a["id"]
+    by_id = await any_store.delivery_record(event("ev-mid", message_id=b["message_id"]), actor="w", now=at(1))
+    assert by_id.step == b["id"]
+
+
+async def test_an_event_matching_no_step_is_kept_for_an_operator(any_store):
+    s = await step_in(any_store, Accepted("q1"))
+    lost = await any_store.delivery_record(
+        event("ev-lost", "bounced_hard", key_digest="0" * 64, message_id="<nobody@example.org>", recipient="x@y.z"),
+        actor="w",
+        now=at(1),
+    )
+    junk = await any_store.delivery_record(event("ev-junk", key_digest="not hex"), actor="w", now=at(2))
+    mine = await any_store.delivery_record(event("ev-mine", message_id=s["message_id"]), actor="w", now=at(3))
+    assert (lost.step, lost.duplicate, lost.closed) == (None, False, False) and junk.step is None
+    unmatched = await any_store.delivery_events(unmatched=True)
+    assert [d["id"] for d in unmatched] == [junk.id, lost.id]  # newest first
+    assert unmatched[1]["step"] is None and unmatched[1]["recipient"] == "x@y.z"
+    assert unmatched[1]["message_id"] == "<nobody@example.org>"
+    assert [d["id"] for d in await any_store.delivery_events()] == [mine.id, junk.id, lost.id]
+    # Paged: below an id, at most limit.
+    assert [d["id"] for d in await any_store.delivery_events(before_id=mine.id, limit=1)] == [junk.id]
+    assert await any_store.delivery_events(provider="sendgrid") == []
+
+
+async def test_closed_steps_only_gain_delivery_state(any_store):
+    accepted = await step_in(any_store, Accepted("q1"))
+    rejected = await step_in(any_store, Rejected("550 no such user"))
+    for n, s in enumerate((accepted, rejected)):
+        await any_store.delivery_record(
+            event(f"ev-d{n}", "delivered", message_id=s["message_id"], occurred_at=at(20)), actor="w", now=at(30)
+        )
+        await any_store.delivery_record(
+            event(f"ev-o{n}", "opened", message_id=s["message_id"], occurred_at=at(40)), actor="w", now=at(50)
+        )
+        # Out of order: an earlier event arriving later does not become the latest state.
+        await any_store.delivery_record(
+            event(f"ev-q{n}", "deferred", message_id=s["message_id"], occurred_at=at(10)), actor="w", now=at(60)
+        )
+        after = await row(any_store, s["id"])
+        assert {k: after[k] for k in ("status", "reason", "closed_at", "provider_message_id")} == {
+            k: s[k] for k in ("status", "reason", "closed_at", "provider_message_id")
+        }
+        added = [e for e in await evidence(any_store, s["id"]) if e["kind"] == "delivery_event"]
+        assert [(e["reason"], e["to_status"]) for e in added] == [
+            ("delivered", None),
+            ("opened", None),
+            ("deferred", None),
+        ]
+    states = await any_store.delivery_states([accepted["id"], rejected["id"], 999999])
+    assert states[accepted["id"]] == {"state": "opened", "at": at(40), "events": 3}
+    assert set(states) == {accepted["id"], rejected["id"]}
+
+
+async def test_a_pending_step_is_not_settled_by_an_event(any_store):
+    e = await any_store.enqueue(valid(), now=T0)
+    before = await row(any_store, e.id)
+    done = await any_store.delivery_record(event("ev-p", message_id=before["message_id"]), actor="w", now=at(1))
+    assert done.step == e.id and not done.closed
+    assert (await row(any_store, e.id))["status"] == "pending"
+
+
+async def test_a_hard_bounce_tells_notify_once_per_step_and_type(any_store):
+    s = await step_in(any_store, Accepted("q1"), notify="owner@example.com")
+    quiet = await step_in(any_store, Accepted("q2"))  # no notify address: nobody to tell
+    first = await any_store.delivery_record(
+        event("ev-b1", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"), actor="w", now=at(1)
+    )
+    again = await any_store.delivery_record(
+        event("ev-b2", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"), actor="w", now=at(2)
+    )
+    spam = await any_store.delivery_record(
+        event("ev-c1", "complained", message_id=s["message_id"], recipient="x@example.com"), actor="w", now=at(3)
+    )
+    soft = await any_store.delivery_record(
+        event("ev-s1", "bounced_soft", message_id=s["message_id"]), actor="w", now=at(4)
+    )
+    none = await any_store.delivery_record(event("ev-b3", "bounced_hard", message_id=quiet["message_id"]), actor="w")
+    assert (first.notices, again.notices, spam.notices, soft.notices, none.notices) == (1, 0, 1, 0, 0)
+    told = [e for e in await evidence(any_store, s["id"]) if e["kind"] == "notice_enqueued"]
+    assert [e["reason"] for e in told] == ["bounced_hard", "complained"]
+    notice = await row(any_store, told[0]["detail"]["notice_step"])
+    assert notice["notice_of"] == s["id"] and notice["payload"]["to"][0]["email"] == "owner@example.com"
+    assert notice["payload"]["subject"].startswith("[bounced]")
+    assert "gone@example.com" in notice["payload"]["text"]
