@@ -13,12 +13,14 @@ import threading
 import time
 from typing import Any
 
+from evq.adapters.smtp.config import RELAYS, SmtpConfig
+from evq.adapters.smtp.config import profile as smtp_profile
 from evq.adapters.smtp.conversation import _Conversation, _Secrets
 from evq.adapters.smtp.message import BuildError, build_message
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Outcome, Rejected, Retryable, Unknown, log_fields
-from evq.worker.ports import SendRequest
+from evq.worker.ports import ProviderProfile, SendRequest
 from evq.worker.request import Policy, check_payload
 
 log = get_logger("evq.adapters.smtp")
@@ -50,6 +52,8 @@ class SmtpProvider:
         helo_name: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         allow_plain_auth: bool = False,
+        relay: str = "none",
+        profile: ProviderProfile | None = None,
     ):
         if tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
@@ -57,6 +61,13 @@ class SmtpProvider:
             raise ValueError("an SMTP username needs a password")
         if timeout <= 0 or max_workers < 1:
             raise ValueError("timeout must be positive and max_workers at least 1")
+        if relay not in RELAYS:
+            raise ValueError(f"relay must be one of {', '.join(RELAYS)}, got {relay!r}")
+        # The relay whose metadata header each message carries (adapters/smtp/message.py).
+        self.relay = relay
+        # What settles a lost answer (docs/design.md, "Provider profiles"); the composition root
+        # passes the one the settings give (which webhooks are configured), else: none known.
+        self.profile = profile if profile is not None else smtp_profile(SmtpConfig(relay=relay))
         self.host, self.port, self.tls, self.timeout = host, port, tls, timeout
         self.username = username
         self._password = password  # kept off repr() and out of every outcome
@@ -176,7 +187,7 @@ class SmtpProvider:
 
     def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
         try:
-            envelope = build_message(request, internal_domains=self.policy.internal_domains)
+            envelope = build_message(request, internal_domains=self.policy.internal_domains, relay=self.relay)
         except BuildError as exc:
             return Rejected(str(exc), response=_bare("build"), before_send=True)
         conversation = _Conversation(self, envelope, request)

@@ -10,7 +10,6 @@ from evq.ops.app.service import Caller
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
-from evq.ops.settings import ADAPTERS
 
 providers = table_group("providers")
 
@@ -22,7 +21,7 @@ def providers_list(out: Output, database_url: str | None) -> None:
 
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await service.list_providers(store, Caller(None, trusted_reader=True), ADAPTERS)
+            return await service.list_providers(store, Caller(None, trusted_reader=True), settings)
 
     out.reply(run(fetch()), human=_human)
 

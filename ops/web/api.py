@@ -21,7 +21,6 @@ from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
-from evq.ops.settings import ADAPTERS
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from evq.ops.web.state import AppState
@@ -336,7 +335,7 @@ async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONR
 )
 async def list_providers(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
     state: AppState = request.app.state.evq
-    return _answer(await service.list_providers(state.store, who, ADAPTERS), request.state.timer)
+    return _answer(await service.list_providers(state.store, who, state.settings), request.state.timer)
 
 
 async def _arguments(request: Request, schema: dict[str, Any]) -> dict[str, Any]:

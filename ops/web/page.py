@@ -21,7 +21,6 @@ from evq.ops.app import service
 from evq.ops.app.age import age
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import ADAPTERS
 from evq.ops.web import api
 from evq.ops.web.protocol import TooManyFailures
 from evq.ops.web.session import COOKIE, Session
@@ -221,7 +220,7 @@ async def overview(request: Request) -> HTMLResponse:
     who = _who(session)
     oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
     # Providers evq has stopped sending to, and why (worker/circuit.py).
-    circuits = await service.list_providers(state.store, who, ADAPTERS)
+    circuits = await service.list_providers(state.store, who, state.settings)
     held = [c for c in circuits.data if not c["sending"]]
     # What agents tried lately and were refused (worker/refusals.py), newest first.
     refusals = await service.list_refusals(state.store, who, limit=OVERVIEW_REFUSALS)
