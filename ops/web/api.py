@@ -162,7 +162,14 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(no_unknown_query)], tags=
     "different request is refused (409) and writes nothing. Needs a key with role agent or admin "
     "(dry_run: any role).",
     status_code=201,
-    responses=_responses("steps.enqueue", 200, 201, s409="the key is taken by a different request (E_CONFLICT)"),
+    responses=_responses(
+        "steps.enqueue",
+        200,
+        201,
+        s409="the key is taken by a different request (E_CONFLICT)",
+        s422="invalid body, error.context.fields names each (E_INVALID_ARG); or the provider could never settle "
+        "a lost answer and EVQ_REFUSE_UNRESOLVABLE is on (E_UNRESOLVABLE)",
+    ),
     **operation(
         "steps.enqueue",
         **_body({"anyOf": [request_schema(), {"type": "array", "minItems": 1, "items": request_schema()}]}),
@@ -329,7 +336,7 @@ async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONR
 
 @router.get(
     "/providers",
-    summary="Every provider's circuit, and why an open one opened",
+    summary="Every provider: its profile (what settles a lost answer), rate limit and circuit",
     responses=_responses("providers.list", 200),
     **operation("providers.list"),
 )

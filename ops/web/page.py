@@ -219,7 +219,8 @@ async def overview(request: Request) -> HTMLResponse:
         stats_error = exc
     who = _who(session)
     oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
-    # Providers evq has stopped sending to, and why (worker/circuit.py).
+    # Every provider: what settles a lost answer, its rate limit, and whether evq has stopped
+    # sending to it and why (worker/circuit.py).
     circuits = await service.list_providers(state.store, who, state.settings)
     held = [c for c in circuits.data if not c["sending"]]
     # What agents tried lately and were refused (worker/refusals.py), newest first.
@@ -233,6 +234,7 @@ async def overview(request: Request) -> HTMLResponse:
         statuses=list(Status),
         oldest=oldest.data[0] if oldest.data else None,
         held=held,
+        providers=circuits.data,
         refusals=refusals.data,
     )
 
