@@ -21,7 +21,15 @@ from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker.enqueue import ambiguity, existing_or_conflict, flag_ambiguity, validate, validate_many
-from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.errors import (
+    AuthFailed,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    StateConflict,
+    Unresolvable,
+)
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
 from evq.worker.logs import get_logger
 from evq.worker.outcomes import refused_recipients
@@ -753,7 +761,8 @@ def json_field_names(exc: InvalidRequest) -> InvalidRequest:
     """The same error with fields named as JSON names them (``--older-than`` -> ``older_than``),
     for the interfaces that take JSON rather than flags."""
     fields = [{**f, "field": _json_name(f["field"])} for f in exc.errors]
-    return InvalidRequest(fields, hint=exc.hint)
+    # E_UNRESOLVABLE keeps its code; every other field error is E_INVALID_ARG.
+    return (Unresolvable if isinstance(exc, Unresolvable) else InvalidRequest)(fields, hint=exc.hint)
 
 
 def _json_name(name: str) -> str:
