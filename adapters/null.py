@@ -11,16 +11,26 @@ import asyncio
 
 from evq.worker.options import Option
 from evq.worker.outcomes import Accepted, Outcome
-from evq.worker.ports import SendRequest
+from evq.worker.ports import ProviderProfile, SendRequest
 
 OPTIONS: tuple[Option, ...] = (
     Option("null_delay", float, 0.0, "Seconds the null (benchmark) adapter waits before accepting.", minimum=0),
 )
 
 
+# Nothing to settle a lost answer by: no key, no lookup, no webhook (docs/design.md,
+# "Provider profiles"). It never loses one either: it answers every send itself.
+PROFILE = ProviderProfile()
+
+
+def profile() -> ProviderProfile:
+    return PROFILE
+
+
 class NullProvider:
     name = "null"
     dedupe_window: float | None = None
+    profile: ProviderProfile = PROFILE
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay

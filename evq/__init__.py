@@ -42,6 +42,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidRequest",
     "Policy",
+    "Unresolvable",
     "__version__",
     "enqueue",
     "enqueue_async",
@@ -64,6 +65,7 @@ _WHERE = {
     "IdempotencyConflict": "evq.worker.errors",
     "AuthFailed": "evq.worker.errors",
     "DatabaseUnavailable": "evq.worker.errors",
+    "Unresolvable": "evq.worker.errors",
 }
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         EvqError,
         IdempotencyConflict,
         InvalidRequest,
+        Unresolvable,
     )
     from evq.worker.records import EnqueueResult
     from evq.worker.request import Policy

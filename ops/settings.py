@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -44,6 +44,7 @@ from evq.worker.config import (
 )
 from evq.worker.notices import NoticeConfig, reserved_sender
 from evq.worker.options import Option, bad, boolean, duration, lowercase_list, parse
+from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
 from evq.worker.request import DECISION_FIELDS, Policy, validate_address
 
@@ -263,6 +264,7 @@ class Settings:
     max_input_bytes: int = 64 * 1024 * 1024
     default_from: str | None = None
     require_provenance: tuple[str, ...] = ()
+    refuse_unresolvable: bool = False
     smtp_host: str = "localhost"
     smtp_port: int = 25
     smtp_username: str | None = None
@@ -279,6 +281,7 @@ class Settings:
     journal_imap_password: str | None = None
     journal_imap_ca_file: str | None = None
     journal_imap_timeout: float = 10.0
+    smtp_relay: str = "none"
     http_base_url: str = "https://api.resend.com"
     http_api_key: str | None = None
     http_timeout: float = 10.0
@@ -442,7 +445,28 @@ class Settings:
     def webhook_config(self) -> WebhookConfig:
         return _section(WebhookConfig, self, "webhook_")
 
+    def webhooks_configured(self) -> frozenset[str]:
+        """The webhook providers (resend, sendgrid, postmark, mailgun, ses) whose events `evq serve`
+        can verify: those whose secret, key or topic setting (EVQ_WEBHOOK_*, adapters/webhooks/config.py)
+        is set. An event only settles a lost answer once its webhook is verified; none set: none
+        counts in a provider's profile (:meth:`provider_profiles`)."""
+        return frozenset(self.webhook_config().configured())
+
+    def provider_profiles(self, webhooks_configured: Collection[str] | None = None) -> dict[str, ProviderProfile]:
+        """Every provider's profile (docs/design.md, "Provider profiles") from the settings alone,
+        no connection opened: what the enqueue side (`evq serve`, the CLI, `evq mcp`) knows. Each
+        adapter says its own from its config; ``webhooks_configured`` defaults to
+        :meth:`webhooks_configured`."""
+        hooks = self.webhooks_configured() if webhooks_configured is None else frozenset(webhooks_configured)
+        return {
+            "smtp": smtp.profile(self.smtp_config(), hooks, witness=self.journal_config().url is not None),
+            "http": http.profile(self.http_config(), hooks),
+            "ses": ses.profile(self.ses_config(), hooks),
+            "null": null.profile(),
+        }
+
     def policy(self) -> Policy:
+        profiles = self.provider_profiles()
         return Policy(
             max_message_bytes=self.max_message_bytes,
             max_recipients=self.max_recipients,
@@ -454,6 +478,8 @@ class Settings:
             reserved_senders=(reserved_sender(self.notice_from),),
             internal_domains=self.internal_domains,
             require_provenance=self.require_provenance,
+            unresolvable=tuple(name for name, p in profiles.items() if not p.resolvable),
+            refuse_unresolvable=self.refuse_unresolvable,
         )
 
     def notices(self) -> NoticeConfig:

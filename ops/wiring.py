@@ -6,7 +6,7 @@ constructors instead of patching anything.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from evq.adapters.smtp.journal import ImapJournal
     from evq.ops.app.metrics import MetricsServer
     from evq.ops.web.state import AppState
-    from evq.worker.ports import Provider
+    from evq.worker.ports import Provider, ProviderProfile
     from evq.worker.runner import Worker
 
 log = get_logger("evq.wiring")
@@ -107,8 +107,19 @@ async def wait_for_database(settings: Settings, url: str) -> Settings:
             return resolved
 
 
+def provider_profiles(
+    settings: Settings, webhooks_configured: Collection[str] | None = None
+) -> dict[str, ProviderProfile]:
+    """Every provider's profile from the settings, no connection opened (the enqueue side has no
+    provider objects): each adapter's ``profile(config, webhooks)`` (adapters/*/config.py,
+    adapters/null.py), joined by Settings.provider_profiles. ``webhooks_configured``: the
+    webhook providers whose secret is set (default: Settings.webhooks_configured)."""
+    return settings.provider_profiles(webhooks_configured)
+
+
 def build_providers(settings: Settings) -> dict[str, Provider]:
     providers: dict[str, Provider] = {}
+    profiles = provider_profiles(settings)
     for name in settings.adapter:
         if name == "smtp":
             from evq.adapters.smtp import SmtpProvider, tls_context
@@ -128,6 +139,8 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 allow_plain_auth=smtp.allow_plain_auth,
                 journal=smtp.journal,
                 witness=build_journal(settings),
+                relay=smtp.relay,
+                profile=profiles[name],
             )
         elif name == "http":
             from evq.adapters.http import HttpProvider
@@ -141,6 +154,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 dedupe_window=http.dedupe_window,
                 policy=settings.policy(),
                 max_connections=settings.concurrency,
+                profile=profiles[name],
             )
         elif name == "ses":
             try:
@@ -162,6 +176,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 secret_access_key=ses.secret_access_key,
                 policy=settings.policy(),
                 max_workers=settings.concurrency,
+                profile=profiles[name],
             )
         elif name == "null":
             from evq.adapters.null import NullProvider

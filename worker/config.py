@@ -123,6 +123,14 @@ POLICY_OPTIONS: tuple[Option, ...] = (
         "(any of instruction_version, prompt_version, model, tool, rationale, decided_at; empty: none). "
         "A request without one is refused with a field error (decision.model, ...) and nothing is written.",
     ),
+    Option(
+        "refuse_unresolvable",
+        boolean,
+        False,
+        "Refuse (E_UNRESOLVABLE, exit 2) an enqueue whose provider could never settle a lost answer: no dedupe, "
+        "no lookup, no webhook (`evq providers list`: resolvable false). Off: such a step is enqueued and its "
+        "answer says ambiguity: unresolvable.",
+    ),
 )
 
 # Failure notices (worker/notices.py).

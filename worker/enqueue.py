@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from evq.worker import metrics
-from evq.worker.errors import IdempotencyConflict, InvalidRequest
+from evq.worker.errors import IdempotencyConflict, InvalidRequest, Unresolvable
 from evq.worker.records import EnqueueResult
 from evq.worker.request import REQUEST_FIELDS, Policy, ValidRequest, ascii_domain, parse
 from evq.worker.states import Status
@@ -20,13 +21,59 @@ from evq.worker.states import Status
 
 def validate(request: Mapping[str, Any] | ValidRequest, policy: Policy) -> ValidRequest:
     if isinstance(request, ValidRequest):
-        return request
-    try:
-        return parse(request, policy)
-    except InvalidRequest as exc:
-        for reason in {_reason(e["field"]) for e in exc.errors}:
-            metrics.VALIDATION_ERRORS.labels(reason=reason).inc()
-        raise
+        valid = request
+    else:
+        try:
+            valid = parse(request, policy)
+        except InvalidRequest as exc:
+            _count(exc)
+            raise
+    refuse_unresolvable([valid], policy)
+    return valid
+
+
+def _count(exc: InvalidRequest) -> None:
+    for reason in {_reason(e["field"]) for e in exc.errors}:
+        metrics.VALIDATION_ERRORS.labels(reason=reason).inc()
+
+
+def ambiguity(request: ValidRequest, policy: Policy) -> str | None:
+    """``"unresolvable"`` when the step's provider could never settle a lost answer (the
+    policy's ``unresolvable``, from each provider's profile); None otherwise."""
+    return "unresolvable" if request.provider in policy.unresolvable else None
+
+
+def flag_ambiguity(result: EnqueueResult, request: ValidRequest, policy: Policy) -> EnqueueResult:
+    """The enqueue's answer with its ``ambiguity`` (every interface and the Python API say it)."""
+    flag = ambiguity(request, policy)
+    return result if flag == result.ambiguity else replace(result, ambiguity=flag)
+
+
+def refuse_unresolvable(requests: Sequence[ValidRequest], policy: Policy, *, indexed: bool = False) -> None:
+    """E_UNRESOLVABLE (an InvalidRequest: recorded as a refusal like the others) naming every
+    request whose provider could never settle a lost answer, when the policy refuses them
+    (EVQ_REFUSE_UNRESOLVABLE); nothing otherwise. Checked after the fields: a request
+    with field errors is refused for those first."""
+    if not policy.refuse_unresolvable:
+        return
+    errors = [
+        {
+            "field": f"[{i}].provider" if indexed else "provider",
+            "message": f"provider {r.provider!r} could never settle this send if its answer were lost "
+            "(no dedupe, no lookup, no webhook), and EVQ_REFUSE_UNRESOLVABLE is on",
+        }
+        for i, r in enumerate(requests)
+        if ambiguity(r, policy) is not None
+    ]
+    if errors:
+        exc = Unresolvable(
+            errors,
+            hint="send through a provider that can settle a lost answer (`evq providers list` shows which: "
+            "resolvable true), configure one (a webhook, EVQ_SMTP_RELAY), or unset EVQ_REFUSE_UNRESOLVABLE; "
+            "nothing was enqueued",
+        )
+        metrics.VALIDATION_ERRORS.labels(reason="provider").inc()
+        raise exc
 
 
 def _reason(field: str) -> str:
@@ -82,9 +129,10 @@ def validate_many(requests: Sequence[Any], policy: Policy) -> list[ValidRequest]
     errors: list[dict[str, str]] = []
     for index, request in enumerate(requests):
         try:
-            valid.append(validate(request, policy))
+            valid.append(validate(request, replace(policy, refuse_unresolvable=False)))
         except InvalidRequest as exc:
             errors += [{"field": f"[{index}].{e['field']}", "message": e["message"]} for e in exc.errors]
     if errors:
         raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
+    refuse_unresolvable(valid, policy, indexed=True)
     return valid

@@ -45,6 +45,14 @@ class InvalidRequest(EvqError):
         )
 
 
+class Unresolvable(InvalidRequest):
+    """A step through a provider whose lost answers nothing could ever settle (no dedupe, no
+    lookup, no webhook), refused because EVQ_REFUSE_UNRESOLVABLE is on. A refused enqueue like
+    any field error (``context["fields"]`` names each ``provider``), with a code of its own."""
+
+    code = "E_UNRESOLVABLE"
+
+
 class Conflict(EvqError):
     code = "E_CONFLICT"
 

@@ -19,6 +19,9 @@ class EnqueueResult:
     message_id: str
     status: Status
     created: bool
+    # "unresolvable": the step's provider could never settle a lost answer (worker/enqueue.py,
+    # flag_ambiguity); None: it could, or nobody asked (the store's own results).
+    ambiguity: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -29,7 +32,20 @@ class EnqueueResult:
             "message_id": self.message_id,
             "status": str(self.status),
             "created": self.created,
+            "ambiguity": self.ambiguity,
+            "ambiguity_hint": AMBIGUITY_HINTS.get(self.ambiguity) if self.ambiguity else None,
         }
+
+
+# What each ``ambiguity`` means for the caller, in words (every interface shows it).
+AMBIGUITY_HINTS: dict[str, str] = {
+    "unresolvable": (
+        "this provider neither deduplicates our key, nor can be asked about a message, nor reports "
+        "deliveries by webhook: if its answer to this send is lost, the step stays unknown until an "
+        "operator resolves it (`evq providers list` shows each provider's profile; "
+        "EVQ_REFUSE_UNRESOLVABLE=on refuses such sends)"
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)

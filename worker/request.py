@@ -111,6 +111,13 @@ class Policy:
     # no step can be written whose decision does not say which model, under which instructions,
     # asked for it. Missing ones are field errors ("decision.model"), like any other.
     require_provenance: tuple[str, ...] = ()
+    # Providers whose profile (worker/ports/providers.py, ProviderProfile.resolvable) could
+    # never settle a send whose answer was lost: no dedupe, no lookup, no webhook. The
+    # enqueue side fills it from the settings (ops/settings.py, Settings.policy()); a step
+    # through one is flagged at enqueue (worker/enqueue.py, ``ambiguity``), or refused
+    # (E_UNRESOLVABLE) with ``refuse_unresolvable`` (EVQ_REFUSE_UNRESOLVABLE).
+    unresolvable: tuple[str, ...] = ()
+    refuse_unresolvable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

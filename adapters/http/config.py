@@ -7,10 +7,14 @@ costs nothing of the adapter itself (no httpx), so every `evq` command can.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import urlsplit
 
+from evq.worker.delivery import DeliveryType
 from evq.worker.options import Option, bad
+from evq.worker.ports.providers import ProviderProfile
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -72,3 +76,31 @@ class HttpConfig:
             raise bad(_OPTION["http_api_key"], "is required with EVQ_ADAPTER=http")
         if urlsplit(self.base_url).scheme not in ("http", "https"):
             raise bad(_OPTION["http_base_url"], f"must be an http(s) URL, got {self.base_url!r}")
+
+
+# The webhook (adapters/webhooks/, POST /v1/webhooks/resend) of the API this adapter speaks,
+# and the delivery types (worker/delivery.py) its events become: email.delivered,
+# email.delivery_delayed, email.bounced (permanent or transient), email.complained,
+# email.opened, email.clicked.
+WEBHOOK: Final = "resend"
+WEBHOOK_EVENTS: Final[tuple[DeliveryType, ...]] = (
+    "delivered",
+    "deferred",
+    "bounced_hard",
+    "bounced_soft",
+    "complained",
+    "opened",
+    "clicked",
+)
+
+
+def profile(config: HttpConfig, webhooks: Collection[str] = ()) -> ProviderProfile:
+    """What this provider can do to settle a lost answer (docs/design.md, "Provider profiles"),
+    from the settings alone: it honours our key for EVQ_HTTP_DEDUPE_WINDOW (0: not at all), its
+    messages are found by the ``evq_key`` tag, and it reports deliveries by webhook when
+    ``webhooks`` (the webhook providers whose secret is set) names :data:`WEBHOOK`."""
+    return ProviderProfile(
+        dedupe_window=config.dedupe_window or None,
+        lookup_by=("key_tag",),
+        webhook_events=WEBHOOK_EVENTS if WEBHOOK in webhooks else (),
+    )

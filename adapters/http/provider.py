@@ -47,10 +47,12 @@ from typing import Any
 
 import httpx
 
+from evq.adapters.http.config import HttpConfig
+from evq.adapters.http.config import profile as http_profile
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
-from evq.worker.ports import LookupFailed, LookupResult, SendRequest
+from evq.worker.ports import LookupFailed, LookupResult, ProviderProfile, SendRequest
 from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
 from evq.worker.scrub import scrub_text
 
@@ -177,6 +179,7 @@ class HttpProvider:
         dedupe_window: float | None = 86400.0,
         policy: Policy = Policy(),
         max_connections: int = 16,
+        profile: ProviderProfile | None = None,
     ):
         if not api_key:
             raise ValueError("the HTTP adapter needs an API key")
@@ -185,6 +188,11 @@ class HttpProvider:
         self.base_url = base_url.rstrip("/")
         # 0 means the provider does not deduplicate: ambiguous sends are then never retried.
         self.dedupe_window = dedupe_window or None
+        # What settles a lost answer (docs/design.md, "Provider profiles"); the composition root
+        # passes the one the settings give (whether the webhook is configured), else: key and tag.
+        self.profile = (
+            profile if profile is not None else http_profile(HttpConfig(dedupe_window=self.dedupe_window or 0.0))
+        )
         self.timeout = timeout
         self.policy = policy
         self._api_key = api_key  # kept off repr() and out of every outcome

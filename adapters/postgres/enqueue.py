@@ -27,7 +27,14 @@ from psycopg.rows import dict_row
 from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
-from evq.worker.enqueue import existing_or_conflict, new_message_id, result_from_row, validate, validate_many
+from evq.worker.enqueue import (
+    existing_or_conflict,
+    flag_ambiguity,
+    new_message_id,
+    result_from_row,
+    validate,
+    validate_many,
+)
 from evq.worker.errors import Conflict, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.records import EnqueueResult
@@ -221,9 +228,15 @@ def enqueue(
 
     Raises InvalidRequest before anything is written, IdempotencyConflict when the
     key is taken by a different request. Commit is the caller's.
+
+    A ``policy`` from the settings (``Settings.load().policy()``) names the providers that
+    could never settle a lost answer (docs/design.md, "Provider profiles"): the result's
+    ``ambiguity`` is then ``"unresolvable"`` for a step through one, and with
+    EVQ_REFUSE_UNRESOLVABLE such a request is refused (Unresolvable, E_UNRESOLVABLE) before
+    anything is written. The default ``Policy()`` knows no profiles and flags nothing.
     """
     valid = _as_python(validate(request, policy), actor)
-    return run_sync(_driver_connection(conn), enqueue_op(valid, now))
+    return flag_ambiguity(run_sync(_driver_connection(conn), enqueue_op(valid, now)), valid, policy)
 
 
 async def enqueue_async(
@@ -239,7 +252,7 @@ async def enqueue_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
-    return await run_async(conn, enqueue_op(valid, now))
+    return flag_ambiguity(await run_async(conn, enqueue_op(valid, now)), valid, policy)
 
 
 def enqueue_many(
@@ -256,7 +269,7 @@ def enqueue_many(
     (``[index].field``) and nothing is written. Commit is the caller's.
     """
     valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
-    return run_sync(_driver_connection(conn), enqueue_many_op(valid, now))
+    return _flagged(run_sync(_driver_connection(conn), enqueue_many_op(valid, now)), valid, policy)
 
 
 async def enqueue_many_async(
@@ -272,7 +285,7 @@ async def enqueue_many_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
-    return await run_async(conn, enqueue_many_op(valid, now))
+    return _flagged(await run_async(conn, enqueue_many_op(valid, now)), valid, policy)
 
 
 def enqueue_own(
@@ -305,7 +318,7 @@ def enqueue_own(
             _record_refusal(url, request, exc)
         raise
     with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
-        return run_sync(conn, enqueue_op(valid))
+        return flag_ambiguity(run_sync(conn, enqueue_op(valid)), valid, policy)
 
 
 def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
@@ -319,6 +332,10 @@ def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
             conn.execute(Q["refusal_record"], params)
     except Exception as failure:
         log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)
+
+
+def _flagged(results: list[EnqueueResult], requests: Sequence[ValidRequest], policy: Policy) -> list[EnqueueResult]:
+    return [flag_ambiguity(r, v, policy) for r, v in zip(results, requests, strict=True)]
 
 
 def _as_python(request: ValidRequest, actor: str | None) -> ValidRequest:

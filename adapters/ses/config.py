@@ -10,10 +10,13 @@ Unset region, endpoint and keys fall back to the standard AWS chain (``AWS_REGIO
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from evq.worker.delivery import DELIVERY_TYPES
 from evq.worker.options import Option, bad
+from evq.worker.ports.providers import ProviderProfile
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -71,3 +74,12 @@ class SesConfig:
             raise bad(_OPTION["ses_access_key_id"], "and EVQ_SES_SECRET_ACCESS_KEY go together: set both or neither")
         if self.endpoint_url is not None and urlsplit(self.endpoint_url).scheme not in ("http", "https"):
             raise bad(_OPTION["ses_endpoint_url"], f"must be an http(s) URL, got {self.endpoint_url!r}")
+
+
+def profile(config: SesConfig, webhooks: Collection[str] = ()) -> ProviderProfile:
+    """What SES can do to settle a lost answer (docs/design.md, "Provider profiles"): it honours
+    no key and cannot be asked by our values, so only its events (through SNS) can, and only when
+    `evq serve` verifies them (``webhooks`` names ``ses``: EVQ_WEBHOOK_SES_TOPIC_ARNS) and a
+    configuration set publishes them (EVQ_SES_CONFIGURATION_SET)."""
+    events = DELIVERY_TYPES if "ses" in webhooks and config.configuration_set else ()
+    return ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=events)

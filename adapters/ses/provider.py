@@ -69,7 +69,7 @@ from botocore.exceptions import (
 
 from evq.adapters.smtp.message import BuildError, Envelope, build_message
 from evq.worker import deadline as limits
-from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_digest
+from evq.worker.delivery import KEY_TAG, key_digest
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
@@ -235,7 +235,6 @@ class SesProvider:
     name = "ses"
     # SES has no idempotency key: an ambiguous send is unknown, never retried by evq.
     dedupe_window: float | None = None
-    profile = ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=DELIVERY_TYPES)
 
     def __init__(
         self,
@@ -248,7 +247,11 @@ class SesProvider:
         secret_access_key: str | None = None,
         policy: Policy = Policy(),
         max_workers: int = 16,
+        profile: ProviderProfile | None = None,
     ):
+        # What settles a lost answer: the composition root passes the one the settings give
+        # (SES events only with a configuration set and a verified webhook); else none known.
+        self.profile = profile if profile is not None else ProviderProfile()
         if timeout <= 0 or max_workers < 1:
             raise ValueError("timeout must be positive and max_workers at least 1")
         if bool(access_key_id) != bool(secret_access_key):

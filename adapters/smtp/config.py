@@ -10,16 +10,35 @@ from __future__ import annotations
 import os
 import re
 import ssl
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from evq.worker.delivery import DeliveryType
 from evq.worker.options import Option, bad, boolean
+from evq.worker.ports.providers import ProviderProfile
 
 # A HELO/EHLO name: a domain of at least two labels, or an RFC 5321 address literal.
 _HELO_NAME = re.compile(
     r"^(?:(?=.{1,253}$)(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"|\[(?:\d{1,3}(?:\.\d{1,3}){3}|IPv6:[0-9A-Fa-f:.]+)\])$"
 )
+
+# An SMTP relay that reads a metadata header of its own (adapters/smtp/message.py renders
+# it) and echoes the value in its delivery webhooks: name -> the delivery types
+# (worker/delivery.py) its events become.
+RELAY_EVENTS: Final[Mapping[str, tuple[DeliveryType, ...]]] = {
+    # delivered, deferred, bounce, blocked, spamreport, open, click
+    "sendgrid": ("delivered", "deferred", "bounced_hard", "bounced_soft", "complained", "opened", "clicked"),
+    # delivered, failed (permanent or temporary), complained, opened, clicked
+    "mailgun": ("delivered", "deferred", "bounced_hard", "bounced_soft", "complained", "opened", "clicked"),
+    # Delivery, Bounce (HardBounce, SoftBounce, ...), SpamComplaint, Open, Click
+    "postmark": ("delivered", "bounced_hard", "bounced_soft", "complained", "opened", "clicked"),
+    # Delivery, DeliveryDelay, Bounce (Permanent, Transient), Complaint, Open, Click
+    "ses": ("delivered", "deferred", "bounced_hard", "bounced_soft", "complained", "opened", "clicked"),
+}
+RELAYS: Final = ("none", *RELAY_EVENTS)
 
 OPTIONS: tuple[Option, ...] = (
     Option("smtp_host", str, "localhost", "SMTP server host."),
@@ -69,6 +88,15 @@ OPTIONS: tuple[Option, ...] = (
         "Journal address: every SMTP send also goes to it as one more envelope recipient (RCPT TO only, never a "
         "header; recipients cannot see it), so EVQ_JOURNAL_IMAP_URL can find the copy of a send whose answer was lost.",
     ),
+    Option(
+        "smtp_relay",
+        str,
+        "none",
+        "The SMTP server is this provider's relay: sendgrid, mailgun, postmark or ses (none: a plain server). "
+        "Each message then carries the relay's metadata header with the key's digest (evq_key), which its "
+        "webhooks echo: X-SMTPAPI, X-Mailgun-Variables, X-PM-Metadata-evq_key or X-SES-MESSAGE-TAGS.",
+        choices=RELAYS,
+    ),
 )
 
 # The witness of the SMTP adapter (adapters/smtp/journal.py): the IMAP mailbox the journal
@@ -117,6 +145,7 @@ class SmtpConfig:
     client_key: str | None = None
     allow_plain_auth: bool = False
     journal: str | None = None
+    relay: str = "none"
 
     def validate(self) -> None:
         """The checks between these options, and the TLS files read now: a bad bundle or key
@@ -227,3 +256,13 @@ class JournalConfig:
             user=user,
             mailbox=mailbox,
         )
+
+
+def profile(config: SmtpConfig, webhooks: Collection[str] = (), *, witness: bool = False) -> ProviderProfile:
+    """What this provider can do to settle a lost answer (docs/design.md, "Provider profiles"),
+    from the settings alone. A plain SMTP server: nothing (no key it honours, no webhook), but a
+    lookup by Message-ID when a journal mailbox is its ``witness`` (EVQ_JOURNAL_IMAP_URL,
+    adapters/smtp/journal.py). Through a relay (EVQ_SMTP_RELAY) whose webhook is configured
+    (``webhooks``, the webhook providers whose secret is set, names it): that relay's events."""
+    events = RELAY_EVENTS.get(config.relay, ()) if config.relay in webhooks else ()
+    return ProviderProfile(dedupe_window=None, lookup_by=("message_id",) if witness else (), webhook_events=events)

@@ -8,6 +8,7 @@ Nothing here talks to a server: :func:`build_message` either returns an
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 from email_validator import EmailNotValidError
 
+from evq.worker.delivery import KEY_TAG, key_digest
 from evq.worker.ports import SendRequest
 from evq.worker.request import ALLOWED_HEADERS, validate_address
 
@@ -31,6 +33,56 @@ _MESSAGE_ID = re.compile(r"^<[!-;=?-~]+@[!-;=?-~]+>$")  # printable ASCII, no <,
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\u0080-\U0010ffff-]+"
 _DOT_ATOM = re.compile(rf"^{_ATEXT}(?:\.{_ATEXT})*$")
 _PHRASE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?: [A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*$")
+
+
+# The metadata header each relay (EVQ_SMTP_RELAY) reads, which its webhooks echo; the relay
+# takes it off before delivery (Mailgun's documentation says it keeps X-Mailgun-Variables in
+# the delivered message: recipients can read the digest, never the key).
+RELAY_HEADERS: dict[str, str] = {
+    "sendgrid": "X-SMTPAPI",  # {"unique_args": {"evq_key": ...}}: SendGrid's SMTP API
+    "mailgun": "X-Mailgun-Variables",  # {"evq_key": ...}: user variables, a JSON map
+    "postmark": "X-PM-Metadata-" + KEY_TAG,  # the value: custom metadata named evq_key
+    "ses": "X-SES-MESSAGE-TAGS",  # evq_key=...: message tags (letters, digits, _ and - only)
+}
+
+
+def relay_header(relay: str, idempotency_key: str) -> tuple[str, str] | None:
+    """The relay's metadata header carrying ``evq_key`` = the key's digest (worker/delivery.py),
+    as (name, value); None for ``none``. Derived from the key alone: the same on every attempt."""
+    if relay == "none":
+        return None
+    digest = key_digest(idempotency_key)
+    if relay == "sendgrid":
+        value = json.dumps({"unique_args": {KEY_TAG: digest}}, separators=(", ", ": "))
+    elif relay == "mailgun":
+        value = json.dumps({KEY_TAG: digest}, separators=(", ", ": "))
+    elif relay == "postmark":
+        value = digest
+    elif relay == "ses":
+        value = f"{KEY_TAG}={digest}"
+    else:
+        raise BuildError(f"unknown SMTP relay {relay!r}; known: none, {', '.join(RELAY_HEADERS)}")
+    return RELAY_HEADERS[relay], value
+
+
+def relay_key_digest(relay: str, value: str) -> str | None:
+    """What a relay reads as ``evq_key`` from its header's (unfolded) value: the inverse of
+    :func:`relay_header`, as the relay parses it; None if it would find none."""
+    try:
+        if relay == "sendgrid":
+            found = json.loads(value).get("unique_args", {}).get(KEY_TAG)
+        elif relay == "mailgun":
+            found = json.loads(value).get(KEY_TAG)
+        elif relay == "postmark":
+            found = value.strip()
+        elif relay == "ses":
+            tags = dict(part.strip().partition("=")[::2] for part in value.split(","))
+            found = tags.get(KEY_TAG)
+        else:
+            return None
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and found else None
 
 
 class BuildError(ValueError):
@@ -61,7 +113,11 @@ class _Addr:
 
 
 def build_message(
-    request: SendRequest, *, now: datetime | None = None, internal_domains: tuple[str, ...] = ()
+    request: SendRequest,
+    *,
+    now: datetime | None = None,
+    internal_domains: tuple[str, ...] = (),
+    relay: str = "none",
 ) -> Envelope:
     """Render the normalized payload as RFC 5322 bytes plus the SMTP envelope.
 
@@ -69,7 +125,9 @@ def build_message(
     attempt carries the same one (invariant 1): a recipient's MTA can then discard a
     duplicate, and an operator can find the message by it. Nothing else of evq's goes
     into the message: the idempotency key (``run_id:step_id`` by default) names the
-    caller's internal ids, which are none of the recipients' business.
+    caller's internal ids, which are none of the recipients' business. Through a relay
+    (``relay``, EVQ_SMTP_RELAY) the relay's metadata header carries the key's SHA-256
+    digest (:func:`relay_header`), which the relay's webhooks echo.
 
     The header block is rendered here, not by ``email.message``: its folding drops
     the quotes around a long display name (``"Doe, John" <a@b>`` becomes two
@@ -93,6 +151,9 @@ def build_message(
     headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
     headers.append(("Date", format_datetime(now or datetime.now(UTC))))
     headers.append(("Message-ID", request.message_id))
+    metadata = relay_header(relay, request.idempotency_key)
+    if metadata is not None:
+        headers.append(metadata)
     ours = {name.lower() for name, _ in headers}
     for name, value in (payload.get("headers") or {}).items():
         canonical = ALLOWED_HEADERS.get(str(name).lower())
@@ -106,6 +167,8 @@ def build_message(
     except UnicodeEncodeError as exc:
         raise BuildError("a header would need SMTPUTF8 although no address does") from exc
     _verify_rendered(data, smtputf8, [name for name, _ in headers] + list(body.keys()), groups, sender)
+    if metadata is not None:
+        _verify_relay_header(data, smtputf8, relay, key_digest(request.idempotency_key))
 
     recipients: list[str] = []
     seen: set[str] = set()
@@ -230,3 +293,16 @@ def _verify_rendered(
     except (ValueError, TypeError, UnicodeError) as exc:
         # The parser itself refuses, e.g. a display name that decodes to CR/LF.
         raise BuildError("a header would carry control characters once decoded") from exc
+
+
+def _verify_relay_header(data: bytes, smtputf8: bool, relay: str, digest: str) -> None:
+    """The relay's header, parsed back from the bytes about to be sent, carries exactly one
+    ``evq_key``, the step's digest: otherwise its webhooks could not name the step."""
+    parsed = (
+        Parser(policy=email_policy.default).parsestr(data.decode("utf-8"), headersonly=True)
+        if smtputf8
+        else BytesParser(policy=email_policy.default).parsebytes(data, headersonly=True)
+    )
+    values = parsed.get_all(RELAY_HEADERS[relay]) or []
+    if len(values) != 1 or relay_key_digest(relay, str(values[0])) != digest:
+        raise BuildError(f"the {RELAY_HEADERS[relay]} header would not carry the key's digest")

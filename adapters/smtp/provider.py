@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from evq.adapters.smtp.config import RELAYS, SmtpConfig
+from evq.adapters.smtp.config import profile as smtp_profile
 from evq.adapters.smtp.conversation import _Conversation, _Secrets
 from evq.adapters.smtp.message import BuildError, build_message
 from evq.worker import deadline as limits
@@ -57,6 +59,8 @@ class SmtpProvider:
         allow_plain_auth: bool = False,
         journal: str | None = None,
         witness: Lookup | None = None,
+        relay: str = "none",
+        profile: ProviderProfile | None = None,
     ):
         if tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {tls!r}")
@@ -64,6 +68,15 @@ class SmtpProvider:
             raise ValueError("an SMTP username needs a password")
         if timeout <= 0 or max_workers < 1:
             raise ValueError("timeout must be positive and max_workers at least 1")
+        if relay not in RELAYS:
+            raise ValueError(f"relay must be one of {', '.join(RELAYS)}, got {relay!r}")
+        # The relay whose metadata header each message carries (adapters/smtp/message.py).
+        self.relay = relay
+        # What settles a lost answer (docs/design.md, "Provider profiles"); the composition root
+        # passes the one the settings give (which webhooks are configured), else: none known.
+        self.profile = (
+            profile if profile is not None else smtp_profile(SmtpConfig(relay=relay), witness=witness is not None)
+        )
         self.host, self.port, self.tls, self.timeout = host, port, tls, timeout
         self.username = username
         self._password = password  # kept off repr() and out of every outcome
@@ -73,8 +86,6 @@ class SmtpProvider:
         # The journal address (RCPT only) and the lookup that searches where its copies land.
         self.journal = journal
         self.witness = witness
-        # No key a server honours, no webhooks; a lookup by Message-ID only with a witness.
-        self.profile = ProviderProfile(lookup_by=("message_id",) if witness is not None else ())
         if witness is not None:
             # An instance attribute, not a method: the worker gives the reconciler the
             # providers that have a lookup, and without a witness this one has none.
@@ -197,7 +208,7 @@ class SmtpProvider:
 
     def _attempt(self, request: SendRequest, holder: list[_Conversation]) -> Outcome:
         try:
-            envelope = build_message(request, internal_domains=self.policy.internal_domains)
+            envelope = build_message(request, internal_domains=self.policy.internal_domains, relay=self.relay)
         except BuildError as exc:
             return Rejected(str(exc), response=_bare("build"), before_send=True)
         conversation = _Conversation(self, envelope, request)

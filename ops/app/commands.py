@@ -784,13 +784,17 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "providers.list",
-        "List every provider's circuit, and why an open one opened.",
-        "List every provider's circuit: closed (sending), open (down or misconfigured: "
-        "nothing is sent, attempts are not charged, a probe goes out after the wait shown) "
-        "or half_open (one probe is out). An open circuit shows why it opened.",
+        "List every provider: what settles a lost answer, its rate limit, its circuit and why an open one opened.",
+        "List every provider a step may name: its profile (whether it dedupes our key and for how long, "
+        "what a lookup finds messages by, which delivery events its configured webhook sends, and whether "
+        "a send whose answer was lost could ever be settled without an operator: resolvable), its shared "
+        "rate limit (EVQ_RATE_LIMIT), whether EVQ_ADAPTER names it here, and its circuit: closed (sending), "
+        "open (down or misconfigured: nothing is sent, attempts are not charged, a probe goes out after the "
+        "wait shown) or half_open (one probe is out). An open circuit shows why it opened.",
         Effect.READ,
         (OUTPUT, DATABASE_URL),
-        use_when="sends are not going out, or before a batch: is a provider down or misconfigured?",
+        use_when="sends are not going out, or before a batch: is a provider down or misconfigured, "
+        "and can it settle a lost answer?",
         avoid_when="asking about one send: `steps show` has its own state and evidence",
         http=(Route("GET", "/v1/providers"),),
         mcp=True,

@@ -19,14 +19,25 @@ from typing import Any
 
 from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
+from evq.ops.settings import ADAPTERS, Settings
 from evq.worker.delivery import DeliveryEvent
-from evq.worker.enqueue import existing_or_conflict, validate, validate_many
-from evq.worker.errors import AuthFailed, Forbidden, IdempotencyConflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.enqueue import ambiguity, existing_or_conflict, flag_ambiguity, validate, validate_many
+from evq.worker.errors import (
+    AuthFailed,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    StateConflict,
+    Unresolvable,
+)
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
 from evq.worker.logs import get_logger
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
-from evq.worker.records import StepSummary
+from evq.worker.ports.providers import ProviderProfile
+from evq.worker.ratelimit import RateLimit
+from evq.worker.records import AMBIGUITY_HINTS, StepSummary
 from evq.worker.refusals import INTERFACES, describe
 from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
@@ -199,7 +210,7 @@ async def enqueue(
         raise
     if dry_run:
         await caller.identify(store, Permission.READ)
-        plan = [await _plan(store, v) for v in valid]
+        plan = [await _plan(store, v, policy) for v in valid]
         return Reply({"dry_run": True, "plan": plan}, {"count": len(plan)})
     identity = await caller.identify(store, Permission.ENQUEUE)
     assert identity is not None  # ENQUEUE is never granted without a key
@@ -207,6 +218,8 @@ async def enqueue(
     actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
     valid = [replace(v, actor=actor) for v in valid]
     results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
+    # A step whose provider could never settle a lost answer says so (docs/design.md, "Provider profiles").
+    results = [flag_ambiguity(r, v, policy) for r, v in zip(results, valid, strict=True)]
     created = sum(1 for r in results if r.created)
     if not many:
         return Reply(with_labels(results[0].to_dict()), created=results[0].created)
@@ -240,9 +253,10 @@ async def record_refusal(
         return None
 
 
-async def _plan(store: AppStore, request: ValidRequest) -> dict[str, Any]:
+async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[str, Any]:
     """What enqueueing ``request`` would do, read without writing."""
     row = await store.find_by_key(request)
+    flag = ambiguity(request, policy)
     plan: dict[str, Any] = {
         "run_id": request.run_id,
         "step_id": request.step_id,
@@ -251,6 +265,8 @@ async def _plan(store: AppStore, request: ValidRequest) -> dict[str, Any]:
         "action": "create",
         "existing_id": None,
         "request": request.payload,
+        "ambiguity": flag,
+        "ambiguity_hint": AMBIGUITY_HINTS.get(flag) if flag else None,
     }
     if row is not None:
         try:
@@ -728,13 +744,52 @@ def circuit_view(provider: str, row: Mapping[str, Any] | None) -> dict[str, Any]
     }
 
 
-async def list_providers(store: AppStore, caller: Caller, providers: Sequence[str]) -> Reply:
-    """Every provider's circuit: whether evq sends to it now and, if not, why."""
+def profile_view(profile: ProviderProfile | None) -> dict[str, Any] | None:
+    """What a provider can do to settle a send whose answer was lost (docs/design.md,
+    "Provider profiles"); None for a provider this evq has no adapter for."""
+    if profile is None:
+        return None
+    window = profile.dedupe_window
+    return {
+        "dedupe_window_seconds": None if window is None else math.ceil(window),
+        "lookup_by": list(profile.lookup_by),
+        "webhook_events": list(profile.webhook_events),
+        "resolvable": profile.resolvable,
+    }
+
+
+def rate_view(limit: RateLimit | None) -> dict[str, Any] | None:
+    """The provider's shared rate limit (EVQ_RATE_LIMIT, worker/ratelimit.py); None: unlimited."""
+    if limit is None:
+        return None
+    return {"per_second": limit.per_second, "burst": limit.burst, "setting": str(limit)}
+
+
+async def list_providers(store: AppStore, caller: Caller, settings: Settings) -> Reply:
+    """Every provider a step may name (and any other with a circuit row): its profile (what can
+    settle a lost answer, from the settings: Settings.provider_profiles), its rate limit
+    (EVQ_RATE_LIMIT), whether this process's EVQ_ADAPTER names it, and its circuit (whether
+    evq sends to it now and, if not, why)."""
     await caller.identify(store, Permission.READ)
     rows = {r["provider"]: r for r in await store.circuits()}
-    names = list(providers) + sorted(set(rows) - set(providers))
-    data = [circuit_view(name, rows.get(name)) for name in names]
-    return Reply(data, {"count": len(data), "held": sum(1 for d in data if not d["sending"])})
+    names = list(ADAPTERS) + sorted(set(rows) - set(ADAPTERS))
+    profiles = settings.provider_profiles()
+    limits = {limit.provider: limit for limit in settings.rate_limit}
+    data = [
+        {
+            **circuit_view(name, rows.get(name)),
+            "configured": name in settings.adapter,
+            "profile": profile_view(profiles.get(name)),
+            "rate_limit": rate_view(limits.get(name)),
+        }
+        for name in names
+    ]
+    meta = {
+        "count": len(data),
+        "held": sum(1 for d in data if not d["sending"]),
+        "unresolvable": sum(1 for d in data if d["profile"] is not None and not d["profile"]["resolvable"]),
+    }
+    return Reply(data, meta)
 
 
 # -- operators ----------------------------------------------------------------
@@ -847,7 +902,8 @@ def json_field_names(exc: InvalidRequest) -> InvalidRequest:
     """The same error with fields named as JSON names them (``--older-than`` -> ``older_than``),
     for the interfaces that take JSON rather than flags."""
     fields = [{**f, "field": _json_name(f["field"])} for f in exc.errors]
-    return InvalidRequest(fields, hint=exc.hint)
+    # E_UNRESOLVABLE keeps its code; every other field error is E_INVALID_ARG.
+    return (Unresolvable if isinstance(exc, Unresolvable) else InvalidRequest)(fields, hint=exc.hint)
 
 
 def _json_name(name: str) -> str:

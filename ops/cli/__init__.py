@@ -44,7 +44,7 @@ def cli() -> None:
     Serve:        evq admin serve   (HTTP API, operators' page at /ops, /metrics) ; evq admin mcp   (MCP, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Told:         evq events list --since CURSOR   (your key's rejections, unknowns, verdicts)
-    Providers:    evq providers list   (circuits: which provider is down or misconfigured, and why)
+    Providers:    evq providers list   (what settles a lost answer, rate limits, circuits: which is down and why)
     Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
     Deliveries:   evq deliveries list [--unmatched]   (what providers' webhooks said: delivered, bounced...)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."

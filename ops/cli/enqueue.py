@@ -64,7 +64,7 @@ def enqueue_cmd(
         human = _human_one
     else:
         created = reply.meta["created"]
-        human = lambda _: f"{len(valid)} requests: {created} created, {len(valid) - created} already present"  # noqa: E731
+        human = lambda data: _human_many(data, created)  # noqa: E731
     out.reply(reply, human=human)
 
 
@@ -96,14 +96,29 @@ def _human_plan(d: dict[str, Any]) -> str:
     lines = [
         f"{p['run_id']}/{p['step_id']} (key {p['idempotency_key']}): {words[p['action']]}"
         + (f" {p['existing_id']}" if p["existing_id"] else "")
+        + (f" [{p['provider']}: {p['ambiguity']}]" if p["ambiguity"] else "")
         for p in d["plan"]
     ]
-    return "\n".join([*lines, "dry run: nothing was changed"])
+    return "\n".join([*lines, *_warning(d["plan"]), "dry run: nothing was changed"])
 
 
 def _human_one(d: dict[str, Any]) -> str:
     verb = "enqueued" if d["created"] else "already enqueued"
-    return f"{verb}: step {d['id']} ({d['status']}) run={d['run_id']} step={d['step_id']} message-id={d['message_id']}"
+    line = f"{verb}: step {d['id']} ({d['status']}) run={d['run_id']} step={d['step_id']} message-id={d['message_id']}"
+    return "\n".join([line, *_warning([d])])
+
+
+def _human_many(data: list[dict[str, Any]], created: int) -> str:
+    line = f"{len(data)} requests: {created} created, {len(data) - created} already present"
+    return "\n".join([line, *_warning(data)])
+
+
+def _warning(items: list[dict[str, Any]]) -> list[str]:
+    """The ambiguity warning (docs/design.md, "Provider profiles"), once for all the items it applies to."""
+    flagged = [i for i in items if i.get("ambiguity")]
+    if not flagged:
+        return []
+    return [f"warning: {len(flagged)} of {len(items)} {flagged[0]['ambiguity']}: {flagged[0]['ambiguity_hint']}"]
 
 
 def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import ADAPTERS, Settings
+from evq.ops.settings import Settings
 from evq.worker.errors import EvqError, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.resolution import Resolution
@@ -172,7 +172,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def providers(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(providers_schema(), args)
-        return await service.list_providers(store, caller(), ADAPTERS)
+        return await service.list_providers(store, caller(), settings)
 
     async def events(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(events_schema(), args)

@@ -21,7 +21,6 @@ from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
-from evq.ops.settings import ADAPTERS
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from evq.ops.web.state import AppState
@@ -164,7 +163,14 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(no_unknown_query)], tags=
     "different request is refused (409) and writes nothing. Needs a key with role agent or admin "
     "(dry_run: any role).",
     status_code=201,
-    responses=_responses("steps.enqueue", 200, 201, s409="the key is taken by a different request (E_CONFLICT)"),
+    responses=_responses(
+        "steps.enqueue",
+        200,
+        201,
+        s409="the key is taken by a different request (E_CONFLICT)",
+        s422="invalid body, error.context.fields names each (E_INVALID_ARG); or the provider could never settle "
+        "a lost answer and EVQ_REFUSE_UNRESOLVABLE is on (E_UNRESOLVABLE)",
+    ),
     **operation(
         "steps.enqueue",
         **_body({"anyOf": [request_schema(), {"type": "array", "minItems": 1, "items": request_schema()}]}),
@@ -355,13 +361,13 @@ async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONR
 
 @router.get(
     "/providers",
-    summary="Every provider's circuit, and why an open one opened",
+    summary="Every provider: its profile (what settles a lost answer), rate limit and circuit",
     responses=_responses("providers.list", 200),
     **operation("providers.list"),
 )
 async def list_providers(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
     state: AppState = request.app.state.evq
-    return _answer(await service.list_providers(state.store, who, ADAPTERS), request.state.timer)
+    return _answer(await service.list_providers(state.store, who, state.settings), request.state.timer)
 
 
 async def _arguments(request: Request, schema: dict[str, Any]) -> dict[str, Any]:

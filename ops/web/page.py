@@ -21,7 +21,6 @@ from evq.ops.app import service
 from evq.ops.app.age import age
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import ADAPTERS
 from evq.ops.web import api
 from evq.ops.web.protocol import TooManyFailures
 from evq.ops.web.session import COOKIE, Session
@@ -220,8 +219,9 @@ async def overview(request: Request) -> HTMLResponse:
         stats_error = exc
     who = _who(session)
     oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
-    # Providers evq has stopped sending to, and why (worker/circuit.py).
-    circuits = await service.list_providers(state.store, who, ADAPTERS)
+    # Every provider: what settles a lost answer, its rate limit, and whether evq has stopped
+    # sending to it and why (worker/circuit.py).
+    circuits = await service.list_providers(state.store, who, state.settings)
     held = [c for c in circuits.data if not c["sending"]]
     # What agents tried lately and were refused (worker/refusals.py), newest first.
     refusals = await service.list_refusals(state.store, who, limit=OVERVIEW_REFUSALS)
@@ -234,6 +234,7 @@ async def overview(request: Request) -> HTMLResponse:
         statuses=list(Status),
         oldest=oldest.data[0] if oldest.data else None,
         held=held,
+        providers=circuits.data,
         refusals=refusals.data,
     )
 

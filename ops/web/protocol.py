@@ -28,6 +28,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Error code -> HTTP status. E_AUTH_FAILED is 401, or 403 when the key is good but its role is not.
 STATUS: dict[str, int] = {
     "E_INVALID_ARG": 422,
+    "E_UNRESOLVABLE": 422,
     "E_NOT_FOUND": 404,
     "E_CONFLICT": 409,
     "E_AUTH_FAILED": 401,

@@ -64,7 +64,11 @@ def test_enqueue_send_and_read_back_the_whole_story(evq: Evq, smtp, db_url):
         "status",
         "status_label",
         "created",
+        "ambiguity",
+        "ambiguity_hint",
     }
+    # Plain SMTP can settle no lost answer (docs/design.md, "Provider profiles"): the answer says so.
+    assert first["ambiguity"] == "unresolvable" and "EVQ_REFUSE_UNRESOLVABLE" in first["ambiguity_hint"]
 
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
