@@ -35,7 +35,7 @@ def steps(db_url: str) -> int:
 def test_providers_list_shows_each_profile_rate_limit_and_circuit(db_url):
     listed = Evq(db_url, **PROFILE_ENV).json("providers", "list")
     by = {p["provider"]: p for p in listed["data"]}
-    assert list(by) == ["smtp", "http", "null"]
+    assert list(by) == ["smtp", "http", "ses", "null"]
     assert by["http"]["profile"] == {
         "dedupe_window_seconds": 3600,
         "lookup_by": ["key_tag"],
@@ -48,13 +48,13 @@ def test_providers_list_shows_each_profile_rate_limit_and_circuit(db_url):
         "webhook_events": [],
         "resolvable": False,
     }
-    assert by["null"]["profile"]["resolvable"] is False
+    assert by["null"]["profile"]["resolvable"] is False and by["ses"]["profile"]["resolvable"] is False
     assert by["http"]["rate_limit"] == {"per_second": 2.0, "burst": 5, "setting": "http=2/s:5"}
     assert by["smtp"]["rate_limit"] == {"per_second": 2.0, "burst": 2, "setting": "smtp=2/s:2"}
     assert by["null"]["rate_limit"] is None
     assert (by["smtp"]["configured"], by["http"]["configured"], by["null"]["configured"]) == (True, True, False)
     assert all(p["state"] == "closed" and p["sending"] for p in listed["data"])  # health: the circuit, as before
-    assert listed["meta"]["unresolvable"] == 2 and listed["meta"]["held"] == 0
+    assert listed["meta"]["unresolvable"] == 3 and listed["meta"]["held"] == 0
 
     human = Evq(db_url, **PROFILE_ENV).run("providers", "list")
     assert human.returncode == 0, human.stderr
@@ -100,6 +100,7 @@ def test_http_api_and_ops_page_show_profiles_flag_and_refuse(db_url):
         assert {p["provider"]: p["profile"]["resolvable"] for p in listed["data"]} == {
             "smtp": False,
             "http": True,
+            "ses": False,
             "null": False,
         }
         sent = checked(client.post("/v1/steps", json=request(run_id="run-p", step_id="s")))["data"]
@@ -135,7 +136,7 @@ async def test_mcp_flags_and_refuses_the_same(db_url):
         sent = await call(c, "evq_steps_enqueue", request(step_id="m"), "steps.enqueue")
         assert sent["data"]["ambiguity"] == "unresolvable"
         listed = await call(c, "evq_providers_list", {}, "providers.list")
-        assert listed["meta"]["unresolvable"] == 2
+        assert listed["meta"]["unresolvable"] == 3
     async with client(db_url, agent, refuse_unresolvable=True) as c:
         refused = await call(c, "evq_steps_enqueue", request(step_id="m2"), "steps.enqueue")
         assert refused["error"]["code"] == "E_UNRESOLVABLE"

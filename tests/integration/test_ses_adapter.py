@@ -98,7 +98,12 @@ async def answer(url: str, request: SendRequest | None = None, **kw: Any):
 def test_the_adapter_satisfies_the_port_and_declares_what_ses_can_do(moto) -> None:
     p = ses(moto.url)
     assert isinstance(p, Provider) and not isinstance(p, Lookup) and p.dedupe_window is None
-    assert profile_of(p) == ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=DELIVERY_TYPES)
+    # Alone it knows of nothing that settles a lost answer; the composition root passes what the
+    # settings give (tests/unit/test_provider_profiles.py: events with a configuration set and
+    # a verified SNS webhook).
+    assert profile_of(p) == ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=())
+    hooked = ProviderProfile(webhook_events=DELIVERY_TYPES)
+    assert profile_of(ses(moto.url, profile=hooked)) == hooked
     assert SECRET_KEY not in repr(p)
 
 

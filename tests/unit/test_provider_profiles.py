@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email import policy as email_policy
 from email.parser import BytesParser
@@ -42,12 +42,21 @@ from tests.support import POLICY, request
 
 def test_each_adapter_says_what_settles_a_lost_answer_from_the_settings_alone():
     profiles = Settings.load(env={}).provider_profiles()
-    assert set(profiles) == {"smtp", "http", "null"}
+    assert set(profiles) == {"smtp", "http", "ses", "null"}
     # HTTP: the provider dedupes our key for its window and is searched by the evq_key tag.
     assert profiles["http"] == ProviderProfile(dedupe_window=86400.0, lookup_by=("key_tag",), webhook_events=())
     # Plain SMTP and the null adapter: nothing at all.
     assert profiles["smtp"] == ProviderProfile() and not profiles["smtp"].resolvable
     assert profiles["null"] == ProviderProfile() and not profiles["null"].resolvable
+    # SES: no key, no lookup; its events count only with a configuration set and a verified webhook.
+    assert profiles["ses"] == ProviderProfile() and not profiles["ses"].resolvable
+    ses = Settings.load(env={"EVQ_SES_CONFIGURATION_SET": "evq"})
+    assert not ses.provider_profiles()["ses"].resolvable
+    assert ses.provider_profiles(webhooks_configured={"ses"})["ses"].webhook_events == DELIVERY_TYPES
+    # SMTP with a journal mailbox (EVQ_JOURNAL_IMAP_URL): its copies are looked up by Message-ID.
+    journal = {"EVQ_JOURNAL_IMAP_URL": "imaps://journal@imap.example/INBOX", "EVQ_JOURNAL_IMAP_PASSWORD": "pw"}
+    witnessed = Settings.load(env=journal).provider_profiles()["smtp"]
+    assert witnessed.lookup_by == ("message_id",) and witnessed.resolvable
     # A window of 0 means the provider does not dedupe; the lookup still settles a lost answer.
     no_window = Settings.load(env={"EVQ_HTTP_DEDUPE_WINDOW": "0"}).provider_profiles()["http"]
     assert no_window.dedupe_window is None and no_window.resolvable
@@ -55,7 +64,7 @@ def test_each_adapter_says_what_settles_a_lost_answer_from_the_settings_alone():
 
 def test_a_webhook_counts_only_once_it_is_configured_and_only_for_its_own_provider():
     settings = Settings.load(env={"EVQ_SMTP_RELAY": "sendgrid"})
-    assert settings.webhooks_configured() == frozenset()  # no webhook secret on this branch: none counts
+    assert settings.webhooks_configured() == frozenset()  # no webhook secret set: none counts
     assert not settings.provider_profiles()["smtp"].resolvable
     assert not settings.provider_profiles(webhooks_configured={"mailgun", "resend"})["smtp"].resolvable
     hooked = settings.provider_profiles(webhooks_configured={"sendgrid", "resend"})
@@ -67,27 +76,18 @@ def test_a_webhook_counts_only_once_it_is_configured_and_only_for_its_own_provid
         assert smtp_profile(SmtpConfig(relay=relay), {relay}).webhook_events == events
 
 
-@dataclass(frozen=True, slots=True)
-class _WithWebhookSecrets(Settings):
-    """The settings as the webhooks branch adds them (EVQ_WEBHOOK_<NAME>_SECRET): the hook
-    Settings.webhooks_configured reads by that name."""
-
-    webhook_postmark_secret: str | None = None
-    webhook_resend_secret: str | None = None
-
-
 def test_a_set_webhook_secret_is_what_makes_its_events_count():
-    settings = _WithWebhookSecrets(smtp_relay="postmark", webhook_postmark_secret="s3cret")
+    settings = Settings.load(env={"EVQ_SMTP_RELAY": "postmark", "EVQ_WEBHOOK_POSTMARK_TOKEN": "s3cret-token-of-postmark"})
     assert settings.webhooks_configured() == {"postmark"}
     profiles = settings.provider_profiles()
     assert profiles["smtp"].webhook_events == RELAY_EVENTS["postmark"] and not profiles["http"].webhook_events
-    assert settings.policy().unresolvable == ("null",)
-    both = replace(settings, webhook_resend_secret="other")
+    assert settings.policy().unresolvable == ("ses", "null")
+    both = replace(settings, webhook_resend_secret="whsec_" + "b3RoZXI=")
     assert both.provider_profiles()["http"].webhook_events == RESEND_EVENTS
 
 
 def test_the_settings_policy_names_the_unresolvable_providers_and_the_refusal():
-    assert Settings.load(env={}).policy().unresolvable == ("smtp", "null")
+    assert Settings.load(env={}).policy().unresolvable == ("smtp", "ses", "null")
     assert Settings.load(env={}).policy().refuse_unresolvable is False
     assert Settings.load(env={"EVQ_REFUSE_UNRESOLVABLE": "on"}).policy().refuse_unresolvable is True
     with pytest.raises(ConfigError, match="EVQ_SMTP_RELAY"):
@@ -101,7 +101,7 @@ def test_the_providers_wiring_builds_declare_the_profile_the_settings_give():
     providers = wiring.build_providers(settings)
     try:
         expected = settings.provider_profiles()
-        assert {name: profile_of(p) for name, p in providers.items()} == expected
+        assert {name: profile_of(p) for name, p in providers.items()} == {name: expected[name] for name in providers}
         assert providers["smtp"].relay == "ses"  # type: ignore[attr-defined]
     finally:
         asyncio.run(_close(providers))
