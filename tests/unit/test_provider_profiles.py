@@ -77,7 +77,9 @@ def test_a_webhook_counts_only_once_it_is_configured_and_only_for_its_own_provid
 
 
 def test_a_set_webhook_secret_is_what_makes_its_events_count():
-    settings = Settings.load(env={"EVQ_SMTP_RELAY": "postmark", "EVQ_WEBHOOK_POSTMARK_TOKEN": "s3cret-token-of-postmark"})
+    settings = Settings.load(
+        env={"EVQ_SMTP_RELAY": "postmark", "EVQ_WEBHOOK_POSTMARK_TOKEN": "s3cret-token-of-postmark"}
+    )
     assert settings.webhooks_configured() == {"postmark"}
     profiles = settings.provider_profiles()
     assert profiles["smtp"].webhook_events == RELAY_EVENTS["postmark"] and not profiles["http"].webhook_events
