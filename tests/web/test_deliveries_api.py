@@ -13,7 +13,7 @@ import httpx
 from evq.ops.app import service
 from evq.worker.delivery import DeliveryEvent
 from tests.acceptance.conftest import Evq, make_key
-from tests.support import request, serve_process, step_row, with_store
+from tests.support import request, serve_process, step_row, unknown_steps, with_store
 from tests.web.support import checked, serving
 from tests.web.test_mcp import call, client
 from tests.web.test_ops_page import _signed_in
@@ -86,3 +86,14 @@ def test_the_ops_page_shows_a_steps_delivery_state_and_events(db_url):
     steps = re.search(r'<table class="rows" id="run-steps">.*?</table>', trace, flags=re.S)[0]
     assert "bounced_soft" in steps
     assert '<tr class="kind-delivery_event">' in trace
+
+
+def test_the_command_lines_tables_show_the_delivery_state(db_url):
+    [made] = with_store(db_url, lambda store: unknown_steps(store, run_id="r-cli"))
+    mid = step_row(db_url, made.id)["message_id"]
+    receive(db_url, event("pm-c", "deferred", message_id=mid, recipient="ada@example.org"))
+    listed = Evq(db_url).run("steps", "list", "--run-id", "r-cli").stdout
+    assert re.search(rf"^{made.id}\s+accepted\b.*\bdeferred\s*$", listed, flags=re.M), listed
+    shown = Evq(db_url).run("steps", "show", str(made.id)).stdout
+    assert "delivery        deferred" in shown and "pm-c" not in shown and "ada@example.org" in shown
+    assert "deferred" in Evq(db_url).run("runs", "show", "r-cli").stdout
