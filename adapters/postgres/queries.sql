@@ -801,8 +801,9 @@ SELECT count(*)::int AS n FROM checked;
 -- name: delivery_record
 -- One verified webhook event (worker/delivery.py), in one statement: stored unless the
 -- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
--- the first and then writes nothing); matched to its step by key digest (the expression
--- index ix_email_steps_key_sha256), else by Message-ID; the step, if still unknown and the
+-- the first and then writes nothing); matched to its step by key digest (the SHA-256 of the
+-- key's bytes: exactly the expression of the hash index ix_email_steps_key_sha256, 0017), else
+-- by Message-ID; the step, if still unknown and the
 -- type proves the provider had it, closed accepted (reason webhook) exactly as
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
 -- row on the matched step, which carries the close when there was one. The key_events
@@ -812,7 +813,8 @@ WITH t AS (
 ), m AS (
     SELECT coalesce(
         (SELECT s.id FROM email_steps s
-         WHERE %(digest)s::bytea IS NOT NULL AND evq_key_sha256(s.idempotency_key) = %(digest)s::bytea),
+         WHERE %(digest)s::bytea IS NOT NULL
+           AND sha256(decode(replace(s.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea),
         (SELECT s.id FROM email_steps s WHERE s.message_id = %(message_id)s)
     ) AS step_id
 ), ins AS (

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    literal,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, TIMESTAMP, UUID
@@ -193,9 +194,19 @@ Index(
     postgresql_where=text("status IN ('accepted', 'rejected') AND content_redacted_at IS NULL"),
 )
 # A webhook's event matched by the key digest it echoes (0017): the SHA-256 of the key's
-# UTF-8 bytes, computed by evq_key_sha256 (the migration defines it), so the enqueue
-# statement writes nothing more and the digest can never disagree with the key.
-Index("ix_email_steps_key_sha256", func.evq_key_sha256(email_steps.c.idempotency_key))
+# bytes (UTF-8: the migration refuses another encoding), built-ins only, so the enqueue
+# statement writes nothing more and the digest can never disagree with the key. Hash:
+# equality is all it is asked (queries.sql's delivery_record uses the same expression).
+Index(
+    "ix_email_steps_key_sha256",
+    func.sha256(
+        func.decode(
+            func.replace(email_steps.c.idempotency_key, literal("\\"), literal("\\\\")),
+            literal("escape"),
+        )
+    ),
+    postgresql_using="hash",
+)
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
 # rewrites a row without adding an entry here (migration 0005).

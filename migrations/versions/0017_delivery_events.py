@@ -8,13 +8,17 @@ Create Date: 2026-12-01
   deduplicated by ``(provider, event_id)``; ``step_id`` is the step it matched, NULL when
   none did (kept for an operator, never dropped). No foreign key to email_steps: like
   key_events, pruning a step keeps what its provider said.
-- ``evq_key_sha256(text)``: the SHA-256 of a key's UTF-8 bytes, the digest evq puts on a
-  message as the ``evq_key`` tag. Declared IMMUTABLE for the expression index below: its one
-  non-immutable part, ``convert_to``, depends only on the database's encoding, which is fixed
-  when the database is made (``text::bytea`` would be immutable but escapes backslashes and
-  so hashes other bytes than the key's). ``ix_email_steps_key_sha256`` indexes it, so an
-  event is matched by digest in one index probe; nothing is added to the enqueue statement,
-  the cost is that index's entry (32 bytes) and the hash at insert.
+- ``ix_email_steps_key_sha256``: a hash index over the SHA-256 of the key's bytes, the digest
+  evq puts on a message as the ``evq_key`` tag, so an event is matched by digest in one probe.
+  The expression is built-ins only, all IMMUTABLE: ``decode(replace(key, '\\', '\\\\'), 'escape')``
+  is the key's bytes in the database's encoding (``text::bytea`` would read backslash escapes
+  and hash other bytes; ``convert_to`` is only STABLE, and wrapping it in an IMMUTABLE SQL
+  function doubled the index's cost at insert, a function call per row). Those bytes are the
+  UTF-8 ones in a UTF8 (or SQL_ASCII, fed by UTF-8 clients) database: any other encoding is
+  refused. Nothing is added to the enqueue statement; measured on a 2-core machine, 300,000
+  single-statement inserts into a copy of the key columns cost about 3 to 5 µs more per row
+  (6 µs without it), and the index is about 35 bytes a row. Hash, not B-tree: equality is all
+  it is asked, and it is half the size.
 - evidence kind ``delivery_event``: every event matched to a step is evidence on it.
 - ``evq_grant_runtime`` names the new table (SELECT, INSERT: append-only).
 
@@ -52,11 +56,9 @@ TYPES = ("delivered", "deferred", "bounced_hard", "bounced_soft", "complained", 
 _MARKER = "WHEN 'prune_log' THEN 'SELECT'"
 _LINE = "WHEN 'delivery_events' THEN 'SELECT, INSERT'  -- append-only\n            "
 
-KEY_SHA256 = """
-CREATE FUNCTION evq_key_sha256(key text) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-AS $$ SELECT pg_catalog.sha256(pg_catalog.convert_to(key, 'UTF8')) $$
-"""
+# The SHA-256 of the key's bytes (queries.sql's delivery_record uses the very same expression).
+KEY_SHA256 = r"sha256(decode(replace(idempotency_key, '\', '\\'), 'escape'))"
+_ENCODINGS = ("UTF8", "SQL_ASCII")
 
 
 def _kinds(values: Sequence[str]) -> str:
@@ -110,8 +112,16 @@ def upgrade() -> None:
         "CREATE TRIGGER delivery_events_no_truncate BEFORE TRUNCATE ON delivery_events "
         "FOR EACH STATEMENT EXECUTE FUNCTION evq_append_only()"
     )
-    op.execute(KEY_SHA256)
-    op.create_index("ix_email_steps_key_sha256", "email_steps", [sa.text("evq_key_sha256(idempotency_key)")])
+    encoding = (
+        op.get_bind()
+        .execute(sa.text("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()"))
+        .scalar_one()
+    )
+    if encoding not in _ENCODINGS:
+        raise RuntimeError(
+            f"evq needs a UTF8 database (this one is {encoding}): a key's digest is the SHA-256 of its UTF-8 bytes"
+        )
+    op.execute(f"CREATE INDEX ix_email_steps_key_sha256 ON email_steps USING hash (({KEY_SHA256}))")
     op.drop_constraint(op.f("ck_evidence_kind"), "evidence", type_="check")
     op.create_check_constraint(op.f("ck_evidence_kind"), "evidence", _kinds(KINDS))
     definition = _grant_function()
@@ -127,7 +137,6 @@ def downgrade() -> None:
     op.drop_constraint(op.f("ck_evidence_kind"), "evidence", type_="check")
     op.create_check_constraint(op.f("ck_evidence_kind"), "evidence", _kinds(KINDS))
     op.drop_index("ix_email_steps_key_sha256", table_name="email_steps")
-    op.execute("DROP FUNCTION IF EXISTS evq_key_sha256(text)")
     op.execute("DROP TRIGGER IF EXISTS delivery_events_append_only ON delivery_events")
     op.execute("DROP TRIGGER IF EXISTS delivery_events_no_truncate ON delivery_events")
     op.drop_index(

@@ -20,7 +20,8 @@ from typing import Any
 from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
-from evq.worker.delivery import DeliveryEvent
+from evq.worker import metrics
+from evq.worker.delivery import DELIVERY_TYPES, DeliveryEvent
 from evq.worker.enqueue import ambiguity, existing_or_conflict, flag_ambiguity, validate, validate_many
 from evq.worker.errors import (
     AuthFailed,
@@ -645,6 +646,7 @@ async def receive_deliveries(store: AppStore, provider: str, events: Sequence[De
             hint="an event is stored under the provider whose webhook verified it",
         )
     actor = delivery_actor(provider)
+    metrics.init_delivery(provider, DELIVERY_TYPES)  # every series at 0: the rates exist before the first event
     data: list[dict[str, Any]] = []
     for event in events:
         done = await store.delivery_record(event, actor=actor)

@@ -1,7 +1,7 @@
 """The command-line contract: one JSON object on stdout with ``-o json``, a table
 for people otherwise, and fixed exit codes for every error code.
 
-    {"status": "success" | "error" | "partial_failure", "schema_version": 2,
+    {"status": "success" | "error" | "partial_failure", "schema_version": 3,
      "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
 
 Logs never go to stdout. Times are ISO 8601 with a zone, numbers are numbers.

@@ -31,13 +31,14 @@ def _human(d: dict[str, Any]) -> str:
     lines = [
         f"run {d['run_id']}: {len(d['steps'])} step{'s' * (len(d['steps']) != 1)}",
         table(
-            d["steps"],
+            [{**s, "delivered": (s.get("delivery") or {}).get("state", "-")} for s in d["steps"]],
             [
                 ("id", "id"),
                 ("step_id", "step"),
                 ("status", "status"),
                 ("reason", "reason"),
                 ("attempts", "tries"),
+                ("delivered", "delivery"),
                 ("message_id", "message-id"),
             ],
         ),

@@ -38,8 +38,17 @@ def steps_list(
     )
 
 
+def delivery_text(delivery: dict[str, Any] | None) -> str:
+    """A step's latest delivery state in a word or three: ``delivered 2026-...`` or ``-``."""
+    return f"{delivery['state']} {delivery['at']}" if delivery else "-"
+
+
 def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
-    shown = [{**r, "age": age(r["age_seconds"])} for r in rows]
+    shown = [
+        {**r, "age": age(r["age_seconds"]), "delivered": (r.get("delivery") or {}).get("state", "-")} for r in rows
+    ]
+    if any("delivery" in r for r in rows):
+        extra = (("delivered", "delivery"), *extra)
     return table(
         shown,
         [
@@ -126,6 +135,8 @@ def _human_detail(d: dict[str, Any]) -> str:
         f"  from / to       {p['from']['email']} -> {to}",
         f"  subject         {p['subject']}",
         f"  content         {_content_line(s.get('content') or {})}",
+        f"  delivery        {delivery_text(s.get('delivery'))}"
+        + (f"  ({s['delivery']['events']} webhook events)" if s.get("delivery") else ""),
     ]
     if s.get("detail"):
         lines.append(f"  detail          {s['detail']}")
@@ -142,6 +153,17 @@ def _human_detail(d: dict[str, Any]) -> str:
         "evidence",
         table([evidence_line(e) for e in d["evidence"]], EVIDENCE_COLUMNS),
     ]
+    if d.get("deliveries"):
+        lines += [
+            "delivery events (newest first)",
+            table(
+                [
+                    {**e, "when": e["occurred_at"] or e["received_at"], "to": e["recipient"] or "-"}
+                    for e in d["deliveries"]
+                ],
+                [("id", "id"), ("when", "when"), ("provider", "provider"), ("type", "type"), ("to", "recipient")],
+            ),
+        ]
     if s["status"] == "unknown":
         lines.append(
             "\nThis send may or may not have reached the provider. Check the provider's logs or the "

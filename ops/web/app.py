@@ -31,7 +31,7 @@ log = get_logger("evq.http")
 
 DESCRIPTION = """The evq HTTP API: the same operations, bodies and error codes as `evq <noun> <verb> -o json`.
 
-Every body is the contract's wrapper `{status, schema_version: 2, data | error, meta}`; an error's
+Every body is the contract's wrapper `{status, schema_version: 3, data | error, meta}`; an error's
 `error.code` is one of the `E_*` codes (ops/app/cli-schema/error-codes.md). Every /v1 route needs
 `Authorization: Bearer <key>` (`evq keys create`): reads any role, enqueue agent or admin,
 resolve operator or admin. The one exception is `POST /v1/webhooks/{provider}`, which providers

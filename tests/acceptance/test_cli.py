@@ -204,7 +204,18 @@ def test_help_explains(evq: Evq):
     listed = {
         line.split()[0] for line in evq.run("--help").stdout.split("Commands:")[1].splitlines() if line[:3].strip()
     }
-    assert listed == {"admin", "events", "keys", "providers", "refusals", "runs", "schema", "steps", "worker"}
+    assert listed == {
+        "admin",
+        "deliveries",
+        "events",
+        "keys",
+        "providers",
+        "refusals",
+        "runs",
+        "schema",
+        "steps",
+        "worker",
+    }
 
 
 FULL_REQUEST = {

@@ -9,6 +9,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import psycopg
+from prometheus_client import REGISTRY
 
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app import service
@@ -27,7 +28,16 @@ def delivered(event_id: str, **kw) -> DeliveryEvent:
     return DeliveryEvent(provider="resend", event_id=event_id, type=kw.pop("type", "delivered"), **kw)
 
 
+def counted(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store, db_url):
+    before = (
+        counted("evq_delivery_events_total", provider="resend", type="delivered"),
+        counted("evq_delivery_settled_total", provider="resend"),
+        counted("evq_delivery_events_unmatched_total", provider="resend"),
+    )
     [lost] = await unknown_steps(store, run_id="run-lost")
     key = step_row(db_url, lost.id)["idempotency_key"]
     event = delivered("evt-1", key_digest=key_digest(key), provider_message_id="re_9", occurred_at=WHEN)
@@ -48,6 +58,12 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
     assert again.data[0]["duplicate"] and not again.data[0]["closed"] and again.meta["duplicates"] == 1
     assert rows(db_url, "SELECT count(*) AS n FROM delivery_events") == [{"n": 1}]
     assert evidence_kinds(db_url, lost.id).count("delivery_event") == 1
+    # Counted once (the duplicate is not), settled once, matched.
+    assert (
+        counted("evq_delivery_events_total", provider="resend", type="delivered"),
+        counted("evq_delivery_settled_total", provider="resend"),
+        counted("evq_delivery_events_unmatched_total", provider="resend"),
+    ) == (before[0] + 1, before[1] + 1, before[2])
 
     run = (await service.show_run(store, READER, "run-lost")).data
     assert run["steps"][0]["delivery"] == {"state": "delivered", "at": WHEN, "events": 1}
@@ -80,11 +96,14 @@ async def test_closed_steps_keep_their_state_and_gain_delivery_state(store, db_u
     by_id = {c.id: c for c in await claim(store, now=None)}
     await store.record([settle(by_id[ok.id], Accepted("q1")), settle(by_id[refused.id], Rejected("550"))], actor="w")
     before = {i: step_row(db_url, i) for i in (ok.id, refused.id)}
+    timed = counted("evq_accepted_to_delivered_seconds_count", provider="resend")
     for i in (ok.id, refused.id):
         mid = before[i]["message_id"]
         await service.receive_deliveries(store, "resend", [delivered(f"d-{i}", message_id=mid, occurred_at=WHEN)])
     for i in (ok.id, refused.id):
         assert step_row(db_url, i) == before[i]
+    # Only the accepted step's delivery is timed from its acceptance.
+    assert counted("evq_accepted_to_delivered_seconds_count", provider="resend") == timed + 1
     listed = (await service.list_steps(store, READER, filters={"run_id": "run-c"})).data
     assert {s["id"]: s["delivery"]["state"] for s in listed} == {ok.id: "delivered", refused.id: "delivered"}
 
@@ -125,7 +144,9 @@ async def test_the_key_digest_matches_any_key_text_through_its_index(store, db_u
     with psycopg.connect(db_url) as conn:
         conn.execute("SET enable_seqscan = off")
         plan = conn.execute(
-            "EXPLAIN SELECT id FROM email_steps WHERE evq_key_sha256(idempotency_key) = %s", (bytes(32),)
+            "EXPLAIN SELECT id FROM email_steps"
+            " WHERE sha256(decode(replace(idempotency_key, '\\', '\\\\'), 'escape')) = %s",
+            (bytes(32),),
         ).fetchall()
     assert "ix_email_steps_key_sha256" in "\n".join(r[0] for r in plan)
 

@@ -25,6 +25,7 @@ COMMAND_OF = {
     ("POST", "/v1/steps/resolve"): "steps.resolve",
     ("GET", "/v1/refusals"): "refusals.list",
     ("GET", "/v1/events"): "events.list",
+    ("GET", "/v1/deliveries"): "deliveries.list",
     ("GET", "/v1/health"): "admin.health",
 }
 
