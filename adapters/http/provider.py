@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 
+from evq.adapters import answers
 from evq.adapters.http.config import HttpConfig
 from evq.adapters.http.config import profile as http_profile
 from evq.worker import deadline as limits
@@ -60,7 +61,6 @@ log = get_logger("evq.adapters.http")
 
 TAG_NAME = "evq_key"
 MESSAGE_ID_HEADER = "X-Evq-Message-Id"
-MAX_BODY = 500  # characters of an answer kept as evidence
 MAX_KEY = 256
 LOOKUP_LIMIT = 10  # listed matches examined per lookup
 _PRINTABLE_ASCII = re.compile(r"^[\x21-\x7e]+$")
@@ -217,9 +217,9 @@ class HttpProvider:
         # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
         refusal = check_payload(request.payload, self.policy) or wire_refusal(wire_message(request))
         if refusal is not None:
-            outcome: Outcome = Rejected(refusal, response=_evidence("policy"), before_send=True)
+            outcome: Outcome = Rejected(refusal, response=answers.evidence("policy"), before_send=True)
         elif self._client.is_closed:
-            outcome = Retryable("the http adapter is closed", response=_evidence("closed"))
+            outcome = Retryable("the http adapter is closed", response=answers.evidence("closed"))
         else:
             outcome = await self._post(request)
         self._log(request, outcome)
@@ -257,7 +257,7 @@ class HttpProvider:
         except _LeaseTooShort:
             return Retryable(
                 "not sent: the lease no longer leaves time to send and record",
-                response=_evidence("request", error_class="LeaseTooShort", sent=False),
+                response=answers.evidence("request", error_class="LeaseTooShort", sent=False),
             )
         except (httpx.HTTPError, TimeoutError) as exc:
             return self._failed(exc, written)
@@ -269,11 +269,11 @@ class HttpProvider:
         if written:
             return Unknown(
                 f"{error_class} after the request was sent; the provider may have accepted it",
-                response=_evidence("answer", error_class=error_class, body=detail, sent=True),
+                response=answers.evidence("answer", error_class=error_class, reply=detail, sent=True),
             )
         return Retryable(
-            f"{error_class} before the request was sent" + (f": {_short(detail)}" if detail else ""),
-            response=_evidence("request", error_class=error_class, body=detail, sent=False),
+            f"{error_class} before the request was sent" + (f": {answers.short(detail)}" if detail else ""),
+            response=answers.evidence("request", error_class=error_class, reply=detail, sent=False),
             fault=_transport_fault(exc),
         )
 
@@ -281,13 +281,13 @@ class HttpProvider:
         code = response.status_code
         text = self._scrub(response.text)
         error = _provider_error(response)
-        evidence = _evidence("answer", code=code, body=text, sent=True, error_name=error.get("name"))
+        evidence = answers.evidence("answer", code=code, reply=text, sent=True, error_name=error.get("name"))
         # The provider's own error text is parsed from its JSON, so it can hold the key
         # unescaped where the raw body held it escaped: scrubbed again here.
         what = self._scrub(
             f"http {code}"
             + (f" {error['name']}" if error.get("name") else "")
-            + (f": {_short(str(error['message']))}" if error.get("message") else "")
+            + (f": {answers.short(str(error['message']))}" if error.get("message") else "")
         )
         if 200 <= code < 300:
             provider_id = _json(response).get("id")
@@ -364,14 +364,16 @@ class HttpProvider:
         except httpx.HTTPError as exc:
             raise LookupFailed(f"{type(exc).__name__} asking {path}") from None
         if response.status_code != 200:
-            raise LookupFailed(f"http {response.status_code} asking {path}: {_short(self._scrub(response.text))}")
+            raise LookupFailed(
+                f"http {response.status_code} asking {path}: {answers.short(self._scrub(response.text))}"
+            )
         body = _json(response)
         if not body:
             raise LookupFailed(f"unreadable answer asking {path}")
         return body
 
     def _scrub(self, text: str) -> str:
-        return scrub_text(text.replace(self._api_key, "***"))[: MAX_BODY * 4]
+        return scrub_text(text.replace(self._api_key, "***"))[: answers.MAX_BODY * 4]
 
 
 _STATUS_FAULTS = {401: "auth_failed", 403: "forbidden"}
@@ -423,27 +425,3 @@ def _carries_tag(record: Mapping[str, Any], value: str) -> bool:
 def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
     keep = ("id", "created_at", "last_event", "subject", "to")
     return {k: record[k] for k in keep if k in record}
-
-
-def _evidence(
-    phase: str,
-    *,
-    code: int | None = None,
-    body: str = "",
-    error_class: str | None = None,
-    sent: bool = False,
-    error_name: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "phase": phase,
-        "code": code,
-        "reply": body[:MAX_BODY],
-        "error_class": error_class,
-        "error_name": error_name,
-        "sent": sent,
-    }
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

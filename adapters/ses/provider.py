@@ -67,6 +67,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from evq.adapters import answers
 from evq.adapters.smtp.message import BuildError, Envelope, build_message
 from evq.worker import deadline as limits
 from evq.worker.delivery import KEY_TAG, key_digest
@@ -79,7 +80,6 @@ from evq.worker.scrub import scrub_text
 
 log = get_logger("evq.adapters.ses")
 
-MAX_BODY = 500  # characters of an answer kept as evidence
 # How long a cut-off send's thread gets to report how far it got, once its socket is shut down.
 _CUT_GRACE = 0.5
 
@@ -311,9 +311,9 @@ class SesProvider:
         # Policy may have changed since enqueue: nothing leaves unless today's rules pass.
         refusal = check_payload(request.payload, self.policy)
         if refusal is not None:
-            outcome: Outcome = Rejected(refusal, response=_evidence("policy"), before_send=True)
+            outcome: Outcome = Rejected(refusal, response=answers.evidence("policy"), before_send=True)
         elif self._closed:
-            outcome = Retryable("the ses adapter is closed", response=_evidence("closed"))
+            outcome = Retryable("the ses adapter is closed", response=answers.evidence("closed"))
         else:
             outcome = await self._run(request)
         self._log(request, outcome)
@@ -340,7 +340,7 @@ class SesProvider:
         try:
             job = self._pool.submit(self._call, attempt, request)
         except RuntimeError:  # closed meanwhile: nothing was started
-            return Retryable("the ses adapter is closed", response=_evidence("closed"))
+            return Retryable("the ses adapter is closed", response=answers.evidence("closed"))
         with self._track:
             self._jobs.add(job)
         job.add_done_callback(self._forget)
@@ -360,7 +360,10 @@ class SesProvider:
             return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
         except TimeoutError:
             pass
-        response = {**_evidence("answer" if phase != "request" else "request"), "error_class": "DeadlineExceeded"}
+        response = {
+            **answers.evidence("answer" if phase != "request" else "request"),
+            "error_class": "DeadlineExceeded",
+        }
         if phase != "request":
             return Unknown(
                 "no answer from SES by the send's deadline after the request began; SES may have accepted it",
@@ -380,7 +383,7 @@ class SesProvider:
         try:
             message = self._message(request)
         except BuildError as exc:
-            return Rejected(str(exc), response=_evidence("build"), before_send=True)
+            return Rejected(str(exc), response=answers.evidence("build"), before_send=True)
         self._local.attempt = attempt
         with self._track:
             self._live.add(attempt)
@@ -389,12 +392,12 @@ class SesProvider:
         except _LeaseTooShort:
             return Retryable(
                 "not sent: the lease no longer leaves time to send and record",
-                response=_evidence("request", error_class="LeaseTooShort"),
+                response=answers.evidence("request", error_class="LeaseTooShort"),
             )
         except _Cut:
             return Retryable(
                 "not sent: the send's deadline passed before the request began",
-                response=_evidence("request", error_class="DeadlineExceeded"),
+                response=answers.evidence("request", error_class="DeadlineExceeded"),
             )
         except _TransportFailed as exc:
             return self._failed(exc)
@@ -404,7 +407,7 @@ class SesProvider:
             return Retryable(
                 f"{type(exc).__name__}: no AWS credentials were found for SES; nothing was sent "
                 "(set EVQ_SES_ACCESS_KEY_ID and EVQ_SES_SECRET_ACCESS_KEY, or the AWS chain)",
-                response=_evidence("request", error_class=type(exc).__name__),
+                response=answers.evidence("request", error_class=type(exc).__name__),
                 misconfigured=True,
                 fault="auth_failed",
             )
@@ -412,13 +415,15 @@ class SesProvider:
             # botocore refused the parameters before building a request.
             return Rejected(
                 f"not sent: {self._scrub(str(exc))[:300]}",
-                response=_evidence("request", error_class="ParamValidationError"),
+                response=answers.evidence("request", error_class="ParamValidationError"),
                 before_send=True,
             )
         except Exception as exc:  # fail closed: the provider may have acted
             return Unknown(
                 f"the ses send raised {type(exc).__name__}; SES may have accepted it",
-                response=_evidence(attempt.phase, error_class=type(exc).__name__, sent=attempt.phase != "request"),
+                response=answers.evidence(
+                    attempt.phase, error_class=type(exc).__name__, sent=attempt.phase != "request"
+                ),
             )
         finally:
             self._local.attempt = None
@@ -430,11 +435,13 @@ class SesProvider:
         if not isinstance(message_id, str) or not message_id:
             return Unknown(
                 "SES answered without a MessageId; it may have accepted the message",
-                response=_evidence("answer", code=meta.get("HTTPStatusCode"), sent=True),
+                response=answers.evidence("answer", code=meta.get("HTTPStatusCode"), sent=True),
             )
         return Accepted(
             provider_message_id=message_id,
-            response=_evidence("answer", code=meta.get("HTTPStatusCode"), sent=True, request_id=meta.get("RequestId")),
+            response=answers.evidence(
+                "answer", code=meta.get("HTTPStatusCode"), sent=True, request_id=meta.get("RequestId")
+            ),
         )
 
     def _exchange(self, request: Any, **_kwargs: Any) -> AWSResponse:
@@ -472,12 +479,12 @@ class SesProvider:
         if exc.written:
             return Unknown(
                 f"{error_class} after the request was sent; SES may have accepted it",
-                response=_evidence("answer", error_class=error_class, reply=detail, sent=True),
+                response=answers.evidence("answer", error_class=error_class, reply=detail, sent=True),
             )
         fault = _transport_fault(exc.error)
         return Retryable(
-            f"{error_class} before the request was sent" + (f": {_short(detail)}" if detail else ""),
-            response=_evidence("request", error_class=error_class, reply=detail),
+            f"{error_class} before the request was sent" + (f": {answers.short(detail)}" if detail else ""),
+            response=answers.evidence("request", error_class=error_class, reply=detail),
             fault=fault,
         )
 
@@ -491,10 +498,10 @@ class SesProvider:
         # An answer SES wrote names its error (x-amzn-ErrorType or the body's code); a gateway's
         # HTML or an empty body leaves botocore only the status as the "code".
         parsed = bool(code) and not code.isdigit()
-        evidence = _evidence(
+        evidence = answers.evidence(
             "answer", code=status, reply=message, error_name=code or None, sent=True, request_id=meta.get("RequestId")
         )
-        what = f"ses {status} {code}" + (f": {_short(message)}" if message else "")
+        what = f"ses {status} {code}" + (f": {answers.short(message)}" if message else "")
         if code in _THROTTLED or status == 429:
             return Retryable(what, retry_after=_retry_after(headers), response=evidence, throttled=True)
         if code in _REJECTED:
@@ -532,7 +539,7 @@ class SesProvider:
             self._registered = pair
 
     def _scrub(self, text: str) -> str:
-        return scrub_text(text)[: MAX_BODY * 4]
+        return scrub_text(text)[: answers.MAX_BODY * 4]
 
     def _log(self, request: SendRequest, outcome: Outcome) -> None:
         r = outcome.response
@@ -609,29 +616,3 @@ def _transport_fault(exc: BaseException) -> str | None:
         if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
             return "tls_failed"
     return None
-
-
-def _evidence(
-    phase: str,
-    *,
-    code: int | None = None,
-    reply: str = "",
-    error_class: str | None = None,
-    error_name: str | None = None,
-    sent: bool = False,
-    request_id: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "phase": phase,
-        "code": code,
-        "reply": reply[:MAX_BODY],
-        "error_class": error_class,
-        "error_name": error_name,
-        "sent": sent,
-        "request_id": request_id,
-    }
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,42 @@
+"""What an HTTP-speaking adapter (adapters/http/, adapters/ses/) keeps of a provider's answer.
+
+One shape for the evidence of every attempt, so the trace, the ops page and the operator read
+the same fields whichever API answered: where in the exchange it ended (``phase``), the status
+``code``, the start of the provider's words (``reply``, at most :data:`MAX_BODY` characters, already
+scrubbed by the caller), the exception class or the provider's error name, and whether the whole
+request had been written (``sent``: what decides between retryable and unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BODY = 500  # characters of an answer kept as evidence
+
+
+def evidence(
+    phase: str,
+    *,
+    code: int | None = None,
+    reply: str = "",
+    error_class: str | None = None,
+    error_name: str | None = None,
+    sent: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The evidence of one attempt's answer; ``extra``: fields of one provider (SES's request id)."""
+    return {
+        "phase": phase,
+        "code": code,
+        "reply": reply[:MAX_BODY],
+        "error_class": error_class,
+        "error_name": error_name,
+        "sent": sent,
+        **extra,
+    }
+
+
+def short(text: str, limit: int = 200) -> str:
+    """``text`` on one line, at most ``limit`` characters: for a log line or an outcome's reason."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
