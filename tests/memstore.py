@@ -822,6 +822,28 @@ class MemoryStore:
         at = await self._op("notices", now)
         return self._enqueue_notices(step_ids, actor=actor, at=at)
 
+    def _notice_enqueued(self, notice: ValidRequest, step_id: int, *, actor: str, at: datetime) -> int:
+        """Enqueue a built notice about ``step_id`` with its evidence (as statement notice_enqueue); its id."""
+        kind = notice.decision.rationale["status"]
+        made = self._enqueue(notice, at, notice_of=step_id, tool="evq-notice")
+        to = notice.payload["to"][0]["email"]
+        self._insert_evidence(
+            step_id=step_id,
+            run_id=notice.run_id,
+            kind="notice_enqueued",
+            actor=actor,
+            reason=kind,
+            detail={
+                "notice_step": made.id,
+                "notice_key": made.idempotency_key,
+                "to": to,
+                "message": f"notice of {kind} queued as step {made.id} to {to}",
+            },
+            created_at=at,
+        )
+        metrics.NOTICES.inc()
+        return made.id
+
     def _enqueue_notices(self, step_ids: Sequence[int], *, actor: str, at: datetime) -> list[tuple[int, int]]:
         statuses = {str(s) for s in self.notices.statuses}
         created: list[tuple[int, int]] = []
@@ -854,25 +876,7 @@ class MemoryStore:
                 for n in self.steps.values()
             ):
                 continue  # ON CONFLICT DO NOTHING: this transition's notice exists
-            kind = notice.decision.rationale["status"]
-            made = self._enqueue(notice, at, notice_of=step_id, tool="evq-notice")
-            to = notice.payload["to"][0]["email"]
-            self._insert_evidence(
-                step_id=step_id,
-                run_id=notice.run_id,
-                kind="notice_enqueued",
-                actor=actor,
-                reason=kind,
-                detail={
-                    "notice_step": made.id,
-                    "notice_key": made.idempotency_key,
-                    "to": to,
-                    "message": f"notice of {kind} queued as step {made.id} to {to}",
-                },
-                created_at=at,
-            )
-            metrics.NOTICES.inc()
-            created.append((made.id, step_id))
+            created.append((self._notice_enqueued(notice, step_id, actor=actor, at=at), step_id))
         return created
 
     # -- provider rate limits (worker/ratelimit.py) -----------------------------------
@@ -1298,24 +1302,7 @@ class MemoryStore:
             for n in self.steps.values()
         ):
             return 0
-        kind = notice.decision.rationale["status"]
-        made = self._enqueue(notice, at, notice_of=step_id, tool="evq-notice")
-        to = notice.payload["to"][0]["email"]
-        self._insert_evidence(
-            step_id=step_id,
-            run_id=notice.run_id,
-            kind="notice_enqueued",
-            actor=actor,
-            reason=kind,
-            detail={
-                "notice_step": made.id,
-                "notice_key": made.idempotency_key,
-                "to": to,
-                "message": f"notice of {kind} queued as step {made.id} to {to}",
-            },
-            created_at=at,
-        )
-        metrics.NOTICES.inc()
+        self._notice_enqueued(notice, step_id, actor=actor, at=at)
         return 1
 
     async def delivery_events(

@@ -14,7 +14,7 @@ Calling it for steps that owe nothing, or twice for the same transition, is a no
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,12 +37,25 @@ def notice_op(step_ids: Sequence[int], config: NoticeConfig, *, actor: str, now:
     if not step_ids:
         return []
     rows = yield Q["notice_candidates"], {"ids": list(step_ids), "statuses": [str(s) for s in config.statuses]}
+    return (yield from _enqueue_built(rows, lambda row: build_notice(row, config), actor=actor, now=now))
+
+
+def _enqueue_built(
+    rows: Sequence[Mapping[str, Any]],
+    build: Callable[[Mapping[str, Any]], ValidRequest],
+    *,
+    actor: str,
+    now: datetime | None,
+    **logged: Any,
+) -> Op:
+    """Build each candidate's notice and enqueue them in one statement; [(notice id, step id)].
+
+    The transition itself must still commit (with the rest of its batch): a notice that
+    cannot be built is logged loudly, never allowed to undo the outcome it is about."""
     notices: list[tuple[int, ValidRequest]] = []
     for row in rows:
-        # The transition itself must still commit (with the rest of its batch): a notice
-        # that cannot be built is logged loudly, never allowed to undo the outcome it is about.
         try:
-            notices.append((row["id"], build_notice(row, config)))
+            notices.append((row["id"], build(row)))
         except InvalidRequest as exc:
             log.error("notice_not_built", step=row["id"], error=exc.message, fields=exc.errors)
         except Exception:
@@ -52,7 +65,7 @@ def notice_op(step_ids: Sequence[int], config: NoticeConfig, *, actor: str, now:
     created = yield Q["notice_enqueue"], _params(notices, actor=actor, now=now)
     for row in created:
         metrics.NOTICES.inc()
-        log.info("notice_enqueued", step=row["notice_of"], notice=row["id"])
+        log.info("notice_enqueued", step=row["notice_of"], notice=row["id"], **logged)
     return [(r["id"], r["notice_of"]) for r in created]
 
 
@@ -88,18 +101,8 @@ def delivery_notice_op(
     occurred_at, received_at) owes step ``step_id``, if it is accepted and someone is to be
     told; one per step and type (its key is derived from both). [(notice id, step id)] created."""
     rows = yield Q["delivery_notice_candidates"], {"id": step_id}
-    notices: list[tuple[int, ValidRequest]] = []
-    for row in rows:
-        try:
-            notices.append((row["id"], build_delivery_notice(row, event, config)))
-        except InvalidRequest as exc:
-            log.error("notice_not_built", step=row["id"], error=exc.message, fields=exc.errors)
-        except Exception:
-            log.exception("notice_not_built", step=row["id"])
-    if not notices:
-        return []
-    created = yield Q["notice_enqueue"], _params(notices, actor=actor, now=now)
-    for row in created:
-        metrics.NOTICES.inc()
-        log.info("notice_enqueued", step=row["notice_of"], notice=row["id"], kind=event["type"])
-    return [(r["id"], r["notice_of"]) for r in created]
+    return (
+        yield from _enqueue_built(
+            rows, lambda row: build_delivery_notice(row, event, config), actor=actor, now=now, kind=event["type"]
+        )
+    )
