@@ -202,9 +202,10 @@ def test_bulk_dry_run_shows_exactly_the_rows_then_each_is_closed(db_url):
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["status"] == "success" and out["data"]["succeeded"] == 101 and out["data"]["failed"] == 0
-    # Long work reports progress on stderr (here: after 100 rows), never on stdout.
+    # Long work reports progress on stderr (every 100 rows, and every few seconds on a slow
+    # machine), never on stdout.
     progress = [json.loads(line) for line in done.stderr.splitlines() if '"progress"' in line]
-    assert progress and progress[0]["done"] == 100 and progress[0]["total"] == 101
+    assert any(p["done"] == 100 for p in progress) and all(p["total"] == 101 for p in progress)
     assert {e["step_id"] for e in operator_evidence(db_url)} == {s.id for s in old}
     assert {s["id"] for s in reader.json("steps", "list", "--status", "unknown")["data"]} == {s.id for s in new}
 
