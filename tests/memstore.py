@@ -469,6 +469,7 @@ class MemoryStore:
             message_id=message_id,
             status=Status.PENDING,
             created=True,
+            provider=request.provider,
         )
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
@@ -478,7 +479,17 @@ class MemoryStore:
         found = (by_key or by_ids or [None])[0]
         if found is None:
             return None
-        keys = ("id", "run_id", "step_id", "idempotency_key", "message_id", "status", "payload_sha256", "created_at")
+        keys = (
+            "id",
+            "run_id",
+            "step_id",
+            "idempotency_key",
+            "message_id",
+            "status",
+            "payload_sha256",
+            "provider",
+            "created_at",
+        )
         return {**{k: found[k] for k in keys}, "created": False}
 
     # -- the worker's transitions ---------------------------------------------------

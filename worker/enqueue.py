@@ -1,6 +1,12 @@
 """Enqueue rules that do not depend on the database: validation with its counter,
 the step's Message-ID, and what a repeated key means.
 
+A step's identity is its key, its run and step ids, its payload (``payload_sha256``) and its
+provider: a request that differs in any of them is a different send (:func:`existing_or_conflict`,
+the one place every path compares a stored row). EVQ_REFUSE_UNRESOLVABLE refuses only what would
+be created: a request it concerns is looked up first (:func:`must_look_up`) and never inserted;
+one a stored row holds is answered as that row is (:func:`answer_held`).
+
 The SQL that writes decision and step lives in adapters/postgres; the Python API
 for callers (inside their own transaction or not) is adapters/postgres/enqueue.py.
 """
@@ -8,7 +14,7 @@ for callers (inside their own transaction or not) is adapters/postgres/enqueue.p
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +34,6 @@ def validate(request: Mapping[str, Any] | ValidRequest, policy: Policy) -> Valid
         except InvalidRequest as exc:
             _count(exc)
             raise
-    refuse_unresolvable([valid], policy)
     return valid
 
 
@@ -40,20 +45,64 @@ def _count(exc: InvalidRequest) -> None:
 def ambiguity(request: ValidRequest, policy: Policy) -> str | None:
     """``"unresolvable"`` when the step's provider could never settle a lost answer (the
     policy's ``unresolvable``, from each provider's profile); None otherwise."""
-    return "unresolvable" if request.provider in policy.unresolvable else None
+    return _flag(request.provider, policy)
+
+
+def _flag(provider: str, policy: Policy) -> str | None:
+    return "unresolvable" if provider in policy.unresolvable else None
 
 
 def flag_ambiguity(result: EnqueueResult, request: ValidRequest, policy: Policy) -> EnqueueResult:
-    """The enqueue's answer with its ``ambiguity`` (every interface and the Python API say it)."""
-    flag = ambiguity(request, policy)
+    """The enqueue's answer with its ``ambiguity`` (every interface and the Python API say it):
+    that of the stored step's provider when the result names it (a row answered as it is),
+    else the request's."""
+    flag = _flag(result.provider or request.provider, policy)
     return result if flag == result.ambiguity else replace(result, ambiguity=flag)
 
 
-def refuse_unresolvable(requests: Sequence[ValidRequest], policy: Policy, *, indexed: bool = False) -> None:
+def must_look_up(requests: Sequence[ValidRequest], policy: Policy) -> list[int]:
+    """The indexes of the requests EVQ_REFUSE_UNRESOLVABLE concerns (through a provider that
+    could never settle a lost answer): each is looked up by key before anything is written and
+    never inserted; :func:`answer_held` answers or refuses them. Empty without the setting."""
+    if not policy.refuse_unresolvable:
+        return []
+    return [i for i, r in enumerate(requests) if ambiguity(r, policy) is not None]
+
+
+def answer_held(
+    requests: Sequence[ValidRequest],
+    held: Mapping[int, Mapping[str, Any] | None],
+    policy: Policy,
+    *,
+    indexed: bool = False,
+) -> dict[int, EnqueueResult]:
+    """The looked-up requests (:func:`must_look_up`, ``held``: index -> the stored row holding
+    its key or its run and step ids, None: none). E_UNRESOLVABLE naming every one nothing
+    holds (it would be created); otherwise each answered as its row is (created false, the
+    ambiguity of the row's provider), or IdempotencyConflict when the row is another send."""
+    refuse_unresolvable(requests, policy, indexed=indexed, held={i for i, row in held.items() if row is not None})
+    return {
+        i: flag_ambiguity(existing_or_conflict({**row, "created": False}, requests[i]), requests[i], policy)
+        for i, row in held.items()
+        if row is not None
+    }
+
+
+def merge_answers(answered: Mapping[int, EnqueueResult], enqueued: Sequence[EnqueueResult]) -> list[EnqueueResult]:
+    """The results in request order: the answered indexes from ``answered``, the others, in
+    order, from what the store enqueued (the requests not in ``answered``)."""
+    rest = iter(enqueued)
+    return [answered[i] if i in answered else next(rest) for i in range(len(answered) + len(enqueued))]
+
+
+def refuse_unresolvable(
+    requests: Sequence[ValidRequest], policy: Policy, *, indexed: bool = False, held: Collection[int] = ()
+) -> None:
     """E_UNRESOLVABLE (an InvalidRequest: recorded as a refusal like the others) naming every
     request whose provider could never settle a lost answer, when the policy refuses them
-    (EVQ_REFUSE_UNRESOLVABLE); nothing otherwise. Checked after the fields: a request
-    with field errors is refused for those first."""
+    (EVQ_REFUSE_UNRESOLVABLE); nothing otherwise. ``held``: the indexes a stored row already
+    holds, answered as they are and never refused (nothing would be created). Checked after
+    the fields: a request with field errors is refused for those first."""
     if not policy.refuse_unresolvable:
         return
     errors = [
@@ -63,7 +112,7 @@ def refuse_unresolvable(requests: Sequence[ValidRequest], policy: Policy, *, ind
             "(no dedupe, no lookup, no webhook), and EVQ_REFUSE_UNRESOLVABLE is on",
         }
         for i, r in enumerate(requests)
-        if ambiguity(r, policy) is not None
+        if ambiguity(r, policy) is not None and i not in held
     ]
     if errors:
         exc = Unresolvable(
@@ -94,19 +143,34 @@ def new_message_id(request: ValidRequest) -> str:
 
 
 def existing_or_conflict(row: Mapping[str, Any], request: ValidRequest) -> EnqueueResult:
-    """A row already holds this key: the same request gets it back, a different one is refused."""
+    """A row already holds this key: the same request gets it back, a different one is refused.
+
+    The one comparison of a stored row with a request (every store, the dry run's plan, the
+    Python API): the same key, run and step ids, payload and provider. The provider is not in
+    ``payload_sha256``, so it is compared on its own: the same key through another provider is
+    another send (it would never be sent through the one asked for)."""
     same = (
         row["payload_sha256"] == request.payload_sha256
         and row["run_id"] == request.run_id
         and row["step_id"] == request.step_id
         and row["idempotency_key"] == request.idempotency_key
     )
-    if not same:
+    where = f"idempotency key {request.idempotency_key!r} (run {request.run_id!r}, step {request.step_id!r})"
+    context = {"existing_id": row["id"], "idempotency_key": request.idempotency_key}
+    if row["provider"] != request.provider and row["idempotency_key"] == request.idempotency_key:
         raise IdempotencyConflict(
-            f"idempotency key {request.idempotency_key!r} (run {request.run_id!r}, step {request.step_id!r}) "
-            "is already used by a different request; nothing was written",
+            f"this key was enqueued through {row['provider']}; {where} cannot be sent through {request.provider}"
+            + ("" if same else " (and the request differs too)")
+            + "; nothing was written",
+            hint=f"a retry must name the same provider ({row['provider']}) and request; to send through "
+            f"{request.provider}, enqueue a new step_id (the step {row['id']} stays as it is)",
+            context={**context, "existing_provider": row["provider"], "provider": request.provider},
+        )
+    if not same or row["provider"] != request.provider:
+        raise IdempotencyConflict(
+            f"{where} is already used by a different request; nothing was written",
             hint="a retry must send exactly the same request; a new email needs a new step_id",
-            context={"existing_id": row["id"], "idempotency_key": request.idempotency_key},
+            context=context,
         )
     return result_from_row(row)
 
@@ -120,6 +184,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         message_id=row["message_id"],
         status=Status(row["status"]),
         created=bool(row["created"]),
+        provider=row.get("provider"),
     )
 
 
@@ -129,10 +194,9 @@ def validate_many(requests: Sequence[Any], policy: Policy) -> list[ValidRequest]
     errors: list[dict[str, str]] = []
     for index, request in enumerate(requests):
         try:
-            valid.append(validate(request, replace(policy, refuse_unresolvable=False)))
+            valid.append(validate(request, policy))
         except InvalidRequest as exc:
             errors += [{"field": f"[{index}].{e['field']}", "message": e["message"]} for e in exc.errors]
     if errors:
         raise InvalidRequest(errors, hint="nothing was enqueued; fix the listed requests and run again")
-    refuse_unresolvable(valid, policy, indexed=True)
     return valid

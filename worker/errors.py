@@ -58,7 +58,7 @@ class Conflict(EvqError):
 
 
 class IdempotencyConflict(Conflict):
-    """The idempotency key is taken by a request with a different payload."""
+    """The idempotency key is taken by a different request: another payload or another provider."""
 
 
 class StateConflict(Conflict):

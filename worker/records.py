@@ -22,6 +22,9 @@ class EnqueueResult:
     # "unresolvable": the step's provider could never settle a lost answer (worker/enqueue.py,
     # flag_ambiguity); None: it could, or nobody asked (the store's own results).
     ambiguity: str | None = None
+    # The stored step's provider, when the store said it (the ambiguity is that provider's);
+    # not in the answer's JSON.
+    provider: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -28,8 +28,11 @@ from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
 from evq.worker.enqueue import (
+    answer_held,
     existing_or_conflict,
     flag_ambiguity,
+    merge_answers,
+    must_look_up,
     new_message_id,
     result_from_row,
     validate,
@@ -74,19 +77,17 @@ def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[s
     }
 
 
+def key_params(request: ValidRequest) -> dict[str, Any]:
+    """step_get_by_key's parameters: the row holding the request's key, or its run and step ids."""
+    return {"idempotency_key": request.idempotency_key, "run_id": request.run_id, "step_id": request.step_id}
+
+
 def enqueue_op(request: ValidRequest, now: datetime | None = None) -> Op:
     rows = yield Q["step_enqueue"], enqueue_params(request, now)
     if not rows:
         # A concurrent enqueue of the same key committed after this statement's
         # snapshot: ON CONFLICT skipped our insert, and only a new snapshot sees theirs.
-        rows = yield (
-            Q["step_get_by_key"],
-            {
-                "idempotency_key": request.idempotency_key,
-                "run_id": request.run_id,
-                "step_id": request.step_id,
-            },
-        )
+        rows = yield Q["step_get_by_key"], key_params(request)
         if not rows:
             raise Conflict("a concurrent enqueue holds this key; retry", context={"key": request.idempotency_key})
     row = rows[0]
@@ -169,6 +170,7 @@ def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = Non
                         message_id=message_id,
                         status=Status.PENDING,
                         created=True,
+                        provider=request.provider,
                     )
                 )
             elif row["existing_id"] is not None:
@@ -178,6 +180,28 @@ def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = Non
                 results.append((yield from enqueue_op(request, now)))
         metrics.ENQUEUED.inc(created)
     return results
+
+
+def checked_op(requests: Sequence[ValidRequest], policy: Policy, now: datetime | None = None, *, many: bool) -> Op:
+    """The Python API's enqueue under ``policy``: with EVQ_REFUSE_UNRESOLVABLE, each request it
+    concerns is looked up first and never inserted (worker/enqueue.py, must_look_up and
+    answer_held: a held one is answered as its row is, a new one refused before anything is
+    written); the rest enqueued (one request: step_enqueue; ``many``: the batch statement).
+    Every result flagged with its step's ambiguity."""
+    held: dict[int, Mapping[str, Any] | None] = {}
+    for i in must_look_up(requests, policy):
+        rows = yield Q["step_get_by_key"], key_params(requests[i])
+        held[i] = rows[0] if rows else None
+    answered = answer_held(requests, held, policy, indexed=many)
+    rest = [r for i, r in enumerate(requests) if i not in answered]
+    if not rest:
+        made: list[EnqueueResult] = []
+    elif many:
+        made = yield from enqueue_many_op(rest, now)
+    else:
+        made = [(yield from enqueue_op(rest[0], now))]
+    results = merge_answers(answered, made)
+    return [flag_ambiguity(r, v, policy) for r, v in zip(results, requests, strict=True)]
 
 
 def run_sync(conn: psycopg.Connection, op: Op) -> Any:
@@ -227,16 +251,19 @@ def enqueue(
     """Enqueue one send inside ``conn``'s current transaction (psycopg or SQLAlchemy, sync).
 
     Raises InvalidRequest before anything is written, IdempotencyConflict when the
-    key is taken by a different request. Commit is the caller's.
+    key is taken by a different request (another payload or another provider). Commit is
+    the caller's.
 
     A ``policy`` from the settings (``Settings.load().policy()``) names the providers that
     could never settle a lost answer (docs/design.md, "Provider profiles"): the result's
     ``ambiguity`` is then ``"unresolvable"`` for a step through one, and with
     EVQ_REFUSE_UNRESOLVABLE such a request is refused (Unresolvable, E_UNRESOLVABLE) before
-    anything is written. The default ``Policy()`` knows no profiles and flags nothing.
+    anything is written, unless a step already holds its key: that one is answered as it is
+    (``created`` false). The default ``Policy()`` knows no profiles and flags nothing.
     """
     valid = _as_python(validate(request, policy), actor)
-    return flag_ambiguity(run_sync(_driver_connection(conn), enqueue_op(valid, now)), valid, policy)
+    [result] = run_sync(_driver_connection(conn), checked_op([valid], policy, now, many=False))
+    return result
 
 
 async def enqueue_async(
@@ -252,7 +279,8 @@ async def enqueue_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
-    return flag_ambiguity(await run_async(conn, enqueue_op(valid, now)), valid, policy)
+    [result] = await run_async(conn, checked_op([valid], policy, now, many=False))
+    return result
 
 
 def enqueue_many(
@@ -269,7 +297,7 @@ def enqueue_many(
     (``[index].field``) and nothing is written. Commit is the caller's.
     """
     valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
-    return _flagged(run_sync(_driver_connection(conn), enqueue_many_op(valid, now)), valid, policy)
+    return list(run_sync(_driver_connection(conn), checked_op(valid, policy, now, many=True)))
 
 
 async def enqueue_many_async(
@@ -285,7 +313,7 @@ async def enqueue_many_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
-    return _flagged(await run_async(conn, enqueue_many_op(valid, now)), valid, policy)
+    return list(await run_async(conn, checked_op(valid, policy, now, many=True)))
 
 
 def enqueue_own(
@@ -313,12 +341,13 @@ def enqueue_own(
 
     try:
         valid = _as_python(validate(request, policy), actor)
-    except InvalidRequest as exc:
+        with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+            [result] = run_sync(conn, checked_op([valid], policy, many=False))
+            return result
+    except InvalidRequest as exc:  # its fields, or E_UNRESOLVABLE for a step it would create
         if record_refusals:
             _record_refusal(url, request, exc)
         raise
-    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
-        return flag_ambiguity(run_sync(conn, enqueue_op(valid)), valid, policy)
 
 
 def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
@@ -332,10 +361,6 @@ def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
             conn.execute(Q["refusal_record"], params)
     except Exception as failure:
         log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)
-
-
-def _flagged(results: list[EnqueueResult], requests: Sequence[ValidRequest], policy: Policy) -> list[EnqueueResult]:
-    return [flag_ambiguity(r, v, policy) for r, v in zip(results, requests, strict=True)]
 
 
 def _as_python(request: ValidRequest, actor: str | None) -> ValidRequest:

@@ -40,11 +40,12 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.created_at, true AS created
+       step.payload_sha256, step.provider, step.created_at, true AS created
 FROM step
 CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
 UNION ALL
-SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.created_at, false
+SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
+       s.created_at, false
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -97,7 +98,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.payload_sha256, (SELECT count(*) FROM wake) AS woke
+       s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -108,7 +109,8 @@ LEFT JOIN LATERAL (
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, created_at, false AS created
+SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at,
+       false AS created
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC

@@ -970,7 +970,7 @@ _TABLE: tuple[Command, ...] = (
         "steps.enqueue",
         "Enqueue an email send.",
         "Enqueue an email send. Repeating the same request returns the same step "
-        "(created: false); the same key with a different request is refused (exit 3). "
+        "(created: false); the same key with a different request (another payload or provider) is refused (exit 3). "
         "Needs an API key with role agent or admin.",
         # The worker does the sending, but an enqueued step is a send decided: nothing
         # after it asks anyone, so for an agent deciding whether to ask first this is the send.

@@ -12,17 +12,27 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker import metrics
 from evq.worker.delivery import DELIVERY_TYPES, DeliveryEvent
-from evq.worker.enqueue import ambiguity, existing_or_conflict, flag_ambiguity, validate, validate_many
+from evq.worker.enqueue import (
+    ambiguity,
+    answer_held,
+    existing_or_conflict,
+    flag_ambiguity,
+    merge_answers,
+    must_look_up,
+    refuse_unresolvable,
+    validate,
+    validate_many,
+)
 from evq.worker.errors import (
     AuthFailed,
     Forbidden,
@@ -46,6 +56,7 @@ from evq.worker.states import Status
 from evq.worker.timeline import run_events
 
 log = get_logger("evq.service")
+_T = TypeVar("_T")
 
 # The request's fields as every interface describes them: (field, repeatable, description).
 REQUEST_FIELDS: tuple[tuple[str, bool, str], ...] = (
@@ -212,20 +223,47 @@ async def enqueue(
     if dry_run:
         await caller.identify(store, Permission.READ)
         plan = [await _plan(store, v, policy) for v in valid]
+        # The refusal the real run would answer (a new step through an unresolvable provider).
+        held = {i for i in must_look_up(valid, policy) if plan[i]["existing_id"] is not None}
+        refuse = lambda: refuse_unresolvable(valid, policy, indexed=len(valid) > 1, held=held)  # noqa: E731
+        await _recorded(store, caller, interface, requests, refuse, dry_run=True)
         return Reply({"dry_run": True, "plan": plan}, {"count": len(plan)})
     identity = await caller.identify(store, Permission.ENQUEUE)
     assert identity is not None  # ENQUEUE is never granted without a key
+    # EVQ_REFUSE_UNRESOLVABLE refuses only what would be created: the requests it concerns are
+    # looked up first and never inserted; a held one is answered as its row is.
+    rows = {i: await store.find_by_key(valid[i]) for i in must_look_up(valid, policy)}
+    answer = lambda: answer_held(valid, rows, policy, indexed=len(valid) > 1)  # noqa: E731
+    answered = await _recorded(store, caller, interface, requests, answer, dry_run=False)
     # Who asked goes with the decision: the key's name and public id, never its secret.
     actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
-    valid = [replace(v, actor=actor) for v in valid]
-    results = [await store.enqueue(valid[0])] if len(valid) == 1 else await store.enqueue_many(valid)
+    rest = [replace(v, actor=actor) for i, v in enumerate(valid) if i not in answered]
+    made = [] if not rest else [await store.enqueue(rest[0])] if len(valid) == 1 else await store.enqueue_many(rest)
     # A step whose provider could never settle a lost answer says so (docs/design.md, "Provider profiles").
-    results = [flag_ambiguity(r, v, policy) for r, v in zip(results, valid, strict=True)]
+    results = [flag_ambiguity(r, v, policy) for r, v in zip(merge_answers(answered, made), valid, strict=True)]
     created = sum(1 for r in results if r.created)
     if not many:
         return Reply(with_labels(results[0].to_dict()), created=results[0].created)
     data = [with_labels(r.to_dict()) for r in results]
     return Reply(data, {"count": len(results), "created": created}, created=created > 0)
+
+
+async def _recorded(
+    store: AppStore,
+    caller: Caller,
+    interface: str | None,
+    requests: Sequence[Any],
+    check: Callable[[], _T],
+    *,
+    dry_run: bool,
+) -> _T:
+    """``check()``, its InvalidRequest (E_UNRESOLVABLE) recorded as a refusal (``interface``) before it is raised."""
+    try:
+        return check()
+    except InvalidRequest as exc:
+        if interface is not None:
+            await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
+        raise
 
 
 async def record_refusal(
@@ -271,8 +309,10 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
     }
     if row is not None:
         try:
-            existing_or_conflict({**row, "created": False}, request)
-            plan.update(action="return_existing", existing_id=row["id"])
+            held = flag_ambiguity(existing_or_conflict({**row, "created": False}, request), request, policy)
+            # Answered as the row is: the ambiguity of its provider.
+            hint = AMBIGUITY_HINTS.get(held.ambiguity) if held.ambiguity else None
+            plan.update(action="return_existing", existing_id=row["id"], ambiguity=held.ambiguity, ambiguity_hint=hint)
         except IdempotencyConflict:
             plan.update(action="refuse_conflict", existing_id=row["id"])
     return plan

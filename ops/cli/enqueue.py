@@ -53,9 +53,16 @@ def enqueue_cmd(
 
     async def work() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await service.enqueue(
-                store, credential.caller, valid, settings.policy(), many=len(valid) > 1, dry_run=dry_run
-            )
+            try:
+                return await service.enqueue(
+                    store, credential.caller, valid, settings.policy(), many=len(valid) > 1, dry_run=dry_run
+                )
+            except InvalidRequest as exc:
+                # E_UNRESOLVABLE, known only once the key was looked up: recorded as the field
+                # errors are (what was asked, as it was asked), and only with EVQ_DATABASE_URL.
+                if settings.database_url:
+                    await service.record_refusal(store, credential.caller, "cli", requests, exc, dry_run=dry_run)
+                raise
 
     reply = run(work())
     if dry_run:

@@ -167,7 +167,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(no_unknown_query)], tags=
         "steps.enqueue",
         200,
         201,
-        s409="the key is taken by a different request (E_CONFLICT)",
+        s409="the key is taken by a different request: another payload or provider (E_CONFLICT)",
         s422="invalid body, error.context.fields names each (E_INVALID_ARG); or the provider could never settle "
         "a lost answer and EVQ_REFUSE_UNRESOLVABLE is on (E_UNRESOLVABLE)",
     ),

@@ -166,3 +166,85 @@ def test_the_python_api_given_the_settings_policy_flags_and_refuses(db_url):
     assert refused.value.code == "E_UNRESOLVABLE" and steps(db_url) == 4
     [row] = rows(db_url, "SELECT interface, reasons FROM enqueue_refusals")
     assert (row["interface"], list(row["reasons"])) == ("python", ["provider"])
+
+
+def test_a_replay_under_the_refusal_answers_the_stored_step_and_another_provider_is_a_conflict(db_url, admin_key):
+    """Issue 16's review finding, through the CLI: a step enqueued through smtp with the refusal
+    off, then replayed with EVQ_REFUSE_UNRESOLVABLE=on, is answered as it is (never "nothing was
+    enqueued" for a row that will be sent); following the hint with --provider http is refused
+    as another send, on the dry run too, and the row stays smtp."""
+    cli = Evq(db_url, api_key=admin_key, **PROFILE_ENV)
+    refusing = {**PROFILE_ENV, "EVQ_REFUSE_UNRESOLVABLE": "on"}
+    asked = request(run_id="run-16", step_id="s")
+    first = cli.json("steps", "enqueue", "--file", "-", input=json.dumps(asked))["data"]
+    assert first["created"] is True and first["ambiguity"] == "unresolvable"
+
+    again = cli.json("steps", "enqueue", "--file", "-", input=json.dumps(asked), **refusing)["data"]
+    assert (again["id"], again["created"], again["status"]) == (first["id"], False, "pending")
+    assert again["ambiguity"] == "unresolvable"  # its provider's flag: smtp could never settle it
+    [plan] = cli.json("steps", "enqueue", "--file", "-", "--dry-run", input=json.dumps(asked), **refusing)["data"][
+        "plan"
+    ]
+    assert (plan["action"], plan["existing_id"], plan["ambiguity"]) == ("return_existing", first["id"], "unresolvable")
+
+    via_http = json.dumps({**asked, "provider": "http"})
+    for env in (PROFILE_ENV, refusing):
+        out = cli.json("steps", "enqueue", "--file", "-", input=via_http, expect=3, **env)
+        assert out["error"]["code"] == "E_CONFLICT"
+        assert out["error"]["message"].startswith("this key was enqueued through smtp;")
+        assert out["error"]["context"]["existing_provider"] == "smtp"
+        [dry] = cli.json("steps", "enqueue", "--file", "-", "--dry-run", input=via_http, **env)["data"]["plan"]
+        assert (dry["action"], dry["existing_id"]) == ("refuse_conflict", first["id"])
+    [row] = rows(db_url, "SELECT id, provider, status FROM email_steps")
+    assert (row["id"], row["provider"], row["status"]) == (first["id"], "smtp", "pending")
+
+    # A batch mixing the stored step with new ones: only a new unresolvable one is refused ...
+    new_smtp = request(run_id="run-16", step_id="new-smtp")
+    batch = "\n".join(json.dumps(r) for r in (asked, new_smtp))
+    out = cli.json("steps", "enqueue", "--file", "-", input=batch, expect=2, **refusing)
+    assert out["error"]["code"] == "E_UNRESOLVABLE"
+    assert [f["field"] for f in out["error"]["context"]["fields"]] == ["[1].provider"]
+    assert steps(db_url) == 1
+    # ... and beside a new one through http, the stored one comes back as it is.
+    new_http = request(run_id="run-16", step_id="new-http", provider="http")
+    batch = "\n".join(json.dumps(r) for r in (asked, new_http))
+    made = cli.json("steps", "enqueue", "--file", "-", input=batch, **refusing)
+    assert [(d["created"], d["ambiguity"]) for d in made["data"]] == [(False, "unresolvable"), (True, None)]
+    assert made["data"][0]["id"] == first["id"] and made["meta"]["created"] == 1
+    assert steps(db_url) == 2
+
+    # Only the new step's refusal is recorded; the replays and the conflicts are not refusals.
+    [recorded] = cli.json("refusals", "list", "--interface", "cli")["data"]
+    assert recorded["reasons"] == ["provider"] and recorded["requests"] == 2
+
+
+def test_the_http_api_and_the_python_api_answer_a_held_key_under_the_refusal(db_url):
+    agent = make_key(db_url, "bot", "agent")
+    asked = request(run_id="run-16h", step_id="s")
+    with serving(db_url) as served:
+        first = checked(served.client(agent).post("/v1/steps", json=asked))["data"]
+    with serving(db_url, refuse_unresolvable=True) as served:
+        client = served.client(agent)
+        again = client.post("/v1/steps", json=asked)
+        assert again.status_code == 200
+        assert (checked(again)["data"]["id"], checked(again)["data"]["created"]) == (first["id"], False)
+        other = client.post("/v1/steps", json={**asked, "provider": "null"})
+        assert other.status_code == 409 and "enqueued through smtp" in checked(other)["error"]["message"]
+        refused = client.post("/v1/steps", json=request(run_id="run-16h", step_id="new"))
+        assert refused.status_code == 422 and checked(refused)["error"]["code"] == "E_UNRESOLVABLE"
+        assert len(checked(client.get("/v1/refusals"))["data"]) == 1
+
+    refusing = Settings.load(env={"EVQ_REFUSE_UNRESOLVABLE": "true"}).policy()
+    held = evq_api.enqueue_own(db_url, asked, policy=refusing)
+    assert (held.id, held.created, held.ambiguity) == (first["id"], False, "unresolvable")
+    with psycopg.connect(db_url) as conn, conn.transaction():
+        [a, b] = evq_api.enqueue_many(
+            conn, [asked, request(run_id="run-16h", step_id="py", provider="http")], policy=refusing
+        )
+        assert (a.id, a.created, b.created) == (first["id"], False, True)
+        with pytest.raises(evq_api.IdempotencyConflict, match="enqueued through smtp"):
+            evq_api.enqueue(conn, {**asked, "provider": "http"}, policy=refusing)
+    with pytest.raises(evq_api.Unresolvable):
+        evq_api.enqueue_own(db_url, request(run_id="run-16h", step_id="py-new"), policy=refusing)
+    assert steps(db_url) == 2
+    assert rows(db_url, "SELECT provider FROM email_steps WHERE id = %s", (first["id"],)) == [{"provider": "smtp"}]

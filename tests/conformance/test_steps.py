@@ -12,9 +12,10 @@ from evq.worker.errors import IdempotencyConflict
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.ports import StepFilter
 from evq.worker.records import Transition
+from evq.worker.request import parse
 from evq.worker.states import Reason, Status
 from tests.conformance.helpers import LEASE, T0, at, claim, evidence, kinds, rescue, row, settle
-from tests.support import valid
+from tests.support import POLICY, request, valid
 
 
 async def test_enqueue_is_idempotent_and_a_different_request_under_the_key_is_refused(any_store):
@@ -46,6 +47,26 @@ async def test_enqueue_many_is_all_or_nothing(any_store):
     assert total == 1
     made = await any_store.enqueue_many([valid(step_id="n1"), taken])
     assert [m.created for m in made] == [True, False]
+
+
+async def test_the_same_key_through_another_provider_is_another_send_and_refused(any_store):
+    asked = request(run_id="r-p", step_id="p")
+    first = await any_store.enqueue(parse(asked, POLICY), now=T0)
+    assert first.provider == "smtp"
+    other = parse({**asked, "provider": "http"}, POLICY)
+    assert other.payload_sha256 == parse(asked, POLICY).payload_sha256  # the hash leaves the provider out
+    with pytest.raises(IdempotencyConflict) as refused:
+        await any_store.enqueue(other, now=T0)
+    assert refused.value.message.startswith("this key was enqueued through smtp;")
+    assert refused.value.context["existing_id"] == first.id
+    with pytest.raises(IdempotencyConflict, match="enqueued through smtp"):
+        await any_store.enqueue_many([valid(step_id="p-new"), other])
+    found = await any_store.find_by_key(other)
+    assert (found["id"], found["provider"]) == (first.id, "smtp")
+    _, total = await any_store.list_steps(StepFilter())
+    assert total == 1  # neither the conflict nor the batch wrote anything
+    [again] = await any_store.enqueue_many([parse(asked, POLICY)])
+    assert (again.id, again.created, again.provider) == (first.id, False, "smtp")
 
 
 async def test_claim_takes_due_rows_oldest_first_and_commits_the_attempt(any_store):

@@ -29,8 +29,17 @@ from evq.adapters.smtp.message import (
 from evq.ops import wiring
 from evq.ops.settings import Settings
 from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_digest
-from evq.worker.enqueue import flag_ambiguity, validate, validate_many
-from evq.worker.errors import ConfigError, InvalidRequest, Unresolvable
+from evq.worker.enqueue import (
+    answer_held,
+    existing_or_conflict,
+    flag_ambiguity,
+    merge_answers,
+    must_look_up,
+    refuse_unresolvable,
+    validate,
+    validate_many,
+)
+from evq.worker.errors import ConfigError, IdempotencyConflict, InvalidRequest, Unresolvable
 from evq.worker.ports import ProviderProfile, SendRequest, profile_of
 from evq.worker.records import AMBIGUITY_HINTS, EnqueueResult
 from evq.worker.request import Policy, parse
@@ -128,16 +137,72 @@ def test_a_step_through_an_unresolvable_provider_is_flagged_and_with_the_setting
     through_http = validate(request(provider="http"), REFUSING)
     assert flag_ambiguity(result, through_http, REFUSING).to_dict()["ambiguity"] is None
     assert result.to_dict()["ambiguity"] is None  # what a store returns says nothing either way
+    # A result naming its stored step's provider is flagged by that provider, not the request's.
+    stored = replace(result, provider="smtp")
+    assert flag_ambiguity(stored, through_http, REFUSING).ambiguity == "unresolvable"
+    assert "provider" not in stored.to_dict()
 
+    # validate() checks the fields; the refusal waits for the lookup (a held key is answered).
+    smtp = validate(request(provider="smtp"), REFUSING)
+    assert must_look_up([smtp, through_http], REFUSING) == [0] and must_look_up([smtp], UNRESOLVABLE) == []
     with pytest.raises(Unresolvable) as refused:
-        validate(request(provider="smtp"), REFUSING)
+        answer_held([smtp], {0: None}, REFUSING)
     assert refused.value.code == "E_UNRESOLVABLE" and isinstance(refused.value, InvalidRequest)
     [field] = refused.value.context["fields"]
     assert field["field"] == "provider" and "EVQ_REFUSE_UNRESOLVABLE" in field["message"]
     assert "nothing was enqueued" in (refused.value.hint or "")
     # A ValidRequest passed through (the Python API's) is judged the same.
     with pytest.raises(Unresolvable):
-        validate(parse(request(provider="null"), POLICY), REFUSING)
+        refuse_unresolvable([validate(parse(request(provider="null"), POLICY), REFUSING)], REFUSING)
+
+
+def _row(req, **overrides):
+    return {
+        "id": 7,
+        "run_id": req.run_id,
+        "step_id": req.step_id,
+        "idempotency_key": req.idempotency_key,
+        "message_id": "<m@x>",
+        "status": "pending",
+        "payload_sha256": req.payload_sha256,
+        "provider": req.provider,
+        **overrides,
+    }
+
+
+def test_a_held_key_is_answered_as_its_row_is_and_only_a_new_step_is_refused():
+    smtp = validate(request(provider="smtp"), REFUSING)
+    new = validate(request(provider="null"), REFUSING)
+    http = validate(request(provider="http"), REFUSING)
+    [answer] = answer_held([smtp], {0: _row(smtp)}, REFUSING).values()
+    assert (answer.id, answer.created, answer.status, answer.ambiguity) == (7, False, Status.PENDING, "unresolvable")
+    # A batch: the held one answered, the new unresolvable one refused by its index.
+    with pytest.raises(Unresolvable) as refused:
+        answer_held([http, smtp, new], {1: _row(smtp), 2: None}, REFUSING, indexed=True)
+    assert [f["field"] for f in refused.value.errors] == ["[2].provider"]
+    answered = answer_held([http, smtp], {1: _row(smtp)}, REFUSING, indexed=True)
+    made = EnqueueResult(9, http.run_id, http.step_id, http.idempotency_key, "<n@x>", Status.PENDING, True)
+    assert [r.id for r in merge_answers(answered, [made])] == [9, 7]
+
+
+def test_the_provider_is_part_of_a_steps_identity():
+    http = validate(request(run_id="r", step_id="s", provider="http"), POLICY)
+    with pytest.raises(IdempotencyConflict) as other:
+        existing_or_conflict({**_row(http), "provider": "smtp", "created": False}, http)
+    assert other.value.message.startswith("this key was enqueued through smtp;")
+    assert repr(http.idempotency_key) in other.value.message and "cannot be sent through http" in other.value.message
+    assert other.value.context["existing_provider"] == "smtp" and other.value.context["provider"] == "http"
+    assert "new step_id" in (other.value.hint or "")
+    both = {**_row(http), "provider": "smtp", "payload_sha256": "0" * 64, "created": False}
+    with pytest.raises(IdempotencyConflict, match="the request differs too"):
+        existing_or_conflict(both, http)
+    with pytest.raises(IdempotencyConflict, match="different request"):
+        existing_or_conflict({**_row(http), "payload_sha256": "0" * 64, "created": False}, http)
+    # The same run and step under another key and through another provider: the generic refusal.
+    with pytest.raises(IdempotencyConflict, match="different request"):
+        existing_or_conflict({**_row(http), "idempotency_key": "k2", "provider": "smtp", "created": False}, http)
+    same = existing_or_conflict({**_row(http), "created": False}, http)
+    assert (same.id, same.created, same.provider) == (7, False, "http")
 
 
 def test_field_errors_come_first_and_a_batch_names_only_its_unresolvable_requests():
@@ -145,14 +210,18 @@ def test_field_errors_come_first_and_a_batch_names_only_its_unresolvable_request
         validate(request(provider="smtp", to=None), REFUSING)
     assert bad.value.code == "E_INVALID_ARG" and [f["field"] for f in bad.value.errors] == ["to"]
 
-    batch = [request(provider="http"), request(provider="smtp"), request(provider="http"), request(provider="null")]
+    batch = validate_many(
+        [request(provider="http"), request(provider="smtp"), request(provider="http"), request(provider="null")],
+        REFUSING,
+    )
+    assert must_look_up(batch, REFUSING) == [1, 3]
     with pytest.raises(Unresolvable) as refused:
-        validate_many(batch, REFUSING)
+        answer_held(batch, {1: None, 3: None}, REFUSING, indexed=True)
     assert [f["field"] for f in refused.value.errors] == ["[1].provider", "[3].provider"]
     with pytest.raises(InvalidRequest) as mixed:
         validate_many([request(provider="smtp"), request(subject=None, text=None, html=None)], REFUSING)
     assert mixed.value.code == "E_INVALID_ARG"  # the field errors of the batch, not the provider
-    assert len(validate_many(batch, UNRESOLVABLE)) == 4  # flagged, not refused
+    assert len(batch) == 4 and must_look_up(batch, UNRESOLVABLE) == []  # flagged, not refused
 
 
 # -- the SMTP relays' metadata header ---------------------------------------------
