@@ -227,15 +227,18 @@ class HttpProvider:
 
     async def _post(self, request: SendRequest) -> Outcome:
         written = False
+        tunnel = False  # the request being written is a proxy's CONNECT, which sends nothing
 
         async def trace(event: str, info: Mapping[str, Any]) -> None:
-            nonlocal written
+            nonlocal written, tunnel
             if event in _REQUEST_WRITTEN:
-                written = True
-            elif event in _REQUEST_STARTS and not limits.may_send(request.send_by):
-                # Connecting (or waiting for a pooled connection) may have taken the
-                # lease's time, or the process was paused: checked after all of that.
-                raise _LeaseTooShort
+                written = written or not tunnel
+            elif event in _REQUEST_STARTS:
+                tunnel = answers.is_tunnel(info)
+                if not limits.may_send(request.send_by):
+                    # Connecting (or waiting for a pooled connection) may have taken the
+                    # lease's time, or the process was paused: checked after all of that.
+                    raise _LeaseTooShort
 
         # Each network operation is bounded by the timeout; this bounds them together,
         # and never past the request's deadline (a trickled answer defeats per-read

@@ -170,6 +170,7 @@ class _Attempt:
         self.deadline = deadline
         self.phase = "request"  # request -> writing -> written
         self.cut = False
+        self._tunnel = False  # the request being written is a proxy's CONNECT
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -189,10 +190,14 @@ class _Attempt:
                 if not limits.may_send(self.send_by):
                     # Connecting may have taken the lease's time, or the process was paused.
                     raise _LeaseTooShort
-                self.phase = "writing"
+                # A proxy's CONNECT (its events come through the same hook) sends nothing to SES.
+                self._tunnel = answers.is_tunnel(info)
+                if not self._tunnel:
+                    self.phase = "writing"
         elif event in _REQUEST_WRITTEN:
             with self._lock:
-                self.phase = "written"
+                if not self._tunnel:
+                    self.phase = "written"
 
     @property
     def written(self) -> bool:
