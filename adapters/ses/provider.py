@@ -318,7 +318,7 @@ class SesProvider:
         if refusal is not None:
             outcome: Outcome = Rejected(refusal, response=answers.evidence("policy"), before_send=True)
         elif self._closed:
-            outcome = Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+            outcome = _closed()
         else:
             outcome = await self._run(request)
         self._log(request, outcome)
@@ -345,7 +345,7 @@ class SesProvider:
         try:
             job = self._pool.submit(self._call, attempt, request)
         except RuntimeError:  # closed meanwhile: nothing was started
-            return Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+            return _closed()
         with self._track:
             self._jobs.add(job)
         job.add_done_callback(self._forget)
@@ -356,6 +356,8 @@ class SesProvider:
         except TimeoutError:
             pass
         except asyncio.CancelledError:
+            if _closed_before_start(job):
+                return _closed()
             # The worker gave up on this send (its shutdown grace ran out): free the thread;
             # the row is the rescuer's, whatever the thread finds.
             attempt.cut_off()
@@ -365,6 +367,10 @@ class SesProvider:
             return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
         except TimeoutError:
             pass
+        except asyncio.CancelledError:
+            if _closed_before_start(job):
+                return _closed()
+            raise
         response = {
             **answers.evidence("answer" if phase != "request" else "request"),
             "error_class": "DeadlineExceeded",
@@ -598,6 +604,17 @@ def destination(envelope: Envelope) -> dict[str, list[str]]:
     if bcc:
         groups["BccAddresses"] = bcc
     return groups
+
+
+def _closed() -> Retryable:
+    return Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+
+
+def _closed_before_start(job: Future[Outcome]) -> bool:
+    """Whether the send's job was cancelled by :meth:`SesProvider.close` while still queued (so
+    it never ran: nothing was sent), rather than the caller's task being cancelled."""
+    task = asyncio.current_task()
+    return job.cancelled() and (task is None or task.cancelling() == 0)
 
 
 def _retry_after(headers: Mapping[str, Any]) -> float | None:
