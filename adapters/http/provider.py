@@ -25,7 +25,8 @@ body byte for byte, and the provider sends once. Classification (docs/design.md,
 "Ambiguous" is :class:`~worker.outcomes.Unknown`: the core retries it with the same
 key while the window (counted from the first attempt) still covers a lease, and
 otherwise leaves the step ``unknown`` for the reconciler, which calls :meth:`lookup`.
-Whether the request was written is known exactly, from httpcore's trace events.
+Whether the request was written is known exactly, from httpcore's trace events (a forward
+proxy's ``CONNECT``, HTTPS_PROXY, comes through the same hook and is not our request).
 
 Keys and tags: the ``Idempotency-Key`` is the step's key when it is printable ASCII
 of at most 256 characters (Resend's limit), else ``sha256:`` and its digest. The tag

@@ -22,14 +22,15 @@ and never sent again by evq. Classification (docs/design.md, "Adapters"; fail cl
 | ``AccountSuspendedException``, ``SendingPausedException``, ``AccessDenied(Exception)``, ``NotFoundException`` (the configuration set) | retryable, misconfigured, fault ``forbidden`` (opens the circuit) |
 | a credential SES refuses (``UnrecognizedClientException``, ``InvalidSignatureException``, ``ExpiredToken``, ...) or none found | retryable, misconfigured, fault ``auth_failed`` (opens the circuit) |
 | ``ServiceUnavailable`` (5xx, SES's own error) | retryable: SES says it did not take the request |
-| no connection, or failed before the whole request was written | retryable (``connection_refused`` opens the circuit) |
+| no connection, or failed before the whole request was written (a proxy refusing or cutting the ``CONNECT`` tunnel included) | retryable (``connection_refused`` opens the circuit) |
 | read timeout or reset after the whole request was written | unknown |
 | 5xx without SES's own error (a gateway answered), ``InternalFailure`` | unknown |
 | anything else (an unknown error code, an unreadable answer, an exception) | unknown |
 
 boto3 builds, signs and parses every call; only the HTTP exchange is this module's
 (``before-send`` hands botocore the answer), through httpx with its trace events, so
-whether the request was written is known exactly, as in adapters/http/provider.py, and
+whether the request was written is known exactly, as in adapters/http/provider.py (a
+forward proxy's ``CONNECT``, whose events come through the same hook, is not our request), and
 ``send_by`` is checked after connecting, right before the first byte (invariant 9). Each
 send uses a fresh connection: a pooled one that SES closed while idle would fail after
 our request was written, which cannot be told from a lost answer. botocore's own retries
