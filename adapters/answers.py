@@ -9,6 +9,7 @@ request had been written (``sent``: what decides between retryable and unknown).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 MAX_BODY = 500  # characters of an answer kept as evidence
@@ -40,3 +41,12 @@ def short(text: str, limit: int = 200) -> str:
     """``text`` on one line, at most ``limit`` characters: for a log line or an outcome's reason."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_tunnel(info: Mapping[str, Any]) -> bool:
+    """Whether an httpcore ``*.started`` trace event belongs to a proxy's ``CONNECT`` (HTTPS_PROXY,
+    which httpx honours): httpcore passes our trace hook on to that request too, and writing it
+    sends nothing to the provider; only our own request's events say how far the send got. The
+    ``*.complete`` events carry no request: a caller remembers what the last ``started`` was."""
+    request = info.get("request")
+    return getattr(request, "method", None) == b"CONNECT"

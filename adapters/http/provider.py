@@ -25,7 +25,8 @@ body byte for byte, and the provider sends once. Classification (docs/design.md,
 "Ambiguous" is :class:`~worker.outcomes.Unknown`: the core retries it with the same
 key while the window (counted from the first attempt) still covers a lease, and
 otherwise leaves the step ``unknown`` for the reconciler, which calls :meth:`lookup`.
-Whether the request was written is known exactly, from httpcore's trace events.
+Whether the request was written is known exactly, from httpcore's trace events (a forward
+proxy's ``CONNECT``, HTTPS_PROXY, comes through the same hook and is not our request).
 
 Keys and tags: the ``Idempotency-Key`` is the step's key when it is printable ASCII
 of at most 256 characters (Resend's limit), else ``sha256:`` and its digest. The tag
@@ -227,15 +228,18 @@ class HttpProvider:
 
     async def _post(self, request: SendRequest) -> Outcome:
         written = False
+        tunnel = False  # the request being written is a proxy's CONNECT, which sends nothing
 
         async def trace(event: str, info: Mapping[str, Any]) -> None:
-            nonlocal written
+            nonlocal written, tunnel
             if event in _REQUEST_WRITTEN:
-                written = True
-            elif event in _REQUEST_STARTS and not limits.may_send(request.send_by):
-                # Connecting (or waiting for a pooled connection) may have taken the
-                # lease's time, or the process was paused: checked after all of that.
-                raise _LeaseTooShort
+                written = written or not tunnel
+            elif event in _REQUEST_STARTS:
+                tunnel = answers.is_tunnel(info)
+                if not limits.may_send(request.send_by):
+                    # Connecting (or waiting for a pooled connection) may have taken the
+                    # lease's time, or the process was paused: checked after all of that.
+                    raise _LeaseTooShort
 
         # Each network operation is bounded by the timeout; this bounds them together,
         # and never past the request's deadline (a trickled answer defeats per-read

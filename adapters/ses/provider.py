@@ -22,14 +22,15 @@ and never sent again by evq. Classification (docs/design.md, "Adapters"; fail cl
 | ``AccountSuspendedException``, ``SendingPausedException``, ``AccessDenied(Exception)``, ``NotFoundException`` (the configuration set) | retryable, misconfigured, fault ``forbidden`` (opens the circuit) |
 | a credential SES refuses (``UnrecognizedClientException``, ``InvalidSignatureException``, ``ExpiredToken``, ...) or none found | retryable, misconfigured, fault ``auth_failed`` (opens the circuit) |
 | ``ServiceUnavailable`` (5xx, SES's own error) | retryable: SES says it did not take the request |
-| no connection, or failed before the whole request was written | retryable (``connection_refused`` opens the circuit) |
+| no connection, or failed before the whole request was written (a proxy refusing or cutting the ``CONNECT`` tunnel included) | retryable (``connection_refused`` opens the circuit) |
 | read timeout or reset after the whole request was written | unknown |
 | 5xx without SES's own error (a gateway answered), ``InternalFailure`` | unknown |
 | anything else (an unknown error code, an unreadable answer, an exception) | unknown |
 
 boto3 builds, signs and parses every call; only the HTTP exchange is this module's
 (``before-send`` hands botocore the answer), through httpx with its trace events, so
-whether the request was written is known exactly, as in adapters/http/provider.py, and
+whether the request was written is known exactly, as in adapters/http/provider.py (a
+forward proxy's ``CONNECT``, whose events come through the same hook, is not our request), and
 ``send_by`` is checked after connecting, right before the first byte (invariant 9). Each
 send uses a fresh connection: a pooled one that SES closed while idle would fail after
 our request was written, which cannot be told from a lost answer. botocore's own retries
@@ -170,6 +171,7 @@ class _Attempt:
         self.deadline = deadline
         self.phase = "request"  # request -> writing -> written
         self.cut = False
+        self._tunnel = False  # the request being written is a proxy's CONNECT
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -189,10 +191,14 @@ class _Attempt:
                 if not limits.may_send(self.send_by):
                     # Connecting may have taken the lease's time, or the process was paused.
                     raise _LeaseTooShort
-                self.phase = "writing"
+                # A proxy's CONNECT (its events come through the same hook) sends nothing to SES.
+                self._tunnel = answers.is_tunnel(info)
+                if not self._tunnel:
+                    self.phase = "writing"
         elif event in _REQUEST_WRITTEN:
             with self._lock:
-                self.phase = "written"
+                if not self._tunnel:
+                    self.phase = "written"
 
     @property
     def written(self) -> bool:
@@ -313,7 +319,7 @@ class SesProvider:
         if refusal is not None:
             outcome: Outcome = Rejected(refusal, response=answers.evidence("policy"), before_send=True)
         elif self._closed:
-            outcome = Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+            outcome = _closed()
         else:
             outcome = await self._run(request)
         self._log(request, outcome)
@@ -340,7 +346,7 @@ class SesProvider:
         try:
             job = self._pool.submit(self._call, attempt, request)
         except RuntimeError:  # closed meanwhile: nothing was started
-            return Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+            return _closed()
         with self._track:
             self._jobs.add(job)
         job.add_done_callback(self._forget)
@@ -351,6 +357,8 @@ class SesProvider:
         except TimeoutError:
             pass
         except asyncio.CancelledError:
+            if _closed_before_start(job):
+                return _closed()
             # The worker gave up on this send (its shutdown grace ran out): free the thread;
             # the row is the rescuer's, whatever the thread finds.
             attempt.cut_off()
@@ -360,6 +368,10 @@ class SesProvider:
             return await asyncio.wait_for(asyncio.shield(done), timeout=_CUT_GRACE)
         except TimeoutError:
             pass
+        except asyncio.CancelledError:
+            if _closed_before_start(job):
+                return _closed()
+            raise
         response = {
             **answers.evidence("answer" if phase != "request" else "request"),
             "error_class": "DeadlineExceeded",
@@ -593,6 +605,17 @@ def destination(envelope: Envelope) -> dict[str, list[str]]:
     if bcc:
         groups["BccAddresses"] = bcc
     return groups
+
+
+def _closed() -> Retryable:
+    return Retryable("the ses adapter is closed", response=answers.evidence("closed"))
+
+
+def _closed_before_start(job: Future[Outcome]) -> bool:
+    """Whether the send's job was cancelled by :meth:`SesProvider.close` while still queued (so
+    it never ran: nothing was sent), rather than the caller's task being cancelled."""
+    task = asyncio.current_task()
+    return job.cancelled() and (task is None or task.cancelling() == 0)
 
 
 def _retry_after(headers: Mapping[str, Any]) -> float | None:

@@ -155,6 +155,16 @@ class SmtpConfig:
                 _OPTION["smtp_journal"],
                 f"must be a plain ASCII address such as journal@example.org, got {self.journal!r}",
             )
+        if self.journal is not None and self.relay != "none":
+            # Through a relay the journal address is one more recipient of the relay's transaction,
+            # with the same evq_key: the relay's events for it (a bounce) would land on the step.
+            # A relay's webhooks already settle a lost answer; the journal is plain SMTP's witness.
+            raise bad(
+                _OPTION["smtp_journal"],
+                f"cannot be used with EVQ_SMTP_RELAY={self.relay}: the relay's delivery events for the journal "
+                "address would be taken for the step's; unset EVQ_SMTP_JOURNAL (the relay's webhooks settle "
+                "lost answers)",
+            )
         if bool(self.username) != bool(self.password):
             raise bad(_OPTION["smtp_username"], "and EVQ_SMTP_PASSWORD go together: set both or neither")
         if self.username and self.tls == "none" and not self.allow_plain_auth:

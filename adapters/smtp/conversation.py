@@ -514,7 +514,17 @@ class _Conversation:
         if address is None or self.journal is not None:
             return
         if address.lower() in (r.lower() for r in self.envelope.recipients):
-            self.journal = {"address": address, "accepted": True, "code": None, "reply": "is a recipient"}
+            # Also a real recipient: its own RCPT answered for it. A refusal is no copy.
+            refusal = next((r for a, r in self.refused.items() if a.lower() == address.lower()), None)
+            if refusal is not None:
+                self.journal = {
+                    "address": address,
+                    "accepted": False,
+                    "code": refusal["code"],
+                    "reply": refusal["reply"],
+                }
+            else:
+                self.journal = {"address": address, "accepted": True, "code": None, "reply": "is a recipient"}
             return
         conn = self.conn
         assert conn is not None

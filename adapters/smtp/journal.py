@@ -107,6 +107,34 @@ class ImapJournal:
         return scrub_text(text.replace(self._password, "***"))[:300]
 
 
+class _IMAP4(imaplib.IMAP4):
+    """imaplib's client, its socket handed to the session's watchdog as soon as it connects:
+    imaplib's constructor reads the greeting, which a trickling server can stretch forever."""
+
+    def __init__(self, session: _Session, host: str, port: int, *, timeout: float):
+        self._session = session
+        super().__init__(host, port, timeout=timeout)
+
+    def _create_socket(self, timeout: float | None) -> socket.socket:
+        sock: socket.socket = super()._create_socket(timeout)  # type: ignore[misc]
+        self._session.watch(sock)
+        return sock
+
+
+class _IMAP4_SSL(imaplib.IMAP4_SSL):
+    """As :class:`_IMAP4`, watched from before the TLS handshake."""
+
+    def __init__(self, session: _Session, host: str, port: int, *, ssl_context: ssl.SSLContext, timeout: float):
+        self._session = session
+        super().__init__(host, port, ssl_context=ssl_context, timeout=timeout)
+
+    def _create_socket(self, timeout: float | None) -> socket.socket:
+        sock: socket.socket = imaplib.IMAP4._create_socket(self, timeout)  # type: ignore[attr-defined]
+        self._session.watch(sock)
+        wrapped: socket.socket = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
+        return wrapped
+
+
 class _Session:
     """One lookup's IMAP exchange, run in its own thread; its answer is set on ``done``."""
 
@@ -120,6 +148,9 @@ class _Session:
         self.step = "connect"
         self.imap: imaplib.IMAP4 | None = None
         self.cut = False
+        # A duplicate of the connection's descriptor, taken the moment it connects: shutting it
+        # down ends the connection whatever wraps it (the TLS handshake, the greeting, STARTTLS).
+        self._cutter: socket.socket | None = None
         self._lock = threading.Lock()
 
     def run(self) -> None:
@@ -131,6 +162,10 @@ class _Session:
             answer = LookupFailed(self._failure(exc))
         finally:
             self._logout()
+            with self._lock:
+                cutter, self._cutter = self._cutter, None
+            if cutter is not None:
+                cutter.close()
         try:
             self.loop.call_soon_threadsafe(self._deliver, answer)
         except RuntimeError:  # the loop is gone: nobody waits for this answer
@@ -148,19 +183,29 @@ class _Session:
         """From the loop, when the time is up: wake the thread's blocked read or write."""
         with self._lock:
             self.cut = True
-            sock = getattr(self.imap, "sock", None)
-            if sock is not None:
-                try:
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._shutdown()
+
+    def watch(self, sock: socket.socket) -> None:
+        """From imaplib's ``_create_socket`` (:class:`_IMAP4`): the connection is up, before a
+        byte of the TLS handshake or the greeting is read."""
+        with self._lock:
+            self._cutter = sock.dup()
+            if self.cut:
+                self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._cutter is not None:
+            try:
+                self._cutter.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _talk(self) -> LookupResult:
         w, timeout = self.j.where, self.j.timeout
         if w.tls == "ssl":
-            imap: imaplib.IMAP4 = imaplib.IMAP4_SSL(w.host, w.port, ssl_context=self.j.ssl_context, timeout=timeout)
+            imap: imaplib.IMAP4 = _IMAP4_SSL(self, w.host, w.port, ssl_context=self.j.ssl_context, timeout=timeout)
         else:
-            imap = imaplib.IMAP4(w.host, w.port, timeout=timeout)
+            imap = _IMAP4(self, w.host, w.port, timeout=timeout)
         with self._lock:
             self.imap = imap
             if self.cut:

@@ -11,6 +11,7 @@ credential anywhere.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -297,6 +298,43 @@ async def test_the_deadline_cuts_a_send_that_has_no_answer(silent) -> None:
     outcome = await answer(url, make_request(deadline=time.monotonic() + 0.5), timeout=30)
     assert isinstance(outcome, Unknown) and outcome.response["sent"] is True, outcome
     assert got
+
+
+async def _until(condition, bound: float = 10.0) -> None:
+    """Wait (ordering, not timing: a generous bound) until ``condition()`` holds."""
+    end = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < end, "never happened"
+        await asyncio.sleep(0.01)
+
+
+async def test_close_answers_a_queued_send_retryable_and_cuts_the_live_one(silent) -> None:
+    url, got = silent
+    p = ses(url, timeout=30, max_workers=1)
+    live = asyncio.create_task(p.send(make_request(step_id="live")))
+    await _until(lambda: bool(got))  # the one pool thread is in the exchange
+    queued = asyncio.create_task(p.send(make_request(step_id="queued")))
+    await _until(lambda: len(p._jobs) == 2)  # submitted behind it, never started
+    await p.close(grace=0.1)
+    first, second = await asyncio.gather(live, queued, return_exceptions=True)
+    # The live send's request was written: unknown. The queued one never ran: retryable, not a
+    # CancelledError out of send() (the caller's task was not cancelled).
+    assert isinstance(first, Unknown) and first.response["sent"] is True, first
+    assert isinstance(second, Retryable) and second.response["phase"] == "closed", second
+    assert len(got) == 1
+
+
+async def test_a_cancelled_caller_still_sees_its_cancellation(silent) -> None:
+    url, got = silent
+    p = ses(url, timeout=30, max_workers=1)
+    try:
+        live = asyncio.create_task(p.send(make_request(step_id="live")))
+        await _until(lambda: bool(got))
+        live.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await live
+    finally:
+        await p.close(grace=0.1)
 
 
 async def test_nothing_is_sent_once_the_send_by_limit_has_passed() -> None:

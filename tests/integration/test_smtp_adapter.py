@@ -134,6 +134,27 @@ def test_every_recipient_refused_is_rejected(server: DevSmtpServer) -> None:
     assert server.messages == []
 
 
+def test_a_journal_address_that_is_a_refused_recipient_is_no_journal_copy(server: DevSmtpServer) -> None:
+    # The journal address is also a real recipient and the server refuses it: the journal
+    # evidence says so (no copy exists), never "accepted: is a recipient".
+    outcome = send_one(server, make_request(to=["Reject@example.com", "ok@example.com"]), journal="reject@example.com")
+
+    assert isinstance(outcome, Accepted), outcome
+    assert set(outcome.response["refused"]) == {"Reject@example.com"}
+    journal = outcome.response["journal"]
+    assert journal["accepted"] is False and journal["code"] == 550 and "rejected" in journal["reply"]
+    [message] = server.messages
+    assert message["rcpt_tos"] == ["ok@example.com"]
+    # Accepted as a recipient, it is a copy: that is still what the evidence says.
+    accepted = send_one(server, make_request(to=["ok@example.com"]), journal="ok@example.com")
+    assert accepted.response["journal"] == {
+        "address": "ok@example.com",
+        "accepted": True,
+        "code": None,
+        "reply": "is a recipient",
+    }
+
+
 def test_partial_refusal_sends_to_the_accepted_and_lists_the_refused(server: DevSmtpServer) -> None:
     outcome = send_one(server, make_request(to=["ok@example.com", "reject+x@example.com"]))
 

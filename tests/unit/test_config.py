@@ -92,6 +92,18 @@ def test_the_ses_settings_are_checked_and_its_secrets_registered():
     assert Settings.load(env={"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}).adapter == ("smtp",)
 
 
+def test_a_journal_address_is_refused_with_a_relay():
+    # Through a relay the journal copy carries the step's evq_key; its events would be the step's.
+    env = {"EVQ_SMTP_JOURNAL": "journal@example.org", "EVQ_SMTP_RELAY": "sendgrid"}
+    with pytest.raises(ConfigError) as refused:
+        Settings.load(env=env)
+    assert "EVQ_SMTP_JOURNAL" in refused.value.message and "EVQ_SMTP_RELAY" in refused.value.message
+    # Each alone is fine, and a worker that does not send through SMTP does not check them.
+    assert Settings.load(env={"EVQ_SMTP_JOURNAL": "journal@example.org"}).smtp_journal == "journal@example.org"
+    assert Settings.load(env={"EVQ_SMTP_RELAY": "sendgrid"}).smtp_relay == "sendgrid"
+    assert Settings.load(env={**env, "EVQ_ADAPTER": "null"}).adapter == ("null",)
+
+
 def test_keep_content_is_a_duration_zero_or_forever():
     assert Settings.load(env={}).worker_config().keep_content == 30 * 86400.0
     assert Settings.load(env={"EVQ_KEEP_CONTENT": "forever"}).worker_config().keep_content is None
