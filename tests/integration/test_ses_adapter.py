@@ -294,8 +294,9 @@ async def test_no_answer_after_the_request_was_written_is_unknown(silent) -> Non
 
 async def test_the_deadline_cuts_a_send_that_has_no_answer(silent) -> None:
     url, got = silent
-    # Per-read timeouts alone would wait 30 s; the request's deadline ends it.
-    outcome = await answer(url, make_request(deadline=time.monotonic() + 0.5), timeout=30)
+    # Per-read timeouts alone would wait 30 s; the request's deadline ends it. The deadline leaves
+    # a loaded machine time to start the request (boto3's first client build takes a while).
+    outcome = await answer(url, make_request(deadline=time.monotonic() + 3.0), timeout=30)
     assert isinstance(outcome, Unknown) and outcome.response["sent"] is True, outcome
     assert got
 
