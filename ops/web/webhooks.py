@@ -173,6 +173,7 @@ async def receive(
         events = await anyio.to_thread.run_sync(receiver, headers, body, query, now)
     except WebhookRefused as refusal:
         return refused(refusal, provider, timer)
-    reply = await service.receive_deliveries(state.store, provider, events)
+    allowed = state.settings.webhook_step_providers()[provider]
+    reply = await service.receive_deliveries(state.store, provider, events, allowed)
     log.info("webhook_received", provider=provider, events=len(events))
     return JSONResponse(plain(success(reply.data, timer.meta(reply.meta), reply.status)), status_code=200)

@@ -403,3 +403,16 @@ def test_the_routes_provider_list_is_the_adapters():
     from evq.ops.web import webhooks
 
     assert webhooks.PROVIDERS == PROVIDERS
+
+
+@pytest.mark.parametrize(
+    ("relay", "expected"),
+    [
+        ("none", {"resend": {"http"}, "ses": {"ses"}, "sendgrid": set(), "postmark": set(), "mailgun": set()}),
+        ("mailgun", {"resend": {"http"}, "ses": {"ses"}, "sendgrid": set(), "postmark": set(), "mailgun": {"smtp"}}),
+        ("ses", {"resend": {"http"}, "ses": {"ses", "smtp"}, "sendgrid": set(), "postmark": set(), "mailgun": set()}),
+    ],
+)
+def test_each_webhook_reports_only_the_step_providers_that_can_have_sent_through_it(relay, expected):
+    got = replace(Settings(), smtp_relay=relay).webhook_step_providers()
+    assert {hook: set(steps) for hook, steps in got.items()} == expected
