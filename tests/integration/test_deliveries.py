@@ -181,3 +181,48 @@ async def test_the_runtime_role_records_and_reads_delivery_events(roles):
                 conn.rollback()
             else:
                 raise AssertionError(f"the runtime role ran {sql}")
+
+
+async def test_a_hard_bounce_racing_a_close_still_tells_notify(store, db_url):
+    """The bounce's statement reads the step ``unknown`` in its snapshot; an operator closes
+    it ``accepted`` before the bounce commits. The notice is decided from the step as it is
+    now, not from that snapshot: notify is told."""
+    from evq.worker.resolution import Resolution
+
+    [step] = await unknown_steps(store, notify="owner@example.com")
+    bounce = DeliveryEvent(
+        provider="mailgun",
+        event_id="mg-race",
+        type="bounced_hard",
+        message_id=step_row(db_url, step.id)["message_id"],
+        recipient="gone@example.com",
+    )
+    holder = psycopg.connect(db_url)
+    try:
+        # An uncommitted row with the same (provider, event_id) makes the bounce's insert wait
+        # after its statement took its snapshot; rolled back, the bounce's insert goes on.
+        holder.execute(
+            "INSERT INTO delivery_events (provider, event_id, type, received_at) VALUES ('mailgun', 'mg-race', "
+            "'bounced_hard', now())"
+        )
+        recording = asyncio.create_task(store.delivery_record(bounce, step_providers=RELAYED, actor="webhook:mailgun"))
+        await asyncio.to_thread(
+            wait_until,
+            lambda: rows(
+                db_url,
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ),
+            what="the bounce waiting on the held event id",
+        )
+        other = await PostgresStore.open(db_url, max_size=1)
+        try:
+            await other.resolve(step.id, Resolution.parse("accepted", "checked"), actor="alice", default_max_attempts=3)
+        finally:
+            await other.close()
+        holder.rollback()
+    finally:
+        holder.close()
+    done = await recording
+    assert (done.step, done.duplicate, done.closed, done.notices) == (step.id, False, False, 1)
+    assert step_row(db_url, step.id)["status"] == "accepted"
+    assert "notice_enqueued" in evidence_kinds(db_url, step.id)
