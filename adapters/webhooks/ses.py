@@ -44,6 +44,7 @@ from evq.adapters.webhooks.common import (
     replayed,
     text,
     unsigned,
+    utf8,
 )
 from evq.adapters.webhooks.config import WebhookConfig
 from evq.worker.delivery import KEY_TAG, DeliveryEvent, DeliveryType
@@ -101,7 +102,7 @@ def string_to_sign(message: Mapping[str, Any]) -> bytes:
         if not isinstance(value, str):
             raise malformed(f"an SNS {message['Type']} carries {name}")
         out.append(f"{name}\n{value}\n")
-    return "".join(out).encode()
+    return utf8("".join(out), "the SNS message")
 
 
 class SnsReceiver:
@@ -215,7 +216,7 @@ class SnsReceiver:
 
 def parse(message: Mapping[str, Any]) -> list[DeliveryEvent]:
     raw = message.get("Message")
-    event = load_json(raw.encode()) if isinstance(raw, str) else None
+    event = load_json(utf8(raw, "the SNS Message")) if isinstance(raw, str) else None
     if not isinstance(event, dict):
         raise malformed("the SNS Message is an SES event")
     kind = event.get("eventType") or event.get("notificationType")

@@ -416,3 +416,14 @@ def test_the_routes_provider_list_is_the_adapters():
 def test_each_webhook_reports_only_the_step_providers_that_can_have_sent_through_it(relay, expected):
     got = replace(Settings(), smtp_relay=relay).webhook_step_providers()
     assert {hook: set(steps) for hook, steps in got.items()} == expected
+
+
+def test_stored_text_loses_nuls_and_lone_surrogates_and_signed_text_with_one_is_malformed():
+    from evq.adapters.webhooks.common import detail, message_id, text, utf8
+
+    assert text("a\u0000b\ud800c") == "abc" and text("\u0000") is None
+    assert message_id("<a\u0000b@example.org>") == "<ab@example.org>"
+    assert detail({"reason": "x\u0000y", "n": 1}, ("reason", "n")) == {"reason": "xy", "n": 1}
+    with pytest.raises(WebhookRefused) as caught:
+        utf8("tok\ud800", "signature.token")
+    assert (caught.value.status, caught.value.reason) == (400, "malformed")

@@ -308,3 +308,54 @@ def test_a_signed_event_about_another_providers_step_is_kept_unmatched_and_close
     assert "delivery_event" not in evidence_kinds(db_url, step.id)
     [kept] = rows(db_url, "SELECT step_id, detail FROM delivery_events")
     assert kept["step_id"] is None and kept["detail"]["not_matched"]["step"] == step.id
+
+
+def test_a_lone_surrogate_before_the_signature_check_is_malformed_not_a_crash(db_url, sns, capfd):
+    """JSON can spell a lone surrogate (\\ud800), UTF-8 cannot: in Mailgun's token or an SNS
+    Message it is refused 400 malformed before anything is verified or fetched, no traceback."""
+    settings = {"webhook_mailgun_signing_key": hooks.MAILGUN_KEY, **sns.settings()}
+    with serving(db_url, **settings) as served:
+        client = served.client()
+        signed = {"timestamp": str(hooks.now_unix()), "token": "\ud800", "signature": "0" * 64}
+        body = json.dumps({"signature": signed, "event-data": {"event": "delivered"}}).encode()
+        assert b"\\ud800" in body
+        mailgun = client.post("/v1/webhooks/mailgun", content=body)
+        assert mailgun.status_code == 400, mailgun.text
+        assert mailgun.json()["error"]["context"]["reason"] == "malformed"
+        message = sns.message(hooks.ses_event("Delivery"))
+        message["Message"] = "\ud800"
+        fetched = len(sns.gets)
+        ses = client.post("/v1/webhooks/ses", content=json.dumps(message).encode())
+        assert ses.status_code == 400, ses.text
+        assert ses.json()["error"]["context"]["reason"] == "malformed"
+        assert len(sns.gets) == fetched
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "UnicodeEncodeError" not in out + err
+
+
+def test_a_nul_or_lone_surrogate_in_signed_text_is_stripped_and_the_batch_stored(db_url):
+    """A recipient's MTA may put a NUL in a bounce reason SendGrid signs; PostgreSQL's text and
+    jsonb refuse NUL. The event is stored without it, and so is the event after it."""
+    key = hooks.SendGridKey()
+    step = make_unknown(db_url)
+    events = [
+        {
+            "event": "bounce",
+            "type": "bounce",
+            "sg_event_id": "sg-nul\u0000",
+            "email": "gone\u0000@example.com",
+            "timestamp": hooks.now_unix(),
+            "reason": "550 5.1.1 no such user\u0000 \ud800here",
+            "smtp-id": step.message_id,
+        },
+        {"event": "delivered", "sg_event_id": "sg-after", "timestamp": hooks.now_unix(), "smtp-id": "<x@y.z>"},
+    ]
+    headers, body = key.sign(events)
+    with serving(db_url, webhook_sendgrid_public_key=key.public, smtp_relay="sendgrid") as served:
+        answer = served.client().post("/v1/webhooks/sendgrid", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert [d["event_id"] for d in answer.json()["data"]] == ["sg-nul", "sg-after"]
+    stored = rows(db_url, "SELECT event_id, step_id, recipient, detail FROM delivery_events ORDER BY id")
+    assert [(r["event_id"], r["step_id"]) for r in stored] == [("sg-nul", step.id), ("sg-after", None)]
+    assert stored[0]["recipient"] == "gone@example.com"
+    assert stored[0]["detail"]["reason"] == "550 5.1.1 no such user here"
