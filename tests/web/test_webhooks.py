@@ -359,3 +359,28 @@ def test_a_nul_or_lone_surrogate_in_signed_text_is_stripped_and_the_batch_stored
     assert [(r["event_id"], r["step_id"]) for r in stored] == [("sg-nul", step.id), ("sg-after", None)]
     assert stored[0]["recipient"] == "gone@example.com"
     assert stored[0]["detail"]["reason"] == "550 5.1.1 no such user here"
+
+
+def test_guessing_webhook_credentials_is_throttled_per_address(db_url):
+    """Postmark's credentials are a password: wrong guesses count against the client's address
+    as wrong API keys do (EVQ_SERVE_AUTH_FAILURES), then even the right one is 429 for a while."""
+    step = make_unknown(db_url)
+    record = {"RecordType": "Delivery", "MessageID": "pm-t", "Metadata": {"evq_key": key_digest(step.idempotency_key)}}
+    settings = {
+        "webhook_postmark_user": hooks.POSTMARK_USER,
+        "webhook_postmark_password": hooks.POSTMARK_PASSWORD,
+        "smtp_relay": "postmark",
+        "serve_auth_failures": 3,
+    }
+    with serving(db_url, **settings) as served:
+        client = served.client()
+        for n in range(3):
+            headers, body = hooks.postmark(record, password=f"a-guessed-password-{n:04d}")
+            assert client.post("/v1/webhooks/postmark", content=body, headers=headers).status_code == 401
+        headers, body = hooks.postmark(record)
+        throttled = client.post("/v1/webhooks/postmark", content=body, headers=headers)
+        assert throttled.status_code == 429, throttled.text
+        assert int(throttled.headers["retry-after"]) >= 1
+        assert throttled.json()["error"]["context"] == {"provider": "postmark", "reason": "throttled"}
+        assert refused_count(served.url, "postmark", "throttled") == 1
+    assert step_row(db_url, step.id)["status"] == "unknown"
