@@ -46,7 +46,8 @@ _CODE = {
     429: "E_AUTH_FAILED",
 }
 # Refusals that mean wrong credentials (a guess at Postmark's password, a forged signature):
-# counted per client address by the API's own failed-key throttle (ops/web/throttle.py).
+# counted per client address by a failed-key throttle of their own (ops/web/throttle.py, the
+# API's limits EVQ_SERVE_AUTH_FAILURES / EVQ_SERVE_AUTH_WINDOW, not its counts).
 _GUESSES = frozenset({"unsigned", "bad_signature"})
 
 router = APIRouter(tags=["webhooks"])
@@ -165,7 +166,7 @@ def _error(description: str) -> dict[str, Any]:
         413: _error("the body is larger than EVQ_WEBHOOK_MAX_BODY (reason too_large; E_INVALID_ARG)"),
         429: _error(
             "this address sent too many unsigned or badly signed requests lately (reason throttled; E_AUTH_FAILED; "
-            "Retry-After); EVQ_SERVE_AUTH_FAILURES and EVQ_SERVE_AUTH_WINDOW, shared with the API's key checks"
+            "Retry-After); the limits of EVQ_SERVE_AUTH_FAILURES and EVQ_SERVE_AUTH_WINDOW, counted apart from API keys"
         ),
         503: _error("the database is unavailable, or the SNS certificate could not be fetched: the provider retries"),
     },
@@ -178,7 +179,8 @@ async def receive(
     timer: Timer = request.state.timer
     receiver = (state.webhooks or {}).get(provider)
     address = request.client.host if request.client else None
-    wait = state.throttle.retry_after(address)
+    throttle = state.webhook_throttle
+    wait = throttle.retry_after(address) if throttle is not None else None
     if wait is not None:
         refusal = WebhookRefused(429, "throttled", "too many badly signed requests from this address")
         return refused(refusal, provider, timer, retry_after=wait)
@@ -193,8 +195,8 @@ async def receive(
         now = datetime.now(UTC)
         events = await anyio.to_thread.run_sync(receiver, headers, body, query, now)
     except WebhookRefused as refusal:
-        if refusal.reason in _GUESSES:
-            state.throttle.failed(address)
+        if refusal.reason in _GUESSES and throttle is not None:
+            throttle.failed(address)
         return refused(refusal, provider, timer)
     allowed = state.settings.webhook_step_providers()[provider]
     reply = await service.receive_deliveries(state.store, provider, events, allowed)

@@ -383,4 +383,7 @@ def test_guessing_webhook_credentials_is_throttled_per_address(db_url):
         assert int(throttled.headers["retry-after"]) >= 1
         assert throttled.json()["error"]["context"] == {"provider": "postmark", "reason": "throttled"}
         assert refused_count(served.url, "postmark", "throttled") == 1
+        # Counted apart from API keys: the same address's good key still reads.
+        operator = make_key(db_url, "root-t", "admin", created_by=None)
+        assert served.client(operator).get("/v1/deliveries").status_code == 200
     assert step_row(db_url, step.id)["status"] == "unknown"
