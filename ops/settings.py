@@ -465,6 +465,21 @@ class Settings:
             "null": null.profile(),
         }
 
+    def webhook_step_providers(self) -> dict[str, frozenset[str]]:
+        """For each webhook provider (resend, sendgrid, postmark, mailgun, ses), the step providers
+        whose messages its events can be about, from each adapter's ``reported_by``: ``resend``
+        the http adapter, ``ses`` the ses adapter (and smtp when EVQ_SMTP_RELAY=ses), a relay's
+        webhook smtp when EVQ_SMTP_RELAY names it. An event may match only a step of these
+        (delivery_record's ``step_providers``): another provider's step is never its to close."""
+        reported = {
+            "smtp": smtp.reported_by(self.smtp_config()),
+            "http": http.reported_by(self.http_config()),
+            "ses": ses.reported_by(self.ses_config()),
+        }
+        return {
+            hook: frozenset(step for step, hooks in reported.items() if hook in hooks) for hook in webhooks.PROVIDERS
+        }
+
     def policy(self) -> Policy:
         profiles = self.provider_profiles()
         return Policy(

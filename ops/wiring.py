@@ -325,6 +325,7 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                     throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
                     health=health_reader(settings, url=url),
                     webhooks=receivers(settings.webhook_config()),
+                    webhook_throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
                 )
     finally:
         reader.close()

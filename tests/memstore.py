@@ -45,7 +45,7 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -1206,7 +1206,7 @@ class MemoryStore:
     # -- delivery events (delivery_record, migration 0017) ------------------------------
 
     async def delivery_record(
-        self, event: DeliveryEvent, *, actor: str, now: datetime | None = None
+        self, event: DeliveryEvent, *, actor: str, step_providers: Collection[str], now: datetime | None = None
     ) -> DeliveryRecorded:
         at = await self._op("delivery_record", now)
         first = next(
@@ -1223,7 +1223,17 @@ class MemoryStore:
             else None
         )
         by_id = next((s for s in self.steps.values() if s["message_id"] == event.message_id), None)
-        s = by_key or by_id
+        named = [n for n in (by_key, by_id) if n is not None]
+        s = next((n for n in named if n["provider"] in step_providers), None)
+        foreign = next((n for n in named if n["provider"] not in step_providers), None)
+        stored_detail = dict(event.detail)
+        if s is None and foreign is not None:
+            stored_detail["not_matched"] = {
+                "step": foreign["id"],
+                "step_provider": foreign["provider"],
+                "why": f"the step was sent by provider {foreign['provider']}, whose messages the "
+                f"{event.provider} webhook does not report",
+            }
         row = MappingProxyType(
             {
                 "id": len(self.deliveries) + 1,
@@ -1237,7 +1247,7 @@ class MemoryStore:
                 "message_id": event.message_id,
                 "provider_message_id": event.provider_message_id,
                 "recipient": event.recipient,
-                "detail": _json(dict(event.detail)),
+                "detail": _json(stored_detail),
             }
         )
         self.deliveries.append(row)
@@ -1282,7 +1292,7 @@ class MemoryStore:
                 },
                 created_at=at,
             )
-            if s["status"] == "accepted" and event.type in TELLS_NOTIFY:
+            if event.type in TELLS_NOTIFY:  # the helper reads the status itself, as the store's query does
                 notices = self._enqueue_delivery_notice(s["id"], row, actor=actor, at=at)
             if closed:
                 metrics.observe_closed(s["created_at"], at)

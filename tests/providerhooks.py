@@ -113,9 +113,12 @@ def _pem(cert: x509.Certificate) -> bytes:
 
 class Sns:
     """SNS as the test plays it: a CA, an HTTPS server on 127.0.0.1 that serves the signing
-    certificate and records each GET (subscription confirmations), and a signer."""
+    certificate and records each GET (subscription confirmations), and a signer. The server
+    is on a loopback port, which the host pattern must spell (port 443 needs none); a GET of a
+    certificate whose name holds ``feed`` waits until :attr:`release` is set."""
 
-    HOSTS = r"127\.0\.0\.1"
+    HOSTS = r"127\.0\.0\.1:\d+"
+    CERT = "/SimpleNotificationService-0123456789abcdef.pem"
 
     def __init__(self, folder: Path):
         ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -134,12 +137,17 @@ class Sns:
             )
         )
         self.gets: list[str] = []
+        self.release = threading.Event()
         sns = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 sns.gets.append(self.path)
-                if self.path.startswith("/cert.pem"):
+                if "feed" in self.path:
+                    sns.release.wait()
+                    self.send_error(404)
+                    return
+                if self.path == sns.CERT:
                     body, ctype = sns.signing_pem, "application/x-pem-file"
                 elif self.path.startswith("/confirm"):
                     body, ctype = b"<ConfirmSubscriptionResponse/>", "text/xml"
@@ -193,7 +201,7 @@ class Sns:
             "Message": json.dumps(ses_event) if ses_event is not None else "You have chosen to subscribe.",
             "Timestamp": (at or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
             "SignatureVersion": version,
-            "SigningCertURL": cert_url or f"{self.url}/cert.pem",
+            "SigningCertURL": cert_url or self.url + self.CERT,
         }
         if kind != "Notification":
             message["Token"] = secrets.token_hex(16)

@@ -171,7 +171,12 @@ async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides:
 
     made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
     claimed = await store.claim(
-        owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=now
+        owner="w-test",
+        providers=[overrides.get("provider", "smtp")],
+        limit=n,
+        lease_seconds=60,
+        dedupe_windows={},
+        now=now,
     )
     settled = [
         decide(

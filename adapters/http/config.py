@@ -104,3 +104,8 @@ def profile(config: HttpConfig, webhooks: Collection[str] = ()) -> ProviderProfi
         lookup_by=("key_tag",),
         webhook_events=WEBHOOK_EVENTS if WEBHOOK in webhooks else (),
     )
+
+
+def reported_by(config: HttpConfig) -> tuple[str, ...]:
+    """The webhook providers whose events can be about a message this adapter sent (Resend-style)."""
+    return (WEBHOOK,)

@@ -810,15 +810,26 @@ SELECT count(*)::int AS n FROM checked;
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
 -- row on the matched step, which carries the close when there was one. The key_events
 -- trigger sees the same evidence a reconciler close writes (no feed event for accepted).
+-- Only a step whose provider is one this webhook can report on (%(step_providers)s, from
+-- Settings.webhook_step_providers) is matched: an event naming another provider's step is
+-- kept unmatched, its detail saying which step it named and why it was not acted on.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), named AS (
+    SELECT 1 AS probe, s.id, s.provider FROM email_steps s
+    WHERE %(digest)s::bytea IS NOT NULL
+      AND sha256(decode(replace(s.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
+    UNION ALL
+    SELECT 2, s.id, s.provider FROM email_steps s WHERE s.message_id = %(message_id)s
 ), m AS (
-    SELECT coalesce(
-        (SELECT s.id FROM email_steps s
-         WHERE %(digest)s::bytea IS NOT NULL
-           AND sha256(decode(replace(s.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea),
-        (SELECT s.id FROM email_steps s WHERE s.message_id = %(message_id)s)
-    ) AS step_id
+    SELECT (SELECT n.id FROM named n WHERE n.provider = ANY(%(step_providers)s::text[])
+            ORDER BY n.probe LIMIT 1) AS step_id,
+           (SELECT jsonb_build_object(
+                       'step', n.id, 'step_provider', n.provider,
+                       'why', 'the step was sent by provider ' || n.provider || ', whose messages the '
+                              || %(provider)s::text || ' webhook does not report')
+            FROM named n WHERE NOT n.provider = ANY(%(step_providers)s::text[])
+            ORDER BY n.probe LIMIT 1) AS foreign_step
 ), ins AS (
     INSERT INTO delivery_events (
         provider, event_id, type, occurred_at, received_at, step_id, key_digest, message_id,
@@ -826,7 +837,9 @@ WITH t AS (
     )
     SELECT %(provider)s::text, %(event_id)s::text, %(type)s::text, %(occurred_at)s::timestamptz, t.now, m.step_id,
            %(key_digest)s::text, %(message_id)s::text, %(provider_message_id)s::text, %(recipient)s::text,
-           %(detail)s::jsonb
+           CASE WHEN m.step_id IS NULL AND m.foreign_step IS NOT NULL
+                THEN %(detail)s::jsonb || jsonb_build_object('not_matched', m.foreign_step)
+                ELSE %(detail)s::jsonb END
     FROM t, m
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING id, step_id, received_at

@@ -83,3 +83,8 @@ def profile(config: SesConfig, webhooks: Collection[str] = ()) -> ProviderProfil
     configuration set publishes them (EVQ_SES_CONFIGURATION_SET)."""
     events = DELIVERY_TYPES if "ses" in webhooks and config.configuration_set else ()
     return ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=events)
+
+
+def reported_by(config: SesConfig) -> tuple[str, ...]:
+    """The webhook providers whose events can be about a message this adapter sent: SES's, through SNS."""
+    return ("ses",)

@@ -276,3 +276,9 @@ def profile(config: SmtpConfig, webhooks: Collection[str] = (), *, witness: bool
     (``webhooks``, the webhook providers whose secret is set, names it): that relay's events."""
     events = RELAY_EVENTS.get(config.relay, ()) if config.relay in webhooks else ()
     return ProviderProfile(dedupe_window=None, lookup_by=("message_id",) if witness else (), webhook_events=events)
+
+
+def reported_by(config: SmtpConfig) -> tuple[str, ...]:
+    """The webhook providers whose events can be about a message this adapter sent: the relay
+    (EVQ_SMTP_RELAY) only; a plain SMTP server has none. Settings.webhook_step_providers joins these."""
+    return (config.relay,) if config.relay in RELAY_EVENTS else ()

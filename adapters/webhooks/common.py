@@ -40,6 +40,25 @@ def replayed(message: str = "the timestamp is outside the tolerance") -> Webhook
     return WebhookRefused(401, "replayed", message)
 
 
+# What PostgreSQL's text and jsonb refuse (NUL) and what UTF-8 cannot carry (a lone surrogate,
+# which JSON's \ud800 escape can spell): stripped from anything stored, so the event is kept.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def clean(value: str) -> str:
+    """``value`` without NULs and lone surrogates (signed text from a recipient's MTA may carry either)."""
+    return _UNSTORABLE.sub("", value)
+
+
+def utf8(value: str, what: str) -> bytes:
+    """``value`` as UTF-8 bytes for a signature check, or ``malformed`` (a lone surrogate, which
+    no provider signed: JSON can spell one, UTF-8 cannot)."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise malformed(f"{what} is not valid Unicode text") from None
+
+
 def load_json(body: bytes) -> Any:
     """The body as JSON (UTF-8, at most :data:`MAX_DEPTH` deep), or ``malformed``."""
     try:
@@ -98,7 +117,7 @@ def message_id(value: Any) -> str | None:
     angle brackets (Mailgun, SendGrid's smtp-id sometimes) get them back. None if it is not one."""
     if not isinstance(value, str):
         return None
-    text = value.strip()
+    text = clean(value).strip()
     if len(text) > 998:
         return None
     if not text.startswith("<"):
@@ -120,13 +139,15 @@ def digest(value: Any) -> str | None:
 
 def text(value: Any, limit: int = 320) -> str | None:
     """A short string from the peer, or None."""
-    return value[:limit] if isinstance(value, str) and value else None
+    if not isinstance(value, str):
+        return None
+    return clean(value)[:limit] or None
 
 
 def derived_id(provider: str, *parts: Any) -> str:
     """A deterministic event id for a provider that gives none: the same event twice is the same id."""
     joined = "\x1f".join("" if p is None else str(p) for p in parts)
-    return f"{provider}:" + hashlib.sha256(joined.encode()).hexdigest()[:40]
+    return f"{provider}:" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def detail(event: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -136,7 +157,7 @@ def detail(event: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     for key in keys[:_DETAIL_KEYS]:
         value = event.get(key)
         if isinstance(value, str):
-            out[key] = scrub(value[:_TEXT_LIMIT])
+            out[key] = scrub(clean(value)[:_TEXT_LIMIT])
         elif isinstance(value, bool | int | float):
             out[key] = value
     return out

@@ -40,6 +40,7 @@ from evq.adapters.webhooks.common import (
     text,
     unix_time,
     unsigned,
+    utf8,
 )
 from evq.adapters.webhooks.config import WebhookConfig
 from evq.worker.delivery import KEY_TAG, DeliveryEvent, DeliveryType
@@ -92,8 +93,11 @@ def verify_and_parse(
     given = [s for s in (signed.get("signature"), signed.get("parent-signature")) if isinstance(s, str)]
     if not (isinstance(stamp, str | int) and isinstance(token, str) and token and given):
         raise unsigned("signature.timestamp, .token and .signature are required")
-    expected = hmac.new(config.mailgun_signing_key.encode(), f"{stamp}{token}".encode(), hashlib.sha256).hexdigest()
-    if not any(hmac.compare_digest(expected.encode(), s.strip().lower().encode()) for s in given):
+    signed_bytes = utf8(f"{stamp}{token}", "signature.token")
+    expected = hmac.new(config.mailgun_signing_key.encode(), signed_bytes, hashlib.sha256).hexdigest()
+    if not any(
+        hmac.compare_digest(expected.encode(), s.strip().lower().encode("utf-8", "surrogatepass")) for s in given
+    ):
         raise bad_signature()
     sent_at = unix_time(stamp)
     if sent_at is None:

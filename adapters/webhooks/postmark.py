@@ -24,6 +24,7 @@ from typing import Any
 
 from evq.adapters.webhooks.common import (
     bad_signature,
+    clean,
     derived_id,
     detail,
     digest,
@@ -52,7 +53,8 @@ _KEPT = ("RecordType", "Type", "TypeCode", "Inactive", "Description", "Details",
 
 
 def _same(given: str, expected: str) -> bool:
-    return hmac.compare_digest(given.encode(), expected.encode())
+    # surrogatepass: a lone surrogate in what the peer sent is a wrong credential, not a crash.
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
 
 
 def authenticate(headers: Mapping[str, str], query: Mapping[str, str], config: WebhookConfig) -> None:
@@ -112,7 +114,7 @@ def parse(record: Any) -> list[DeliveryEvent]:
     metadata = record.get("Metadata") if isinstance(record.get("Metadata"), dict) else {}
     bounce_id = record.get("ID")
     if kind in ("Bounce", "SpamComplaint") and isinstance(bounce_id, int | str) and str(bounce_id):
-        event_id = f"{kind.lower()}:{str(bounce_id)[:100]}"
+        event_id = f"{kind.lower()}:{clean(str(bounce_id))[:100]}"
     else:
         event_id = derived_id(PROVIDER, kind, record.get("MessageID"), recipient, at, record.get("OriginalLink"))
     return [

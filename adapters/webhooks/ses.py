@@ -6,7 +6,11 @@ a Notification; Message, MessageId, SubscribeURL, Timestamp, Token, TopicArn, Ty
 (Un)SubscriptionConfirmation), with SHA1withRSA for ``SignatureVersion`` 1 and
 SHA256withRSA for 2, by the certificate at ``SigningCertURL``. That certificate is fetched
 only over https from a host that matches EVQ_WEBHOOK_SNS_CERT_HOSTS whole (by default
-``sns.<region>.amazonaws.com``), never following a redirect, and cached by URL. The topic
+``sns.<region>.amazonaws.com``; on a port other than 443 the pattern must match
+``host:port``), at SNS's path ``/SimpleNotificationService-<hex>.pem``, never following a
+redirect, and cached by URL. Since it is fetched before anything is verified, a forger's
+URLs cost little: at most CERT_FETCHES fetches at once (beyond: 503 at once), a short
+connect timeout, and a URL that failed is not fetched again for FAILED_FOR seconds. The topic
 must be one of EVQ_WEBHOOK_SES_TOPIC_ARNS, checked before anything is fetched; the
 Timestamp must be within EVQ_WEBHOOK_SNS_TOLERANCE (SNS resends the same signed message when
 it retries, so this is longer than the others').
@@ -28,6 +32,7 @@ import binascii
 import re
 import ssl
 import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -44,6 +49,7 @@ from evq.adapters.webhooks.common import (
     replayed,
     text,
     unsigned,
+    utf8,
 )
 from evq.adapters.webhooks.config import WebhookConfig
 from evq.worker.delivery import KEY_TAG, DeliveryEvent, DeliveryType
@@ -61,7 +67,15 @@ _SIGNED = {
 _OPTIONAL = frozenset({"Subject"})
 MAX_CERT_BYTES = 64 * 1024
 FETCH_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 3.0
 CACHE_SIZE = 32
+# Certificate fetches at once, per receiver: beyond them a message is refused at once (503
+# cert_unavailable; SNS retries), so unverified messages cannot hold the server's threads.
+CERT_FETCHES = 2
+FAILED_FOR = 60.0  # a URL whose fetch failed is not fetched again for this long
+FAILED_SIZE = 1024
+# The path of every SNS signing certificate: SimpleNotificationService-<hex>.pem.
+CERT_PATH = re.compile(r"/SimpleNotificationService-[0-9a-f]+\.pem")
 
 # SES event -> (the key of its detail object, its recipients' list key).
 _EVENTS: dict[str, tuple[str, str | None]] = {
@@ -101,7 +115,7 @@ def string_to_sign(message: Mapping[str, Any]) -> bytes:
         if not isinstance(value, str):
             raise malformed(f"an SNS {message['Type']} carries {name}")
         out.append(f"{name}\n{value}\n")
-    return "".join(out).encode()
+    return utf8("".join(out), "the SNS message")
 
 
 class SnsReceiver:
@@ -111,6 +125,8 @@ class SnsReceiver:
         self.config = config
         self.hosts = re.compile(config.sns_cert_hosts)
         self._certs: dict[str, Any] = {}
+        self._failed: dict[str, float] = {}  # URL -> monotonic time until which it is not fetched again
+        self._fetches = threading.BoundedSemaphore(CERT_FETCHES)
         self._lock = threading.Lock()
         self._tls = ssl.create_default_context(cafile=config.sns_ca_file) if config.sns_ca_file else None
 
@@ -119,15 +135,22 @@ class SnsReceiver:
     ) -> list[DeliveryEvent]:
         return self.verify_and_parse(headers, body, now)
 
-    def sns_url(self, url: Any) -> str:
-        """``url`` if it is https on an SNS host (EVQ_WEBHOOK_SNS_CERT_HOSTS), else ``foreign_cert``."""
+    def sns_url(self, url: Any, *, cert: bool = False) -> str:
+        """``url`` if it is https on an SNS host (EVQ_WEBHOOK_SNS_CERT_HOSTS), else ``foreign_cert``.
+        The pattern is matched against the host alone on port 443, and against ``host:port`` on
+        any other port, so only a pattern that spells a port (the tests' loopback server) allows
+        one. ``cert``: the path must also be SNS's ``/SimpleNotificationService-<hex>.pem``."""
         try:
             parts = urlsplit(url) if isinstance(url, str) else None
             host = parts.hostname if parts else None
+            port = parts.port if parts else None
         except ValueError:
-            parts, host = None, None
-        if parts is None or parts.scheme != "https" or not host or not self.hosts.fullmatch(host) or parts.username:
+            parts, host, port = None, None, None
+        where = host if port in (None, 443) else f"{host}:{port}"
+        if parts is None or parts.scheme != "https" or not host or not self.hosts.fullmatch(where) or parts.username:
             raise WebhookRefused(403, "foreign_cert", "the URL is not https on an SNS host")
+        if cert and (not CERT_PATH.fullmatch(parts.path) or parts.query or parts.fragment):
+            raise WebhookRefused(403, "foreign_cert", "the URL is not an SNS signing certificate's")
         return str(url)
 
     def verify_and_parse(self, headers: Mapping[str, str], body: bytes, now: datetime) -> list[DeliveryEvent]:
@@ -145,7 +168,7 @@ class SnsReceiver:
         version = message.get("SignatureVersion")
         if version not in ("1", "2"):
             raise bad_signature("SignatureVersion is 1 or 2")
-        url = self.sns_url(message["SigningCertURL"])
+        url = self.sns_url(message["SigningCertURL"], cert=True)
         if message["Type"] == "SubscriptionConfirmation":
             self.sns_url(message.get("SubscribeURL"))  # refused before anything is fetched
         signed = string_to_sign(message)
@@ -171,7 +194,8 @@ class SnsReceiver:
     def _get(self, url: str, limit: int) -> bytes:
         import httpx
 
-        with httpx.Client(verify=self._tls or True, timeout=FETCH_TIMEOUT, follow_redirects=False) as client:
+        timeout = httpx.Timeout(FETCH_TIMEOUT, connect=CONNECT_TIMEOUT)
+        with httpx.Client(verify=self._tls or True, timeout=timeout, follow_redirects=False) as client:
             with client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise OSError(f"HTTP {response.status_code}")
@@ -185,23 +209,44 @@ class SnsReceiver:
     def _public_key(self, url: str) -> Any:
         from cryptography import x509
 
+        now = time.monotonic()
         with self._lock:
             if url in self._certs:
                 return self._certs[url]
+            if self._failed.get(url, 0.0) > now:
+                raise WebhookRefused(503, "cert_unavailable", "the signing certificate could not be fetched lately")
+        if not self._fetches.acquire(blocking=False):
+            log.warning("webhook_cert_busy", provider=PROVIDER)
+            raise WebhookRefused(503, "cert_unavailable", "too many signing certificates are being fetched")
         try:
-            pem = self._get(url, MAX_CERT_BYTES)
-        except Exception as exc:  # any failure to fetch: evq could not check, the provider retries
-            log.warning("webhook_cert_unavailable", provider=PROVIDER, error_class=type(exc).__name__)
-            raise WebhookRefused(503, "cert_unavailable", "the signing certificate could not be fetched") from None
+            try:
+                pem = self._get(url, MAX_CERT_BYTES)
+            except Exception as exc:  # any failure to fetch: evq could not check, the provider retries
+                log.warning("webhook_cert_unavailable", provider=PROVIDER, error_class=type(exc).__name__)
+                self._fail(url)
+                raise WebhookRefused(503, "cert_unavailable", "the signing certificate could not be fetched") from None
+        finally:
+            self._fetches.release()
         try:
             key = x509.load_pem_x509_certificate(pem).public_key()
         except ValueError:
+            self._fail(url)
             raise WebhookRefused(503, "cert_unavailable", "the signing certificate is not a PEM certificate") from None
         with self._lock:
             if len(self._certs) >= CACHE_SIZE:
                 self._certs.pop(next(iter(self._certs)))
             self._certs[url] = key
         return key
+
+    def _fail(self, url: str) -> None:
+        """Remember for :data:`FAILED_FOR` that ``url`` could not be fetched (bounded; expired ones go first)."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._failed) >= FAILED_SIZE:
+                self._failed = {u: t for u, t in self._failed.items() if t > now}
+                while len(self._failed) >= FAILED_SIZE:
+                    self._failed.pop(next(iter(self._failed)))
+            self._failed[url] = now + FAILED_FOR
 
     def _confirm(self, message: Mapping[str, Any]) -> None:
         url = self.sns_url(message.get("SubscribeURL"))
@@ -215,7 +260,7 @@ class SnsReceiver:
 
 def parse(message: Mapping[str, Any]) -> list[DeliveryEvent]:
     raw = message.get("Message")
-    event = load_json(raw.encode()) if isinstance(raw, str) else None
+    event = load_json(utf8(raw, "the SNS Message")) if isinstance(raw, str) else None
     if not isinstance(event, dict):
         raise malformed("the SNS Message is an SES event")
     kind = event.get("eventType") or event.get("notificationType")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -674,11 +674,15 @@ def delivery_actor(provider: str) -> str:
     return f"webhook:{provider}"
 
 
-async def receive_deliveries(store: AppStore, provider: str, events: Sequence[DeliveryEvent]) -> Reply:
+async def receive_deliveries(
+    store: AppStore, provider: str, events: Sequence[DeliveryEvent], step_providers: Collection[str]
+) -> Reply:
     """Verified events from ``provider``'s webhook (its signature checked by the caller, the
     HTTP route): each stored, matched and acted on in a transaction of its own
     (DeliveryStore.delivery_record), so a provider that retries a whole batch after a
-    failure part way finds the stored ones duplicates. Data: one entry per event, in order."""
+    failure part way finds the stored ones duplicates. ``step_providers``: the step providers
+    whose messages this webhook can report on (Settings.webhook_step_providers); an event
+    naming another's step is kept unmatched. Data: one entry per event, in order."""
     wrong = [i for i, e in enumerate(events) if e.provider != provider]
     if wrong:
         raise InvalidRequest(
@@ -689,7 +693,7 @@ async def receive_deliveries(store: AppStore, provider: str, events: Sequence[De
     metrics.init_delivery(provider, DELIVERY_TYPES)  # every series at 0: the rates exist before the first event
     data: list[dict[str, Any]] = []
     for event in events:
-        done = await store.delivery_record(event, actor=actor)
+        done = await store.delivery_record(event, actor=actor, step_providers=step_providers)
         log.info(
             "delivery_event",
             provider=provider,

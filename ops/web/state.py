@@ -24,6 +24,9 @@ class AppState:
     health: Any = None  # ops.app.health.HealthReader for GET /v1/health (ops/wiring.py's health_reader)
     # Provider name -> its webhook receiver (worker/ports/webhooks.py), only the configured ones.
     webhooks: Any = None
+    # Unsigned or badly signed webhook requests per client address (ops/web/webhooks.py): a
+    # throttle of its own, so a forger behind a shared proxy cannot lock the API's keys out.
+    webhook_throttle: FailureThrottle | None = None
 
     @property
     def policy(self) -> Policy:

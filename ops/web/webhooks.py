@@ -37,7 +37,18 @@ log = get_logger("evq.webhooks")
 # The providers a webhook route exists for (adapters/webhooks/config.py's PROVIDERS; the
 # interfaces may not import an adapter, so the list is repeated here and a test compares them).
 PROVIDERS = ("resend", "sendgrid", "postmark", "mailgun", "ses")
-_CODE = {401: "E_AUTH_FAILED", 403: "E_AUTH_FAILED", 404: "E_NOT_FOUND", 400: "E_INVALID_ARG", 413: "E_INVALID_ARG"}
+_CODE = {
+    401: "E_AUTH_FAILED",
+    403: "E_AUTH_FAILED",
+    404: "E_NOT_FOUND",
+    400: "E_INVALID_ARG",
+    413: "E_INVALID_ARG",
+    429: "E_AUTH_FAILED",
+}
+# Refusals that mean wrong credentials (a guess at Postmark's password, a forged signature):
+# counted per client address by a failed-key throttle of their own (ops/web/throttle.py, the
+# API's limits EVQ_SERVE_AUTH_FAILURES / EVQ_SERVE_AUTH_WINDOW, not its counts).
+_GUESSES = frozenset({"unsigned", "bad_signature"})
 
 router = APIRouter(tags=["webhooks"])
 
@@ -62,15 +73,17 @@ _HINTS = {
     "unknown_provider": "the providers are " + ", ".join(PROVIDERS),
     "too_large": "EVQ_WEBHOOK_MAX_BODY bounds a webhook's body",
     "replayed": "a webhook is believed only near the time it was signed (EVQ_WEBHOOK_TOLERANCE)",
+    "throttled": "this address sent too many badly signed requests lately; Retry-After says when to try again",
 }
 
 
-def refused(refusal: WebhookRefused, provider: str, timer: Timer) -> JSONResponse:
+def refused(refusal: WebhookRefused, provider: str, timer: Timer, retry_after: int | None = None) -> JSONResponse:
     label = provider if provider in PROVIDERS else "other"
     metrics.labelled(metrics.WEBHOOK_REFUSED, label, refusal.reason).inc()
     log.warning("webhook_refused", provider=label, reason=refusal.reason, status=refusal.status)
     body = failure(WebhookError(refusal, label), timer.meta())
-    return JSONResponse(body, status_code=refusal.status)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(body, status_code=refusal.status, headers=headers)
 
 
 async def read_capped(request: Request, limit: int) -> bytes:
@@ -151,6 +164,10 @@ def _error(description: str) -> dict[str, Any]:
         403: _error("SNS: a topic not allowed, or a certificate URL not on an SNS host (E_AUTH_FAILED)"),
         404: _error("no such provider, or one with no settings (reason not_configured; E_NOT_FOUND)"),
         413: _error("the body is larger than EVQ_WEBHOOK_MAX_BODY (reason too_large; E_INVALID_ARG)"),
+        429: _error(
+            "this address sent too many unsigned or badly signed requests lately (reason throttled; E_AUTH_FAILED; "
+            "Retry-After); the limits of EVQ_SERVE_AUTH_FAILURES and EVQ_SERVE_AUTH_WINDOW, counted apart from API keys"
+        ),
         503: _error("the database is unavailable, or the SNS certificate could not be fetched: the provider retries"),
     },
     openapi_extra={"security": [], "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}}},
@@ -161,6 +178,12 @@ async def receive(
     state: AppState = request.app.state.evq
     timer: Timer = request.state.timer
     receiver = (state.webhooks or {}).get(provider)
+    address = request.client.host if request.client else None
+    throttle = state.webhook_throttle
+    wait = throttle.retry_after(address) if throttle is not None else None
+    if wait is not None:
+        refusal = WebhookRefused(429, "throttled", "too many badly signed requests from this address")
+        return refused(refusal, provider, timer, retry_after=wait)
     try:
         if provider not in PROVIDERS:
             raise WebhookRefused(404, "unknown_provider", "no such provider")
@@ -172,7 +195,10 @@ async def receive(
         now = datetime.now(UTC)
         events = await anyio.to_thread.run_sync(receiver, headers, body, query, now)
     except WebhookRefused as refusal:
+        if refusal.reason in _GUESSES and throttle is not None:
+            throttle.failed(address)
         return refused(refusal, provider, timer)
-    reply = await service.receive_deliveries(state.store, provider, events)
+    allowed = state.settings.webhook_step_providers()[provider]
+    reply = await service.receive_deliveries(state.store, provider, events, allowed)
     log.info("webhook_received", provider=provider, events=len(events))
     return JSONResponse(plain(success(reply.data, timer.meta(reply.meta), reply.status)), status_code=200)

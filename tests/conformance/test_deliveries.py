@@ -10,10 +10,14 @@ from evq.worker.outcomes import Accepted, Rejected, Unknown
 from tests.conformance.helpers import T0, at, claim, evidence, row, settle
 from tests.support import valid
 
+# The steps here are smtp ones, as if sent through the relay whose webhook reports them.
+RELAYED = ("smtp",)
+
 
 async def step_in(store, outcome, *, now=T0, **kw) -> dict:
     e = await store.enqueue(valid(**kw), now=now)
-    [step] = [c for c in await claim(store, now=now) if c.id == e.id]
+    providers = (kw.get("provider", "smtp"),)
+    [step] = [c for c in await claim(store, now=now, providers=providers) if c.id == e.id]
     await store.record([settle(step, outcome)], actor="w1", now=now)
     return await row(store, e.id)
 
@@ -33,7 +37,7 @@ async def test_an_event_settles_an_unknown_step_accepted_with_its_evidence(any_s
         occurred_at=at(5),
         detail={"raw_type": "email.delivered"},
     )
-    done = await any_store.delivery_record(e, actor="webhook:resend", now=at(10))
+    done = await any_store.delivery_record(e, step_providers=RELAYED, actor="webhook:resend", now=at(10))
     assert (done.step, done.duplicate, done.closed) == (s["id"], False, True)
     after = await row(any_store, s["id"])
     assert (after["status"], after["reason"], after["provider_message_id"]) == ("accepted", "webhook", "re_123")
@@ -63,14 +67,16 @@ async def test_an_event_settles_an_unknown_step_accepted_with_its_evidence(any_s
 async def test_a_duplicate_event_changes_nothing_and_says_so(any_store):
     s = await step_in(any_store, Unknown("reply lost"))
     e = event("ev-dup", "deferred", message_id=s["message_id"])
-    first = await any_store.delivery_record(e, actor="webhook:resend", now=at(1))
+    first = await any_store.delivery_record(e, step_providers=RELAYED, actor="webhook:resend", now=at(1))
     evidence_before = await evidence(any_store, s["id"])
-    again = await any_store.delivery_record(e, actor="webhook:resend", now=at(2))
+    again = await any_store.delivery_record(e, step_providers=RELAYED, actor="webhook:resend", now=at(2))
     assert (again.id, again.step, again.duplicate, again.closed) == (first.id, s["id"], True, False)
     assert await evidence(any_store, s["id"]) == evidence_before
     assert len(await any_store.delivery_events(step=s["id"])) == 1
     # The same event id from another provider is another event.
-    other = await any_store.delivery_record(event("ev-dup", "deferred", provider="postmark"), actor="w", now=at(3))
+    other = await any_store.delivery_record(
+        event("ev-dup", "deferred", provider="postmark"), step_providers=RELAYED, actor="w", now=at(3)
+    )
     assert not other.duplicate and other.id != first.id
 
 
@@ -79,11 +85,14 @@ async def test_the_key_digest_wins_over_the_message_id(any_store):
     b = await step_in(any_store, Accepted("q2"))
     done = await any_store.delivery_record(
         event("ev-both", key_digest=key_digest(a["idempotency_key"]).upper(), message_id=b["message_id"]),
+        step_providers=RELAYED,
         actor="w",
         now=at(1),
     )
     assert done.step == a["id"]
-    by_id = await any_store.delivery_record(event("ev-mid", message_id=b["message_id"]), actor="w", now=at(1))
+    by_id = await any_store.delivery_record(
+        event("ev-mid", message_id=b["message_id"]), step_providers=RELAYED, actor="w", now=at(1)
+    )
     assert by_id.step == b["id"]
 
 
@@ -91,11 +100,16 @@ async def test_an_event_matching_no_step_is_kept_for_an_operator(any_store):
     s = await step_in(any_store, Accepted("q1"))
     lost = await any_store.delivery_record(
         event("ev-lost", "bounced_hard", key_digest="0" * 64, message_id="<nobody@example.org>", recipient="x@y.z"),
+        step_providers=RELAYED,
         actor="w",
         now=at(1),
     )
-    junk = await any_store.delivery_record(event("ev-junk", key_digest="not hex"), actor="w", now=at(2))
-    mine = await any_store.delivery_record(event("ev-mine", message_id=s["message_id"]), actor="w", now=at(3))
+    junk = await any_store.delivery_record(
+        event("ev-junk", key_digest="not hex"), step_providers=RELAYED, actor="w", now=at(2)
+    )
+    mine = await any_store.delivery_record(
+        event("ev-mine", message_id=s["message_id"]), step_providers=RELAYED, actor="w", now=at(3)
+    )
     assert (lost.step, lost.duplicate, lost.closed) == (None, False, False) and junk.step is None
     unmatched = await any_store.delivery_events(unmatched=True)
     assert [d["id"] for d in unmatched] == [junk.id, lost.id]  # newest first
@@ -112,14 +126,23 @@ async def test_closed_steps_only_gain_delivery_state(any_store):
     rejected = await step_in(any_store, Rejected("550 no such user"))
     for n, s in enumerate((accepted, rejected)):
         await any_store.delivery_record(
-            event(f"ev-d{n}", "delivered", message_id=s["message_id"], occurred_at=at(20)), actor="w", now=at(30)
+            event(f"ev-d{n}", "delivered", message_id=s["message_id"], occurred_at=at(20)),
+            step_providers=RELAYED,
+            actor="w",
+            now=at(30),
         )
         await any_store.delivery_record(
-            event(f"ev-o{n}", "opened", message_id=s["message_id"], occurred_at=at(40)), actor="w", now=at(50)
+            event(f"ev-o{n}", "opened", message_id=s["message_id"], occurred_at=at(40)),
+            step_providers=RELAYED,
+            actor="w",
+            now=at(50),
         )
         # Out of order: an earlier event arriving later does not become the latest state.
         await any_store.delivery_record(
-            event(f"ev-q{n}", "deferred", message_id=s["message_id"], occurred_at=at(10)), actor="w", now=at(60)
+            event(f"ev-q{n}", "deferred", message_id=s["message_id"], occurred_at=at(10)),
+            step_providers=RELAYED,
+            actor="w",
+            now=at(60),
         )
         after = await row(any_store, s["id"])
         assert {k: after[k] for k in ("status", "reason", "closed_at", "provider_message_id")} == {
@@ -139,7 +162,9 @@ async def test_closed_steps_only_gain_delivery_state(any_store):
 async def test_a_pending_step_is_not_settled_by_an_event(any_store):
     e = await any_store.enqueue(valid(), now=T0)
     before = await row(any_store, e.id)
-    done = await any_store.delivery_record(event("ev-p", message_id=before["message_id"]), actor="w", now=at(1))
+    done = await any_store.delivery_record(
+        event("ev-p", message_id=before["message_id"]), step_providers=RELAYED, actor="w", now=at(1)
+    )
     assert done.step == e.id and not done.closed
     assert (await row(any_store, e.id))["status"] == "pending"
 
@@ -148,18 +173,29 @@ async def test_a_hard_bounce_tells_notify_once_per_step_and_type(any_store):
     s = await step_in(any_store, Accepted("q1"), notify="owner@example.com")
     quiet = await step_in(any_store, Accepted("q2"))  # no notify address: nobody to tell
     first = await any_store.delivery_record(
-        event("ev-b1", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"), actor="w", now=at(1)
+        event("ev-b1", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"),
+        step_providers=RELAYED,
+        actor="w",
+        now=at(1),
     )
     again = await any_store.delivery_record(
-        event("ev-b2", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"), actor="w", now=at(2)
+        event("ev-b2", "bounced_hard", message_id=s["message_id"], recipient="gone@example.com"),
+        step_providers=RELAYED,
+        actor="w",
+        now=at(2),
     )
     spam = await any_store.delivery_record(
-        event("ev-c1", "complained", message_id=s["message_id"], recipient="x@example.com"), actor="w", now=at(3)
+        event("ev-c1", "complained", message_id=s["message_id"], recipient="x@example.com"),
+        step_providers=RELAYED,
+        actor="w",
+        now=at(3),
     )
     soft = await any_store.delivery_record(
-        event("ev-s1", "bounced_soft", message_id=s["message_id"]), actor="w", now=at(4)
+        event("ev-s1", "bounced_soft", message_id=s["message_id"]), step_providers=RELAYED, actor="w", now=at(4)
     )
-    none = await any_store.delivery_record(event("ev-b3", "bounced_hard", message_id=quiet["message_id"]), actor="w")
+    none = await any_store.delivery_record(
+        event("ev-b3", "bounced_hard", message_id=quiet["message_id"]), step_providers=RELAYED, actor="w"
+    )
     assert (first.notices, again.notices, spam.notices, soft.notices, none.notices) == (1, 0, 1, 0, 0)
     told = [e for e in await evidence(any_store, s["id"]) if e["kind"] == "notice_enqueued"]
     assert [e["reason"] for e in told] == ["bounced_hard", "complained"]
@@ -167,3 +203,34 @@ async def test_a_hard_bounce_tells_notify_once_per_step_and_type(any_store):
     assert notice["notice_of"] == s["id"] and notice["payload"]["to"][0]["email"] == "owner@example.com"
     assert notice["payload"]["subject"].startswith("[bounced]")
     assert "gone@example.com" in notice["payload"]["text"]
+
+
+async def test_an_event_never_matches_a_step_of_a_provider_its_webhook_cannot_report(any_store):
+    """A Mailgun event carrying an smtp step's key (smtp not relayed through Mailgun) or an http
+    step's Message-ID is stored unmatched, says why, and closes nothing."""
+    s = await step_in(any_store, Unknown("reply lost after DATA"))
+    h = await step_in(any_store, Unknown("reply lost"), provider="http")
+    by_key = event("ev-f1", provider="mailgun", key_digest=key_digest(s["idempotency_key"]))
+    done = await any_store.delivery_record(by_key, step_providers=(), actor="webhook:mailgun", now=at(1))
+    assert (done.step, done.closed) == (None, False)
+    by_mid = event("ev-f2", provider="mailgun", message_id=h["message_id"])
+    other = await any_store.delivery_record(by_mid, step_providers=("smtp",), actor="webhook:mailgun", now=at(2))
+    assert (other.step, other.closed) == (None, False)
+    for step in (s, h):
+        after = await row(any_store, step["id"])
+        assert after["status"] == "unknown" and [e["kind"] for e in await evidence(any_store, step["id"])][-1] != (
+            "delivery_event"
+        )
+    kept = {d["event_id"]: d for d in await any_store.delivery_events(unmatched=True)}
+    assert kept["ev-f1"]["detail"]["not_matched"]["step"] == s["id"]
+    assert kept["ev-f1"]["detail"]["not_matched"]["step_provider"] == "smtp"
+    assert kept["ev-f2"]["detail"]["not_matched"] == {
+        "step": h["id"],
+        "step_provider": "http",
+        "why": "the step was sent by provider http, whose messages the mailgun webhook does not report",
+    }
+    # The same key from the webhook that can report the step closes it.
+    mine = await any_store.delivery_record(
+        event("ev-f3", key_digest=key_digest(h["idempotency_key"])), step_providers=("http",), actor="w", now=at(3)
+    )
+    assert (mine.step, mine.closed) == (h["id"], True)

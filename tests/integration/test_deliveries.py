@@ -23,6 +23,9 @@ from tests.support import evidence_kinds, rows, step_row, unknown_steps, valid, 
 READER = Caller(None, trusted_reader=True)
 WHEN = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
+# The steps here are smtp ones, as if sent through the relay whose webhook reports them.
+RELAYED = ("smtp",)
+
 
 def delivered(event_id: str, **kw) -> DeliveryEvent:
     return DeliveryEvent(provider="resend", event_id=event_id, type=kw.pop("type", "delivered"), **kw)
@@ -41,7 +44,7 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
     [lost] = await unknown_steps(store, run_id="run-lost")
     key = step_row(db_url, lost.id)["idempotency_key"]
     event = delivered("evt-1", key_digest=key_digest(key), provider_message_id="re_9", occurred_at=WHEN)
-    reply = await service.receive_deliveries(store, "resend", [event])
+    reply = await service.receive_deliveries(store, "resend", [event], RELAYED)
     assert reply.data == [
         {"event_id": "evt-1", "type": "delivered", "matched": True, "step": lost.id, "duplicate": False, "closed": True}
     ]
@@ -54,7 +57,7 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
     assert rows(db_url, "SELECT kind FROM key_events WHERE step = %s", (lost.id,)) == [{"kind": "unknown"}]
 
     # The same event again: stored once, nothing changes.
-    again = await service.receive_deliveries(store, "resend", [event])
+    again = await service.receive_deliveries(store, "resend", [event], RELAYED)
     assert again.data[0]["duplicate"] and not again.data[0]["closed"] and again.meta["duplicates"] == 1
     assert rows(db_url, "SELECT count(*) AS n FROM delivery_events") == [{"n": 1}]
     assert evidence_kinds(db_url, lost.id).count("delivery_event") == 1
@@ -82,6 +85,7 @@ async def test_unmatched_events_are_kept_and_listed_for_an_operator(store):
             delivered("evt-a", type="bounced_hard", message_id="<nobody@example.org>", recipient="x@example.org"),
             delivered("evt-b", key_digest="f" * 64),
         ],
+        RELAYED,
     )
     assert [d["matched"] for d in reply.data] == [False, False] and reply.meta["unmatched"] == 2
     listed = await service.list_deliveries(store, READER, unmatched=True, limit=1)
@@ -99,7 +103,9 @@ async def test_closed_steps_keep_their_state_and_gain_delivery_state(store, db_u
     timed = counted("evq_accepted_to_delivered_seconds_count", provider="resend")
     for i in (ok.id, refused.id):
         mid = before[i]["message_id"]
-        await service.receive_deliveries(store, "resend", [delivered(f"d-{i}", message_id=mid, occurred_at=WHEN)])
+        await service.receive_deliveries(
+            store, "resend", [delivered(f"d-{i}", message_id=mid, occurred_at=WHEN)], RELAYED
+        )
     for i in (ok.id, refused.id):
         assert step_row(db_url, i) == before[i]
     # Only the accepted step's delivery is timed from its acceptance.
@@ -114,9 +120,9 @@ async def test_concurrent_duplicate_events_insert_one_row(store, db_url):
     other = await PostgresStore.open(db_url, max_size=1)
     try:
         async with store.transaction("first"):
-            first = await store.delivery_record(event, actor="webhook:resend")
+            first = await store.delivery_record(event, step_providers=RELAYED, actor="webhook:resend")
             # The second arrives while the first is not committed: it waits on the unique index.
-            second = asyncio.create_task(other.delivery_record(event, actor="webhook:resend"))
+            second = asyncio.create_task(other.delivery_record(event, step_providers=RELAYED, actor="webhook:resend"))
             await asyncio.to_thread(
                 wait_until,
                 lambda: rows(
@@ -139,7 +145,9 @@ async def test_the_key_digest_matches_any_key_text_through_its_index(store, db_u
     keys = ["run\\step\\1", "ünïcode-clé-🙂", "a" * 200]
     made = [await store.enqueue(valid(idempotency_key=k)) for k in keys]
     for m, k in zip(made, keys, strict=True):
-        done = await store.delivery_record(delivered(f"k-{m.id}", key_digest=key_digest(k)), actor="w")
+        done = await store.delivery_record(
+            delivered(f"k-{m.id}", key_digest=key_digest(k)), step_providers=RELAYED, actor="w"
+        )
         assert done.step == m.id
     with psycopg.connect(db_url) as conn:
         conn.execute("SET enable_seqscan = off")
@@ -157,7 +165,9 @@ async def test_the_runtime_role_records_and_reads_delivery_events(roles):
     try:
         [lost] = await unknown_steps(app)
         row = rows(roles.admin_url, "SELECT idempotency_key FROM email_steps WHERE id = %s", (lost.id,))[0]
-        done = await app.delivery_record(delivered("rt-1", key_digest=key_digest(row["idempotency_key"])), actor="w")
+        done = await app.delivery_record(
+            delivered("rt-1", key_digest=key_digest(row["idempotency_key"])), step_providers=RELAYED, actor="w"
+        )
         assert done.closed and (await app.delivery_states([lost.id]))[lost.id]["state"] == "delivered"
         assert [d["event_id"] for d in await app.delivery_events(step=lost.id)] == ["rt-1"]
     finally:
@@ -171,3 +181,48 @@ async def test_the_runtime_role_records_and_reads_delivery_events(roles):
                 conn.rollback()
             else:
                 raise AssertionError(f"the runtime role ran {sql}")
+
+
+async def test_a_hard_bounce_racing_a_close_still_tells_notify(store, db_url):
+    """The bounce's statement reads the step ``unknown`` in its snapshot; an operator closes
+    it ``accepted`` before the bounce commits. The notice is decided from the step as it is
+    now, not from that snapshot: notify is told."""
+    from evq.worker.resolution import Resolution
+
+    [step] = await unknown_steps(store, notify="owner@example.com")
+    bounce = DeliveryEvent(
+        provider="mailgun",
+        event_id="mg-race",
+        type="bounced_hard",
+        message_id=step_row(db_url, step.id)["message_id"],
+        recipient="gone@example.com",
+    )
+    holder = psycopg.connect(db_url)
+    try:
+        # An uncommitted row with the same (provider, event_id) makes the bounce's insert wait
+        # after its statement took its snapshot; rolled back, the bounce's insert goes on.
+        holder.execute(
+            "INSERT INTO delivery_events (provider, event_id, type, received_at) VALUES ('mailgun', 'mg-race', "
+            "'bounced_hard', now())"
+        )
+        recording = asyncio.create_task(store.delivery_record(bounce, step_providers=RELAYED, actor="webhook:mailgun"))
+        await asyncio.to_thread(
+            wait_until,
+            lambda: rows(
+                db_url,
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ),
+            what="the bounce waiting on the held event id",
+        )
+        other = await PostgresStore.open(db_url, max_size=1)
+        try:
+            await other.resolve(step.id, Resolution.parse("accepted", "checked"), actor="alice", default_max_attempts=3)
+        finally:
+            await other.close()
+        holder.rollback()
+    finally:
+        holder.close()
+    done = await recording
+    assert (done.step, done.duplicate, done.closed, done.notices) == (step.id, False, False, 1)
+    assert step_row(db_url, step.id)["status"] == "accepted"
+    assert "notice_enqueued" in evidence_kinds(db_url, step.id)

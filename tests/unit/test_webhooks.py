@@ -19,6 +19,7 @@ from evq.worker.delivery import key_digest
 from evq.worker.errors import ConfigError
 from evq.worker.ports.webhooks import WebhookRefused
 from tests import providerhooks as hooks
+from tests.support import wait_until
 
 DIGEST = key_digest("run-1/step-1")
 MID = "<abc.123@evq.example.org>"
@@ -279,7 +280,7 @@ def test_ses_notification_signed_by_sns_is_read(sns, version):
     # The certificate is fetched once and cached.
     again = sns.message(hooks.ses_event("Bounce", key_digest=DIGEST), version=version)
     [bounce] = receiver({}, json.dumps(again).encode(), {}, datetime.now(UTC))
-    assert bounce.type == "bounced_hard" and sns.gets == ["/cert.pem"]
+    assert bounce.type == "bounced_hard" and sns.gets == [sns.CERT]
 
 
 @pytest.mark.parametrize(
@@ -306,7 +307,7 @@ def test_ses_identity_notifications_with_notification_type_are_read(sns):
 def test_ses_subscription_is_verified_then_confirmed_at_its_url(sns):
     message = sns.message(kind="SubscriptionConfirmation")
     assert receive("ses", ses_config(sns), {}, json.dumps(message).encode()) == []
-    assert sns.gets == ["/cert.pem", f"/confirm?Token={message['Token']}"]
+    assert sns.gets == [sns.CERT, f"/confirm?Token={message['Token']}"]
 
 
 def test_ses_refusals(sns):
@@ -328,7 +329,13 @@ def test_ses_refusals(sns):
     refused(
         "wrong_topic", "ses", config, {}, body(sns.message(hooks.ses_event(), topic="arn:aws:sns:eu-west-1:1:other"))
     )
-    for url in ("https://evil.example.com/cert.pem", sns.url.replace("https", "http") + "/cert.pem", "cert.pem"):
+    for url in (
+        "https://evil.example.com" + sns.CERT,
+        sns.url.replace("https", "http") + sns.CERT,
+        sns.CERT,
+        sns.url + "/cert.pem",  # on the host, but not where SNS keeps its certificates
+        sns.url + sns.CERT + "?x=1",
+    ):
         refused("foreign_cert", "ses", config, {}, body(sns.message(hooks.ses_event(), cert_url=url)))
     subscribe = sns.message(kind="SubscriptionConfirmation", SubscribeURL="https://evil.example.com/x")
     refused("foreign_cert", "ses", config, {}, body(subscribe))
@@ -336,7 +343,11 @@ def test_ses_refusals(sns):
     old = sns.message(hooks.ses_event(), at=datetime.now(UTC) - timedelta(hours=2))
     refused("replayed", "ses", config, {}, body(old))
     gone = refused(
-        "cert_unavailable", "ses", config, {}, body(sns.message(hooks.ses_event(), cert_url=sns.url + "/none.pem"))
+        "cert_unavailable",
+        "ses",
+        config,
+        {},
+        body(sns.message(hooks.ses_event(), cert_url=sns.url + "/SimpleNotificationService-0.pem")),
     )
     assert gone.status == 503
     refused("malformed", "ses", config, {}, b"not json")
@@ -348,7 +359,9 @@ def test_the_default_sns_host_pattern_takes_only_sns_hosts():
     receiver = SnsReceiver(WebhookConfig(ses_topic_arns=(hooks.TOPIC,)))
     assert receiver.sns_url("https://sns.eu-west-1.amazonaws.com/x.pem")
     assert receiver.sns_url("https://sns.cn-north-1.amazonaws.com.cn/x.pem")
+    assert receiver.sns_url("https://sns.eu-west-1.amazonaws.com:443/SimpleNotificationService-ab12.pem", cert=True)
     for url in (
+        "https://sns.eu-west-1.amazonaws.com:8443/x.pem",
         "https://sns.eu-west-1.amazonaws.com.evil.example/x.pem",
         "https://evil.example/sns.eu-west-1.amazonaws.com/x.pem",
         "https://user@sns.eu-west-1.amazonaws.com/x.pem",
@@ -403,3 +416,66 @@ def test_the_routes_provider_list_is_the_adapters():
     from evq.ops.web import webhooks
 
     assert webhooks.PROVIDERS == PROVIDERS
+
+
+@pytest.mark.parametrize(
+    ("relay", "expected"),
+    [
+        ("none", {"resend": {"http"}, "ses": {"ses"}, "sendgrid": set(), "postmark": set(), "mailgun": set()}),
+        ("mailgun", {"resend": {"http"}, "ses": {"ses"}, "sendgrid": set(), "postmark": set(), "mailgun": {"smtp"}}),
+        ("ses", {"resend": {"http"}, "ses": {"ses", "smtp"}, "sendgrid": set(), "postmark": set(), "mailgun": set()}),
+    ],
+)
+def test_each_webhook_reports_only_the_step_providers_that_can_have_sent_through_it(relay, expected):
+    got = replace(Settings(), smtp_relay=relay).webhook_step_providers()
+    assert {hook: set(steps) for hook, steps in got.items()} == expected
+
+
+def test_stored_text_loses_nuls_and_lone_surrogates_and_signed_text_with_one_is_malformed():
+    from evq.adapters.webhooks.common import detail, message_id, text, utf8
+
+    assert text("a\u0000b\ud800c") == "abc" and text("\u0000") is None
+    assert message_id("<a\u0000b@example.org>") == "<ab@example.org>"
+    assert detail({"reason": "x\u0000y", "n": 1}, ("reason", "n")) == {"reason": "xy", "n": 1}
+    with pytest.raises(WebhookRefused) as caught:
+        utf8("tok\ud800", "signature.token")
+    assert (caught.value.status, caught.value.reason) == (400, "malformed")
+
+
+def test_a_failed_certificate_fetch_is_remembered_and_fetches_at_once_are_bounded(sns):
+    """A URL that could not be fetched is not fetched again for a while; beyond CERT_FETCHES
+    fetches at once another message is refused at once (503), not left holding a thread."""
+    import threading
+
+    from evq.adapters.webhooks import ses
+
+    receiver = receivers(ses_config(sns))["ses"]
+
+    def post(cert: str) -> WebhookRefused:
+        body = json.dumps(sns.message(hooks.ses_event(), cert_url=sns.url + cert)).encode()
+        with pytest.raises(WebhookRefused) as caught:
+            receiver({}, body, {}, datetime.now(UTC))
+        return caught.value
+
+    gone = "/SimpleNotificationService-dead.pem"
+    assert (post(gone).status, sns.gets.count(gone)) == (503, 1)
+    assert (post(gone).reason, sns.gets.count(gone)) == ("cert_unavailable", 1)  # remembered: not fetched again
+
+    held = [f"/SimpleNotificationService-feed{i}.pem" for i in range(ses.CERT_FETCHES)]
+    refusals: list[WebhookRefused] = []
+    waiting = [threading.Thread(target=lambda c=c: refusals.append(post(c))) for c in held]
+    for thread in waiting:
+        thread.start()
+    try:
+        wait_until(lambda: all(c in sns.gets for c in held), what="every fetch slot to be taken")
+        busy = post("/SimpleNotificationService-beef.pem")
+        assert (busy.status, busy.reason) == (503, "cert_unavailable")
+        assert "/SimpleNotificationService-beef.pem" not in sns.gets
+    finally:
+        sns.release.set()
+        for thread in waiting:
+            thread.join()
+    assert [r.status for r in refusals] == [503] * ses.CERT_FETCHES
+    # The slots are free again: the next certificate is fetched (and verifies).
+    [event] = receiver({}, json.dumps(sns.message(hooks.ses_event())).encode(), {}, datetime.now(UTC))
+    assert event.type == "delivered" and sns.CERT in sns.gets

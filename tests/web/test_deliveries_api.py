@@ -20,7 +20,7 @@ from tests.web.test_ops_page import _signed_in
 
 
 def receive(db_url: str, *events: DeliveryEvent) -> service.Reply:
-    return with_store(db_url, lambda store: service.receive_deliveries(store, "postmark", list(events)))
+    return with_store(db_url, lambda store: service.receive_deliveries(store, "postmark", list(events), ("smtp",)))
 
 
 def event(event_id: str, kind: str = "delivered", **kw) -> DeliveryEvent:

@@ -25,19 +25,28 @@ from tests.web.support import serving
 Signed = tuple[dict[str, str], bytes, dict[str, str]]  # headers, body, query
 
 
-def make_unknown(db_url: str) -> Any:
+def make_unknown(db_url: str, provider: str = "smtp") -> Any:
     at = datetime.now(UTC) - timedelta(hours=1)
-    [step] = with_store(db_url, lambda store: unknown_steps(store, 1, now=at))
+    [step] = with_store(db_url, lambda store: unknown_steps(store, 1, now=at, provider=provider))
     assert step_row(db_url, step.id)["status"] == "unknown"
     return step
 
 
 class Case:
-    """One provider: its settings, and how it signs a delivered event about a step (good,
-    forged, replayed)."""
+    """One provider: its settings, the step provider whose messages its events report (the
+    http adapter for Resend, SES itself, smtp through the relay EVQ_SMTP_RELAY names), and how
+    it signs a delivered event about a step (good, forged, replayed)."""
 
-    def __init__(self, name: str, settings: dict[str, Any], sign: Callable[..., Signed], forge: Callable[..., Signed]):
+    def __init__(
+        self,
+        name: str,
+        settings: dict[str, Any],
+        sign: Callable[..., Signed],
+        forge: Callable[..., Signed],
+        step_provider: str = "smtp",
+    ):
         self.name, self.settings, self.sign, self.forge = name, settings, sign, forge
+        self.step_provider = step_provider
 
 
 def resend_case(_sns: Any) -> Case:
@@ -53,7 +62,7 @@ def resend_case(_sns: Any) -> Case:
         headers, body = hooks.resend(event(step), secret="whsec_" + "Zm9yZ2VkLXNlY3JldC1vZi1hbi1hdHRhY2tlcg==")
         return headers, body, {}
 
-    return Case("resend", {"webhook_resend_secret": hooks.RESEND_SECRET}, sign, forge)
+    return Case("resend", {"webhook_resend_secret": hooks.RESEND_SECRET}, sign, forge, step_provider="http")
 
 
 def sendgrid_case(_sns: Any) -> Case:
@@ -79,7 +88,7 @@ def sendgrid_case(_sns: Any) -> Case:
         headers, body = other.sign(events(step))
         return headers, body, {}
 
-    return Case("sendgrid", {"webhook_sendgrid_public_key": key.public}, sign, forge)
+    return Case("sendgrid", {"webhook_sendgrid_public_key": key.public, "smtp_relay": "sendgrid"}, sign, forge)
 
 
 def postmark_case(_sns: Any) -> Case:
@@ -101,7 +110,11 @@ def postmark_case(_sns: Any) -> Case:
         headers, body = hooks.postmark(record(step), password="a-guessed-password-1234")
         return headers, body, {}
 
-    settings = {"webhook_postmark_user": hooks.POSTMARK_USER, "webhook_postmark_password": hooks.POSTMARK_PASSWORD}
+    settings = {
+        "webhook_postmark_user": hooks.POSTMARK_USER,
+        "webhook_postmark_password": hooks.POSTMARK_PASSWORD,
+        "smtp_relay": "postmark",
+    }
     return Case("postmark", settings, sign, forge)
 
 
@@ -124,7 +137,7 @@ def mailgun_case(_sns: Any) -> Case:
         headers, body = hooks.mailgun(event(step), key="not-the-signing-key-at-all-0000")
         return headers, body, {}
 
-    return Case("mailgun", {"webhook_mailgun_signing_key": hooks.MAILGUN_KEY}, sign, forge)
+    return Case("mailgun", {"webhook_mailgun_signing_key": hooks.MAILGUN_KEY, "smtp_relay": "mailgun"}, sign, forge)
 
 
 def ses_case(sns: Any) -> Case:
@@ -140,7 +153,8 @@ def ses_case(sns: Any) -> Case:
         message["Message"] = message["Message"].replace("Delivery", "Bounce")
         return headers, json.dumps(message).encode(), {}
 
-    return Case("ses", sns.settings(), sign, forge)
+    # An smtp step relayed through SES (the ses adapter's own steps: tests/conformance, the unit tests).
+    return Case("ses", {**sns.settings(), "smtp_relay": "ses"}, sign, forge)
 
 
 CASES = [resend_case, sendgrid_case, postmark_case, mailgun_case, ses_case]
@@ -158,7 +172,7 @@ def refused_count(url: str, provider: str, reason: str) -> float:
 @pytest.mark.parametrize("make", CASES, ids=lambda make: make.__name__.removesuffix("_case"))
 def test_a_signed_event_settles_an_unknown_step_and_forged_or_replayed_ones_change_nothing(db_url, sns, make, capfd):
     case = make(sns)
-    step = make_unknown(db_url)
+    step = make_unknown(db_url, case.step_provider)
     with serving(db_url, **case.settings) as served:
         client = served.client()
         forged_before = refused_count(served.url, case.name, "bad_signature")
@@ -248,7 +262,7 @@ def test_a_database_refusing_writes_answers_503_and_the_providers_retry_lands(db
     )
     read_only(db_url, True)
     try:
-        with serving(db_url, webhook_mailgun_signing_key=hooks.MAILGUN_KEY) as served:
+        with serving(db_url, webhook_mailgun_signing_key=hooks.MAILGUN_KEY, smtp_relay="mailgun") as served:
             client = served.client()
             down = client.post("/v1/webhooks/mailgun", content=body, headers=headers)
             assert down.status_code == 503, down.text
@@ -275,3 +289,101 @@ def test_an_sns_subscription_is_confirmed_through_the_route(db_url, sns):
         refused = served.client().post("/v1/webhooks/ses", content=json.dumps(wrong).encode())
         assert refused.status_code == 403 and refused.json()["error"]["context"]["reason"] == "wrong_topic"
         assert f"/confirm?Token={wrong['Token']}" not in sns.gets
+
+
+@pytest.mark.parametrize("make", CASES, ids=lambda make: make.__name__.removesuffix("_case"))
+def test_a_signed_event_about_another_providers_step_is_kept_unmatched_and_closes_nothing(db_url, sns, make):
+    """Each webhook's events are about its own messages only: a correctly signed event carrying
+    the key of a step another provider sent (an smtp step with no relay; an http step for SES)
+    is stored unmatched, and the step stays unknown."""
+    case = make(sns)
+    settings = {k: v for k, v in case.settings.items() if k != "smtp_relay"}
+    step = make_unknown(db_url, "smtp" if case.step_provider != "smtp" else "http")
+    with serving(db_url, **settings) as served:
+        answer = post(served.client(), case.name, case.sign(step))
+        assert answer.status_code == 200, answer.text
+        [entry] = answer.json()["data"]
+        assert (entry["matched"], entry["step"], entry["closed"]) == (False, None, False)
+    assert step_row(db_url, step.id)["status"] == "unknown"
+    assert "delivery_event" not in evidence_kinds(db_url, step.id)
+    [kept] = rows(db_url, "SELECT step_id, detail FROM delivery_events")
+    assert kept["step_id"] is None and kept["detail"]["not_matched"]["step"] == step.id
+
+
+def test_a_lone_surrogate_before_the_signature_check_is_malformed_not_a_crash(db_url, sns, capfd):
+    """JSON can spell a lone surrogate (\\ud800), UTF-8 cannot: in Mailgun's token or an SNS
+    Message it is refused 400 malformed before anything is verified or fetched, no traceback."""
+    settings = {"webhook_mailgun_signing_key": hooks.MAILGUN_KEY, **sns.settings()}
+    with serving(db_url, **settings) as served:
+        client = served.client()
+        signed = {"timestamp": str(hooks.now_unix()), "token": "\ud800", "signature": "0" * 64}
+        body = json.dumps({"signature": signed, "event-data": {"event": "delivered"}}).encode()
+        assert b"\\ud800" in body
+        mailgun = client.post("/v1/webhooks/mailgun", content=body)
+        assert mailgun.status_code == 400, mailgun.text
+        assert mailgun.json()["error"]["context"]["reason"] == "malformed"
+        message = sns.message(hooks.ses_event("Delivery"))
+        message["Message"] = "\ud800"
+        fetched = len(sns.gets)
+        ses = client.post("/v1/webhooks/ses", content=json.dumps(message).encode())
+        assert ses.status_code == 400, ses.text
+        assert ses.json()["error"]["context"]["reason"] == "malformed"
+        assert len(sns.gets) == fetched
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "UnicodeEncodeError" not in out + err
+
+
+def test_a_nul_or_lone_surrogate_in_signed_text_is_stripped_and_the_batch_stored(db_url):
+    """A recipient's MTA may put a NUL in a bounce reason SendGrid signs; PostgreSQL's text and
+    jsonb refuse NUL. The event is stored without it, and so is the event after it."""
+    key = hooks.SendGridKey()
+    step = make_unknown(db_url)
+    events = [
+        {
+            "event": "bounce",
+            "type": "bounce",
+            "sg_event_id": "sg-nul\u0000",
+            "email": "gone\u0000@example.com",
+            "timestamp": hooks.now_unix(),
+            "reason": "550 5.1.1 no such user\u0000 \ud800here",
+            "smtp-id": step.message_id,
+        },
+        {"event": "delivered", "sg_event_id": "sg-after", "timestamp": hooks.now_unix(), "smtp-id": "<x@y.z>"},
+    ]
+    headers, body = key.sign(events)
+    with serving(db_url, webhook_sendgrid_public_key=key.public, smtp_relay="sendgrid") as served:
+        answer = served.client().post("/v1/webhooks/sendgrid", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert [d["event_id"] for d in answer.json()["data"]] == ["sg-nul", "sg-after"]
+    stored = rows(db_url, "SELECT event_id, step_id, recipient, detail FROM delivery_events ORDER BY id")
+    assert [(r["event_id"], r["step_id"]) for r in stored] == [("sg-nul", step.id), ("sg-after", None)]
+    assert stored[0]["recipient"] == "gone@example.com"
+    assert stored[0]["detail"]["reason"] == "550 5.1.1 no such user here"
+
+
+def test_guessing_webhook_credentials_is_throttled_per_address(db_url):
+    """Postmark's credentials are a password: wrong guesses count against the client's address
+    as wrong API keys do (EVQ_SERVE_AUTH_FAILURES), then even the right one is 429 for a while."""
+    step = make_unknown(db_url)
+    record = {"RecordType": "Delivery", "MessageID": "pm-t", "Metadata": {"evq_key": key_digest(step.idempotency_key)}}
+    settings = {
+        "webhook_postmark_user": hooks.POSTMARK_USER,
+        "webhook_postmark_password": hooks.POSTMARK_PASSWORD,
+        "smtp_relay": "postmark",
+        "serve_auth_failures": 3,
+    }
+    with serving(db_url, **settings) as served:
+        client = served.client()
+        for n in range(3):
+            headers, body = hooks.postmark(record, password=f"a-guessed-password-{n:04d}")
+            assert client.post("/v1/webhooks/postmark", content=body, headers=headers).status_code == 401
+        headers, body = hooks.postmark(record)
+        throttled = client.post("/v1/webhooks/postmark", content=body, headers=headers)
+        assert throttled.status_code == 429, throttled.text
+        assert int(throttled.headers["retry-after"]) >= 1
+        assert throttled.json()["error"]["context"] == {"provider": "postmark", "reason": "throttled"}
+        assert refused_count(served.url, "postmark", "throttled") == 1
+        # Counted apart from API keys: the same address's good key still reads.
+        operator = make_key(db_url, "root-t", "admin", created_by=None)
+        assert served.client(operator).get("/v1/deliveries").status_code == 200
+    assert step_row(db_url, step.id)["status"] == "unknown"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -26,11 +26,14 @@ class DeliveryRecorded:
 
 class DeliveryStore(Protocol):
     async def delivery_record(
-        self, event: DeliveryEvent, *, actor: str, now: datetime | None = None
+        self, event: DeliveryEvent, *, actor: str, step_providers: Collection[str], now: datetime | None = None
     ) -> DeliveryRecorded:
         """Store one verified event and act on it, in one transaction: insert it (a second
         event with the same provider and event id changes nothing and says ``duplicate``);
-        match its step by key digest, then by Message-ID; leave ``delivery_event`` evidence on
+        match its step by key digest, then by Message-ID, among the steps whose provider is in
+        ``step_providers`` (those the event's webhook can report on; an event naming only
+        another provider's step is stored unmatched, its detail's ``not_matched`` saying which
+        step and why, and nothing is done to that step); leave ``delivery_event`` evidence on
         that step; close the step ``accepted`` (reason ``webhook``) when it is still
         ``unknown`` and the type proves the provider had it (PROVES_ACCEPTED); and, for a
         type that tells notify (TELLS_NOTIFY) on an accepted step with a notify address,

@@ -30,6 +30,7 @@ REFUSAL_REASONS: Final = (
     "foreign_cert",  # SNS: a certificate (or subscribe) URL not on an SNS host
     "cert_unavailable",  # SNS: the signing certificate could not be fetched (503: the provider retries)
     "subscribe_failed",  # SNS: the subscription could not be confirmed (503: SNS asks again)
+    "throttled",  # 429: this address sent too many unsigned or badly signed requests lately
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +23,13 @@ def settled_message(event: DeliveryEvent) -> str:
     return f"{event.provider} webhook: {event.type}" + (f" for {event.recipient}" if event.recipient else "")
 
 
-def delivery_params(event: DeliveryEvent, *, actor: str, now: datetime | None) -> dict[str, Any]:
+def delivery_params(
+    event: DeliveryEvent, *, actor: str, now: datetime | None, step_providers: Collection[str] = ()
+) -> dict[str, Any]:
     digest = (event.key_digest or "").lower()
     return {
         "now": now,
+        "step_providers": sorted(step_providers),
         "provider": event.provider,
         "event_id": event.event_id,
         "type": event.type,
@@ -48,9 +51,9 @@ class PostgresDeliveries(PostgresBase):
     """Delivery events: one transaction per event (store, match, settle, evidence, notice)."""
 
     async def delivery_record(
-        self, event: DeliveryEvent, *, actor: str, now: datetime | None = None
+        self, event: DeliveryEvent, *, actor: str, step_providers: Collection[str], now: datetime | None = None
     ) -> DeliveryRecorded:
-        params = delivery_params(event, actor=actor, now=now)
+        params = delivery_params(event, actor=actor, now=now, step_providers=step_providers)
         notices = 0
         async with self._op("delivery_record") as conn, conn.transaction():
             rows = await fetch_all(conn, Q["delivery_record"], params)
@@ -62,7 +65,10 @@ class PostgresDeliveries(PostgresBase):
             row = rows[0]
             step = row["step_id"]
             accepted = bool(row["closed"]) or row["status"] == "accepted"
-            if step is not None and accepted and event.type in TELLS_NOTIFY:
+            # Not gated on ``accepted``: that status is this statement's snapshot, and a close
+            # committed meanwhile would be missed; the candidate query reads the step's status
+            # now (accepted, someone to tell) and makes nothing otherwise.
+            if step is not None and event.type in TELLS_NOTIFY:
                 stored = {**params, "received_at": row["received_at"]}
                 made = await run_async(conn, delivery_notice_op(step, stored, self.notices, actor=actor, now=now))
                 notices = len(made)
