@@ -9,8 +9,13 @@ request had been written (``sent``: what decides between retryable and unknown).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from typing import Any
+
+import httpx
+
+from evq.worker.outcomes import Outcome, Retryable, Unknown
 
 MAX_BODY = 500  # characters of an answer kept as evidence
 
@@ -50,3 +55,40 @@ def is_tunnel(info: Mapping[str, Any]) -> bool:
     ``*.complete`` events carry no request: a caller remembers what the last ``started`` was."""
     request = info.get("request")
     return getattr(request, "method", None) == b"CONNECT"
+
+
+def transport_failure(error: BaseException, *, written: bool, detail: str, who: str) -> Outcome:
+    """The outcome of an exchange that failed without an answer: ``Unknown`` once the whole
+    request was ``written`` (``who`` may have acted on it), else ``Retryable`` with the
+    transport's fault, if it names one. ``detail``: the error's text, already scrubbed."""
+    error_class = type(error).__name__
+    if written:
+        return Unknown(
+            f"{error_class} after the request was sent; {who} may have accepted it",
+            response=evidence("answer", error_class=error_class, reply=detail, sent=True),
+        )
+    return Retryable(
+        f"{error_class} before the request was sent" + (f": {short(detail)}" if detail else ""),
+        response=evidence("request", error_class=error_class, reply=detail),
+        fault=transport_fault(error),
+    )
+
+
+def transport_fault(exc: BaseException) -> str | None:
+    """Nothing listening, or TLS that fails (a certificate that does not verify): the
+    provider or our settings, not this message (worker/circuit.py)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection_refused"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_failed"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    # httpcore re-raises the OS error as its own ConnectError with only the message left.
+    if isinstance(exc, httpx.ConnectError):
+        if "Connection refused" in text or "Errno 111" in text:
+            return "connection_refused"
+        if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+            return "tls_failed"
+    return None

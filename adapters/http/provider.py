@@ -40,7 +40,6 @@ import asyncio
 import hashlib
 import json
 import re
-import ssl
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -268,18 +267,7 @@ class HttpProvider:
         return self._classify(response)
 
     def _failed(self, exc: BaseException, written: bool) -> Outcome:
-        error_class = type(exc).__name__
-        detail = self._scrub(str(exc))
-        if written:
-            return Unknown(
-                f"{error_class} after the request was sent; the provider may have accepted it",
-                response=answers.evidence("answer", error_class=error_class, reply=detail, sent=True),
-            )
-        return Retryable(
-            f"{error_class} before the request was sent" + (f": {answers.short(detail)}" if detail else ""),
-            response=answers.evidence("request", error_class=error_class, reply=detail, sent=False),
-            fault=_transport_fault(exc),
-        )
+        return answers.transport_failure(exc, written=written, detail=self._scrub(str(exc)), who="the provider")
 
     def _classify(self, response: httpx.Response) -> Outcome:
         code = response.status_code
@@ -381,26 +369,6 @@ class HttpProvider:
 
 
 _STATUS_FAULTS = {401: "auth_failed", 403: "forbidden"}
-
-
-def _transport_fault(exc: BaseException) -> str | None:
-    """Nothing listening, or TLS that fails (a certificate that does not verify): the
-    provider or our settings, not this message (worker/circuit.py)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection_refused"
-        if isinstance(seen, ssl.SSLError):
-            return "tls_failed"
-        seen = seen.__cause__ or seen.__context__
-    text = str(exc)
-    # httpcore re-raises the OS error as its own ConnectError with only the message left.
-    if isinstance(exc, httpx.ConnectError):
-        if "Connection refused" in text or "Errno 111" in text:
-            return "connection_refused"
-        if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
-            return "tls_failed"
-    return None
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

@@ -486,19 +486,7 @@ class SesProvider:
         return AWSResponse(request.url, response.status_code, dict(response.headers), _Body(response.content))
 
     def _failed(self, exc: _TransportFailed) -> Outcome:
-        error_class = type(exc.error).__name__
-        detail = self._scrub(str(exc.error))
-        if exc.written:
-            return Unknown(
-                f"{error_class} after the request was sent; SES may have accepted it",
-                response=answers.evidence("answer", error_class=error_class, reply=detail, sent=True),
-            )
-        fault = _transport_fault(exc.error)
-        return Retryable(
-            f"{error_class} before the request was sent" + (f": {answers.short(detail)}" if detail else ""),
-            response=answers.evidence("request", error_class=error_class, reply=detail),
-            fault=fault,
-        )
+        return answers.transport_failure(exc.error, written=exc.written, detail=self._scrub(str(exc.error)), who="SES")
 
     def _classify(self, exc: ClientError) -> Outcome:
         error = exc.response.get("Error") or {}
@@ -621,21 +609,3 @@ def _closed_before_start(job: Future[Outcome]) -> bool:
 def _retry_after(headers: Mapping[str, Any]) -> float | None:
     value = str(headers.get("retry-after") or "").strip()
     return float(value) if value.isdigit() else None
-
-
-def _transport_fault(exc: BaseException) -> str | None:
-    """Nothing listening, or TLS that fails: SES or our settings, not this message."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection_refused"
-        if isinstance(seen, ssl.SSLError):
-            return "tls_failed"
-        seen = seen.__cause__ or seen.__context__
-    text = str(exc)
-    if isinstance(exc, httpx.ConnectError):
-        if "Connection refused" in text or "Errno 111" in text:
-            return "connection_refused"
-        if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
-            return "tls_failed"
-    return None
