@@ -41,6 +41,8 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 from moto.server import ThreadedMotoServer
 
+from tests.slowpeer import LoopbackPeer
+
 REGION = "eu-west-1"
 ACCESS_KEY = "AKIAEVQTESTKEY000001"
 SECRET_KEY = "evq-test-secret-access-key-do-not-log"
@@ -165,48 +167,20 @@ class SesErrorPeer:
         self._thread.join(10)
 
 
-class LostReplyProxy:
+class LostReplyProxy(LoopbackPeer):
     """Forwards each HTTP request to ``target`` and drops the answer: the client's connection
     is closed once moto has answered, without a byte of that answer. ``forwarded`` counts the
     requests that reached moto; ``answers`` keeps the answers the client never saw."""
 
     def __init__(self, target_host: str, target_port: int):
+        super().__init__()
         self.target = (target_host, target_port)
         self.forwarded = 0
         self.answers: list[bytes] = []
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> LostReplyProxy:
-        self._spawn(self._accept)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stopping.set()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(10)
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self._spawn(self._relay, conn)
+    def _accepted(self, conn: socket.socket) -> None:
+        self._spawn(self._relay, conn)
 
     def _relay(self, conn: socket.socket) -> None:
         with conn:

@@ -19,21 +19,18 @@ import re
 import socket
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 _MESSAGE_ID = re.compile(rb"^Message-ID:\s*(\S+)", re.I | re.M)
 
 
-class SlowSmtp:
-    def __init__(self, modes: Iterable[str] = (), *, default: str = "normal", interval: float = 0.2):
-        self.modes = list(modes)
-        self.default = default
-        self.interval = interval
-        self.messages: list[dict[str, Any]] = []
-        self.unfinished = 0
-        self.connections = 0
-        self.at_data = threading.Event()
-        self._release = threading.Event()
+class LoopbackPeer:
+    """A TCP server on a loopback port with a thread per connection, started and stopped as a
+    context manager; :meth:`_accepted` (a subclass's) takes each connection. Stopping shuts
+    down the listener and every socket it was given (:attr:`_socks`), which wakes accept() and
+    every recv, and joins the threads: each closes its own sockets."""
+
+    def __init__(self) -> None:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
@@ -41,26 +38,15 @@ class SlowSmtp:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.host, self.port = self._listener.getsockname()[:2]
 
-    def __enter__(self) -> SlowSmtp:
+    def __enter__(self) -> Self:
         self._spawn(self._accept)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def release(self) -> None:
-        self._release.set()
-
-    def by_message_id(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for m in self.messages:
-            counts[m["message_id"]] = counts.get(m["message_id"], 0) + 1
-        return counts
-
     def stop(self) -> None:
         self._stopping.set()
-        self._release.set()
-        # shutdown() wakes accept() and every recv; the threads close their own sockets.
         for sock in [self._listener, *self._socks]:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -82,11 +68,43 @@ class SlowSmtp:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
-                self._socks.append(conn)
-                mode = self.modes.pop(0) if self.modes else self.default
-                self.connections += 1
-            self._spawn(self._serve, conn, mode)
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class SlowSmtp(LoopbackPeer):
+    def __init__(self, modes: Iterable[str] = (), *, default: str = "normal", interval: float = 0.2):
+        super().__init__()
+        self.modes = list(modes)
+        self.default = default
+        self.interval = interval
+        self.messages: list[dict[str, Any]] = []
+        self.unfinished = 0
+        self.connections = 0
+        self.at_data = threading.Event()
+        self._release = threading.Event()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def by_message_id(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for m in self.messages:
+            counts[m["message_id"]] = counts.get(m["message_id"], 0) + 1
+        return counts
+
+    def stop(self) -> None:
+        self._release.set()  # a held DATA answers, so its thread can end
+        super().stop()
+
+    def _accepted(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(conn)
+            mode = self.modes.pop(0) if self.modes else self.default
+            self.connections += 1
+        self._spawn(self._serve, conn, mode)
 
     def _serve(self, conn: socket.socket, mode: str) -> None:
         try:
@@ -151,51 +169,20 @@ class SlowSmtp:
                 conn.sendall(b"502 unknown command\r\n")
 
 
-class SlowHttp:
+class SlowHttp(LoopbackPeer):
     """An HTTP server on loopback that reads each whole request, counts it, then answers
     a byte at a time, forever (a status line, then header lines that never end)."""
 
     def __init__(self, *, interval: float = 0.1):
+        super().__init__()
         self.interval = interval
         self.requests = 0
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.host, self.port = self._listener.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> SlowHttp:
-        self._spawn(self._accept)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stopping.set()
-        for sock in [self._listener, *self._socks]:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for thread in self._threads:
-            thread.join(10)
-        self._listener.close()
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
+    def _accepted(self, conn: socket.socket) -> None:
         with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._socks.append(conn)
-            self._spawn(self._serve, conn)
+            self._socks.append(conn)
+        self._spawn(self._serve, conn)
 
     def _serve(self, conn: socket.socket) -> None:
         try:

@@ -20,6 +20,8 @@ import struct
 import threading
 from collections.abc import Iterable
 
+from tests.slowpeer import LoopbackPeer
+
 _END = b"\r\n.\r\n"
 
 
@@ -37,57 +39,26 @@ def _reset(sock: socket.socket) -> None:
             pass
 
 
-class CutProxy:
+class CutProxy(LoopbackPeer):
     def __init__(self, target_port: int, modes: Iterable[str] = (), target_host: str = "127.0.0.1"):
+        super().__init__()
         self.target = (target_host, target_port)
         self.modes = list(modes)
         self.withheld: list[bytes] = []  # the server replies the client never got
         self.cut = threading.Event()  # set once a connection was cut as its mode says
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._socks: list[socket.socket] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
 
-    def __enter__(self) -> CutProxy:
-        self._spawn(self._accept)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stopping.set()
-        for sock in [self._listener, *self._socks]:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for thread in self._threads:
-            thread.join(10)
-        self._listener.close()
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
+    def _accepted(self, client: socket.socket) -> None:
         with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                mode = self.modes.pop(0) if self.modes else "pass"
-            try:
-                server = socket.create_connection(self.target, timeout=10)
-                server.settimeout(None)
-            except OSError:
-                _reset(client)
-                continue
-            with self._lock:
-                self._socks += [client, server]
-            _Link(self, client, server, mode).start()
+            mode = self.modes.pop(0) if self.modes else "pass"
+        try:
+            server = socket.create_connection(self.target, timeout=10)
+            server.settimeout(None)
+        except OSError:
+            _reset(client)
+            return
+        with self._lock:
+            self._socks += [client, server]
+        _Link(self, client, server, mode).start()
 
 
 class _Link:
