@@ -102,7 +102,7 @@ def profile(config: HttpConfig, webhooks: Collection[str] = ()) -> ProviderProfi
     return ProviderProfile(
         dedupe_window=config.dedupe_window or None,
         lookup_by=("key_tag",),
-        webhook_events=WEBHOOK_EVENTS if WEBHOOK in webhooks else (),
+        webhook_events=WEBHOOK_EVENTS if set(reported_by(config)) & set(webhooks) else (),
     )
 
 

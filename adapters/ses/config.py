@@ -81,7 +81,7 @@ def profile(config: SesConfig, webhooks: Collection[str] = ()) -> ProviderProfil
     no key and cannot be asked by our values, so only its events (through SNS) can, and only when
     `evq serve` verifies them (``webhooks`` names ``ses``: EVQ_WEBHOOK_SES_TOPIC_ARNS) and a
     configuration set publishes them (EVQ_SES_CONFIGURATION_SET)."""
-    events = DELIVERY_TYPES if "ses" in webhooks and config.configuration_set else ()
+    events = DELIVERY_TYPES if set(reported_by(config)) & set(webhooks) and config.configuration_set else ()
     return ProviderProfile(dedupe_window=None, lookup_by=(), webhook_events=events)
 
 

@@ -274,7 +274,7 @@ def profile(config: SmtpConfig, webhooks: Collection[str] = (), *, witness: bool
     lookup by Message-ID when a journal mailbox is its ``witness`` (EVQ_JOURNAL_IMAP_URL,
     adapters/smtp/journal.py). Through a relay (EVQ_SMTP_RELAY) whose webhook is configured
     (``webhooks``, the webhook providers whose secret is set, names it): that relay's events."""
-    events = RELAY_EVENTS.get(config.relay, ()) if config.relay in webhooks else ()
+    events = RELAY_EVENTS.get(config.relay, ()) if set(reported_by(config)) & set(webhooks) else ()
     return ProviderProfile(dedupe_window=None, lookup_by=("message_id",) if witness else (), webhook_events=events)
 
 
