@@ -144,6 +144,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment);
     ``health`` the HealthReader of ``evq_admin_health`` (ops/wiring.py's health_reader), which
     every server offers: it is the first call an agent makes."""
+    policy = settings.policy()  # worked out once (every provider's profile), not per send
 
     def caller() -> Caller:
         return Caller(api_key, source=KEY_SOURCE, interface="mcp")
@@ -153,7 +154,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         dry_run = request.pop("dry_run", False)
         if not isinstance(dry_run, bool):
             raise InvalidRequest([{"field": "dry_run", "message": "must be a boolean"}])
-        return await service.enqueue(store, caller(), [request], settings.policy(), dry_run=dry_run, interface="mcp")
+        return await service.enqueue(store, caller(), [request], policy, dry_run=dry_run, interface="mcp")
 
     async def get(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(get_schema(), args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,8 @@ class AppState:
     # throttle of its own, so a forger behind a shared proxy cannot lock the API's keys out.
     webhook_throttle: FailureThrottle | None = None
 
-    @property
+    @cached_property
     def policy(self) -> Policy:
+        # The settings do not change while `evq serve` runs: the policy (with every provider's
+        # profile) is worked out once, not on every enqueue.
         return self.settings.policy()
