@@ -116,6 +116,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for as long as the block runs: bound and
+    never listening, so no other test process can take it meanwhile (a port a test merely closed
+    can be another xdist worker's server a moment later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 def require_binary(name: str, package: str = "prometheus") -> str:
     """The path of a tool the test needs: missing fails under CI (CI=true), skips elsewhere."""
     import os

@@ -21,6 +21,7 @@ from evq.ops.dev.http import DevHttpServer
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.ports import Lookup, LookupFailed, Provider, SendRequest
 from evq.worker.request import Policy, parse
+from tests.support import refusing_port
 
 API_KEY = "devhttp-key-0123456789-secret"
 
@@ -155,14 +156,13 @@ async def test_5xx_from_a_gateway_is_ambiguous(provider, server) -> None:
     assert len(server.messages) == 1
 
 
-async def test_connection_refused_is_retryable_and_never_sent(server) -> None:
-    url = server.url
-    server.stop()
-    p = HttpProvider(base_url=url, api_key=API_KEY, timeout=0.5)
-    try:
-        outcome = await p.send(make_request())
-    finally:
-        await p.close()
+async def test_connection_refused_is_retryable_and_never_sent() -> None:
+    with refusing_port() as port:
+        p = HttpProvider(base_url=f"http://127.0.0.1:{port}", api_key=API_KEY, timeout=0.5)
+        try:
+            outcome = await p.send(make_request())
+        finally:
+            await p.close()
     assert isinstance(outcome, Retryable) and outcome.response["sent"] is False
     assert "before the request was sent" in outcome.reason and outcome.response["error_class"] == "ConnectError"
     assert outcome.fault == "connection_refused"
