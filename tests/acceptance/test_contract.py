@@ -56,25 +56,24 @@ def test_schema_enumerations_are_the_models():
     assert common["error_code"]["enum"] == list(EXIT_CODES)
 
 
-@pytest.mark.slow
-def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_key, smtp):
-    """Each line runs the real command, each in a child process of its own (the contract is
-    about what a process prints and exits with); Evq.json validates every output against its schema."""
-    admin = Evq(db_url, api_key=admin_key, process=True)
-    anyone, nowhere = Evq(db_url, process=True), Evq(NOWHERE, process=True)
-    [unknown] = with_store(db_url, lambda store: unknown_steps(store, run_id="r-u"))
-    seen: set[tuple[str, str]] = set()
+class Script:
+    """Runs commands in child processes and records which (command, outcome) pairs it saw."""
 
-    def run(evq: Evq, *args: str, expect: int = 0, input: str | None = None) -> dict:
+    def __init__(self, db_url: str, empty_db_url: str, admin_key: str):
+        self.db_url, self.empty_db_url = db_url, empty_db_url
+        self.admin = Evq(db_url, api_key=admin_key, process=True)
+        self.anyone, self.nowhere = Evq(db_url, process=True), Evq(NOWHERE, process=True)
+        self.seen: set[tuple[str, str]] = set()
+
+    def __call__(self, evq: Evq, *args: str, expect: int = 0, input: str | None = None) -> dict:
         out = evq.json(*args, expect=expect, input=input)
-        seen.add((command_path(args), "success" if out["status"] != "error" else "error"))
+        self.seen.add((command_path(args), "success" if out["status"] != "error" else "error"))
         return out
 
-    run(admin, "db", "upgrade")
-    run(admin, "db", "upgrade", "--dry-run")
-    run(nowhere, "db", "upgrade", expect=9)
-    run(anyone, "db", "status")
-    run(Evq(empty_db_url, process=True), "db", "status", expect=5)
+
+def _steps_script(run: Script) -> None:
+    admin, anyone, nowhere = run.admin, run.anyone, run.nowhere
+    [unknown] = with_store(run.db_url, lambda store: unknown_steps(store, run_id="r-u"))
     step = run(admin, "enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
     run(admin, "enqueue", "--file", "-", "--dry-run", input=json.dumps(REQUEST))
     run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
@@ -90,14 +89,19 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(admin, "steps", "resolve", str(unknown.id), "--as", "accepted", "--note", "seen", expect=3)
     run(anyone, "runs", "show", "r-u")
     run(anyone, "runs", "show", "no-such-run", expect=1)
+    run(anyone, "prune", "--older-than", "90d", "--dry-run")
+    run(anyone, "prune", "--older-than", "90d", expect=4)
+    run(admin, "prune", "--older-than", "90d")
+
+
+def _records_script(run: Script) -> None:
+    admin, anyone, nowhere = run.admin, run.anyone, run.nowhere
+    [unknown] = with_store(run.db_url, lambda store: unknown_steps(store, run_id="r-u"))
     run(admin, "keys", "create", "--name", "ops", "--role", "operator")
     run(anyone, "keys", "create", "--name", "ops2", "--role", "operator", expect=4)
     run(anyone, "keys", "list")
     run(nowhere, "keys", "list", expect=9)
     run(anyone, "providers", "list")
-    run(anyone, "admin", "health", expect=6)  # no worker runs: partial_failure
-    run(nowhere, "admin", "health", expect=9)
-    run(anyone, "admin", "health", "--no-such-flag", expect=2)
     run(nowhere, "providers", "list", expect=9)
     run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
     assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1
@@ -115,20 +119,75 @@ def test_every_command_for_real_success_and_error(db_url, empty_db_url, admin_ke
     run(anyone, "schema", "steps.resolve")
     run(anyone, "schema", "--all")
     run(anyone, "schema", "no.such", expect=1)
-    run(Evq(empty_db_url, process=True), "demo")
+
+
+def _database_script(run: Script) -> None:
+    admin, anyone, nowhere = run.admin, run.anyone, run.nowhere
+    run(admin, "db", "upgrade")
+    run(admin, "db", "upgrade", "--dry-run")
+    run(nowhere, "db", "upgrade", expect=9)
+    run(anyone, "db", "status")
+    run(Evq(run.empty_db_url, process=True), "db", "status", expect=5)
+    run(anyone, "admin", "health", expect=6)  # no worker runs: partial_failure
+    run(nowhere, "admin", "health", expect=9)
+    run(anyone, "admin", "health", "--no-such-flag", expect=2)
+    run(Evq(run.empty_db_url, process=True), "demo")
+    with_store(run.db_url, lambda store: unknown_steps(store, run_id="r-u"))
     run(anyone, "demo", expect=3)  # this database holds steps that are not the demo's
     run(nowhere, "demo", expect=9)
-    run(anyone, "prune", "--older-than", "90d", "--dry-run")
-    run(anyone, "prune", "--older-than", "90d", expect=4)
-    run(admin, "prune", "--older-than", "90d")
+
+
+def _processes_script(run: Script) -> None:
+    anyone, nowhere = run.anyone, run.nowhere
     run(anyone, "bench", "--mode", "ceiling", "--steps", "100", "--runs", "1", "--peer", "off")
     run(anyone, "bench", "--steps", "1", expect=2)
     run(nowhere, "serve", "--port", "0", expect=9)
     run(nowhere, "mcp", expect=9)
-    seen.add(("admin.serve", _served_until_sigterm(anyone)["status"]))
+    run.seen.add(("admin.serve", _served_until_sigterm(anyone)["status"]))
+
+
+# Each script covers its commands' success and error paths; together they cover every leaf.
+# They are separate tests so that parallel workers share them and none runs for minutes.
+SCRIPTS = {
+    "steps": (
+        _steps_script,
+        {"steps.enqueue", "steps.list", "steps.show", "steps.resolve", "steps.prune", "worker.run", "runs.show"},
+    ),
+    "records": (
+        _records_script,
+        {
+            "keys.create",
+            "keys.list",
+            "keys.update",
+            "keys.revoke",
+            "providers.list",
+            "refusals.list",
+            "events.list",
+            "deliveries.list",
+            "schema.show",
+        },
+    ),
+    "database": (_database_script, {"admin.db-upgrade", "admin.db-version", "admin.health", "admin.demo"}),
+    "processes": (_processes_script, {"admin.bench", "admin.serve", "admin.mcp"}),
+}
+
+
+def test_the_scripts_together_cover_every_command_once():
+    covered = [path for _, paths in SCRIPTS.values() for path in paths]
+    assert sorted(covered) == sorted(LEAVES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_every_command_for_real_success_and_error(name, db_url, empty_db_url, admin_key):
+    """Each line runs the real command, each in a child process of its own (the contract is
+    about what a process prints and exits with); Evq.json validates every output against its schema."""
+    script, paths = SCRIPTS[name]
+    run = Script(db_url, empty_db_url, admin_key)
+    script(run)
     # `evq admin mcp` prints nothing on success: stdout is the MCP protocol's (tests/web/test_mcp.py speaks it).
-    everything = {(path, status) for path in LEAVES for status in ("success", "error")}
-    assert seen == everything - {("admin.mcp", "success")}
+    expected = {(path, status) for path in paths for status in ("success", "error")}
+    assert {seen for seen in run.seen if seen[0] in paths} == expected - {("admin.mcp", "success")}
 
 
 def _served_until_sigterm(evq: Evq) -> dict:
