@@ -114,8 +114,6 @@ FIXED = (
     "idempotency_key",
     "message_id",
     "provider",
-    "payload",
-    "payload_sha256",
     "notify",
     "created_at",
 )
@@ -189,6 +187,10 @@ def _check_step(row: Mapping[str, Any]) -> None:
         "uncharged_within_attempts": 0 <= row["uncharged_attempts"] <= row["attempts"],
         "next_attempt_at_not_null": row["next_attempt_at"] is not None,
         "redacted_only_when_closed": row["content_redacted_at"] is None or s in TERMINAL,
+        "held_since_iff_held": (s == "held") == (row["held_since"] is not None),
+        "hold_expiry_only_when_held": row["hold_expires_at"] is None or s == "held",
+        "priority_range": -1 <= row["priority"] <= 1,
+        "requested_sha256_hex": row["requested_sha256"] is None or bool(_SHA256.match(row["requested_sha256"])),
     }
     broken = [name for name, ok in checks.items() if not ok]
     if broken:
@@ -196,10 +198,16 @@ def _check_step(row: Mapping[str, Any]) -> None:
 
 
 def _guard_step(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """evq_step_guard (migration 0012)."""
+    """evq_step_guard (migrations 0012, 0018)."""
     changed = [c for c in FIXED if old[c] != new[c]]
     if changed:
         raise InvariantViolated(f"step {old['id']}: what a step is is fixed at enqueue ({changed})")
+    corrected = any(old[c] != new[c] for c in ("payload", "payload_sha256", "requested_sha256"))
+    approving = old["status"] == "held" and new["status"] == "pending"
+    if corrected and not (approving and new["requested_sha256"] == (old["requested_sha256"] or old["payload_sha256"])):
+        raise InvariantViolated(f"step {old['id']}: a request is corrected only as its held send is approved")
+    if new["status"] == "held" and old["status"] != "held":
+        raise InvariantViolated(f"step {old['id']}: a send is held only at enqueue")
     if old["status"] == "accepted" and new["status"] != "accepted":
         raise InvariantViolated(f"step {old['id']} was accepted: it cannot become {new['status']}")
     if (
@@ -442,6 +450,12 @@ class MemoryStore:
             "uncharged_attempts": 0,
             "retry_from": None,
             "content_redacted_at": None,
+            "priority": 0,
+            "send_at": None,
+            "held_since": None,
+            "hold_expires_at": None,
+            "hold": None,
+            "requested_sha256": None,
         }
         _check_step(row)
         self.decisions[self._decision_ids] = {
@@ -516,7 +530,7 @@ class MemoryStore:
                 and self._claimable(s, at, lease_seconds)
                 and (probe or not self._circuit_held(s["provider"]))
             ),
-            key=lambda s: (s["next_attempt_at"], s["id"]),
+            key=lambda s: (-s["priority"], s["next_attempt_at"], s["id"]),
         )[:limit]
         claimed = []
         # Evidence in the order of the pick, as the UPDATE's rows come (in practice) in

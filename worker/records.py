@@ -227,6 +227,7 @@ class QueueStats:
     pending_buckets: tuple[tuple[float, int], ...] = ()
     # (interface, field) -> refused enqueues ever recorded (enqueue_refusal_counts), every process's.
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    held_oldest_age: float = 0.0  # seconds the oldest held send has waited for a person; 0 when none
 
 
 @dataclass(frozen=True, slots=True)

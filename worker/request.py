@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
 
+from evq.worker.approval import ApprovalPolicy
 from evq.worker.errors import InvalidRequest
 from evq.worker.jsontext import bad_numbers
 
@@ -118,6 +119,9 @@ class Policy:
     # (E_UNRESOLVABLE) with ``refuse_unresolvable`` (EVQ_REFUSE_UNRESOLVABLE).
     unresolvable: tuple[str, ...] = ()
     refuse_unresolvable: bool = False
+    # Which sends wait for a person and the blast-radius budgets (worker/approval.py;
+    # EVQ_APPROVAL_*, EVQ_BUDGET_*). The default holds nothing but what a request asks for.
+    approval: ApprovalPolicy = ApprovalPolicy()
 
 
 @dataclass(frozen=True, slots=True)

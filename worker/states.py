@@ -10,6 +10,9 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
+    # Stopped at enqueue by the approval policy (worker/approval.py): waits for a person;
+    # nothing claims it. Approved: pending, same key and Message-ID; denied or expired: rejected.
+    HELD = "held"
     PENDING = "pending"
     IN_FLIGHT = "in_flight"
     RETRYABLE = "retryable"
@@ -23,6 +26,7 @@ TERMINAL = frozenset({Status.ACCEPTED, Status.REJECTED})
 
 # Which states a step may move to from each state. Anything else is a bug.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.HELD: frozenset({Status.PENDING, Status.REJECTED}),
     Status.PENDING: frozenset({Status.IN_FLIGHT, Status.REJECTED}),
     Status.RETRYABLE: frozenset({Status.IN_FLIGHT, Status.UNKNOWN, Status.REJECTED, Status.ACCEPTED}),
     Status.IN_FLIGHT: frozenset({Status.ACCEPTED, Status.REJECTED, Status.RETRYABLE, Status.UNKNOWN, Status.PENDING}),
@@ -59,4 +63,11 @@ class Reason(StrEnum):
     OPERATOR = "operator"
     RECONCILED = "reconciled"  # the provider, asked by the reconciler, has the message
     RECONCILE_ABSENT = "reconcile_absent"  # evidence only: the provider says it has no such message
+    # Approvals (worker/approval.py): held at enqueue, then approved, denied or expired;
+    # cancelled by the agent that enqueued it or an operator before it was claimed.
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVED = "approved"
+    DENIED = "denied"
+    APPROVAL_EXPIRED = "approval_expired"
+    CANCELLED = "cancelled"
     WEBHOOK = "webhook"  # the provider's webhook told of the message (worker/delivery.py): it had it

@@ -138,7 +138,9 @@ WITH t AS (
       -- won (circuit_probe_take) for it (worker/circuit.py).
       AND (%(probe)s::bool OR NOT EXISTS (
           SELECT 1 FROM provider_circuits c WHERE c.provider = s.provider AND c.state <> 'closed'))
-    ORDER BY s.next_attempt_at, s.id
+    -- Higher priority first (a verification code is not queued behind a newsletter), then
+    -- oldest due: ix_email_steps_claimable's order (0018).
+    ORDER BY s.priority DESC, s.next_attempt_at, s.id
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), claimed AS (
@@ -1368,8 +1370,10 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 -- name: queue_stats
 -- The metrics collector's one read at scrape time; each part is read from an index
 -- whose size follows the live backlog, never the terminal history:
--- - queue lag: the first entry of the claim's own index (ix_email_steps_claimable), and the
---   waiting times of every row claimable now (its range of the same index: the live backlog);
+-- - queue lag and the waiting times of every row claimable now: the claim's own index
+--   (ix_email_steps_claimable, whose rows are the live backlog; it leads with priority, so
+--   the oldest due is the least over it, not its first entry);
+-- - held rows and the oldest one's age: ix_email_steps_held;
 -- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
 -- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
 -- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only
@@ -1439,7 +1443,11 @@ WITH t AS (
                       WHERE s.status = p.status AND s.status IN ('accepted', 'rejected')) END AS n
     FROM planner p
 )
-SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,
+SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'held') AS held,
+       -- The approval queue's oldest (ix_email_steps_held: held rows only, oldest first).
+       coalesce(extract(epoch FROM (SELECT now FROM t)
+                - (SELECT min(s.held_since) FROM email_steps s WHERE s.status = 'held'))::float8, 0) AS held_oldest_age,
+       (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,
        (SELECT count(*) FROM email_steps s WHERE s.status = 'retryable') AS retryable,
        f.n AS in_flight, f.expired AS in_flight_expired,
        (SELECT count(*) FROM unknown) AS unknown,

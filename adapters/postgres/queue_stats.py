@@ -102,4 +102,5 @@ def _stats(row: dict[str, Any], buckets: Sequence[float], pending_buckets: Seque
             zip((float(b) for b in sorted(pending_buckets)), (int(n) for n in row["pending_buckets"]), strict=True)
         ),
         refusals={(str(i), str(f)): int(n) for i, f, n in row["refusals"]},
+        held_oldest_age=float(row["held_oldest_age"]),
     )

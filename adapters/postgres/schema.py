@@ -38,7 +38,7 @@ NAMING = {
 
 metadata = MetaData(naming_convention=NAMING)
 
-STATUSES = ("pending", "in_flight", "retryable", "unknown", "accepted", "rejected")
+STATUSES = ("held", "pending", "in_flight", "retryable", "unknown", "accepted", "rejected")
 OUTCOMES = ("accepted", "rejected", "retryable", "unknown")
 EVIDENCE_KINDS = (
     "attempt_started",
@@ -52,6 +52,11 @@ EVIDENCE_KINDS = (
     "notice_enqueued",
     "content_redacted",
     "delivery_event",
+    "held",
+    "approved",
+    "denied",
+    "cancelled",
+    "hold_expired",
 )
 
 
@@ -156,12 +161,24 @@ email_steps = Table(
     CheckConstraint(
         "content_redacted_at IS NULL OR status IN ('accepted', 'rejected')", name="redacted_only_when_closed"
     ),
+    # Approvals, scheduling and priority (0018; docs/design.md, "Approvals and budgets").
+    Column("priority", SmallInteger, nullable=False, server_default="0"),  # high 1, normal 0, low -1
+    Column("send_at", TZ),  # not before this time (next_attempt_at starts there)
+    Column("held_since", TZ),  # set exactly while held
+    Column("hold_expires_at", TZ),  # a held send's expiry (NULL: never)
+    Column("hold", JSONB),  # why it was held: the rules and budgets that stopped it
+    Column("requested_sha256", Text),  # the agent's payload hash, when an approver corrected the message
+    CheckConstraint("(status = 'held') = (held_since IS NOT NULL)", name="held_since_iff_held"),
+    CheckConstraint("hold_expires_at IS NULL OR status = 'held'", name="hold_expiry_only_when_held"),
+    CheckConstraint("priority BETWEEN -1 AND 1", name="priority_range"),
+    CheckConstraint("requested_sha256 IS NULL OR requested_sha256 ~ '^[0-9a-f]{64}$'", name="requested_sha256_hex"),
 )
 
 # The claim's index: its predicate and order are exactly the claim query's, so
 # terminal rows (the vast majority, eventually) never enter it.
 Index(
     "ix_email_steps_claimable",
+    email_steps.c.priority.desc(),
     email_steps.c.next_attempt_at,
     email_steps.c.id,
     postgresql_where=text("status IN ('pending', 'retryable')"),
@@ -171,6 +188,13 @@ Index(
     "ix_email_steps_lease_expiry",
     email_steps.c.lease_expires_at,
     postgresql_where=text("status = 'in_flight'"),
+)
+# The approval queue (0018): held rows, oldest first.
+Index(
+    "ix_email_steps_held",
+    email_steps.c.held_since,
+    email_steps.c.id,
+    postgresql_where=text("status = 'held'"),
 )
 # Operators and the age metric: unknown rows, oldest first.
 Index(
@@ -533,3 +557,29 @@ delivery_events = Table(
 )
 # The operators' list of events that matched no step, newest first.
 Index("ix_delivery_events_unmatched", delivery_events.c.id, postgresql_where=text("step_id IS NULL"))
+
+# Blast-radius budgets (0018; worker/approval.py): one counter per (budget, scope, window),
+# incremented under the row's lock in the enqueue's own transaction, so concurrent enqueues
+# cannot together pass a cap. ``scope`` is the run, key or recipient domain the cap is about;
+# ``window_start`` the fixed hour or day it counts (a run's budget has one window).
+send_budgets = Table(
+    "send_budgets",
+    metadata,
+    Column("budget", Text, primary_key=True),
+    Column("scope", Text, primary_key=True),
+    Column("window_start", TZ, primary_key=True),
+    Column("used", Integer, nullable=False, server_default="0"),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint("used >= 0", name="used_nonnegative"),
+)
+
+# The first-contact rule's memory (0018): who each sender was allowed to mail, an address or
+# ``@domain``; written when a send to them was enqueued without a hold or approved.
+known_recipients = Table(
+    "known_recipients",
+    metadata,
+    Column("sender", Text, primary_key=True),
+    Column("recipient", Text, primary_key=True),
+    Column("first_step_id", BigInteger),
+    Column("created_at", TZ, nullable=False, server_default=NOW),
+)

@@ -16,6 +16,7 @@ from evq.worker.circuit import CONSECUTIVE_FAILURES, PROBE_INCONCLUSIVE, Circuit
 from evq.worker.states import Reason, Status
 
 STATUS_LABELS: dict[str, str] = {
+    Status.HELD: "held: waiting for a person's approval",
     Status.PENDING: "waiting to be sent",
     Status.IN_FLIGHT: "in flight",
     Status.RETRYABLE: "waiting to be retried",
@@ -43,6 +44,11 @@ REASON_LABELS: dict[str, str] = {
     Reason.RECONCILED: "the provider confirmed it has the message",
     Reason.RECONCILE_ABSENT: "the provider says it has no such message",
     Reason.WEBHOOK: "the provider's webhook told of the message: it had it",
+    Reason.APPROVAL_REQUIRED: "held by the approval policy",
+    Reason.APPROVED: "approved by a person",
+    Reason.DENIED: "denied by a person: not sent",
+    Reason.APPROVAL_EXPIRED: "nobody approved it in time: not sent",
+    Reason.CANCELLED: "cancelled before it was sent",
     # A circuit's reasons (worker/circuit.py): its faults, or why no single fault said so.
     "connection_refused": "nothing answers at the provider's address",
     "tls_failed": "TLS failed (handshake or certificate)",

@@ -21,7 +21,7 @@ from evq.worker.states import Status
 from tests.support import POLICY, request
 
 STATS = QueueStats(
-    steps={"pending": 3, "in_flight": 2, "retryable": 1, "unknown": 3, "accepted": 40, "rejected": 4},
+    steps={"held": 0, "pending": 3, "in_flight": 2, "retryable": 1, "unknown": 3, "accepted": 40, "rejected": 4},
     unknown_oldest_age=259200.0,
     unknown_age_sum=264690.0,
     unknown_buckets=tuple(
