@@ -500,6 +500,8 @@ class MemoryStore:
             "idempotency_key",
             "message_id",
             "status",
+            "reason",
+            "maybe_delivered",
             "payload_sha256",
             "provider",
             "created_at",
@@ -1473,6 +1475,7 @@ class MemoryStore:
                 unknown_since=s["unknown_since"],
                 closed_at=s["closed_at"],
                 age_seconds=_epoch(at - (s["unknown_since"] or s["created_at"])),
+                maybe_delivered=s["maybe_delivered"],
             )
             for s in page
         ]

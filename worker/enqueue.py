@@ -185,6 +185,8 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         status=Status(row["status"]),
         created=bool(row["created"]),
         provider=row.get("provider"),
+        reason=row.get("reason"),
+        maybe_delivered=bool(row.get("maybe_delivered")),
     )
 
 

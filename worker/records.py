@@ -25,6 +25,10 @@ class EnqueueResult:
     # The stored step's provider, when the store said it (the ambiguity is that provider's);
     # not in the answer's JSON.
     provider: str | None = None
+    # A stored row's reason and maybe_delivered (a repeat answered as its row is): what the
+    # ambiguity verdict (worker/verdict.py) needs; a new step has neither. Not in to_dict.
+    reason: str | None = None
+    maybe_delivered: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -192,6 +196,9 @@ class StepSummary:
     unknown_since: datetime | None
     closed_at: datetime | None
     age_seconds: float
+    # Whether an attempt may have reached the provider: the ambiguity verdict's input
+    # (worker/verdict.py), so a list says safe_to_retry without reading each step.
+    maybe_delivered: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepSummary:

@@ -40,12 +40,13 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.provider, step.created_at, true AS created
+       step.payload_sha256, step.provider, step.created_at, true AS created, NULL::text AS reason,
+       false AS maybe_delivered
 FROM step
 CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
 UNION ALL
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, false
+       s.created_at, false, s.reason, s.maybe_delivered
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -98,7 +99,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
+       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -109,8 +110,8 @@ LEFT JOIN LATERAL (
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at,
-       false AS created
+SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
+       provider, created_at, false AS created
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
@@ -991,7 +992,7 @@ SELECT total.n AS total,
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'cc') r
              UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'bcc') r) AS recipients,
        s.payload ->> 'subject' AS subject,
-       s.created_at, s.updated_at, s.unknown_since, s.closed_at,
+       s.created_at, s.updated_at, s.unknown_since, s.closed_at, s.maybe_delivered,
        extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
 FROM (SELECT count(*)::int AS n FROM matched) AS total
 CROSS JOIN t

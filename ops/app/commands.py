@@ -49,12 +49,14 @@ from evq.ops.app.service import (
     MAX_ID,
 )
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
+from evq.ops.app.waiting import WAIT_DEFAULT
 from evq.ops.settings import OPTIONS, Option
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission, Role
 from evq.worker.pruner import RETENTION_HELP
 from evq.worker.resolution import Verdict
 from evq.worker.states import Status
+from evq.worker.verdict import NEXT_ACTIONS
 
 API_KEY_ENV = "EVQ_API_KEY"
 # The parameter that carries the API key; the CLI turns it into a Credential (ops/cli/auth.py).
@@ -182,6 +184,9 @@ class Command:
     http: tuple[Route, ...] = ()
     mcp: bool = False  # an MCP tool, named mcp_name(path)
     local_only: str = ""  # why it has no HTTP route or MCP tool
+    # Running it again with the same arguments changes nothing more (a read always; `steps
+    # enqueue`: the same key is the same step). The MCP tools' idempotentHint.
+    idempotent: bool = False
 
     def __post_init__(self) -> None:
         assert self.path.count(".") == 1, f"{self.path}: a canonical path is group.action"
@@ -201,6 +206,11 @@ class Command:
     @property
     def action(self) -> str:
         return self.path.split(".")[1]
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether a repeat of the same call is harmless: every read, and the writes that say so."""
+        return self.effect is Effect.READ or self.idempotent
 
     @property
     def mcp_tool(self) -> str | None:
@@ -392,7 +402,8 @@ GROUPS: dict[str, str] = {
     "refusals": "Enqueues evq refused: what agents asked, by which key, and every failing field.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
     "schema": "Describe evq's commands for scripts and agents, a level at a time.",
-    "steps": "Email steps: enqueue a send, read back its state and evidence, close unknown ones, prune old ones.",
+    "steps": "Email steps: enqueue a send, read back (or wait for) its state and evidence, close unknown ones, "
+    "prune old ones.",
     "worker": "Run the worker that sends queued email.",
 }
 
@@ -996,6 +1007,7 @@ _TABLE: tuple[Command, ...] = (
             '    --from agent@example.org --subject Hello --text "Hi Bob" --intent "welcome Bob"',
             "evq steps enqueue --file request.json -o json",
         ),
+        idempotent=True,  # the same request again returns the same step
         aliases=("enqueue",),
         use_when="an agent decided to send an email: record it once, with the decision behind it",
         avoid_when="sending again a step that is `unknown`: it may have been delivered; an operator decides",
@@ -1133,7 +1145,9 @@ _TABLE: tuple[Command, ...] = (
         "The message's text and html are shown only with an API key whose role sees content "
         f"({' or '.join(str(r) for r in ALLOWED[Permission.READ_CONTENT])}); otherwise, and once "
         "retention (EVQ_KEEP_CONTENT) removed them, step.content gives each part's size and "
-        "SHA-256 and says why it is not shown.",
+        "SHA-256 and says why it is not shown.\n\n"
+        "step.safe_to_retry and step.next_action say what may be done next (`evq schema steps.wait` lists "
+        "every next_action); `steps wait` answers when it is worth acting on.",
         Effect.READ,
         (
             Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1),
@@ -1145,6 +1159,35 @@ _TABLE: tuple[Command, ...] = (
         avoid_when="searching for steps: `steps list`",
         http=(Route("GET", "/v1/steps/{step_id}"),),
         mcp=True,
+    ),
+    Command(
+        "steps.wait",
+        "Wait until a step is worth acting on, then show it (at most a minute).",
+        "Wait until a step is worth acting on, then show it as `steps show` does: as soon as its "
+        "next_action is not `wait` (sent, rejected, held for approval, or an operator is needed), or at "
+        "--timeout with meta.timed_out true. next_action is one of: "
+        + "; ".join(f"{name}: {meaning}" for name, meaning in NEXT_ACTIONS.items())
+        + ".\n\nOver HTTP it is `GET /v1/steps/{step_id}?wait=30s` (steps show's route).",
+        Effect.READ,
+        (
+            Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1),
+            Param(
+                "timeout",
+                metavar="30s|1m|500ms",
+                default=WAIT_DEFAULT,
+                show_default=True,
+                help="How long to wait at most (at most 60s); the view is answered then, with meta.timed_out.",
+                example="2s",
+            ),
+            CONTENT_KEY,
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        use_when="after an enqueue, instead of polling `steps show`: it answers when the step is sent, "
+        "refused, held or needs an operator",
+        avoid_when="following many steps at once: `events list` is the feed of every failure",
+        mcp=True,
+        local_only="over HTTP it is steps show's route with a query parameter, GET /v1/steps/{step_id}?wait=30s",
     ),
     Command(
         "worker.run",

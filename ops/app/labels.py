@@ -2,7 +2,7 @@
 
 ``status`` (``in_flight``), ``reason`` (``lease_expired``) and a circuit's ``state``
 stay the machine keys an agent branches on; every output that shows one also carries
-``status_label`` / ``reason_label`` / ``state_label``, a short phrase for people
+``status_label`` / ``reason_label`` / ``state_label`` (and ``next_action_label``), a short phrase for people
 ("in flight"). Labels may be reworded in any version: never parse them. A key with no
 label here (a reason a newer evq wrote) is shown as itself.
 """
@@ -67,6 +67,17 @@ STATE_LABELS: dict[str, str] = {
 }
 
 
+# What worker/verdict.py's next_action asks, for people (the machine key is what agents branch on).
+NEXT_ACTION_LABELS: dict[str, str] = {
+    "wait": "wait: evq is still on it; never resend",
+    "wait_for_approval": "waiting for a person's approval; never resend",
+    "ask_operator": "ask an operator: nobody can tell whether it was sent; never resend",
+    "none": "nothing to do",
+    "fix_and_resend": "fix the message, then send it as a new step",
+    "resend": "nothing was sent: it may be sent again as a new step",
+}
+
+
 def label(labels: Mapping[str, str], key: str | None) -> str | None:
     return None if key is None else labels.get(key, key)
 
@@ -74,7 +85,12 @@ def label(labels: Mapping[str, str], key: str | None) -> str | None:
 def with_labels(row: Mapping[str, Any]) -> dict[str, Any]:
     """``row`` with a label after each machine key it has (status, reason, state)."""
     out = dict(row)
-    for key, labels in (("status", STATUS_LABELS), ("reason", REASON_LABELS), ("state", STATE_LABELS)):
+    for key, labels in (
+        ("status", STATUS_LABELS),
+        ("reason", REASON_LABELS),
+        ("state", STATE_LABELS),
+        ("next_action", NEXT_ACTION_LABELS),
+    ):
         if key in row:
             out[key + "_label"] = label(labels, None if row[key] is None else str(row[key]))
     return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
+from evq.ops.app.labels import NEXT_ACTION_LABELS, REASON_LABELS, STATE_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker import metrics
@@ -48,12 +48,13 @@ from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, KeyLookup, StepFilter
 from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
-from evq.worker.records import AMBIGUITY_HINTS, StepSummary
+from evq.worker.records import AMBIGUITY_HINTS, EnqueueResult, StepSummary
 from evq.worker.refusals import INTERFACES, describe
 from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
+from evq.worker.verdict import verdict
 
 log = get_logger("evq.service")
 _T = TypeVar("_T")
@@ -243,9 +244,26 @@ async def enqueue(
     results = [flag_ambiguity(r, v, policy) for r, v in zip(merge_answers(answered, made), valid, strict=True)]
     created = sum(1 for r in results if r.created)
     if not many:
-        return Reply(with_labels(results[0].to_dict()), created=results[0].created)
-    data = [with_labels(r.to_dict()) for r in results]
+        return Reply(enqueued_view(results[0], policy), created=results[0].created)
+    data = [enqueued_view(r, policy) for r in results]
     return Reply(data, {"count": len(results), "created": created}, created=created > 0)
+
+
+def enqueued_view(result: EnqueueResult, policy: Policy) -> dict[str, Any]:
+    """An enqueue's answer as every interface shows it: the result, labelled, with the step's
+    verdict (a repeat is answered as its row is: a rejected one may say resend)."""
+    return with_labels(
+        {
+            **result.to_dict(),
+            **verdict_view(
+                str(result.status),
+                result.reason,
+                maybe_delivered=result.maybe_delivered,
+                provider=result.provider,
+                unresolvable=policy.unresolvable,
+            ),
+        }
+    )
 
 
 async def _recorded(
@@ -306,6 +324,14 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
         "request": request.payload,
         "ambiguity": flag,
         "ambiguity_hint": AMBIGUITY_HINTS.get(flag) if flag else None,
+        # What the step would be: a new one starts pending (wait).
+        **verdict_view(
+            str(Status.PENDING),
+            None,
+            maybe_delivered=False,
+            provider=request.provider,
+            unresolvable=policy.unresolvable,
+        ),
     }
     if row is not None:
         try:
@@ -313,8 +339,20 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
             # Answered as the row is: the ambiguity of its provider.
             hint = AMBIGUITY_HINTS.get(held.ambiguity) if held.ambiguity else None
             plan.update(action="return_existing", existing_id=row["id"], ambiguity=held.ambiguity, ambiguity_hint=hint)
+            # Answered as the row is: its verdict.
+            plan.update(
+                verdict_view(
+                    str(row["status"]),
+                    row.get("reason"),
+                    maybe_delivered=bool(row.get("maybe_delivered")),
+                    provider=row["provider"],
+                    unresolvable=policy.unresolvable,
+                )
+            )
         except IdempotencyConflict:
-            plan.update(action="refuse_conflict", existing_id=row["id"])
+            # Refused: no step of this request exists or would; nothing to say of it.
+            plan.update(action="refuse_conflict", existing_id=row["id"], safe_to_retry=None, next_action=None)
+            plan["next_action_label"] = None
     return plan
 
 
@@ -353,7 +391,24 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
     )
 
 
-def summary(r: StepSummary, delivery: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def verdict_view(
+    status: str, reason: str | None, *, maybe_delivered: bool, provider: str | None, unresolvable: Collection[str]
+) -> dict[str, Any]:
+    """The ambiguity contract's fields of one step (worker/verdict.py, docs/design.md "The
+    ambiguity contract"): ``safe_to_retry``, ``next_action`` and its label. ``unresolvable``: the
+    providers whose profile could never settle a lost answer (Policy.unresolvable, from the
+    settings: no database round trip); an unknown step through one needs an operator."""
+    v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=provider not in unresolvable)
+    return {
+        "safe_to_retry": v.safe_to_retry,
+        "next_action": v.next_action,
+        "next_action_label": label(NEXT_ACTION_LABELS, v.next_action),
+    }
+
+
+def summary(
+    r: StepSummary, delivery: Mapping[str, Any] | None = None, *, unresolvable: Collection[str]
+) -> dict[str, Any]:
     return {
         "id": r.id,
         "run_id": r.run_id,
@@ -373,6 +428,13 @@ def summary(r: StepSummary, delivery: Mapping[str, Any] | None = None) -> dict[s
         # A duration: whole seconds (the contract's numbers are integers unless a unit needs fractions).
         "age_seconds": int(r.age_seconds),
         "delivery": delivery_view(delivery),
+        **verdict_view(
+            str(r.status),
+            r.reason,
+            maybe_delivered=r.maybe_delivered,
+            provider=r.provider,
+            unresolvable=unresolvable,
+        ),
     }
 
 
@@ -385,14 +447,16 @@ async def list_steps(
     limit: int = 50,
     offset: int = 0,
     now: datetime | None = None,
+    unresolvable: Collection[str],
 ) -> Reply:
-    """Steps, unknown ones oldest first (the operator's queue), the rest newest first."""
+    """Steps, unknown ones oldest first (the operator's queue), the rest newest first; each
+    with its verdict (``unresolvable``: :func:`verdict_view`)."""
     now = now or datetime.now(UTC)
     where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset)
     await caller.identify(store, Permission.READ)
     rows, total = await store.list_steps(where, now=now)
     states = await store.delivery_states([r.id for r in rows])
-    data = [summary(r, states.get(r.id)) for r in rows]
+    data = [summary(r, states.get(r.id), unresolvable=unresolvable) for r in rows]
     return Reply(data, {"count": len(data), "total": total, "limit": limit, "offset": offset})
 
 
@@ -415,9 +479,10 @@ def public_evidence(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
+async def show_step(store: AppStore, caller: Caller, step_id: int, *, unresolvable: Collection[str]) -> Reply:
     """One step, the decision behind it, and every evidence row in order; the message's
-    text and html only to a caller whose role sees content (``content`` says which)."""
+    text and html only to a caller whose role sees content (``content`` says which); the
+    step's verdict (safe_to_retry, next_action: :func:`verdict_view`)."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
     refusal = await caller.content_refusal(store)
@@ -428,6 +493,7 @@ async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
         "refused_recipients": accepted_refusals(detail.step, detail.evidence),
         "content": content_view(detail.step, refusal),
         "delivery": delivery_view(states.get(step_id)),
+        **step_verdict(detail.step, unresolvable),
     }
     if refusal is not None:
         step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
@@ -439,6 +505,17 @@ async def show_step(store: AppStore, caller: Caller, step_id: int) -> Reply:
         "deliveries": public_deliveries(deliveries),
     }
     return Reply(data)
+
+
+def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str]) -> dict[str, Any]:
+    """:func:`verdict_view` of a stored step's row (steps show, runs show)."""
+    return verdict_view(
+        str(step["status"]),
+        step.get("reason"),
+        maybe_delivered=bool(step.get("maybe_delivered")),
+        provider=step.get("provider"),
+        unresolvable=unresolvable,
+    )
 
 
 # The parts of a payload that are the message's content (worker/redactor.py removes them).
@@ -508,7 +585,7 @@ RUN_STEP_FIELDS = (
 )
 
 
-async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
+async def show_run(store: AppStore, caller: Caller, run_id: str, *, unresolvable: Collection[str]) -> Reply:
     """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_run(run_id)
@@ -516,7 +593,13 @@ async def show_run(store: AppStore, caller: Caller, run_id: str) -> Reply:
     data = {
         "run_id": detail.run_id,
         "steps": [
-            with_labels({**{k: s[k] for k in RUN_STEP_FIELDS}, "delivery": delivery_view(states.get(s["id"]))})
+            with_labels(
+                {
+                    **{k: s[k] for k in RUN_STEP_FIELDS},
+                    "delivery": delivery_view(states.get(s["id"])),
+                    **step_verdict(s, unresolvable),
+                }
+            )
             for s in detail.steps
         ],
         "events": [public_evidence(e) for e in run_events(detail.steps, detail.decisions, detail.evidence)],
@@ -886,6 +969,7 @@ async def resolve(
     dry_run: bool = False,
     signals: bool = False,
     now: datetime | None = None,
+    unresolvable: Collection[str],
 ) -> Reply:
     """Close unknown rows with an audited verdict. One row: its failure is the error.
     Bulk: each row on its own; some may fail (someone closed them first) while the rest
@@ -900,7 +984,7 @@ async def resolve(
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
         # Unknown rows: no delivery event can be on one (any event settles it), so the plan has no delivery.
-        plan = [{**_no_delivery(summary(r)), "to_status": head["to_status"]} for r in rows]
+        plan = [{**_no_delivery(summary(r, unresolvable=unresolvable)), "to_status": head["to_status"]} for r in rows]
         return Reply({"dry_run": True, **head, "steps": plan}, {"count": len(plan)})
     assert identity is not None  # RESOLVE is never granted without a key
 

@@ -22,7 +22,9 @@ def runs_show(out: Output, run_id: str, database_url: str | None) -> None:
 
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await service.show_run(store, Caller(None, trusted_reader=True), run_id)
+            return await service.show_run(
+                store, Caller(None, trusted_reader=True), run_id, unresolvable=settings.policy().unresolvable
+            )
 
     out.reply(run(fetch()), human=_human)
 

@@ -7,6 +7,7 @@ from typing import Any
 from evq.ops import wiring
 from evq.ops.app import service
 from evq.ops.app.service import Caller
+from evq.ops.app.waiting import parse_wait, wait_step
 from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import EXIT_CODES, Output, age, table
@@ -27,7 +28,13 @@ def steps_list(
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
             return await service.list_steps(
-                store, Caller(None, trusted_reader=True), statuses=statuses, filters=filters, limit=limit, offset=offset
+                store,
+                Caller(None, trusted_reader=True),
+                statuses=statuses,
+                filters=filters,
+                limit=limit,
+                offset=offset,
+                unresolvable=settings.policy().unresolvable,
             )
 
     reply = run(fetch())
@@ -62,6 +69,7 @@ def _summary_table(rows: list[dict[str, Any]], *extra: tuple[str, str]) -> str:
             ("recipients", "to"),
             ("subject", "subject"),
             ("reason", "reason"),
+            ("next_action", "next"),
             *extra,
         ],
     )
@@ -75,9 +83,33 @@ def steps_show(out: Output, step_id: int, content_key: str | None, database_url:
 
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
-            return await service.show_step(store, Caller(content_key, trusted_reader=True), step_id)
+            return await service.show_step(
+                store, Caller(content_key, trusted_reader=True), step_id, unresolvable=settings.policy().unresolvable
+            )
 
     out.reply(run(fetch()), human=_human_detail)
+
+
+@from_table("steps.wait", steps)
+@command
+def steps_wait(out: Output, step_id: int, timeout: str, content_key: str | None, database_url: str | None) -> None:
+    register_secrets([content_key])  # before anything can log it
+    seconds = parse_wait(timeout)  # a bad value is refused before the database is opened
+    settings = load_settings(database_url=database_url)
+
+    async def fetch() -> service.Reply:
+        async with wiring.open_store(settings, max_size=1) as store:
+            return await wait_step(
+                store,
+                Caller(content_key, trusted_reader=True),
+                step_id,
+                timeout=seconds,
+                unresolvable=settings.policy().unresolvable,
+            )
+
+    reply = run(fetch())
+    waited = lambda d: ("(timed out: still in progress)\n" if reply.meta.get("timed_out") else "") + _human_detail(d)  # noqa: E731
+    out.reply(reply, human=waited)
 
 
 def evidence_line(e: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +169,8 @@ def _human_detail(d: dict[str, Any]) -> str:
         f"  content         {_content_line(s.get('content') or {})}",
         f"  delivery        {delivery_text(s.get('delivery'))}"
         + (f"  ({s['delivery']['events']} webhook events)" if s.get("delivery") else ""),
+        f"  next action     {s.get('next_action_label') or s.get('next_action')}"
+        + ("  (safe to send again)" if s.get("safe_to_retry") else ""),
     ]
     if s.get("detail"):
         lines.append(f"  detail          {s['detail']}")
@@ -217,6 +251,7 @@ def steps_resolve(
                 default_max_attempts=settings.max_attempts,
                 dry_run=dry_run,
                 signals=True,
+                unresolvable=settings.policy().unresolvable,
             )
 
     reply = run(work())

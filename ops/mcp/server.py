@@ -27,24 +27,29 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from evq.ops.app import service
-from evq.ops.app.commands import command
+from evq.ops.app.commands import Effect, Risk, command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
+from evq.ops.app.waiting import parse_wait, wait_step
 from evq.ops.settings import Settings
 from evq.worker.errors import EvqError, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.resolution import Resolution
+from evq.worker.verdict import NEXT_ACTIONS
 
 log = get_logger("evq.mcp")
 KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
 INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
 Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the same step); follow it with
-evq_steps_show (its state and evidence) or evq_runs_show (a whole run); evq_providers_list says whether a
+evq_steps_wait (it answers when the step is worth acting on) or evq_steps_show (its state and evidence) or
+evq_runs_show (a whole run); evq_providers_list says whether a
 provider is down; evq_events_list tells you of every
 send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `unknown`
-may or may not have been delivered: never send it again under a new step_id; an operator decides.
+may or may not have been delivered: never send it again under a new step_id; an operator decides. Every view
+of a step says so itself: safe_to_retry (true only when evq knows nothing was sent) and next_action (wait,
+wait_for_approval, ask_operator, none, fix_and_resend, resend).
 Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[service.Reply]]
@@ -80,11 +85,27 @@ class ContractTool(Tool):
         )
 
 
+def annotations(path: str) -> ToolAnnotations:
+    """The spec's hints for table command ``path``, from its entry: a read is read-only (and
+    harmless to repeat); a write may destroy what its risk says is for good (`steps resolve`
+    closes rows, high risk); a send always may (an email cannot be unsent) and reaches outside
+    evq (open world), but a repeat of the same request is the same step (idempotent)."""
+    entry = command(path)
+    read = entry.effect is Effect.READ
+    send = entry.effect is Effect.SEND
+    return ToolAnnotations(
+        title=f"evq {entry.words}",
+        read_only_hint=read,
+        destructive_hint=not read and (send or entry.risk is Risk.HIGH),
+        idempotent_hint=entry.repeatable,
+        open_world_hint=send,
+    )
+
+
 def _tool(path: str, description: str, schema: dict[str, Any], handler: Handler) -> ContractTool:
-    """The tool of table command ``path``: its name, its output schema, and whether it only reads."""
+    """The tool of table command ``path``: its name, its output schema, and its annotations."""
     entry = command(path)
     assert entry.mcp_tool is not None, f"{path} is not an MCP tool in the command table"
-    read_only = str(entry.effect) == "read"
     out = output_schema(path)
     out.setdefault("type", "object")
     return ContractTool(
@@ -95,9 +116,7 @@ def _tool(path: str, description: str, schema: dict[str, Any], handler: Handler)
         fn_metadata=FuncMetadata(arg_model=ArgModelBase, output_schema=out),
         is_async=True,
         handler=handler,
-        annotations=ToolAnnotations(
-            read_only_hint=read_only, destructive_hint=False, idempotent_hint=True, open_world_hint=not read_only
-        ),
+        annotations=annotations(path),
     )
 
 
@@ -158,18 +177,29 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def get(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(get_schema(), args)
-        return await service.show_step(store, caller(), a["step_id"])
+        return await service.show_step(store, caller(), a["step_id"], unresolvable=policy.unresolvable)
+
+    async def wait(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(command_input("steps.wait"), args)
+        seconds = parse_wait(a["timeout"], field="timeout")
+        return await wait_step(store, caller(), a["step_id"], timeout=seconds, unresolvable=policy.unresolvable)
 
     async def list_(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(list_schema(), args)
         filters = {k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")}
         return await service.list_steps(
-            store, caller(), statuses=a["status"] or (), filters=filters, limit=a["limit"], offset=a["offset"]
+            store,
+            caller(),
+            statuses=a["status"] or (),
+            filters=filters,
+            limit=a["limit"],
+            offset=a["offset"],
+            unresolvable=policy.unresolvable,
         )
 
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
-        return await service.show_run(store, caller(), a["run_id"])
+        return await service.show_run(store, caller(), a["run_id"], unresolvable=policy.unresolvable)
 
     async def providers(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(providers_schema(), args)
@@ -210,7 +240,13 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             max_failures=a["max_failures"],
         )
         return await service.resolve(
-            store, caller(), resolution, selection, default_max_attempts=settings.max_attempts, dry_run=a["dry_run"]
+            store,
+            caller(),
+            resolution,
+            selection,
+            default_max_attempts=settings.max_attempts,
+            dry_run=a["dry_run"],
+            unresolvable=policy.unresolvable,
         )
 
     async def health_check(args: Mapping[str, Any]) -> service.Reply:
@@ -232,6 +268,15 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             "(attempts and the provider's answers) in order.",
             get_schema(),
             get,
+        ),
+        _tool(
+            "steps.wait",
+            "Wait (at most 60s, `timeout`) until a step is worth acting on, then answer as evq_steps_show: when "
+            "its next_action is not `wait` (sent, refused, held for approval, or needs an operator), or at the "
+            "timeout with meta.timed_out true. Call it after evq_steps_enqueue instead of polling. next_action: "
+            + "; ".join(f"{name}: {meaning}" for name, meaning in NEXT_ACTIONS.items()),
+            command_input("steps.wait"),
+            wait,
         ),
         _tool(
             "steps.list",

@@ -21,6 +21,7 @@ from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
 from evq.ops.app.service import MAX_ID, Caller, Reply
+from evq.ops.app.waiting import parse_wait, wait_step
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
 from evq.ops.web.state import AppState
@@ -212,7 +213,13 @@ async def list_steps(
     state: AppState = request.app.state.evq
     filters = {"run_id": run_id, "provider": provider, "older_than": older_than, "recipient_domain": recipient_domain}
     reply = await service.list_steps(
-        state.store, who, statuses=[str(s) for s in status], filters=filters, limit=limit, offset=offset
+        state.store,
+        who,
+        statuses=[str(s) for s in status],
+        filters=filters,
+        limit=limit,
+        offset=offset,
+        unresolvable=state.policy.unresolvable,
     )
     return _answer(reply, request.state.timer)
 
@@ -220,14 +227,30 @@ async def list_steps(
 @router.get(
     "/steps/{step_id}",
     summary="One step: the decision behind it, the request, every evidence row",
+    description="With `wait` (`30s`, at most 60s), the answer waits until the step is worth acting on "
+    "(its next_action is not `wait`) or the time is up (`meta.timed_out`: true): `evq steps wait`.",
     responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"),
     **operation("steps.show"),
 )
 async def show_step(
-    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+    request: Request,
+    step_id: int = Path(ge=1, le=MAX_ID),
+    who: Caller = Depends(caller),
+    wait: str | None = Query(
+        None,
+        max_length=20,
+        description="Wait this long at most (30s, 1m, 500ms; at most 60s) for the step to be worth acting on: "
+        "`evq steps wait`'s --timeout.",
+    ),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
-    return _answer(await service.show_step(state.store, who, step_id), request.state.timer)
+    unresolvable = state.policy.unresolvable
+    if wait is None:
+        reply = await service.show_step(state.store, who, step_id, unresolvable=unresolvable)
+    else:
+        seconds = parse_wait(wait, field="wait")
+        reply = await wait_step(state.store, who, step_id, timeout=seconds, unresolvable=unresolvable)
+    return _answer(reply, request.state.timer)
 
 
 # A path converter: run ids may hold "/" (the CLI takes any), sent as is or as %2F.
@@ -242,7 +265,8 @@ async def show_run(
     request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
-    return _answer(await service.show_run(state.store, who, run_id), request.state.timer)
+    reply = await service.show_run(state.store, who, run_id, unresolvable=state.policy.unresolvable)
+    return _answer(reply, request.state.timer)
 
 
 @router.get(
@@ -390,6 +414,7 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
         selection,
         default_max_attempts=state.settings.max_attempts,
         dry_run=bool(args["dry_run"]),
+        unresolvable=state.policy.unresolvable,
     )
     return _answer(reply, request.state.timer)
 

@@ -218,7 +218,9 @@ async def overview(request: Request) -> HTMLResponse:
     except EvqError as exc:
         stats_error = exc
     who = _who(session)
-    oldest = await service.list_steps(state.store, who, statuses=[str(Status.UNKNOWN)], limit=1)
+    oldest = await service.list_steps(
+        state.store, who, statuses=[str(Status.UNKNOWN)], limit=1, unresolvable=state.policy.unresolvable
+    )
     # Every provider: what settles a lost answer, its rate limit, and whether evq has stopped
     # sending to it and why (worker/circuit.py).
     circuits = await service.list_providers(state.store, who, state.settings)
@@ -250,7 +252,13 @@ async def unknown(request: Request) -> HTMLResponse:
     who = _who(session)
     try:
         reply = await service.list_steps(
-            state.store, who, statuses=[str(Status.UNKNOWN)], filters=filters, limit=PAGE_SIZE, offset=offset
+            state.store,
+            who,
+            statuses=[str(Status.UNKNOWN)],
+            filters=filters,
+            limit=PAGE_SIZE,
+            offset=offset,
+            unresolvable=state.policy.unresolvable,
         )
     except InvalidRequest as exc:
         return render(
@@ -311,7 +319,7 @@ async def _step_page(
 ) -> HTMLResponse:
     state = _state(request)
     who = _who(session)
-    reply = await service.show_step(state.store, who, step_id)
+    reply = await service.show_step(state.store, who, step_id, unresolvable=state.policy.unresolvable)
     return render(
         request,
         "step.html",
@@ -341,7 +349,8 @@ async def find_run(request: Request) -> Response:
 async def trace(request: Request, run_id: str) -> HTMLResponse:
     session = await signed_in(request)
     who = _who(session)
-    reply = await service.show_run(_state(request).store, who, run_id[:200])
+    state = _state(request)
+    reply = await service.show_run(state.store, who, run_id[:200], unresolvable=state.policy.unresolvable)
     return render(request, "trace.html", session, d=reply.data)
 
 
@@ -375,6 +384,7 @@ async def _resolve(
         selection,
         default_max_attempts=state.settings.max_attempts,
         dry_run=dry_run,
+        unresolvable=state.policy.unresolvable,
     )
 
 

@@ -68,11 +68,11 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
         counted("evq_delivery_events_unmatched_total", provider="resend"),
     ) == (before[0] + 1, before[1] + 1, before[2])
 
-    run = (await service.show_run(store, READER, "run-lost")).data
+    run = (await service.show_run(store, READER, "run-lost", unresolvable=())).data
     assert run["steps"][0]["delivery"] == {"state": "delivered", "at": WHEN, "events": 1}
     trace = [e["kind"] for e in run["events"]]
     assert trace[-1] == "delivery_event" and "provider_response" in trace
-    shown = (await service.show_step(store, READER, lost.id)).data
+    shown = (await service.show_step(store, READER, lost.id, unresolvable=())).data
     assert shown["step"]["delivery"]["state"] == "delivered"
     assert [d["event_id"] for d in shown["deliveries"]] == ["evt-1"]
 
@@ -110,7 +110,7 @@ async def test_closed_steps_keep_their_state_and_gain_delivery_state(store, db_u
         assert step_row(db_url, i) == before[i]
     # Only the accepted step's delivery is timed from its acceptance.
     assert counted("evq_accepted_to_delivered_seconds_count", provider="resend") == timed + 1
-    listed = (await service.list_steps(store, READER, filters={"run_id": "run-c"})).data
+    listed = (await service.list_steps(store, READER, filters={"run_id": "run-c"}, unresolvable=())).data
     assert {s["id"]: s["delivery"]["state"] for s in listed} == {ok.id: "delivered", refused.id: "delivered"}
 
 

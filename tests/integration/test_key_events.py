@@ -25,9 +25,9 @@ async def test_the_key_that_enqueued_is_on_the_decision_and_the_enqueued_event(s
     reply = await service.enqueue(store, Caller(key.text, interface="http"), [request(run_id="r-actor")], POLICY)
     [decision] = rows(db_url, "SELECT actor, actor_key_id, interface FROM decisions WHERE run_id = 'r-actor'")
     assert decision == {"actor": "agent-7", "actor_key_id": key.key_id, "interface": "http"}
-    shown = (await service.show_step(store, Caller(None, trusted_reader=True), reply.data["id"])).data
+    shown = (await service.show_step(store, Caller(None, trusted_reader=True), reply.data["id"], unresolvable=())).data
     assert (shown["decision"]["actor"], shown["decision"]["actor_key_id"]) == ("agent-7", key.key_id)
-    run = (await service.show_run(store, Caller(None, trusted_reader=True), "r-actor")).data
+    run = (await service.show_run(store, Caller(None, trusted_reader=True), "r-actor", unresolvable=())).data
     enqueued = next(e for e in run["events"] if e["kind"] == "enqueued")
     assert enqueued["actor"] == "agent-7"
     assert (enqueued["detail"]["actor_key_id"], enqueued["detail"]["interface"]) == (key.key_id, "http")
