@@ -79,6 +79,9 @@ def _steps_script(run: Script) -> None:
     run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
     run(admin, "worker", "run", "--drain", "--adapter", "null", "--listen", "off")
     run(admin, "worker", "run", "--drain", "--concurrency", "0", expect=2)
+    waited = run(anyone, "steps", "wait", str(step["id"]), "--timeout", "5s")
+    assert waited["data"]["step"]["next_action"] == "none" and waited["meta"]["timed_out"] is False
+    run(anyone, "steps", "wait", str(step["id"]), "--timeout", "2h", expect=2)  # at most 60s
     run(anyone, "steps", "list", "--status", "unknown")
     run(anyone, "steps", "list", "--older-than", "soon", expect=2)
     run(nowhere, "steps", "list", expect=9)
@@ -151,7 +154,16 @@ def _processes_script(run: Script) -> None:
 SCRIPTS = {
     "steps": (
         _steps_script,
-        {"steps.enqueue", "steps.list", "steps.show", "steps.resolve", "steps.prune", "worker.run", "runs.show"},
+        {
+            "steps.enqueue",
+            "steps.list",
+            "steps.show",
+            "steps.wait",
+            "steps.resolve",
+            "steps.prune",
+            "worker.run",
+            "runs.show",
+        },
     ),
     "records": (
         _records_script,
@@ -233,8 +245,9 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
         "steps.prune",
         "steps.resolve",
         "steps.show",
+        "steps.wait",
     ]
-    assert group["tool_count"] == 5 and "parameters" not in group["tools"][0]
+    assert group["tool_count"] == 6 and "parameters" not in group["tools"][0]
     one = evq.json("schema", "steps.resolve")["data"]
     assert evq.json("schema", "steps resolve")["data"] == one == evq.json("schema", "steps", "resolve")["data"]
     assert one["level"] == "tool" and one["canonical_path"] == "steps.resolve" and one["is_alias"] is False

@@ -59,6 +59,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     assert set(tools) == {
         "evq_steps_enqueue",
         "evq_steps_show",
+        "evq_steps_wait",
         "evq_steps_list",
         "evq_runs_show",
         "evq_providers_list",
@@ -80,6 +81,55 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
     }
     assert tools["evq_steps_show"].annotations.read_only_hint is True
     assert tools["evq_steps_enqueue"].output_schema["oneOf"]  # the docs/cli-schema file, self-contained
+
+
+async def test_every_tool_carries_the_hints_its_command_table_entry_implies(db_url):
+    """readOnlyHint for reads; the send tool destructive (an email cannot be unsent), idempotent
+    (the same key is the same step) and open world; `steps resolve` destructive, not idempotent
+    (a bulk close repeated may close rows that became unknown since)."""
+    from evq.ops.app.commands import COMMANDS, Effect
+
+    async with client(db_url, None, mcp_resolve=True) as c:
+        tools = {t.name: t.annotations for t in (await c.list_tools()).tools}
+    by_tool = {entry.mcp_tool: entry for entry in COMMANDS.values() if entry.mcp}
+    assert set(tools) == set(by_tool)
+    for name, hints in tools.items():
+        assert hints is not None, name
+        read = by_tool[name].effect is Effect.READ
+        assert hints.read_only_hint is read, name
+        assert hints.title == f"evq {by_tool[name].words}"
+        if read:
+            assert (hints.destructive_hint, hints.idempotent_hint, hints.open_world_hint) == (False, True, False), name
+    send = tools["evq_steps_enqueue"]
+    assert (send.read_only_hint, send.destructive_hint, send.idempotent_hint, send.open_world_hint) == (
+        False,
+        True,
+        True,
+        True,
+    )
+    resolve = tools["evq_steps_resolve"]
+    assert (resolve.read_only_hint, resolve.destructive_hint, resolve.idempotent_hint) == (False, True, False)
+    assert resolve.open_world_hint is False  # it changes evq's rows only
+    assert tools["evq_steps_wait"].read_only_hint is True
+
+
+async def test_evq_steps_wait_answers_when_the_step_is_worth_acting_on(db_url, store):
+    """An unknown step through smtp (no dedupe, no lookup, no webhook by default) needs an operator:
+    the wait answers at once. A pending step nobody sends waits out its timeout."""
+    [lost] = await unknown_steps(store, run_id="run-wait")
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    async with client(db_url, agent) as c:
+        now = await call(c, "evq_steps_wait", {"step_id": lost.id, "timeout": "20s"}, "steps.wait")
+        step = now["data"]["step"]
+        assert (step["status"], step["next_action"], step["safe_to_retry"]) == ("unknown", "ask_operator", False)
+        assert now["meta"]["timed_out"] is False and now["meta"]["waited_ms"] < 10_000
+        sent = await call(c, "evq_steps_enqueue", request(run_id="run-wait", step_id="b"), "steps.enqueue")
+        assert (sent["data"]["next_action"], sent["data"]["safe_to_retry"]) == ("wait", False)
+        late = await call(c, "evq_steps_wait", {"step_id": sent["data"]["id"], "timeout": "300ms"}, "steps.wait")
+        assert late["meta"]["timed_out"] is True and late["data"]["step"]["next_action"] == "wait"
+        assert late["meta"]["waited_ms"] >= 300
+        bad = await call(c, "evq_steps_wait", {"step_id": lost.id, "timeout": "2h"}, "steps.wait")
+        assert bad["error"]["code"] == "E_INVALID_ARG" and bad["error"]["context"]["fields"][0]["field"] == "timeout"
 
 
 async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
@@ -169,7 +219,10 @@ async def test_evq_mcp_over_stdio(db_url):
     env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": agent, "EVQ_LOG_FORMAT": "json"}
     params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
     async with Client(params) as c:
-        assert "evq_steps_enqueue" in {t.name for t in (await c.list_tools()).tools}
+        listed = {t.name: t for t in (await c.list_tools()).tools}
+        # The hints travel over the real protocol (camelCase on the wire, the SDK's fields here).
+        send = listed["evq_steps_enqueue"].annotations
+        assert (send.destructive_hint, send.idempotent_hint, send.open_world_hint) == (True, True, True)
         sent = await call(c, "evq_steps_enqueue", request(run_id="run-stdio"), "steps.enqueue")
         shown = await call(c, "evq_steps_show", {"step_id": sent["data"]["id"]}, "steps.show")
     assert shown["data"]["step"]["run_id"] == "run-stdio"

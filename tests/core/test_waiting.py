@@ -1,0 +1,67 @@
+"""`steps wait` (ops/app/waiting.py) against the in-memory store, on a clock the test moves:
+it answers at the first poll that sees the step worth acting on, backs off 0.1 s to 1 s, and
+answers the view as it is at the timeout."""
+
+from __future__ import annotations
+
+from evq.ops.app.service import Caller
+from evq.ops.app.waiting import wait_step
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Accepted
+from evq.worker.transitions import decide
+from tests.support import unknown_steps, valid
+
+READER = Caller(None, trusted_reader=True)
+
+
+class Clock:
+    """A monotonic clock that moves only when the wait sleeps; ``then`` runs at the n-th sleep."""
+
+    def __init__(self, then=None, at: int = 0):
+        self.now, self.sleeps, self.then, self.at = 0.0, [], then, at
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.then is not None and len(self.sleeps) == self.at:
+            await self.then()
+
+
+async def _send(mem) -> None:
+    [claimed] = await mem.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={})
+    done = decide(claimed, Accepted("p-1"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+    await mem.record([done], actor="w")
+
+
+async def test_it_answers_at_the_first_poll_that_sees_the_step_sent(mem):
+    step = await mem.enqueue(valid())
+    clock = Clock(lambda: _send(mem), at=4)
+    reply = await wait_step(mem, READER, step.id, timeout=30, unresolvable=(), clock=clock, sleep=clock.sleep)
+    got = reply.data["step"]
+    assert (got["status"], got["next_action"], got["safe_to_retry"]) == ("accepted", "none", False)
+    assert reply.meta["timed_out"] is False
+    assert clock.sleeps == [0.1, 0.2, 0.4, 0.8]  # doubling, and no sleep after it was seen
+
+
+async def test_at_the_timeout_it_answers_the_step_as_it_is(mem):
+    step = await mem.enqueue(valid())
+    clock = Clock()
+    reply = await wait_step(mem, READER, step.id, timeout=5, unresolvable=(), clock=clock, sleep=clock.sleep)
+    assert reply.meta["timed_out"] is True and reply.meta["waited_ms"] == 5000
+    assert reply.data["step"]["next_action"] == "wait" and reply.data["step"]["status"] == "pending"
+    assert max(clock.sleeps) == 1.0 and abs(sum(clock.sleeps) - 5) < 1e-9  # capped at 1 s; never past the timeout
+
+
+async def test_an_unknown_step_waits_only_when_its_provider_can_settle_it(mem):
+    [lost] = await unknown_steps(mem)
+    clock = Clock()
+    # smtp unresolvable: an operator is needed, so there is nothing to wait for.
+    asked = await wait_step(mem, READER, lost.id, timeout=3, unresolvable=("smtp",), clock=clock, sleep=clock.sleep)
+    assert asked.data["step"]["next_action"] == "ask_operator" and clock.sleeps == []
+    assert asked.meta["timed_out"] is False
+    # smtp resolvable (a witness, a webhook): evq will settle it; the wait runs out.
+    settling = await wait_step(mem, READER, lost.id, timeout=3, unresolvable=(), clock=clock, sleep=clock.sleep)
+    assert settling.data["step"]["next_action"] == "wait" and settling.meta["timed_out"] is True
