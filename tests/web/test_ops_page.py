@@ -6,6 +6,7 @@ Screenshots of every page go to test-artifacts/ops-page/."""
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -446,3 +447,22 @@ def test_the_overview_says_which_provider_evq_stopped_sending_to_and_why(server,
     assert "535" in banner and "<script>" not in banner and "&lt;script&gt;" in banner
     assert "Next probe in" in banner
     assert 'id="circuit-http"' not in html
+
+
+def test_each_view_of_a_step_says_what_to_do_next(server, db_url):
+    """The ambiguity contract on the page: an unknown smtp step (nothing can settle it on its own)
+    says to ask an operator on its page, in the list of unknown rows and in its run's trace."""
+    from evq.ops.app.labels import NEXT_ACTION_LABELS
+
+    [step] = unknown(db_url, hours_ago=1, run_id="run-next")
+    label = NEXT_ACTION_LABELS["ask_operator"]
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        page = web.get(f"/ops/steps/{step.id}").text
+        listed = web.get("/ops/unknown").text
+        trace = web.get("/ops/runs/run-next").text
+    shown = re.search(r'<dd id="next-action" data-next-action="(\w+)">(.*?)</dd>', page, flags=re.S)
+    assert shown is not None and shown[1] == "ask_operator" and html_lib.unescape(shown[2]) == label
+    for html in (listed, trace):
+        cells = re.findall(r'<td class="next-action" data-next-action="(\w+)">(.*?)</td>', html)
+        assert [(a, html_lib.unescape(t)) for a, t in cells] == [("ask_operator", label)]
