@@ -329,3 +329,29 @@ async def test_release_orphans_frees_only_rows_of_lost_claims_not_held(any_store
     assert await any_store.release_orphans(owner="me", held=kept, claims=["claim-lost"], now=T0) == 1
     assert [(await row(any_store, i))["status"] for i in (a.id, b.id, c.id)] == ["in_flight", "pending", "in_flight"]
     assert await any_store.release_orphans(owner="me", held=[], claims=[], now=T0) == 0
+
+
+async def test_the_rows_the_verdict_is_read_from_carry_reason_and_maybe_delivered(any_store):
+    """The ambiguity verdict (worker/verdict.py) needs a row's reason and maybe_delivered: a list's
+    rows have them, and a repeated enqueue (one request, or in a batch) answers with them."""
+    req = valid(run_id="r-v", step_id="lost")
+    made = await any_store.enqueue(req, now=T0)
+    assert (made.reason, made.maybe_delivered) == (None, False)
+    [claimed] = await claim(any_store)
+    await any_store.record([settle(claimed, Unknown("connection lost after the final dot"))], actor="w1", now=at(1))
+    await any_store.enqueue(valid(run_id="r-v", step_id="new"), now=at(2))
+    listed = {
+        r.step_id: (r.status, r.maybe_delivered) for r in (await any_store.list_steps(StepFilter(run_id="r-v")))[0]
+    }
+    assert listed == {"lost": (Status.UNKNOWN, True), "new": (Status.PENDING, False)}
+    again = await any_store.enqueue(req, now=at(3))
+    assert (again.created, again.status, again.reason, again.maybe_delivered) == (
+        False,
+        Status.UNKNOWN,
+        Reason.AMBIGUOUS_RESPONSE,
+        True,
+    )
+    [batched] = [r for r in await any_store.enqueue_many([req, valid(run_id="r-v", step_id="third")]) if not r.created]
+    assert (batched.id, batched.reason, batched.maybe_delivered) == (made.id, Reason.AMBIGUOUS_RESPONSE, True)
+    found = await any_store.find_by_key(req)
+    assert found is not None and (found["reason"], found["maybe_delivered"]) == (Reason.AMBIGUOUS_RESPONSE, True)
