@@ -392,13 +392,20 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
 
 
 def verdict_view(
-    status: str, reason: str | None, *, maybe_delivered: bool, provider: str | None, unresolvable: Collection[str]
+    status: str,
+    reason: str | None,
+    *,
+    maybe_delivered: bool,
+    provider: str | None,
+    unresolvable: Collection[str] | None,
 ) -> dict[str, Any]:
     """The ambiguity contract's fields of one step (worker/verdict.py, docs/design.md "The
     ambiguity contract"): ``safe_to_retry``, ``next_action`` and its label. ``unresolvable``: the
     providers whose profile could never settle a lost answer (Policy.unresolvable, from the
-    settings: no database round trip); an unknown step through one needs an operator."""
-    v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=provider not in unresolvable)
+    settings: no database round trip); an unknown step through one needs an operator. None: not
+    known, so every provider counts as one (an unknown step says ask_operator, never wait)."""
+    resolvable = unresolvable is not None and provider not in unresolvable
+    v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=resolvable)
     return {
         "safe_to_retry": v.safe_to_retry,
         "next_action": v.next_action,
@@ -407,7 +414,7 @@ def verdict_view(
 
 
 def summary(
-    r: StepSummary, delivery: Mapping[str, Any] | None = None, *, unresolvable: Collection[str]
+    r: StepSummary, delivery: Mapping[str, Any] | None = None, *, unresolvable: Collection[str] | None = None
 ) -> dict[str, Any]:
     return {
         "id": r.id,
@@ -447,7 +454,7 @@ async def list_steps(
     limit: int = 50,
     offset: int = 0,
     now: datetime | None = None,
-    unresolvable: Collection[str],
+    unresolvable: Collection[str] | None = None,
 ) -> Reply:
     """Steps, unknown ones oldest first (the operator's queue), the rest newest first; each
     with its verdict (``unresolvable``: :func:`verdict_view`)."""
@@ -479,7 +486,9 @@ def public_evidence(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def show_step(store: AppStore, caller: Caller, step_id: int, *, unresolvable: Collection[str]) -> Reply:
+async def show_step(
+    store: AppStore, caller: Caller, step_id: int, *, unresolvable: Collection[str] | None = None
+) -> Reply:
     """One step, the decision behind it, and every evidence row in order; the message's
     text and html only to a caller whose role sees content (``content`` says which); the
     step's verdict (safe_to_retry, next_action: :func:`verdict_view`)."""
@@ -507,7 +516,7 @@ async def show_step(store: AppStore, caller: Caller, step_id: int, *, unresolvab
     return Reply(data)
 
 
-def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str]) -> dict[str, Any]:
+def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str] | None) -> dict[str, Any]:
     """:func:`verdict_view` of a stored step's row (steps show, runs show)."""
     return verdict_view(
         str(step["status"]),
@@ -585,7 +594,9 @@ RUN_STEP_FIELDS = (
 )
 
 
-async def show_run(store: AppStore, caller: Caller, run_id: str, *, unresolvable: Collection[str]) -> Reply:
+async def show_run(
+    store: AppStore, caller: Caller, run_id: str, *, unresolvable: Collection[str] | None = None
+) -> Reply:
     """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
     await caller.identify(store, Permission.READ)
     detail = await store.get_run(run_id)
@@ -969,7 +980,7 @@ async def resolve(
     dry_run: bool = False,
     signals: bool = False,
     now: datetime | None = None,
-    unresolvable: Collection[str],
+    unresolvable: Collection[str] | None = None,
 ) -> Reply:
     """Close unknown rows with an audited verdict. One row: its failure is the error.
     Bulk: each row on its own; some may fail (someone closed them first) while the rest

@@ -44,7 +44,7 @@ def parse_wait(text: str, *, field: str = "--timeout") -> float:
     return seconds
 
 
-async def _next_action(store: AppStore, step_id: int, unresolvable: Collection[str]) -> str:
+async def _next_action(store: AppStore, step_id: int, unresolvable: Collection[str] | None) -> str:
     rows, _ = await store.list_steps(StepFilter(ids=(step_id,), limit=1))
     if not rows:
         # Pruned while we waited: as gone as if it never was.
@@ -62,7 +62,7 @@ async def wait_step(
     step_id: int,
     *,
     timeout: float,
-    unresolvable: Collection[str],
+    unresolvable: Collection[str] | None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> Reply:

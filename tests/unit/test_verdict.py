@@ -109,3 +109,16 @@ def test_a_wait_too_long_or_unreadable_is_refused(text):
         parse_wait(text, field="wait")
     assert refused.value.errors[0]["field"] == "wait"
     assert WAIT_MAX == 60
+
+
+def test_a_view_that_does_not_know_the_providers_profiles_fails_closed():
+    """verdict_view without the unresolvable providers (a caller that did not pass them) never
+    says `wait` for an unknown step: it may be one nothing will settle, so an operator is asked."""
+    from evq.ops.app.service import verdict_view
+
+    unknown = {"status": "unknown", "reason": "ambiguous_response", "maybe_delivered": True, "provider": "http"}
+    assert verdict_view(**unknown, unresolvable=None)["next_action"] == "ask_operator"
+    assert verdict_view(**unknown, unresolvable=())["next_action"] == "wait"
+    assert verdict_view(**unknown, unresolvable=("http",))["next_action"] == "ask_operator"
+    shown = verdict_view(**unknown, unresolvable=())
+    assert shown == {"safe_to_retry": False, "next_action": "wait", "next_action_label": NEXT_ACTION_LABELS["wait"]}
