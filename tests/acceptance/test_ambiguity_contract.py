@@ -50,6 +50,9 @@ def test_a_rejected_step_is_safe_to_resend_after_the_message_is_fixed(evq, smtp)
     assert done.returncode == 0, done.stderr[-2000:]
     step = evq.json("steps", "wait", str(sent["data"]["id"]), "--timeout", "1s")["data"]["step"]
     assert (step["status"], step["safe_to_retry"], step["next_action"]) == ("rejected", True, "fix_and_resend")
+    human = evq.run("steps", "wait", str(sent["data"]["id"]), "--timeout", "1s")
+    assert human.returncode == 0 and "next action     fix the message" in human.stdout, human.stdout
+    assert "(safe to send again)" in human.stdout and "timed out" not in human.stdout
 
 
 def test_an_unknown_step_needs_an_operator_unless_its_provider_can_settle_it(evq, db_url):
