@@ -1450,10 +1450,14 @@ class MemoryStore:
             )
 
         matched = [s for s in self.steps.values() if matches(s)]
-        # Unknown rows oldest first (then by id); everything else newest first.
-        unknown = sorted((s for s in matched if s["status"] == "unknown"), key=lambda s: (s["unknown_since"], s["id"]))
+        # Unknown and held rows oldest first (by when they began to wait, then by id); everything else newest first.
+        queues = ("unknown", "held")
+        unknown = sorted(
+            (s for s in matched if s["status"] in queues),
+            key=lambda s: (s["unknown_since"] or s["held_since"], s["id"]),
+        )
         rest = sorted(
-            (s for s in matched if s["status"] != "unknown"), key=lambda s: (s["created_at"], s["id"]), reverse=True
+            (s for s in matched if s["status"] not in queues), key=lambda s: (s["created_at"], s["id"]), reverse=True
         )
         ordered = unknown + rest
         page = ordered[where.offset :] if where.limit is None else ordered[where.offset : where.offset + where.limit]

@@ -959,14 +959,15 @@ ORDER BY e.step_id, e.id DESC;
 
 
 -- name: step_list
--- Filters are optional: a NULL parameter disables its condition. Unknown rows
--- sort oldest first (the operator's queue); everything else newest first.
+-- Filters are optional: a NULL parameter disables its condition. Unknown and held
+-- rows sort oldest first (the operators' queues: by unknown_since, by held_since);
+-- everything else newest first.
 -- The total is counted apart from the page, so it stays right when the offset
 -- runs past the end (then the one row back carries the total and no step).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), matched AS (
-    SELECT s.id, s.status, s.unknown_since, s.created_at
+    SELECT s.id, s.status, coalesce(s.unknown_since, s.held_since) AS waiting_since, s.created_at
     FROM email_steps s
     WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
       AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
@@ -980,8 +981,8 @@ WITH t AS (
 ), page AS (
     SELECT m.id
     FROM matched m
-    ORDER BY CASE WHEN m.status = 'unknown' THEN m.unknown_since END ASC NULLS LAST,
-             CASE WHEN m.status = 'unknown' THEN m.id END ASC, m.created_at DESC, m.id DESC
+    ORDER BY CASE WHEN m.status IN ('unknown', 'held') THEN m.waiting_since END ASC NULLS LAST,
+             CASE WHEN m.status IN ('unknown', 'held') THEN m.id END ASC, m.created_at DESC, m.id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT total.n AS total,
@@ -997,8 +998,8 @@ FROM (SELECT count(*)::int AS n FROM matched) AS total
 CROSS JOIN t
 LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
 -- The page's order again (a join does not keep it).
-ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
-         CASE WHEN s.status = 'unknown' THEN s.id END ASC, s.created_at DESC, s.id DESC;
+ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since, s.held_since) END ASC NULLS LAST,
+         CASE WHEN s.status IN ('unknown', 'held') THEN s.id END ASC, s.created_at DESC, s.id DESC;
 
 
 -- name: step_resolve
