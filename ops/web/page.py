@@ -352,9 +352,7 @@ async def held(request: Request) -> HTMLResponse:
     offset = _int(request.query_params.get("offset"), 0)
     state = _state(request)
     who = _who(session)
-    reply = await service.list_steps(
-        state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset
-    )
+    reply = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset)
     shown = []
     for row in reply.data:
         try:
