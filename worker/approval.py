@@ -205,7 +205,7 @@ def parse_weekdays(value: str) -> tuple[int, ...]:
             a, b = _WEEKDAYS.index(first.strip()[:3]), _WEEKDAYS.index((last or first).strip()[:3])
         except ValueError:
             raise ValueError(f"expected weekdays like mon-fri or sat,sun, got {part!r}") from None
-        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(b + 1)])
     if not days:
         raise ValueError("name at least one weekday")
     return tuple(sorted(days))
