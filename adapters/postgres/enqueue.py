@@ -33,8 +33,11 @@ from evq.worker.approval import (
     OverBudget,
     budget_charges,
     budget_hold,
+    budget_refusal,
     contact_holds,
     contact_keys,
+    gated,
+    memory_keys,
     sender_of,
     static_holds,
 )
@@ -167,12 +170,6 @@ def enqueue_many_params(
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-def gated(approval: ApprovalPolicy, requests: Sequence[ValidRequest]) -> bool:
-    """Whether the approval policy must look at these requests (its rules, or one asks for a
-    person): otherwise the enqueue is the one statement it always was."""
-    return approval.active or any(r.require_approval for r in requests)
-
-
 def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | None = None) -> Op:
     """Enqueue one request under the approval policy (docs/design.md, "Approvals and budgets"),
     in the caller's transaction (it must be one: the budget counters' row locks are held until
@@ -185,7 +182,7 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     gives back what this send charged before it, and the send is held (EVQ_BUDGET_ACTION=hold)
     or refused (E_BUDGET, nothing written). A held send charges nothing: if a person approves
     it, that is their decision, not the agent's budget. A send not held charges its budgets
-    and makes its recipients known to its sender."""
+    and makes its recipients (and their domains) known to its sender."""
     rows = yield Q["step_get_by_key"], key_params(request)
     if rows:
         return existing_or_conflict(rows[0], request)
@@ -220,11 +217,7 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
             over = budget_hold(charge, used["used"])
             yield from _uncharge(charged)
             if approval.over_budget is OverBudget.REFUSE:
-                raise BudgetExceeded(
-                    [{"field": f"budget.{budget}", "message": over["why"]}],
-                    hint="`evq policy show` shows each budget's use; wait for its window to pass, or ask an "
-                    "operator; nothing was written",
-                )
+                raise budget_refusal(over)
             holds.append(over)
             break
     hold = {"rules": holds} if holds else None
@@ -244,8 +237,9 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
         who = (actor.name or actor.interface) if actor else "python"
         yield Q["step_held_evidence"], {"now": at, "id": row["id"], "run_id": row["run_id"], "actor": who,
                                         "detail": json.dumps(hold, ensure_ascii=False)}  # fmt: skip
-    elif keys:
-        yield Q["known_recipients_add"], {"now": at, "sender": sender, "keys": keys, "step": row["id"]}
+    else:
+        learnt = memory_keys(request.recipients)
+        yield Q["known_recipients_add"], {"now": at, "sender": sender, "keys": learnt, "step": row["id"]}
     metrics.ENQUEUED.inc()
     metrics.observe_decision_to_enqueue(request.decision.decided_at, row["created_at"])
     return result_from_row(row)

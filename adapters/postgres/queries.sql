@@ -170,18 +170,22 @@ SELECT coalesce((SELECT used FROM send_budgets
 -- `evq policy show`: the counters of the current windows (a run's budget has one, at the epoch).
 SELECT budget, scope, window_start, used
 FROM send_budgets
-WHERE (budget = 'run_recipients')
-   OR (budget IN ('key_hourly', 'domain_hourly')
-       AND window_start = date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC'))
-   OR (budget = 'key_daily' AND window_start = date_trunc('day', coalesce(%(now)s::timestamptz, now()), 'UTC'))
+-- used 0: a counter a send charged and gave back (budget_uncharge), as good as none.
+WHERE used > 0
+  AND ((budget = 'run_recipients')
+       OR (budget IN ('key_hourly', 'domain_hourly')
+           AND window_start = date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC'))
+       OR (budget = 'key_daily' AND window_start = date_trunc('day', coalesce(%(now)s::timestamptz, now()), 'UTC')))
 ORDER BY used DESC, budget, scope
 LIMIT %(limit)s;
 
 
 -- name: step_held_evidence
--- The `held` evidence of a step written held: who enqueued it and why it waits.
-INSERT INTO evidence (step_id, run_id, kind, actor, to_status, reason, detail, created_at)
-VALUES (%(id)s, %(run_id)s, 'held', %(actor)s, 'held', 'approval_required', %(detail)s::jsonb,
+-- The `held` evidence of a step written held: who enqueued it and why it waits. No to_status:
+-- ck_evidence_to_status (0001's status list) does not name `held`, and the step was never in
+-- another state (an enqueue's evidence has no transition).
+INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
+VALUES (%(id)s, %(run_id)s, 'held', %(actor)s, 'approval_required', %(detail)s::jsonb,
         coalesce(%(now)s::timestamptz, now()));
 
 

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated, gated_op, run_async
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated_op, run_async
 from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
-from evq.worker.approval import ApprovalPolicy
+from evq.worker.approval import ApprovalPolicy, gated
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
