@@ -52,10 +52,24 @@ from types import MappingProxyType
 from typing import Any
 
 from evq.worker import metrics
+from evq.worker.approval import (
+    PRIORITIES,
+    ApprovalPolicy,
+    OverBudget,
+    budget_charges,
+    budget_hold,
+    budget_refusal,
+    contact_holds,
+    contact_keys,
+    gated,
+    memory_keys,
+    sender_of,
+    static_holds,
+)
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
-from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
@@ -101,6 +115,12 @@ EVIDENCE_KINDS = frozenset(
         "notice_enqueued",
         "content_redacted",
         "delivery_event",
+        # 0018
+        "held",
+        "approved",
+        "denied",
+        "cancelled",
+        "hold_expired",
     }
 )
 OUTCOMES = frozenset({"accepted", "rejected", "retryable", "unknown"})
@@ -264,6 +284,8 @@ class MemoryStore:
         self.refusals: list[dict[str, Any]] = []  # enqueue_refusals, by id
         self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
+        self.send_budgets: dict[tuple[str, str, datetime], int] = {}  # (budget, scope, window) -> used
+        self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
 
     async def close(self) -> None:
         return None
@@ -377,23 +399,118 @@ class MemoryStore:
 
     # -- enqueue --------------------------------------------------------------------
 
-    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult:
+    async def enqueue(
+        self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
+    ) -> EnqueueResult:
         at = await self._op("enqueue", now)
+        if gated(approval, [request]):
+            return self._gated(request, at, approval)
         return self._enqueue(request, at)
 
-    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
-        at = await self._op("enqueue_many", None)
+    async def enqueue_many(
+        self,
+        requests: Sequence[ValidRequest],
+        *,
+        now: datetime | None = None,
+        approval: ApprovalPolicy = ApprovalPolicy(),
+    ) -> list[EnqueueResult]:
+        at = await self._op("enqueue_many", now)
         # All or nothing, as the batch's transaction is.
         # Sequences are not transactional: the ids a failed batch took stay taken.
-        saved = copy.deepcopy((self.steps, self.decisions))
+        saved = copy.deepcopy((self.steps, self.decisions, self.send_budgets, self.known_recipients))
+        evidence = len(self.evidence)
         try:
-            return [self._enqueue(r, at) for r in requests]
+            if not gated(approval, requests):
+                return [self._enqueue(r, at) for r in requests]
+            results = []
+            for i, r in enumerate(requests):
+                try:
+                    results.append(self._gated(r, at, approval))
+                except BudgetExceeded as exc:
+                    raise BudgetExceeded(
+                        [{**e, "field": f"[{i}].{e['field']}"} for e in exc.errors], hint=exc.hint
+                    ) from None
+            return results
         except BaseException:
-            self.steps, self.decisions = saved
+            self.steps, self.decisions, self.send_budgets, self.known_recipients = saved
+            del self.evidence[evidence:]  # the transaction's own rows, gone with it
             raise
 
+    def _gated(self, request: ValidRequest, at: datetime, approval: ApprovalPolicy) -> EnqueueResult:
+        """gated_op (adapters/postgres/enqueue.py): a new step judged by the policy; a repeat
+        of a stored key answered as its row is, charging nothing."""
+        if self._holder(request) is not None:
+            return self._enqueue(request, at)
+        sender = sender_of(request.payload)
+        keys = contact_keys(approval, request.recipients)
+        known = [k for k in keys if (sender, k) in self.known_recipients]
+        when = max(at, request.send_at) if request.send_at is not None else at
+        holds = static_holds(
+            approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+        ) + contact_holds(approval, keys, known)
+        charges = []
+        if not holds:
+            name = request.actor.name if request.actor else None
+            charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at)
+            # Check, then charge: nothing here interleaves (the store's row locks, in PostgreSQL).
+            for charge in charges:
+                budget, scope, window, amount, cap = charge
+                used = self.send_budgets.get((budget, scope, window), 0)
+                if used + amount > cap:
+                    over = budget_hold(charge, used)
+                    if approval.over_budget is OverBudget.REFUSE:
+                        raise budget_refusal(over)
+                    holds.append(over)
+                    charges = []
+                    break
+        hold = {"rules": holds} if holds else None
+        result = self._enqueue(request, at, hold=hold, expires=approval.expires_after)
+        for budget, scope, window, amount, _cap in charges:
+            self.send_budgets[(budget, scope, window)] = self.send_budgets.get((budget, scope, window), 0) + amount
+        if hold is not None:
+            actor = request.actor
+            who = (actor.name or actor.interface) if actor else "python"
+            self._insert_evidence(
+                step_id=result.id,
+                run_id=result.run_id,
+                kind="held",
+                actor=who,
+                reason="approval_required",
+                detail=hold,
+                created_at=at,
+            )
+        else:
+            for k in memory_keys(request.recipients):
+                self.known_recipients.setdefault((sender, k), result.id)
+        return result
+
+    def _holder(self, request: ValidRequest) -> dict[str, Any] | None:
+        """step_get_by_key: the row holding the key, else the run and step ids."""
+        by_key = [s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key]
+        by_ids = [s for s in self.steps.values() if (s["run_id"], s["step_id"]) == (request.run_id, request.step_id)]
+        return (by_key or by_ids or [None])[0]
+
+    async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        at = (await self._op("budget_usage", now)).astimezone(UTC)
+        hour = at.replace(minute=0, second=0, microsecond=0)
+        day = hour.replace(hour=0)
+        current = {"key_hourly": hour, "domain_hourly": hour, "key_daily": day}
+        rows = [
+            {"budget": b, "scope": s, "window_start": w, "used": used}
+            for (b, s, w), used in self.send_budgets.items()
+            if used > 0 and (b == "run_recipients" or current.get(b) == w)
+        ]
+        return sorted(rows, key=lambda r: (-r["used"], r["budget"], r["scope"]))[:limit]
+
     def _enqueue(
-        self, request: ValidRequest, at: datetime, *, notice_of: int | None = None, tool: str | None = None
+        self,
+        request: ValidRequest,
+        at: datetime,
+        *,
+        notice_of: int | None = None,
+        tool: str | None = None,
+        hold: dict[str, Any] | None = None,
+        expires: timedelta | None = None,
     ) -> EnqueueResult:
         message_id = new_message_id(request)
         taken = next(
@@ -426,12 +543,12 @@ class MemoryStore:
             "provider": request.provider,
             "payload": json.loads(request.payload_json),
             "payload_sha256": request.payload_sha256,
-            "status": "pending",
-            "reason": None,
+            "status": "pending" if hold is None else "held",
+            "reason": None if hold is None else "approval_required",
             "detail": None,
             "attempts": 0,
             "max_attempts": request.max_attempts,
-            "next_attempt_at": at,
+            "next_attempt_at": max(at, request.send_at) if request.send_at is not None else at,
             "lease_owner": None,
             "lease_token": None,
             "lease_expires_at": None,
@@ -448,13 +565,13 @@ class MemoryStore:
             "unknown_since": None,
             "closed_at": None,
             "uncharged_attempts": 0,
-            "retry_from": None,
+            "retry_from": request.send_at if request.send_at is not None and request.send_at > at else None,
             "content_redacted_at": None,
-            "priority": 0,
-            "send_at": None,
-            "held_since": None,
-            "hold_expires_at": None,
-            "hold": None,
+            "priority": PRIORITIES[request.priority],
+            "send_at": request.send_at,
+            "held_since": None if hold is None else at,
+            "hold_expires_at": at + expires if hold is not None and expires is not None else None,
+            "hold": hold,
             "requested_sha256": None,
         }
         _check_step(row)
@@ -481,9 +598,10 @@ class MemoryStore:
             step_id=row["step_id"],
             idempotency_key=row["idempotency_key"],
             message_id=message_id,
-            status=Status.PENDING,
+            status=Status(row["status"]),
             created=True,
             provider=request.provider,
+            hold=hold,
         )
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
@@ -503,6 +621,7 @@ class MemoryStore:
             "payload_sha256",
             "provider",
             "created_at",
+            "hold",
         )
         return {**{k: found[k] for k in keys}, "created": False}
 

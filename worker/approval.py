@@ -205,7 +205,7 @@ def parse_weekdays(value: str) -> tuple[int, ...]:
             a, b = _WEEKDAYS.index(first.strip()[:3]), _WEEKDAYS.index((last or first).strip()[:3])
         except ValueError:
             raise ValueError(f"expected weekdays like mon-fri or sat,sun, got {part!r}") from None
-        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(b + 1)])
     if not days:
         raise ValueError("name at least one weekday")
     return tuple(sorted(days))
@@ -380,3 +380,27 @@ def contact_holds(policy: ApprovalPolicy, keys: Sequence[str], known: Sequence[s
             "why": f"this sender never mailed {', '.join(new)} (EVQ_APPROVAL_FIRST_CONTACT=address)",
         }
     ]
+
+
+def gated(policy: ApprovalPolicy, requests: Sequence[Any]) -> bool:
+    """Whether the policy must look at these requests (ValidRequests): its rules are on, or one
+    asks for a person. Otherwise an enqueue is the one statement it always was."""
+    return policy.active or any(r.require_approval for r in requests)
+
+
+def budget_refusal(over: dict[str, Any]) -> Exception:
+    """The E_BUDGET refusal of a send over ``over``'s budget (EVQ_BUDGET_ACTION=refuse)."""
+    from evq.worker.errors import BudgetExceeded
+
+    return BudgetExceeded(
+        [{"field": f"budget.{over['budget']}", "message": over["why"]}],
+        hint="`evq policy show` shows each budget's use; wait for its window to pass, or ask an operator; "
+        "nothing was written",
+    )
+
+
+def memory_keys(recipients: Sequence[str]) -> list[str]:
+    """What a send that was not held teaches ``known_recipients``: each address (lowercased)
+    and each ``@domain``, whichever first-contact mode is on, so switching the mode (or turning
+    it on later) keeps what the gated enqueues before it learnt."""
+    return sorted({r.lower() for r in recipients} | {"@" + recipient_domain(r) for r in recipients})

@@ -185,6 +185,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         status=Status(row["status"]),
         created=bool(row["created"]),
         provider=row.get("provider"),
+        hold=row.get("hold"),
     )
 
 

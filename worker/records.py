@@ -25,6 +25,8 @@ class EnqueueResult:
     # The stored step's provider, when the store said it (the ambiguity is that provider's);
     # not in the answer's JSON.
     provider: str | None = None
+    # Why a held step waits for a person ({"rules": [...]}, email_steps.hold); None: not held.
+    hold: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,6 +39,7 @@ class EnqueueResult:
             "created": self.created,
             "ambiguity": self.ambiguity,
             "ambiguity_hint": AMBIGUITY_HINTS.get(self.ambiguity) if self.ambiguity else None,
+            "hold": self.hold,
         }
 
 

@@ -13,6 +13,10 @@
 -- The sequence is named (decisions_id_seq, the column's default since 0001), not
 -- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the
 -- batch statement on every row.
+-- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
+-- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
+-- step_held_evidence, in the same transaction. `send_at` starts next_attempt_at and the retry
+-- budget (retry_from) later; a past one is now. Nothing wakes a worker for a held step.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
@@ -20,14 +24,22 @@ WITH t AS (
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
-        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at,
+        status, reason, held_since, hold_expires_at, hold, priority, send_at, retry_from
     )
     SELECT %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
-           %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s, t.now, t.now, t.now
+           %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s,
+           greatest(t.now, coalesce(%(send_at)s::timestamptz, t.now)), t.now, t.now,
+           CASE WHEN %(held)s::bool THEN 'held' ELSE 'pending' END,
+           CASE WHEN %(held)s::bool THEN 'approval_required' END,
+           CASE WHEN %(held)s::bool THEN t.now END,
+           CASE WHEN %(held)s::bool THEN t.now + make_interval(secs => %(hold_expires_seconds)s::float8) END,
+           %(hold)s::jsonb, %(priority)s, %(send_at)s::timestamptz,
+           CASE WHEN %(send_at)s::timestamptz > t.now THEN %(send_at)s::timestamptz END
     FROM ids, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at
+              created_at, hold
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -40,12 +52,12 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.provider, step.created_at, true AS created
+       step.payload_sha256, step.provider, step.created_at, step.hold, true AS created
 FROM step
-CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
+LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, false
+       s.created_at, s.hold, false
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -72,15 +84,18 @@ WITH t AS (
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
            e.v->>15 AS actor, e.v->>16 AS actor_key_id, e.v->>17 AS interface,
-           e.v->18 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+           (e.v->>18)::smallint AS priority, (e.v->>19)::timestamptz AS send_at,
+           e.v->20 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
-        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at, priority, send_at,
+        retry_from
     )
     SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
-           r.payload_sha256, r.max_attempts, r.notify, t.now, t.now, t.now
+           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, coalesce(r.send_at, t.now)), t.now, t.now,
+           r.priority, r.send_at, CASE WHEN r.send_at > t.now THEN r.send_at END
     FROM r, t
     -- Ids in request order, so the claim (next_attempt_at, id) takes a batch first in, first out.
     ORDER BY r.ord
@@ -98,7 +113,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
+       s.payload_sha256, s.provider, s.hold, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -109,12 +124,77 @@ LEFT JOIN LATERAL (
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at,
+SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at, hold,
        false AS created
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
 LIMIT 1;
+
+
+-- name: approval_context
+-- What the approval policy reads before a new step is written (worker/approval.py): the
+-- enqueue's clock, and which of the recipients' contact keys this sender is known for.
+SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+       coalesce((SELECT array_agg(k.recipient ORDER BY k.recipient) FROM known_recipients k
+                 WHERE k.sender = %(sender)s AND k.recipient = ANY(%(keys)s::text[])), '{}') AS known;
+
+
+-- name: budget_charge
+-- Charge one blast-radius counter, under its row's lock, only while it stays within its cap:
+-- the cap is in the statement's condition, so concurrent enqueues (each waiting on the row
+-- lock, then re-reading the row) can never together pass it. No row back: it would pass.
+-- Callers charge a send's counters in budget_charges' sorted order (no lock cycle).
+INSERT INTO send_budgets AS b (budget, scope, window_start, used, updated_at)
+SELECT %(budget)s, %(scope)s, %(window_start)s, %(amount)s, coalesce(%(now)s::timestamptz, now())
+WHERE %(amount)s <= %(cap)s
+ON CONFLICT (budget, scope, window_start)
+DO UPDATE SET used = b.used + EXCLUDED.used, updated_at = EXCLUDED.updated_at
+WHERE b.used + EXCLUDED.used <= %(cap)s
+RETURNING b.used;
+
+
+-- name: budget_uncharge
+-- Give back what budget_charge took, in the same transaction (its row still locked by it),
+-- when a later counter of the same send would pass its cap: a held or refused send charges nothing.
+UPDATE send_budgets SET used = used - %(amount)s
+WHERE budget = %(budget)s AND scope = %(scope)s AND window_start = %(window_start)s;
+
+
+-- name: budget_used
+SELECT coalesce((SELECT used FROM send_budgets
+                 WHERE budget = %(budget)s AND scope = %(scope)s AND window_start = %(window_start)s), 0) AS used;
+
+
+-- name: budget_usage
+-- `evq policy show`: the counters of the current windows (a run's budget has one, at the epoch).
+SELECT budget, scope, window_start, used
+FROM send_budgets
+-- used 0: a counter a send charged and gave back (budget_uncharge), as good as none.
+WHERE used > 0
+  AND ((budget = 'run_recipients')
+       OR (budget IN ('key_hourly', 'domain_hourly')
+           AND window_start = date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC'))
+       OR (budget = 'key_daily' AND window_start = date_trunc('day', coalesce(%(now)s::timestamptz, now()), 'UTC')))
+ORDER BY used DESC, budget, scope
+LIMIT %(limit)s;
+
+
+-- name: step_held_evidence
+-- The `held` evidence of a step written held: who enqueued it and why it waits. No to_status:
+-- ck_evidence_to_status (0001's status list) does not name `held`, and the step was never in
+-- another state (an enqueue's evidence has no transition).
+INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
+VALUES (%(id)s, %(run_id)s, 'held', %(actor)s, 'approval_required', %(detail)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()));
+
+
+-- name: known_recipients_add
+-- The first-contact rule's memory: a sender may mail these again without a hold.
+INSERT INTO known_recipients (sender, recipient, first_step_id, created_at)
+SELECT %(sender)s, k, %(step)s, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(keys)s::text[]) AS k
+ON CONFLICT DO NOTHING;
 
 
 -- name: step_claim

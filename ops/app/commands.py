@@ -47,9 +47,13 @@ from evq.ops.app.service import (
     LIST_LIMIT_MAX,
     MAX_ATTEMPTS_HELP,
     MAX_ID,
+    PRIORITY_HELP,
+    REQUIRE_APPROVAL_HELP,
+    SEND_AT_HELP,
 )
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.settings import OPTIONS, Option
+from evq.worker.approval import PRIORITIES
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission, Role
 from evq.worker.pruner import RETENTION_HELP
@@ -307,6 +311,9 @@ def _send_request() -> tuple[Param, ...]:
             example="In-Reply-To: <m1@example.org>",
         ),
         Param("max_attempts", type="integer", help=MAX_ATTEMPTS_HELP, example=3),
+        Param("require_approval", Kind.FLAG, help=REQUIRE_APPROVAL_HELP),
+        Param("send_at", metavar="ISO8601", help=SEND_AT_HELP, example="2026-05-01T09:00:00+02:00"),
+        Param("priority", enum=tuple(PRIORITIES), help=PRIORITY_HELP, example="high"),
     )
 
 

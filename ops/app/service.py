@@ -35,6 +35,7 @@ from evq.worker.enqueue import (
 )
 from evq.worker.errors import (
     AuthFailed,
+    BudgetExceeded,
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
@@ -85,6 +86,14 @@ DECISION_FIELDS: tuple[tuple[str, str], ...] = (
 )
 HEADERS_HELP = "Allowed header (In-Reply-To, References, ...); repeatable."
 MAX_ATTEMPTS_HELP = "Attempts for this step (default: EVQ_MAX_ATTEMPTS)."
+REQUIRE_APPROVAL_HELP = (
+    "Hold this send until a person approves it (status held; `evq steps approve`), whatever the policy."
+)
+SEND_AT_HELP = (
+    "Send no earlier than this instant: ISO 8601 with an offset (2026-05-01T09:00:00+02:00), at most 365 "
+    "days ahead; a past one is now."
+)
+PRIORITY_HELP = "high, normal (the default) or low: a higher priority is claimed first (a code before a newsletter)."
 
 # The filters `steps list` and bulk `steps resolve` share: (name, metavar, description).
 FILTERS: tuple[tuple[str, str | None, str], ...] = (
@@ -238,7 +247,17 @@ async def enqueue(
     # Who asked goes with the decision: the key's name and public id, never its secret.
     actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
     rest = [replace(v, actor=actor) for i, v in enumerate(valid) if i not in answered]
-    made = [] if not rest else [await store.enqueue(rest[0])] if len(valid) == 1 else await store.enqueue_many(rest)
+    try:
+        if not rest:
+            made = []
+        elif len(valid) == 1:
+            made = [await store.enqueue(rest[0], approval=policy.approval)]
+        else:
+            made = await store.enqueue_many(rest, approval=policy.approval)
+    except BudgetExceeded as exc:  # EVQ_BUDGET_ACTION=refuse: nothing was written or charged
+        if interface is not None:
+            await record_refusal(store, caller, interface, requests, exc)
+        raise
     # A step whose provider could never settle a lost answer says so (docs/design.md, "Provider profiles").
     results = [flag_ambiguity(r, v, policy) for r, v in zip(merge_answers(answered, made), valid, strict=True)]
     created = sum(1 for r in results if r.created)
@@ -948,8 +967,9 @@ def json_field_names(exc: InvalidRequest) -> InvalidRequest:
     """The same error with fields named as JSON names them (``--older-than`` -> ``older_than``),
     for the interfaces that take JSON rather than flags."""
     fields = [{**f, "field": _json_name(f["field"])} for f in exc.errors]
-    # E_UNRESOLVABLE keeps its code; every other field error is E_INVALID_ARG.
-    return (Unresolvable if isinstance(exc, Unresolvable) else InvalidRequest)(fields, hint=exc.hint)
+    # E_UNRESOLVABLE and E_BUDGET keep their codes; every other field error is E_INVALID_ARG.
+    kind = type(exc) if isinstance(exc, (Unresolvable, BudgetExceeded)) else InvalidRequest
+    return kind(fields, hint=exc.hint)
 
 
 def _json_name(name: str) -> str:
