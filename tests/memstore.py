@@ -512,6 +512,7 @@ class MemoryStore:
             "payload_sha256",
             "provider",
             "created_at",
+            "requested_sha256",
         )
         return {**{k: found[k] for k in keys}, "created": False}
 

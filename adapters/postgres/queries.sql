@@ -27,7 +27,7 @@ WITH t AS (
     FROM ids, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at
+              created_at, requested_sha256
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -40,12 +40,14 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.provider, step.created_at, true AS created
+       step.payload_sha256, step.provider, step.created_at, true AS created, step.requested_sha256
 FROM step
 CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
 UNION ALL
+-- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
+-- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, false
+       s.created_at, false, s.requested_sha256
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -98,7 +100,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
+       s.payload_sha256, s.provider, s.requested_sha256, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -110,7 +112,7 @@ LEFT JOIN LATERAL (
 
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at,
-       false AS created
+       false AS created, requested_sha256
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC

@@ -106,3 +106,35 @@ async def test_expire_held_closes_those_past_their_expiry_and_tells_notify(any_s
     assert (await row(any_store, later.id))["status"] == "held"
     assert (await row(any_store, never.id))["status"] == "held"
     assert await any_store.expire_held(limit=10, actor="expirer", now=T0 + timedelta(days=30)) == 1
+
+
+async def test_the_agents_retry_of_its_original_request_still_gets_the_corrected_step(any_store):
+    asked = valid(run_id="r-rt", step_id="rt")
+    made = await any_store.enqueue(asked, now=T0)
+    await _hold(any_store, made.id)
+    s = await row(any_store, made.id)
+    edit = edited(s["payload"], s["provider"], {"text": "Corrected body"}, POLICY, from_sha256=s["payload_sha256"])
+    await any_store.approve(made.id, actor="ada", note="fixed the body", edit=edit, now=at(1))
+    again = await any_store.enqueue(asked, now=at(2))
+    assert (again.id, again.created, again.message_id) == (made.id, False, made.message_id)
+    found = await any_store.find_by_key(asked)
+    assert found is not None and found["requested_sha256"] == asked.payload_sha256
+    # A request that is neither the agent's nor the corrected one is still refused.
+    from evq.worker.errors import IdempotencyConflict
+
+    with pytest.raises(IdempotencyConflict):
+        await any_store.enqueue(valid(run_id="r-rt", step_id="rt", text="a third body"), now=at(3))
+
+
+async def _hold(store, step_id: int) -> None:
+    """Make an enqueued step held as held_steps does (owner role / the memstore's row)."""
+    from datetime import UTC, datetime
+
+    if hasattr(store, "steps"):
+        store.steps[step_id].update(status="held", reason="approval_required", held_since=datetime.now(UTC))
+        return
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = now() WHERE id = %s",
+            (step_id,),
+        )
