@@ -66,6 +66,7 @@ from evq.worker.approval import (
     sender_of,
     static_holds,
 )
+from evq.worker.approvals import not_cancellable, not_held
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
@@ -73,7 +74,7 @@ from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidReque
 from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
-from evq.worker.ports import DeliveryRecorded, StepFilter
+from evq.worker.ports import Decided, DeliveryRecorded, Edit, StepFilter
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -115,7 +116,7 @@ EVIDENCE_KINDS = frozenset(
         "notice_enqueued",
         "content_redacted",
         "delivery_event",
-        # 0018
+        # 0018: the held lifecycle.
         "held",
         "approved",
         "denied",
@@ -285,6 +286,7 @@ class MemoryStore:
         self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
         self.send_budgets: dict[tuple[str, str, datetime], int] = {}  # (budget, scope, window) -> used
+        # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
         self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
 
     async def close(self) -> None:
@@ -622,6 +624,7 @@ class MemoryStore:
             "provider",
             "created_at",
             "hold",
+            "requested_sha256",
         )
         return {**{k: found[k] for k in keys}, "created": False}
 
@@ -1733,6 +1736,181 @@ class MemoryStore:
             max_attempts_before=cur["max_attempts"],
             max_attempts_after=s["max_attempts"],
         )
+
+    # -- the held lifecycle (worker/ports/approvals.py) -------------------------------
+
+    def _held_step(self, step_id: int, hint: str) -> dict[str, Any]:
+        s = self.steps.get(step_id)
+        if s is None:
+            raise NotFound(f"no step with id {step_id}", hint=hint)
+        return s
+
+    @staticmethod
+    def _current(s: Mapping[str, Any]) -> dict[str, Any]:
+        return {"current_status": s["status"], "current_reason": s["reason"]}
+
+    async def approve(
+        self, step_id: int, *, actor: str, note: str, edit: Edit | None = None, now: datetime | None = None
+    ) -> Decided:
+        at = await self._op("approve", now)
+        s = self._held_step(step_id, "`evq steps list --status held` shows the held ids")
+        if s["status"] != "held":
+            raise not_held(step_id, self._current(s), "approved")
+        if edit is not None and s["payload_sha256"] != edit.from_sha256:
+            raise StateConflict(
+                f"step {step_id}'s request changed since it was read; nothing was approved",
+                context={"id": step_id, "status": s["status"], "payload_sha256": s["payload_sha256"]},
+            )
+        before = copy.deepcopy(s)
+        changes: dict[str, Any] = {}
+        if edit is not None and edit.payload_sha256 != s["payload_sha256"]:
+            changes = {
+                "payload": json.loads(edit.payload_json),
+                "payload_sha256": edit.payload_sha256,
+                "requested_sha256": s["requested_sha256"] or s["payload_sha256"],
+            }
+        self._update(
+            s,
+            status="pending",
+            reason="approved",
+            detail=note,
+            held_since=None,
+            hold_expires_at=None,
+            next_attempt_at=max(s["send_at"] or at, at),
+            updated_at=at,
+            **changes,
+        )
+        ev = self._insert_evidence(
+            step_id=step_id,
+            run_id=s["run_id"],
+            attempt=s["attempts"],
+            kind="approved",
+            actor=actor,
+            from_status="held",
+            to_status="pending",
+            reason="approved",
+            detail={
+                "note": note,
+                "edited": s["payload_sha256"] != before["payload_sha256"],
+                "from_sha256": before["payload_sha256"],
+                "to_sha256": s["payload_sha256"],
+                "fields": list(edit.fields) if edit else [],
+                "held_since": before["held_since"],
+                "hold_expires_at": before["hold_expires_at"],
+                "hold": before["hold"],
+            },
+            created_at=at,
+        )
+        assert ev is not None
+        sender = s["payload"]["from"]["email"].lower()
+        for key in ("to", "cc", "bcc"):
+            for r in s["payload"][key]:
+                email = r["email"].lower()
+                for recipient in (email, "@" + email.rsplit("@", 1)[1]):
+                    self.known_recipients.setdefault((sender, recipient), step_id)
+        metrics.labelled(metrics.APPROVALS, "approved").inc()
+        return Decided(
+            step_id=step_id,
+            run_id=s["run_id"],
+            from_status=Status.HELD,
+            to_status=Status.PENDING,
+            reason="approved",
+            evidence_id=ev["id"],
+            decided_at=at,
+            payload_sha256=s["payload_sha256"],
+            requested_sha256=s["requested_sha256"],
+        )
+
+    def _close(self, s: dict[str, Any], *, kind: str, reason: str, actor: str, detail: Any, at: datetime) -> int:
+        before = dict(s)
+        self._update(
+            s,
+            status="rejected",
+            reason=reason,
+            detail=detail if isinstance(detail, str) or detail is None else None,
+            held_since=None,
+            hold_expires_at=None,
+            closed_at=at,
+            updated_at=at,
+        )
+        ev = self._insert_evidence(
+            step_id=s["id"],
+            run_id=s["run_id"],
+            attempt=s["attempts"],
+            kind=kind,
+            actor=actor,
+            from_status=before["status"],
+            to_status="rejected",
+            reason=reason,
+            detail=detail if isinstance(detail, dict) else {"note": detail, "held_since": before["held_since"]},
+            created_at=at,
+        )
+        assert ev is not None
+        metrics.observe_closed(s["created_at"], at)
+        return int(ev["id"])
+
+    def _decided(self, s: Mapping[str, Any], from_status: str, evidence_id: int, at: datetime) -> Decided:
+        return Decided(
+            step_id=s["id"],
+            run_id=s["run_id"],
+            from_status=Status(from_status),
+            to_status=Status.REJECTED,
+            reason=s["reason"],
+            evidence_id=evidence_id,
+            decided_at=at,
+            payload_sha256=s["payload_sha256"],
+            requested_sha256=s["requested_sha256"],
+        )
+
+    async def deny(self, step_id: int, *, actor: str, note: str, now: datetime | None = None) -> Decided:
+        at = await self._op("deny", now)
+        s = self._held_step(step_id, "`evq steps list --status held` shows the held ids")
+        if s["status"] != "held":
+            raise not_held(step_id, self._current(s), "denied")
+        held = {"note": note, "held_since": s["held_since"], "hold_expires_at": s["hold_expires_at"], "hold": s["hold"]}
+        evidence_id = self._close(s, kind="denied", reason="denied", actor=actor, detail=held, at=at)
+        s["detail"] = note
+        self._enqueue_notices([step_id], actor=actor, at=at)
+        metrics.labelled(metrics.APPROVALS, "denied").inc()
+        return self._decided(s, "held", evidence_id, at)
+
+    async def cancel(self, step_id: int, *, actor: str, note: str | None, now: datetime | None = None) -> Decided:
+        at = await self._op("cancel", now)
+        s = self._held_step(step_id, "`evq steps list` shows the ids")
+        if s["status"] not in ("held", "pending", "retryable") or s["maybe_delivered"]:
+            raise not_cancellable(step_id, self._current(s))
+        previous = {
+            "status": s["status"],
+            "reason": s["reason"],
+            "attempts": s["attempts"],
+            "held_since": s["held_since"],
+        }
+        from_status = s["status"]
+        evidence_id = self._close(
+            s, kind="cancelled", reason="cancelled", actor=actor, detail={"note": note, "previous": previous}, at=at
+        )
+        s["detail"] = note
+        metrics.labelled(metrics.APPROVALS, "cancelled").inc()
+        return self._decided(s, from_status, evidence_id, at)
+
+    async def expire_held(self, *, limit: int, actor: str, now: datetime | None = None) -> int:
+        at = await self._op("expire_held", now)
+        due = sorted(
+            (
+                s
+                for s in self.steps.values()
+                if s["status"] == "held" and s["hold_expires_at"] is not None and s["hold_expires_at"] <= at
+            ),
+            key=lambda s: (s["hold_expires_at"], s["id"]),
+        )[:limit]
+        message = "no one approved it before it expired"
+        for s in due:
+            detail = {"message": message, "held_since": s["held_since"], "hold_expires_at": s["hold_expires_at"]}
+            self._close(s, kind="hold_expired", reason="approval_expired", actor=actor, detail=detail, at=at)
+            s["detail"] = message
+        self._enqueue_notices([s["id"] for s in due], actor=actor, at=at)
+        metrics.labelled(metrics.APPROVALS, "expired").inc(len(due))
+        return len(due)
 
     # -- API keys (worker/keys.py) ----------------------------------------------------
 

@@ -39,7 +39,7 @@ WITH t AS (
     FROM ids, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at, hold
+              created_at, hold, requested_sha256
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -52,12 +52,14 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.provider, step.created_at, step.hold, true AS created
+       step.payload_sha256, step.provider, step.created_at, step.hold, true AS created, step.requested_sha256
 FROM step
 LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
+-- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
+-- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, s.hold, false
+       s.created_at, s.hold, false, s.requested_sha256
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -113,7 +115,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.payload_sha256, s.provider, s.hold, (SELECT count(*) FROM wake) AS woke
+       s.payload_sha256, s.provider, s.hold, s.requested_sha256, (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -125,7 +127,7 @@ LEFT JOIN LATERAL (
 
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, provider, created_at, hold,
-       false AS created
+       false AS created, requested_sha256
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
@@ -1193,6 +1195,184 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;
+
+
+-- name: step_approve
+-- A person's approval of a held send (issue 17): held -> pending, reason approved, the
+-- same key and Message-ID, and its `approved` evidence (the approver, their note, both
+-- hashes) in one statement guarded by status = 'held' (FOR UPDATE: a second approver, or
+-- the expiry pass, waits and then finds it no longer held: E_CONFLICT). With a correction
+-- (%(payload)s, validated by the caller as at enqueue) the payload and its hash change and
+-- requested_sha256 keeps the agent's own hash (the step guard allows exactly this, 0018);
+-- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
+-- It is due at once, or at send_at when that is later. Its recipients become known to the
+-- sender (address and @domain), so the first-contact rule does not hold the next send to them.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.requested_sha256, s.held_since,
+           s.hold_expires_at, s.hold
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'pending',
+        reason = 'approved',
+        detail = %(note)s,
+        payload = coalesce(%(payload)s::jsonb, s.payload),
+        payload_sha256 = coalesce(%(payload_sha256)s, s.payload_sha256),
+        requested_sha256 = CASE WHEN %(payload_sha256)s::text IS NOT NULL AND %(payload_sha256)s <> s.payload_sha256
+                                THEN coalesce(s.requested_sha256, s.payload_sha256)
+                                ELSE s.requested_sha256 END,
+        held_since = NULL,
+        hold_expires_at = NULL,
+        next_attempt_at = greatest(coalesce(s.send_at, t.now), t.now),
+        updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'held'
+      AND (%(from_sha256)s::text IS NULL OR cur.payload_sha256 = %(from_sha256)s)
+    RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'approved', %(actor)s, 'held', 'pending', 'approved',
+           jsonb_build_object(
+               'note', %(note)s::text,
+               'edited', d.payload_sha256 <> cur.payload_sha256,
+               'from_sha256', cur.payload_sha256,
+               'to_sha256', d.payload_sha256,
+               'fields', %(fields)s::jsonb,
+               'held_since', cur.held_since,
+               'hold_expires_at', cur.hold_expires_at,
+               'hold', cur.hold),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+), known AS (
+    INSERT INTO known_recipients (sender, recipient, first_step_id, created_at)
+    SELECT DISTINCT lower(d.payload -> 'from' ->> 'email'), k.recipient, d.id, d.at
+    FROM done d
+    CROSS JOIN LATERAL jsonb_array_elements((d.payload -> 'to') || (d.payload -> 'cc') || (d.payload -> 'bcc')) r
+    CROSS JOIN LATERAL (VALUES (lower(r ->> 'email')), ('@' || lower(split_part(r ->> 'email', '@', 2)))) k(recipient)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       cur.payload_sha256 AS current_sha256, done.id IS NOT NULL AS changed, done.payload_sha256,
+       done.requested_sha256, ev.id AS evidence_id, ev.created_at AS decided_at,
+       CASE WHEN done.id IS NOT NULL THEN pg_notify('evq_steps', done.provider)::text IS NULL
+            ELSE false END AS woke,
+       (SELECT count(*) FROM known) AS learned
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: step_deny
+-- A person's denial of a held send: held -> rejected, reason denied, closed, with its
+-- `denied` evidence, in one statement guarded by status = 'held'. The caller enqueues
+-- the notice to `notify` in the same transaction (notice_candidates); the key_events
+-- trigger (0015) puts the rejection in the enqueuing key's feed.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.held_since, s.hold_expires_at, s.hold
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'denied', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
+        closed_at = t.now, updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'held'
+    RETURNING s.id, s.run_id, s.attempts, s.payload_sha256, s.created_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'denied', %(actor)s, 'held', 'rejected', 'denied',
+           jsonb_build_object('note', %(note)s::text, 'held_since', cur.held_since,
+                              'hold_expires_at', cur.hold_expires_at, 'hold', cur.hold),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       done.id IS NOT NULL AS changed, cur.payload_sha256, done.created_at, ev.id AS evidence_id,
+       ev.created_at AS decided_at
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: step_cancel
+-- The agent's (or an operator's) cancel of a send not yet sent: held, pending, or
+-- retryable that cannot have been delivered (maybe_delivered false) -> rejected, reason
+-- cancelled, with its `cancelled` evidence, in one statement. FOR UPDATE waits for a
+-- claim under way: a step a worker claimed first is in_flight and is left alone (the
+-- caller says so); the claim's SKIP LOCKED passes over a row this statement holds, so a
+-- cancelled step is never claimed.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.maybe_delivered, s.attempts, s.held_since
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'cancelled', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
+        closed_at = t.now, updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status IN ('held', 'pending', 'retryable') AND NOT cur.maybe_delivered
+    RETURNING s.id, s.run_id, s.attempts, s.created_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'cancelled', %(actor)s, cur.status, 'rejected', 'cancelled',
+           jsonb_build_object('note', %(note)s::text, 'previous', jsonb_build_object(
+               'status', cur.status, 'reason', cur.reason, 'attempts', cur.attempts, 'held_since', cur.held_since)),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       cur.maybe_delivered, done.id IS NOT NULL AS changed, cur.payload_sha256, done.created_at,
+       ev.id AS evidence_id, ev.created_at AS decided_at
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: steps_expire_held
+-- The worker's expiry pass (worker/approvals.py): held sends past hold_expires_at ->
+-- rejected, reason approval_expired, with `hold_expired` evidence, a batch at a time;
+-- SKIP LOCKED keeps two workers (and an approver holding a row) apart. The caller
+-- enqueues their notices in the same transaction.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), due AS (
+    SELECT s.id, s.held_since, s.hold_expires_at
+    FROM email_steps s, t
+    WHERE s.status = 'held' AND s.hold_expires_at <= t.now
+    ORDER BY s.hold_expires_at, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'approval_expired', detail = 'no one approved it before it expired',
+        held_since = NULL, hold_expires_at = NULL, closed_at = t.now, updated_at = t.now
+    FROM due, t
+    WHERE s.id = due.id AND s.status = 'held'
+    RETURNING s.id, s.run_id, s.attempts, s.created_at, due.held_since, due.hold_expires_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'hold_expired', %(actor)s, 'held', 'rejected', 'approval_expired',
+           jsonb_build_object('message', 'no one approved it before it expired',
+                              'held_since', d.held_since, 'hold_expires_at', d.hold_expires_at),
+           d.at
+    FROM done d
+    RETURNING step_id
+)
+SELECT d.id, d.created_at, d.at FROM done d JOIN ev ON ev.step_id = d.id;
 
 
 -- name: snapshot_read

@@ -420,6 +420,9 @@ BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "pee
 _PROCESS = "it runs a process on this machine (or for as long as it runs); a request cannot start or hold one"
 _DATABASE = "it needs the database's own credentials, not an API key, so it is run where the database is"
 
+# STEP_ID of the commands that act on one step.
+_STEP_ID = Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1)
+
 _TABLE: tuple[Command, ...] = (
     Command(
         "admin.health",
@@ -1131,6 +1134,100 @@ _TABLE: tuple[Command, ...] = (
         risk=Risk.HIGH,
         confirm=True,
         http=(Route("POST", "/v1/steps/resolve"), Route("POST", "/v1/steps/{step_id}/resolve", "by_step_id")),
+        mcp=True,
+    ),
+    Command(
+        "steps.approve",
+        "Approve a held send: it becomes pending with the same key and Message-ID, and a worker sends it.",
+        "Approve a held send: it becomes pending with the same key and Message-ID, and a "
+        "worker sends it (at its send_at, if later). Only a held step can be approved "
+        "(exit 3 otherwise); an agent key never can (exit 4).\n\n"
+        "--subject, --text and --html correct the message before it goes: a new request, "
+        "validated as an enqueue is, with a new hash; the agent's hash is kept "
+        "(requested_sha256), its retry still finds the step, and the evidence shows both. "
+        "The recipients become known to the sender (the first-contact rule).",
+        Effect.SEND,
+        (
+            _STEP_ID,
+            Param(
+                "note",
+                required=True,
+                example="checked with the account owner",
+                help="Why: what you checked (kept in the evidence with your key's name).",
+            ),
+            Param("subject", metavar="TEXT", help="Correct the subject before it is sent."),
+            Param("text", metavar="TEXT", help="Correct the plain-text body before it is sent."),
+            Param("html", metavar="HTML", help="Correct the HTML body before it is sent."),
+            DRY_RUN,
+            api_key(Permission.APPROVE),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.APPROVE,
+        examples=(
+            'evq steps approve 42 --note "checked with the account owner" --dry-run',
+            'evq steps approve 42 --note "fixed the greeting" --subject "Your invoice"',
+        ),
+        use_when="a person read a held send (`steps list --status held`, `steps show`) and it should go out",
+        avoid_when="you are the agent that asked for it: an agent key never approves; wait, or cancel it",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/approve"),),
+        mcp=True,
+    ),
+    Command(
+        "steps.deny",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and its notify is told.",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and its "
+        "notify address is told. Only a held step can be denied (exit 3 otherwise); an "
+        "agent key never can (exit 4).",
+        Effect.WRITE,
+        (
+            _STEP_ID,
+            Param(
+                "note",
+                required=True,
+                example="not to this customer",
+                help="Why (kept in the evidence, and the agent's feed shows it).",
+            ),
+            DRY_RUN,
+            api_key(Permission.APPROVE),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.APPROVE,
+        examples=('evq steps deny 42 --note "not to this customer"',),
+        use_when="a person read a held send and it must not go out",
+        avoid_when="the message only needs a correction: `steps approve` with --subject/--text/--html",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/deny"),),
+        mcp=True,
+    ),
+    Command(
+        "steps.cancel",
+        "Cancel a send not yet sent (held, pending, or retryable that cannot have gone out): it is never sent.",
+        "Cancel a send not yet sent (held, pending, or retryable that cannot have gone "
+        "out): it is closed rejected (reason cancelled) and never sent. The key that "
+        "enqueued it may cancel it, and any operator or admin key. A step a worker is "
+        "sending (in_flight) cannot be cancelled, nor one that may have been delivered "
+        "(exit 3: an operator resolves that with `steps resolve`).",
+        Effect.WRITE,
+        (
+            _STEP_ID,
+            Param("note", example="the customer replied first", help="Why (kept in the evidence)."),
+            DRY_RUN,
+            api_key(Permission.CANCEL),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.CANCEL,
+        examples=('evq steps cancel 42 --note "the customer replied first"',),
+        use_when="a queued, scheduled or held send should not go out after all",
+        avoid_when="the step is unknown or in flight: it may already be delivered; `steps show` says what to do",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/cancel"),),
         mcp=True,
     ),
     Command(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import click
 
 # Each module adds its commands to its group (ops/cli/admin.py's, ops/cli/steps.py's...).
-from evq.ops.cli import bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
+from evq.ops.cli import approvals, bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
 from evq.ops.cli.admin import admin
 from evq.ops.cli.deliveries import deliveries
 from evq.ops.cli.events import events
@@ -48,6 +48,7 @@ def cli() -> None:
     Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
     Deliveries:   evq deliveries list [--unmatched]   (what providers' webhooks said: delivered, bounced...)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
+    Approve:      evq steps list --status held ; evq steps approve|deny ID --note "..." ; evq steps cancel ID
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
     Every command is `evq <noun> <verb>`; the older spellings (`evq enqueue`, `evq db upgrade`,

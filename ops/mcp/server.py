@@ -26,7 +26,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from evq.ops.app import service
+from evq.ops.app import approvals, service
 from evq.ops.app.commands import command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.health import check_health
@@ -140,6 +140,11 @@ def resolve_schema() -> dict[str, Any]:
     return command_input("steps.resolve", defaults={"dry_run": True})
 
 
+def held_schema(path: str) -> dict[str, Any]:
+    # Like evq_steps_resolve, a tool that decides a send dry-runs unless told not to.
+    return command_input(path, defaults={"dry_run": True})
+
+
 def build_server(store: Any, settings: Settings, api_key: str | None, *, health: Any) -> MCPServer:
     """The MCP server over an open store; ``api_key`` is the server's own (from its environment);
     ``health`` the HealthReader of ``evq_admin_health`` (ops/wiring.py's health_reader), which
@@ -213,6 +218,21 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             store, caller(), resolution, selection, default_max_attempts=settings.max_attempts, dry_run=a["dry_run"]
         )
 
+    async def approve(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.approve"), args)
+        edits = {k: a[k] for k in ("subject", "text", "html") if a.get(k) is not None}
+        return await approvals.approve(
+            store, caller(), a["step_id"], note=a["note"], edits=edits or None, dry_run=a["dry_run"], policy=policy
+        )
+
+    async def deny(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.deny"), args)
+        return await approvals.deny(store, caller(), a["step_id"], note=a["note"], dry_run=a["dry_run"])
+
+    async def cancel(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.cancel"), args)
+        return await approvals.cancel(store, caller(), a["step_id"], note=a["note"], dry_run=a["dry_run"])
+
     async def health_check(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(command_input("admin.health"), args)
         return await check_health(health, caller(), store)
@@ -267,6 +287,31 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             "no step (operator or admin). A step's own latest state is `delivery` in evq_steps_show.",
             deliveries_schema(),
             deliveries,
+        ),
+        _tool(
+            "steps.cancel",
+            "Cancel a send of yours not yet sent (held, pending, or retryable that cannot have gone out): it is "
+            "closed rejected (reason cancelled) and never sent. In flight, or possibly delivered: refused "
+            "(E_CONFLICT). Dry-runs unless dry_run is false.",
+            held_schema("steps.cancel"),
+            cancel,
+        ),
+        # Approving and denying need an operator or admin key: with an agent's key (the usual
+        # MCP server's) they answer E_FORBIDDEN, so an agent can never approve its own send.
+        _tool(
+            "steps.approve",
+            "Approve a held send (operator or admin key only; an agent key is refused): it becomes pending with "
+            "the same key and Message-ID and is sent. subject/text/html correct it first. Dry-runs unless "
+            "dry_run is false.",
+            held_schema("steps.approve"),
+            approve,
+        ),
+        _tool(
+            "steps.deny",
+            "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
+            "Dry-runs unless dry_run is false.",
+            held_schema("steps.deny"),
+            deny,
         ),
     ]
     tools.insert(
