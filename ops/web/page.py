@@ -42,7 +42,7 @@ FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
 OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
 PAGE_SIZE = 100
 HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decision), so fewer a page
-# The steps a person may still stop before a worker claims them (docs/design.md, "Cancel, schedule, priority").
+# The steps a person may still stop before a worker claims them (docs/design.md, "Approvals and budgets").
 CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
 DONE = {
     "approved": "Approved: the send is pending and goes out with the same key and Message-ID.",
