@@ -104,6 +104,30 @@ def expires_in(when: Any) -> str:
 
 env.filters["expires_in"] = expires_in
 
+ADDRESS_HEADERS = (("to", "To"), ("cc", "Cc"), ("bcc", "Bcc"), ("reply_to", "Reply-To"))
+
+
+def _address(a: Any) -> str:
+    return f"{a['email']} ({a['name']})" if a.get("name") else str(a["email"])
+
+
+def header_lines(step: Any) -> list[str]:
+    """The message's headers as it would go out, one line each (the template escapes them)."""
+    p = step["payload"]
+    lines = [f"From: {_address(p['from'])}"]
+    lines += [f"{label}: {', '.join(_address(a) for a in p[k])}" for k, label in ADDRESS_HEADERS if p.get(k)]
+    lines += [f"Subject: {p.get('subject') or ''}", f"Message-ID: {step['message_id']}"]
+    lines += [f"{name}: {value}" for name, value in (p.get("headers") or {}).items()]
+    return lines
+
+
+def recipients(step: Any) -> list[str]:
+    return [a["email"] for k in ("to", "cc", "bcc") for a in step["payload"].get(k) or []]
+
+
+env.filters["header_lines"] = header_lines
+env.filters["recipients"] = recipients
+
 
 class Redirect(Exception):
     def __init__(self, url: str):

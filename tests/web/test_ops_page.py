@@ -383,6 +383,7 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
         )
     )
     assert shown == {
+        "held": "0",
         "pending": "1",
         "in_flight": "0",
         "retryable": "0",
