@@ -28,9 +28,9 @@ class StepFilter:
 
 class EnqueueStore(Protocol):
     """``approval``: the policy each *new* step is judged by, in the enqueue's transaction
-    (held, charged against the budgets, or refused with E_BUDGET; docs/design.md, "Approvals
-    and budgets"). A held send charges no budget; its approval (a person's decision) charges
-    none either. A repeat of a stored key is answered as its row is."""
+    (held, charged against the budgets, or refused with E_BUDGET). See docs/design.md,
+    "Approvals and budgets". A held send charges no budget; its approval (a person's decision)
+    charges none either. A repeat of a stored key is answered as its row is."""
 
     async def enqueue(
         self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
