@@ -44,6 +44,13 @@ class EnqueueStore(Protocol):
         approval: ApprovalPolicy = ApprovalPolicy(),
     ) -> list[EnqueueResult]: ...
 
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The holds (HoldRule dicts) the policy would give this request as a new step, read
+        without writing (a dry run); [] when it would go out on its own."""
+        ...
+
     async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The budget counters of the current windows, most used first (`evq policy show`)."""
         ...
