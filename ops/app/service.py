@@ -866,6 +866,31 @@ async def list_providers(store: AppStore, caller: Caller, settings: Settings) ->
     return Reply(data, meta)
 
 
+# -- the approval policy (worker/approval.py) ----------------------------------
+
+POLICY_USAGE_LIMIT = 20
+
+
+async def show_policy(store: AppStore, caller: Caller, settings: Settings) -> Reply:
+    """The approval policy (ApprovalPolicy.describe()) and the budget counters of the current
+    windows, most used first (at most POLICY_USAGE_LIMIT: meta.usage_shown says how many)."""
+    await caller.identify(store, Permission.READ)
+    policy = settings.approval_policy()
+    caps = {b.value: cap for b, cap in policy.budgets}
+    usage = [
+        {
+            "budget": r["budget"],
+            "scope": r["scope"],
+            "window_start": r["window_start"],
+            "used": r["used"],
+            "cap": caps.get(r["budget"]),
+        }
+        for r in await store.budget_usage(limit=POLICY_USAGE_LIMIT)
+    ]
+    data = {**policy.describe(), "active": policy.active, "usage": usage}
+    return Reply(data, {"usage_shown": len(usage), "usage_limit": POLICY_USAGE_LIMIT})
+
+
 # -- operators ----------------------------------------------------------------
 
 
