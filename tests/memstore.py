@@ -443,28 +443,7 @@ class MemoryStore:
         of a stored key answered as its row is, charging nothing."""
         if self._holder(request) is not None:
             return self._enqueue(request, at)
-        sender = sender_of(request.payload)
-        keys = contact_keys(approval, request.recipients)
-        known = [k for k in keys if (sender, k) in self.known_recipients]
-        when = max(at, request.send_at) if request.send_at is not None else at
-        holds = static_holds(
-            approval, recipients=len(request.recipients), now=when, requested=request.require_approval
-        ) + contact_holds(approval, keys, known)
-        charges = []
-        if not holds:
-            name = request.actor.name if request.actor else None
-            charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at)
-            # Check, then charge: nothing here interleaves (the store's row locks, in PostgreSQL).
-            for charge in charges:
-                budget, scope, window, amount, cap = charge
-                used = self.send_budgets.get((budget, scope, window), 0)
-                if used + amount > cap:
-                    over = budget_hold(charge, used)
-                    if approval.over_budget is OverBudget.REFUSE:
-                        raise budget_refusal(over)
-                    holds.append(over)
-                    charges = []
-                    break
+        holds, charges = self._judge(request, at, approval, refuse=True)
         hold = {"rules": holds} if holds else None
         result = self._enqueue(request, at, hold=hold, expires=approval.expires_after)
         for budget, scope, window, amount, _cap in charges:
@@ -483,8 +462,40 @@ class MemoryStore:
             )
         else:
             for k in memory_keys(request.recipients):
-                self.known_recipients.setdefault((sender, k), result.id)
+                self.known_recipients.setdefault((sender_of(request.payload), k), result.id)
         return result
+
+    def _judge(
+        self, request: ValidRequest, at: datetime, approval: ApprovalPolicy, *, refuse: bool
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str, datetime, int, int]]]:
+        """The holds the policy gives a new step, and the budget charges it would make (none when held)."""
+        sender = sender_of(request.payload)
+        keys = contact_keys(approval, request.recipients)
+        known = [k for k in keys if (sender, k) in self.known_recipients]
+        when = max(at, request.send_at) if request.send_at is not None else at
+        holds = static_holds(
+            approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+        ) + contact_holds(approval, keys, known)
+        if holds:
+            return holds, []
+        name = request.actor.name if request.actor else None
+        charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at)
+        # Check, then charge: nothing here interleaves (the counters' row locks, in PostgreSQL).
+        for charge in charges:
+            budget, scope, window, amount, cap = charge
+            used = self.send_budgets.get((budget, scope, window), 0)
+            if used + amount > cap:
+                over = budget_hold(charge, used)
+                if refuse and approval.over_budget is OverBudget.REFUSE:
+                    raise budget_refusal(over)
+                return [over], []
+        return [], charges
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        at = await self._op("preview_holds", now)
+        return self._judge(request, at, approval, refuse=False)[0]
 
     def _holder(self, request: ValidRequest) -> dict[str, Any] | None:
         """step_get_by_key: the row holding the key, else the run and step ids."""

@@ -245,6 +245,31 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     return result_from_row(row)
 
 
+def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | None = None) -> Op:
+    """What :func:`gated_op` would hold a new step for, read without writing or locking (a
+    dry run): the same rules, the budgets as they stand. A concurrent enqueue may change
+    the answer; the real enqueue decides."""
+    sender = sender_of(request.payload)
+    keys = contact_keys(approval, request.recipients)
+    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
+    at: datetime = context["now"]
+    when = max(at, request.send_at) if request.send_at is not None else at
+    holds = static_holds(
+        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+    ) + contact_holds(approval, keys, context["known"])
+    if not holds:
+        name = request.actor.name if request.actor else None
+        for charge in budget_charges(
+            approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at
+        ):
+            budget, scope, window_start, amount, cap = charge
+            [used] = yield Q["budget_used"], {"budget": budget, "scope": scope, "window_start": window_start}
+            if used["used"] + amount > cap:
+                holds.append(budget_hold(charge, used["used"]))
+                break
+    return holds
+
+
 def _uncharge(charged: Sequence[Mapping[str, Any]]) -> Op:
     for params in reversed(charged):
         yield Q["budget_uncharge"], params

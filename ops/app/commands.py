@@ -395,6 +395,7 @@ GROUPS: dict[str, str] = {
     "deliveries": "What providers' webhooks said became of each message: delivered, deferred, bounced, complained.",
     "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
+    "policy": "The approval policy: which sends wait for a person, and the blast-radius budgets.",
     "providers": "The email providers evq sends through, and their circuits.",
     "refusals": "Enqueues evq refused: what agents asked, by which key, and every failing field.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
@@ -777,7 +778,7 @@ _TABLE: tuple[Command, ...] = (
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_admin_health (call it first), evq_steps_enqueue, evq_steps_show, "
-        "evq_steps_list, evq_runs_show, evq_providers_list, evq_events_list, evq_deliveries_list, and evq_steps_resolve with "
+        "evq_steps_list, evq_runs_show, evq_providers_list, evq_policy_show, evq_events_list, evq_deliveries_list, and evq_steps_resolve with "
         "EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
@@ -791,6 +792,22 @@ _TABLE: tuple[Command, ...] = (
         avoid_when="running by hand: it speaks the MCP protocol on stdin and stdout",
         risk=Risk.MEDIUM,
         local_only=_PROCESS,
+    ),
+    Command(
+        "policy.show",
+        "Show the approval policy and how much of each blast-radius budget the current windows used.",
+        "Show the approval policy this installation enqueues under (EVQ_APPROVAL_*, EVQ_BUDGET_*): "
+        "whether every send is held, the first-contact rule (off, address or domain), the recipient "
+        "cap, the allowed hours and weekdays in their time zone, how long a held send waits before it "
+        "expires, each budget's cap and what a send over one gets (hold or refuse); and the budgets' "
+        "counters in their current windows (a run's over its life, a key's this hour and this UTC day, "
+        "a domain's this hour), most used first. A request's require_approval holds it whatever the policy.",
+        Effect.READ,
+        (OUTPUT, DATABASE_URL),
+        use_when="before a batch: will these sends be held, and how much budget is left?",
+        avoid_when="asking why one send is held: `steps show` has its hold and evidence",
+        http=(Route("GET", "/v1/policy"),),
+        mcp=True,
     ),
     Command(
         "providers.list",

@@ -21,6 +21,7 @@ from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, STATUS_LABELS, label
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker import metrics
+from evq.worker.approval import gated
 from evq.worker.delivery import DELIVERY_TYPES, DeliveryEvent
 from evq.worker.enqueue import (
     ambiguity,
@@ -230,8 +231,10 @@ async def enqueue(
             await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
         raise
     if dry_run:
-        await caller.identify(store, Permission.READ)
-        plan = [await _plan(store, v, policy) for v in valid]
+        who = await caller.identify(store, Permission.READ)
+        # The key budgets count per key: a dry run's verdict is for the key that asked.
+        actor = Actor(interface=caller.interface, key_id=who.key_id, name=who.name) if who else None
+        plan = [await _plan(store, replace(v, actor=actor) if actor else v, policy) for v in valid]
         # The refusal the real run would answer (a new step through an unresolvable provider).
         held = {i for i in must_look_up(valid, policy) if plan[i]["existing_id"] is not None}
         refuse = lambda: refuse_unresolvable(valid, policy, indexed=len(valid) > 1, held=held)  # noqa: E731
@@ -326,7 +329,13 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
         "ambiguity": flag,
         "ambiguity_hint": AMBIGUITY_HINTS.get(flag) if flag else None,
     }
-    if row is not None:
+    if row is None:
+        # The policy's verdict on it as a new step, read as the counters stand now: the real
+        # enqueue decides under their locks (a concurrent send may use a budget first).
+        holds = await store.preview_holds(request, policy.approval) if gated(policy.approval, [request]) else []
+        plan["hold"] = {"rules": holds} if holds else None
+    else:
+        plan["hold"] = row.get("hold")
         try:
             held = flag_ambiguity(existing_or_conflict({**row, "created": False}, request), request, policy)
             # Answered as the row is: the ambiguity of its provider.
@@ -855,6 +864,31 @@ async def list_providers(store: AppStore, caller: Caller, settings: Settings) ->
         "unresolvable": sum(1 for d in data if d["profile"] is not None and not d["profile"]["resolvable"]),
     }
     return Reply(data, meta)
+
+
+# -- the approval policy (worker/approval.py) ----------------------------------
+
+POLICY_USAGE_LIMIT = 20
+
+
+async def show_policy(store: AppStore, caller: Caller, settings: Settings) -> Reply:
+    """The approval policy (ApprovalPolicy.describe()) and the budget counters of the current
+    windows, most used first (at most POLICY_USAGE_LIMIT: meta.usage_shown says how many)."""
+    await caller.identify(store, Permission.READ)
+    policy = settings.approval_policy()
+    caps = {b.value: cap for b, cap in policy.budgets}
+    usage = [
+        {
+            "budget": r["budget"],
+            "scope": r["scope"],
+            "window_start": r["window_start"],
+            "used": r["used"],
+            "cap": caps.get(r["budget"]),
+        }
+        for r in await store.budget_usage(limit=POLICY_USAGE_LIMIT)
+    ]
+    data = {**policy.describe(), "active": policy.active, "usage": usage}
+    return Reply(data, {"usage_shown": len(usage), "usage_limit": POLICY_USAGE_LIMIT})
 
 
 # -- operators ----------------------------------------------------------------

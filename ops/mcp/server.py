@@ -123,6 +123,10 @@ def run_schema() -> dict[str, Any]:
     return command_input("runs.show")
 
 
+def policy_schema() -> dict[str, Any]:
+    return command_input("policy.show")
+
+
 def providers_schema() -> dict[str, Any]:
     return command_input("providers.list")
 
@@ -175,6 +179,10 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
         return await service.show_run(store, caller(), a["run_id"])
+
+    async def show_policy(args: Mapping[str, Any]) -> service.Reply:
+        check_arguments(policy_schema(), args)
+        return await service.show_policy(store, caller(), settings)
 
     async def providers(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(providers_schema(), args)
@@ -265,6 +273,13 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             "the provider's answer, and every operator close.",
             run_schema(),
             run,
+        ),
+        _tool(
+            "policy.show",
+            "The approval policy: which sends are held for a person (always, first contact, too many recipients, "
+            "outside hours, over a budget) and each budget's use this window. Call it before a batch.",
+            policy_schema(),
+            show_policy,
         ),
         _tool(
             "providers.list",

@@ -435,6 +435,17 @@ async def cancel_step(
 
 
 @router.get(
+    "/policy",
+    summary="The approval policy and the budgets' use in their current windows",
+    responses=_responses("policy.show", 200),
+    **operation("policy.show"),
+)
+async def show_policy(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    return _answer(await service.show_policy(state.store, who, state.settings), request.state.timer)
+
+
+@router.get(
     "/providers",
     summary="Every provider: its profile (what settles a lost answer), rate limit and circuit",
     responses=_responses("providers.list", 200),

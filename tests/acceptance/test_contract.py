@@ -103,6 +103,8 @@ def _records_script(run: Script) -> None:
     run(nowhere, "keys", "list", expect=9)
     run(anyone, "providers", "list")
     run(nowhere, "providers", "list", expect=9)
+    run(anyone, "policy", "show")
+    run(nowhere, "policy", "show", expect=9)
     run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
     assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1
     run(anyone, "refusals", "list", "--interface", "smtp", expect=2)
@@ -161,6 +163,7 @@ SCRIPTS = {
             "keys.update",
             "keys.revoke",
             "providers.list",
+            "policy.show",
             "refusals.list",
             "events.list",
             "deliveries.list",

@@ -28,9 +28,9 @@ class StepFilter:
 
 class EnqueueStore(Protocol):
     """``approval``: the policy each *new* step is judged by, in the enqueue's transaction
-    (held, charged against the budgets, or refused with E_BUDGET; docs/design.md, "Approvals
-    and budgets"). A held send charges no budget; its approval (a person's decision) charges
-    none either. A repeat of a stored key is answered as its row is."""
+    (held, charged against the budgets, or refused with E_BUDGET). See docs/design.md,
+    "Approvals and budgets". A held send charges no budget; its approval (a person's decision)
+    charges none either. A repeat of a stored key is answered as its row is."""
 
     async def enqueue(
         self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
@@ -43,6 +43,13 @@ class EnqueueStore(Protocol):
         now: datetime | None = None,
         approval: ApprovalPolicy = ApprovalPolicy(),
     ) -> list[EnqueueResult]: ...
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The holds (HoldRule dicts) the policy would give this request as a new step, read
+        without writing (a dry run); [] when it would go out on its own."""
+        ...
 
     async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The budget counters of the current windows, most used first (`evq policy show`)."""

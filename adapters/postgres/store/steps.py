@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated_op, run_async
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated_op, preview_op, run_async
 from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
@@ -55,6 +55,14 @@ class PostgresSteps(PostgresBase):
         # Multi-row statements inside one transaction: all or nothing.
         async with self._op("enqueue_many") as conn, conn.transaction():
             return await run_async(conn, enqueue_many_op(requests, now, approval))
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """What the policy would hold this request for if it were a new step (a dry run; no write)."""
+        async with self._snapshot("preview_holds") as conn:
+            holds: list[dict[str, Any]] = await run_async(conn, preview_op(request, approval, now))
+            return holds
 
     async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The blast-radius counters of the current windows, most used first (`evq policy show`)."""
