@@ -43,7 +43,8 @@ INSTRUCTIONS = """evq records email sends decided by agents: each is sent at mos
 Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the same step); follow it with
 evq_steps_show (its state and evidence) or evq_runs_show (a whole run); evq_providers_list says whether a
 provider is down; evq_events_list tells you of every
-send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `unknown`
+send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `held`
+waits for a person's approval: do not send it again, wait (evq_steps_cancel withdraws it). A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides.
 Every result is {status, schema_version, data | error, meta}; error.code is a stable E_* code."""
 
