@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
+from datetime import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ from evq.adapters.smtp import config as smtp
 from evq.adapters.smtp.config import JournalConfig, SmtpConfig
 from evq.adapters.webhooks import config as webhooks
 from evq.adapters.webhooks.config import WebhookConfig
+from evq.worker.approval import ApprovalPolicy, approval_options, policy_from
 from evq.worker.circuit import FAULTS
 from evq.worker.config import (
     NOTICE_OPTIONS,
@@ -194,6 +196,9 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+# Which sends wait for a person, and the blast-radius budgets (worker/approval.py).
+APPROVAL_OPTIONS: tuple[Option, ...] = approval_options()
+
 MCP_OPTIONS: tuple[Option, ...] = (
     Option(
         "mcp_resolve",
@@ -212,6 +217,7 @@ OPTIONS: tuple[Option, ...] = (
     *CONNECTION_OPTIONS,
     *PACE_OPTIONS,
     *POLICY_OPTIONS,
+    *APPROVAL_OPTIONS,
     *smtp.OPTIONS,
     *smtp.JOURNAL_OPTIONS,
     *http.OPTIONS,
@@ -265,6 +271,18 @@ class Settings:
     default_from: str | None = None
     require_provenance: tuple[str, ...] = ()
     refuse_unresolvable: bool = False
+    approval_always: bool = False
+    approval_first_contact: str = "off"
+    approval_max_recipients: int | None = None
+    approval_hours: tuple[time, time] | None = None
+    approval_weekdays: tuple[int, ...] | None = None
+    approval_timezone: str = "UTC"
+    approval_expires: float | None = 3 * 86400.0
+    budget_run_recipients: int | None = None
+    budget_key_hourly: int | None = None
+    budget_key_daily: int | None = None
+    budget_domain_hourly: int | None = None
+    budget_action: str = "hold"
     smtp_host: str = "localhost"
     smtp_port: int = 25
     smtp_username: str | None = None
@@ -495,6 +513,23 @@ class Settings:
             require_provenance=self.require_provenance,
             unresolvable=tuple(name for name, p in profiles.items() if not p.resolvable),
             refuse_unresolvable=self.refuse_unresolvable,
+            approval=self.approval_policy(),
+        )
+
+    def approval_policy(self) -> ApprovalPolicy:
+        return policy_from(
+            always=self.approval_always,
+            first_contact=self.approval_first_contact,
+            max_recipients=self.approval_max_recipients,
+            hours=self.approval_hours,
+            weekdays=self.approval_weekdays,
+            timezone=self.approval_timezone,
+            expires=self.approval_expires,
+            run_recipients=self.budget_run_recipients,
+            key_hourly=self.budget_key_hourly,
+            key_daily=self.budget_key_daily,
+            domain_hourly=self.budget_domain_hourly,
+            over_budget=self.budget_action,
         )
 
     def notices(self) -> NoticeConfig:

@@ -52,14 +52,29 @@ from types import MappingProxyType
 from typing import Any
 
 from evq.worker import metrics
+from evq.worker.approval import (
+    PRIORITIES,
+    ApprovalPolicy,
+    OverBudget,
+    budget_charges,
+    budget_hold,
+    budget_refusal,
+    contact_holds,
+    contact_keys,
+    gated,
+    memory_keys,
+    sender_of,
+    static_holds,
+)
+from evq.worker.approvals import not_cancellable, not_held
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
-from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound, StateConflict
+from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
-from evq.worker.ports import DeliveryRecorded, StepFilter
+from evq.worker.ports import Decided, DeliveryRecorded, Edit, StepFilter
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -101,6 +116,12 @@ EVIDENCE_KINDS = frozenset(
         "notice_enqueued",
         "content_redacted",
         "delivery_event",
+        # 0018: the held lifecycle.
+        "held",
+        "approved",
+        "denied",
+        "cancelled",
+        "hold_expired",
     }
 )
 OUTCOMES = frozenset({"accepted", "rejected", "retryable", "unknown"})
@@ -264,6 +285,9 @@ class MemoryStore:
         self.refusals: list[dict[str, Any]] = []  # enqueue_refusals, by id
         self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
+        self.send_budgets: dict[tuple[str, str, datetime], int] = {}  # (budget, scope, window) -> used
+        # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
+        self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
 
     async def close(self) -> None:
         return None
@@ -377,23 +401,129 @@ class MemoryStore:
 
     # -- enqueue --------------------------------------------------------------------
 
-    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult:
+    async def enqueue(
+        self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
+    ) -> EnqueueResult:
         at = await self._op("enqueue", now)
+        if gated(approval, [request]):
+            return self._gated(request, at, approval)
         return self._enqueue(request, at)
 
-    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
-        at = await self._op("enqueue_many", None)
+    async def enqueue_many(
+        self,
+        requests: Sequence[ValidRequest],
+        *,
+        now: datetime | None = None,
+        approval: ApprovalPolicy = ApprovalPolicy(),
+    ) -> list[EnqueueResult]:
+        at = await self._op("enqueue_many", now)
         # All or nothing, as the batch's transaction is.
         # Sequences are not transactional: the ids a failed batch took stay taken.
-        saved = copy.deepcopy((self.steps, self.decisions))
+        saved = copy.deepcopy((self.steps, self.decisions, self.send_budgets, self.known_recipients))
+        evidence = len(self.evidence)
         try:
-            return [self._enqueue(r, at) for r in requests]
+            if not gated(approval, requests):
+                return [self._enqueue(r, at) for r in requests]
+            results = []
+            for i, r in enumerate(requests):
+                try:
+                    results.append(self._gated(r, at, approval))
+                except BudgetExceeded as exc:
+                    raise BudgetExceeded(
+                        [{**e, "field": f"[{i}].{e['field']}"} for e in exc.errors], hint=exc.hint
+                    ) from None
+            return results
         except BaseException:
-            self.steps, self.decisions = saved
+            self.steps, self.decisions, self.send_budgets, self.known_recipients = saved
+            del self.evidence[evidence:]  # the transaction's own rows, gone with it
             raise
 
+    def _gated(self, request: ValidRequest, at: datetime, approval: ApprovalPolicy) -> EnqueueResult:
+        """gated_op (adapters/postgres/enqueue.py): a new step judged by the policy; a repeat
+        of a stored key answered as its row is, charging nothing."""
+        if self._holder(request) is not None:
+            return self._enqueue(request, at)
+        holds, charges = self._judge(request, at, approval, refuse=True)
+        hold = {"rules": holds} if holds else None
+        result = self._enqueue(request, at, hold=hold, expires=approval.expires_after)
+        for budget, scope, window, amount, _cap in charges:
+            self.send_budgets[(budget, scope, window)] = self.send_budgets.get((budget, scope, window), 0) + amount
+        if hold is not None:
+            actor = request.actor
+            who = (actor.name or actor.interface) if actor else "python"
+            self._insert_evidence(
+                step_id=result.id,
+                run_id=result.run_id,
+                kind="held",
+                actor=who,
+                reason="approval_required",
+                detail=hold,
+                created_at=at,
+            )
+        else:
+            for k in memory_keys(request.recipients):
+                self.known_recipients.setdefault((sender_of(request.payload), k), result.id)
+        return result
+
+    def _judge(
+        self, request: ValidRequest, at: datetime, approval: ApprovalPolicy, *, refuse: bool
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str, datetime, int, int]]]:
+        """The holds the policy gives a new step, and the budget charges it would make (none when held)."""
+        sender = sender_of(request.payload)
+        keys = contact_keys(approval, request.recipients)
+        known = [k for k in keys if (sender, k) in self.known_recipients]
+        when = max(at, request.send_at) if request.send_at is not None else at
+        holds = static_holds(
+            approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+        ) + contact_holds(approval, keys, known)
+        if holds:
+            return holds, []
+        name = request.actor.name if request.actor else None
+        charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at)
+        # Check, then charge: nothing here interleaves (the counters' row locks, in PostgreSQL).
+        for charge in charges:
+            budget, scope, window, amount, cap = charge
+            used = self.send_budgets.get((budget, scope, window), 0)
+            if used + amount > cap:
+                over = budget_hold(charge, used)
+                if refuse and approval.over_budget is OverBudget.REFUSE:
+                    raise budget_refusal(over)
+                return [over], []
+        return [], charges
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        at = await self._op("preview_holds", now)
+        return self._judge(request, at, approval, refuse=False)[0]
+
+    def _holder(self, request: ValidRequest) -> dict[str, Any] | None:
+        """step_get_by_key: the row holding the key, else the run and step ids."""
+        by_key = [s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key]
+        by_ids = [s for s in self.steps.values() if (s["run_id"], s["step_id"]) == (request.run_id, request.step_id)]
+        return (by_key or by_ids or [None])[0]
+
+    async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        at = (await self._op("budget_usage", now)).astimezone(UTC)
+        hour = at.replace(minute=0, second=0, microsecond=0)
+        day = hour.replace(hour=0)
+        current = {"key_hourly": hour, "domain_hourly": hour, "key_daily": day}
+        rows = [
+            {"budget": b, "scope": s, "window_start": w, "used": used}
+            for (b, s, w), used in self.send_budgets.items()
+            if used > 0 and (b == "run_recipients" or current.get(b) == w)
+        ]
+        return sorted(rows, key=lambda r: (-r["used"], r["budget"], r["scope"]))[:limit]
+
     def _enqueue(
-        self, request: ValidRequest, at: datetime, *, notice_of: int | None = None, tool: str | None = None
+        self,
+        request: ValidRequest,
+        at: datetime,
+        *,
+        notice_of: int | None = None,
+        tool: str | None = None,
+        hold: dict[str, Any] | None = None,
+        expires: timedelta | None = None,
     ) -> EnqueueResult:
         message_id = new_message_id(request)
         taken = next(
@@ -426,12 +556,12 @@ class MemoryStore:
             "provider": request.provider,
             "payload": json.loads(request.payload_json),
             "payload_sha256": request.payload_sha256,
-            "status": "pending",
-            "reason": None,
+            "status": "pending" if hold is None else "held",
+            "reason": None if hold is None else "approval_required",
             "detail": None,
             "attempts": 0,
             "max_attempts": request.max_attempts,
-            "next_attempt_at": at,
+            "next_attempt_at": max(at, request.send_at) if request.send_at is not None else at,
             "lease_owner": None,
             "lease_token": None,
             "lease_expires_at": None,
@@ -448,13 +578,13 @@ class MemoryStore:
             "unknown_since": None,
             "closed_at": None,
             "uncharged_attempts": 0,
-            "retry_from": None,
+            "retry_from": request.send_at if request.send_at is not None and request.send_at > at else None,
             "content_redacted_at": None,
-            "priority": 0,
-            "send_at": None,
-            "held_since": None,
-            "hold_expires_at": None,
-            "hold": None,
+            "priority": PRIORITIES[request.priority],
+            "send_at": request.send_at,
+            "held_since": None if hold is None else at,
+            "hold_expires_at": at + expires if hold is not None and expires is not None else None,
+            "hold": hold,
             "requested_sha256": None,
         }
         _check_step(row)
@@ -481,9 +611,10 @@ class MemoryStore:
             step_id=row["step_id"],
             idempotency_key=row["idempotency_key"],
             message_id=message_id,
-            status=Status.PENDING,
+            status=Status(row["status"]),
             created=True,
             provider=request.provider,
+            hold=hold,
         )
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
@@ -505,6 +636,8 @@ class MemoryStore:
             "payload_sha256",
             "provider",
             "created_at",
+            "hold",
+            "requested_sha256",
         )
         return {**{k: found[k] for k in keys}, "created": False}
 
@@ -1452,10 +1585,14 @@ class MemoryStore:
             )
 
         matched = [s for s in self.steps.values() if matches(s)]
-        # Unknown rows oldest first (then by id); everything else newest first.
-        unknown = sorted((s for s in matched if s["status"] == "unknown"), key=lambda s: (s["unknown_since"], s["id"]))
+        # Unknown and held rows oldest first (by when they began to wait, then by id); everything else newest first.
+        queues = ("unknown", "held")
+        unknown = sorted(
+            (s for s in matched if s["status"] in queues),
+            key=lambda s: (s["unknown_since"] or s["held_since"], s["id"]),
+        )
         rest = sorted(
-            (s for s in matched if s["status"] != "unknown"), key=lambda s: (s["created_at"], s["id"]), reverse=True
+            (s for s in matched if s["status"] not in queues), key=lambda s: (s["created_at"], s["id"]), reverse=True
         )
         ordered = unknown + rest
         page = ordered[where.offset :] if where.limit is None else ordered[where.offset : where.offset + where.limit]
@@ -1613,6 +1750,181 @@ class MemoryStore:
             max_attempts_before=cur["max_attempts"],
             max_attempts_after=s["max_attempts"],
         )
+
+    # -- the held lifecycle (worker/ports/approvals.py) -------------------------------
+
+    def _held_step(self, step_id: int, hint: str) -> dict[str, Any]:
+        s = self.steps.get(step_id)
+        if s is None:
+            raise NotFound(f"no step with id {step_id}", hint=hint)
+        return s
+
+    @staticmethod
+    def _current(s: Mapping[str, Any]) -> dict[str, Any]:
+        return {"current_status": s["status"], "current_reason": s["reason"]}
+
+    async def approve(
+        self, step_id: int, *, actor: str, note: str, edit: Edit | None = None, now: datetime | None = None
+    ) -> Decided:
+        at = await self._op("approve", now)
+        s = self._held_step(step_id, "`evq steps list --status held` shows the held ids")
+        if s["status"] != "held":
+            raise not_held(step_id, self._current(s), "approved")
+        if edit is not None and s["payload_sha256"] != edit.from_sha256:
+            raise StateConflict(
+                f"step {step_id}'s request changed since it was read; nothing was approved",
+                context={"id": step_id, "status": s["status"], "payload_sha256": s["payload_sha256"]},
+            )
+        before = copy.deepcopy(s)
+        changes: dict[str, Any] = {}
+        if edit is not None and edit.payload_sha256 != s["payload_sha256"]:
+            changes = {
+                "payload": json.loads(edit.payload_json),
+                "payload_sha256": edit.payload_sha256,
+                "requested_sha256": s["requested_sha256"] or s["payload_sha256"],
+            }
+        self._update(
+            s,
+            status="pending",
+            reason="approved",
+            detail=note,
+            held_since=None,
+            hold_expires_at=None,
+            next_attempt_at=max(s["send_at"] or at, at),
+            updated_at=at,
+            **changes,
+        )
+        ev = self._insert_evidence(
+            step_id=step_id,
+            run_id=s["run_id"],
+            attempt=s["attempts"],
+            kind="approved",
+            actor=actor,
+            from_status="held",
+            to_status="pending",
+            reason="approved",
+            detail={
+                "note": note,
+                "edited": s["payload_sha256"] != before["payload_sha256"],
+                "from_sha256": before["payload_sha256"],
+                "to_sha256": s["payload_sha256"],
+                "fields": list(edit.fields) if edit else [],
+                "held_since": before["held_since"],
+                "hold_expires_at": before["hold_expires_at"],
+                "hold": before["hold"],
+            },
+            created_at=at,
+        )
+        assert ev is not None
+        sender = s["payload"]["from"]["email"].lower()
+        for key in ("to", "cc", "bcc"):
+            for r in s["payload"][key]:
+                email = r["email"].lower()
+                for recipient in (email, "@" + email.rsplit("@", 1)[1]):
+                    self.known_recipients.setdefault((sender, recipient), step_id)
+        metrics.labelled(metrics.APPROVALS, "approved").inc()
+        return Decided(
+            step_id=step_id,
+            run_id=s["run_id"],
+            from_status=Status.HELD,
+            to_status=Status.PENDING,
+            reason="approved",
+            evidence_id=ev["id"],
+            decided_at=at,
+            payload_sha256=s["payload_sha256"],
+            requested_sha256=s["requested_sha256"],
+        )
+
+    def _close(self, s: dict[str, Any], *, kind: str, reason: str, actor: str, detail: Any, at: datetime) -> int:
+        before = dict(s)
+        self._update(
+            s,
+            status="rejected",
+            reason=reason,
+            detail=detail if isinstance(detail, str) or detail is None else None,
+            held_since=None,
+            hold_expires_at=None,
+            closed_at=at,
+            updated_at=at,
+        )
+        ev = self._insert_evidence(
+            step_id=s["id"],
+            run_id=s["run_id"],
+            attempt=s["attempts"],
+            kind=kind,
+            actor=actor,
+            from_status=before["status"],
+            to_status="rejected",
+            reason=reason,
+            detail=detail if isinstance(detail, dict) else {"note": detail, "held_since": before["held_since"]},
+            created_at=at,
+        )
+        assert ev is not None
+        metrics.observe_closed(s["created_at"], at)
+        return int(ev["id"])
+
+    def _decided(self, s: Mapping[str, Any], from_status: str, evidence_id: int, at: datetime) -> Decided:
+        return Decided(
+            step_id=s["id"],
+            run_id=s["run_id"],
+            from_status=Status(from_status),
+            to_status=Status.REJECTED,
+            reason=s["reason"],
+            evidence_id=evidence_id,
+            decided_at=at,
+            payload_sha256=s["payload_sha256"],
+            requested_sha256=s["requested_sha256"],
+        )
+
+    async def deny(self, step_id: int, *, actor: str, note: str, now: datetime | None = None) -> Decided:
+        at = await self._op("deny", now)
+        s = self._held_step(step_id, "`evq steps list --status held` shows the held ids")
+        if s["status"] != "held":
+            raise not_held(step_id, self._current(s), "denied")
+        held = {"note": note, "held_since": s["held_since"], "hold_expires_at": s["hold_expires_at"], "hold": s["hold"]}
+        evidence_id = self._close(s, kind="denied", reason="denied", actor=actor, detail=held, at=at)
+        s["detail"] = note
+        self._enqueue_notices([step_id], actor=actor, at=at)
+        metrics.labelled(metrics.APPROVALS, "denied").inc()
+        return self._decided(s, "held", evidence_id, at)
+
+    async def cancel(self, step_id: int, *, actor: str, note: str | None, now: datetime | None = None) -> Decided:
+        at = await self._op("cancel", now)
+        s = self._held_step(step_id, "`evq steps list` shows the ids")
+        if s["status"] not in ("held", "pending", "retryable") or s["maybe_delivered"]:
+            raise not_cancellable(step_id, self._current(s))
+        previous = {
+            "status": s["status"],
+            "reason": s["reason"],
+            "attempts": s["attempts"],
+            "held_since": s["held_since"],
+        }
+        from_status = s["status"]
+        evidence_id = self._close(
+            s, kind="cancelled", reason="cancelled", actor=actor, detail={"note": note, "previous": previous}, at=at
+        )
+        s["detail"] = note
+        metrics.labelled(metrics.APPROVALS, "cancelled").inc()
+        return self._decided(s, from_status, evidence_id, at)
+
+    async def expire_held(self, *, limit: int, actor: str, now: datetime | None = None) -> int:
+        at = await self._op("expire_held", now)
+        due = sorted(
+            (
+                s
+                for s in self.steps.values()
+                if s["status"] == "held" and s["hold_expires_at"] is not None and s["hold_expires_at"] <= at
+            ),
+            key=lambda s: (s["hold_expires_at"], s["id"]),
+        )[:limit]
+        message = "no one approved it before it expired"
+        for s in due:
+            detail = {"message": message, "held_since": s["held_since"], "hold_expires_at": s["hold_expires_at"]}
+            self._close(s, kind="hold_expired", reason="approval_expired", actor=actor, detail=detail, at=at)
+            s["detail"] = message
+        self._enqueue_notices([s["id"] for s in due], actor=actor, at=at)
+        metrics.labelled(metrics.APPROVALS, "expired").inc(len(due))
+        return len(due)
 
     # -- API keys (worker/keys.py) ----------------------------------------------------
 

@@ -358,3 +358,63 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
             served.stderr = served.log()
     finally:
         os.unlink(log_path)
+
+
+HOLD_RULES = {"rules": [{"rule": "requested", "detail": "the request asked for approval"}]}
+
+
+async def held_steps(
+    store_or_url: Any,
+    n: int = 1,
+    *,
+    now: Any = None,
+    expires_at: Any = None,
+    hold: Any = None,
+    **overrides: Any,
+) -> list[Any]:
+    """``n`` steps held for approval: enqueued, then (as the owner role, which the step guard lets
+    through) made ``held`` as the enqueue of an approval policy writes them, with ``held`` evidence.
+    Until the enqueue itself holds (issue 17, helper A), tests make held rows with this.
+    ``store_or_url``: a MemoryStore, a PostgresStore, or a database URL."""
+    import json
+    from datetime import UTC, datetime
+
+    hold = HOLD_RULES if hold is None else hold
+    if isinstance(store_or_url, str):
+        return with_store(  # type: ignore[no-any-return]
+            store_or_url,
+            lambda s: held_steps(s, n, now=now, expires_at=expires_at, hold=hold, **overrides),
+        )
+    store = store_or_url
+    made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
+    at = now or datetime.now(UTC)
+    if hasattr(store, "steps") and hasattr(store, "_insert_evidence"):  # tests/memstore.py
+        for m in made:
+            s = store.steps[m.id]
+            s.update(status="held", reason="approval_required", held_since=at, hold_expires_at=expires_at, hold=hold)
+            store._insert_evidence(
+                step_id=m.id,
+                run_id=s["run_id"],
+                attempt=0,
+                kind="held",
+                actor="enqueue",
+                from_status=None,
+                to_status="held",
+                reason="approval_required",
+                detail=hold,
+                created_at=at,
+            )
+        return made
+    async with store.pool.connection() as conn:
+        for m in made:
+            await conn.execute(
+                "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = %s, "
+                "hold_expires_at = %s, hold = %s::jsonb WHERE id = %s",
+                (at, expires_at, json.dumps(hold), m.id),
+            )
+            await conn.execute(
+                "INSERT INTO evidence (step_id, run_id, attempt, kind, actor, to_status, reason, detail, created_at) "
+                "VALUES (%s, %s, 0, 'held', 'enqueue', 'held', 'approval_required', %s::jsonb, %s)",
+                (m.id, m.run_id, json.dumps(hold), at),
+            )
+    return made

@@ -176,3 +176,231 @@ def budget_charges(
                 per_domain[recipient_domain(r)] = per_domain.get(recipient_domain(r), 0) + 1
             charges += [(budget.value, d, hour, n, cap) for d, n in per_domain.items()]
     return sorted(charges)
+
+
+# -- settings (ops/settings.py reads them with every other option) --------------------------
+
+_WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def parse_hours(value: str) -> tuple[time, time]:
+    """``08:00-18:00`` (``22:00-06:00`` spans midnight)."""
+    try:
+        start, end = (time.fromisoformat(part.strip()) for part in value.split("-"))
+    except ValueError:
+        raise ValueError("expected HH:MM-HH:MM, e.g. 08:00-18:00") from None
+    if start == end:
+        raise ValueError("the start and the end are the same time: no hour would be allowed")
+    return start, end
+
+
+def parse_weekdays(value: str) -> tuple[int, ...]:
+    """``mon-fri``, ``sat,sun`` or ``mon-wed,fri`` as weekday numbers (0 Monday .. 6 Sunday)."""
+    days: set[int] = set()
+    for part in (p.strip().lower() for p in value.split(",")):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        try:
+            a, b = _WEEKDAYS.index(first.strip()[:3]), _WEEKDAYS.index((last or first).strip()[:3])
+        except ValueError:
+            raise ValueError(f"expected weekdays like mon-fri or sat,sun, got {part!r}") from None
+        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(b + 1)])
+    if not days:
+        raise ValueError("name at least one weekday")
+    return tuple(sorted(days))
+
+
+def parse_timezone(value: str) -> str:
+    name = value.strip()
+    try:
+        ZoneInfo(name)
+    except (ValueError, KeyError):  # ZoneInfoNotFoundError is a KeyError
+        raise ValueError(f"not an IANA time zone: {name!r} (e.g. Europe/Berlin, UTC)") from None
+    return name
+
+
+def parse_expires(value: str) -> float | None:
+    """A duration (``72h``, ``3d``, seconds), or ``never``."""
+    from evq.worker.options import duration
+
+    if value.strip().lower() == "never":
+        return None
+    seconds = duration(value)
+    if seconds <= 0:
+        raise ValueError("must be a positive duration, or never")
+    return seconds
+
+
+def _lower(value: str) -> str:
+    return value.strip().lower()
+
+
+def approval_options() -> tuple[Any, ...]:
+    """The EVQ_APPROVAL_* and EVQ_BUDGET_* options (worker/options.py's Option)."""
+    from evq.worker.options import Option, boolean
+
+    return (
+        Option("approval_always", boolean, False, "Hold every send for a person's approval (`evq steps approve`)."),
+        Option(
+            "approval_first_contact",
+            _lower,
+            "off",
+            "Hold a send to a recipient (address) or a recipient domain (domain) its sender never mailed "
+            "without a hold before: off, address or domain.",
+            choices=tuple(f.value for f in FirstContact),
+        ),
+        Option(
+            "approval_max_recipients",
+            int,
+            None,
+            "Hold a send to more than this many recipients (to + cc + bcc); unset: no such hold.",
+            minimum=1,
+        ),
+        Option(
+            "approval_hours",
+            parse_hours,
+            None,
+            "Allowed sending hours, HH:MM-HH:MM (22:00-06:00 spans midnight) in EVQ_APPROVAL_TIMEZONE; a send "
+            "enqueued (or scheduled, send_at) outside them is held. Unset: any hour.",
+        ),
+        Option(
+            "approval_weekdays",
+            parse_weekdays,
+            None,
+            "Allowed sending weekdays, e.g. mon-fri or mon,wed,fri; a send outside them is held. Unset: every day.",
+        ),
+        Option("approval_timezone", parse_timezone, "UTC", "IANA time zone of the allowed hours and weekdays."),
+        Option(
+            "approval_expires",
+            parse_expires,
+            3 * 86400.0,
+            "How long a held send waits for a decision before it is rejected (approval_expired): a duration "
+            "(72h, 3d) or never.",
+        ),
+        Option(
+            "budget_run_recipients",
+            int,
+            None,
+            "Most recipients one run may send to over its whole life; unset: no cap.",
+            minimum=1,
+        ),
+        Option("budget_key_hourly", int, None, "Most recipients per API key per clock hour; unset: no cap.", minimum=1),
+        Option("budget_key_daily", int, None, "Most recipients per API key per UTC day; unset: no cap.", minimum=1),
+        Option(
+            "budget_domain_hourly",
+            int,
+            None,
+            "Most recipients per recipient domain per clock hour; unset: no cap.",
+            minimum=1,
+        ),
+        Option(
+            "budget_action",
+            _lower,
+            "hold",
+            "What a send over a budget gets: hold (waits for a person) or refuse (E_BUDGET, exit 2).",
+            choices=tuple(o.value for o in OverBudget),
+        ),
+    )
+
+
+def policy_from(
+    *,
+    always: bool = False,
+    first_contact: str = "off",
+    max_recipients: int | None = None,
+    hours: tuple[time, time] | None = None,
+    weekdays: tuple[int, ...] | None = None,
+    timezone: str = "UTC",
+    expires: float | None = 3 * 86400.0,
+    run_recipients: int | None = None,
+    key_hourly: int | None = None,
+    key_daily: int | None = None,
+    domain_hourly: int | None = None,
+    over_budget: str = "hold",
+) -> ApprovalPolicy:
+    """The policy the settings describe. Weekdays without hours allow the whole of each day."""
+    window = None
+    if hours is not None or weekdays is not None:
+        start, end = hours if hours is not None else (time(0, 0), time.max)
+        window = Hours(start=start, end=end, timezone=timezone, weekdays=weekdays or tuple(range(7)))
+    caps = (
+        (Budget.RUN_RECIPIENTS, run_recipients),
+        (Budget.KEY_HOURLY, key_hourly),
+        (Budget.KEY_DAILY, key_daily),
+        (Budget.DOMAIN_HOURLY, domain_hourly),
+    )
+    return ApprovalPolicy(
+        always=always,
+        first_contact=FirstContact(first_contact),
+        max_recipients=max_recipients,
+        hours=window,
+        expires_after=None if expires is None else timedelta(seconds=expires),
+        budgets=tuple((b, cap) for b, cap in caps if cap is not None),
+        over_budget=OverBudget(over_budget),
+    )
+
+
+def sender_of(payload: dict[str, Any]) -> str:
+    """Whose memory the first-contact rule reads: the sender's address, lowercased."""
+    return str(payload["from"]["email"]).lower()
+
+
+def budget_hold(charge: tuple[str, str, datetime, int, int], used: int) -> dict[str, Any]:
+    """The hold (or refusal) a counter that would pass its cap makes."""
+    budget, scope, _window, amount, cap = charge
+    return {
+        "rule": HoldRule.BUDGET.value,
+        "budget": budget,
+        "scope": scope,
+        "cap": cap,
+        "used": used,
+        "why": f"{amount} more recipients would pass the {budget} budget of {scope or 'this caller'!s} "
+        f"({used} of {cap} used)",
+    }
+
+
+def contact_holds(policy: ApprovalPolicy, keys: Sequence[str], known: Sequence[str]) -> list[dict[str, Any]]:
+    """The first-contact hold for the keys not in ``known`` (none when every one is)."""
+    new = [k for k in keys if k not in set(known)]
+    if not new:
+        return []
+    if policy.first_contact is FirstContact.DOMAIN:
+        return [
+            {
+                "rule": HoldRule.FIRST_CONTACT_DOMAIN.value,
+                "recipients": new,
+                "why": f"this sender never mailed {', '.join(new)} (EVQ_APPROVAL_FIRST_CONTACT=domain)",
+            }
+        ]
+    return [
+        {
+            "rule": HoldRule.FIRST_CONTACT.value,
+            "recipients": new,
+            "why": f"this sender never mailed {', '.join(new)} (EVQ_APPROVAL_FIRST_CONTACT=address)",
+        }
+    ]
+
+
+def gated(policy: ApprovalPolicy, requests: Sequence[Any]) -> bool:
+    """Whether the policy must look at these requests (ValidRequests): its rules are on, or one
+    asks for a person. Otherwise an enqueue is the one statement it always was."""
+    return policy.active or any(r.require_approval for r in requests)
+
+
+def budget_refusal(over: dict[str, Any]) -> Exception:
+    """The E_BUDGET refusal of a send over ``over``'s budget (EVQ_BUDGET_ACTION=refuse)."""
+    from evq.worker.errors import BudgetExceeded
+
+    return BudgetExceeded(
+        [{"field": f"budget.{over['budget']}", "message": over["why"]}],
+        hint="`evq policy show` shows each budget's use; wait for its window to pass, or ask an operator; "
+        "nothing was written",
+    )
+
+
+def memory_keys(recipients: Sequence[str]) -> list[str]:
+    """What a send that was not held teaches ``known_recipients``: each address (lowercased)
+    and each ``@domain``, whichever first-contact mode is on, so switching the mode (or turning
+    it on later) keeps what the gated enqueues before it learnt."""
+    return sorted({r.lower() for r in recipients} | {"@" + recipient_domain(r) for r in recipients})

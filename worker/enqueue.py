@@ -146,11 +146,13 @@ def existing_or_conflict(row: Mapping[str, Any], request: ValidRequest) -> Enque
     """A row already holds this key: the same request gets it back, a different one is refused.
 
     The one comparison of a stored row with a request (every store, the dry run's plan, the
-    Python API): the same key, run and step ids, payload and provider. The provider is not in
+    Python API): the same key, run and step ids, payload (or the one an approver corrected) and provider. The provider is not in
     ``payload_sha256``, so it is compared on its own: the same key through another provider is
     another send (it would never be sent through the one asked for)."""
+    # An approver's correction (issue 17) changed the stored payload; the agent's own hash is
+    # kept in requested_sha256, so a retry of its original request still gets its step.
     same = (
-        row["payload_sha256"] == request.payload_sha256
+        request.payload_sha256 in (row["payload_sha256"], row.get("requested_sha256"))
         and row["run_id"] == request.run_id
         and row["step_id"] == request.step_id
         and row["idempotency_key"] == request.idempotency_key
@@ -187,6 +189,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         provider=row.get("provider"),
         reason=row.get("reason"),
         maybe_delivered=bool(row.get("maybe_delivered")),
+        hold=row.get("hold"),
     )
 
 

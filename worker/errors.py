@@ -114,3 +114,11 @@ class MaxFailures(EvqError):
     """Long work stopped after too many consecutive failures; ``context`` holds what was done."""
 
     code = "E_MAX_FAILURES"
+
+
+class BudgetExceeded(InvalidRequest):
+    """A new send over a blast-radius budget (worker/approval.py) with EVQ_BUDGET_ACTION=refuse.
+    A refused enqueue like any field error (``context["fields"]`` names the budget, its scope,
+    cap and what was used), with a code of its own; nothing was written or charged."""
+
+    code = "E_BUDGET"

@@ -50,6 +50,11 @@ class Permission(StrEnum):
     # reads back status and proof (headers, sizes, SHA-256); the people who check or
     # resend a send see what it says.
     READ_CONTENT = "read_content"
+    # A held send's approval or denial (issue 17): a person's decision, never an agent's.
+    APPROVE = "approve"
+    # Cancelling a send not yet sent: an agent only the steps its own key enqueued
+    # (ops/app/approvals.py checks the decision's key); operators and admins any.
+    CANCEL = "cancel"
 
 
 # Which roles hold each permission. Anything not listed is refused.
@@ -61,6 +66,8 @@ ALLOWED: dict[Permission, tuple[Role, ...]] = {
     Permission.MANAGE_KEYS: (Role.ADMIN,),
     Permission.PRUNE: (Role.ADMIN,),
     Permission.READ_CONTENT: (Role.OPERATOR, Role.ADMIN),
+    Permission.APPROVE: (Role.OPERATOR, Role.ADMIN),
+    Permission.CANCEL: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
 }
 
 PREFIX = "evq_"

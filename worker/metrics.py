@@ -28,6 +28,8 @@ RESCUED_TO = ("unknown", "retryable")
 RECONCILE_RESULTS = ("accepted", "not_found", "error")
 # An operator's verdict on an unknown row (`evq steps resolve --as`).
 RESOLUTIONS_AS = ("accepted", "rejected", "retry")
+# What became of a held send or a cancelled one (issue 17: ops/app/approvals.py, worker/approvals.py).
+HELD_DECISIONS = ("approved", "denied", "cancelled", "expired")
 # Why a claim left rows of a rate-limited provider for later (worker/ratelimit.py).
 RATE_LIMITED_REASONS = ("tokens", "paused")
 
@@ -92,6 +94,11 @@ REDACTED = Counter(
     "Closed steps whose message body content retention (EVQ_KEEP_CONTENT) removed, sizes and SHA-256 kept.",
 )
 RESOLUTIONS = Counter("evq_resolutions_total", "Unknown rows closed by an operator, by verdict.", ["as"])
+APPROVALS = Counter(
+    "evq_held_decisions_total",
+    "Held sends approved, denied or expired, and sends cancelled before they went out.",
+    ["decision"],
+)
 FENCE_REJECTIONS = Counter(
     "evq_fence_rejections_total", "Answers that arrived after their lease was lost (kept as evidence only)."
 )
@@ -171,6 +178,8 @@ for _result in RECONCILE_RESULTS:
     RECONCILED.labels(result=_result)
 for _as in RESOLUTIONS_AS:
     RESOLUTIONS.labels(**{"as": _as})
+for _decision in HELD_DECISIONS:
+    APPROVALS.labels(_decision)
 for _reason in SERVE_REFUSED_REASONS:
     SERVE_REFUSED.labels(reason=_reason)
 

@@ -167,6 +167,15 @@ _DELIVERY_HEADLINE = {
     "complained": "Your email was delivered, and a recipient marked it as spam.",
 }
 _DELIVERY_ADVICE = {
+    Reason.DENIED.value: (
+        "This send waited for a person's approval and was denied (their note is the reason above); nothing was "
+        "sent. Do not send it again as it was; if the email is still needed, ask the operator what to change."
+    ),
+    Reason.APPROVAL_EXPIRED.value: (
+        "This send waited for a person's approval and nobody approved it before it expired; nothing was sent. "
+        "If the email is still needed, send it again as a new step (a new step_id), or ask the operator to "
+        "approve sooner."
+    ),
     "bounced_hard": (
         "The address does not take mail (it may not exist any more). Do not send to it again: providers suspend "
         "senders whose hard bounces pass a few percent. Correct or remove the address before the next send."
@@ -257,6 +266,12 @@ LEGEND: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "If the email is still needed, send it again as a new step.",
     ),
     (
+        (Reason.DENIED.value, Reason.APPROVAL_EXPIRED.value),
+        "it waited for a person's approval, and was denied (their note is the reason given) or nobody approved "
+        "it in time; nothing was sent.",
+        "Denied: do not send it again as it was. Expired: if it is still needed, send it again as a new step.",
+    ),
+    (
         (Reason.AMBIGUOUS_RESPONSE.value, Reason.LEASE_EXPIRED.value, Reason.DEDUPE_WINDOW_CLOSED.value),
         "status unknown: the answer was lost, so the message may or may not have gone out.",
         "Do NOT send it again (the recipients could get it twice); an operator or the reconciler decides, and "
@@ -285,6 +300,9 @@ REASON_WORDS = {
     Reason.LEASE_EXPIRED.value: "the sending worker stopped before the answer was recorded",
     Reason.DEDUPE_WINDOW_CLOSED.value: "a retry could no longer be recognised as a duplicate by the provider",
     Reason.PARTIALLY_REFUSED.value: "some recipients were refused",
+    Reason.DENIED.value: "a person denied the send when it waited for approval",
+    Reason.APPROVAL_EXPIRED.value: "nobody approved the send before its approval expired",
+    Reason.CANCELLED.value: "the send was cancelled before it went out",
 }
 
 

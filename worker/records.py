@@ -29,6 +29,8 @@ class EnqueueResult:
     # ambiguity verdict (worker/verdict.py) needs; a new step has neither. Not in to_dict.
     reason: str | None = None
     maybe_delivered: bool = False
+    # Why a held step waits for a person ({"rules": [...]}, email_steps.hold); None: not held.
+    hold: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +43,7 @@ class EnqueueResult:
             "created": self.created,
             "ambiguity": self.ambiguity,
             "ambiguity_hint": AMBIGUITY_HINTS.get(self.ambiguity) if self.ambiguity else None,
+            "hold": self.hold,
         }
 
 

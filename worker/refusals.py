@@ -40,7 +40,8 @@ MAX_MESSAGE = 300
 MAX_IDENTIFIER = 80
 MAX_KEYS = len(REQUEST_FIELDS) + 5
 
-_REASONS = frozenset((*REQUEST_FIELDS, "$"))
+# "budget": an E_BUDGET refusal names the blast-radius budget (budget.<name>), not a field.
+_REASONS = frozenset((*REQUEST_FIELDS, "$", "budget"))
 _INDEX = re.compile(r"^\[\d+\]\.?")
 # The shape worker/request.py accepts for a provider name.
 _PROVIDER = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")

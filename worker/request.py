@@ -22,14 +22,14 @@ import re
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any, TypedDict
 
 from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
 
-from evq.worker.approval import ApprovalPolicy
+from evq.worker.approval import PRIORITIES, ApprovalPolicy
 from evq.worker.errors import InvalidRequest
 from evq.worker.jsontext import bad_numbers
 
@@ -51,6 +51,11 @@ REQUEST_FIELDS = (
     "idempotency_key",
     "provider",
     "max_attempts",
+    # Outside the payload, like max_attempts and notify: not part of payload_sha256 (how the
+    # send is gated and scheduled is not what is sent).
+    "require_approval",
+    "send_at",
+    "priority",
 )
 DECISION_FIELDS = ("instruction_version", "prompt_version", "model", "tool", "rationale", "decided_at")
 
@@ -81,6 +86,8 @@ MAX_INTENT = 2_000
 MAX_DECISION_TEXT = 200
 MAX_RATIONALE_BYTES = 64 * 1024
 MAX_JSON_DEPTH = 16
+# How far ahead a send may be scheduled (send_at).
+MAX_SEND_AHEAD = timedelta(days=365)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # tab allowed
 _CONTROL_OR_TAB = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -164,6 +171,12 @@ class ValidRequest:
     sender_domain: str = field(default="localhost")
     # Set by the interface after the key is checked, never by the request itself.
     actor: Actor | None = None
+    # The agent asked for a person's approval (worker/approval.py, HoldRule.REQUESTED).
+    require_approval: bool = False
+    # Not before this instant (next_attempt_at starts there); None: now. A past one is now.
+    send_at: datetime | None = None
+    # One of worker/approval.py's PRIORITIES.
+    priority: str = "normal"
 
     @property
     def recipients(self) -> list[str]:
@@ -265,6 +278,18 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
     ):
         errors.add("max_attempts", "must be an integer from 1 to 100")
 
+    require_approval = data.get("require_approval", False)
+    if require_approval is None:
+        require_approval = False
+    if not isinstance(require_approval, bool):
+        errors.add("require_approval", f"must be true or false, got {_type_name(require_approval)}")
+    send_at = _send_at(data.get("send_at"), errors)
+    priority = data.get("priority")
+    if priority is None:
+        priority = "normal"
+    if not isinstance(priority, str) or priority not in PRIORITIES:
+        errors.add("priority", f"must be one of {', '.join(PRIORITIES)}")
+
     decision = _decision(data, errors)
     for name in policy.require_provenance:
         where = f"decision.{name}"
@@ -303,6 +328,9 @@ def parse(data: Any, policy: Policy = Policy()) -> ValidRequest:
         notify=notify_addr["email"] if notify_addr else None,
         max_attempts=max_attempts,
         sender_domain=sender["email"].rsplit("@", 1)[1],
+        require_approval=bool(require_approval),
+        send_at=send_at,
+        priority=priority,
     )
 
 
@@ -836,6 +864,22 @@ def _decision(data: Mapping[str, Any], errors: _Errors) -> Decision:
         if parsed_at is None:
             errors.add("decision.decided_at", "must be an ISO 8601 timestamp with a time zone")
     return Decision(intent=intent, rationale=rationale, decided_at=parsed_at, **short)
+
+
+def _send_at(value: Any, errors: _Errors) -> datetime | None:
+    """``send_at``: an ISO 8601 instant with its offset, at most MAX_SEND_AHEAD from now. A past
+    one is kept as given (the enqueue starts it at its own now): a retry of a request made
+    yesterday is the same request."""
+    if value is None:
+        return None
+    parsed = _timestamp(value)
+    if parsed is None:
+        errors.add("send_at", "must be an ISO 8601 timestamp with a time zone offset (2026-05-01T09:00:00+02:00)")
+        return None
+    if parsed - datetime.now(UTC) > MAX_SEND_AHEAD:
+        errors.add("send_at", f"more than {MAX_SEND_AHEAD.days} days ahead")
+        return None
+    return parsed
 
 
 def _timestamp(value: Any) -> datetime | None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from evq.worker import deadline as limits
 from evq.worker import executor, logs, metrics
+from evq.worker.approvals import ExpirerConfig, HoldExpirer
 from evq.worker.backoff import Backoff, reconnect_delay
 from evq.worker.circuit import CircuitBook, CircuitState, Verdict
 from evq.worker.config import WorkerConfig
@@ -141,6 +142,10 @@ class Worker:
             ),
             actor=f"rescuer@{self.owner}",
         )
+        # Held sends past their expiry (issue 17), on the rescuer's schedule.
+        self.expirer = HoldExpirer(
+            store, ExpirerConfig(interval=settings.rescue_interval), actor=f"expirer@{self.owner}"
+        )
         lookups = {name: p for name, p in self.providers.items() if isinstance(p, Lookup)}
         self.reconciler = (
             Reconciler(
@@ -227,7 +232,13 @@ class Worker:
         await self._run_once(self.rescuer)
         services = [
             asyncio.create_task(run_periodically(service, self._stopping, delay_first=True), name=f"evq-{service.name}")
-            for service in (_RescueAfterOrphans(self), self.reconciler, self.redactor, *self.extra_services)
+            for service in (
+                _RescueAfterOrphans(self),
+                self.expirer,
+                self.reconciler,
+                self.redactor,
+                *self.extra_services,
+            )
             if service is not None
         ]
         log.info(

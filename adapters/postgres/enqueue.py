@@ -27,6 +27,20 @@ from psycopg.rows import dict_row
 from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
+from evq.worker.approval import (
+    PRIORITIES,
+    ApprovalPolicy,
+    OverBudget,
+    budget_charges,
+    budget_hold,
+    budget_refusal,
+    contact_holds,
+    contact_keys,
+    gated,
+    memory_keys,
+    sender_of,
+    static_holds,
+)
 from evq.worker.enqueue import (
     answer_held,
     existing_or_conflict,
@@ -38,7 +52,7 @@ from evq.worker.enqueue import (
     validate,
     validate_many,
 )
-from evq.worker.errors import Conflict, InvalidRequest
+from evq.worker.errors import BudgetExceeded, Conflict, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.records import EnqueueResult
 from evq.worker.refusals import describe
@@ -50,10 +64,21 @@ Rows = list[dict[str, Any]]
 Op = Generator[tuple[str, Mapping[str, Any]], Rows, Any]
 
 
-def enqueue_params(request: ValidRequest, now: datetime | None = None) -> dict[str, Any]:
+def enqueue_params(
+    request: ValidRequest,
+    now: datetime | None = None,
+    *,
+    hold: Mapping[str, Any] | None = None,
+    expires_seconds: float | None = None,
+) -> dict[str, Any]:
     d = request.decision
     actor = request.actor
     return {
+        "held": hold is not None,
+        "hold": None if hold is None else json.dumps(hold, ensure_ascii=False),
+        "hold_expires_seconds": expires_seconds,
+        "priority": PRIORITIES[request.priority],
+        "send_at": request.send_at,
         "now": now,
         "run_id": request.run_id,
         "step_id": request.step_id,
@@ -132,6 +157,8 @@ def enqueue_many_params(
                 actor.name if actor else None,
                 actor.key_id if actor else None,
                 actor.interface if actor else None,
+                PRIORITIES[request.priority],
+                None if request.send_at is None else request.send_at.isoformat(),
             ]
         )
         # The payload goes in as the canonical JSON text validation made (and hashed),
@@ -143,9 +170,131 @@ def enqueue_many_params(
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-def enqueue_many_op(requests: Sequence[ValidRequest], now: datetime | None = None) -> Op:
+def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | None = None) -> Op:
+    """Enqueue one request under the approval policy (docs/design.md, "Approvals and budgets"),
+    in the caller's transaction (it must be one: the budget counters' row locks are held until
+    the step is written and committed with them).
+
+    Only a new step is judged: a repeat of a stored key is answered as its row is (held or
+    not), charging nothing. Then the rules that need no database, first contact
+    (known_recipients) and, for a send nothing else holds, the budgets: each counter charged
+    in sorted order under its row lock, never past its cap. The first that would pass its cap
+    gives back what this send charged before it, and the send is held (EVQ_BUDGET_ACTION=hold)
+    or refused (E_BUDGET, nothing written). A held send charges nothing: if a person approves
+    it, that is their decision, not the agent's budget. A send not held charges its budgets
+    and makes its recipients (and their domains) known to its sender."""
+    rows = yield Q["step_get_by_key"], key_params(request)
+    if rows:
+        return existing_or_conflict(rows[0], request)
+    sender = sender_of(request.payload)
+    keys = contact_keys(approval, request.recipients)
+    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
+    at: datetime = context["now"]
+    # The hours that matter are those the send would go out in: a scheduled one's.
+    when = max(at, request.send_at) if request.send_at is not None else at
+    holds = static_holds(
+        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+    ) + contact_holds(approval, keys, context["known"])
+    charged: list[dict[str, Any]] = []
+    if not holds:
+        name = request.actor.name if request.actor else None
+        for charge in budget_charges(
+            approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at
+        ):
+            budget, scope, window_start, amount, cap = charge
+            params = {
+                "now": at,
+                "budget": budget,
+                "scope": scope,
+                "window_start": window_start,
+                "amount": amount,
+                "cap": cap,
+            }
+            if (yield Q["budget_charge"], params):
+                charged.append(params)
+                continue
+            [used] = yield Q["budget_used"], params
+            over = budget_hold(charge, used["used"])
+            yield from _uncharge(charged)
+            if approval.over_budget is OverBudget.REFUSE:
+                raise budget_refusal(over)
+            holds.append(over)
+            break
+    hold = {"rules": holds} if holds else None
+    expires = approval.expires_after.total_seconds() if approval.expires_after is not None else None
+    rows = yield Q["step_enqueue"], enqueue_params(request, at, hold=hold, expires_seconds=expires)
+    if not rows or not rows[0]["created"]:
+        # A concurrent enqueue of the same key committed first: this send is theirs, charged once.
+        yield from _uncharge(charged)
+        if not rows:
+            rows = yield Q["step_get_by_key"], key_params(request)
+            if not rows:
+                raise Conflict("a concurrent enqueue holds this key; retry", context={"key": request.idempotency_key})
+        return existing_or_conflict(rows[0], request)
+    row = rows[0]
+    if hold is not None:
+        actor = request.actor
+        who = (actor.name or actor.interface) if actor else "python"
+        yield Q["step_held_evidence"], {"now": at, "id": row["id"], "run_id": row["run_id"], "actor": who,
+                                        "detail": json.dumps(hold, ensure_ascii=False)}  # fmt: skip
+    else:
+        learnt = memory_keys(request.recipients)
+        yield Q["known_recipients_add"], {"now": at, "sender": sender, "keys": learnt, "step": row["id"]}
+    metrics.ENQUEUED.inc()
+    metrics.observe_decision_to_enqueue(request.decision.decided_at, row["created_at"])
+    return result_from_row(row)
+
+
+def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | None = None) -> Op:
+    """What :func:`gated_op` would hold a new step for, read without writing or locking (a
+    dry run): the same rules, the budgets as they stand. A concurrent enqueue may change
+    the answer; the real enqueue decides."""
+    sender = sender_of(request.payload)
+    keys = contact_keys(approval, request.recipients)
+    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
+    at: datetime = context["now"]
+    when = max(at, request.send_at) if request.send_at is not None else at
+    holds = static_holds(
+        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+    ) + contact_holds(approval, keys, context["known"])
+    if not holds:
+        name = request.actor.name if request.actor else None
+        for charge in budget_charges(
+            approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at
+        ):
+            budget, scope, window_start, amount, cap = charge
+            [used] = yield Q["budget_used"], {"budget": budget, "scope": scope, "window_start": window_start}
+            if used["used"] + amount > cap:
+                holds.append(budget_hold(charge, used["used"]))
+                break
+    return holds
+
+
+def _uncharge(charged: Sequence[Mapping[str, Any]]) -> Op:
+    for params in reversed(charged):
+        yield Q["budget_uncharge"], params
+
+
+def gated_many_op(requests: Sequence[ValidRequest], approval: ApprovalPolicy, now: datetime | None = None) -> Op:
+    """The batch under an active policy: one request at a time (each judged and charged in
+    turn), in the caller's one transaction. A refusal names the request (``[index].budget...``)."""
+    results: list[EnqueueResult] = []
+    for i, request in enumerate(requests):
+        try:
+            results.append((yield from gated_op(request, approval, now)))
+        except BudgetExceeded as exc:
+            raise BudgetExceeded([{**e, "field": f"[{i}].{e['field']}"} for e in exc.errors], hint=exc.hint) from None
+    return results
+
+
+def enqueue_many_op(
+    requests: Sequence[ValidRequest], now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
+) -> Op:
     """Enqueue validated requests with one multi-row statement per chunk, keeping
-    every rule of the single enqueue; the caller's transaction makes it all or none."""
+    every rule of the single enqueue; the caller's transaction makes it all or none.
+    Under an active approval policy, one request at a time (:func:`gated_many_op`)."""
+    if gated(approval, requests):
+        return (yield from gated_many_op(requests, approval, now))
     results: list[EnqueueResult] = []
     for start in range(0, len(requests), MANY_CHUNK):
         chunk = requests[start : start + MANY_CHUNK]
@@ -197,11 +346,31 @@ def checked_op(requests: Sequence[ValidRequest], policy: Policy, now: datetime |
     if not rest:
         made: list[EnqueueResult] = []
     elif many:
-        made = yield from enqueue_many_op(rest, now)
+        made = yield from enqueue_many_op(rest, now, policy.approval)
+    elif gated(policy.approval, rest):
+        made = [(yield from gated_op(rest[0], policy.approval, now))]
     else:
         made = [(yield from enqueue_op(rest[0], now))]
     results = merge_answers(answered, made)
     return [flag_ambiguity(r, v, policy) for r, v in zip(results, requests, strict=True)]
+
+
+def _run_checked(conn: psycopg.Connection, requests: Sequence[ValidRequest], policy: Policy, op: Op) -> Any:
+    """:func:`run_sync`; a gated enqueue on an autocommit connection in a transaction of its
+    own (its statements commit together). In the caller's transaction it is the caller's."""
+    if conn.autocommit and gated(policy.approval, requests):
+        with conn.transaction():
+            return run_sync(conn, op)
+    return run_sync(conn, op)
+
+
+async def _run_checked_async(
+    conn: psycopg.AsyncConnection, requests: Sequence[ValidRequest], policy: Policy, op: Op
+) -> Any:
+    if conn.autocommit and gated(policy.approval, requests):
+        async with conn.transaction():
+            return await run_async(conn, op)
+    return await run_async(conn, op)
 
 
 def run_sync(conn: psycopg.Connection, op: Op) -> Any:
@@ -262,7 +431,7 @@ def enqueue(
     (``created`` false). The default ``Policy()`` knows no profiles and flags nothing.
     """
     valid = _as_python(validate(request, policy), actor)
-    [result] = run_sync(_driver_connection(conn), checked_op([valid], policy, now, many=False))
+    [result] = _run_checked(_driver_connection(conn), [valid], policy, checked_op([valid], policy, now, many=False))
     return result
 
 
@@ -279,7 +448,7 @@ async def enqueue_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
-    [result] = await run_async(conn, checked_op([valid], policy, now, many=False))
+    [result] = await _run_checked_async(conn, [valid], policy, checked_op([valid], policy, now, many=False))
     return result
 
 
@@ -297,7 +466,7 @@ def enqueue_many(
     (``[index].field``) and nothing is written. Commit is the caller's.
     """
     valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
-    return list(run_sync(_driver_connection(conn), checked_op(valid, policy, now, many=True)))
+    return list(_run_checked(_driver_connection(conn), valid, policy, checked_op(valid, policy, now, many=True)))
 
 
 async def enqueue_many_async(
@@ -313,7 +482,7 @@ async def enqueue_many_async(
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
-    return list(await run_async(conn, checked_op(valid, policy, now, many=True)))
+    return list(await _run_checked_async(conn, valid, policy, checked_op(valid, policy, now, many=True)))
 
 
 def enqueue_own(
@@ -342,7 +511,7 @@ def enqueue_own(
     try:
         valid = _as_python(validate(request, policy), actor)
         with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
-            [result] = run_sync(conn, checked_op([valid], policy, many=False))
+            [result] = _run_checked(conn, [valid], policy, checked_op([valid], policy, many=False))
             return result
     except InvalidRequest as exc:  # its fields, or E_UNRESOLVABLE for a step it would create
         if record_refusals:

@@ -13,6 +13,10 @@
 -- The sequence is named (decisions_id_seq, the column's default since 0001), not
 -- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the
 -- batch statement on every row.
+-- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
+-- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
+-- step_held_evidence, in the same transaction. `send_at` starts next_attempt_at and the retry
+-- budget (retry_from) later; a past one is now. Nothing wakes a worker for a held step.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
@@ -20,14 +24,22 @@ WITH t AS (
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
-        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at,
+        status, reason, held_since, hold_expires_at, hold, priority, send_at, retry_from
     )
     SELECT %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
-           %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s, t.now, t.now, t.now
+           %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s,
+           greatest(t.now, coalesce(%(send_at)s::timestamptz, t.now)), t.now, t.now,
+           CASE WHEN %(held)s::bool THEN 'held' ELSE 'pending' END,
+           CASE WHEN %(held)s::bool THEN 'approval_required' END,
+           CASE WHEN %(held)s::bool THEN t.now END,
+           CASE WHEN %(held)s::bool THEN t.now + make_interval(secs => %(hold_expires_seconds)s::float8) END,
+           %(hold)s::jsonb, %(priority)s, %(send_at)s::timestamptz,
+           CASE WHEN %(send_at)s::timestamptz > t.now THEN %(send_at)s::timestamptz END
     FROM ids, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at
+              created_at, hold, requested_sha256
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -40,13 +52,15 @@ WITH t AS (
     RETURNING id
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
-       step.payload_sha256, step.provider, step.created_at, true AS created, NULL::text AS reason,
-       false AS maybe_delivered
+       step.payload_sha256, step.provider, step.created_at, step.hold, true AS created, step.requested_sha256,
+       NULL::text AS reason, false AS maybe_delivered
 FROM step
-CROSS JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider)) AS wake
+LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
+-- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
+-- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, false, s.reason, s.maybe_delivered
+       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -73,15 +87,18 @@ WITH t AS (
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
            e.v->>15 AS actor, e.v->>16 AS actor_key_id, e.v->>17 AS interface,
-           e.v->18 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+           (e.v->>18)::smallint AS priority, (e.v->>19)::timestamptz AS send_at,
+           e.v->20 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ), step AS (
     INSERT INTO email_steps (
         run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
-        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at
+        payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at, priority, send_at,
+        retry_from
     )
     SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
-           r.payload_sha256, r.max_attempts, r.notify, t.now, t.now, t.now
+           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, coalesce(r.send_at, t.now)), t.now, t.now,
+           r.priority, r.send_at, CASE WHEN r.send_at > t.now THEN r.send_at END
     FROM r, t
     -- Ids in request order, so the claim (next_attempt_at, id) takes a batch first in, first out.
     ORDER BY r.ord
@@ -99,7 +116,8 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, (SELECT count(*) FROM wake) AS woke
+       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256,
+       (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
@@ -111,11 +129,76 @@ LEFT JOIN LATERAL (
 
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
-       provider, created_at, false AS created
+       provider, created_at, hold, false AS created, requested_sha256
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
 LIMIT 1;
+
+
+-- name: approval_context
+-- What the approval policy reads before a new step is written (worker/approval.py): the
+-- enqueue's clock, and which of the recipients' contact keys this sender is known for.
+SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+       coalesce((SELECT array_agg(k.recipient ORDER BY k.recipient) FROM known_recipients k
+                 WHERE k.sender = %(sender)s AND k.recipient = ANY(%(keys)s::text[])), '{}') AS known;
+
+
+-- name: budget_charge
+-- Charge one blast-radius counter, under its row's lock, only while it stays within its cap:
+-- the cap is in the statement's condition, so concurrent enqueues (each waiting on the row
+-- lock, then re-reading the row) can never together pass it. No row back: it would pass.
+-- Callers charge a send's counters in budget_charges' sorted order (no lock cycle).
+INSERT INTO send_budgets AS b (budget, scope, window_start, used, updated_at)
+SELECT %(budget)s, %(scope)s, %(window_start)s, %(amount)s, coalesce(%(now)s::timestamptz, now())
+WHERE %(amount)s <= %(cap)s
+ON CONFLICT (budget, scope, window_start)
+DO UPDATE SET used = b.used + EXCLUDED.used, updated_at = EXCLUDED.updated_at
+WHERE b.used + EXCLUDED.used <= %(cap)s
+RETURNING b.used;
+
+
+-- name: budget_uncharge
+-- Give back what budget_charge took, in the same transaction (its row still locked by it),
+-- when a later counter of the same send would pass its cap: a held or refused send charges nothing.
+UPDATE send_budgets SET used = used - %(amount)s
+WHERE budget = %(budget)s AND scope = %(scope)s AND window_start = %(window_start)s;
+
+
+-- name: budget_used
+SELECT coalesce((SELECT used FROM send_budgets
+                 WHERE budget = %(budget)s AND scope = %(scope)s AND window_start = %(window_start)s), 0) AS used;
+
+
+-- name: budget_usage
+-- `evq policy show`: the counters of the current windows (a run's budget has one, at the epoch).
+SELECT budget, scope, window_start, used
+FROM send_budgets
+-- used 0: a counter a send charged and gave back (budget_uncharge), as good as none.
+WHERE used > 0
+  AND ((budget = 'run_recipients')
+       OR (budget IN ('key_hourly', 'domain_hourly')
+           AND window_start = date_trunc('hour', coalesce(%(now)s::timestamptz, now()), 'UTC'))
+       OR (budget = 'key_daily' AND window_start = date_trunc('day', coalesce(%(now)s::timestamptz, now()), 'UTC')))
+ORDER BY used DESC, budget, scope
+LIMIT %(limit)s;
+
+
+-- name: step_held_evidence
+-- The `held` evidence of a step written held: who enqueued it and why it waits. No to_status:
+-- ck_evidence_to_status (0001's status list) does not name `held`, and the step was never in
+-- another state (an enqueue's evidence has no transition).
+INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
+VALUES (%(id)s, %(run_id)s, 'held', %(actor)s, 'approval_required', %(detail)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()));
+
+
+-- name: known_recipients_add
+-- The first-contact rule's memory: a sender may mail these again without a hold.
+INSERT INTO known_recipients (sender, recipient, first_step_id, created_at)
+SELECT %(sender)s, k, %(step)s, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(keys)s::text[]) AS k
+ON CONFLICT DO NOTHING;
 
 
 -- name: step_claim
@@ -960,14 +1043,15 @@ ORDER BY e.step_id, e.id DESC;
 
 
 -- name: step_list
--- Filters are optional: a NULL parameter disables its condition. Unknown rows
--- sort oldest first (the operator's queue); everything else newest first.
+-- Filters are optional: a NULL parameter disables its condition. Unknown and held
+-- rows sort oldest first (the operators' queues: by unknown_since, by held_since);
+-- everything else newest first.
 -- The total is counted apart from the page, so it stays right when the offset
 -- runs past the end (then the one row back carries the total and no step).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), matched AS (
-    SELECT s.id, s.status, s.unknown_since, s.created_at
+    SELECT s.id, s.status, coalesce(s.unknown_since, s.held_since) AS waiting_since, s.created_at
     FROM email_steps s
     WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
       AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
@@ -981,8 +1065,8 @@ WITH t AS (
 ), page AS (
     SELECT m.id
     FROM matched m
-    ORDER BY CASE WHEN m.status = 'unknown' THEN m.unknown_since END ASC NULLS LAST,
-             CASE WHEN m.status = 'unknown' THEN m.id END ASC, m.created_at DESC, m.id DESC
+    ORDER BY CASE WHEN m.status IN ('unknown', 'held') THEN m.waiting_since END ASC NULLS LAST,
+             CASE WHEN m.status IN ('unknown', 'held') THEN m.id END ASC, m.created_at DESC, m.id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT total.n AS total,
@@ -998,8 +1082,8 @@ FROM (SELECT count(*)::int AS n FROM matched) AS total
 CROSS JOIN t
 LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
 -- The page's order again (a join does not keep it).
-ORDER BY CASE WHEN s.status = 'unknown' THEN s.unknown_since END ASC NULLS LAST,
-         CASE WHEN s.status = 'unknown' THEN s.id END ASC, s.created_at DESC, s.id DESC;
+ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since, s.held_since) END ASC NULLS LAST,
+         CASE WHEN s.status IN ('unknown', 'held') THEN s.id END ASC, s.created_at DESC, s.id DESC;
 
 
 -- name: step_resolve
@@ -1113,6 +1197,184 @@ SELECT cur.id, cur.run_id, cur.created_at, cur.status AS current_status, cur.rea
 FROM cur
 LEFT JOIN closed ON true
 LEFT JOIN ev ON true;
+
+
+-- name: step_approve
+-- A person's approval of a held send (issue 17): held -> pending, reason approved, the
+-- same key and Message-ID, and its `approved` evidence (the approver, their note, both
+-- hashes) in one statement guarded by status = 'held' (FOR UPDATE: a second approver, or
+-- the expiry pass, waits and then finds it no longer held: E_CONFLICT). With a correction
+-- (%(payload)s, validated by the caller as at enqueue) the payload and its hash change and
+-- requested_sha256 keeps the agent's own hash (the step guard allows exactly this, 0018);
+-- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
+-- It is due at once, or at send_at when that is later. Its recipients become known to the
+-- sender (address and @domain), so the first-contact rule does not hold the next send to them.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.requested_sha256, s.held_since,
+           s.hold_expires_at, s.hold
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'pending',
+        reason = 'approved',
+        detail = %(note)s,
+        payload = coalesce(%(payload)s::jsonb, s.payload),
+        payload_sha256 = coalesce(%(payload_sha256)s, s.payload_sha256),
+        requested_sha256 = CASE WHEN %(payload_sha256)s::text IS NOT NULL AND %(payload_sha256)s <> s.payload_sha256
+                                THEN coalesce(s.requested_sha256, s.payload_sha256)
+                                ELSE s.requested_sha256 END,
+        held_since = NULL,
+        hold_expires_at = NULL,
+        next_attempt_at = greatest(coalesce(s.send_at, t.now), t.now),
+        updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'held'
+      AND (%(from_sha256)s::text IS NULL OR cur.payload_sha256 = %(from_sha256)s)
+    RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'approved', %(actor)s, 'held', 'pending', 'approved',
+           jsonb_build_object(
+               'note', %(note)s::text,
+               'edited', d.payload_sha256 <> cur.payload_sha256,
+               'from_sha256', cur.payload_sha256,
+               'to_sha256', d.payload_sha256,
+               'fields', %(fields)s::jsonb,
+               'held_since', cur.held_since,
+               'hold_expires_at', cur.hold_expires_at,
+               'hold', cur.hold),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+), known AS (
+    INSERT INTO known_recipients (sender, recipient, first_step_id, created_at)
+    SELECT DISTINCT lower(d.payload -> 'from' ->> 'email'), k.recipient, d.id, d.at
+    FROM done d
+    CROSS JOIN LATERAL jsonb_array_elements((d.payload -> 'to') || (d.payload -> 'cc') || (d.payload -> 'bcc')) r
+    CROSS JOIN LATERAL (VALUES (lower(r ->> 'email')), ('@' || lower(split_part(r ->> 'email', '@', 2)))) k(recipient)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       cur.payload_sha256 AS current_sha256, done.id IS NOT NULL AS changed, done.payload_sha256,
+       done.requested_sha256, ev.id AS evidence_id, ev.created_at AS decided_at,
+       CASE WHEN done.id IS NOT NULL THEN pg_notify('evq_steps', done.provider)::text IS NULL
+            ELSE false END AS woke,
+       (SELECT count(*) FROM known) AS learned
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: step_deny
+-- A person's denial of a held send: held -> rejected, reason denied, closed, with its
+-- `denied` evidence, in one statement guarded by status = 'held'. The caller enqueues
+-- the notice to `notify` in the same transaction (notice_candidates); the key_events
+-- trigger (0015) puts the rejection in the enqueuing key's feed.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.held_since, s.hold_expires_at, s.hold
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'denied', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
+        closed_at = t.now, updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status = 'held'
+    RETURNING s.id, s.run_id, s.attempts, s.payload_sha256, s.created_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'denied', %(actor)s, 'held', 'rejected', 'denied',
+           jsonb_build_object('note', %(note)s::text, 'held_since', cur.held_since,
+                              'hold_expires_at', cur.hold_expires_at, 'hold', cur.hold),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       done.id IS NOT NULL AS changed, cur.payload_sha256, done.created_at, ev.id AS evidence_id,
+       ev.created_at AS decided_at
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: step_cancel
+-- The agent's (or an operator's) cancel of a send not yet sent: held, pending, or
+-- retryable that cannot have been delivered (maybe_delivered false) -> rejected, reason
+-- cancelled, with its `cancelled` evidence, in one statement. FOR UPDATE waits for a
+-- claim under way: a step a worker claimed first is in_flight and is left alone (the
+-- caller says so); the claim's SKIP LOCKED passes over a row this statement holds, so a
+-- cancelled step is never claimed.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), cur AS (
+    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.maybe_delivered, s.attempts, s.held_since
+    FROM email_steps s
+    WHERE s.id = %(id)s
+    FOR UPDATE
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'cancelled', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
+        closed_at = t.now, updated_at = t.now
+    FROM cur, t
+    WHERE s.id = cur.id AND cur.status IN ('held', 'pending', 'retryable') AND NOT cur.maybe_delivered
+    RETURNING s.id, s.run_id, s.attempts, s.created_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'cancelled', %(actor)s, cur.status, 'rejected', 'cancelled',
+           jsonb_build_object('note', %(note)s::text, 'previous', jsonb_build_object(
+               'status', cur.status, 'reason', cur.reason, 'attempts', cur.attempts, 'held_since', cur.held_since)),
+           d.at
+    FROM done d, cur
+    RETURNING id, created_at
+)
+SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
+       cur.maybe_delivered, done.id IS NOT NULL AS changed, cur.payload_sha256, done.created_at,
+       ev.id AS evidence_id, ev.created_at AS decided_at
+FROM cur
+LEFT JOIN done ON true
+LEFT JOIN ev ON true;
+
+
+-- name: steps_expire_held
+-- The worker's expiry pass (worker/approvals.py): held sends past hold_expires_at ->
+-- rejected, reason approval_expired, with `hold_expired` evidence, a batch at a time;
+-- SKIP LOCKED keeps two workers (and an approver holding a row) apart. The caller
+-- enqueues their notices in the same transaction.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), due AS (
+    SELECT s.id, s.held_since, s.hold_expires_at
+    FROM email_steps s, t
+    WHERE s.status = 'held' AND s.hold_expires_at <= t.now
+    ORDER BY s.hold_expires_at, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+), done AS (
+    UPDATE email_steps s
+    SET status = 'rejected', reason = 'approval_expired', detail = 'no one approved it before it expired',
+        held_since = NULL, hold_expires_at = NULL, closed_at = t.now, updated_at = t.now
+    FROM due, t
+    WHERE s.id = due.id AND s.status = 'held'
+    RETURNING s.id, s.run_id, s.attempts, s.created_at, due.held_since, due.hold_expires_at, t.now AS at
+), ev AS (
+    INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
+    SELECT d.id, d.run_id, d.attempts, 'hold_expired', %(actor)s, 'held', 'rejected', 'approval_expired',
+           jsonb_build_object('message', 'no one approved it before it expired',
+                              'held_since', d.held_since, 'hold_expires_at', d.hold_expires_at),
+           d.at
+    FROM done d
+    RETURNING step_id
+)
+SELECT d.id, d.created_at, d.at FROM done d JOIN ev ON ev.step_id = d.id;
 
 
 -- name: snapshot_read

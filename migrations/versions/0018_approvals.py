@@ -178,6 +178,12 @@ def upgrade() -> None:
     )
     op.drop_constraint(op.f("ck_evidence_kind"), "evidence", type_="check")
     op.create_check_constraint(op.f("ck_evidence_kind"), "evidence", _in("kind", KINDS))
+    # Evidence of the held lifecycle moves a step from or to held.
+    for column in ("from_status", "to_status"):
+        op.drop_constraint(op.f(f"ck_evidence_{column}"), "evidence", type_="check")
+        op.create_check_constraint(
+            op.f(f"ck_evidence_{column}"), "evidence", f"{column} IS NULL OR {_in(column, STATUSES)}"
+        )
     op.create_table(
         "send_budgets",
         sa.Column("budget", sa.Text(), nullable=False),

@@ -47,10 +47,14 @@ from evq.ops.app.service import (
     LIST_LIMIT_MAX,
     MAX_ATTEMPTS_HELP,
     MAX_ID,
+    PRIORITY_HELP,
+    REQUIRE_APPROVAL_HELP,
+    SEND_AT_HELP,
 )
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.app.waiting import WAIT_DEFAULT
 from evq.ops.settings import OPTIONS, Option
+from evq.worker.approval import PRIORITIES
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission, Role
 from evq.worker.pruner import RETENTION_HELP
@@ -317,6 +321,9 @@ def _send_request() -> tuple[Param, ...]:
             example="In-Reply-To: <m1@example.org>",
         ),
         Param("max_attempts", type="integer", help=MAX_ATTEMPTS_HELP, example=3),
+        Param("require_approval", Kind.FLAG, help=REQUIRE_APPROVAL_HELP),
+        Param("send_at", metavar="ISO8601", help=SEND_AT_HELP, example="2026-05-01T09:00:00+02:00"),
+        Param("priority", enum=tuple(PRIORITIES), help=PRIORITY_HELP, example="high"),
     )
 
 
@@ -398,6 +405,7 @@ GROUPS: dict[str, str] = {
     "deliveries": "What providers' webhooks said became of each message: delivered, deferred, bounced, complained.",
     "events": "Each API key's event feed: every rejection, unknown and operator verdict on the sends it enqueued.",
     "keys": "Manage API keys: who may change rows, and the name evidence records them by.",
+    "policy": "The approval policy: which sends wait for a person, and the blast-radius budgets.",
     "providers": "The email providers evq sends through, and their circuits.",
     "refusals": "Enqueues evq refused: what agents asked, by which key, and every failing field.",
     "runs": "Read back an agent run: every step it decided, and everything that happened to each.",
@@ -423,6 +431,9 @@ BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "pee
 # Why a command has no HTTP route or MCP tool (Command.local_only).
 _PROCESS = "it runs a process on this machine (or for as long as it runs); a request cannot start or hold one"
 _DATABASE = "it needs the database's own credentials, not an API key, so it is run where the database is"
+
+# STEP_ID of the commands that act on one step.
+_STEP_ID = Param("step_id", Kind.ARGUMENT, type="integer", required=True, minimum=1, maximum=MAX_ID, example=1)
 
 _TABLE: tuple[Command, ...] = (
     Command(
@@ -778,8 +789,9 @@ _TABLE: tuple[Command, ...] = (
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client).",
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_admin_health (call it first), evq_steps_enqueue, evq_steps_show, "
-        "evq_steps_list, evq_runs_show, evq_providers_list, evq_events_list, evq_deliveries_list, and evq_steps_resolve with "
-        "EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
+        "evq_steps_list, evq_runs_show, evq_providers_list, evq_policy_show, evq_events_list, evq_deliveries_list, "
+        "evq_steps_cancel, evq_steps_approve and evq_steps_deny (operator or admin keys only; these dry-run unless told "
+        "not to), and evq_steps_resolve with EVQ_MCP_RESOLVE=true (it dry-runs unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
         "the protocol's: logs go to stderr, and -o json prints only an error at startup.",
@@ -792,6 +804,22 @@ _TABLE: tuple[Command, ...] = (
         avoid_when="running by hand: it speaks the MCP protocol on stdin and stdout",
         risk=Risk.MEDIUM,
         local_only=_PROCESS,
+    ),
+    Command(
+        "policy.show",
+        "Show the approval policy and how much of each blast-radius budget the current windows used.",
+        "Show the approval policy this installation enqueues under (EVQ_APPROVAL_*, EVQ_BUDGET_*): "
+        "whether every send is held, the first-contact rule (off, address or domain), the recipient "
+        "cap, the allowed hours and weekdays in their time zone, how long a held send waits before it "
+        "expires, each budget's cap and what a send over one gets (hold or refuse); and the budgets' "
+        "counters in their current windows (a run's over its life, a key's this hour and this UTC day, "
+        "a domain's this hour), most used first. A request's require_approval holds it whatever the policy.",
+        Effect.READ,
+        (OUTPUT, DATABASE_URL),
+        use_when="before a batch: will these sends be held, and how much budget is left?",
+        avoid_when="asking why one send is held: `steps show` has its hold and evidence",
+        http=(Route("GET", "/v1/policy"),),
+        mcp=True,
     ),
     Command(
         "providers.list",
@@ -1136,6 +1164,100 @@ _TABLE: tuple[Command, ...] = (
         risk=Risk.HIGH,
         confirm=True,
         http=(Route("POST", "/v1/steps/resolve"), Route("POST", "/v1/steps/{step_id}/resolve", "by_step_id")),
+        mcp=True,
+    ),
+    Command(
+        "steps.approve",
+        "Approve a held send: it becomes pending with the same key and Message-ID, and a worker sends it.",
+        "Approve a held send: it becomes pending with the same key and Message-ID, and a "
+        "worker sends it (at its send_at, if later). Only a held step can be approved "
+        "(exit 3 otherwise); an agent key never can (exit 4).\n\n"
+        "--subject, --text and --html correct the message before it goes: a new request, "
+        "validated as an enqueue is, with a new hash; the agent's hash is kept "
+        "(requested_sha256), its retry still finds the step, and the evidence shows both. "
+        "The recipients become known to the sender (the first-contact rule).",
+        Effect.SEND,
+        (
+            _STEP_ID,
+            Param(
+                "note",
+                required=True,
+                example="checked with the account owner",
+                help="Why: what you checked (kept in the evidence with your key's name).",
+            ),
+            Param("subject", metavar="TEXT", help="Correct the subject before it is sent."),
+            Param("text", metavar="TEXT", help="Correct the plain-text body before it is sent."),
+            Param("html", metavar="HTML", help="Correct the HTML body before it is sent."),
+            DRY_RUN,
+            api_key(Permission.APPROVE),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.APPROVE,
+        examples=(
+            'evq steps approve 42 --note "checked with the account owner" --dry-run',
+            'evq steps approve 42 --note "fixed the greeting" --subject "Your invoice"',
+        ),
+        use_when="a person read a held send (`steps list --status held`, `steps show`) and it should go out",
+        avoid_when="you are the agent that asked for it: an agent key never approves; wait, or cancel it",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/approve"),),
+        mcp=True,
+    ),
+    Command(
+        "steps.deny",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and its notify is told.",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and its "
+        "notify address is told. Only a held step can be denied (exit 3 otherwise); an "
+        "agent key never can (exit 4).",
+        Effect.WRITE,
+        (
+            _STEP_ID,
+            Param(
+                "note",
+                required=True,
+                example="not to this customer",
+                help="Why (kept in the evidence, and the agent's feed shows it).",
+            ),
+            DRY_RUN,
+            api_key(Permission.APPROVE),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.APPROVE,
+        examples=('evq steps deny 42 --note "not to this customer"',),
+        use_when="a person read a held send and it must not go out",
+        avoid_when="the message only needs a correction: `steps approve` with --subject/--text/--html",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/deny"),),
+        mcp=True,
+    ),
+    Command(
+        "steps.cancel",
+        "Cancel a send not yet sent (held, pending, or retryable that cannot have gone out): it is never sent.",
+        "Cancel a send not yet sent (held, pending, or retryable that cannot have gone "
+        "out): it is closed rejected (reason cancelled) and never sent. The key that "
+        "enqueued it may cancel it, and any operator or admin key. A step a worker is "
+        "sending (in_flight) cannot be cancelled, nor one that may have been delivered "
+        "(exit 3: an operator resolves that with `steps resolve`).",
+        Effect.WRITE,
+        (
+            _STEP_ID,
+            Param("note", example="the customer replied first", help="Why (kept in the evidence)."),
+            DRY_RUN,
+            api_key(Permission.CANCEL),
+            OUTPUT,
+            DATABASE_URL,
+        ),
+        permission=Permission.CANCEL,
+        examples=('evq steps cancel 42 --note "the customer replied first"',),
+        use_when="a queued, scheduled or held send should not go out after all",
+        avoid_when="the step is unknown or in flight: it may already be delivered; `steps show` says what to do",
+        risk=Risk.HIGH,
+        confirm=True,
+        http=(Route("POST", "/v1/steps/{step_id}/cancel"),),
         mcp=True,
     ),
     Command(

@@ -29,6 +29,7 @@ EXIT_CODES: dict[str, int] = {
     "E_INTERNAL": 1,
     "E_INVALID_ARG": 2,
     "E_UNRESOLVABLE": 2,
+    "E_BUDGET": 2,
     "E_CONFLICT": 3,
     "E_AUTH_FAILED": 4,
     "E_SCHEMA_MISMATCH": 5,

@@ -93,6 +93,11 @@ class QueueCollector(Collector):
             "Queue lag: how long the oldest row claimable now has waited since it became due (0: none). "
             "Rows waiting for their retry backoff do not count.",
         )
+        held = GaugeMetricFamily(
+            "evq_held_oldest_age_seconds",
+            "How long the oldest held send has waited for a person's approval (0: none). How many wait: "
+            'evq_steps{status="held"}.',
+        )
         expired = GaugeMetricFamily(
             "evq_in_flight_expired", "In-flight rows whose lease has expired and that no rescuer has taken yet."
         )
@@ -111,7 +116,7 @@ class QueueCollector(Collector):
             labels=["interface", "field"],
         )
         if stats is None:
-            yield from (steps, oldest_unknown, pending, expired, circuits)
+            yield from (steps, oldest_unknown, pending, held, expired, circuits)
             yield GaugeHistogramMetricFamily(
                 "evq_unknown_age_seconds", "Unknown rows by how long they have waited (a gauge histogram)."
             )
@@ -122,11 +127,12 @@ class QueueCollector(Collector):
             steps.add_metric([str(status)], stats.steps[str(status)])
         oldest_unknown.add_metric([], stats.unknown_oldest_age)
         pending.add_metric([], stats.pending_oldest_age)
+        held.add_metric([], stats.held_oldest_age)
         expired.add_metric([], stats.in_flight_expired)
         for provider in sorted(set(ADAPTERS) | set(stats.circuits)):
             state = CircuitState(stats.circuits.get(provider, CircuitState.CLOSED))
             circuits.add_metric([provider], STATE_VALUES[state])
-        yield from (steps, oldest_unknown, pending, expired, circuits)
+        yield from (steps, oldest_unknown, pending, held, expired, circuits)
         buckets = [(floatToGoString(le), float(n)) for le, n in stats.unknown_buckets]
         buckets.append(("+Inf", float(stats.steps[str(Status.UNKNOWN)])))
         yield GaugeHistogramMetricFamily(

@@ -23,7 +23,16 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from evq.ops.app.commands import command
-from evq.ops.app.service import DECISION_FIELDS, HEADERS_HELP, MAX_ATTEMPTS_HELP, REQUEST_FIELDS
+from evq.ops.app.service import (
+    DECISION_FIELDS,
+    HEADERS_HELP,
+    MAX_ATTEMPTS_HELP,
+    PRIORITY_HELP,
+    REQUEST_FIELDS,
+    REQUIRE_APPROVAL_HELP,
+    SEND_AT_HELP,
+)
+from evq.worker.approval import PRIORITIES
 from evq.worker.errors import InvalidRequest
 from evq.worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
 
@@ -73,6 +82,9 @@ def request_schema() -> dict[str, Any]:
         "additionalProperties": {"type": "string"},
     }
     properties["max_attempts"] = {"type": "integer", "minimum": 1, "maximum": 100, "description": MAX_ATTEMPTS_HELP}
+    properties["require_approval"] = {"type": "boolean", "description": REQUIRE_APPROVAL_HELP}
+    properties["send_at"] = {"type": "string", "format": "date-time", "description": SEND_AT_HELP}
+    properties["priority"] = {"enum": list(PRIORITIES), "description": PRIORITY_HELP}
     return {
         "type": "object",
         "title": "send request",

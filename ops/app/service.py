@@ -21,6 +21,7 @@ from evq.ops.app.labels import NEXT_ACTION_LABELS, REASON_LABELS, STATE_LABELS, 
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker import metrics
+from evq.worker.approval import gated
 from evq.worker.delivery import DELIVERY_TYPES, DeliveryEvent
 from evq.worker.enqueue import (
     ambiguity,
@@ -35,6 +36,7 @@ from evq.worker.enqueue import (
 )
 from evq.worker.errors import (
     AuthFailed,
+    BudgetExceeded,
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
@@ -86,6 +88,14 @@ DECISION_FIELDS: tuple[tuple[str, str], ...] = (
 )
 HEADERS_HELP = "Allowed header (In-Reply-To, References, ...); repeatable."
 MAX_ATTEMPTS_HELP = "Attempts for this step (default: EVQ_MAX_ATTEMPTS)."
+REQUIRE_APPROVAL_HELP = (
+    "Hold this send until a person approves it (status held; `evq steps approve`), whatever the policy."
+)
+SEND_AT_HELP = (
+    "Send no earlier than this instant: ISO 8601 with an offset (2026-05-01T09:00:00+02:00), at most 365 "
+    "days ahead; a past one is now."
+)
+PRIORITY_HELP = "high, normal (the default) or low: a higher priority is claimed first (a code before a newsletter)."
 
 # The filters `steps list` and bulk `steps resolve` share: (name, metavar, description).
 FILTERS: tuple[tuple[str, str | None, str], ...] = (
@@ -222,8 +232,10 @@ async def enqueue(
             await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
         raise
     if dry_run:
-        await caller.identify(store, Permission.READ)
-        plan = [await _plan(store, v, policy) for v in valid]
+        who = await caller.identify(store, Permission.READ)
+        # The key budgets count per key: a dry run's verdict is for the key that asked.
+        actor = Actor(interface=caller.interface, key_id=who.key_id, name=who.name) if who else None
+        plan = [await _plan(store, replace(v, actor=actor) if actor else v, policy) for v in valid]
         # The refusal the real run would answer (a new step through an unresolvable provider).
         held = {i for i in must_look_up(valid, policy) if plan[i]["existing_id"] is not None}
         refuse = lambda: refuse_unresolvable(valid, policy, indexed=len(valid) > 1, held=held)  # noqa: E731
@@ -239,7 +251,17 @@ async def enqueue(
     # Who asked goes with the decision: the key's name and public id, never its secret.
     actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
     rest = [replace(v, actor=actor) for i, v in enumerate(valid) if i not in answered]
-    made = [] if not rest else [await store.enqueue(rest[0])] if len(valid) == 1 else await store.enqueue_many(rest)
+    try:
+        if not rest:
+            made = []
+        elif len(valid) == 1:
+            made = [await store.enqueue(rest[0], approval=policy.approval)]
+        else:
+            made = await store.enqueue_many(rest, approval=policy.approval)
+    except BudgetExceeded as exc:  # EVQ_BUDGET_ACTION=refuse: nothing was written or charged
+        if interface is not None:
+            await record_refusal(store, caller, interface, requests, exc)
+        raise
     # A step whose provider could never settle a lost answer says so (docs/design.md, "Provider profiles").
     results = [flag_ambiguity(r, v, policy) for r, v in zip(merge_answers(answered, made), valid, strict=True)]
     created = sum(1 for r in results if r.created)
@@ -333,7 +355,13 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
             unresolvable=policy.unresolvable,
         ),
     }
-    if row is not None:
+    if row is None:
+        # The policy's verdict on it as a new step, read as the counters stand now: the real
+        # enqueue decides under their locks (a concurrent send may use a budget first).
+        holds = await store.preview_holds(request, policy.approval) if gated(policy.approval, [request]) else []
+        plan["hold"] = {"rules": holds} if holds else None
+    else:
+        plan["hold"] = row.get("hold")
         try:
             held = flag_ambiguity(existing_or_conflict({**row, "created": False}, request), request, policy)
             # Answered as the row is: the ambiguity of its provider.
@@ -932,6 +960,31 @@ async def list_providers(store: AppStore, caller: Caller, settings: Settings) ->
     return Reply(data, meta)
 
 
+# -- the approval policy (worker/approval.py) ----------------------------------
+
+POLICY_USAGE_LIMIT = 20
+
+
+async def show_policy(store: AppStore, caller: Caller, settings: Settings) -> Reply:
+    """The approval policy (ApprovalPolicy.describe()) and the budget counters of the current
+    windows, most used first (at most POLICY_USAGE_LIMIT: meta.usage_shown says how many)."""
+    await caller.identify(store, Permission.READ)
+    policy = settings.approval_policy()
+    caps = {b.value: cap for b, cap in policy.budgets}
+    usage = [
+        {
+            "budget": r["budget"],
+            "scope": r["scope"],
+            "window_start": r["window_start"],
+            "used": r["used"],
+            "cap": caps.get(r["budget"]),
+        }
+        for r in await store.budget_usage(limit=POLICY_USAGE_LIMIT)
+    ]
+    data = {**policy.describe(), "active": policy.active, "usage": usage}
+    return Reply(data, {"usage_shown": len(usage), "usage_limit": POLICY_USAGE_LIMIT})
+
+
 # -- operators ----------------------------------------------------------------
 
 
@@ -1043,8 +1096,9 @@ def json_field_names(exc: InvalidRequest) -> InvalidRequest:
     """The same error with fields named as JSON names them (``--older-than`` -> ``older_than``),
     for the interfaces that take JSON rather than flags."""
     fields = [{**f, "field": _json_name(f["field"])} for f in exc.errors]
-    # E_UNRESOLVABLE keeps its code; every other field error is E_INVALID_ARG.
-    return (Unresolvable if isinstance(exc, Unresolvable) else InvalidRequest)(fields, hint=exc.hint)
+    # E_UNRESOLVABLE and E_BUDGET keep their codes; every other field error is E_INVALID_ARG.
+    kind = type(exc) if isinstance(exc, (Unresolvable, BudgetExceeded)) else InvalidRequest
+    return kind(fields, hint=exc.hint)
 
 
 def _json_name(name: str) -> str:

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 import click
 
 # Each module adds its commands to its group (ops/cli/admin.py's, ops/cli/steps.py's...).
-from evq.ops.cli import bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
+from evq.ops.cli import approvals, bench, db, demo, enqueue, health, mcptools, prune, serve  # noqa: F401
 from evq.ops.cli.admin import admin
 from evq.ops.cli.deliveries import deliveries
 from evq.ops.cli.events import events
 from evq.ops.cli.keys import keys
 from evq.ops.cli.output import EXIT_CODES, EXIT_INTERRUPTED, Output, json_requested
+from evq.ops.cli.policy import policy
 from evq.ops.cli.providers import providers
 from evq.ops.cli.refusals import refusals
 from evq.ops.cli.runs import runs
@@ -45,9 +46,11 @@ def cli() -> None:
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
     Told:         evq events list --since CURSOR   (your key's rejections, unknowns, verdicts)
     Providers:    evq providers list   (what settles a lost answer, rate limits, circuits: which is down and why)
+    Approvals:    evq policy show   (which sends wait for a person, and how much budget is used)
     Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
     Deliveries:   evq deliveries list [--unmatched]   (what providers' webhooks said: delivered, bounced...)
     Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
+    Approve:      evq steps list --status held ; evq steps approve|deny ID --note "..." ; evq steps cancel ID
     Describe:     evq schema   (every command's parameters and JSON output, for agents)
 
     Every command is `evq <noun> <verb>`; the older spellings (`evq enqueue`, `evq db upgrade`,
@@ -59,7 +62,7 @@ def cli() -> None:
     """
 
 
-for group in (admin, deliveries, events, keys, providers, refusals, runs, schema, steps, worker_group):
+for group in (admin, deliveries, events, keys, policy, providers, refusals, runs, schema, steps, worker_group):
     cli.add_command(group)
 # The spellings before the resource-first names (`evq enqueue`, `evq db status`...), hidden.
 add_aliases(cli)

@@ -153,6 +153,11 @@ def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
         request["headers"] = dict(pairs)
     if flags.get("max_attempts") is not None:
         request["max_attempts"] = flags["max_attempts"]
+    if flags.get("require_approval"):
+        request["require_approval"] = True
+    for name in ("send_at", "priority"):
+        if flags.get(name) is not None:
+            request[name] = flags[name]
     return request
 
 

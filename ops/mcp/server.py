@@ -26,7 +26,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from evq.ops.app import service
+from evq.ops.app import approvals, service
 from evq.ops.app.commands import Effect, Risk, command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.health import check_health
@@ -46,7 +46,8 @@ Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the sam
 evq_steps_wait (it answers when the step is worth acting on) or evq_steps_show (its state and evidence) or
 evq_runs_show (a whole run); evq_providers_list says whether a
 provider is down; evq_events_list tells you of every
-send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `unknown`
+send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `held`
+waits for a person's approval: do not send it again, wait (evq_steps_cancel withdraws it). A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides. Every view
 of a step says so itself: safe_to_retry (true only when evq knows nothing was sent) and next_action (wait,
 wait_for_approval, ask_operator, none, fix_and_resend, resend).
@@ -142,6 +143,10 @@ def run_schema() -> dict[str, Any]:
     return command_input("runs.show")
 
 
+def policy_schema() -> dict[str, Any]:
+    return command_input("policy.show")
+
+
 def providers_schema() -> dict[str, Any]:
     return command_input("providers.list")
 
@@ -157,6 +162,11 @@ def deliveries_schema() -> dict[str, Any]:
 def resolve_schema() -> dict[str, Any]:
     # The command's own parameters; only the default differs: a tool dry-runs unless told not to.
     return command_input("steps.resolve", defaults={"dry_run": True})
+
+
+def held_schema(path: str) -> dict[str, Any]:
+    # Like evq_steps_resolve, a tool that decides a send dry-runs unless told not to.
+    return command_input(path, defaults={"dry_run": True})
 
 
 def build_server(store: Any, settings: Settings, api_key: str | None, *, health: Any) -> MCPServer:
@@ -200,6 +210,10 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
         return await service.show_run(store, caller(), a["run_id"], unresolvable=policy.unresolvable)
+
+    async def show_policy(args: Mapping[str, Any]) -> service.Reply:
+        check_arguments(policy_schema(), args)
+        return await service.show_policy(store, caller(), settings)
 
     async def providers(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(providers_schema(), args)
@@ -249,6 +263,21 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             unresolvable=policy.unresolvable,
         )
 
+    async def approve(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.approve"), args)
+        edits = {k: a[k] for k in ("subject", "text", "html") if a.get(k) is not None}
+        return await approvals.approve(
+            store, caller(), a["step_id"], note=a["note"], edits=edits or None, dry_run=a["dry_run"], policy=policy
+        )
+
+    async def deny(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.deny"), args)
+        return await approvals.deny(store, caller(), a["step_id"], note=a["note"], dry_run=a["dry_run"])
+
+    async def cancel(args: Mapping[str, Any]) -> service.Reply:
+        a = check_arguments(held_schema("steps.cancel"), args)
+        return await approvals.cancel(store, caller(), a["step_id"], note=a["note"], dry_run=a["dry_run"])
+
     async def health_check(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(command_input("admin.health"), args)
         return await check_health(health, caller(), store)
@@ -292,6 +321,13 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             run,
         ),
         _tool(
+            "policy.show",
+            "The approval policy: which sends are held for a person (always, first contact, too many recipients, "
+            "outside hours, over a budget) and each budget's use this window. Call it before a batch.",
+            policy_schema(),
+            show_policy,
+        ),
+        _tool(
             "providers.list",
             "Every provider's circuit: closed (sending), open (down or misconfigured, and why) or half_open.",
             providers_schema(),
@@ -312,6 +348,31 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             "no step (operator or admin). A step's own latest state is `delivery` in evq_steps_show.",
             deliveries_schema(),
             deliveries,
+        ),
+        _tool(
+            "steps.cancel",
+            "Cancel a send of yours not yet sent (held, pending, or retryable that cannot have gone out): it is "
+            "closed rejected (reason cancelled) and never sent. In flight, or possibly delivered: refused "
+            "(E_CONFLICT). Dry-runs unless dry_run is false.",
+            held_schema("steps.cancel"),
+            cancel,
+        ),
+        # Approving and denying need an operator or admin key: with an agent's key (the usual
+        # MCP server's) they answer E_FORBIDDEN, so an agent can never approve its own send.
+        _tool(
+            "steps.approve",
+            "Approve a held send (operator or admin key only; an agent key is refused): it becomes pending with "
+            "the same key and Message-ID and is sent. subject/text/html correct it first. Dry-runs unless "
+            "dry_run is false.",
+            held_schema("steps.approve"),
+            approve,
+        ),
+        _tool(
+            "steps.deny",
+            "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
+            "Dry-runs unless dry_run is false.",
+            held_schema("steps.deny"),
+            deny,
         ),
     ]
     tools.insert(

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from evq.ops.app import service
+from evq.ops.app import approvals, service
 from evq.ops.app.commands import COMMANDS as TABLE
 from evq.ops.app.commands import Command, command
 from evq.ops.app.contract import Timer, plain, success
@@ -381,6 +381,92 @@ async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONR
         max_failures=args["max_failures"],
     )
     return await _resolve(request, who, args, selection)
+
+
+def held_schema(path: str) -> dict[str, Any]:
+    """`steps approve|deny|cancel`'s body: its parameters but the STEP_ID of the path."""
+    return command_input(path, exclude=("step_id",))
+
+
+@router.post(
+    "/steps/{step_id}/approve",
+    summary="Approve a held send: it becomes pending (same key and Message-ID) and is sent",
+    description="Needs a key with role operator or admin (an agent key: 403); `note` is required. `subject`, "
+    "`text`, `html` correct the message first (a new request hash; the evidence shows both). Only a held "
+    "step (409 otherwise).",
+    responses=_responses(
+        "steps.approve", 200, s404="no such step (E_NOT_FOUND)", s409="the step is not held (E_CONFLICT)"
+    ),
+    **operation("steps.approve", **_body(held_schema("steps.approve"))),
+)
+async def approve_step(
+    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    args = await _arguments(request, held_schema("steps.approve"))
+    edits = {k: args[k] for k in ("subject", "text", "html") if args.get(k) is not None}
+    reply = await approvals.approve(
+        state.store,
+        who,
+        step_id,
+        note=args["note"],
+        edits=edits or None,
+        dry_run=args["dry_run"],
+        policy=state.policy,
+    )
+    return _answer(reply, request.state.timer)
+
+
+@router.post(
+    "/steps/{step_id}/deny",
+    summary="Deny a held send: rejected (reason denied), never sent, notify told",
+    description="Needs a key with role operator or admin (an agent key: 403); `note` is required. Only a held "
+    "step (409 otherwise).",
+    responses=_responses(
+        "steps.deny", 200, s404="no such step (E_NOT_FOUND)", s409="the step is not held (E_CONFLICT)"
+    ),
+    **operation("steps.deny", **_body(held_schema("steps.deny"))),
+)
+async def deny_step(
+    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    args = await _arguments(request, held_schema("steps.deny"))
+    reply = await approvals.deny(state.store, who, step_id, note=args["note"], dry_run=args["dry_run"])
+    return _answer(reply, request.state.timer)
+
+
+@router.post(
+    "/steps/{step_id}/cancel",
+    summary="Cancel a send not yet sent (held, pending, retryable that cannot have gone out)",
+    description="The key that enqueued the step, or an operator or admin key (another agent key: 403). A step "
+    "in flight, or one that may have been delivered, is 409.",
+    responses=_responses(
+        "steps.cancel",
+        200,
+        s404="no such step (E_NOT_FOUND)",
+        s409="in flight, may have been delivered, or already closed (E_CONFLICT)",
+    ),
+    **operation("steps.cancel", **_body(held_schema("steps.cancel"))),
+)
+async def cancel_step(
+    request: Request, step_id: int = Path(ge=1, le=MAX_ID), who: Caller = Depends(caller)
+) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    args = await _arguments(request, held_schema("steps.cancel"))
+    reply = await approvals.cancel(state.store, who, step_id, note=args["note"], dry_run=args["dry_run"])
+    return _answer(reply, request.state.timer)
+
+
+@router.get(
+    "/policy",
+    summary="The approval policy and the budgets' use in their current windows",
+    responses=_responses("policy.show", 200),
+    **operation("policy.show"),
+)
+async def show_policy(request: Request, who: Caller = Depends(caller)) -> JSONResponse:
+    state: AppState = request.app.state.evq
+    return _answer(await service.show_policy(state.store, who, state.settings), request.state.timer)
 
 
 @router.get(

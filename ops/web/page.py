@@ -1,13 +1,16 @@
 """The operators' page at /ops: server-rendered (Jinja2, autoescaped, no script at all).
 
-Overview, unknown rows oldest first (filters in the URL), one step, a run's trace, and
-closing rows one at a time or in bulk after a preview, all through ops/app/service.py.
-Sign in with an API key: operator and admin keys may close rows; agent keys may look
-(a viewer's read-only session), since reading is what every key may do elsewhere too.
+Overview, unknown rows oldest first (filters in the URL), held sends oldest first, one
+step, a run's trace, closing rows one at a time or in bulk after a preview, and approving,
+denying or cancelling a send, all through ops/app/service.py and ops/app/approvals.py.
+Sign in with an API key: operator and admin keys may close rows and decide on held sends;
+agent keys may look (a viewer's read-only session), since reading is what every key may do
+elsewhere too.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -17,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from evq.ops.app import service
+from evq.ops.app import approvals, service
 from evq.ops.app.age import age
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
@@ -25,7 +28,7 @@ from evq.ops.web import api
 from evq.ops.web.protocol import TooManyFailures
 from evq.ops.web.session import COOKIE, Session
 from evq.ops.web.state import AppState
-from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
+from evq.worker.errors import AuthFailed, EvqError, Forbidden, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import Permission, authenticate, split_key
 from evq.worker.resolution import Resolution, Verdict
 from evq.worker.states import Status
@@ -38,6 +41,14 @@ ENDED = {
 FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
 OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
 PAGE_SIZE = 100
+HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decision), so fewer a page
+# The steps a person may still stop before a worker claims them (docs/design.md, "Approvals and budgets").
+CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
+DONE = {
+    "approved": "Approved: the send is pending and goes out with the same key and Message-ID.",
+    "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
+    "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
+}
 BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
 
 _TEMPLATES = resources.files("evq.ops.web").joinpath("templates")
@@ -50,6 +61,72 @@ env = Environment(
 env.filters["age"] = age
 env.filters["shown"] = lambda value: to_json(value) if isinstance(value, (dict, list)) else value
 env.filters["domain_only"] = lambda email: "…@" + email.rpartition("@")[2] if "@" in email else "…"
+
+
+def _text(value: Any) -> str:
+    return to_json(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def hold_reasons(hold: Any) -> list[tuple[str, str]]:
+    """Why a send was held, as (rule, why) pairs, from ``email_steps.hold``: a list of rules
+    (``{"rule", "why", ...}``) or an object listing ``rules`` and ``budgets``. Whatever its
+    shape the page shows all of it as text, so an unexpected shape still says what it holds."""
+    if hold is None:
+        return []
+    if isinstance(hold, dict):
+        listed = [*(hold.get("rules") or []), *(hold.get("budgets") or [])]
+        return hold_reasons(listed) if listed else [(str(k), _text(v)) for k, v in hold.items()]
+    if not isinstance(hold, list):
+        return [(_text(hold), "")]
+    out: list[tuple[str, str]] = []
+    for item in hold:
+        if isinstance(item, dict):
+            others = {k: v for k, v in item.items() if k not in ("rule", "budget", "why")}
+            why = item.get("why") or (to_json(others) if others else "")
+            out.append((str(item.get("rule") or item.get("budget") or "?"), str(why)))
+        else:
+            out.append((_text(item), ""))
+    return out
+
+
+env.filters["hold_reasons"] = hold_reasons
+
+
+def expires_in(when: Any) -> str:
+    """How long a held send has until it expires (``hold_expires_at``), as the page says it."""
+    if when is None:
+        return "never expires"
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    left = (when - datetime.now(UTC)).total_seconds()
+    return f"expires in {age(left)}" if left > 0 else "expired: the next expiry pass rejects it"
+
+
+env.filters["expires_in"] = expires_in
+
+ADDRESS_HEADERS = (("to", "To"), ("cc", "Cc"), ("bcc", "Bcc"), ("reply_to", "Reply-To"))
+
+
+def _address(a: Any) -> str:
+    return f"{a['email']} ({a['name']})" if a.get("name") else str(a["email"])
+
+
+def header_lines(step: Any) -> list[str]:
+    """The message's headers as it would go out, one line each (the template escapes them)."""
+    p = step["payload"]
+    lines = [f"From: {_address(p['from'])}"]
+    lines += [f"{label}: {', '.join(_address(a) for a in p[k])}" for k, label in ADDRESS_HEADERS if p.get(k)]
+    lines += [f"Subject: {p.get('subject') or ''}", f"Message-ID: {step['message_id']}"]
+    lines += [f"{name}: {value}" for name, value in (p.get("headers") or {}).items()]
+    return lines
+
+
+def recipients(step: Any) -> list[str]:
+    return [a["email"] for k in ("to", "cc", "bcc") for a in step["payload"].get(k) or []]
+
+
+env.filters["header_lines"] = header_lines
+env.filters["recipients"] = recipients
 
 
 class Redirect(Exception):
@@ -227,6 +304,8 @@ async def overview(request: Request) -> HTMLResponse:
     held = [c for c in circuits.data if not c["sending"]]
     # What agents tried lately and were refused (worker/refusals.py), newest first.
     refusals = await service.list_refusals(state.store, who, limit=OVERVIEW_REFUSALS)
+    # The approval queue: how many sends wait for a person, and the oldest of them.
+    waiting = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=1)
     return render(
         request,
         "overview.html",
@@ -238,6 +317,8 @@ async def overview(request: Request) -> HTMLResponse:
         held=held,
         providers=circuits.data,
         refusals=refusals.data,
+        held_total=waiting.meta["total"],
+        held_oldest=waiting.data[0] if waiting.data else None,
     )
 
 
@@ -294,6 +375,34 @@ async def unknown(request: Request) -> HTMLResponse:
     )
 
 
+@router.get("/held", response_class=HTMLResponse)
+async def held(request: Request) -> HTMLResponse:
+    """The approval queue: held sends oldest first, each whole (why it was held, the decision
+    and its rationale, the message as it would go out, when it expires), so a person decides
+    on what would be sent and not on a summary."""
+    session = await signed_in(request)
+    offset = _int(request.query_params.get("offset"), 0)
+    state = _state(request)
+    who = _who(session)
+    reply = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset)
+    shown = []
+    for row in reply.data:
+        try:
+            # show_step, as the step page does: the message's text only for roles that see content.
+            shown.append((await service.show_step(state.store, who, row["id"])).data)
+        except NotFound:
+            continue  # pruned between the two reads: nothing left to decide on
+    return render(
+        request,
+        "held.html",
+        session,
+        rows=shown,
+        total=reply.meta["total"],
+        offset=offset,
+        page_size=HELD_PAGE_SIZE,
+    )
+
+
 def _int(text: str | None, default: int) -> int:
     try:
         value = int(text or default)
@@ -306,7 +415,8 @@ def _int(text: str | None, default: int) -> int:
 async def step(request: Request, step_id: int) -> HTMLResponse:
     session = await signed_in(request)
     back = _back(request.query_params.get("from"))
-    return await _step_page(request, session, step_id, back)
+    done = DONE.get(request.query_params.get("done") or "")
+    return await _step_page(request, session, step_id, back, done=done)
 
 
 def _back(query: str | None) -> dict[str, str | None]:
@@ -329,6 +439,7 @@ async def _step_page(
         back=back,
         back_query=_query(back),
         verdicts=list(Verdict),
+        cancellable=CANCELLABLE,
         **context,
     )
 
@@ -406,6 +517,76 @@ async def close(request: Request, step_id: int) -> Response:
         return await _step_page(request, session, step_id, back, status=status, error=shown, posted=values)
     done = reply.data["results"][0]
     return RedirectResponse(f"/ops/unknown?{_query(back, closed=done['id'])}", status_code=303)
+
+
+# -- held sends: approve, deny, cancel ----------------------------------------------------
+
+
+def _edits(values: dict[str, str]) -> dict[str, str] | None:
+    """The corrections an approver typed: a blank field is not a correction (the send goes
+    out as the agent asked it); anything else replaces that part, and makes a new request hash."""
+    edits = {k: values[k] for k in ("subject", "text") if (values.get(k) or "").strip()}
+    return edits or None
+
+
+def _deciding(session: Session) -> None:
+    """Approving and denying are an operator's or admin's: an agent's session is refused here,
+    before ops/app/approvals.py refuses it again, so a forged form never reaches the store."""
+    identity = session.identity
+    if identity is None or not identity.may(Permission.RESOLVE):
+        raise Forbidden(
+            f"the key's role ({identity.role if identity else 'none'}) may not approve or deny a held send",
+            hint="an operator or admin key decides on held sends",
+        )
+
+
+async def _decided(request: Request, step_id: int, action: str, decide: Any) -> Response:
+    """Run one decision on a step; on success show the step in its new state, otherwise the
+    step page with the refusal in place (and what was typed, so nothing is lost)."""
+    session, values = await _posted(request)
+    try:
+        await decide(session, values)
+    except (InvalidRequest, StateConflict, AuthFailed) as exc:
+        status, shown = _refusal(exc)
+        return await _step_page(request, session, step_id, {}, status=status, error=shown, posted=values)
+    return RedirectResponse(f"/ops/steps/{step_id}?done={action}", status_code=303)
+
+
+def _note(values: dict[str, str], *, required: bool = False) -> str:
+    note = (values.get("note") or "").strip()
+    if required and not note:
+        # The page asks for it before anything is sent (ops/app/approvals.py refuses it too).
+        raise InvalidRequest([{"field": "note", "message": "required: say why you decide so"}])
+    return note
+
+
+@router.post("/steps/{step_id}/approve", response_class=HTMLResponse)
+async def approve(request: Request, step_id: int) -> Response:
+    async def decide(session: Session, values: dict[str, str]) -> None:
+        _deciding(session)
+        await approvals.approve(
+            _state(request).store, _who(session), step_id, note=_note(values, required=True), edits=_edits(values)
+        )
+
+    return await _decided(request, step_id, "approved", decide)
+
+
+@router.post("/steps/{step_id}/deny", response_class=HTMLResponse)
+async def deny(request: Request, step_id: int) -> Response:
+    async def decide(session: Session, values: dict[str, str]) -> None:
+        _deciding(session)
+        await approvals.deny(_state(request).store, _who(session), step_id, note=_note(values, required=True))
+
+    return await _decided(request, step_id, "denied", decide)
+
+
+@router.post("/steps/{step_id}/cancel", response_class=HTMLResponse)
+async def cancel(request: Request, step_id: int) -> Response:
+    async def decide(session: Session, values: dict[str, str]) -> None:
+        # Who may cancel (the key that enqueued it, or an operator) is ops/app/approvals.py's rule.
+        await approvals.cancel(_state(request).store, _who(session), step_id, note=_note(values) or None)
+
+    return await _decided(request, step_id, "cancelled", decide)
 
 
 @router.post("/unknown/preview", response_class=HTMLResponse)

@@ -29,6 +29,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 STATUS: dict[str, int] = {
     "E_INVALID_ARG": 422,
     "E_UNRESOLVABLE": 422,
+    "E_BUDGET": 422,
     "E_NOT_FOUND": 404,
     "E_CONFLICT": 409,
     "E_AUTH_FAILED": 401,

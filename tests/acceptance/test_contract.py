@@ -18,7 +18,7 @@ from evq.ops.cli.describe import describe_command
 from evq.ops.cli.output import EXIT_CODES
 from tests.acceptance.conftest import Evq
 from tests.contract import SCHEMA_DIR, command_path, leaf_commands, registry
-from tests.support import unknown_steps, with_store
+from tests.support import held_steps, unknown_steps, with_store
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
 REQUEST = {
@@ -107,6 +107,8 @@ def _records_script(run: Script) -> None:
     run(nowhere, "keys", "list", expect=9)
     run(anyone, "providers", "list")
     run(nowhere, "providers", "list", expect=9)
+    run(anyone, "policy", "show")
+    run(nowhere, "policy", "show", expect=9)
     run(anyone, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "to": []}), expect=2)  # recorded
     assert run(anyone, "refusals", "list", "--limit", "1")["meta"]["count"] == 1
     run(anyone, "refusals", "list", "--interface", "smtp", expect=2)
@@ -139,6 +141,26 @@ def _database_script(run: Script) -> None:
     with_store(run.db_url, lambda store: unknown_steps(store, run_id="r-u"))
     run(anyone, "demo", expect=3)  # this database holds steps that are not the demo's
     run(nowhere, "demo", expect=9)
+
+
+def _approvals_script(run: Script) -> None:
+    """The held lifecycle (issue 17): approve (dry run, an agent refused, a correction, twice), deny, cancel."""
+    from tests.acceptance.conftest import make_key
+
+    admin, anyone = run.admin, run.anyone
+    held = with_store(run.db_url, lambda store: held_steps(store, 3, run_id="r-h"))
+    h1, h2, h3 = (str(h.id) for h in held)
+    agent = Evq(run.db_url, api_key=make_key(run.db_url, "agent-h", "agent"), process=True)
+    run(anyone, "steps", "approve", h1, "--note", "ok", "--dry-run")
+    run(agent, "steps", "approve", h1, "--note", "mine", expect=4)  # an agent key never approves
+    assert run(admin, "steps", "approve", h1, "--note", "typo", "--subject", "Corrected")["data"]["edited"]
+    run(admin, "steps", "approve", h1, "--note", "again", expect=3)  # no longer held
+    run(anyone, "steps", "deny", h2, "--note", "no", "--dry-run")
+    run(admin, "steps", "deny", h2, "--note", "not to this customer")
+    run(admin, "steps", "deny", "999999", "--note", "no", expect=1)
+    run(anyone, "steps", "cancel", h3, "--dry-run")
+    run(admin, "steps", "cancel", h3, "--note", "not needed")
+    run(admin, "steps", "cancel", h3, expect=3)  # already closed
 
 
 def _processes_script(run: Script) -> None:
@@ -174,12 +196,14 @@ SCRIPTS = {
             "keys.update",
             "keys.revoke",
             "providers.list",
+            "policy.show",
             "refusals.list",
             "events.list",
             "deliveries.list",
             "schema.show",
         },
     ),
+    "approvals": (_approvals_script, {"steps.approve", "steps.deny", "steps.cancel"}),
     "database": (_database_script, {"admin.db-upgrade", "admin.db-version", "admin.health", "admin.demo"}),
     "processes": (_processes_script, {"admin.bench", "admin.serve", "admin.mcp"}),
 }
@@ -241,6 +265,9 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert root["exit_codes"] == {**EXIT_CODES, "interrupted": 130}
     group = evq.json("schema", "steps")["data"]
     assert [t["canonical_path"] for t in group["tools"]] == [
+        "steps.approve",
+        "steps.cancel",
+        "steps.deny",
         "steps.enqueue",
         "steps.list",
         "steps.prune",
@@ -248,7 +275,7 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
         "steps.show",
         "steps.wait",
     ]
-    assert group["tool_count"] == 6 and "parameters" not in group["tools"][0]
+    assert group["tool_count"] == 9 and "parameters" not in group["tools"][0]
     one = evq.json("schema", "steps.resolve")["data"]
     assert evq.json("schema", "steps resolve")["data"] == one == evq.json("schema", "steps", "resolve")["data"]
     assert one["level"] == "tool" and one["canonical_path"] == "steps.resolve" and one["is_alias"] is False

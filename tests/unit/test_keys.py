@@ -54,6 +54,8 @@ def test_roles():
         Permission.MANAGE_KEYS: (Role.ADMIN,),
         Permission.PRUNE: (Role.ADMIN,),
         Permission.READ_CONTENT: (Role.OPERATOR, Role.ADMIN),
+        Permission.APPROVE: (Role.OPERATOR, Role.ADMIN),
+        Permission.CANCEL: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
     }
     assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(
         Permission.ENQUEUE

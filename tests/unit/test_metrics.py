@@ -29,6 +29,7 @@ STATS = QueueStats(
     ),
     pending_oldest_age=600.0,
     in_flight_expired=1,
+    held_oldest_age=7200.0,
 )
 
 
@@ -47,6 +48,7 @@ def test_collector_exports_every_status_and_cumulative_age_buckets():
     assert {s: page[("evq_steps", (("status", s),))] for s in Status} == STATS.steps
     assert page[("evq_unknown_oldest_age_seconds", ())] == 259200.0
     assert page[("evq_pending_oldest_age_seconds", ())] == 600.0
+    assert page[("evq_held_oldest_age_seconds", ())] == 7200.0
     assert page[("evq_in_flight_expired", ())] == 1
     buckets = [page[("evq_unknown_age_seconds_bucket", (("le", f"{le:.1f}"),))] for le in metrics.UNKNOWN_AGE_BUCKETS]
     assert buckets == [0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3]
@@ -100,6 +102,9 @@ CATALOGUE = {
     "evq_reconciled": ("counter", {"result"}),
     "evq_resolutions": ("counter", {"as"}),
     "evq_fence_rejections": ("counter", set()),
+    # Issue 17, the held lifecycle.
+    "evq_held_oldest_age_seconds": ("gauge", set()),
+    "evq_held_decisions": ("counter", {"decision"}),
     # Issue 12, providers' rate limits.
     "evq_rate_limited": ("counter", {"provider", "reason"}),
     "evq_provider_pauses": ("counter", {"provider"}),
@@ -180,7 +185,10 @@ def test_labels_come_from_fixed_sets():
     assert labels["state"] == set(metrics.CIRCUIT_STATES)
     # Delivery events by type (worker/delivery.py), seen once a webhook test ran in this process.
     assert labels.get("type", set()) <= set(DELIVERY_TYPES)
-    assert set(labels) <= {"operation", "outcome", "provider", "reason", "to", "result", "as", "le", "state", "type"}
+    assert labels["decision"] == set(metrics.HELD_DECISIONS)
+    assert set(labels) <= {
+        *("operation", "outcome", "provider", "reason", "to", "result", "as", "le", "state", "type", "decision")
+    }
 
 
 def test_validation_errors_are_counted_by_field():

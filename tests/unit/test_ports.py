@@ -41,6 +41,8 @@ def _roles() -> list[type]:
         ports.EnqueueStore,
         ports.StepReader,
         ports.ResolveStore,
+        ports.ApprovalStore,
+        ports.ExpireStore,
         ports.KeyLookup,
         ports.RefusalStore,
         ports.EventFeed,

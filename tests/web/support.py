@@ -18,6 +18,7 @@ from tests.support import free_port, wait_until
 COMMAND_OF = {
     ("POST", "/v1/steps"): "steps.enqueue",
     ("GET", "/v1/providers"): "providers.list",
+    ("GET", "/v1/policy"): "policy.show",
     ("GET", "/v1/steps"): "steps.list",
     ("GET", "/v1/steps/{id}"): "steps.show",
     ("GET", "/v1/runs/{id}"): "runs.show",

@@ -63,6 +63,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_steps_list",
         "evq_runs_show",
         "evq_providers_list",
+        "evq_policy_show",
         "evq_admin_health",
         "evq_events_list",
         "evq_deliveries_list",

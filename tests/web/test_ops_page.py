@@ -299,6 +299,9 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         f"/ops/steps/{steps[0].id}/close": close,
         "/ops/unknown/preview": close,
         "/ops/unknown/close": {**close, "ids": ",".join(str(s.id) for s in steps)},
+        f"/ops/steps/{steps[0].id}/approve": {"note": "forged"},
+        f"/ops/steps/{steps[0].id}/deny": {"note": "forged"},
+        f"/ops/steps/{steps[0].id}/cancel": {"note": "forged"},
     }
     forms = {route.path for route in page.router.routes if "POST" in route.methods}
     assert {re.sub(r"\{step_id\}", str(steps[0].id), f) for f in forms} == set(posts)
@@ -320,6 +323,8 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         assert forged.status_code == 403 and "E_AUTH_FAILED" in forged.text
         bulk = reader.post("/ops/unknown/close", data={**posts["/ops/unknown/close"], "csrf": token})
         assert bulk.status_code == 403 and "E_AUTH_FAILED" in bulk.text
+        approve = reader.post(f"/ops/steps/{steps[0].id}/approve", data={"note": "forged", "csrf": token})
+        assert approve.status_code == 403 and "E_AUTH_FAILED" in approve.text
     assert {step_row(db_url, s.id)["status"] for s in steps} == {"unknown"}
 
     templates = Path(page.__file__).parent / "templates"
@@ -379,6 +384,7 @@ def test_the_overview_shows_counts_the_oldest_unknown_with_its_age_and_the_queue
         )
     )
     assert shown == {
+        "held": "0",
         "pending": "1",
         "in_flight": "0",
         "retryable": "0",

@@ -7,6 +7,7 @@ Each part of the core asks for the role it uses, so a test fake implements only 
 - :mod:`.rates`: the shared rate limits; :mod:`.reconcile`: settling unknown rows;
   :mod:`.prune`: retention; :mod:`.redact`: content retention;
   :mod:`.refusals`: refused enqueues, recorded and read;
+- :mod:`.approvals`: approve, deny, cancel held sends and expire them;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
   (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
   key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from evq.worker.ports.approvals import ApprovalStore, Decided, Edit, ExpireStore
 from evq.worker.ports.callbacks import CallbackStore, Poster
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.deliveries import DeliveryRecorded, DeliveryStore
@@ -53,14 +55,18 @@ from evq.worker.ports.wakeup import Wakeup
 
 __all__ = [
     "AppStore",
+    "ApprovalStore",
     "CallbackStore",
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
+    "Decided",
     "DeliveryRecorded",
     "DeliveryStore",
+    "Edit",
     "EnqueueStore",
     "EventFeed",
+    "ExpireStore",
     "HealthReader",
     "KeyLookup",
     "Lookup",
@@ -88,12 +94,23 @@ __all__ = [
 ]
 
 
-class WorkerStore(ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore, ReconcileStore, RedactStore, Protocol):
+class WorkerStore(
+    ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore, ReconcileStore, RedactStore, ExpireStore, Protocol
+):
     """What worker/runner.py needs: its claim loop and every service it runs."""
 
 
 class AppStore(
-    EnqueueStore, StepReader, ResolveStore, CircuitReader, KeyLookup, RefusalStore, EventFeed, DeliveryStore, Protocol
+    EnqueueStore,
+    StepReader,
+    ResolveStore,
+    ApprovalStore,
+    CircuitReader,
+    KeyLookup,
+    RefusalStore,
+    EventFeed,
+    DeliveryStore,
+    Protocol,
 ):
     """What the interfaces need, through ops/app/service.py."""
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from evq.worker.approval import ApprovalPolicy
 from evq.worker.records import EnqueueResult, Resolved, RunDetail, StepDetail, StepSummary
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution
@@ -26,9 +27,33 @@ class StepFilter:
 
 
 class EnqueueStore(Protocol):
-    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult: ...
+    """``approval``: the policy each *new* step is judged by, in the enqueue's transaction
+    (held, charged against the budgets, or refused with E_BUDGET). See docs/design.md,
+    "Approvals and budgets". A held send charges no budget; its approval (a person's decision)
+    charges none either. A repeat of a stored key is answered as its row is."""
 
-    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]: ...
+    async def enqueue(
+        self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
+    ) -> EnqueueResult: ...
+
+    async def enqueue_many(
+        self,
+        requests: Sequence[ValidRequest],
+        *,
+        now: datetime | None = None,
+        approval: ApprovalPolicy = ApprovalPolicy(),
+    ) -> list[EnqueueResult]: ...
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The holds (HoldRule dicts) the policy would give this request as a new step, read
+        without writing (a dry run); [] when it would go out on its own."""
+        ...
+
+    async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The budget counters of the current windows, most used first (`evq policy show`)."""
+        ...
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
         """The step already stored under the request's idempotency key (a dry run's read); None: none."""

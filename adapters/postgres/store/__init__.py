@@ -7,6 +7,7 @@ adapters/postgres/queries.sql.
 
 from __future__ import annotations
 
+from evq.adapters.postgres.store.approvals import PostgresApprovals
 from evq.adapters.postgres.store.base import PostgresBase
 from evq.adapters.postgres.store.circuits import PostgresCircuits
 from evq.adapters.postgres.store.deliveries import PostgresDeliveries
@@ -31,6 +32,7 @@ class PostgresStore(
     PostgresPrune,
     PostgresRedact,
     PostgresSteps,
+    PostgresApprovals,
     PostgresKeys,
     PostgresRefusals,
     PostgresHeartbeats,

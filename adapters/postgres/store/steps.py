@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, run_async
+from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated_op, preview_op, run_async
 from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
+from evq.worker.approval import ApprovalPolicy, gated
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
@@ -33,14 +34,39 @@ log = get_logger("evq.store")
 class PostgresSteps(PostgresBase):
     """Enqueue, reading back and resolving."""
 
-    async def enqueue(self, request: ValidRequest, *, now: datetime | None = None) -> EnqueueResult:
-        async with self._op("enqueue") as conn:
-            return await run_async(conn, enqueue_op(request, now))
+    async def enqueue(
+        self, request: ValidRequest, *, now: datetime | None = None, approval: ApprovalPolicy = ApprovalPolicy()
+    ) -> EnqueueResult:
+        if not gated(approval, [request]):
+            async with self._op("enqueue") as conn:
+                return await run_async(conn, enqueue_op(request, now))
+        # The policy's reads, the budgets' charges and the step commit together (their row
+        # locks held until then): adapters/postgres/enqueue.py, gated_op.
+        async with self._op("enqueue") as conn, conn.transaction():
+            return await run_async(conn, gated_op(request, approval, now))
 
-    async def enqueue_many(self, requests: Sequence[ValidRequest]) -> list[EnqueueResult]:
+    async def enqueue_many(
+        self,
+        requests: Sequence[ValidRequest],
+        *,
+        now: datetime | None = None,
+        approval: ApprovalPolicy = ApprovalPolicy(),
+    ) -> list[EnqueueResult]:
         # Multi-row statements inside one transaction: all or nothing.
         async with self._op("enqueue_many") as conn, conn.transaction():
-            return await run_async(conn, enqueue_many_op(requests))
+            return await run_async(conn, enqueue_many_op(requests, now, approval))
+
+    async def preview_holds(
+        self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """What the policy would hold this request for if it were a new step (a dry run; no write)."""
+        async with self._snapshot("preview_holds") as conn:
+            holds: list[dict[str, Any]] = await run_async(conn, preview_op(request, approval, now))
+            return holds
+
+    async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The blast-radius counters of the current windows, most used first (`evq policy show`)."""
+        return await self._fetch("budget_usage", Q["budget_usage"], {"now": now, "limit": limit})
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
         """The step holding this request's key (or its run and step ids), if any."""

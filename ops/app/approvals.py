@@ -1,0 +1,153 @@
+"""Approve, deny and cancel (issue 17): what every interface (CLI, HTTP, MCP, the ops page)
+does with a held send, or with a send not yet sent.
+
+Each takes a store and a :class:`~ops.app.service.Caller` and answers with a
+:class:`~ops.app.service.Reply`; who may do what is decided here, once for every interface:
+
+- approve and deny need an operator or admin key (``Permission.APPROVE``): an agent key is
+  refused (E_FORBIDDEN), so an agent can never approve its own send;
+- cancel: the key that enqueued the step (its decision's ``actor_key_id``), or an operator
+  or admin;
+- a note (why) is required to approve or deny, and kept in the evidence;
+- a dry run reads and says what would change, and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from evq.ops.app.service import Caller, Reply
+from evq.worker.approvals import edited, not_cancellable, not_held
+from evq.worker.errors import Forbidden, InvalidRequest
+from evq.worker.keys import Identity, Permission, Role
+from evq.worker.ports import AppStore, Edit
+from evq.worker.records import StepDetail
+from evq.worker.request import Policy
+from evq.worker.states import Status
+
+MAX_NOTE = 2000
+CANCELLABLE = (Status.HELD, Status.PENDING, Status.RETRYABLE)
+
+
+def _note(note: str | None, *, required: bool) -> str | None:
+    if note is not None and not note.strip():
+        note = None
+    if note is None and required:
+        raise InvalidRequest([{"field": "note", "message": "say why (kept in the evidence)"}])
+    if note is not None and len(note) > MAX_NOTE:
+        raise InvalidRequest([{"field": "note", "message": f"at most {MAX_NOTE} characters"}])
+    return note
+
+
+def _current(step: Mapping[str, Any]) -> dict[str, Any]:
+    return {"current_status": step["status"], "current_reason": step["reason"]}
+
+
+def _plan(detail: StepDetail, to: Status, reason: str, edit: Edit | None = None) -> dict[str, Any]:
+    """What a dry run says would change (the answer's shape, with nothing written)."""
+    s = detail.step
+    return {
+        "dry_run": True,
+        "id": s["id"],
+        "run_id": s["run_id"],
+        "from_status": s["status"],
+        "to_status": str(to),
+        "reason": reason,
+        "evidence_id": None,
+        "decided_at": None,
+        "payload_sha256": edit.payload_sha256 if edit else s["payload_sha256"],
+        "requested_sha256": (s.get("requested_sha256") or s["payload_sha256"]) if edit else s.get("requested_sha256"),
+        "edited": edit is not None,
+        "fields": list(edit.fields) if edit else [],
+    }
+
+
+async def approve(
+    store: AppStore,
+    caller: Caller,
+    step_id: int,
+    *,
+    note: str,
+    edits: Mapping[str, str] | None = None,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    policy: Policy | None = None,
+) -> Reply:
+    """A held send becomes pending (the same key and Message-ID) and the worker sends it.
+    ``edits`` (subject, text, html) correct the message: a new payload, validated as at
+    enqueue (``policy``: the installation's), a new hash; the evidence shows both."""
+    text = _note(note, required=True)
+    assert text is not None
+    identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)
+    detail = await store.get_step(step_id)
+    s = detail.step
+    if s["status"] != Status.HELD:
+        raise not_held(step_id, _current(s), "approved")
+    edit = edited(s["payload"], s["provider"], edits, policy, from_sha256=s["payload_sha256"]) if edits else None
+    if dry_run:
+        return Reply(_plan(detail, Status.PENDING, "approved", edit))
+    assert identity is not None  # APPROVE is never granted without a key
+    done = await store.approve(step_id, actor=identity.name, note=text, edit=edit, now=now)
+    return Reply(
+        {"dry_run": False, **done.to_dict(), "edited": edit is not None, "fields": list(edit.fields) if edit else []}
+    )
+
+
+async def deny(
+    store: AppStore, caller: Caller, step_id: int, *, note: str, dry_run: bool = False, now: datetime | None = None
+) -> Reply:
+    """A held send is closed rejected (reason denied); its ``notify`` is told."""
+    text = _note(note, required=True)
+    assert text is not None
+    identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)
+    detail = await store.get_step(step_id)
+    if detail.step["status"] != Status.HELD:
+        raise not_held(step_id, _current(detail.step), "denied")
+    if dry_run:
+        return Reply(_plan(detail, Status.REJECTED, "denied"))
+    assert identity is not None
+    done = await store.deny(step_id, actor=identity.name, note=text, now=now)
+    return Reply({"dry_run": False, **done.to_dict(), "edited": False, "fields": []})
+
+
+async def cancel(
+    store: AppStore,
+    caller: Caller,
+    step_id: int,
+    *,
+    note: str | None = None,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> Reply:
+    """A held, pending or retryable send that cannot have gone out is closed rejected (reason
+    cancelled) and is never sent. In flight: refused (a worker is sending it)."""
+    text = _note(note, required=False)
+    identity = await caller.identify(store, Permission.READ if dry_run else Permission.CANCEL)
+    detail = await store.get_step(step_id)
+    if identity is not None:
+        _may_cancel(identity, detail, step_id)
+    s = detail.step
+    if Status(s["status"]) not in CANCELLABLE or s["maybe_delivered"]:
+        raise not_cancellable(step_id, _current(s))
+    if dry_run:
+        return Reply(_plan(detail, Status.REJECTED, "cancelled"))
+    assert identity is not None  # CANCEL is never granted without a key
+    done = await store.cancel(step_id, actor=identity.name, note=text, now=now)
+    return Reply({"dry_run": False, **done.to_dict(), "edited": False, "fields": []})
+
+
+def _may_cancel(identity: Identity, detail: StepDetail, step_id: int) -> None:
+    """An agent key cancels only what it enqueued; operators and admins anything."""
+    if identity.role is not Role.AGENT:
+        return
+    own = detail.decision is not None and identity.key_id is not None
+    if own and detail.decision is not None and detail.decision.get("actor_key_id") == identity.key_id:
+        return
+    raise Forbidden(
+        f"the API key {identity.name!r} has role agent: it cancels only the steps it enqueued, "
+        f"and step {step_id} is not one",
+        hint="an operator or admin key cancels any step",
+        context={"name": identity.name, "role": str(identity.role), "roles": ["operator", "admin"]},
+    )

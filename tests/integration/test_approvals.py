@@ -1,0 +1,195 @@
+"""The held lifecycle end to end on real PostgreSQL (issue 17): a held send approved is
+delivered once over real SMTP with its key and Message-ID; a correction is a new hash the
+evidence shows, and the agent's retry still finds its step; a denial tells notify; an agent
+key never approves; a cancelled step is never sent; a step in flight cannot be cancelled;
+held sends expire."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from email import message_from_bytes
+
+import pytest
+
+from evq.adapters.smtp import SmtpProvider
+from evq.ops.app import approvals, service
+from evq.ops.app.service import Caller
+from evq.ops.dev.smtp import DevSmtpServer
+from evq.ops.settings import Settings
+from evq.worker.approvals import ExpirerConfig, HoldExpirer
+from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
+from evq.worker.keys import Role, generate
+from evq.worker.runner import Worker
+from tests.support import POLICY, evidence_kinds, execute, held_steps, request, rows, step_row
+
+SETTINGS = Settings(
+    adapter=("smtp",),
+    concurrency=2,
+    batch_size=4,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=0,
+    retry_max=0,
+    rescue_interval=0.2,
+    shutdown_grace=5,
+    smtp_timeout=5,
+)
+NOTIFY = "agent-inbox@example.org"
+
+
+async def make_key(store, name: str, role: Role):
+    key = generate()
+    await store.create_key(name=name, role=role, key=key, created_by=None)
+    return key
+
+
+def hold(db_url: str, step_id: int) -> None:
+    """The step made held as an approval policy's enqueue writes it (as the owner role)."""
+    execute(
+        db_url,
+        "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = now(), "
+        'hold = \'{"rules": [{"rule": "requested"}]}\' WHERE id = %s',
+        (step_id,),
+    )
+
+
+async def drain(store, sink: DevSmtpServer) -> None:
+    smtp = SmtpProvider(host=sink.host, port=sink.port, timeout=5)
+    try:
+        worker = Worker(store, {"smtp": smtp}, SETTINGS.worker_config())
+        assert await worker.run(drain=True, install_signals=False) == 0
+    finally:
+        await smtp.close()
+
+
+@pytest.fixture
+async def keys(store):
+    return {
+        "agent": await make_key(store, "agent-1", Role.AGENT),
+        "other": await make_key(store, "agent-2", Role.AGENT),
+        "operator": await make_key(store, "ada", Role.OPERATOR),
+    }
+
+
+async def enqueue_as(store, key, **overrides):
+    reply = await service.enqueue(store, Caller(key.text, interface="http"), [request(**overrides)], POLICY)
+    return reply.data
+
+
+async def test_an_approved_send_is_delivered_once_with_its_key_and_message_id(store, db_url, keys):
+    made = await enqueue_as(store, keys["agent"], run_id="r-ok", step_id="s")
+    hold(db_url, made["id"])
+    with DevSmtpServer() as sink:
+        await drain(store, sink)
+        assert sink.messages == []  # held: nothing claims it
+        with pytest.raises(Forbidden):  # an agent key never approves, not even its own send
+            await approvals.approve(store, Caller(keys["agent"].text), made["id"], note="mine")
+        assert step_row(db_url, made["id"])["status"] == "held"
+        plan = await approvals.approve(store, Caller(keys["operator"].text), made["id"], note="ok", dry_run=True)
+        assert plan.data["dry_run"] and plan.data["to_status"] == "pending"
+        assert step_row(db_url, made["id"])["status"] == "held"
+        done = await approvals.approve(store, Caller(keys["operator"].text), made["id"], note="checked")
+        assert (done.data["from_status"], done.data["to_status"]) == ("held", "pending")
+        await drain(store, sink)
+        [message] = sink.wait_for(1)
+        await drain(store, sink)
+        assert len(sink.messages) == 1
+    s = step_row(db_url, made["id"])
+    assert s["status"] == "accepted" and s["message_id"] == made["message_id"]
+    assert message_from_bytes(message["data"])["Message-ID"] == made["message_id"]
+    [approved] = rows(db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'approved'", (made["id"],))
+    assert approved["actor"] == "ada" and approved["detail"]["note"] == "checked"
+    # The recipient is known to the sender now: the first-contact rule lets the next send go.
+    known = rows(db_url, "SELECT sender, recipient FROM known_recipients ORDER BY recipient")
+    to = s["payload"]["to"][0]["email"]
+    assert {(r["sender"], r["recipient"]) for r in known} == {
+        ("agent@example.org", to),
+        ("agent@example.org", "@" + to.split("@")[1]),
+    }
+
+
+async def test_an_approval_with_a_correction_sends_the_correction_and_the_agents_retry_gets_the_step(
+    store, db_url, keys
+):
+    asked = request(run_id="r-ed", step_id="s", subject="Helo")
+    made = (await service.enqueue(store, Caller(keys["agent"].text, interface="http"), [asked], POLICY)).data
+    hold(db_url, made["id"])
+    before = step_row(db_url, made["id"])["payload_sha256"]
+    operator = Caller(keys["operator"].text)
+    with pytest.raises(InvalidRequest):  # only the words can be corrected, never the recipients
+        await approvals.approve(store, operator, made["id"], note="x", edits={"to": "else@example.com"})
+    with pytest.raises(InvalidRequest):  # validated as an enqueue is
+        await approvals.approve(store, operator, made["id"], note="x", edits={"subject": "two\nlines"})
+    done = await approvals.approve(store, operator, made["id"], note="typo", edits={"subject": "Hello"}, policy=POLICY)
+    assert done.data["edited"] and done.data["fields"] == ["subject"]
+    s = step_row(db_url, made["id"])
+    assert s["payload"]["subject"] == "Hello" and s["requested_sha256"] == before != s["payload_sha256"]
+    [approved] = rows(db_url, "SELECT detail FROM evidence WHERE step_id = %s AND kind = 'approved'", (made["id"],))
+    assert (approved["detail"]["from_sha256"], approved["detail"]["to_sha256"]) == (before, s["payload_sha256"])
+    again = await service.enqueue(store, Caller(keys["agent"].text, interface="http"), [asked], POLICY)
+    assert (again.data["id"], again.data["created"]) == (made["id"], False)
+    with DevSmtpServer() as sink:
+        await drain(store, sink)
+        [message] = sink.wait_for(1)
+    assert message_from_bytes(message["data"])["Subject"] == "Hello"
+
+
+async def test_a_denial_rejects_and_notifies(store, db_url, keys):
+    made = await enqueue_as(store, keys["agent"], run_id="r-no", step_id="s", notify=NOTIFY, subject="Offer")
+    hold(db_url, made["id"])
+    with pytest.raises(Forbidden):
+        await approvals.deny(store, Caller(keys["agent"].text), made["id"], note="no")
+    with pytest.raises(InvalidRequest):  # a note is required
+        await approvals.deny(store, Caller(keys["operator"].text), made["id"], note=" ")
+    await approvals.deny(store, Caller(keys["operator"].text), made["id"], note="not to this customer")
+    s = step_row(db_url, made["id"])
+    assert (s["status"], s["reason"]) == ("rejected", "denied")
+    assert evidence_kinds(db_url, made["id"]) == ["denied", "notice_enqueued"]
+    [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (made["id"],))
+    assert feed["reason"] == "denied" and feed["key_id"] == keys["agent"].key_id
+    with DevSmtpServer() as sink:
+        await drain(store, sink)
+        [notice] = sink.wait_for(1)
+    assert notice["rcpt_tos"] == [NOTIFY]
+    text = message_from_bytes(notice["data"]).get_payload(decode=True).decode()
+    assert "denied" in text and "not to this customer" in text
+
+
+async def test_a_cancelled_step_is_never_sent(store, db_url, keys):
+    pending = await enqueue_as(store, keys["agent"], run_id="r-c", step_id="p")
+    held = await enqueue_as(store, keys["agent"], run_id="r-c", step_id="h")
+    hold(db_url, held["id"])
+    with pytest.raises(AuthFailed):  # no key
+        await approvals.cancel(store, Caller(None, interface="http"), pending["id"])
+    with pytest.raises(Forbidden):  # another agent's send
+        await approvals.cancel(store, Caller(keys["other"].text), pending["id"])
+    await approvals.cancel(store, Caller(keys["agent"].text), pending["id"], note="not needed")
+    await approvals.cancel(store, Caller(keys["operator"].text), held["id"])
+    with DevSmtpServer() as sink:
+        await drain(store, sink)
+        assert sink.messages == []
+    for step in (pending, held):
+        s = step_row(db_url, step["id"])
+        assert (s["status"], s["reason"]) == ("rejected", "cancelled") and s["attempts"] == 0
+        assert evidence_kinds(db_url, step["id"])[-1] == "cancelled"
+
+
+async def test_a_step_in_flight_cannot_be_cancelled(store, db_url, keys):
+    made = await enqueue_as(store, keys["agent"], run_id="r-f", step_id="s")
+    [claimed] = await store.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=30, dedupe_windows={})
+    assert claimed.id == made["id"]
+    with pytest.raises(StateConflict) as refused:
+        await approvals.cancel(store, Caller(keys["agent"].text), made["id"])
+    assert refused.value.message.endswith("in flight: a worker is sending it; it cannot be cancelled")
+    assert step_row(db_url, made["id"])["status"] == "in_flight"
+
+
+async def test_held_sends_expire_rejected_and_notify(store, db_url):
+    now = datetime.now(UTC)
+    [late] = await held_steps(store, expires_at=now - timedelta(seconds=1), notify=NOTIFY)
+    [later] = await held_steps(store, expires_at=now + timedelta(hours=1))
+    assert await HoldExpirer(store, ExpirerConfig(batch=1)).run_once() == 1
+    s = step_row(db_url, late.id)
+    assert (s["status"], s["reason"]) == ("rejected", "approval_expired")
+    assert evidence_kinds(db_url, late.id) == ["held", "hold_expired", "notice_enqueued"]
+    assert step_row(db_url, later.id)["status"] == "held"
