@@ -183,7 +183,7 @@ def budget_charges(
 _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
-def parse_hours(value: str) -> tuple[time, time]:
+def hours_range(value: str) -> tuple[time, time]:
     """``08:00-18:00`` (``22:00-06:00`` spans midnight)."""
     try:
         start, end = (time.fromisoformat(part.strip()) for part in value.split("-"))
@@ -194,7 +194,7 @@ def parse_hours(value: str) -> tuple[time, time]:
     return start, end
 
 
-def parse_weekdays(value: str) -> tuple[int, ...]:
+def weekday_list(value: str) -> tuple[int, ...]:
     """``mon-fri``, ``sat,sun`` or ``mon-wed,fri`` as weekday numbers (0 Monday .. 6 Sunday)."""
     days: set[int] = set()
     for part in (p.strip().lower() for p in value.split(",")):
@@ -211,7 +211,7 @@ def parse_weekdays(value: str) -> tuple[int, ...]:
     return tuple(sorted(days))
 
 
-def parse_timezone(value: str) -> str:
+def time_zone(value: str) -> str:
     name = value.strip()
     try:
         ZoneInfo(name)
@@ -220,13 +220,16 @@ def parse_timezone(value: str) -> str:
     return name
 
 
-def parse_expires(value: str) -> float | None:
+def duration_or_never(value: str) -> float | None:
     """A duration (``72h``, ``3d``, seconds), or ``never``."""
     from evq.worker.options import duration
 
     if value.strip().lower() == "never":
         return None
-    seconds = duration(value)
+    try:
+        seconds = duration(value)
+    except ValueError:
+        raise ValueError("expected a duration like 72h or 3d (or seconds), or never") from None
     if seconds <= 0:
         raise ValueError("must be a positive duration, or never")
     return seconds
@@ -259,21 +262,21 @@ def approval_options() -> tuple[Any, ...]:
         ),
         Option(
             "approval_hours",
-            parse_hours,
+            hours_range,
             None,
             "Allowed sending hours, HH:MM-HH:MM (22:00-06:00 spans midnight) in EVQ_APPROVAL_TIMEZONE; a send "
             "enqueued (or scheduled, send_at) outside them is held. Unset: any hour.",
         ),
         Option(
             "approval_weekdays",
-            parse_weekdays,
+            weekday_list,
             None,
             "Allowed sending weekdays, e.g. mon-fri or mon,wed,fri; a send outside them is held. Unset: every day.",
         ),
-        Option("approval_timezone", parse_timezone, "UTC", "IANA time zone of the allowed hours and weekdays."),
+        Option("approval_timezone", time_zone, "UTC", "IANA time zone of the allowed hours and weekdays."),
         Option(
             "approval_expires",
-            parse_expires,
+            duration_or_never,
             3 * 86400.0,
             "How long a held send waits for a decision before it is rejected (approval_expired): a duration "
             "(72h, 3d) or never.",

@@ -277,7 +277,24 @@ def _uncharge(charged: Sequence[Mapping[str, Any]]) -> Op:
 
 def gated_many_op(requests: Sequence[ValidRequest], approval: ApprovalPolicy, now: datetime | None = None) -> Op:
     """The batch under an active policy: one request at a time (each judged and charged in
-    turn), in the caller's one transaction. A refusal names the request (``[index].budget...``)."""
+    turn), in the caller's one transaction. A refusal names the request (``[index].budget...``).
+
+    Every counter the batch may charge is locked first, in one sorted order (budget_lock):
+    request by request, the counters would be taken in an order no other batch shares."""
+    if approval.budgets:
+        [context] = yield Q["approval_context"], {"now": now, "sender": "", "keys": []}
+        at = context["now"]  # the transaction's clock: every request's windows are these
+        counters = sorted(
+            {
+                (budget, scope, window)
+                for r in requests
+                for budget, scope, window, _amount, _cap in budget_charges(
+                    approval, run_id=r.run_id, actor=r.actor.name if r.actor else None, recipients=r.recipients, now=at
+                )
+            }
+        )
+        for budget, scope, window in counters:
+            yield Q["budget_lock"], {"now": at, "budget": budget, "scope": scope, "window_start": window}
     results: list[EnqueueResult] = []
     for i, request in enumerate(requests):
         try:

@@ -158,6 +158,16 @@ WHERE b.used + EXCLUDED.used <= %(cap)s
 RETURNING b.used;
 
 
+-- name: budget_lock
+-- Take one counter's row lock (making the row, at 0, if it has none) without charging it: a
+-- batch takes every counter it may charge first, in one sorted order, so two batches whose
+-- requests charge the same counters in different orders never wait on each other in a cycle.
+INSERT INTO send_budgets AS b (budget, scope, window_start, used, updated_at)
+VALUES (%(budget)s, %(scope)s, %(window_start)s, 0, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (budget, scope, window_start) DO UPDATE SET used = b.used
+RETURNING b.used;
+
+
 -- name: budget_uncharge
 -- Give back what budget_charge took, in the same transaction (its row still locked by it),
 -- when a later counter of the same send would pass its cap: a held or refused send charges nothing.

@@ -112,12 +112,23 @@ def _human_plan(d: dict[str, Any]) -> str:
 def _human_one(d: dict[str, Any]) -> str:
     verb = "enqueued" if d["created"] else "already enqueued"
     line = f"{verb}: step {d['id']} ({d['status']}) run={d['run_id']} step={d['step_id']} message-id={d['message_id']}"
-    return "\n".join([line, *_warning([d])])
+    return "\n".join([line, *_held([d]), *_warning([d])])
 
 
 def _human_many(data: list[dict[str, Any]], created: int) -> str:
     line = f"{len(data)} requests: {created} created, {len(data) - created} already present"
-    return "\n".join([line, *_warning(data)])
+    return "\n".join([line, *_held(data), *_warning(data)])
+
+
+def _held(items: list[dict[str, Any]]) -> list[str]:
+    """Why each held send waits for a person (the approval policy, worker/approval.py)."""
+    held = [i for i in items if i.get("hold")]
+    if not held:
+        return []
+    lines = [f"held for approval: {len(held)} of {len(items)} (nothing is sent until an operator approves)"]
+    for i in held[:10]:
+        lines += [f"  step {i['id']}: {r['rule']}: {r['why']}" for r in i["hold"]["rules"]]
+    return lines
 
 
 def _warning(items: list[dict[str, Any]]) -> list[str]:

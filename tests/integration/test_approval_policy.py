@@ -175,3 +175,33 @@ def test_the_callers_rollback_takes_the_budget_charge_with_it(db_url):
         conn.rollback()
     assert rows(db_url, "SELECT count(*) AS n FROM send_budgets WHERE used > 0")[0]["n"] == 0
     assert enqueue_own(db_url, request(step_id="y"), policy=policy).status == Status.PENDING
+
+
+def test_two_batches_charging_the_same_counters_in_opposite_orders_never_deadlock(db_url):
+    """Each batch locks every counter it may charge first, in one sorted order: without that, a
+    batch charging a.example then b.example and one charging b.example then a.example could each
+    hold the lock the other waits for (PostgreSQL would abort one with a deadlock)."""
+    policy = gated(budgets=((Budget.DOMAIN_HOURLY, 1000),))
+    errors: list[BaseException] = []
+
+    def batch(run: str, domains: list[str]) -> None:
+        try:
+            with psycopg.connect(db_url) as conn:
+                reqs = [request(run_id=run, step_id=f"{run}-{i}", to=[f"u{i}@{d}"]) for i, d in enumerate(domains)]
+                enqueue_many(conn, reqs, policy=policy)
+                conn.commit()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    for n in range(8):
+        threads = [
+            threading.Thread(target=batch, args=(f"fwd{n}", ["a.example", "b.example"] * 3)),
+            threading.Thread(target=batch, args=(f"rev{n}", ["b.example", "a.example"] * 3)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == []
+    used = {r["scope"]: r["used"] for r in rows(db_url, "SELECT scope, used FROM send_budgets")}
+    assert used == {"a.example": 48, "b.example": 48}
