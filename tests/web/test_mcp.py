@@ -21,7 +21,7 @@ from evq.ops.mcp.server import build_server
 from evq.ops.settings import Settings
 from tests import contract
 from tests.acceptance.conftest import make_key
-from tests.support import request, rows, step_row, unknown_steps
+from tests.support import execute, request, rows, step_row, unknown_steps
 
 
 async def key(db_url: str, name: str, role: str, *, created_by: str | None) -> str:
@@ -67,6 +67,9 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_admin_health",
         "evq_events_list",
         "evq_deliveries_list",
+        "evq_steps_cancel",
+        "evq_steps_approve",
+        "evq_steps_deny",
     }
     assert tools["evq_events_list"].input_schema == command_input("events.list")
     assert tools["evq_deliveries_list"].input_schema == command_input("deliveries.list")
@@ -212,6 +215,35 @@ async def test_resolving_is_offered_only_when_configured_and_dry_runs_by_default
         conflict = await call(c, "evq_steps_resolve", {**close, "dry_run": False}, "steps.resolve")
         assert conflict["error"]["code"] == "E_CONFLICT"
     assert rows(db_url, "SELECT actor FROM evidence WHERE kind = 'operator_resolved'") == [{"actor": "alice"}]
+
+
+async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(db_url):
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    operator = await key(db_url, "alice", "operator", created_by=None)
+    async with client(db_url, agent) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert tools["evq_steps_approve"].input_schema["properties"]["dry_run"]["default"] is True
+        held = await call(c, "evq_steps_enqueue", request(run_id="run-held", step_id="a"), "steps.enqueue")
+        other = await call(c, "evq_steps_enqueue", request(run_id="run-held", step_id="b"), "steps.enqueue")
+    for made in (held, other):
+        execute(
+            db_url,
+            "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = now() WHERE id = %s",
+            (made["data"]["id"],),
+        )
+    ask = {"step_id": held["data"]["id"], "note": "mine", "dry_run": False}
+    async with client(db_url, agent) as c:
+        refused = await call(c, "evq_steps_approve", ask, "steps.approve")
+        assert refused["error"]["code"] == "E_AUTH_FAILED"  # an agent key never approves (exit 4)
+        assert (await call(c, "evq_steps_deny", ask, "steps.deny"))["error"]["code"] == "E_AUTH_FAILED"
+        preview = await call(c, "evq_steps_cancel", {"step_id": other["data"]["id"]}, "steps.cancel")
+        assert preview["data"]["dry_run"] is True and step_row(db_url, other["data"]["id"])["status"] == "held"
+        cancel = {"step_id": other["data"]["id"], "dry_run": False}
+        assert (await call(c, "evq_steps_cancel", cancel, "steps.cancel"))["data"]["reason"] == "cancelled"
+    assert step_row(db_url, held["data"]["id"])["status"] == "held"
+    async with client(db_url, operator) as c:
+        done = await call(c, "evq_steps_approve", {**ask, "note": "checked"}, "steps.approve")
+    assert done["data"]["to_status"] == "pending" and step_row(db_url, held["data"]["id"])["status"] == "pending"
 
 
 async def test_evq_mcp_over_stdio(db_url):
