@@ -206,6 +206,13 @@ MCP_OPTIONS: tuple[Option, ...] = (
         False,
         "Offer the evq_steps_resolve tool on `evq mcp` (it dry-runs unless told dry_run: false).",
     ),
+    Option(
+        "mcp_approve",
+        boolean,
+        False,
+        "Offer evq_steps_approve and evq_steps_deny on `evq mcp` (they need an operator or admin key). Off: "
+        "an agent's MCP server holds no tool that could approve the agent's own sends.",
+    ),
 )
 
 # In the order `evq worker run --help` and README's table have always listed them: the
@@ -347,6 +354,7 @@ class Settings:
     webhook_sns_ca_file: str | None = None
     webhook_sns_tolerance: float = 3600.0
     mcp_resolve: bool = False
+    mcp_approve: bool = False
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

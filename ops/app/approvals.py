@@ -5,7 +5,8 @@ Each takes a store and a :class:`~ops.app.service.Caller` and answers with a
 :class:`~ops.app.service.Reply`; who may do what is decided here, once for every interface:
 
 - approve and deny need an operator or admin key (``Permission.APPROVE``): an agent key is
-  refused (E_FORBIDDEN), so an agent can never approve its own send;
+  refused (E_AUTH_FAILED, exit 4), so an agent can never approve its own send; and the key that
+  enqueued a send never approves it, whatever its role (a second person decides);
 - cancel: the key that enqueued the step (its decision's ``actor_key_id``), or an operator
   or admin;
 - a note (why) is required to approve or deny, and kept in the evidence;
@@ -64,6 +65,19 @@ def _plan(detail: StepDetail, to: Status, reason: str, edit: Edit | None = None)
     }
 
 
+def _not_the_asker(detail: StepDetail, identity: Identity) -> None:
+    """A held send waits for a *second* person: the key that enqueued it may cancel or deny it,
+    never approve it (an operator key handed to an agent must not wave its own sends through)."""
+    asker = detail.decision.get("actor_key_id") if detail.decision else None
+    if asker is not None and asker == identity.key_id:
+        raise Forbidden(
+            f"the API key {identity.name!r} enqueued step {detail.step['id']}: a send is approved by "
+            "someone other than who asked for it",
+            hint="ask another operator to approve it (the ops page's held queue, `evq steps approve`)",
+            context={"name": identity.name, "step_id": detail.step["id"]},
+        )
+
+
 async def approve(
     store: AppStore,
     caller: Caller,
@@ -89,6 +103,7 @@ async def approve(
     if dry_run:
         return Reply(_plan(detail, Status.PENDING, "approved", edit))
     assert identity is not None  # APPROVE is never granted without a key
+    _not_the_asker(detail, identity)
     done = await store.approve(step_id, actor=identity.name, note=text, edit=edit, now=now)
     return Reply(
         {"dry_run": False, **done.to_dict(), "edited": edit is not None, "fields": list(edit.fields) if edit else []}

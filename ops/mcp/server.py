@@ -357,23 +357,6 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             held_schema("steps.cancel"),
             cancel,
         ),
-        # Approving and denying need an operator or admin key: with an agent's key (the usual
-        # MCP server's) they answer E_FORBIDDEN, so an agent can never approve its own send.
-        _tool(
-            "steps.approve",
-            "Approve a held send (operator or admin key only; an agent key is refused): it becomes pending with "
-            "the same key and Message-ID and is sent. subject/text/html correct it first. Dry-runs unless "
-            "dry_run is false.",
-            held_schema("steps.approve"),
-            approve,
-        ),
-        _tool(
-            "steps.deny",
-            "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
-            "Dry-runs unless dry_run is false.",
-            held_schema("steps.deny"),
-            deny,
-        ),
     ]
     tools.insert(
         0,
@@ -386,6 +369,27 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             health_check,
         ),
     )
+    # Approving and denying need an operator or admin key (an agent key is refused), and are
+    # offered only when asked for (EVQ_MCP_APPROVE): an agent's MCP server holds no tool that
+    # could approve its own send even if it were handed a stronger key.
+    if settings.mcp_approve:
+        tools += [
+            _tool(
+                "steps.approve",
+                "Approve a held send (operator or admin key only; an agent key is refused): it becomes pending with "
+                "the same key and Message-ID and is sent. subject/text/html correct it first. Dry-runs unless "
+                "dry_run is false.",
+                held_schema("steps.approve"),
+                approve,
+            ),
+            _tool(
+                "steps.deny",
+                "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
+                "Dry-runs unless dry_run is false.",
+                held_schema("steps.deny"),
+                deny,
+            ),
+        ]
     if settings.mcp_resolve:
         tools.append(
             _tool(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
 
 from tests.acceptance.conftest import Evq, smtp_env
@@ -69,7 +69,9 @@ def test_enqueue_send_and_read_back_the_whole_story(evq: Evq, smtp, db_url):
         "safe_to_retry",
         "next_action",
         "next_action_label",
+        "hold",
     }
+    assert first["hold"] is None  # no approval policy: it goes out on its own
     assert (first["safe_to_retry"], first["next_action"]) == (False, "wait")  # queued: never resend it
     # Plain SMTP can settle no lost answer (docs/design.md, "Provider profiles"): the answer says so.
     assert first["ambiguity"] == "unresolvable" and "EVQ_REFUSE_UNRESOLVABLE" in first["ambiguity_hint"]
@@ -213,6 +215,7 @@ def test_help_explains(evq: Evq):
         "deliveries",
         "events",
         "keys",
+        "policy",
         "providers",
         "refusals",
         "runs",
@@ -239,6 +242,10 @@ FULL_REQUEST = {
     "notify": "ops@example.org",
     "provider": "smtp",
     "max_attempts": 4,
+    "require_approval": True,
+    "priority": "high",
+    # A month ahead (a send_at is at most a year away).
+    "send_at": (datetime.now(UTC) + timedelta(days=30)).replace(microsecond=0).isoformat(),
     "decision": {
         "instruction_version": "v9",
         "prompt_version": "p2",
@@ -260,6 +267,8 @@ def _as_flags(request: dict) -> list[str]:
         elif name == "headers":
             for header, v in value.items():
                 args += ["--header", f"{header}: {v}"]
+        elif value is True:
+            args += ["--" + name.replace("_", "-")]
         else:
             for v in value if isinstance(value, list) else [value]:
                 args += ["--" + name.replace("_", "-"), str(v)]
@@ -293,6 +302,8 @@ def test_every_request_field_has_a_flag_and_the_flags_make_the_same_request(evq:
     assert (step["notify"], step["provider"], step["max_attempts"]) == ("ops@example.org", "smtp", 4)
     assert decision["intent"] == "exercise every flag"
     assert {k: decision[k] for k in FULL_REQUEST["decision"]} == FULL_REQUEST["decision"]
+    assert step["status"] == "held" and step["hold"]["rules"][0]["rule"] == "requested"  # --require-approval
+    assert step["priority"] == 1 and step["send_at"] == FULL_REQUEST["send_at"]
 
 
 def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_stand(evq: Evq, db_url):

@@ -73,7 +73,7 @@ def test_the_http_and_mcp_inputs_are_the_tables():
     from evq.ops.settings import Settings
     from evq.ops.wiring import serve_app
 
-    settings = Settings.load(database_url="postgresql://nobody@127.0.0.1:1/x", mcp_resolve=True)
+    settings = Settings.load(database_url="postgresql://nobody@127.0.0.1:1/x", mcp_resolve=True, mcp_approve=True)
     tools = {t.name: t for t in build_server(None, settings, None, health=None)._tool_manager.list_tools()}
     # One tool per command the table marks, named after it.
     assert set(tools) == {mcp_name(path) for path, c in COMMANDS.items() if c.mcp}

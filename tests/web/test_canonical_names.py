@@ -82,7 +82,7 @@ async def test_every_mcp_command_answers_under_its_tool_name(db_url):
 
     admin = await asyncio.to_thread(make_key, db_url, "root", "admin", created_by=None)
     tools = [t for t in catalogue() if t["interfaces"]["mcp"]]
-    async with client(db_url, admin, mcp_resolve=True) as c:
+    async with client(db_url, admin, mcp_resolve=True, mcp_approve=True) as c:
         listed = {t.name for t in (await c.list_tools()).tools}
         assert listed == {t["interfaces"]["mcp"] for t in tools}
         for tool in tools:

@@ -68,9 +68,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_events_list",
         "evq_deliveries_list",
         "evq_steps_cancel",
-        "evq_steps_approve",
-        "evq_steps_deny",
-    }
+    }  # approve and deny only with EVQ_MCP_APPROVE (test_an_agent_over_mcp_never_approves...)
     assert tools["evq_events_list"].input_schema == command_input("events.list")
     assert tools["evq_deliveries_list"].input_schema == command_input("deliveries.list")
     send = tools["evq_steps_enqueue"].input_schema
@@ -93,7 +91,7 @@ async def test_every_tool_carries_the_hints_its_command_table_entry_implies(db_u
     (a bulk close repeated may close rows that became unknown since)."""
     from evq.ops.app.commands import COMMANDS, Effect
 
-    async with client(db_url, None, mcp_resolve=True) as c:
+    async with client(db_url, None, mcp_resolve=True, mcp_approve=True) as c:
         tools = {t.name: t.annotations for t in (await c.list_tools()).tools}
     by_tool = {entry.mcp_tool: entry for entry in COMMANDS.values() if entry.mcp}
     assert set(tools) == set(by_tool)
@@ -221,6 +219,8 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
     agent = await key(db_url, "bot", "agent", created_by=None)
     operator = await key(db_url, "alice", "operator", created_by=None)
     async with client(db_url, agent) as c:
+        assert "evq_steps_approve" not in {t.name for t in (await c.list_tools()).tools}  # not offered by default
+    async with client(db_url, agent, mcp_approve=True) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
         assert tools["evq_steps_approve"].input_schema["properties"]["dry_run"]["default"] is True
         held = await call(c, "evq_steps_enqueue", request(run_id="run-held", step_id="a"), "steps.enqueue")
@@ -232,7 +232,7 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
             (made["data"]["id"],),
         )
     ask = {"step_id": held["data"]["id"], "note": "mine", "dry_run": False}
-    async with client(db_url, agent) as c:
+    async with client(db_url, agent, mcp_approve=True) as c:
         refused = await call(c, "evq_steps_approve", ask, "steps.approve")
         assert refused["error"]["code"] == "E_AUTH_FAILED"  # an agent key never approves (exit 4)
         assert (await call(c, "evq_steps_deny", ask, "steps.deny"))["error"]["code"] == "E_AUTH_FAILED"
@@ -241,7 +241,7 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
         cancel = {"step_id": other["data"]["id"], "dry_run": False}
         assert (await call(c, "evq_steps_cancel", cancel, "steps.cancel"))["data"]["reason"] == "cancelled"
     assert step_row(db_url, held["data"]["id"])["status"] == "held"
-    async with client(db_url, operator) as c:
+    async with client(db_url, operator, mcp_approve=True) as c:
         done = await call(c, "evq_steps_approve", {**ask, "note": "checked"}, "steps.approve")
     assert done["data"]["to_status"] == "pending" and step_row(db_url, held["data"]["id"])["status"] == "pending"
 
