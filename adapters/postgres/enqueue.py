@@ -187,14 +187,7 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     if rows:
         return existing_or_conflict(rows[0], request)
     sender = sender_of(request.payload)
-    keys = contact_keys(approval, request.recipients)
-    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
-    at: datetime = context["now"]
-    # The hours that matter are those the send would go out in: a scheduled one's.
-    when = max(at, request.send_at) if request.send_at is not None else at
-    holds = static_holds(
-        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
-    ) + contact_holds(approval, keys, context["known"])
+    at, holds = yield from _rule_holds(request, approval, sender, now)
     charged: list[dict[str, Any]] = []
     if not holds:
         name = request.actor.name if request.actor else None
@@ -249,14 +242,7 @@ def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | 
     """What :func:`gated_op` would hold a new step for, read without writing or locking (a
     dry run): the same rules, the budgets as they stand. A concurrent enqueue may change
     the answer; the real enqueue decides."""
-    sender = sender_of(request.payload)
-    keys = contact_keys(approval, request.recipients)
-    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
-    at: datetime = context["now"]
-    when = max(at, request.send_at) if request.send_at is not None else at
-    holds = static_holds(
-        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
-    ) + contact_holds(approval, keys, context["known"])
+    at, holds = yield from _rule_holds(request, approval, sender_of(request.payload), now)
     if not holds:
         name = request.actor.name if request.actor else None
         for charge in budget_charges(
@@ -268,6 +254,22 @@ def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | 
                 holds.append(budget_hold(charge, used["used"]))
                 break
     return holds
+
+
+def _rule_holds(
+    request: ValidRequest, approval: ApprovalPolicy, sender: str, now: datetime | None
+) -> Generator[tuple[str, Mapping[str, Any]], Rows, tuple[datetime, list[dict[str, Any]]]]:
+    """The transaction's clock and the holds of every rule but the budgets: the static ones and
+    first contact (the sender's known recipients, read in the same statement as the clock)."""
+    keys = contact_keys(approval, request.recipients)
+    [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
+    at: datetime = context["now"]
+    # The hours that matter are those the send would go out in: a scheduled one's.
+    when = max(at, request.send_at) if request.send_at is not None else at
+    holds = static_holds(
+        approval, recipients=len(request.recipients), now=when, requested=request.require_approval
+    ) + contact_holds(approval, keys, context["known"])
+    return at, holds
 
 
 def _uncharge(charged: Sequence[Mapping[str, Any]]) -> Op:
