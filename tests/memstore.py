@@ -61,7 +61,9 @@ from evq.worker.approval import (
     budget_refusal,
     contact_holds,
     contact_keys,
+    contacts,
     gated,
+    going_out,
     memory_keys,
     sender_of,
     static_holds,
@@ -470,16 +472,16 @@ class MemoryStore:
     ) -> tuple[list[dict[str, Any]], list[tuple[str, str, datetime, int, int]]]:
         """The holds the policy gives a new step, and the budget charges it would make (none when held)."""
         sender = sender_of(request.payload)
-        keys = contact_keys(approval, request.recipients)
+        keys = contact_keys(approval, contacts(request.recipients, request.notify))
         known = [k for k in keys if (sender, k) in self.known_recipients]
-        when = max(at, request.send_at) if request.send_at is not None else at
+        when = going_out(at, request.send_at)
         holds = static_holds(
             approval, recipients=len(request.recipients), now=when, requested=request.require_approval
         ) + contact_holds(approval, keys, known)
         if holds:
             return holds, []
         name = request.actor.name if request.actor else None
-        charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at)
+        charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=when)
         # Check, then charge: nothing here interleaves (the counters' row locks, in PostgreSQL).
         for charge in charges:
             budget, scope, window, amount, cap = charge

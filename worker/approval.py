@@ -139,13 +139,27 @@ def static_holds(policy: ApprovalPolicy, *, recipients: int, now: datetime, requ
     return holds
 
 
+def going_out(at: datetime, send_at: datetime | None) -> datetime:
+    """When a send would go out: now, or its ``send_at``. The hours rule and the hourly and daily
+    budgets judge this time, not the enqueue's (else a day's sends scheduled for one hour would
+    all pass an hourly cap)."""
+    return max(at, send_at) if send_at is not None else at
+
+
+def contacts(recipients: Sequence[str], notify: str | None) -> list[str]:
+    """Whom evq would mail on a request's word: its recipients and its ``notify`` address."""
+    return [*recipients, notify] if notify else list(recipients)
+
+
 def recipient_domain(address: str) -> str:
     return address.rsplit("@", 1)[1].lower()
 
 
 def contact_keys(policy: ApprovalPolicy, recipients: Sequence[str]) -> list[str]:
     """What the first-contact rule looks up in ``known_recipients`` for these recipients, sorted
-    and unique: each address (lowercased), or each ``@domain``; none when the rule is off."""
+    and unique: each address (lowercased), or each ``@domain``; none when the rule is off.
+    Callers pass the request's ``notify`` address among them: evq mails it (a failure notice,
+    a denial, an expiry) on the request's word, so a stranger there is a first contact too."""
     if policy.first_contact is FirstContact.ADDRESS:
         return sorted({r.lower() for r in recipients})
     if policy.first_contact is FirstContact.DOMAIN:
@@ -189,9 +203,23 @@ def hours_range(value: str) -> tuple[time, time]:
         start, end = (time.fromisoformat(part.strip()) for part in value.split("-"))
     except ValueError:
         raise ValueError("expected HH:MM-HH:MM, e.g. 08:00-18:00") from None
+    if start.tzinfo is not None or end.tzinfo is not None:
+        # A time with an offset cannot be compared with the local wall-clock times the rule reads.
+        raise ValueError("no offset in the hours: give the zone as EVQ_APPROVAL_TIMEZONE (e.g. Europe/Berlin)")
     if start == end:
         raise ValueError("the start and the end are the same time: no hour would be allowed")
     return start, end
+
+
+_FULL_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+
+def _weekday(name: str) -> int:
+    """``mon`` or ``monday`` (any case) -> 0; anything else (``monkey``) is refused."""
+    name = name.strip().lower()
+    if name in _WEEKDAYS:
+        return _WEEKDAYS.index(name)
+    return _FULL_WEEKDAYS.index(name)
 
 
 def weekday_list(value: str) -> tuple[int, ...]:
@@ -202,7 +230,7 @@ def weekday_list(value: str) -> tuple[int, ...]:
             continue
         first, _, last = part.partition("-")
         try:
-            a, b = _WEEKDAYS.index(first.strip()[:3]), _WEEKDAYS.index((last or first).strip()[:3])
+            a, b = _weekday(first), _weekday(last or first)
         except ValueError:
             raise ValueError(f"expected weekdays like mon-fri or sat,sun, got {part!r}") from None
         days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(b + 1)])

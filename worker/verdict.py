@@ -43,16 +43,27 @@ class Verdict:
         return {"safe_to_retry": self.safe_to_retry, "next_action": self.next_action}
 
 
-def verdict(status: str, reason: str | None, *, maybe_delivered: bool, resolvable: bool) -> Verdict:
+# How long an unknown step may wait for its provider to settle it before an operator must: the
+# reconciler's default checks are spent in about 16 minutes (30 s doubling, 5 checks), and a
+# webhook's first event comes within minutes of a message the provider had. Past this, nothing
+# is likely to settle it on its own (a provider that never had the message sends no event).
+SETTLE_WITHIN = 3600.0
+
+
+def verdict(
+    status: str, reason: str | None, *, maybe_delivered: bool, resolvable: bool, unknown_for: float | None = None
+) -> Verdict:
     """``resolvable``: whether the step's provider can settle a lost answer by itself
-    (its profile: dedupe, lookup or webhook); an ``unknown`` step it cannot settle needs an operator."""
+    (its profile: dedupe, lookup or webhook); an ``unknown`` step it cannot settle, or one
+    unknown for :data:`SETTLE_WITHIN` seconds or more (``unknown_for``), needs an operator."""
     state = Status(status)
     if state is Status.HELD:
         return Verdict(False, "wait_for_approval")
     if state in (Status.PENDING, Status.IN_FLIGHT, Status.RETRYABLE):
         return Verdict(False, "wait")
     if state is Status.UNKNOWN:
-        return Verdict(False, "wait" if resolvable else "ask_operator")
+        settling = resolvable and (unknown_for is None or unknown_for < SETTLE_WITHIN)
+        return Verdict(False, "wait" if settling else "ask_operator")
     if state is Status.ACCEPTED:
         return Verdict(False, "none")
     # Rejected. A rejected step never may have been delivered unless an operator said so

@@ -36,7 +36,9 @@ from evq.worker.approval import (
     budget_refusal,
     contact_holds,
     contact_keys,
+    contacts,
     gated,
+    going_out,
     memory_keys,
     sender_of,
     static_holds,
@@ -192,7 +194,11 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     if not holds:
         name = request.actor.name if request.actor else None
         for charge in budget_charges(
-            approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at
+            approval,
+            run_id=request.run_id,
+            actor=name,
+            recipients=request.recipients,
+            now=going_out(at, request.send_at),
         ):
             budget, scope, window_start, amount, cap = charge
             params = {
@@ -246,7 +252,11 @@ def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | 
     if not holds:
         name = request.actor.name if request.actor else None
         for charge in budget_charges(
-            approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=at
+            approval,
+            run_id=request.run_id,
+            actor=name,
+            recipients=request.recipients,
+            now=going_out(at, request.send_at),
         ):
             budget, scope, window_start, amount, cap = charge
             [used] = yield Q["budget_used"], {"budget": budget, "scope": scope, "window_start": window_start}
@@ -261,11 +271,11 @@ def _rule_holds(
 ) -> Generator[tuple[str, Mapping[str, Any]], Rows, tuple[datetime, list[dict[str, Any]]]]:
     """The transaction's clock and the holds of every rule but the budgets: the static ones and
     first contact (the sender's known recipients, read in the same statement as the clock)."""
-    keys = contact_keys(approval, request.recipients)
+    keys = contact_keys(approval, contacts(request.recipients, request.notify))
     [context] = yield Q["approval_context"], {"now": now, "sender": sender, "keys": keys}
     at: datetime = context["now"]
     # The hours that matter are those the send would go out in: a scheduled one's.
-    when = max(at, request.send_at) if request.send_at is not None else at
+    when = going_out(at, request.send_at)
     holds = static_holds(
         approval, recipients=len(request.recipients), now=when, requested=request.require_approval
     ) + contact_holds(approval, keys, context["known"])
@@ -291,7 +301,11 @@ def gated_many_op(requests: Sequence[ValidRequest], approval: ApprovalPolicy, no
                 (budget, scope, window)
                 for r in requests
                 for budget, scope, window, _amount, _cap in budget_charges(
-                    approval, run_id=r.run_id, actor=r.actor.name if r.actor else None, recipients=r.recipients, now=at
+                    approval,
+                    run_id=r.run_id,
+                    actor=r.actor.name if r.actor else None,
+                    recipients=r.recipients,
+                    now=going_out(at, r.send_at),
                 )
             }
         )

@@ -346,20 +346,22 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
         "request": request.payload,
         "ambiguity": flag,
         "ambiguity_hint": AMBIGUITY_HINTS.get(flag) if flag else None,
-        # What the step would be: a new one starts pending (wait).
-        **verdict_view(
-            str(Status.PENDING),
-            None,
-            maybe_delivered=False,
-            provider=request.provider,
-            unresolvable=policy.unresolvable,
-        ),
     }
     if row is None:
         # The policy's verdict on it as a new step, read as the counters stand now: the real
         # enqueue decides under their locks (a concurrent send may use a budget first).
         holds = await store.preview_holds(request, policy.approval) if gated(policy.approval, [request]) else []
         plan["hold"] = {"rules": holds} if holds else None
+        # What the step would be: a new one starts pending (wait), or held (wait_for_approval).
+        plan.update(
+            verdict_view(
+                str(Status.HELD if holds else Status.PENDING),
+                None,
+                maybe_delivered=False,
+                provider=request.provider,
+                unresolvable=policy.unresolvable,
+            )
+        )
     else:
         plan["hold"] = row.get("hold")
         try:
@@ -426,6 +428,7 @@ def verdict_view(
     maybe_delivered: bool,
     provider: str | None,
     unresolvable: Collection[str] | None,
+    unknown_since: datetime | None = None,
 ) -> dict[str, Any]:
     """The ambiguity contract's fields of one step (worker/verdict.py, docs/design.md "The
     ambiguity contract"): ``safe_to_retry``, ``next_action`` and its label. ``unresolvable``: the
@@ -433,7 +436,8 @@ def verdict_view(
     settings: no database round trip); an unknown step through one needs an operator. None: not
     known, so every provider counts as one (an unknown step says ask_operator, never wait)."""
     resolvable = unresolvable is not None and provider not in unresolvable
-    v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=resolvable)
+    unknown_for = None if unknown_since is None else (datetime.now(UTC) - unknown_since).total_seconds()
+    v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=resolvable, unknown_for=unknown_for)
     return {
         "safe_to_retry": v.safe_to_retry,
         "next_action": v.next_action,
@@ -469,6 +473,7 @@ def summary(
             maybe_delivered=r.maybe_delivered,
             provider=r.provider,
             unresolvable=unresolvable,
+            unknown_since=r.unknown_since,
         ),
     }
 
@@ -552,6 +557,7 @@ def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str] | None) 
         maybe_delivered=bool(step.get("maybe_delivered")),
         provider=step.get("provider"),
         unresolvable=unresolvable,
+        unknown_since=step.get("unknown_since"),
     )
 
 

@@ -51,7 +51,12 @@ async def _next_action(store: AppStore, step_id: int, unresolvable: Collection[s
         raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
     r = rows[0]
     v = verdict_view(
-        str(r.status), r.reason, maybe_delivered=r.maybe_delivered, provider=r.provider, unresolvable=unresolvable
+        str(r.status),
+        r.reason,
+        maybe_delivered=r.maybe_delivered,
+        provider=r.provider,
+        unresolvable=unresolvable,
+        unknown_since=r.unknown_since,
     )
     return str(v["next_action"])
 

@@ -82,3 +82,34 @@ def test_the_request_fields_are_checked_and_kept_out_of_the_payload():
         with pytest.raises(InvalidRequest) as refused:
             parse(request(**{field: value}), POLICY)
         assert refused.value.errors[0]["field"] == field
+
+
+@pytest.mark.parametrize("bad", ["monkey", "mondayz", "friendly", "mo"])
+def test_a_weekday_is_named_whole_or_by_its_three_letters(bad):
+    from evq.worker.approval import weekday_list
+
+    with pytest.raises(ValueError, match="expected weekdays"):
+        weekday_list(bad)
+    assert weekday_list("Monday-wed,FRI") == (0, 1, 2, 4)
+
+
+def test_hours_with_an_offset_are_refused_for_the_time_zone_setting():
+    from evq.worker.approval import hours_range
+
+    with pytest.raises(ValueError, match="EVQ_APPROVAL_TIMEZONE"):
+        hours_range("08:00+02:00-18:00+02:00")
+
+
+def test_hourly_budgets_and_hours_judge_the_hour_a_send_goes_out_in():
+    from datetime import UTC, datetime, timedelta
+
+    from evq.worker.approval import ApprovalPolicy, Budget, budget_charges, going_out
+
+    now = datetime(2030, 1, 1, 9, 30, tzinfo=UTC)
+    later = now + timedelta(hours=5)
+    policy = ApprovalPolicy(budgets=((Budget.KEY_HOURLY, 3),))
+    [(_, _, window, _, _)] = budget_charges(
+        policy, run_id="r", actor="bot", recipients=["a@example.com"], now=going_out(now, later)
+    )
+    assert window == datetime(2030, 1, 1, 14, tzinfo=UTC)
+    assert going_out(now, now - timedelta(hours=1)) == now  # a past send_at is now

@@ -122,3 +122,30 @@ def test_a_view_that_does_not_know_the_providers_profiles_fails_closed():
     assert verdict_view(**unknown, unresolvable=("http",))["next_action"] == "ask_operator"
     shown = verdict_view(**unknown, unresolvable=())
     assert shown == {"safe_to_retry": False, "next_action": "wait", "next_action_label": NEXT_ACTION_LABELS["wait"]}
+
+
+def test_an_unknown_step_its_provider_has_not_settled_within_the_hour_needs_an_operator():
+    """The reconciler's checks are spent, or the provider never had the message and sends no
+    event: waiting longer would be waiting forever."""
+    from evq.worker.verdict import SETTLE_WITHIN
+
+    fresh = verdict("unknown", "lease_expired", maybe_delivered=True, resolvable=True, unknown_for=60)
+    stale = verdict("unknown", "lease_expired", maybe_delivered=True, resolvable=True, unknown_for=SETTLE_WITHIN)
+    assert (fresh.next_action, stale.next_action) == ("wait", "ask_operator")
+    assert not stale.safe_to_retry
+
+
+def test_a_run_trace_may_carry_every_evidence_kind():
+    """runs show lists each step's evidence by kind: its schema takes every kind the database may hold."""
+    import json
+
+    from jsonschema import Draft202012Validator
+
+    from evq.adapters.postgres.schema import EVIDENCE_KINDS
+    from evq.ops.app.schemas import output_schema
+
+    kind = output_schema("runs.show")["$defs"]["event"]["properties"]["kind"]
+    check = Draft202012Validator({**kind, "$defs": output_schema("runs.show")["$defs"]})
+    assert all(check.is_valid(k) for k in (*EVIDENCE_KINDS, "decision", "enqueued"))
+    assert not check.is_valid("made_up")
+    json.dumps(kind)
