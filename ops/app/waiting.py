@@ -15,9 +15,11 @@ transaction pooler); a second's delay is nothing next to a send's.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from contextlib import contextmanager
 
 from evq.ops.app.service import Caller, Reply, show_step, verdict_view
 from evq.worker.errors import InvalidRequest, NotFound
@@ -29,6 +31,32 @@ FIRST_POLL = 0.1
 LAST_POLL = 1.0
 _WAIT = re.compile(r"^(\d{1,5}(?:\.\d{1,3})?)\s*(ms|s|m)?$")
 _SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+class WaitSlots:
+    """How many waits may be under way at once, in all and per caller (API key): a wait holds an
+    HTTP connection for up to a minute, so without a bound one key's thousand waits would take
+    every connection `evq serve` allows and lock operators out of the page and the API. A wait
+    without a slot answers at once, as its timeout would (``meta.timed_out``): the caller polls,
+    nothing is refused. One event loop uses it (no lock needed)."""
+
+    def __init__(self, total: int, per_caller: int) -> None:
+        self.total, self.per_caller = total, per_caller
+        self.by_caller: dict[str, int] = {}
+
+    @contextmanager
+    def slot(self, caller: Caller) -> Iterator[bool]:
+        who = hashlib.sha256((caller.key or "").encode()).hexdigest()  # never the key itself
+        if sum(self.by_caller.values()) >= self.total or self.by_caller.get(who, 0) >= self.per_caller:
+            yield False
+            return
+        self.by_caller[who] = self.by_caller.get(who, 0) + 1
+        try:
+            yield True
+        finally:
+            self.by_caller[who] -= 1
+            if not self.by_caller[who]:
+                del self.by_caller[who]
 
 
 def parse_wait(text: str, *, field: str = "--timeout") -> float:
@@ -70,10 +98,17 @@ async def wait_step(
     unresolvable: Collection[str] | None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    slots: WaitSlots | None = None,
 ) -> Reply:
     """The step's `steps show` view once its ``next_action`` is not ``wait``, or at ``timeout``
     seconds (``meta.timed_out``); ``meta.waited_ms`` says how long it waited. The first read is
     the whole view (it checks the key and that the step exists); the polls read the row only."""
+    if slots is not None:
+        with slots.slot(caller) as granted:
+            return await wait_step(
+                store, caller, step_id, timeout=timeout if granted else 0.0, unresolvable=unresolvable,
+                clock=clock, sleep=sleep,
+            )  # fmt: skip
     started = clock()
     deadline = started + timeout
     first = await show_step(store, caller, step_id, unresolvable=unresolvable)

@@ -32,7 +32,7 @@ from evq.ops.app.contract import Timer, failure, plain, success, to_json
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, output_schema, request_schema
 from evq.ops.app.service import Caller, Selection
-from evq.ops.app.waiting import parse_wait, wait_step
+from evq.ops.app.waiting import WaitSlots, parse_wait, wait_step
 from evq.ops.settings import Settings
 from evq.worker.errors import EvqError, InvalidRequest
 from evq.worker.logs import get_logger
@@ -189,10 +189,15 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         a = check_arguments(get_schema(), args)
         return await service.show_step(store, caller(), a["step_id"], unresolvable=policy.unresolvable)
 
+    # An MCP server serves one client (one key): a bound on its waits at once all the same.
+    wait_slots = WaitSlots(total=16, per_caller=16)
+
     async def wait(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(command_input("steps.wait"), args)
         seconds = parse_wait(a["timeout"], field="timeout")
-        return await wait_step(store, caller(), a["step_id"], timeout=seconds, unresolvable=policy.unresolvable)
+        return await wait_step(
+            store, caller(), a["step_id"], timeout=seconds, unresolvable=policy.unresolvable, slots=wait_slots
+        )
 
     async def list_(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(list_schema(), args)

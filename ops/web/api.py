@@ -249,7 +249,9 @@ async def show_step(
         reply = await service.show_step(state.store, who, step_id, unresolvable=unresolvable)
     else:
         seconds = parse_wait(wait, field="wait")
-        reply = await wait_step(state.store, who, step_id, timeout=seconds, unresolvable=unresolvable)
+        reply = await wait_step(
+            state.store, who, step_id, timeout=seconds, unresolvable=unresolvable, slots=state.wait_slots
+        )
     return _answer(reply, request.state.timer)
 
 

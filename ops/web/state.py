@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from evq.ops.app.waiting import WaitSlots
 from evq.ops.settings import Settings
 from evq.ops.web.session import Sessions
 from evq.ops.web.throttle import FailureThrottle
@@ -28,6 +29,11 @@ class AppState:
     # Unsigned or badly signed webhook requests per client address (ops/web/webhooks.py): a
     # throttle of its own, so a forger behind a shared proxy cannot lock the API's keys out.
     webhook_throttle: FailureThrottle | None = None
+
+    @cached_property
+    def wait_slots(self) -> WaitSlots:
+        # A quarter of the connections `evq serve` accepts may wait, eight per key (?wait=).
+        return WaitSlots(total=max(8, self.settings.serve_max_connections // 4), per_caller=8)
 
     @cached_property
     def policy(self) -> Policy:

@@ -65,3 +65,42 @@ async def test_an_unknown_step_waits_only_when_its_provider_can_settle_it(mem):
     # smtp resolvable (a witness, a webhook): evq will settle it; the wait runs out.
     settling = await wait_step(mem, READER, lost.id, timeout=3, unresolvable=(), clock=clock, sleep=clock.sleep)
     assert settling.data["step"]["next_action"] == "wait" and settling.meta["timed_out"] is True
+
+
+async def test_a_caller_past_its_waits_at_once_is_answered_at_once_and_others_still_wait(mem):
+    """One key's many waits cannot take every connection: past its slots a wait answers as its
+    timeout would, at once; another key still gets its wait, and a slot comes back when a wait ends."""
+    import asyncio
+
+    from evq.ops.app.waiting import WaitSlots
+    from evq.worker.keys import Role, generate
+
+    step = await mem.enqueue(valid())
+    slots = WaitSlots(total=3, per_caller=2)
+    callers = []
+    for name in ("greedy", "other"):
+        key = generate()
+        await mem.create_key(name=name, role=Role.AGENT, key=key, created_by=None)
+        callers.append(Caller(key.text, interface="http"))
+    greedy, other = callers
+    release = asyncio.Event()
+
+    async def hold(seconds: float) -> None:
+        await release.wait()
+
+    async def waiting(caller: Caller, sleep=hold):
+        return await wait_step(mem, caller, step.id, timeout=30, unresolvable=(), sleep=sleep, slots=slots)
+
+    held = [asyncio.create_task(waiting(greedy)) for _ in range(2)]
+    await asyncio.sleep(0)
+    at_once = await waiting(greedy, sleep=None)  # never sleeps: it has no slot
+    assert at_once.meta["timed_out"] is True and at_once.meta["waited_ms"] < 1000
+    third = asyncio.create_task(waiting(other))
+    await asyncio.sleep(0)
+    assert slots.by_caller and sum(slots.by_caller.values()) == 3
+    assert (await waiting(other, sleep=None)).meta["timed_out"] is True  # the total is spent too
+    release.set()
+    await _send(mem)
+    for task in (*held, third):
+        assert (await task).data["step"]["status"] == "accepted"
+    assert slots.by_caller == {}  # every slot given back

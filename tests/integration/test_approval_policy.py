@@ -125,6 +125,20 @@ def test_first_contact_is_learnt_from_a_send_that_was_not_held(db_url):
     assert enqueue_own(db_url, other, policy=strict).status == Status.HELD
 
 
+def test_a_stranger_as_the_notify_address_is_a_first_contact_too(db_url):
+    """evq mails the notify address on the request's word (a failure notice, a denial): under the
+    first-contact rule a stranger there holds the send, named, as a stranger among the recipients would."""
+    strict = gated(first_contact=FirstContact.ADDRESS)
+    enqueue_own(db_url, request(step_id="teach", to=["bob@example.com"]), policy=gated(max_recipients=9))
+    plain = enqueue_own(db_url, request(step_id="a", to=["bob@example.com"]), policy=strict)
+    assert plain.status == Status.PENDING
+    lured = request(step_id="b", to=["bob@example.com"], notify="Stranger@victim.example.org")
+    made = enqueue_own(db_url, lured, policy=strict)
+    assert made.status == Status.HELD and held_rules(db_url, made.id) == ["first_contact"]
+    [row] = rows(db_url, "SELECT hold FROM email_steps WHERE id = %s", (made.id,))
+    assert "stranger@victim.example.org" in str(row["hold"]).lower()
+
+
 def test_a_budget_holds_under_20_concurrent_enqueues_and_never_passes_its_cap(db_url):
     policy = gated(budgets=((Budget.RUN_RECIPIENTS, 10), (Budget.DOMAIN_HOURLY, 15)))
     start = threading.Barrier(20)
