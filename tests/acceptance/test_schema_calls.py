@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from evq.ops.cli import cli
 from tests import contract
 from tests.acceptance.conftest import Evq
+from tests.contract import leaf_commands
 from tests.support import spawn, stop
 
 # Optional parameters this test adds to keep each run short (a drained worker on the null adapter,
@@ -28,9 +30,11 @@ SHORT = {
     "worker.run": {"drain": True, "adapter": "null", "listen": "off"},
     "admin.bench": {"mode": "ceiling", "steps": 100, "runs": 1, "peer": "off"},
     "admin.serve": {"port": 0},
+    "steps.wait": {"timeout": "1s"},  # a pending step and no worker: the wait runs to its timeout
 }
 # Servers: still running after this long means started, not refused.
 SERVERS = {"admin.serve": 8.0}
+PATHS = sorted(dict(leaf_commands(cli)))
 
 
 def value(p: Mapping[str, Any]) -> Any:
@@ -126,28 +130,44 @@ def catalogue(db_url: str) -> list[dict[str, Any]]:
     return sorted(tools, key=lambda t: t["canonical_path"] != "steps.enqueue")
 
 
-def test_a_call_built_from_the_catalogue_alone_runs_for_every_command(db_url, admin_key, catalogue):
+def call_and_check(evq: Evq, tool: Mapping[str, Any], secrets: Mapping[str, str], *, each: bool) -> None:
+    """The tool called as the catalogue alone says; with ``each``, also once without each parameter
+    it asked for, which must then be refused."""
+    path = tool["canonical_path"]
+    chosen = build_call(tool, evq.env, secrets)
+    for key, given in SHORT.get(path, {}).items():
+        assert key in tool["parameters"] and key not in chosen, (path, key)
+        chosen[key] = given
+    args, env = command_line(tool, chosen)
+    code, body = run(evq, path, args, env)
+    assert not refused_for_parameters(code, body), (path, args, body)
+    assert code != 4, (path, args, body)  # a key was needed and not asked for
+    if not each:
+        return
+    # Each parameter the catalogue asked for is needed: without it, the call is refused.
+    for key in chosen:
+        if key in SHORT.get(path, {}) or key == "dry-run":
+            continue
+        fewer, env = command_line(tool, {k: v for k, v in chosen.items() if k != key})
+        code, body = run(evq, path, fewer, env)
+        if tool["parameters"][key]["property"] is None and tool["parameters"][key].get("env"):
+            assert code == 4 and body is not None and body["error"]["code"] == "E_AUTH_FAILED", (path, key)
+        else:
+            assert refused_for_parameters(code, body), (path, key, fewer, body)
+
+
+def test_the_catalogue_lists_every_command(catalogue):
+    assert sorted(t["canonical_path"] for t in catalogue) == PATHS
+
+
+# One test per command (parallel workers share them; none runs for minutes on a loaded machine).
+@pytest.mark.parametrize("path", PATHS)
+def test_a_call_built_from_the_catalogue_alone_runs_for_every_command(path, db_url, admin_key, catalogue):
     evq = Evq(db_url)
     evq.env.pop("EVQ_DEFAULT_FROM", None)  # so the sender's condition is the catalogue's to state
     secrets = {"EVQ_API_KEY": admin_key}
-    for tool in catalogue:
-        path = tool["canonical_path"]
-        chosen = build_call(tool, evq.env, secrets)
-        for key, given in SHORT.get(path, {}).items():
-            assert key in tool["parameters"] and key not in chosen, (path, key)
-            chosen[key] = given
-        args, env = command_line(tool, chosen)
-        code, body = run(evq, path, args, env)
-        assert not refused_for_parameters(code, body), (path, args, body)
-        assert code != 4, (path, args, body)  # a key was needed and not asked for
-
-        # Each parameter the catalogue asked for is needed: without it, the call is refused.
-        for key in chosen:
-            if key in SHORT.get(path, {}) or key == "dry-run":
-                continue
-            fewer, env = command_line(tool, {k: v for k, v in chosen.items() if k != key})
-            code, body = run(evq, path, fewer, env)
-            if tool["parameters"][key]["property"] is None and tool["parameters"][key].get("env"):
-                assert code == 4 and body is not None and body["error"]["code"] == "E_AUTH_FAILED", (path, key)
-            else:
-                assert refused_for_parameters(code, body), (path, key, fewer, body)
+    tools = {t["canonical_path"]: t for t in catalogue}
+    if path != "steps.enqueue":
+        # A send first, so the commands that read or close one have something to find.
+        call_and_check(evq, tools["steps.enqueue"], secrets, each=False)
+    call_and_check(evq, tools[path], secrets, each=True)

@@ -96,6 +96,9 @@ def test_the_wheel_holds_evq_only_with_its_data(wheel: Path):
     assert "evq = evq.ops.cli:main" in entry_points
 
 
+# Several fresh interpreters start from the installed wheel (each about a second, longer on a
+# loaded machine): beyond the suite's 120 s default; each run() has its own bound.
+@pytest.mark.timeout(300)
 def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empty_db_url: str, tmp_path: Path):
     evq = str(venv / "bin" / "evq")
     elsewhere = tmp_path / "elsewhere"

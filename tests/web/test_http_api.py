@@ -314,6 +314,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/steps/{step_id}/cancel",
         "/v1/steps/resolve",
         "/v1/providers",
+        "/v1/policy",
         "/v1/refusals",
         "/v1/events",
         "/v1/deliveries",
