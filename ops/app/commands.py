@@ -1172,7 +1172,7 @@ _TABLE: tuple[Command, ...] = (
         "Approve a held send: it becomes pending with the same key and Message-ID, and a worker sends it.",
         "Approve a held send: it becomes pending with the same key and Message-ID, and a "
         "worker sends it (at its send_at, if later). Only a held step can be approved "
-        "(exit 3 otherwise); an agent key never can (exit 4).\n\n"
+        "(exit 3 otherwise); an agent key never can, nor the key that enqueued it (exit 4).\n\n"
         "--subject, --text and --html correct the message before it goes: a new request, "
         "validated as an enqueue is, with a new hash; the agent's hash is kept "
         "(requested_sha256), its retry still finds the step, and the evidence shows both. "
@@ -1200,7 +1200,7 @@ _TABLE: tuple[Command, ...] = (
             'evq steps approve 42 --note "fixed the greeting" --subject "Your invoice"',
         ),
         use_when="a person read a held send (`steps list --status held`, `steps show`) and it should go out",
-        avoid_when="you are the agent that asked for it: an agent key never approves; wait, or cancel it",
+        avoid_when="you asked for it: an agent key, and the key that enqueued it, never approve; wait, or cancel it",
         risk=Risk.HIGH,
         confirm=True,
         http=(Route("POST", "/v1/steps/{step_id}/approve"),),
