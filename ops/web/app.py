@@ -122,7 +122,7 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(page.PageError)
     async def page_error(request: Request, exc: page.PageError) -> Response:
-        session, _ = page._session(request)
+        session, _ = page.visitor_session(request)
         return page.render(request, "error.html", session, status=exc.status, error=exc.error)
 
     @app.exception_handler(Exception)
@@ -134,7 +134,7 @@ def _handlers(app: FastAPI) -> None:
 def _error(request: Request, exc: EvqError) -> Response:
     status, body, headers = error_body(exc, getattr(request.state, "timer", None))
     if request.url.path.startswith("/ops") and request.url.path != "/ops/static/ops.css":
-        session, _ = page._session(request)
+        session, _ = page.visitor_session(request)
         html = page.render(request, "error.html", session, status=status, error=_ErrorView(body))
         html.headers.update({k: v for k, v in headers.items() if k != "WWW-Authenticate"})
         return html

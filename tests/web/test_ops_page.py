@@ -327,7 +327,7 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         assert approve.status_code == 403 and "E_AUTH_FAILED" in approve.text
     assert {step_row(db_url, s.id)["status"] for s in steps} == {"unknown"}
 
-    templates = Path(page.__file__).parent / "templates"
+    templates = Path(page.__file__).parents[1] / "templates"
     for template in templates.glob("*.html"):
         for form in re.findall(r"<form\b[^>]*>.*?</form>", template.read_text(), flags=re.S):
             if 'method="post"' in form:

@@ -22,6 +22,10 @@ class StepFilter:
     provider: str | None = None
     created_before: datetime | None = None
     recipient_domain: str | None = None
+    # The search box (docs/design.md, "The operators' page"): one string matched against the
+    # step id, a recipient (address or @domain), Message-ID, provider message id, idempotency
+    # key, run id and the enqueuing API key's name; any of them matching is a match.
+    search: str | None = None
     limit: int | None = 50  # None: every matching row
     offset: int = 0
 

@@ -1,0 +1,268 @@
+"""What every page shares: the templates and their filters, the visitor's session, rendering,
+the signed-in check, CSRF-checked forms, the filters in the URL and a close's resolution."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from evq.ops.app import service
+from evq.ops.app.age import age
+from evq.ops.app.contract import to_json
+from evq.ops.app.service import Caller, Selection
+from evq.ops.web.session import COOKIE, Session
+from evq.ops.web.state import AppState
+from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
+from evq.worker.keys import Permission
+from evq.worker.resolution import Resolution
+from evq.worker.states import Status
+
+SOURCE = "the sign-in form"
+ENDED = {
+    "revoked": "That key was revoked: sign in with another.",
+    "signed-out": "This session was signed out: sign in again.",
+}
+FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
+OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
+PAGE_SIZE = 100
+HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decision), so fewer a page
+# The steps a person may still stop before a worker claims them (docs/design.md, "Approvals and budgets").
+CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
+DONE = {
+    "approved": "Approved: the send is pending and goes out with the same key and Message-ID.",
+    "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
+    "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
+}
+BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
+
+_TEMPLATES = resources.files("evq.ops.web").joinpath("templates")
+env = Environment(
+    loader=FileSystemLoader(str(_TEMPLATES)),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+env.filters["age"] = age
+env.filters["shown"] = lambda value: to_json(value) if isinstance(value, (dict, list)) else value
+env.filters["domain_only"] = lambda email: "…@" + email.rpartition("@")[2] if "@" in email else "…"
+
+
+def as_text(value: Any) -> str:
+    return to_json(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def hold_reasons(hold: Any) -> list[tuple[str, str]]:
+    """Why a send was held, as (rule, why) pairs, from ``email_steps.hold``: a list of rules
+    (``{"rule", "why", ...}``) or an object listing ``rules`` and ``budgets``. Whatever its
+    shape the page shows all of it as text, so an unexpected shape still says what it holds."""
+    if hold is None:
+        return []
+    if isinstance(hold, dict):
+        listed = [*(hold.get("rules") or []), *(hold.get("budgets") or [])]
+        return hold_reasons(listed) if listed else [(str(k), as_text(v)) for k, v in hold.items()]
+    if not isinstance(hold, list):
+        return [(as_text(hold), "")]
+    out: list[tuple[str, str]] = []
+    for item in hold:
+        if isinstance(item, dict):
+            others = {k: v for k, v in item.items() if k not in ("rule", "budget", "why")}
+            why = item.get("why") or (to_json(others) if others else "")
+            out.append((str(item.get("rule") or item.get("budget") or "?"), str(why)))
+        else:
+            out.append((as_text(item), ""))
+    return out
+
+
+env.filters["hold_reasons"] = hold_reasons
+
+
+def expires_in(when: Any) -> str:
+    """How long a held send has until it expires (``hold_expires_at``), as the page says it."""
+    if when is None:
+        return "never expires"
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    left = (when - datetime.now(UTC)).total_seconds()
+    return f"expires in {age(left)}" if left > 0 else "expired: the next expiry pass rejects it"
+
+
+env.filters["expires_in"] = expires_in
+
+ADDRESS_HEADERS = (("to", "To"), ("cc", "Cc"), ("bcc", "Bcc"), ("reply_to", "Reply-To"))
+
+
+def _address(a: Any) -> str:
+    return f"{a['email']} ({a['name']})" if a.get("name") else str(a["email"])
+
+
+def header_lines(step: Any) -> list[str]:
+    """The message's headers as it would go out, one line each (the template escapes them)."""
+    p = step["payload"]
+    lines = [f"From: {_address(p['from'])}"]
+    lines += [f"{label}: {', '.join(_address(a) for a in p[k])}" for k, label in ADDRESS_HEADERS if p.get(k)]
+    lines += [f"Subject: {p.get('subject') or ''}", f"Message-ID: {step['message_id']}"]
+    lines += [f"{name}: {value}" for name, value in (p.get("headers") or {}).items()]
+    return lines
+
+
+def recipients(step: Any) -> list[str]:
+    return [a["email"] for k in ("to", "cc", "bcc") for a in step["payload"].get(k) or []]
+
+
+env.filters["header_lines"] = header_lines
+env.filters["recipients"] = recipients
+
+
+class Redirect(Exception):
+    def __init__(self, url: str):
+        self.url = url
+
+
+class PageError(Exception):
+    """An error the page shows in place (a refused sign-in, a conflict), with its status."""
+
+    def __init__(self, error: EvqError, status: int):
+        self.error, self.status = error, status
+
+
+router = APIRouter(prefix="/ops", include_in_schema=False)
+
+
+def app_state(request: Request) -> AppState:
+    return request.app.state.evq
+
+
+def visitor_session(request: Request) -> tuple[Session, bool]:
+    """The visitor's session, and whether it is new (then it must be set on the answer)."""
+    state = app_state(request)
+    found = state.sessions.load(request.cookies.get(COOKIE))
+    return (found, False) if found is not None else (state.sessions.new(), True)
+
+
+def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
+    html = env.get_template(template).render(
+        session=session, identity=session.identity, request=request, may_close=may_close(session), **context
+    )
+    response = HTMLResponse(html, status_code=status)
+    set_cookie(request, response, session)
+    return response
+
+
+def set_cookie(request: Request, response: Response, session: Session) -> None:
+    response.set_cookie(
+        COOKIE,
+        app_state(request).sessions.dump(session),
+        max_age=app_state(request).sessions.max_age,
+        path="/ops",
+        httponly=True,
+        samesite="strict",
+        secure=over_tls(request),
+    )
+
+
+def over_tls(request: Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a proxy that says so.
+    `evq serve` trusts no proxy header for who the client is (ops/web/slowclients.py), but a
+    forged X-Forwarded-Proto can only make the cookie Secure, which costs the forger alone."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.url.scheme == "https" or forwarded == "https"
+
+
+def caller_of(session: Session) -> Caller:
+    assert session.identity is not None  # signed_in() made sure
+    return Caller.signed_in(session.identity, source=SOURCE)
+
+
+def may_close(session: Session) -> bool:
+    identity = session.identity
+    return identity is not None and identity.may(Permission.RESOLVE)
+
+
+async def signed_in(request: Request) -> Session:
+    """The session of a signed-in visitor whose key is still active; a redirect to sign in otherwise."""
+    session, _ = visitor_session(request)
+    if session.identity is None or session.key_id is None:
+        raise Redirect("/ops/login")
+    row = await app_state(request).store.key_by_id(session.key_id)
+    if row is None or row["revoked_at"] is not None or row["name"] != session.name:
+        raise Redirect("/ops/login?ended=revoked")
+    if row["session_generation"] != session.generation:
+        raise Redirect("/ops/login?ended=signed-out")  # someone signed out of this key's sessions
+    return session
+
+
+async def form(request: Request, session: Session) -> dict[str, str]:
+    """The posted form, refused unless it carries this session's CSRF token."""
+    try:
+        data = await request.form()
+    except EvqError:
+        raise
+    except Exception:
+        raise InvalidRequest([{"field": "$body", "message": "not a form"}]) from None
+    values = {k: v for k, v in data.items() if isinstance(v, str)}
+    if not session.csrf_ok(values.get("csrf")):
+        raise PageError(
+            AuthFailed("the form is stale or not from this page (CSRF token)", hint="reload the page and try again"),
+            403,
+        )
+    return values
+
+
+def filters_of(values: Any) -> dict[str, str | None]:
+    return {k: (values.get(k) or "").strip() or None for k in FILTER_KEYS}
+
+
+def query_string(filters: dict[str, str | None], **extra: Any) -> str:
+    return urlencode({**{k: v for k, v in filters.items() if v}, **{k: v for k, v in extra.items() if v}})
+
+
+def int_param(text: str | None, default: int) -> int:
+    try:
+        value = int(text or default)
+    except ValueError:
+        return default
+    return min(max(value, 0), 2**31 - 1)
+
+
+def resolution_of(values: dict[str, str]) -> Resolution:
+    blank = lambda name: (values.get(name) or "").strip() or None  # noqa: E731
+    return Resolution.parse(
+        values.get("verdict", ""),
+        values.get("note"),
+        reason=blank("reason"),
+        provider_message_id=blank("provider_message_id"),
+        evidence_url=blank("evidence_url"),
+    )
+
+
+async def posted(request: Request) -> tuple[Session, dict[str, str]]:
+    session = await signed_in(request)
+    return session, await form(request, session)
+
+
+async def resolve(
+    request: Request, session: Session, values: dict[str, str], selection: Selection, *, dry_run: bool = False
+) -> service.Reply:
+    state = app_state(request)
+    return await service.resolve(
+        state.store,
+        caller_of(session),
+        resolution_of(values),
+        selection,
+        default_max_attempts=state.settings.max_attempts,
+        dry_run=dry_run,
+        unresolvable=state.policy.unresolvable,
+    )
+
+
+def refusal(exc: EvqError) -> tuple[int, EvqError]:
+    """The status a refused close is shown with, and the error as the page names its fields."""
+    if isinstance(exc, InvalidRequest):
+        return 422, service.json_field_names(exc)
+    return (409 if isinstance(exc, StateConflict) else 403), exc

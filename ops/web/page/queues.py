@@ -1,0 +1,104 @@
+"""The operators' queues: unknown rows oldest first (filters in the URL), held sends oldest first, each shown whole."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+
+from evq.ops.app import service
+from evq.ops.web.page.common import (
+    HELD_PAGE_SIZE,
+    PAGE_SIZE,
+    app_state,
+    caller_of,
+    filters_of,
+    int_param,
+    query_string,
+    render,
+    router,
+    signed_in,
+)
+from evq.worker.errors import InvalidRequest, NotFound
+from evq.worker.resolution import Verdict
+from evq.worker.states import Status
+
+
+@router.get("/unknown", response_class=HTMLResponse)
+async def unknown(request: Request) -> HTMLResponse:
+    session = await signed_in(request)
+    params = request.query_params
+    filters = filters_of(params)
+    expand = params.get("expand") == "1"
+    offset = int_param(params.get("offset"), 0)
+    state = app_state(request)
+    who = caller_of(session)
+    try:
+        reply = await service.list_steps(
+            state.store,
+            who,
+            statuses=[str(Status.UNKNOWN)],
+            filters=filters,
+            limit=PAGE_SIZE,
+            offset=offset,
+            unresolvable=state.policy.unresolvable,
+        )
+    except InvalidRequest as exc:
+        return render(
+            request,
+            "unknown.html",
+            session,
+            status=422,
+            error=service.json_field_names(exc),
+            filters=filters,
+            expand=expand,
+            rows=[],
+            answers={},
+            total=0,
+            offset=0,
+            query=query_string(filters),
+        )
+    answers = await state.store.last_answers([r["id"] for r in reply.data])
+    closed = params.get("closed")
+    return render(
+        request,
+        "unknown.html",
+        session,
+        filters=filters,
+        expand=expand,
+        rows=reply.data,
+        answers=answers,
+        total=reply.meta["total"],
+        offset=offset,
+        page_size=PAGE_SIZE,
+        query=query_string(filters),
+        closed=closed,
+        verdicts=list(Verdict),
+    )
+
+
+@router.get("/held", response_class=HTMLResponse)
+async def held(request: Request) -> HTMLResponse:
+    """The approval queue: held sends oldest first, each whole (why it was held, the decision
+    and its rationale, the message as it would go out, when it expires), so a person decides
+    on what would be sent and not on a summary."""
+    session = await signed_in(request)
+    offset = int_param(request.query_params.get("offset"), 0)
+    state = app_state(request)
+    who = caller_of(session)
+    reply = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset)
+    shown = []
+    for row in reply.data:
+        try:
+            # show_step, as the step page does: the message's text only for roles that see content.
+            shown.append((await service.show_step(state.store, who, row["id"])).data)
+        except NotFound:
+            continue  # pruned between the two reads: nothing left to decide on
+    return render(
+        request,
+        "held.html",
+        session,
+        rows=shown,
+        total=reply.meta["total"],
+        offset=offset,
+        page_size=HELD_PAGE_SIZE,
+    )

@@ -1,0 +1,97 @@
+"""One step (its decision, request, evidence and what to do next), a run's trace, and closing one unknown row."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from evq.ops.app import service
+from evq.ops.app.service import Selection
+from evq.ops.web.page.common import (
+    CANCELLABLE,
+    DONE,
+    Redirect,
+    app_state,
+    caller_of,
+    filters_of,
+    posted,
+    query_string,
+    refusal,
+    render,
+    resolve,
+    router,
+    signed_in,
+)
+from evq.ops.web.session import Session
+from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
+from evq.worker.resolution import Verdict
+
+
+@router.get("/steps/{step_id}", response_class=HTMLResponse)
+async def step(request: Request, step_id: int) -> HTMLResponse:
+    session = await signed_in(request)
+    back = _back(request.query_params.get("from"))
+    done = DONE.get(request.query_params.get("done") or "")
+    return await step_page(request, session, step_id, back, done=done)
+
+
+def _back(query: str | None) -> dict[str, str | None]:
+    """The list's filters the visitor came from (only filter keys: this is never a URL)."""
+    return filters_of(dict(parse_qsl(query or "")))
+
+
+async def step_page(
+    request: Request, session: Session, step_id: int, back: dict[str, str | None], status: int = 200, **context: Any
+) -> HTMLResponse:
+    state = app_state(request)
+    who = caller_of(session)
+    reply = await service.show_step(state.store, who, step_id, unresolvable=state.policy.unresolvable)
+    return render(
+        request,
+        "step.html",
+        session,
+        status=status,
+        d=reply.data,
+        back=back,
+        back_query=query_string(back),
+        verdicts=list(Verdict),
+        cancellable=CANCELLABLE,
+        **context,
+    )
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def find_run(request: Request) -> Response:
+    """The run search, and the form of a run's address the page links to: a run id in the
+    query never meets path normalisation, which browsers apply even to %2E%2E, so ids such as
+    "..", "." or "a/../b" (the CLI takes any) are reachable too."""
+    await signed_in(request)
+    run_id = (request.query_params.get("run_id") or "").strip()
+    if not run_id:
+        raise Redirect("/ops")
+    return await trace(request, run_id)
+
+
+@router.get("/runs/{run_id:path}", response_class=HTMLResponse)  # run ids may hold "/"
+async def trace(request: Request, run_id: str) -> HTMLResponse:
+    session = await signed_in(request)
+    who = caller_of(session)
+    state = app_state(request)
+    reply = await service.show_run(state.store, who, run_id[:200], unresolvable=state.policy.unresolvable)
+    return render(request, "trace.html", session, d=reply.data)
+
+
+@router.post("/steps/{step_id}/close", response_class=HTMLResponse)
+async def close(request: Request, step_id: int) -> Response:
+    session, values = await posted(request)
+    back = filters_of(values)
+    try:
+        reply = await resolve(request, session, values, Selection(step_id=step_id))
+    except (InvalidRequest, StateConflict, AuthFailed) as exc:
+        status, shown = refusal(exc)
+        return await step_page(request, session, step_id, back, status=status, error=shown, posted=values)
+    done = reply.data["results"][0]
+    return RedirectResponse(f"/ops/unknown?{query_string(back, closed=done['id'])}", status_code=303)
