@@ -231,6 +231,15 @@ Index(
     ),
     postgresql_using="hash",
 )
+# The search box (0019): every recipient address and its "@domain", through the immutable
+# SQL function the migration creates (queries.sql's step_list matches with the same expression).
+Index("ix_email_steps_recipient_keys", func.evq_recipient_keys(email_steps.c.payload), postgresql_using="gin")
+# The provider's message id leads to its step (0019); most rows have none until accepted.
+Index(
+    "ix_email_steps_provider_message_id",
+    email_steps.c.provider_message_id,
+    postgresql_where=text("provider_message_id IS NOT NULL"),
+)
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
 # rewrites a row without adding an entry here (migration 0005).
@@ -582,4 +591,27 @@ known_recipients = Table(
     Column("recipient", Text, primary_key=True),
     Column("first_step_id", BigInteger),
     Column("created_at", TZ, nullable=False, server_default=NOW),
+)
+
+# The enqueuing API key's name, for the search box (0019).
+Index("ix_decisions_actor", decisions.c.actor, postgresql_where=text("actor IS NOT NULL"))
+# The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
+Index("ix_evidence_created_at_brin", evidence.c.created_at, postgresql_using="brin")
+
+# The queue's figures once a minute (0019): what the ops page's charts draw "better or worse?"
+# from, one row per minute (the first writer's), deleted after the kept window.
+queue_samples = Table(
+    "queue_samples",
+    metadata,
+    Column("at", TZ, primary_key=True),
+    Column("pending", Integer, nullable=False),
+    Column("claimable", Integer, nullable=False),
+    Column("lag_seconds", Float, nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    Column("retryable", Integer, nullable=False),
+    Column("unknown", Integer, nullable=False),
+    Column("unknown_oldest_seconds", Float),
+    Column("held", Integer, nullable=False),
+    Column("sampled_by", Text, nullable=False),
+    CheckConstraint("at = date_trunc('minute', at)", name="at_minute"),
 )
