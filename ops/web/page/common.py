@@ -3,14 +3,15 @@ the signed-in check, CSRF-checked forms, the filters in the URL and a close's re
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, pass_context, select_autoescape
+from markupsafe import Markup, escape
 
 from evq.ops.app import service
 from evq.ops.app.age import age
@@ -80,6 +81,35 @@ def hold_reasons(hold: Any) -> list[tuple[str, str]]:
 
 
 env.filters["hold_reasons"] = hold_reasons
+
+
+def _instant(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@pass_context
+def when(context: Any, value: Any) -> Markup:
+    """A moment as the page shows it: relative ("3h05m ago", "in 5m") in a ``<time>`` whose
+    ``datetime`` is the exact instant and whose title is that instant in the operator's time
+    zone (the template context's ``tz``; UTC when none is chosen). "-" for none."""
+    at = _instant(value)
+    if at is None:
+        return Markup("-")
+    zone: tzinfo = context.get("tz") or UTC
+    seconds = (datetime.now(UTC) - at).total_seconds()
+    said = f"{age(seconds)} ago" if seconds >= 0 else f"in {age(-seconds)}"
+    local = at.astimezone(zone)
+    title = local.isoformat(timespec="seconds") + (f" ({local.tzname()})" if local.tzname() else "")
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(
+        at.astimezone(UTC).isoformat(timespec="seconds"), title, escape(said)
+    )
+
+
+env.filters["when"] = when
 
 
 def expires_in(when: Any) -> str:
