@@ -3,6 +3,8 @@ the signed-in check, CSRF-checked forms, the filters in the URL and a close's re
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
 from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
@@ -15,6 +17,7 @@ from markupsafe import Markup, escape
 
 from evq.ops.app import service
 from evq.ops.app.age import age
+from evq.ops.app.commands import CREDENTIAL, Kind, command
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
 from evq.ops.web.session import COOKIE, Session
@@ -147,6 +150,43 @@ def recipients(step: Any) -> list[str]:
 
 env.filters["header_lines"] = header_lines
 env.filters["recipients"] = recipients
+
+
+def cli_equivalent(path: str, /, **values: Any) -> str:
+    """The command line that does what a form on the page does, shell-quoted (shlex.quote), so an
+    operator can copy it or script it: ``cli_equivalent("steps.resolve", step_id=123,
+    verdict="accepted", note="in the log")`` -> ``evq steps resolve 123 --as accepted --note 'in the log'``.
+
+    ``path`` is the command table's name (ops/app/commands.py) and the keywords are its parameters'
+    ``dest``s, so the words and flags are the table's own and cannot drift from `evq --help`.
+    Arguments come first, then options in the table's order; None, "" and False are left out, a
+    repeatable one takes a list (one flag each), a flag True is the bare flag. A name the command
+    does not have, and the API key (never printed: it comes from EVQ_API_KEY), raise ValueError."""
+    cmd = command(path)
+    known = {p.dest: p for p in cmd.params}
+    unknown = sorted(set(values) - set(known) | ({CREDENTIAL} & set(values)))
+    if unknown:
+        raise ValueError(f"{path} has no parameter {', '.join(unknown)} the page may show")
+    words = ["evq", *cmd.words.split()]
+    ordered = [p for p in cmd.params if p.kind is Kind.ARGUMENT] + [
+        p for p in cmd.params if p.kind is not Kind.ARGUMENT
+    ]
+    for param in ordered:
+        value = values.get(param.dest)
+        if value is None or value == "" or value is False:
+            continue
+        if param.kind is Kind.FLAG:
+            words.append(str(param.flag))
+            continue
+        given = (
+            list(value) if param.repeatable and isinstance(value, Iterable) and not isinstance(value, str) else [value]
+        )
+        for one in given:
+            words += [str(one)] if param.kind is Kind.ARGUMENT else [str(param.flag), str(one)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+env.globals["cli_equivalent"] = cli_equivalent
 
 
 class Redirect(Exception):
