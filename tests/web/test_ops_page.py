@@ -302,6 +302,7 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         f"/ops/steps/{steps[0].id}/approve": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/deny": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/cancel": {"note": "forged"},
+        "/ops/zone": {"tz": "Europe/Berlin"},
     }
     forms = {route.path for route in page.router.routes if "POST" in route.methods}
     assert {re.sub(r"\{step_id\}", str(steps[0].id), f) for f in forms} == set(posts)
@@ -415,7 +416,7 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, make_key(db_url, "bot", "agent"))
         html = web.get("/ops/runs/run-t").text
-    trace = re.search(r'<table class="rows" id="trace">.*?</table>', html, flags=re.S)[0]
+    trace = re.search(r'<table class="rows timeline" id="trace">.*?</table>', html, flags=re.S)[0]
     kinds = re.findall(r'<tr class="kind-(\w+)">', trace)
     assert kinds == ["decision", "enqueued", "attempt_started", "provider_response", "operator_resolved"]
     row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S), strict=True))
@@ -424,6 +425,7 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
     assert "connection lost after the final dot" in row["provider_response"]
     assert "alice" in row["operator_resolved"] and "unknown → accepted" in row["operator_resolved"]
     assert "in the provider log" in row["operator_resolved"]
+    print(trace)
 
 
 def test_the_overview_says_which_provider_evq_stopped_sending_to_and_why(server, db_url):
