@@ -237,3 +237,74 @@ def test_the_cli_line_beside_each_action_is_the_command_table_s_and_does_the_sam
     assert step_row(db_url, step.id)["status"] == "rejected"
     [evidence] = rows(db_url, "SELECT * FROM evidence WHERE kind = 'operator_resolved' AND step_id = %s", (step.id,))
     assert evidence["actor"] == "alice" and evidence["detail"]["note"] == "..."
+
+
+def _dead_letter(store):
+    """A step rejected after temporary failures only (its one attempt spent): requeueable."""
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Retryable
+    from evq.worker.transitions import decide
+
+    async def run():
+        made = await store.enqueue(valid(run_id="run-dead"))
+        [claimed] = await store.claim(owner="w-1", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={})
+        settled = decide(
+            claimed, Retryable("421 try later"), default_max_attempts=1, backoff=Backoff(1, 1), dedupe_window_open=False
+        )
+        await store.record([settled], actor="w-1")
+        return made
+
+    return run()
+
+
+def test_a_dead_letter_is_requeued_from_its_page_beside_its_command_line(server, db_url):  # noqa: F811
+    from evq.ops.web.page.common import cli_equivalent
+
+    step = with_store(db_url, _dead_letter)
+    assert (step_row(db_url, step.id)["status"], step_row(db_url, step.id)["reason"]) == (
+        "rejected",
+        "attempts_exhausted",
+    )
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        page = web.get(f"/ops/steps/{step.id}").text
+        assert 'id="requeue-form"' in page
+        line = re.search(r'<p class="cli" id="requeue-cli">.*?<code class="cli-line">(.*?)</code>', page, flags=re.S)[1]
+        assert html_lib.unescape(line) == cli_equivalent("steps.resolve", step_id=step.id, verdict="retry", note="...")
+        done = web.post(
+            f"/ops/steps/{step.id}/close",
+            data={"csrf": _csrf(page), "verdict": "retry", "action": "requeue", "note": "the relay is back"},
+        )
+        assert done.status_code == 303 and done.headers["location"] == f"/ops/steps/{step.id}?done=requeued"
+        after = web.get(done.headers["location"]).text
+    assert step_row(db_url, step.id)["status"] == "retryable"
+    assert 'id="done"' in after and 'id="requeue-form"' not in after
+
+
+def test_a_held_send_shows_approve_deny_and_cancel_lines_and_its_rationale_as_labelled_text(server, db_url):  # noqa: F811
+    from evq.ops.web.page.common import cli_equivalent
+    from tests.support import held_steps
+
+    rationale = {"why": "the customer asked for it " * 8, "checks": {"consent": "given", "limits": ["daily", "weekly"]}}
+    [step] = with_store(
+        db_url,
+        lambda store: held_steps(
+            store, decision={"model": "m-1", "tool": "send_email", "rationale": rationale}, html="<p>held html</p>"
+        ),
+    )
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        page = web.get(f"/ops/steps/{step.id}").text
+    for action in ("approve", "deny", "cancel"):
+        found = re.search(rf'<p class="cli" id="{action}-cli">.*?<code class="cli-line">(.*?)</code>', page, flags=re.S)
+        assert found, action
+        assert html_lib.unescape(found[1]) == cli_equivalent(f"steps.{action}", step_id=step.id, note="..."), action
+    shown = re.search(r'<div class="rationale-block" id="rationale">(.*?)</div>', page, flags=re.S)[1]
+    # Keys are labels; the nested object is a list of labels of its own inside its key's value.
+    assert re.search(
+        r"<dt>why</dt><dd><span class=\"rationale-text\">(the customer asked for it ){8}</span></dd>", shown
+    )
+    nested = re.search(r"<dt>checks</dt><dd>(.*?)</dd></dl>$", shown.strip(), flags=re.S)[1]
+    assert '<dt>consent</dt><dd><span class="rationale-text">given</span></dd>' in nested
+    assert '<li><span class="rationale-text">daily</span></li>' in nested and "<ol" in nested
+    assert '<iframe class="email-html"' in page and "sandbox srcdoc=" in page and "&lt;p&gt;held html&lt;/p&gt;" in page
