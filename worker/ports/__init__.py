@@ -15,7 +15,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   :mod:`.deliveries`: providers' delivery events (webhooks), stored, matched and read;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically;
-- :mod:`.health`: what the health gate reads (``evq admin health``).
+- :mod:`.health`: what the health gate reads (``evq admin health``);
+- :mod:`.charts`: the queue sampler's write and the overview's windowed reads.
 
 :class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
 given, and :class:`Store` is every store role in one: the PostgreSQL store
@@ -29,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from evq.worker.ports.approvals import ApprovalStore, Decided, Edit, ExpireStore
 from evq.worker.ports.callbacks import CallbackStore, Poster
+from evq.worker.ports.charts import ChartReader, SampleStore
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.deliveries import DeliveryRecorded, DeliveryStore
 from evq.worker.ports.events import EventFeed
@@ -57,6 +59,7 @@ __all__ = [
     "AppStore",
     "ApprovalStore",
     "CallbackStore",
+    "ChartReader",
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
@@ -83,6 +86,7 @@ __all__ = [
     "RefusalStore",
     "RescueStore",
     "ResolveStore",
+    "SampleStore",
     "SendRequest",
     "Service",
     "StepFilter",
@@ -95,9 +99,18 @@ __all__ = [
 
 
 class WorkerStore(
-    ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore, ReconcileStore, RedactStore, ExpireStore, Protocol
+    ClaimStore,
+    RecordStore,
+    RescueStore,
+    CircuitStore,
+    RateStore,
+    ReconcileStore,
+    RedactStore,
+    ExpireStore,
+    SampleStore,
+    Protocol,
 ):
-    """What worker/runner.py needs: its claim loop and every service it runs."""
+    """What worker/runner.py needs: its claim loop and every service it runs (the queue sampler too)."""
 
 
 class AppStore(
@@ -110,6 +123,7 @@ class AppStore(
     RefusalStore,
     EventFeed,
     DeliveryStore,
+    ChartReader,
     Protocol,
 ):
     """What the interfaces need, through ops/app/service.py."""
