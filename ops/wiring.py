@@ -375,9 +375,12 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
             await wakeup.close()
 
 
-async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
+async def run_worker(
+    settings: Settings, *, drain: bool = False, install_signals: bool = True, summary: dict[str, Any] | None = None
+) -> int:
     """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code.
-    While it runs, its heartbeat tells `evq admin health` that a worker is there."""
+    While it runs, its heartbeat tells `evq admin health` that a worker is there. ``summary``,
+    when given, is filled with what the run did (Worker.summary) once it stops."""
     import asyncio
 
     async with prepared_worker(settings) as worker:
@@ -388,6 +391,8 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
         finally:
             stop.set()
             await beat
+            if summary is not None:
+                summary.update(worker.summary())
 
 
 async def heartbeats(store: Any, owner: str, providers: list[str], stop: Any) -> None:
