@@ -690,14 +690,12 @@ class Worker:
     def summary(self) -> dict[str, Any]:
         """What this run did, for `evq worker run --drain`'s output: its counts, the
         providers whose sends are failing now, and whether every attempt failed (a drain
-        that delivered nothing because of that is no success)."""
-        outcomes = self.stats.outcomes
-        failed = outcomes.get("retryable", 0) + outcomes.get("rejected", 0)
+        that reached no provider at all because of that is no success)."""
         return {
             **self.stats.__dict__,
-            "outcomes": dict(outcomes),
+            "outcomes": dict(self.stats.outcomes),
             "failing": [s.fields() for s in self.streaks.ongoing()],
-            "all_failed": failed > 0 and not outcomes.get("accepted") and not outcomes.get("unknown"),
+            "all_failed": self.streaks.all_failed,
         }
 
     async def _hand_back_lost_claims(self, until: float) -> None:

@@ -44,15 +44,29 @@ class FailureStreaks:
 
     hints: Callable[[str, str], str | None] = lambda _provider, _cause: None
     _streaks: dict[str, Streak] = field(default_factory=dict)
+    # Attempts the provider answered about their message (accepted, refused, maybe taken),
+    # and attempts that failed before it could (not the 429s: those are pacing).
+    answered: int = 0
+    failed: int = 0
+
+    @property
+    def all_failed(self) -> bool:
+        """Every attempt failed before any provider could act on it: nothing went anywhere."""
+        return self.failed > 0 and self.answered == 0
 
     def observe(self, provider: str, outcome: Outcome) -> Streak | None:
         """Count one attempt; the streak to warn about now (once per streak), if any."""
+        if isinstance(outcome, Retryable) and outcome.throttled:
+            return None  # a 429 is the rate limit's business (worker/ratelimit.py)
+        if not isinstance(outcome, Retryable):
+            self.answered += 1
+        else:
+            self.failed += 1
         if outcome.kind == "accepted":
             self._streaks.pop(provider, None)
             return None
-        if not isinstance(outcome, (Retryable, Rejected)) or (isinstance(outcome, Retryable) and outcome.throttled):
-            # Unknown may have been delivered; a 429 is the rate limit's business.
-            return None
+        if not isinstance(outcome, (Retryable, Rejected)):
+            return None  # unknown: it may have been delivered
         fault = outcome.fault if isinstance(outcome, Retryable) else None
         cause = fault or str(outcome.response.get("error_class") or outcome.reason)[:80]
         detail = str(outcome.reason)[:300]

@@ -256,7 +256,10 @@ def connect_cause(line: str) -> tuple[str, str]:
             f"create it with `createdb {name}` (or CREATE DATABASE) or fix the database name in EVQ_DATABASE_URL",
         )
     if match := _NO_ROLE.search(line):
-        return f'the database role "{match["name"]}" does not exist', "fix the user in EVQ_DATABASE_URL, or create the role"
+        return (
+            f'the database role "{match["name"]}" does not exist',
+            "fix the user in EVQ_DATABASE_URL, or create the role",
+        )
     if match := _BAD_LOGIN.search(line):
         return (
             f'PostgreSQL refused the password of user "{match["name"]}"',

@@ -1323,7 +1323,13 @@ _TABLE: tuple[Command, ...] = (
         (
             # Every setting is a flag here and an EVQ_* variable everywhere.
             *(_setting(option) for option in OPTIONS),
-            Param("drain", Kind.FLAG, help="Exit 0 once nothing is claimable now and nothing is in flight."),
+            Param(
+                "drain",
+                Kind.FLAG,
+                help="Stop once nothing is claimable now and nothing is in flight, and print what was done: "
+                "exit 0, or 6 (E_PARTIAL_FAILURE) when every attempt failed before any provider could act "
+                "(nothing listens, a refused login): a drain that delivered nothing is no success.",
+            ),
             OUTPUT,
         ),
         use_when="running the installation: workers are what send queued email",

@@ -62,7 +62,10 @@ def test_a_one_shot_command_fails_at_once_when_nothing_listens_at_the_port(db_ur
     out = json.loads(done.stdout)
     assert out["error"]["code"] == "E_DB_UNAVAILABLE"
     # The cause in words, once: where nothing listens, and what to change.
-    assert out["error"]["message"] == f"cannot reach the database: nothing listens on 127.0.0.1:{port} (connection refused)"
+    assert (
+        out["error"]["message"]
+        == f"cannot reach the database: nothing listens on 127.0.0.1:{port} (connection refused)"
+    )
     assert "EVQ_DATABASE_URL" in out["error"]["hint"], out
     # Measured inside the command (start-up excluded): one refused connection, no 15 s of pool retries.
     assert out["meta"]["duration_ms"] < 5000, out["meta"]
