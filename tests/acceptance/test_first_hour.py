@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from tests import contract
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.acceptance.test_cli import REQUEST
 from tests.support import free_port
@@ -17,6 +18,7 @@ def test_a_drain_where_nothing_listens_exits_6_and_names_the_setting_to_change(e
     done = evq.run("worker", "run", "--drain", "-o", "json", **env)
     assert done.returncode == 6, (done.returncode, done.stdout, done.stderr[-2000:])
     out = json.loads(done.stdout)
+    contract.check(("worker", "run"), out)  # the output schema holds the partial_failure too
     assert out["status"] == "partial_failure" and out["data"]["all_failed"] is True
     [failing] = out["data"]["failing"]
     assert failing["cause"] == "connection_refused" and f"127.0.0.1:{port}" in failing["hint"]
@@ -42,6 +44,7 @@ def test_a_drain_through_the_dev_sink_says_each_accepted_send_at_info(evq: Evq, 
     done = evq.run("worker", "run", "--drain", "-o", "json", EVQ_LOG_LEVEL="info", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
+    contract.check(("worker", "run"), out)
     assert out["status"] == "success" and out["data"]["outcomes"] == {"accepted": 1} and out["data"]["failing"] == []
     [line] = [json.loads(x) for x in done.stderr.splitlines() if '"send_accepted"' in x]
     assert line["level"] == "info" and line["step"] == sent["id"] and line["provider"] == "smtp"
