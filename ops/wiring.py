@@ -91,13 +91,18 @@ async def wait_for_database(settings: Settings, url: str) -> Settings:
                     f"({settings.startup_wait:g}s) is how long a starting process waits for it",
                     context={"tries": tries, "waited_ms": round(waited * 1000), "startup_wait": settings.startup_wait},
                 ) from exc
-            log.warning(
+            # The cause once, at the first try, with how long this process waits; the later
+            # tries say nothing new (debug), and giving up says it again as the error.
+            (log.warning if tries == 1 else log.debug)(
                 "database_unavailable_at_start",
                 error=exc.message,
+                hint=exc.hint,
                 tries=tries,
                 retry_in=round(delay, 3),
                 waited=round(waited, 3),
                 startup_wait=settings.startup_wait,
+                note=f"waiting up to {settings.startup_wait:g}s for it "
+                f"({OPTION_BY_NAME['startup_wait'].env}), as for a database that is restarting",
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, STARTUP_RETRY_MAX)
@@ -402,9 +407,12 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
             await wakeup.close()
 
 
-async def run_worker(settings: Settings, *, drain: bool = False, install_signals: bool = True) -> int:
+async def run_worker(
+    settings: Settings, *, drain: bool = False, install_signals: bool = True, summary: dict[str, Any] | None = None
+) -> int:
     """Check the schema, wire store, providers, wakeup and /metrics, run until stopped; the exit code.
-    While it runs, its heartbeat tells `evq admin health` that a worker is there."""
+    While it runs, its heartbeat tells `evq admin health` that a worker is there. ``summary``,
+    when given, is filled with what the run did (Worker.summary) once it stops."""
     import asyncio
 
     async with prepared_worker(settings) as worker:
@@ -415,6 +423,8 @@ async def run_worker(settings: Settings, *, drain: bool = False, install_signals
         finally:
             stop.set()
             await beat
+            if summary is not None:
+                summary.update(worker.summary())
 
 
 async def heartbeats(store: Any, owner: str, providers: list[str], stop: Any) -> None:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from evq.worker import deadline as limits
-from evq.worker import executor, logs, metrics
+from evq.worker import executor, logs, metrics, streaks
 from evq.worker.approvals import ExpirerConfig, HoldExpirer
 from evq.worker.backoff import Backoff, reconnect_delay
 from evq.worker.circuit import CircuitBook, CircuitState, Verdict
@@ -51,6 +51,7 @@ from evq.worker.redactor import Redactor, RedactorConfig
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.service import run_periodically
 from evq.worker.states import TERMINAL
+from evq.worker.streaks import FailureStreaks
 from evq.worker.transitions import decide
 
 log = get_logger("worker")
@@ -58,6 +59,14 @@ log = get_logger("worker")
 # Seconds between reads of the providers' circuits while none is due for a probe: how
 # soon a worker probes a circuit another worker opened, if that one went away.
 CIRCUIT_READ = 5.0
+
+
+def _domain(payload: Mapping[str, Any]) -> str | None:
+    """The first recipient's domain: enough to tell where a send went, not to whom."""
+    to = payload.get("to") or []
+    first = to[0] if to else None
+    address = str(first.get("email") or "") if isinstance(first, Mapping) else str(first or "")
+    return address.rsplit("@", 1)[1].rstrip(">").lower() if "@" in address else None
 
 
 class PollOnly:
@@ -186,6 +195,7 @@ class Worker:
         for name in self.providers:
             metrics.init_provider(name)
         self.stats = RunStats()
+        self.streaks = FailureStreaks(hints=self._fix_hint)
         self._held: dict[int, _Held] = {}
         # Lease tokens whose adapter call has begun and whose outcome is not yet written.
         self._began: set[Any] = set()
@@ -339,6 +349,12 @@ class Worker:
                         # Drained means nothing left to do now, lookups of unknown rows included.
                         await self._run_once(self.reconciler)
                         log.info("drained", **self.stats.__dict__)
+                        for streak in self.streaks.ongoing():
+                            if streak.warned:
+                                continue  # once per streak; the drain's summary repeats it
+                            # Too short a streak to have been said yet: a drain ends here.
+                            streak.warned = True
+                            log.warning("sends_failing", message=streaks.message(streak), **streak.fields())
                         return
                 except Exception as exc:
                     log.warning(
@@ -593,6 +609,9 @@ class Worker:
                 and held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
             )
             verdict = self.circuits.observe(step.provider, outcome, probe=held.probe)
+            streak = self.streaks.observe(step.provider, outcome)
+            if streak is not None:
+                log.warning("sends_failing", message=streaks.message(streak), **streak.fields())
             transition = decide(
                 step,
                 outcome,
@@ -620,12 +639,18 @@ class Worker:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
                 metrics.observe_closed(step.created_at, datetime.now(UTC))
             if result.applied:
-                # An accepted send's proof is its evidence row; at thousands a second a
-                # log line each is noise (and a fifth of a send's CPU): debug, and its
-                # fields are not even gathered unless debug is on. Every other outcome
-                # is worth a line at info.
-                if outcome.kind != "accepted" or self._debug:
-                    (self._log.debug if outcome.kind == "accepted" else self._log.info)(
+                if outcome.kind == "accepted":
+                    # One line per accepted send, so a working worker shows it works: who
+                    # (step) went where (provider, its message id); the recipient only by
+                    # its domain and never the subject (the evidence holds the rest).
+                    self._log.info(
+                        "send_accepted",
+                        provider_message_id=transition.provider_message_id,
+                        to_domain=_domain(step.payload),
+                        latency_ms=round(latency_ms, 1),
+                    )
+                else:
+                    self._log.info(
                         "send_recorded",
                         outcome=outcome.kind,
                         status=str(transition.to_status),
@@ -657,6 +682,21 @@ class Worker:
             if self._held.pop(step.id, None) is not None and held.answered:
                 self._answered -= 1
             self._slot_freed.set()
+
+    def _fix_hint(self, provider: str, cause: str) -> str | None:
+        hint = getattr(self.providers.get(provider), "fix_hint", None)
+        return hint(cause) if callable(hint) else None
+
+    def summary(self) -> dict[str, Any]:
+        """What this run did, for `evq worker run --drain`'s output: its counts, the
+        providers whose sends are failing now, and whether every attempt failed (a drain
+        that reached no provider at all because of that is no success)."""
+        return {
+            **self.stats.__dict__,
+            "outcomes": dict(self.stats.outcomes),
+            "failing": [s.fields() for s in self.streaks.ongoing()],
+            "all_failed": self.streaks.all_failed,
+        }
 
     async def _hand_back_lost_claims(self, until: float) -> None:
         """A stop asked while a claim's answer was lost (the database went away, often the

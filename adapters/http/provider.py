@@ -205,6 +205,14 @@ class HttpProvider:
             follow_redirects=False,
         )
 
+    def fix_hint(self, cause: str) -> str | None:
+        """The setting to change when every send fails with ``cause`` (worker/streaks.py)."""
+        if cause in ("connection_refused", "tls_failed"):
+            return f"{self.base_url} does not answer: check EVQ_HTTP_BASE_URL"
+        if cause in ("auth_failed", "forbidden"):
+            return "the provider refused our key: check EVQ_HTTP_API_KEY"
+        return None
+
     def __repr__(self) -> str:
         return f"HttpProvider(base_url={self.base_url!r}, dedupe_window={self.dedupe_window})"
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -229,11 +230,48 @@ def translate(exc: BaseException) -> EvqError | None:
     if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
         return DatabaseUnavailable(f"the database did not answer in time ({type(exc).__name__})")
     if isinstance(exc, _UNAVAILABLE) or isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailable(
-            f"cannot reach the database: {_first_line(exc)}",
-            hint="check EVQ_DATABASE_URL and that PostgreSQL is running",
-        )
+        cause, hint = connect_cause(_first_line(exc))
+        return DatabaseUnavailable(cause, hint=hint)
     return None
+
+
+_AT = r'connection to server (?:at "(?P<host>[^"]+)"(?: \([^)]*\))?, port (?P<port>\d+)|on socket "(?P<socket>[^"]+)")'
+_REFUSED = re.compile(_AT + r" failed: (?:Connection refused|No such file or directory)")
+_NO_DATABASE = re.compile(r'FATAL:\s+database "(?P<name>[^"]+)" does not exist')
+_NO_ROLE = re.compile(r'FATAL:\s+role "(?P<name>[^"]+)" does not exist')
+_BAD_LOGIN = re.compile(r'FATAL:\s+password authentication failed for user "(?P<name>[^"]+)"')
+_DEFAULT_HINT = "check EVQ_DATABASE_URL and that PostgreSQL is running"
+
+
+def connect_cause(line: str) -> tuple[str, str]:
+    """libpq's first line about a failed connection, said as its cause and what to do.
+
+    libpq's words name the server and the answer but not the fix, and a newcomer's first
+    mistakes are these: a database not created yet, a wrong port, a wrong user. Never the
+    password: libpq's text does not carry it, and this only rewords that text."""
+    if match := _NO_DATABASE.search(line):
+        name = match["name"]
+        return (
+            f'the database "{name}" does not exist',
+            f"create it with `createdb {name}` (or CREATE DATABASE) or fix the database name in EVQ_DATABASE_URL",
+        )
+    if match := _NO_ROLE.search(line):
+        return (
+            f'the database role "{match["name"]}" does not exist',
+            "fix the user in EVQ_DATABASE_URL, or create the role",
+        )
+    if match := _BAD_LOGIN.search(line):
+        return (
+            f'PostgreSQL refused the password of user "{match["name"]}"',
+            "fix the user or password in EVQ_DATABASE_URL (or the server's pg_hba.conf)",
+        )
+    if match := _REFUSED.search(line):
+        where = f"socket {match['socket']}" if match["socket"] else f"{match['host']}:{match['port']}"
+        return (
+            f"cannot reach the database: nothing listens on {where} (connection refused)",
+            "start PostgreSQL there, or fix the host and port in EVQ_DATABASE_URL",
+        )
+    return f"cannot reach the database: {line}", _DEFAULT_HINT
 
 
 @contextmanager

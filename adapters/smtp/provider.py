@@ -107,6 +107,21 @@ class SmtpProvider:
         assert self.witness is not None
         return await self.witness.lookup(idempotency_key, message_id)
 
+    def fix_hint(self, cause: str) -> str | None:
+        """The setting to change when every send fails with ``cause`` (worker/streaks.py)."""
+        if cause == "connection_refused":
+            return (
+                f"nothing listens on {self.host}:{self.port}: set EVQ_SMTP_HOST/EVQ_SMTP_PORT "
+                "(the dev sink `python -m evq.ops.dev.smtp` listens on 127.0.0.1:2525)"
+            )
+        if cause == "auth_failed":
+            return "the server refused our login: check EVQ_SMTP_USERNAME/EVQ_SMTP_PASSWORD"
+        if cause in ("tls_failed", "starttls_required"):
+            return "TLS does not work with this server: check EVQ_SMTP_TLS and EVQ_SMTP_CA_FILE"
+        if cause == "greeting_refused":
+            return f"{self.host}:{self.port} refused the session: check EVQ_SMTP_HOST and EVQ_SMTP_HELO_NAME"
+        return None
+
     def __repr__(self) -> str:
         return f"SmtpProvider(host={self.host!r}, port={self.port}, tls={self.tls!r}, user={self.username!r})"
 

@@ -292,11 +292,17 @@ def _filters() -> tuple[Param, ...]:
     )
 
 
+_SEND_FIRST = ("run_id", "step_id", "to", "from", "subject", "text", "html", "intent")
+
+
 def _send_request() -> tuple[Param, ...]:
     """The send request's fields as flags: the same field table request_schema() reads."""
+    # What every send needs comes first in `--help` (issue 18: a newcomer read past the
+    # optional and decision flags to find them); the rest keep the field table's order.
+    ordered = sorted(SEND_FIELDS, key=lambda f: _SEND_FIRST.index(f[0]) if f[0] in _SEND_FIRST else len(_SEND_FIRST))
     fields = tuple(
         Param(name, repeatable=multiple, help=help_text, example=_SEND_EXAMPLES.get(name), **_send_required(name))
-        for name, multiple, help_text in SEND_FIELDS
+        for name, multiple, help_text in ordered
     )
     decision = tuple(
         Param(
@@ -1323,7 +1329,13 @@ _TABLE: tuple[Command, ...] = (
         (
             # Every setting is a flag here and an EVQ_* variable everywhere.
             *(_setting(option) for option in OPTIONS),
-            Param("drain", Kind.FLAG, help="Exit 0 once nothing is claimable now and nothing is in flight."),
+            Param(
+                "drain",
+                Kind.FLAG,
+                help="Stop once nothing is claimable now and nothing is in flight, and print what was done: "
+                "exit 0, or 6 (E_PARTIAL_FAILURE) when every attempt failed before any provider could act "
+                "(nothing listens, a refused login): a drain that delivered nothing is no success.",
+            ),
             OUTPUT,
         ),
         use_when="running the installation: workers are what send queued email",

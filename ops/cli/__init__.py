@@ -40,7 +40,7 @@ def cli() -> None:
     Start here:   evq admin demo
     Check:        evq admin health   (database, schema, workers, collector, providers; exit 0 = healthy)
     Set up:       evq admin db-upgrade ; evq keys create --name NAME --role admin
-    Send:         evq steps enqueue --run-id R --step-id S --to a@example.com --subject Hi --text ...
+    Send:         evq steps enqueue --run-id R --step-id S --to a@example.com --from me@example.org --subject Hi --text Hello
     Work:         evq worker run
     Serve:        evq admin serve   (HTTP API, operators' page at /ops, /metrics) ; evq admin mcp   (MCP, stdio)
     Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN

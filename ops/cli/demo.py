@@ -21,6 +21,13 @@ def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
     return result.worker_exit
 
 
+def _twice(delivered: dict) -> str:
+    twice = sorted(k for k, n in delivered.items() if n > 1)
+    if not twice:
+        return "each arrived exactly once."
+    return f"{len(twice)} arrived more than once: {', '.join(twice)}."
+
+
 def _human(d: dict) -> str:
     columns = [
         ("id", "step"),
@@ -35,10 +42,17 @@ def _human(d: dict) -> str:
         "",
         table(d["steps"], columns),
         "",
-        f"The SMTP server and the HTTP API received {sum(d['delivered'].values())} messages; "
-        f"none twice: {all(n == 1 for n in d['delivered'].values())}.",
+        f"The SMTP server and the HTTP API received {sum(d['delivered'].values())} messages; {_twice(d['delivered'])}",
         f"Enqueueing 'welcome' a second time returned the same step (created: {str(d['repeat_created']).lower()}).",
     ]
+    ids = {s["id"] for s in d["steps"]}
+    gaps = sorted(set(range(min(ids), max(ids) + 1)) - ids) if ids else []
+    if gaps:
+        # A reader counting the table sees a number missing and deserves to know why.
+        lines.append(
+            f"There is no step {', '.join(map(str, gaps))}: that repeat used up the number (PostgreSQL draws\n"
+            "the next id before it finds the existing step). Step ids are unique and never reused, not consecutive."
+        )
     by_id = {s["id"]: s for s in d["steps"]}
     for step in d["steps"]:
         name = f"Step {step['id']} ({step['step_id']})"

@@ -59,9 +59,12 @@ class Output:
         else:
             click.echo(f"error: {exc.message}", err=True)
             fields = exc.context.get("fields") if exc.context else None
-            if fields:
-                for item in fields:
-                    click.echo(f"  {item['field']}: {item['message']}", err=True)
+            for item in fields or ():
+                line = f"{item['field']}: {item['message']}"
+                # The error's message already names its first field (worker/errors.py's
+                # InvalidRequest) or is the one field's message (a setting): said once.
+                if line not in exc.message and item["message"] != exc.message:
+                    click.echo(f"  {line}", err=True)
             if exc.hint:
                 click.echo(f"hint: {exc.hint}", err=True)
         return EXIT_CODES.get(exc.code, 1)

@@ -479,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    problem = devserver.cannot_listen(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return devserver.EXIT_CANNOT_LISTEN
     server = DevHttpServer(
         args.host,
         args.port,

@@ -5,7 +5,9 @@ the command line."""
 
 from __future__ import annotations
 
+import errno
 import secrets
+import socket
 import sys
 import threading
 from collections import deque
@@ -81,6 +83,28 @@ class FaultInjection:
     def _pop_queued(self) -> Fault | None:
         """The next queued fault, if any (the caller holds the lock)."""
         return self._queue.popleft() if self._queue else None
+
+
+# The exit code of a dev server that cannot listen (EX_UNAVAILABLE, sysexits.h).
+EXIT_CANNOT_LISTEN = 69
+
+
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why nothing could listen on ``host:port``, in one line, or None when it can.
+
+    Tried before the server starts: a server thread that fails to bind surfaces only after
+    its start-up timeout (5 s for aiosmtpd), as a traceback."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is in use (another sink already running?): stop it or pick another --port"
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def serve_until_interrupted(server: FaultInjection, fault: str | None, where: Callable[[], str]) -> int:

@@ -344,10 +344,18 @@ class _Handler:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m evq.ops.dev.smtp", description="A local SMTP sink that keeps what it receives."
+        prog="python -m evq.ops.dev.smtp",
+        description=(
+            "A local SMTP sink that keeps what it receives and prints one line per message. "
+            "It listens on 127.0.0.1:2525 unless told otherwise; point a worker at it with "
+            "EVQ_SMTP_HOST=127.0.0.1 EVQ_SMTP_PORT=2525 (the worker's defaults are localhost:25, "
+            "where nothing listens on most machines). It never delivers anything anywhere."
+        ),
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=2525)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=2525, help="port to listen on (default: 2525; the worker's EVQ_SMTP_PORT)"
+    )
     parser.add_argument("--fault", choices=sorted(FAULTS), help="fail every connection this way")
     parser.add_argument("--slow-seconds", type=float, default=5.0, help="delay for the slow faults")
     args = parser.parse_args(argv)
@@ -359,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    problem = devserver.cannot_listen(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return devserver.EXIT_CANNOT_LISTEN
     server = DevSmtpServer(args.host, args.port, slow_seconds=args.slow_seconds, on_message=show)
     return devserver.serve_until_interrupted(server, args.fault, lambda: f"{server.host}:{server.port}")
 

@@ -184,7 +184,7 @@ async def test_every_log_line_of_a_send_carries_the_steps_identity(mem):
     provider = ScriptedProvider(script={"run-log/logged": [Retryable("451 busy")]})
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars, merge_step]) as logs:
         await Worker(mem, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False)
-    sends = [e for e in logs if e["event"] == "send_recorded"]
+    sends = [e for e in logs if e["event"] in ("send_recorded", "send_accepted")]
     assert len(sends) == 2
     for event in sends:
         assert event["run_id"] == "run-log" and event["step_id"] == "logged" and event["step"] == i

@@ -37,7 +37,8 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it_then_sends(clu
     lines = "\n".join(request(f"s-{i}") for i in range(5))
     assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
     cluster.stop()
-    worker = evq.popen("worker", "run", "--drain", **smtp_env(smtp, EVQ_STARTUP_WAIT="60"))
+    # At debug every try shows; at info only the first says the cause (issue 18: once, not per try).
+    worker = evq.popen("worker", "run", "--drain", **smtp_env(smtp, EVQ_STARTUP_WAIT="60", EVQ_LOG_LEVEL="debug"))
     try:
         time.sleep(4)  # several tries of the backoff: the worker must still be waiting
         assert worker.poll() is None, worker.communicate()[1][-3000:]
@@ -50,6 +51,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it_then_sends(clu
     waits = [json.loads(line) for line in log.splitlines() if '"database_unavailable_at_start"' in line]
     assert len(waits) >= 2, log[-3000:]
     assert [w["tries"] for w in waits[:2]] == [1, 2] and waits[0]["retry_in"] < waits[1]["retry_in"]
+    assert [w["level"] for w in waits[:2]] == ["warning", "debug"] and "EVQ_STARTUP_WAIT" in waits[0]["note"]
     assert '"database_available"' in log
     wait_until(lambda: len(smtp.messages) == 5, what="the five sends")
     statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import psycopg
 import pytest
@@ -60,7 +61,12 @@ def test_a_one_shot_command_fails_at_once_when_nothing_listens_at_the_port(db_ur
     assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
     out = json.loads(done.stdout)
     assert out["error"]["code"] == "E_DB_UNAVAILABLE"
-    assert f"port {port}" in out["error"]["message"] and "refused" in out["error"]["message"], out
+    # The cause in words, once: where nothing listens, and what to change.
+    assert (
+        out["error"]["message"]
+        == f"cannot reach the database: nothing listens on 127.0.0.1:{port} (connection refused)"
+    )
+    assert "EVQ_DATABASE_URL" in out["error"]["hint"], out
     # Measured inside the command (start-up excluded): one refused connection, no 15 s of pool retries.
     assert out["meta"]["duration_ms"] < 5000, out["meta"]
     assert "error connecting" not in done.stderr, done.stderr[-2000:]
@@ -82,3 +88,41 @@ async def test_a_patient_store_waits_for_a_database_that_comes_back_and_an_impat
             assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
     finally:
         await store.close()
+
+
+def _missing_database_url(db_url: str) -> tuple[str, str]:
+    name = "evq_missing_" + PASSWORD[-4:]  # a database nobody created
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    info.update(dbname=name, password=PASSWORD)
+    return psycopg.conninfo.make_conninfo(**info), name
+
+
+@pytest.mark.parametrize("args", [("steps", "list"), ("db", "upgrade"), ("worker", "run", "--drain")])
+def test_a_database_that_does_not_exist_is_named_with_the_command_that_creates_it(db_url, args):
+    url, name = _missing_database_url(db_url)
+    done = Evq(url, api_key="evq_not-checked-before-the-database").run(*args, "-o", "json", timeout=30)
+    assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "E_DB_UNAVAILABLE"
+    assert error["message"] == f'the database "{name}" does not exist', error
+    assert f"createdb {name}" in error["hint"] and "EVQ_DATABASE_URL" in error["hint"], error
+    assert json.loads(done.stdout)["meta"]["duration_ms"] < 2000
+    # Said once (the JSON error), not as libpq's raw FATAL lines or a pool's retries.
+    assert "FATAL" not in done.stdout + done.stderr and "pool initialization" not in done.stderr, done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_a_worker_at_a_wrong_port_says_the_cause_once_at_its_first_try_then_gives_up_saying_it_again(db_url):
+    url, port = _closed_port_url(db_url)
+    started = time.monotonic()
+    done = Evq(url).run("worker", "run", "--drain", "-o", "json", timeout=30, EVQ_STARTUP_WAIT="3")
+    assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    waits = [line for line in lines if line["event"] == "database_unavailable_at_start"]
+    # One warning for every try would be noise: the first says the cause and how long it waits.
+    assert len(waits) == 1 and waits[0]["level"] == "warning" and waits[0]["tries"] == 1, waits
+    assert f"nothing listens on 127.0.0.1:{port}" in waits[0]["error"] and "EVQ_STARTUP_WAIT" in waits[0]["note"]
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "E_DB_UNAVAILABLE" and f"nothing listens on 127.0.0.1:{port}" in error["message"]
+    assert time.monotonic() - started < 20
+    assert PASSWORD not in done.stdout + done.stderr
