@@ -347,3 +347,26 @@ def test_in_chromium_an_operator_filters_the_list_previews_a_bulk_deny_and_appli
     shot(browser, "22-bulk-done")
     assert "Bulk deny: 2 done, 0 not done" in browser.find_element(By.ID, "bulk-summary").text
     assert [(step_row(db_url, i)["status"], step_row(db_url, i)["reason"]) for i in ids] == [("rejected", "denied")] * 2
+
+
+def test_the_header_search_by_address_finds_rows_across_states_and_an_empty_one_says_what_it_matches(server, db_url):
+    [waiting] = held(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    [lost] = unknown(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    queued = pending(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    pending(db_url, 2, to=["bob@elsewhere.example"], run_id="run-s")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        overview = web.get("/ops").text
+        box = re.search(
+            r'<form class="inline" role="search" method="get" action="/ops/steps"[^>]*>.*?</form>', overview, flags=re.S
+        )
+        assert box and '<label for="search-q">' in box[0] and 'name="q"' in box[0]
+        found = web.get("/ops/steps", params={"q": "ada@customer.example"}).text
+        assert sorted(listed(found)) == sorted([waiting, lost, *queued])
+        assert (tab_count(found, "held"), tab_count(found, "unknown"), tab_count(found, "pending")) == ("1", "1", "1")
+        assert tab_count(found, "all") == "3"
+        one = web.get("/ops/steps", params={"q": str(lost)}).text  # one match: still the list, one row
+        assert listed(one) == [lost]
+        none = web.get("/ops/steps", params={"q": "nobody@nowhere.example", "status": "held"}).text
+        assert listed(none) == [] and "nobody@nowhere.example" in none
+        assert "The search box matches a step id, a recipient address or @domain" in none
