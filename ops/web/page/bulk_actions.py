@@ -44,7 +44,7 @@ CLI = {
 }
 # The filters `evq steps resolve --status unknown` takes, as its flags.
 CLI_FILTERS = (("run_id", "--run-id"), ("provider", "--provider"), ("older_than", "--older-than"))
-CLI_FILTERS += (("recipient_domain", "--recipient-domain"),)
+CLI_FILTERS += (("recipient_domain", "--recipient-domain"), ("q", "--search"))
 TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve": str(Status.PENDING)}
 TO["deny"] = str(Status.REJECTED)
 
@@ -76,7 +76,7 @@ def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: d
     note, verdict = shlex.quote(values.get("note", "").strip()), shlex.quote(values.get("verdict") or "")
     one = CLI[action].format(note=note, verdict=verdict)
     out = [{"label": "exactly these rows", "command": f"for id in {' '.join(map(str, ids))}; do {one}; done"}]
-    if action == "close" and not filters.get("q"):
+    if action == "close":
         flags = "".join(f" {flag} {shlex.quote(str(filters[k]))}" for k, flag in CLI_FILTERS if filters.get(k))
         out.append(
             {
