@@ -285,7 +285,7 @@ def test_a_bulk_close_offers_the_filter_form_and_a_bulk_retry_requeues_only_requ
     filter_form = html_lib.unescape(
         re.search(r'data-kind="the same filter, as of now"><code>(.*?)</code>', close.text)[1]
     )
-    assert filter_form == "evq steps resolve --status unknown --run-id run-r --provider smtp --as accepted --note seen"
+    assert filter_form == "evq steps resolve --as accepted --note seen --status unknown --run-id run-r --provider smtp"
     assert previewed_ids(close.text) == str(lost)
 
 

@@ -5,7 +5,6 @@ result (done, or a conflict and the state the row is in now)."""
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from fastapi import Request
@@ -18,6 +17,7 @@ from evq.ops.web.page.common import (
     BULK_MAX,
     app_state,
     caller_of,
+    cli_equivalent,
     list_filters,
     posted,
     query_string,
@@ -34,17 +34,12 @@ from evq.worker.ports import StepFilter
 from evq.worker.states import Status
 
 ALL = "all"
-# What each action's CLI command is, one step id at a time (`"$id"` is the loop's variable).
-CLI = {
-    "close": 'evq steps resolve "$id" --as {verdict} --note {note}',
-    "retry": 'evq steps resolve "$id" --as retry --note {note}',
-    "cancel": 'evq steps cancel "$id" --note {note}',
-    "approve": 'evq steps approve "$id" --note {note}',
-    "deny": 'evq steps deny "$id" --note {note}',
-}
-# The filters `evq steps resolve --status unknown` takes, as its flags.
-CLI_FILTERS = (("run_id", "--run-id"), ("provider", "--provider"), ("older_than", "--older-than"))
-CLI_FILTERS += (("recipient_domain", "--recipient-domain"), ("q", "--search"))
+# Each action's command in the command table (ops/app/commands.py), so the lines shown are its own words and flags.
+COMMANDS = {"close": "steps.resolve", "retry": "steps.resolve", "cancel": "steps.cancel"}
+COMMANDS |= {"approve": "steps.approve", "deny": "steps.deny"}
+# The loop's variable stands where a step id goes; a plain word, so shlex.quote leaves it for the swap to "$id".
+ID = "STEP_ID_OF_THE_LOOP"
+FILTER_DESTS = ("run_id", "provider", "older_than", "recipient_domain")
 TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve": str(Status.PENDING)}
 TO["deny"] = str(Status.REJECTED)
 
@@ -73,17 +68,17 @@ def statuses(action: str, tab: str) -> tuple[str, ...]:
 def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: dict[str, Any]) -> list[dict[str, str]]:
     """The CLI that does the same as this preview: a loop over exactly its ids; for a close
     also the filter form, which selects again when it runs (the same filter, as of now)."""
-    note, verdict = shlex.quote(values.get("note", "").strip()), shlex.quote(values.get("verdict") or "")
-    one = CLI[action].format(note=note, verdict=verdict)
+    note = values.get("note", "").strip()
+    verdict = {"close": values.get("verdict") or None, "retry": "retry"}
+    extra = {"verdict": verdict[action]} if action in verdict else {}
+    one = cli_equivalent(COMMANDS[action], step_id=ID, note=note, **extra).replace(ID, '"$id"')
     out = [{"label": "exactly these rows", "command": f"for id in {' '.join(map(str, ids))}; do {one}; done"}]
     if action == "close":
-        flags = "".join(f" {flag} {shlex.quote(str(filters[k]))}" for k, flag in CLI_FILTERS if filters.get(k))
-        out.append(
-            {
-                "label": "the same filter, as of now",
-                "command": f"evq steps resolve --status unknown{flags} --as {verdict} --note {note}",
-            }
+        chosen = {k: filters.get(k) for k in FILTER_DESTS}
+        same = cli_equivalent(
+            "steps.resolve", statuses=["unknown"], search=filters.get("q"), **chosen, **extra, note=note
         )
+        out.append({"label": "the same filter, as of now", "command": same})
     return out
 
 
