@@ -1880,3 +1880,91 @@ SELECT owner, providers, started_at, seen_at, extract(epoch FROM now() - seen_at
 FROM worker_heartbeats
 WHERE seen_at >= now() - make_interval(secs => %(within)s)
 ORDER BY seen_at DESC;
+
+
+-- name: queue_sample
+-- The queue sampler (worker/sampler.py), once a minute from every worker and `evq serve`:
+-- this minute's figures, computed here from the live table by the collector's own query
+-- (queue_stats, included whole so the two never disagree on what "lag" or "unknown" mean),
+-- written only if no process wrote this minute yet (the first writer wins, so many
+-- processes make one row a minute), and the samples older than the kept window deleted
+-- in the same statement, so the table holds 7 days of minutes at most.
+WITH stats AS (
+-- include: queue_stats
+), doomed AS (
+    DELETE FROM queue_samples q
+    WHERE q.at < date_trunc('minute', coalesce(%(now)s::timestamptz, now())) - make_interval(secs => %(keep_seconds)s)
+    RETURNING q.at
+), written AS (
+    INSERT INTO queue_samples (at, pending, claimable, lag_seconds, in_flight, retryable, unknown,
+                               unknown_oldest_seconds, held, sampled_by)
+    SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, now())), s.pending, s.pending_due,
+           s.pending_oldest_age, s.in_flight, s.retryable, s.unknown,
+           -- NULL, not 0, when nothing is unknown: "no oldest" is not "an unknown row of age 0".
+           CASE WHEN s.unknown > 0 THEN s.unknown_oldest_age END, s.held, %(sampled_by)s
+    FROM stats s
+    ON CONFLICT (at) DO NOTHING
+    RETURNING at
+)
+SELECT (SELECT count(*) FROM written)::int AS written, (SELECT count(*) FROM doomed)::int AS deleted;
+
+
+-- name: chart_sends
+-- The overview's sends per bucket by outcome (ops/web/charts.py): each provider_response
+-- row by its outcome, and each step the rescuer made unknown with no answer at all
+-- (lease_expired to unknown) as 'no_answer'. The window is read through
+-- ix_evidence_created_at_brin (created_at only rises), never the whole history.
+SELECT to_timestamp(floor(extract(epoch FROM e.created_at)::float8 / %(bucket)s) * %(bucket)s) AS at,
+       CASE WHEN e.kind = 'provider_response' THEN e.outcome ELSE 'no_answer' END AS outcome,
+       count(*)::bigint AS n
+FROM evidence e
+WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+  AND (e.kind = 'provider_response' OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+
+-- name: chart_unknown_ages
+-- Unknown rows now by how long each has been unknown, in the buckets whose lower bounds
+-- are %(bounds)s (width_bucket: 0 below the first bound); ix_email_steps_unknown_since.
+SELECT width_bucket(extract(epoch FROM %(now)s::timestamptz - s.unknown_since)::float8, %(bounds)s::float8[]) AS bucket,
+       count(*)::bigint AS n
+FROM email_steps s
+WHERE s.status = 'unknown'
+GROUP BY 1
+ORDER BY 1;
+
+
+-- name: chart_queue_samples
+-- The sampler's minutes in the window (the primary key is the minute); a minute nobody
+-- sampled has no row, and the chart draws it as a gap.
+SELECT q.at, q.pending, q.claimable, q.lag_seconds, q.in_flight, q.retryable, q.unknown,
+       q.unknown_oldest_seconds, q.held
+FROM queue_samples q
+WHERE q.at >= %(since)s AND q.at < %(until)s
+ORDER BY q.at;
+
+
+-- name: chart_providers
+-- Per provider in the window: attempts started, answers by outcome, steps lost without an
+-- answer, and the median and p95 of the answers' latency. Evidence is read through the
+-- BRIN index, and each row's provider through email_steps' primary key only.
+WITH w AS (
+    SELECT e.step_id, e.kind, e.outcome, e.latency_ms
+    FROM evidence e
+    WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+      AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+)
+SELECT s.provider,
+       count(*) FILTER (WHERE w.kind = 'attempt_started')::bigint AS attempts,
+       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'accepted')::bigint AS accepted,
+       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'rejected')::bigint AS rejected,
+       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'retryable')::bigint AS retryable,
+       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'unknown')::bigint AS unknown,
+       count(*) FILTER (WHERE w.kind = 'lease_expired')::bigint AS no_answer,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY w.latency_ms) FILTER (WHERE w.kind = 'provider_response') AS p50_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY w.latency_ms) FILTER (WHERE w.kind = 'provider_response') AS p95_ms
+FROM w
+JOIN email_steps s ON s.id = w.step_id
+GROUP BY s.provider
+ORDER BY s.provider;
