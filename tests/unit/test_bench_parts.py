@@ -70,7 +70,9 @@ def test_the_ops_pages_mix_is_exact_and_spread_by_a_permutation():
         mix = Mix.of(n)
         statuses = [mix.status_of(g) for g in range(1, n + 1)]
         assert Counter(statuses) == Counter({s: c for s, c in mix.counts.items() if c})
-        assert set(statuses[: mix.head]) <= set(HEAD) and set(statuses[mix.head :]) <= set(TAIL)
+        start = n - 2 * mix.tail
+        assert set(statuses[:start]) <= set(HEAD) and set(statuses[start::2]) <= set(HEAD)
+        assert set(statuses[start + 1 :: 2]) <= set(TAIL)
         assert multiplier(mix.head) % mix.head and multiplier(mix.tail) % mix.tail
     # Spread, not bunched: each tenth of the week has its share of rejected steps (2%, give or take).
     mix = Mix.of(100_000)
