@@ -21,7 +21,7 @@ import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.support import free_port, rows, serve_process, step_row, valid, with_store
-from tests.web.test_ops_page import _csrf, _signed_in, browser, server, sign_in, unknown  # noqa: F401  (fixtures)
+from tests.web.test_ops_page import _csrf, _signed_in, browser, server, shot, sign_in, unknown  # noqa: F401  (fixtures)
 
 
 def _titles(html: str) -> list[tuple[str, str]]:
@@ -173,6 +173,8 @@ def test_the_email_renders_in_a_sandboxed_frame_that_runs_and_loads_nothing(serv
     assert browser.find_element(By.CSS_SELECTOR, f"#text-part-{step.id}").text == "Plain part, line one\nline two"
     headers = browser.find_element(By.CSS_SELECTOR, "pre.headers").text
     assert "From: agent@example.org" in headers and "Message-ID: <" in headers
+    assert re.fullmatch(r"\d+h\d\dm ago|\d+m ago", browser.find_element(By.CSS_SELECTOR, "#enqueued-at time").text)
+    shot(browser, "12-step-email-rendered")
     frame = browser.find_element(By.ID, f"html-part-{step.id}")
     assert frame.get_attribute("sandbox") == ""  # present, with no allow-* token
     browser.switch_to.frame(frame)
