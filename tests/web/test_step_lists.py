@@ -318,19 +318,21 @@ def test_attacker_text_in_a_subject_stays_text_in_the_list_and_the_preview(serve
     assert listed(page) == [step]
 
 
-def test_in_chromium_an_operator_filters_the_list_previews_a_bulk_deny_and_applies_it(server, browser, db_url):
+def test_in_chromium_an_operator_searches_opens_a_tab_previews_a_bulk_deny_and_applies_it(server, browser, db_url):
     from selenium.webdriver.common.by import By
 
-    ids = held(db_url, 2, run_id="run-chrome")
-    held(db_url, 1, run_id="run-elsewhere")
+    ids = held(db_url, 2, to=["ada@chrome.example"], run_id="run-chrome")
+    [other] = held(db_url, 1, run_id="run-chrome")
+    [sent_to_ada] = pending(db_url, 1, to=["ada@chrome.example"])
     sign_in(browser, server, make_key(db_url, "alice", "operator"))
-    browser.get(server + "/ops/steps")
+    box = browser.find_element(By.ID, "search-q")  # the header's search box, on the overview
+    box.send_keys("ada@chrome.example")
+    click_and_load(browser, browser.find_element(By.CSS_SELECTOR, "form[role=search] button"))
+    found = [int(r.get_attribute("data-step")) for r in browser.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr")]
+    assert sorted(found) == sorted([*ids, sent_to_ada])  # across states
     click_and_load(browser, browser.find_element(By.ID, "tab-held"))
     assert browser.find_element(By.ID, "tab-held").get_attribute("aria-current") == "page"
-    run = browser.find_element(By.CSS_SELECTOR, "#filters input[name=run_id]")
-    run.send_keys("run-chrome")
-    click_and_load(browser, browser.find_element(By.ID, "apply-filters"))
-    shot(browser, "20-steps-held-filtered")
+    shot(browser, "20-steps-search-held")
     found = [int(r.get_attribute("data-step")) for r in browser.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr")]
     assert sorted(found) == sorted(ids)
     details = browser.find_element(By.ID, "bulk")
@@ -347,3 +349,27 @@ def test_in_chromium_an_operator_filters_the_list_previews_a_bulk_deny_and_appli
     shot(browser, "22-bulk-done")
     assert "Bulk deny: 2 done, 0 not done" in browser.find_element(By.ID, "bulk-summary").text
     assert [(step_row(db_url, i)["status"], step_row(db_url, i)["reason"]) for i in ids] == [("rejected", "denied")] * 2
+    assert step_row(db_url, other)["status"] == "held" and step_row(db_url, sent_to_ada)["status"] == "pending"
+
+
+def test_the_header_search_by_address_finds_rows_across_states_and_an_empty_one_says_what_it_matches(server, db_url):
+    [waiting] = held(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    [lost] = unknown(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    queued = pending(db_url, 1, to=["ada@customer.example"], run_id="run-s")
+    pending(db_url, 2, to=["bob@elsewhere.example"], run_id="run-s")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        overview = web.get("/ops").text
+        box = re.search(
+            r'<form class="inline" role="search" method="get" action="/ops/steps"[^>]*>.*?</form>', overview, flags=re.S
+        )
+        assert box and '<label for="search-q">' in box[0] and 'name="q"' in box[0]
+        found = web.get("/ops/steps", params={"q": "ada@customer.example"}).text
+        assert sorted(listed(found)) == sorted([waiting, lost, *queued])
+        assert (tab_count(found, "held"), tab_count(found, "unknown"), tab_count(found, "pending")) == ("1", "1", "1")
+        assert tab_count(found, "all") == "3"
+        one = web.get("/ops/steps", params={"q": str(lost)}).text  # one match: still the list, one row
+        assert listed(one) == [lost]
+        none = web.get("/ops/steps", params={"q": "nobody@nowhere.example", "status": "held"}).text
+        assert listed(none) == [] and "nobody@nowhere.example" in none
+        assert "The search box matches a step id, a recipient address or @domain" in none

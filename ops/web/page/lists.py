@@ -42,17 +42,13 @@ def statuses_of(tab: str) -> list[str]:
     return [] if tab == ALL else [tab]
 
 
-async def tab_counts(request: Request, session: Any, filters: dict[str, str | None]) -> dict[str, int]:
-    """Each tab's count for this search and these filters (the "all" tab: every state)."""
-    state = app_state(request)
-    who = caller_of(session)
-    counts: dict[str, int] = {}
-    for tab in TABS:
-        reply = await service.list_steps(
-            state.store, who, statuses=statuses_of(tab), filters=searching(filters), limit=0
-        )
-        counts[tab] = reply.meta["total"]
-    return counts
+async def tab_counts(request: Request, session: Any, filters: dict[str, str | None]) -> dict[str, tuple[int, bool]]:
+    """Each tab's count for this search and these filters, as (n, exact): every state's from
+    one capped count (count_by_status), and the "all" tab their sum (exact when each is)."""
+    counts = await service.count_by_status(app_state(request).store, caller_of(session), filters=searching(filters))
+    out = {state: (c.n, c.exact) for state, c in counts.items()}
+    out[ALL] = (sum(n for n, _ in out.values()), all(exact for _, exact in out.values()))
+    return out
 
 
 @router.get("/steps", response_class=HTMLResponse)
@@ -87,7 +83,7 @@ async def steps(request: Request) -> HTMLResponse:
         )
         counts = await tab_counts(request, session, filters)
     except InvalidRequest as exc:
-        empty = {"rows": [], "facts": {}, "answers": {}, "total": 0, "counts": {}, "actions": []}
+        empty = {"rows": [], "facts": {}, "answers": {}, "total": (0, True), "counts": {}, "actions": []}
         return render(request, "steps.html", session, status=422, error=service.json_field_names(exc), **page, **empty)
     ids = [r["id"] for r in reply.data]
     answers = await state.store.last_answers(ids) if tab in ANSWERED else {}
@@ -98,7 +94,7 @@ async def steps(request: Request) -> HTMLResponse:
         rows=reply.data,
         facts=await state.store.list_facts(ids),
         answers=answers,
-        total=reply.meta["total"],
+        total=(reply.meta["total"], reply.meta["total_exact"]),
         counts=counts,
         actions=[a for a, states in BULK_ACTIONS.items() if tab == ALL or tab in states] if reply.data else [],
         **page,
