@@ -2087,23 +2087,48 @@ ORDER BY q.at;
 -- name: chart_providers
 -- Per provider in the window: attempts started, answers by outcome, steps lost without an
 -- answer, and the median and p95 of the answers' latency. Evidence is read through the
--- BRIN index, and each row's provider through email_steps' primary key only.
+-- BRIN index and folded per step first, so each step of the window costs one lookup of
+-- its provider by email_steps' primary key (a scalar subquery, so the planner cannot turn
+-- it into a hash join over the whole table).
 WITH w AS (
-    SELECT e.step_id, e.kind, e.outcome, e.latency_ms
+    SELECT e.step_id,
+           count(*) FILTER (WHERE e.kind = 'attempt_started') AS attempts,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'accepted') AS accepted,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'rejected') AS rejected,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'retryable') AS retryable,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'unknown') AS unknown,
+           count(*) FILTER (WHERE e.kind = 'lease_expired') AS no_answer,
+           array_agg(e.latency_ms) FILTER (WHERE e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) AS latencies
     FROM evidence e
     WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
       AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+    GROUP BY e.step_id
+), by_step AS (
+    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = w.step_id) AS provider, w.*
+    FROM w
+), counts AS (
+    SELECT b.provider, sum(b.attempts)::bigint AS attempts, sum(b.accepted)::bigint AS accepted,
+           sum(b.rejected)::bigint AS rejected, sum(b.retryable)::bigint AS retryable,
+           sum(b.unknown)::bigint AS unknown, sum(b.no_answer)::bigint AS no_answer
+    FROM by_step b
+    GROUP BY b.provider
+), latency AS (
+    SELECT b.provider,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.ms) AS p50_ms,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY l.ms) AS p95_ms
+    FROM by_step b, unnest(b.latencies) AS l(ms)
+    GROUP BY b.provider
 )
-SELECT s.provider,
-       count(*) FILTER (WHERE w.kind = 'attempt_started')::bigint AS attempts,
-       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'accepted')::bigint AS accepted,
-       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'rejected')::bigint AS rejected,
-       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'retryable')::bigint AS retryable,
-       count(*) FILTER (WHERE w.kind = 'provider_response' AND w.outcome = 'unknown')::bigint AS unknown,
-       count(*) FILTER (WHERE w.kind = 'lease_expired')::bigint AS no_answer,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY w.latency_ms) FILTER (WHERE w.kind = 'provider_response') AS p50_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY w.latency_ms) FILTER (WHERE w.kind = 'provider_response') AS p95_ms
-FROM w
-JOIN email_steps s ON s.id = w.step_id
-GROUP BY s.provider
-ORDER BY s.provider;
+SELECT c.*, l.p50_ms, l.p95_ms
+FROM counts c
+LEFT JOIN latency l ON l.provider = c.provider
+ORDER BY c.provider;
+
+
+-- name: chart_settings
+-- The chart reads' own limits for their transaction only (SET LOCAL, so it works behind
+-- PgBouncer too): a window's aggregate sorts in memory instead of spilling to disk, JIT
+-- (which costs more to compile than these reads take) stays off, and a read that would
+-- hold the page longer than the timeout fails instead (the page says so).
+SELECT set_config('work_mem', '32MB', true), set_config('jit', 'off', true),
+       set_config('statement_timeout', %(timeout_ms)s::text, true);

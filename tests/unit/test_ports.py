@@ -47,6 +47,8 @@ def _roles() -> list[type]:
         ports.RefusalStore,
         ports.EventFeed,
         ports.DeliveryStore,
+        ports.SampleStore,
+        ports.ChartReader,
     ]
 
 

@@ -101,9 +101,18 @@ __all__ = [
 
 
 class WorkerStore(
-    ClaimStore, RecordStore, RescueStore, CircuitStore, RateStore, ReconcileStore, RedactStore, ExpireStore, Protocol
+    ClaimStore,
+    RecordStore,
+    RescueStore,
+    CircuitStore,
+    RateStore,
+    ReconcileStore,
+    RedactStore,
+    ExpireStore,
+    SampleStore,
+    Protocol,
 ):
-    """What worker/runner.py needs: its claim loop and every service it runs."""
+    """What worker/runner.py needs: its claim loop and every service it runs (the queue sampler too)."""
 
 
 class AppStore(
@@ -123,5 +132,5 @@ class AppStore(
 
 
 @runtime_checkable
-class Store(WorkerStore, AppStore, PruneStore, SampleStore, Protocol):
+class Store(WorkerStore, AppStore, PruneStore, Protocol):
     """Every role of the store in one."""

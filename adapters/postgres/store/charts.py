@@ -7,8 +7,11 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import EXACT_LIMIT
-from evq.adapters.postgres.store.base import PostgresBase
+from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker.window import UNKNOWN_AGES, bounds, bucket_seconds
+
+# A chart read longer than this fails (statement_timeout) rather than hold the overview.
+CHART_TIMEOUT_MS = 5000
 
 
 def _now(now: datetime | None) -> datetime:
@@ -16,6 +19,12 @@ def _now(now: datetime | None) -> datetime:
 
 
 class PostgresCharts(PostgresBase):
+    async def _chart(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One chart read in a read-only transaction with the reads' own settings (chart_settings)."""
+        async with self._snapshot(name) as conn:
+            await conn.execute(Q["chart_settings"], {"timeout_ms": CHART_TIMEOUT_MS})
+            return await fetch_all(conn, Q[name], params)
+
     async def sample_queue(self, sampled_by: str, *, keep_seconds: float, now: datetime | None = None) -> bool:
         rows = await self._fetch(
             "queue_sample",
@@ -35,7 +44,7 @@ class PostgresCharts(PostgresBase):
     async def chart_sends(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
         since, until = bounds(hours, _now(now))
         params = {"since": since, "until": until, "bucket": bucket_seconds(hours)}
-        return await self._fetch("chart_sends", Q["chart_sends"], params)
+        return await self._chart("chart_sends", params)
 
     async def chart_unknown_ages(self, *, now: datetime | None = None) -> list[int]:
         rows = await self._fetch(
@@ -48,8 +57,8 @@ class PostgresCharts(PostgresBase):
 
     async def chart_queue_samples(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
         since, until = bounds(hours, _now(now))
-        return await self._fetch("chart_queue_samples", Q["chart_queue_samples"], {"since": since, "until": until})
+        return await self._chart("chart_queue_samples", {"since": since, "until": until})
 
     async def chart_providers(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
         since, until = bounds(hours, _now(now))
-        return await self._fetch("chart_providers", Q["chart_providers"], {"since": since, "until": until})
+        return await self._chart("chart_providers", {"since": since, "until": until})

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 
 from evq.ops.app import service
 from evq.ops.web import charts
-from evq.ops.web.page.common import OVERVIEW_REFUSALS, app_state, caller_of, render, router, signed_in
+from evq.ops.web.page.common import OVERVIEW_REFUSALS, app_state, caller_of, render, router, signed_in, zone_of
 from evq.worker.errors import EvqError
 from evq.worker.states import Status
 from evq.worker.window import DEFAULT_HOURS, WINDOWS, bounds, bucket_seconds
@@ -42,7 +42,7 @@ async def overview(request: Request, hours: int = DEFAULT_HOURS) -> HTMLResponse
     refusals = await service.list_refusals(state.store, who, limit=OVERVIEW_REFUSALS)
     # The approval queue: how many sends wait for a person, and the oldest of them.
     waiting = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=1)
-    figures = await pictures(state.store, hours, bucket, circuits.data)
+    figures = await pictures(state.store, hours, bucket, circuits.data, zone_of(request, session))
     return render(
         request,
         "overview.html",
@@ -63,11 +63,10 @@ async def overview(request: Request, hours: int = DEFAULT_HOURS) -> HTMLResponse
     )
 
 
-async def pictures(store: Any, hours: int, bucket: int, providers: list[dict[str, Any]]) -> dict[str, Any]:
+async def pictures(store: Any, hours: int, bucket: int, providers: list[dict[str, Any]], tz: tzinfo) -> dict[str, Any]:
     """The charts of the window ending now; each read covers the window through the evidence's
     BRIN index or a small index of its own (adapters/postgres/queries.sql, chart_*)."""
-    # The operator's zone when the page knows one; UTC until then.
-    tz: tzinfo = UTC
+    # Axis times in the operator's zone (zone.py: the session's choice, else EVQ_OPS_TIMEZONE).
     now = datetime.now(UTC)
     since, until = bounds(hours, now)
     sends = charts.sends_series(await store.chart_sends(hours, now=now), since=since, until=until, bucket=bucket)
