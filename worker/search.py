@@ -1,8 +1,7 @@
 """The search box's one string, read once into the forms each field is matched in.
 
 Both stores (adapters/postgres's step_list and the tests' in-memory fake) match with these
-forms, so what a search finds cannot differ between them. See docs/design.md, "The operators'
-page" ("Search").
+forms, so what a search finds cannot differ between them. See docs/design.md, "Search".
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ def _recipient(text: str) -> str | None:
     """``bob@example.com``, ``@example.com`` and a bare ``example.com`` (a dot, no ``@``: a
     domain); the domain in the stored form (Unicode, lower case), so an ``xn--`` form pasted
     from a log finds the address it stands for."""
-    if any(c.isspace() for c in text) or text.count("@") > 1:
+    if any(c.isspace() or c in "<>" for c in text) or text.count("@") > 1:
         return None
     local, at, domain = text.rpartition("@")
     if not at:
@@ -55,6 +54,7 @@ def _recipient(text: str) -> str | None:
 def _message_id(text: str) -> str | None:
     """With or without its angle brackets: ``<a@b>`` and ``a@b`` are the same Message-ID."""
     inner = text[1:-1] if text.startswith("<") and text.endswith(">") else text
-    if inner.count("@") != 1 or any(c in "<>" or c.isspace() for c in inner):
+    local, _, domain = inner.partition("@")
+    if not local or not domain or "@" in domain or any(c in "<>" or c.isspace() for c in inner):
         return None
     return f"<{inner}>"

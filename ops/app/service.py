@@ -112,6 +112,8 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
         "key, a run id, or the name of the API key that enqueued it.",
     ),
 )
+# The filters' names: the keyword each interface passes them under (a command's dest).
+FILTER_NAMES = tuple(name for name, _, _ in FILTERS)
 LIST_LIMIT_MAX = 1000
 MAX_ID = 2**63 - 1  # a step id is a bigint; so are LIMIT and OFFSET
 
