@@ -176,8 +176,14 @@ def visitor_session(request: Request) -> tuple[Session, bool]:
 
 
 def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
+    # The status goes to the template too: the error page names it in its title and heading.
     html = env.get_template(template).render(
-        session=session, identity=session.identity, request=request, may_close=may_close(session), **context
+        session=session,
+        identity=session.identity,
+        request=request,
+        may_close=may_close(session),
+        status=status,
+        **context,
     )
     response = HTMLResponse(html, status_code=status)
     set_cookie(request, response, session)
