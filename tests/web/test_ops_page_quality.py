@@ -243,6 +243,30 @@ class Checker:
         resize(self.driver, "1280")
 
 
+def readme_image(driver: Any) -> None:
+    """The README's picture of the overview: 1280 px wide, as tall as the page up to 1100 px,
+    into test-artifacts/ops-page/readme-ops-overview.png; with EVQ_UPDATE_README_IMAGE=1 also
+    docs/images/ops-overview.png (how it is regenerated: the test owns what it shows)."""
+    import base64
+    import os
+
+    height = min(int(driver.execute_script("return document.scrollingElement.scrollHeight")), 1100)
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1},
+        },
+    )
+    png = base64.b64decode(shot["data"])
+    assert png.startswith(b"\x89PNG") and len(png) < 300_000, len(png)
+    (ARTIFACTS / "readme-ops-overview.png").write_bytes(png)
+    if os.environ.get("EVQ_UPDATE_README_IMAGE") == "1":
+        (ROOT / "docs" / "images").mkdir(parents=True, exist_ok=True)
+        (ROOT / "docs" / "images" / "ops-overview.png").write_bytes(png)
+
+
 def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver, db_url):
     """Login, overview, the list, a step (unknown, held, accepted with an HTML email), a trace, the
     held queue, a bulk preview and its result, and an error page, in one browser session."""
@@ -258,6 +282,7 @@ def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver
     click_and_load(driver, driver.find_element(By.ID, "sign-in"))
     assert driver.find_element(By.ID, "who").text.startswith("alice")
     check.page("overview")
+    readme_image(driver)
 
     driver.get(server + "/ops/unknown")
     assert len(driver.find_elements(By.CSS_SELECTOR, "#unknown-rows tbody tr[data-step]")) == 4
