@@ -1563,6 +1563,11 @@ class MemoryStore:
                 out[e["step_id"]] = {k: copy.deepcopy(e[k]) for k in keys}
         return out
 
+    async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        await self._op("list_facts", None)
+        keys = ("id", "message_id", "provider_message_id", "held_since", "hold_expires_at", "hold")
+        return {i: {k: copy.deepcopy(s[k]) for k in keys} for i, s in self.steps.items() if i in step_ids}
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         at = await self._op("list_steps", now)
 

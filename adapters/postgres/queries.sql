@@ -1052,6 +1052,13 @@ WHERE e.step_id = ANY(%(ids)s::bigint[])
 ORDER BY e.step_id, e.id DESC;
 
 
+-- name: step_list_facts
+-- The columns a state's list shows beyond step_list's summary, for one page of ids.
+SELECT s.id, s.message_id, s.provider_message_id, s.held_since, s.hold_expires_at, s.hold
+FROM email_steps s
+WHERE s.id = ANY(%(ids)s::bigint[]);
+
+
 -- name: step_list
 -- Filters are optional: a NULL parameter disables its condition. Unknown and held
 -- rows sort oldest first (the operators' queues: by unknown_since, by held_since);

@@ -104,6 +104,12 @@ class PostgresSteps(PostgresBase):
         rows = await self._fetch("last_answers", Q["evidence_last_answers"], {"ids": list(step_ids)})
         return {r["step_id"]: r for r in rows}
 
+    async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        if not step_ids:
+            return {}
+        rows = await self._fetch("list_facts", Q["step_list_facts"], {"ids": list(step_ids)})
+        return {r["id"]: r for r in rows}
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         rows = await self._fetch(
             "list_steps",
