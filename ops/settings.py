@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from datetime import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from email_validator import EmailNotValidError
 
@@ -142,6 +143,19 @@ METRICS_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+
+def time_zone(name: str) -> str:
+    """An IANA time zone name the system knows (``Europe/Berlin``, ``UTC``), as given; an
+    unknown or malformed one (``Mars/Olympus``, ``../etc``) is refused with ValueError."""
+    text = name.strip()
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # ZoneInfo reads a file named by the key: refuse anything that is not a known zone.
+        raise ValueError(f"unknown time zone {text[:80]!r} (an IANA name such as UTC or Europe/Berlin)") from None
+    return text
+
+
 SERVE_OPTIONS: tuple[Option, ...] = (
     Option("serve_host", str, "127.0.0.1", "Address `evq serve` (HTTP API, ops page, /metrics) listens on."),
     Option("serve_port", int, 8080, "Port `evq serve` listens on (0: any free port).", minimum=0),
@@ -193,6 +207,12 @@ SERVE_OPTIONS: tuple[Option, ...] = (
         512,
         "Most connections `evq serve` holds open; beyond it the one waiting longest on its client is closed (keep it under the open-file limit, ulimit -n).",
         minimum=2,
+    ),
+    Option(
+        "ops_timezone",
+        time_zone,
+        "UTC",
+        "IANA time zone the ops page shows exact times in (each `<time>`'s title), e.g. Europe/Berlin; a signed-in operator may choose another for their session.",
     ),
 )
 
@@ -340,6 +360,7 @@ class Settings:
     serve_header_timeout: float = 10.0
     serve_body_timeout: float = 30.0
     serve_max_connections: int = 512
+    ops_timezone: str = "UTC"
     # The delivery webhooks' EVQ_WEBHOOK_* (adapters/webhooks/config.py).
     webhook_max_body: int = 1024 * 1024
     webhook_tolerance: float = 300.0
@@ -386,6 +407,10 @@ class Settings:
                 raise bad(option, f"must be at least {option.minimum:g}, got {value}")
             if option.choices and value not in option.choices:
                 raise bad(option, f"must be one of {', '.join(option.choices)}, got {value!r}")
+        try:
+            time_zone(self.ops_timezone)  # an override not read from text is checked here too
+        except ValueError as exc:
+            raise bad(OPTION_BY_NAME["ops_timezone"], str(exc)) from None
         for name in self.adapter:
             if name not in ADAPTERS:
                 raise bad(OPTION_BY_NAME["adapter"], f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")

@@ -1,6 +1,7 @@
 """The ops page's session: a signed cookie (HMAC-SHA256 with a server-side secret), HttpOnly
 and SameSite=Strict, holding who signed in (the key's name, role and id, never the key),
-the key's session generation at sign-in, and the CSRF token every form must carry back.
+the key's session generation at sign-in, the CSRF token every form must carry back, and the
+time zone the visitor chose for the page's times (none: the server's EVQ_OPS_TIMEZONE).
 
 A visitor who has not signed in gets a session too, with a CSRF token and no identity,
 so the sign-in form is protected like every other. Each request re-reads the key by
@@ -33,6 +34,7 @@ class Session:
     role: str | None = None
     key_id: str | None = None
     generation: int | None = None  # api_keys.session_generation when this session signed in
+    tz: str | None = None  # the IANA zone chosen on /ops/zone (checked there, and again when used)
 
     @property
     def identity(self) -> Identity | None:
@@ -70,6 +72,7 @@ class Sessions:
                 "r": session.role,
                 "k": session.key_id,
                 "g": session.generation,
+                "z": session.tz,
             },
             separators=(",", ":"),
         ).encode()
@@ -85,7 +88,7 @@ class Sessions:
             return None
         try:
             data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            generation = data.get("g")
+            generation, zone = data.get("g"), data.get("z")
             session = Session(
                 csrf=data["c"],
                 expires=int(data["e"]),
@@ -93,6 +96,7 @@ class Sessions:
                 role=data["r"],
                 key_id=data["k"],
                 generation=generation if isinstance(generation, int) else None,
+                tz=zone if isinstance(zone, str) else None,
             )
         except (ValueError, KeyError, TypeError):
             return None

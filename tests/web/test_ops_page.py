@@ -168,8 +168,8 @@ def test_an_operator_with_only_a_browser_closes_unknown_rows_with_an_audit_trail
 
     click_and_load(driver, rows_shown[0].find_element(By.LINK_TEXT, "run-x"))
     trace = driver.find_element(By.ID, "trace").text
-    for kind in ("decision", "enqueued", "attempt_started", "provider_response"):
-        assert kind in trace
+    for label in ("The agent decided", "Send enqueued", "Attempt started", "The provider answered"):
+        assert label in trace
     shot(driver, "05-trace")
 
     driver.back()
@@ -304,6 +304,7 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         f"/ops/steps/{steps[0].id}/approve": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/deny": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/cancel": {"note": "forged"},
+        "/ops/zone": {"tz": "Europe/Berlin"},
     }
     forms = {route.path for route in page.router.routes if "POST" in route.methods}
     assert {re.sub(r"\{step_id\}", str(steps[0].id), f) for f in forms} == set(posts)
@@ -419,7 +420,7 @@ def test_a_runs_trace_shows_the_decision_the_attempts_and_the_operators_close_in
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, make_key(db_url, "bot", "agent"))
         html = web.get("/ops/runs/run-t").text
-    trace = re.search(r'<table class="rows" id="trace">.*?</table>', html, flags=re.S)[0]
+    trace = re.search(r'<table class="rows timeline" id="trace">.*?</table>', html, flags=re.S)[0]
     kinds = re.findall(r'<tr class="kind-(\w+)">', trace)
     assert kinds == ["decision", "enqueued", "attempt_started", "provider_response", "operator_resolved"]
     row = dict(zip(kinds, re.findall(r'<tr class="kind-\w+">(.*?)</tr>', trace, flags=re.S), strict=True))

@@ -3,10 +3,13 @@ the signed-in check, CSRF-checked forms, the filters in the URL and a close's re
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
 from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
@@ -15,8 +18,10 @@ from markupsafe import Markup, escape
 
 from evq.ops.app import service
 from evq.ops.app.age import age
+from evq.ops.app.commands import CREDENTIAL, Kind, command
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
+from evq.ops.settings import time_zone
 from evq.ops.web.session import COOKIE, Session
 from evq.ops.web.state import AppState
 from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
@@ -39,6 +44,7 @@ DONE = {
     "approved": "Approved: the send is pending and goes out with the same key and Message-ID.",
     "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
     "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
+    "requeued": "Requeued: the send is retryable and goes out again with the same key and Message-ID.",
 }
 BULK_MAX = 500  # rows one bulk action may act on; a preview says when more match
 # Each bulk action of the step list and the states its rows must be in (docs/design.md, "Lists and bulk actions").
@@ -153,8 +159,60 @@ def recipients(step: Any) -> list[str]:
     return [a["email"] for k in ("to", "cc", "bcc") for a in step["payload"].get(k) or []]
 
 
+# The email's HTML part is shown in <iframe sandbox srcdoc=...>: no allow-* token, so no script,
+# form, plugin, popup or top navigation, and an opaque origin (no cookie, no same-origin read).
+# The frame inherits the page's CSP (nothing remote: img-src 'self' at most); this policy first
+# in its document refuses even that, so a tracking pixel pointing back at evq serve stays unloaded
+# too. A CSP can only be narrowed by a later one, so nothing in the email can lift it.
+EMAIL_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+def email_srcdoc(html: str) -> str:
+    """The HTML part as the frame's document: the locked-down policy, then the email (the
+    template escapes it as an attribute value, so it cannot end the srcdoc attribute)."""
+    return f'<meta http-equiv="Content-Security-Policy" content="{EMAIL_CSP}">' + html
+
+
 env.filters["header_lines"] = header_lines
+env.filters["email_srcdoc"] = email_srcdoc
 env.filters["recipients"] = recipients
+
+
+def cli_equivalent(path: str, /, **values: Any) -> str:
+    """The command line that does what a form on the page does, shell-quoted (shlex.quote), so an
+    operator can copy it or script it: ``cli_equivalent("steps.resolve", step_id=123,
+    verdict="accepted", note="in the log")`` -> ``evq steps resolve 123 --as accepted --note 'in the log'``.
+
+    ``path`` is the command table's name (ops/app/commands.py) and the keywords are its parameters'
+    ``dest``s, so the words and flags are the table's own and cannot drift from `evq --help`.
+    Arguments come first, then options in the table's order; None, "" and False are left out, a
+    repeatable one takes a list (one flag each), a flag True is the bare flag. A name the command
+    does not have, and the API key (never printed: it comes from EVQ_API_KEY), raise ValueError."""
+    cmd = command(path)
+    known = {p.dest: p for p in cmd.params}
+    unknown = sorted(set(values) - set(known) | ({CREDENTIAL} & set(values)))
+    if unknown:
+        raise ValueError(f"{path} has no parameter {', '.join(unknown)} the page may show")
+    words = ["evq", *cmd.words.split()]
+    ordered = [p for p in cmd.params if p.kind is Kind.ARGUMENT] + [
+        p for p in cmd.params if p.kind is not Kind.ARGUMENT
+    ]
+    for param in ordered:
+        value = values.get(param.dest)
+        if value is None or value == "" or value is False:
+            continue
+        if param.kind is Kind.FLAG:
+            words.append(str(param.flag))
+            continue
+        given = (
+            list(value) if param.repeatable and isinstance(value, Iterable) and not isinstance(value, str) else [value]
+        )
+        for one in given:
+            words += [str(one)] if param.kind is Kind.ARGUMENT else [str(param.flag), str(one)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+env.globals["cli_equivalent"] = cli_equivalent
 
 
 class Redirect(Exception):
@@ -183,6 +241,19 @@ def visitor_session(request: Request) -> tuple[Session, bool]:
     return (found, False) if found is not None else (state.sessions.new(), True)
 
 
+def zone_of(request: Request, session: Session) -> ZoneInfo:
+    """The zone the page shows exact times in: the session's choice, else EVQ_OPS_TIMEZONE (checked
+    at startup). A session's zone the system no longer knows falls back to the default, not an error."""
+    default = app_state(request).settings.ops_timezone
+    for name in (session.tz, default):
+        if name:
+            try:
+                return ZoneInfo(time_zone(name))
+            except ValueError:
+                continue
+    return ZoneInfo("UTC")
+
+
 def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
     # The status goes to the template too: the error page names it in its title and heading.
     html = env.get_template(template).render(
@@ -191,6 +262,7 @@ def render(request: Request, template: str, session: Session, status: int = 200,
         request=request,
         may_close=may_close(session),
         status=status,
+        tz=zone_of(request, session),
         **context,
     )
     response = HTMLResponse(html, status_code=status)

@@ -25,9 +25,10 @@ from evq.ops.web.page.common import (
     router,
     signed_in,
 )
+from evq.ops.web.page.timeline import trace_rows
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
-from evq.worker.resolution import Verdict
+from evq.worker.resolution import Verdict, requeueable
 
 
 @router.get("/steps/{step_id}", response_class=HTMLResponse)
@@ -59,6 +60,8 @@ async def step_page(
         back_query=query_string(back),
         verdicts=list(Verdict),
         cancellable=CANCELLABLE,
+        requeueable=requeueable(reply.data["step"]["status"], reply.data["step"].get("reason")),
+        html_source=request.query_params.get("html") == "source",
         **context,
     )
 
@@ -81,7 +84,7 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
     who = caller_of(session)
     state = app_state(request)
     reply = await service.show_run(state.store, who, run_id[:200], unresolvable=state.policy.unresolvable)
-    return render(request, "trace.html", session, d=reply.data)
+    return render(request, "trace.html", session, d=reply.data, events=trace_rows(reply.data["events"]))
 
 
 @router.post("/steps/{step_id}/close", response_class=HTMLResponse)
@@ -94,4 +97,6 @@ async def close(request: Request, step_id: int) -> Response:
         status, shown = refusal(exc)
         return await step_page(request, session, step_id, back, status=status, error=shown, posted=values)
     done = reply.data["results"][0]
+    if values.get("action") == "requeue":  # the step page's requeue form: back to the step, now retryable
+        return RedirectResponse(f"/ops/steps/{step_id}?done=requeued", status_code=303)
     return RedirectResponse(f"/ops/unknown?{query_string(back, closed=done['id'])}", status_code=303)

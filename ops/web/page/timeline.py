@@ -1,0 +1,105 @@
+"""A run's trace as the page reads it: worker/timeline.py's events (already in time order, the
+decision first) each with a label for what happened, who did it, the state change, and how long
+it took: an attempt from its start to the adapter's answer, and every event's gap since the one
+before. Pure, so the test of the markup and this can trust the same numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from evq.ops.app.age import age
+
+# What each evidence kind (and the timeline's own "decision" and "enqueued") means, for a person.
+# A kind a newer evq writes and this does not know is shown as itself.
+EVENT_LABELS: dict[str, str] = {
+    "decision": "The agent decided",
+    "enqueued": "Send enqueued",
+    "held": "Held for a person's approval",
+    "approved": "Approved by a person",
+    "denied": "Denied by a person",
+    "cancelled": "Cancelled",
+    "hold_expired": "Nobody approved it in time",
+    "attempt_started": "Attempt started",
+    "provider_response": "The provider answered",
+    "late_response": "A late answer arrived",
+    "attempt_released": "Handed back unsent",
+    "lease_expired": "The worker stopped mid-send",
+    "window_closed": "The provider's dedupe window closed",
+    "reconciled": "Checked with the provider",
+    "operator_resolved": "Closed by an operator",
+    "notice_enqueued": "The agent's notify address was told",
+    "content_redacted": "Message content removed (retention)",
+    "delivery_event": "The provider's webhook reported",
+}
+# Who acts in each kind: the agent (its key), a worker (its owner name), a person (operator or
+# admin key name), the provider, or evq itself (an expiry or retention pass).
+ACTORS: dict[str, str] = {
+    "decision": "agent",
+    "enqueued": "agent",
+    "attempt_started": "worker",
+    "provider_response": "worker",
+    "late_response": "worker",
+    "attempt_released": "worker",
+    "lease_expired": "worker",
+    "window_closed": "worker",
+    "reconciled": "worker",
+    "operator_resolved": "operator",
+    "approved": "operator",
+    "denied": "operator",
+    "cancelled": "operator",
+    "delivery_event": "provider",
+}
+
+
+def span(seconds: float | None) -> str:
+    """A duration short enough for a table cell, precise where attempts live: 340 ms, 4.2 s, 5m."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{max(0.0, seconds) * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return age(seconds)
+
+
+def _at(value: Any) -> datetime:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def trace_rows(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each event with ``label``, ``who`` (name), ``who_kind``, ``key`` (the agent's public key id,
+    when the event names one), ``took`` (an answer: since its attempt started), ``latency`` (the
+    adapter's own measure, ms) and ``gap`` (since the previous event of the run)."""
+    started: dict[tuple[Any, Any], datetime] = {}
+    rows: list[dict[str, Any]] = []
+    previous: datetime | None = None
+    for event in events:
+        at = _at(event["at"])
+        kind = str(event["kind"])
+        detail = event.get("detail") or {}
+        attempt = (event.get("step"), event.get("attempt"))
+        took = None
+        if kind == "attempt_started":
+            started[attempt] = at
+        elif kind in ("provider_response", "late_response", "attempt_released", "lease_expired") and (
+            attempt in started
+        ):
+            took = (at - started[attempt]).total_seconds()
+        latency = event.get("latency_ms")
+        rows.append(
+            {
+                **event,
+                "label": EVENT_LABELS.get(kind, kind),
+                "who": event.get("actor") or ("evq" if kind not in ACTORS else ""),
+                "who_kind": ACTORS.get(kind, "evq"),
+                "key": detail.get("actor_key_id") if isinstance(detail, Mapping) else None,
+                "took": span(took) if took is not None else "",
+                "latency": f"{latency:.0f} ms" if isinstance(latency, (int, float)) else "",
+                "gap": span((at - previous).total_seconds()) if previous is not None else "",
+                "rationale": detail.get("rationale") if kind == "decision" and isinstance(detail, Mapping) else None,
+            }
+        )
+        previous = at
+    return rows

@@ -1,0 +1,49 @@
+"""The trace's timeline rows (ops/web/page/timeline.py): labels, who, gaps and an attempt's duration."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from evq.ops.web.page.timeline import EVENT_LABELS, span, trace_rows
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def event(kind: str, seconds: float, **fields):
+    return {"at": T0 + timedelta(seconds=seconds), "kind": kind, "step": 1, "attempt": None, "detail": {}, **fields}
+
+
+def test_each_row_says_what_who_and_how_long():
+    rows = trace_rows(
+        [
+            event("decision", 0, actor="bot", detail={"actor_key_id": "k1", "rationale": {"why": "asked"}}),
+            event("enqueued", 0, actor="bot", detail={"actor_key_id": "k1"}),
+            event("attempt_started", 4, actor="w-1", attempt=1),
+            event("provider_response", 4.25, actor="w-1", attempt=1, latency_ms=231.6),
+            event("attempt_started", 70, actor="w-2", attempt=2),
+            event("lease_expired", 190, actor="rescuer@w-1", attempt=2),
+            event("operator_resolved", 4000, actor="alice"),
+            event("something_newer", 4001),
+        ]
+    )
+    assert [r["label"] for r in rows[:3]] == [EVENT_LABELS["decision"], EVENT_LABELS["enqueued"], "Attempt started"]
+    assert rows[-1]["label"] == "something_newer" and rows[-1]["who"] == "evq"
+    assert [r["gap"] for r in rows] == ["", "0 ms", "4.0 s", "250 ms", "1m", "2m", "1h03m", "1.0 s"]
+    assert rows[3]["took"] == "250 ms" and rows[3]["latency"] == "232 ms"
+    assert rows[5]["took"] == "2m"  # attempt 2: started at 70 s, its lease expired at 190 s
+    assert rows[2]["took"] == "" and rows[4]["took"] == ""
+    assert (rows[0]["who"], rows[0]["who_kind"], rows[0]["key"]) == ("bot", "agent", "k1")
+    assert rows[0]["rationale"] == {"why": "asked"} and rows[1]["rationale"] is None
+    assert (rows[6]["who"], rows[6]["who_kind"]) == ("alice", "operator")
+
+
+def test_span_is_precise_where_attempts_live():
+    assert [span(s) for s in (None, 0.0004, 0.34, 4.26, 59.9, 61, 7300)] == [
+        "",
+        "0 ms",
+        "340 ms",
+        "4.3 s",
+        "59.9 s",
+        "1m",
+        "2h01m",
+    ]
