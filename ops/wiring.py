@@ -302,31 +302,46 @@ def metrics_endpoint(settings: Settings, url: str) -> Iterator[MetricsServer | N
 @asynccontextmanager
 async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIterator[AppState]:
     """What `evq serve` shares between requests: the store, /metrics' registry, the page's
-    queue counts (the collector's own query) and its session signer."""
+    queue counts (the collector's own query) and its session signer; while it runs, it samples
+    the queue once a minute for the overview's charts."""
+    import asyncio
+
     from evq.adapters.postgres.queue_stats import QueueStatsReader
     from evq.adapters.webhooks import receivers
     from evq.ops.web.session import Sessions
     from evq.ops.web.state import AppState
     from evq.ops.web.throttle import FailureThrottle
     from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
+    from evq.worker.runner import new_owner
+    from evq.worker.sampler import QueueSampler
+    from evq.worker.service import run_periodically
 
     url = url or database_url(settings)
     settings = await wait_for_database(settings, url)
     reader = QueueStatsReader(url)
+    stop = asyncio.Event()
     try:
         with metrics_registry(settings, url) as registry:
             async with open_store(settings, url=url, max_size=8, patient=True) as store:
-                yield AppState(
-                    settings=settings,
-                    store=store,
-                    registry=registry,
-                    sessions=Sessions(settings.serve_secret),
-                    read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
-                    throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
-                    health=health_reader(settings, url=url),
-                    webhooks=receivers(settings.webhook_config()),
-                    webhook_throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
-                )
+                # `evq serve` samples the queue too, so the charts' history goes on while no
+                # worker runs, which is when the lag they should show grows (worker/sampler.py).
+                sampler = QueueSampler(store, sampled_by=f"serve@{new_owner()}")
+                sampling = asyncio.create_task(run_periodically(sampler, stop), name="evq-queue_sampler")
+                try:
+                    yield AppState(
+                        settings=settings,
+                        store=store,
+                        registry=registry,
+                        sessions=Sessions(settings.serve_secret),
+                        read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
+                        throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
+                        health=health_reader(settings, url=url),
+                        webhooks=receivers(settings.webhook_config()),
+                        webhook_throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
+                    )
+                finally:
+                    stop.set()
+                    await sampling
     finally:
         reader.close()
 
@@ -359,6 +374,8 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     from evq.adapters.http.callback import CallbackPoster
     from evq.worker.callbacks import CallbackConfig, CallbackSender
+    from evq.worker.runner import new_owner
+    from evq.worker.sampler import QueueSampler
 
     http = settings.http_config()
     poster = CallbackPoster(timeout=http.callback_timeout, allow_private=http.callback_allow_private)
@@ -366,7 +383,17 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url, patient=True) as store:
                 callbacks = CallbackSender(store, poster, CallbackConfig(timeout=http.callback_timeout))
-                yield Worker(store, providers, settings.worker_config(), wakeup=wakeup, services=[callbacks])
+                owner = new_owner()
+                # The queue's figures once a minute for the overview's charts (worker/sampler.py).
+                sampler = QueueSampler(store, sampled_by=owner)
+                yield Worker(
+                    store,
+                    providers,
+                    settings.worker_config(),
+                    wakeup=wakeup,
+                    owner=owner,
+                    services=[callbacks, sampler],
+                )
     finally:
         await poster.close()
         for provider in providers.values():

@@ -38,6 +38,7 @@ Where it does not (cannot honestly) match PostgreSQL:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import hashlib
 import json
@@ -52,6 +53,7 @@ from types import MappingProxyType
 from typing import Any
 
 from evq.worker import metrics
+from evq.worker import window as windows
 from evq.worker.approval import (
     PRIORITIES,
     ApprovalPolicy,
@@ -290,6 +292,7 @@ class MemoryStore:
         self.send_budgets: dict[tuple[str, str, datetime], int] = {}  # (budget, scope, window) -> used
         # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
         self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
+        self.queue_samples: dict[datetime, dict[str, Any]] = {}  # queue_samples (0019), by minute
 
     async def close(self) -> None:
         return None
@@ -2202,6 +2205,106 @@ class MemoryStore:
             return None
         expired = datetime.fromisoformat(raw)
         return expired + (expired - max(starts)) * DEADLINE_SHARE
+
+    # -- the overview's pictures (worker/ports/charts.py; queries.sql queue_sample, chart_*) --
+
+    async def sample_queue(self, sampled_by: str, *, keep_seconds: float, now: datetime | None = None) -> bool:
+        at = await self._op("queue_sample", now)
+        minute = at.replace(second=0, microsecond=0)
+        samples = self.queue_samples
+        for old in [m for m in samples if m < minute - timedelta(seconds=keep_seconds)]:
+            del samples[old]
+        if minute in samples:
+            return False
+        rows = list(self.steps.values())
+        due = [r for r in rows if r["status"] in ("pending", "retryable") and r["next_attempt_at"] <= at]
+        unknown = [r for r in rows if r["status"] == "unknown"]
+        samples[minute] = {
+            "at": minute,
+            "pending": sum(r["status"] == "pending" for r in rows),
+            "claimable": len(due),
+            "lag_seconds": max(((at - r["next_attempt_at"]).total_seconds() for r in due), default=0.0),
+            "in_flight": sum(r["status"] == "in_flight" for r in rows),
+            "retryable": sum(r["status"] == "retryable" for r in rows),
+            "unknown": len(unknown),
+            "unknown_oldest_seconds": max(((at - r["unknown_since"]).total_seconds() for r in unknown), default=None),
+            "held": sum(r["status"] == "held" for r in rows),
+            "sampled_by": sampled_by,
+        }
+        return True
+
+    def _window(self, hours: int, at: datetime) -> list[Mapping[str, Any]]:
+        since, until = windows.bounds(hours, at)
+        return [e for e in self.evidence if since <= e["created_at"] < until]
+
+    @staticmethod
+    def _send_outcome(e: Mapping[str, Any]) -> str | None:
+        if e["kind"] == "provider_response":
+            return str(e["outcome"])
+        if e["kind"] == "lease_expired" and e["to_status"] == "unknown":
+            return "no_answer"
+        return None
+
+    async def chart_sends(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        at = await self._op("chart_sends", now)
+        width = windows.bucket_seconds(hours)
+        counts: dict[tuple[datetime, str], int] = {}
+        for e in self._window(hours, at):
+            outcome = self._send_outcome(e)
+            if outcome is not None:
+                key = (windows.bucket_start(e["created_at"], width), outcome)
+                counts[key] = counts.get(key, 0) + 1
+        return [{"at": b, "outcome": o, "n": n} for (b, o), n in sorted(counts.items())]
+
+    async def chart_unknown_ages(self, *, now: datetime | None = None) -> list[int]:
+        at = await self._op("chart_unknown_ages", now)
+        counts = [0] * (len(windows.UNKNOWN_AGES) + 1)
+        for r in self.steps.values():
+            if r["status"] == "unknown":
+                counts[bisect.bisect_right(windows.UNKNOWN_AGES, (at - r["unknown_since"]).total_seconds())] += 1
+        return counts
+
+    async def chart_queue_samples(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        at = await self._op("chart_queue_samples", now)
+        since, until = windows.bounds(hours, at)
+        samples = self.queue_samples
+        keys = ("at", "pending", "claimable", "lag_seconds", "in_flight", "retryable", "unknown")
+        keys += ("unknown_oldest_seconds", "held")
+        return [{k: samples[m][k] for k in keys} for m in sorted(samples) if since <= m < until]
+
+    async def chart_providers(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        at = await self._op("chart_providers", now)
+        rows: dict[str, dict[str, Any]] = {}
+        latencies: dict[str, list[float]] = {}
+        for e in self._window(hours, at):
+            outcome = self._send_outcome(e)
+            if e["kind"] != "attempt_started" and outcome is None:
+                continue
+            provider = self.steps[e["step_id"]]["provider"]
+            row = rows.setdefault(
+                provider, {"provider": provider, "attempts": 0, **dict.fromkeys(windows.SEND_OUTCOMES, 0)}
+            )
+            if e["kind"] == "attempt_started":
+                row["attempts"] += 1
+                continue
+            row[outcome] += 1
+            if e["kind"] == "provider_response" and e["latency_ms"] is not None:
+                latencies.setdefault(provider, []).append(float(e["latency_ms"]))
+        for provider, row in rows.items():
+            row["p50_ms"] = _percentile(latencies.get(provider, []), 0.5)
+            row["p95_ms"] = _percentile(latencies.get(provider, []), 0.95)
+        return [rows[p] for p in sorted(rows)]
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    """percentile_cont: linear between the two nearest ranks."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = fraction * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _plain(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,9 @@ import re
 from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+# A line `-- include: other` stands for the named query's whole text, so a statement built
+# on another (the queue sampler on the collector's queue_stats) reuses it instead of a copy.
+_INCLUDE = re.compile(r"^--\s*include:\s*(\w+)\s*$", re.MULTILINE)
 
 
 def _load() -> dict[str, str]:
@@ -16,7 +19,7 @@ def _load() -> dict[str, str]:
         if name in queries:
             raise RuntimeError(f"queries.sql names {name!r} twice")
         queries[name] = body.strip().rstrip(";").strip()
-    return queries
+    return {name: _INCLUDE.sub(lambda m: queries[m.group(1)], body) for name, body in queries.items()}
 
 
 Q: dict[str, str] = _load()

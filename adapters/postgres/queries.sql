@@ -1887,3 +1887,116 @@ SELECT owner, providers, started_at, seen_at, extract(epoch FROM now() - seen_at
 FROM worker_heartbeats
 WHERE seen_at >= now() - make_interval(secs => %(within)s)
 ORDER BY seen_at DESC;
+
+
+-- name: queue_sample
+-- The queue sampler (worker/sampler.py), once a minute from every worker and `evq serve`:
+-- this minute's figures, computed here from the live table by the collector's own query
+-- (queue_stats, included whole so the two never disagree on what "lag" or "unknown" mean),
+-- written only if no process wrote this minute yet (the first writer wins, so many
+-- processes make one row a minute), and the samples older than the kept window deleted
+-- in the same statement, so the table holds 7 days of minutes at most.
+WITH stats AS (
+-- include: queue_stats
+), doomed AS (
+    DELETE FROM queue_samples q
+    WHERE q.at < date_trunc('minute', coalesce(%(now)s::timestamptz, now())) - make_interval(secs => %(keep_seconds)s)
+    RETURNING q.at
+), written AS (
+    INSERT INTO queue_samples (at, pending, claimable, lag_seconds, in_flight, retryable, unknown,
+                               unknown_oldest_seconds, held, sampled_by)
+    SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, now())), s.pending, s.pending_due,
+           s.pending_oldest_age, s.in_flight, s.retryable, s.unknown,
+           -- NULL, not 0, when nothing is unknown: "no oldest" is not "an unknown row of age 0".
+           CASE WHEN s.unknown > 0 THEN s.unknown_oldest_age END, s.held, %(sampled_by)s
+    FROM stats s
+    ON CONFLICT (at) DO NOTHING
+    RETURNING at
+)
+SELECT (SELECT count(*) FROM written)::int AS written, (SELECT count(*) FROM doomed)::int AS deleted;
+
+
+-- name: chart_sends
+-- The overview's sends per bucket by outcome (ops/web/charts.py): each provider_response
+-- row by its outcome, and each step the rescuer made unknown with no answer at all
+-- (lease_expired to unknown) as 'no_answer'. The window is read through
+-- ix_evidence_created_at_brin (created_at only rises), never the whole history.
+SELECT to_timestamp(floor(extract(epoch FROM e.created_at)::float8 / %(bucket)s) * %(bucket)s) AS at,
+       CASE WHEN e.kind = 'provider_response' THEN e.outcome ELSE 'no_answer' END AS outcome,
+       count(*)::bigint AS n
+FROM evidence e
+WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+  AND (e.kind = 'provider_response' OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+
+-- name: chart_unknown_ages
+-- Unknown rows now by how long each has been unknown, in the buckets whose lower bounds
+-- are %(bounds)s (width_bucket: 0 below the first bound); ix_email_steps_unknown_since.
+SELECT width_bucket(extract(epoch FROM %(now)s::timestamptz - s.unknown_since)::float8, %(bounds)s::float8[]) AS bucket,
+       count(*)::bigint AS n
+FROM email_steps s
+WHERE s.status = 'unknown'
+GROUP BY 1
+ORDER BY 1;
+
+
+-- name: chart_queue_samples
+-- The sampler's minutes in the window (the primary key is the minute); a minute nobody
+-- sampled has no row, and the chart draws it as a gap.
+SELECT q.at, q.pending, q.claimable, q.lag_seconds, q.in_flight, q.retryable, q.unknown,
+       q.unknown_oldest_seconds, q.held
+FROM queue_samples q
+WHERE q.at >= %(since)s AND q.at < %(until)s
+ORDER BY q.at;
+
+
+-- name: chart_providers
+-- Per provider in the window: attempts started, answers by outcome, steps lost without an
+-- answer, and the median and p95 of the answers' latency. Evidence is read through the
+-- BRIN index and folded per step first, so each step of the window costs one lookup of
+-- its provider by email_steps' primary key (a scalar subquery, so the planner cannot turn
+-- it into a hash join over the whole table).
+WITH w AS (
+    SELECT e.step_id,
+           count(*) FILTER (WHERE e.kind = 'attempt_started') AS attempts,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'accepted') AS accepted,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'rejected') AS rejected,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'retryable') AS retryable,
+           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'unknown') AS unknown,
+           count(*) FILTER (WHERE e.kind = 'lease_expired') AS no_answer,
+           array_agg(e.latency_ms) FILTER (WHERE e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) AS latencies
+    FROM evidence e
+    WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+      AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+    GROUP BY e.step_id
+), by_step AS (
+    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = w.step_id) AS provider, w.*
+    FROM w
+), counts AS (
+    SELECT b.provider, sum(b.attempts)::bigint AS attempts, sum(b.accepted)::bigint AS accepted,
+           sum(b.rejected)::bigint AS rejected, sum(b.retryable)::bigint AS retryable,
+           sum(b.unknown)::bigint AS unknown, sum(b.no_answer)::bigint AS no_answer
+    FROM by_step b
+    GROUP BY b.provider
+), latency AS (
+    SELECT b.provider,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.ms) AS p50_ms,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY l.ms) AS p95_ms
+    FROM by_step b, unnest(b.latencies) AS l(ms)
+    GROUP BY b.provider
+)
+SELECT c.*, l.p50_ms, l.p95_ms
+FROM counts c
+LEFT JOIN latency l ON l.provider = c.provider
+ORDER BY c.provider;
+
+
+-- name: chart_settings
+-- The chart reads' own limits for their transaction only (SET LOCAL, so it works behind
+-- PgBouncer too): a window's aggregate sorts in memory instead of spilling to disk, JIT
+-- (which costs more to compile than these reads take) stays off, and a read that would
+-- hold the page longer than the timeout fails instead (the page says so).
+SELECT set_config('work_mem', '32MB', true), set_config('jit', 'off', true),
+       set_config('statement_timeout', %(timeout_ms)s::text, true);

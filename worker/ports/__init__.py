@@ -15,7 +15,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   :mod:`.deliveries`: providers' delivery events (webhooks), stored, matched and read;
 - :mod:`.providers`: an email provider (:class:`Provider`) and its optional :class:`Lookup`;
 - :mod:`.wakeup`: LISTEN/NOTIFY for the claim loop; :mod:`.services`: what runs periodically;
-- :mod:`.health`: what the health gate reads (``evq admin health``).
+- :mod:`.health`: what the health gate reads (``evq admin health``);
+- :mod:`.charts`: the queue sampler's write and the overview's windowed reads.
 
 :class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
 given, and :class:`Store` is every store role in one: the PostgreSQL store
@@ -29,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from evq.worker.ports.approvals import ApprovalStore, Decided, Edit, ExpireStore
 from evq.worker.ports.callbacks import CallbackStore, Poster
+from evq.worker.ports.charts import ChartReader, SampleStore
 from evq.worker.ports.circuits import CircuitReader, CircuitStore
 from evq.worker.ports.deliveries import DeliveryRecorded, DeliveryStore
 from evq.worker.ports.events import EventFeed
@@ -57,6 +59,7 @@ __all__ = [
     "AppStore",
     "ApprovalStore",
     "CallbackStore",
+    "ChartReader",
     "CircuitReader",
     "CircuitStore",
     "ClaimStore",
@@ -83,6 +86,7 @@ __all__ = [
     "RefusalStore",
     "RescueStore",
     "ResolveStore",
+    "SampleStore",
     "SendRequest",
     "Service",
     "StepFilter",
@@ -110,11 +114,12 @@ class AppStore(
     RefusalStore,
     EventFeed,
     DeliveryStore,
+    ChartReader,
     Protocol,
 ):
     """What the interfaces need, through ops/app/service.py."""
 
 
 @runtime_checkable
-class Store(WorkerStore, AppStore, PruneStore, Protocol):
+class Store(WorkerStore, AppStore, PruneStore, SampleStore, Protocol):
     """Every role of the store in one."""

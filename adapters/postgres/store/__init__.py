@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from evq.adapters.postgres.store.approvals import PostgresApprovals
 from evq.adapters.postgres.store.base import PostgresBase
+from evq.adapters.postgres.store.charts import PostgresCharts
 from evq.adapters.postgres.store.circuits import PostgresCircuits
 from evq.adapters.postgres.store.deliveries import PostgresDeliveries
 from evq.adapters.postgres.store.heartbeats import PostgresHeartbeats
@@ -37,9 +38,10 @@ class PostgresStore(
     PostgresRefusals,
     PostgresHeartbeats,
     PostgresDeliveries,
+    PostgresCharts,
 ):
     """Every port over one pool: the worker's queue (claim, record, release, rescue), rates,
     circuits, the reconciler, pruning, content retention, the app's steps (enqueue, reads, resolve),
-    API keys, refused enqueues, delivery events (providers' webhooks) and the workers' heartbeats (which ops/wiring.py writes beside the
+    API keys, refused enqueues, delivery events (providers' webhooks) the queue sampler and the overview's chart reads, and the workers' heartbeats (which ops/wiring.py writes beside the
     core's loop).
     ``PostgresStore.open(url)`` opens the pool (PostgresBase.open)."""
