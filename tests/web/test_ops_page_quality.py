@@ -26,6 +26,8 @@ from tests.web.test_ops_page import click_and_load, fill_verdict
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
 SIZES = {"1280": (1280, 900), "narrow": (390, 844)}
+# The step list's tabs and how many of demo_data's rows each shows (before the test's bulk actions).
+TABS = {"all": 10, "held": 1, "pending": 3, "in_flight": 0, "retryable": 0, "unknown": 4, "accepted": 1, "rejected": 1}
 HTML_BODY = (
     "<html><body><h1 style='color:#0b5'>Your December invoice</h1><p>Hello Dana,</p>"
     "<p>your invoice <b>INV-2026-1207</b> for <b>€ 1,240.00</b> is attached.</p>"
@@ -268,8 +270,9 @@ def readme_image(driver: Any) -> None:
 
 
 def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver, db_url):
-    """Login, overview, the list, a step (unknown, held, accepted with an HTML email), a trace, the
-    held queue, a bulk preview and its result, and an error page, in one browser session."""
+    """Login, overview, the unknown queue, each state's tab of the step list, search results, a step
+    (unknown, held, accepted with an HTML email), a trace, the held queue, both bulk forms' preview
+    and result, and an error page, in one browser session."""
     from selenium.webdriver.common.by import By
 
     made = demo_data(db_url)
@@ -286,7 +289,18 @@ def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver
 
     driver.get(server + "/ops/unknown")
     assert len(driver.find_elements(By.CSS_SELECTOR, "#unknown-rows tbody tr[data-step]")) == 4
-    check.page("list-unknown")
+    check.page("unknown-queue")
+
+    # Each state's tab of the step list (demo_data has rows in all but in_flight and retryable).
+    for tab, n in TABS.items():
+        driver.get(server + f"/ops/steps?status={tab}")
+        assert driver.find_element(By.ID, f"tab-{tab}").get_attribute("aria-current") == "page"
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr[data-step]")) == n, tab
+        check.page(f"list-{tab}")
+
+    driver.get(server + "/ops/steps?q=@tailspin.example")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr[data-step]")) == 2
+    check.page("search-results")
 
     for name, step in (("step-unknown", "unknown"), ("step-held", "held"), ("step-accepted", "accepted")):
         driver.get(server + f"/ops/steps/{made[step]}")
@@ -305,17 +319,31 @@ def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver
     fill_verdict(driver.find_element(By.ID, "bulk-form"), "rejected", "provider outage 02:10-02:40, resent by hand")
     click_and_load(driver, driver.find_element(By.ID, "bulk-preview"))
     assert driver.find_element(By.ID, "preview-count").text.startswith("2 unknown rows would become rejected")
-    check.page("bulk-preview")
+    check.page("unknown-bulk-preview")
     click_and_load(driver, driver.find_element(By.ID, "bulk-confirm"))
     assert driver.find_element(By.TAG_NAME, "h1").text == "Bulk close: 2 closed, 0 failed"
-    check.page("closed")
+    check.page("unknown-bulk-closed")
+
+    # The step list's bulk form, open (it is closed by default), its preview and its result.
+    driver.get(server + "/ops/steps?status=pending&run_id=digest-daily")
+    driver.find_element(By.CSS_SELECTOR, "#bulk summary").click()
+    check.page("list-bulk-form")
+    form = driver.find_element(By.ID, "bulk-form")
+    form.find_element(By.CSS_SELECTOR, "input[value=cancel]").click()
+    form.find_element(By.NAME, "note").send_keys("the digest went out twice yesterday; skip today's")
+    click_and_load(driver, driver.find_element(By.ID, "bulk-preview"))
+    assert "3 rows would be cancelled" in driver.find_element(By.ID, "preview-count").text
+    check.page("bulk-preview")
+    click_and_load(driver, driver.find_element(By.ID, "bulk-confirm"))
+    assert "Bulk cancel: 3 done, 0 not done" in driver.find_element(By.ID, "bulk-summary").text
+    check.page("bulk-done")
 
     driver.get(server + "/ops/steps/987654321")
     assert "404" in driver.find_element(By.TAG_NAME, "h1").text, driver.page_source[:3000]
     check.page("error")
 
     axe_check.report(check.results, ARTIFACTS / "axe-report.md")
-    assert len(check.results) == 2 * 11
+    assert len(check.results) == 2 * (15 + len(TABS))
     assert not check.findings, "\n".join(check.findings)
 
 
