@@ -46,8 +46,9 @@ import math
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -78,7 +79,7 @@ from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidReque
 from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
-from evq.worker.ports import Decided, DeliveryRecorded, Edit, StepFilter
+from evq.worker.ports import COUNT_CAP, Decided, DeliveryRecorded, Edit, StatusCount, StepFilter
 from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
@@ -99,6 +100,7 @@ from evq.worker.refusals import Refusal
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
 from evq.worker.retry_guard import retry_after_acceptance, retry_after_redaction, retry_too_soon
+from evq.worker.search import SearchTerms, search_terms
 from evq.worker.states import Status
 
 log = get_logger("evq.memstore")
@@ -1571,11 +1573,13 @@ class MemoryStore:
         keys = ("id", "message_id", "provider_message_id", "held_since", "hold_expires_at", "hold")
         return {i: {k: copy.deepcopy(s[k]) for k in keys} for i, s in self.steps.items() if i in step_ids}
 
-    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
-        at = await self._op("list_steps", now)
+    def _matching(self, where: StepFilter) -> list[dict[str, Any]]:
+        """The steps ``where`` matches (the page aside)."""
 
         def emails(s: Mapping[str, Any], *lists: str) -> list[str]:
             return [r.get("email") for name in lists for r in (s["payload"].get(name) or [])]
+
+        terms = search_terms(where.search) if where.search is not None else None
 
         def matches(s: Mapping[str, Any]) -> bool:
             domain = (where.recipient_domain or "").lower()
@@ -1594,7 +1598,15 @@ class MemoryStore:
                 )
             )
 
-        matched = [s for s in self.steps.values() if matches(s)]
+        return [s for s in self.steps.values() if matches(s) and _found(s, terms, self.decisions)]
+
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
+        at = await self._op("list_steps", now)
+
+        def emails(s: Mapping[str, Any], *lists: str) -> list[str]:
+            return [r.get("email") for name in lists for r in (s["payload"].get(name) or [])]
+
+        matched = self._matching(where)
         # Unknown and held rows oldest first (by when they began to wait, then by id); everything else newest first.
         queues = ("unknown", "held")
         unknown = sorted(
@@ -1626,7 +1638,12 @@ class MemoryStore:
             )
             for s in page
         ]
-        return summaries, len(matched)
+        return summaries, min(len(matched), COUNT_CAP + 1)
+
+    async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:
+        await self._op("count_by_status", None)
+        counted = Counter(s["status"] for s in self._matching(replace(where, statuses=())))
+        return {str(s): StatusCount.capped(min(counted[str(s)], COUNT_CAP + 1)) for s in Status}
 
     # -- operators --------------------------------------------------------------------
 
@@ -2309,3 +2326,28 @@ def _percentile(values: list[float], fraction: float) -> float | None:
 
 def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(dict(row))
+
+
+def _found(s: Mapping[str, Any], terms: SearchTerms | None, decisions: Mapping[int, Mapping[str, Any]]) -> bool:
+    """The search box's match (adapters/postgres/queries.sql, step_list's `hits`)."""
+    if terms is None:
+        return True
+    decision = decisions.get(s["decision_id"]) or {}
+    return (
+        s["id"] == terms.step_id
+        or (terms.recipient is not None and terms.recipient in _recipient_keys(s["payload"]))
+        or s["message_id"] == terms.message_id
+        or terms.text in (s["provider_message_id"], s["idempotency_key"], s["run_id"])
+        or (decision.get("actor") is not None and decision.get("actor") == terms.text)
+    )
+
+
+def _recipient_keys(payload: Mapping[str, Any]) -> set[str]:
+    """migrations/versions/0019's evq_recipient_keys: each address lower-cased, and its @domain."""
+    keys = set()
+    for name in ("to", "cc", "bcc"):
+        for r in payload.get(name) or []:
+            e = (r.get("email") or "").lower() if isinstance(r, Mapping) else ""
+            if e:
+                keys |= {e, "@" + e.split("@")[1] if "@" in e else "@"}
+    return keys

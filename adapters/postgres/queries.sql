@@ -1063,27 +1063,89 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- Filters are optional: a NULL parameter disables its condition. Unknown and held
 -- rows sort oldest first (the operators' queues: by unknown_since, by held_since);
 -- everything else newest first.
+-- At a million rows neither a sort of every match nor a full count is affordable:
+-- `base` (the filters but the search and the states) is NOT MATERIALIZED, so each use is
+-- planned on its own with its conditions pushed into the scan. Without a search the page
+-- is the first `window` rows (limit + offset) of each state, each read in its index's
+-- order (unknown, held: their partial indexes; the rest ix_email_steps_status_created_at
+-- backwards), merged and cut. A state's branch is switched off by a constant test on
+-- %(statuses)s that the planner folds away; a search switches them all off by LIMIT 0
+-- (a constant-false WHERE would still plan, and start, parallel workers).
+-- The search (worker/search.py's forms; NULL: that form does not apply) is one OR whose
+-- every arm is an index's exact expression, so `hits` is a BitmapOr of index scans: the
+-- step id, evq_recipient_keys (GIN), message_id, provider_message_id, idempotency_key,
+-- run_id, and the enqueuing key's decisions (ix_decisions_actor, then decision_id = ANY,
+-- which a bitmap can take where IN (subquery) would be a filter). Each optional arm is
+-- written "p IS NOT NULL AND ...": a NULL p folds it away to false rather than leaving a
+-- NULL arm that no index answers. Its rows are read once (MATERIALIZED) and sorted:
+-- walking a state's index with the search as a filter costs evq_recipient_keys per row
+-- passed over, far more than reading the hits.
+-- The total counts at most count_cap + 1 rows (more than count_cap: the caller says
+-- "count_cap+"; docs/design.md, "Search").
+-- A new state needs its branch here and in step_count_by_status (worker/states.py's Status).
 -- The total is counted apart from the page, so it stays right when the offset
 -- runs past the end (then the one row back carries the total and no step).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), matched AS (
-    SELECT s.id, s.status, coalesce(s.unknown_since, s.held_since) AS waiting_since, s.created_at
+), base AS NOT MATERIALIZED (
+    SELECT s.id, s.status, s.unknown_since, s.held_since, s.created_at, s.payload, s.message_id,
+           s.provider_message_id, s.idempotency_key, s.run_id, s.decision_id
     FROM email_steps s
     WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
-      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
       AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
       AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
       AND (%(created_before)s::timestamptz IS NULL
            OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
-      AND (%(recipient_domain)s::text IS NULL OR EXISTS (
-            SELECT 1 FROM jsonb_array_elements((s.payload -> 'to') || (s.payload -> 'cc') || (s.payload -> 'bcc')) r
-            WHERE lower(split_part(r ->> 'email', '@', 2)) = lower(%(recipient_domain)s)))
+      AND (%(recipient_domain)s::text IS NULL
+           OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
+), hits AS MATERIALIZED (
+    SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
+    FROM base b
+    WHERE %(search)s::text IS NOT NULL
+      AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
+           OR (%(search_recipient)s::text IS NOT NULL
+               AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
+           OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+           OR b.provider_message_id = %(search)s::text
+           OR b.idempotency_key = %(search)s::text
+           OR b.run_id = %(search)s::text
+           OR b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text)))
+), firsts AS (
+    (SELECT m.id, m.status, m.unknown_since AS waiting_since, m.created_at FROM base m
+     WHERE m.status = 'unknown' AND (%(statuses)s::text[] IS NULL OR 'unknown' = ANY(%(statuses)s::text[]))
+     ORDER BY m.unknown_since, m.id LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, m.held_since, m.created_at FROM base m
+     WHERE m.status = 'held' AND (%(statuses)s::text[] IS NULL OR 'held' = ANY(%(statuses)s::text[]))
+     ORDER BY m.held_since, m.id LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, NULL, m.created_at FROM base m
+     WHERE m.status = 'pending' AND (%(statuses)s::text[] IS NULL OR 'pending' = ANY(%(statuses)s::text[]))
+     ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, NULL, m.created_at FROM base m
+     WHERE m.status = 'in_flight' AND (%(statuses)s::text[] IS NULL OR 'in_flight' = ANY(%(statuses)s::text[]))
+     ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, NULL, m.created_at FROM base m
+     WHERE m.status = 'retryable' AND (%(statuses)s::text[] IS NULL OR 'retryable' = ANY(%(statuses)s::text[]))
+     ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, NULL, m.created_at FROM base m
+     WHERE m.status = 'accepted' AND (%(statuses)s::text[] IS NULL OR 'accepted' = ANY(%(statuses)s::text[]))
+     ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    (SELECT m.id, m.status, NULL, m.created_at FROM base m
+     WHERE m.status = 'rejected' AND (%(statuses)s::text[] IS NULL OR 'rejected' = ANY(%(statuses)s::text[]))
+     ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
+    UNION ALL
+    SELECT h.id, h.status, coalesce(h.unknown_since, h.held_since), h.created_at FROM hits h
+    WHERE %(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[])
 ), page AS (
-    SELECT m.id
-    FROM matched m
-    ORDER BY CASE WHEN m.status IN ('unknown', 'held') THEN m.waiting_since END ASC NULLS LAST,
-             CASE WHEN m.status IN ('unknown', 'held') THEN m.id END ASC, m.created_at DESC, m.id DESC
+    SELECT f.id
+    FROM firsts f
+    ORDER BY CASE WHEN f.status IN ('unknown', 'held') THEN f.waiting_since END ASC NULLS LAST,
+             CASE WHEN f.status IN ('unknown', 'held') THEN f.id END ASC, f.created_at DESC, f.id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT total.n AS total,
@@ -1095,12 +1157,82 @@ SELECT total.n AS total,
        s.payload ->> 'subject' AS subject,
        s.created_at, s.updated_at, s.unknown_since, s.closed_at, s.maybe_delivered,
        extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
-FROM (SELECT count(*)::int AS n FROM matched) AS total
+FROM (SELECT count(*)::int AS n
+      FROM (SELECT 1 FROM ((SELECT m.status FROM base m
+                      WHERE %(statuses)s::text[] IS NULL OR m.status = ANY(%(statuses)s::text[])
+                      LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+                     UNION ALL
+                     SELECT h.status FROM hits h
+                     WHERE %(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[])) u
+            LIMIT %(count_cap)s::int + 1) c) AS total
 CROSS JOIN t
 LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
 -- The page's order again (a join does not keep it).
 ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since, s.held_since) END ASC NULLS LAST,
          CASE WHEN s.status IN ('unknown', 'held') THEN s.id END ASC, s.created_at DESC, s.id DESC;
+
+
+-- name: step_count_by_status
+-- Each state's count of the steps a filter (step_list's, less the states, the page and
+-- its order) matches, at most count_cap + 1 each: the ops page's tabs. The same `base` and
+-- `hits` as step_list (keep the two in step); one constant branch per state, so each count
+-- reads that state's index (ix_email_steps_status_created_at, or the in-flight or held
+-- partial index) and stops at the cap.
+WITH base AS NOT MATERIALIZED (
+    SELECT s.id, s.status, s.unknown_since, s.held_since, s.created_at, s.payload, s.message_id,
+           s.provider_message_id, s.idempotency_key, s.run_id, s.decision_id
+    FROM email_steps s
+    WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
+      AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
+      AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
+      AND (%(recipient_domain)s::text IS NULL
+           OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
+), hits AS MATERIALIZED (
+    SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
+    FROM base b
+    WHERE %(search)s::text IS NOT NULL
+      AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
+           OR (%(search_recipient)s::text IS NOT NULL
+               AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
+           OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+           OR b.provider_message_id = %(search)s::text
+           OR b.idempotency_key = %(search)s::text
+           OR b.run_id = %(search)s::text
+           OR b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text)))
+)
+SELECT c.status, c.n
+FROM (VALUES
+    ('held', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'held'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'held' LIMIT %(count_cap)s::int + 1) c)),
+    ('pending', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'pending'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'pending' LIMIT %(count_cap)s::int + 1) c)),
+    ('in_flight', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'in_flight'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'in_flight' LIMIT %(count_cap)s::int + 1) c)),
+    ('retryable', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'retryable'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'retryable' LIMIT %(count_cap)s::int + 1) c)),
+    ('unknown', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'unknown'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'unknown' LIMIT %(count_cap)s::int + 1) c)),
+    ('accepted', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'accepted'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'accepted' LIMIT %(count_cap)s::int + 1) c)),
+    ('rejected', (SELECT count(*)::int FROM (
+        (SELECT 1 FROM base b WHERE b.status = 'rejected'
+         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
+        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'rejected' LIMIT %(count_cap)s::int + 1) c))
+) AS c(status, n);
 
 
 -- name: step_resolve

@@ -286,7 +286,13 @@ CONTENT_KEY = Param(
 
 def _filters() -> tuple[Param, ...]:
     """The filters `steps list` and bulk `steps resolve` share (ops/app/service.py's FILTERS)."""
-    examples = {"older_than": "2h", "recipient_domain": "example.com", "run_id": "r1", "provider": "smtp"}
+    examples = {
+        "older_than": "2h",
+        "recipient_domain": "example.com",
+        "run_id": "r1",
+        "provider": "smtp",
+        "search": "bob@example.com",
+    }
     return tuple(
         Param(name, metavar=metavar, help=help_text, example=examples.get(name)) for name, metavar, help_text in FILTERS
     )

@@ -47,13 +47,14 @@ from evq.worker.errors import (
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, Role, authenticate, authorize
 from evq.worker.logs import get_logger
 from evq.worker.outcomes import refused_recipients
-from evq.worker.ports import AppStore, KeyLookup, StepFilter
+from evq.worker.ports import COUNT_CAP, AppStore, KeyLookup, StatusCount, StepFilter
 from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
 from evq.worker.records import AMBIGUITY_HINTS, EnqueueResult, StepSummary
 from evq.worker.refusals import INTERFACES, describe
 from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
+from evq.worker.search import SEARCH_MAX
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
 from evq.worker.verdict import verdict
@@ -103,7 +104,16 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
     ("provider", None, "Only this provider."),
     ("older_than", "30m|2h|3d", "Only rows older than this (unknown rows: since they became unknown)."),
     ("recipient_domain", None, "Only rows with a recipient at this domain."),
+    (
+        "search",
+        "TEXT",
+        "Only rows this finds: a step id, a recipient (bob@example.com, or a domain: @example.com or "
+        "example.com), a Message-ID (with or without <>), the provider's message id, an idempotency "
+        "key, a run id, or the name of the API key that enqueued it.",
+    ),
 )
+# The filters' names: the keyword each interface passes them under (a command's dest).
+FILTER_NAMES = tuple(name for name, _, _ in FILTERS)
 LIST_LIMIT_MAX = 1000
 MAX_ID = 2**63 - 1  # a step id is a bigint; so are LIMIT and OFFSET
 
@@ -417,8 +427,25 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
         created_before=now - parse_duration(older_than) if older_than else None,
         # Addresses are stored with Unicode domains; an operator may paste the xn-- form from a log.
         recipient_domain=unicode_domain(filters["recipient_domain"]) if filters.get("recipient_domain") else None,
+        search=search_text(filters.get("search")),
         **paging,
     )
+
+
+def search_text(raw: str | None) -> str | None:
+    """The search box's string, trimmed; None when there is nothing to search for."""
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    if len(text) > SEARCH_MAX:
+        raise InvalidRequest([{"field": "--search", "message": f"at most {SEARCH_MAX} characters, got {len(text)}"}])
+    return text
+
+
+def total_meta(total: int) -> dict[str, Any]:
+    """A list's total as the contract states it: counted up to COUNT_CAP (docs/design.md,
+    "Search"); ``total_exact`` false: more match than ``total`` says."""
+    return {"total": min(total, COUNT_CAP), "total_exact": total <= COUNT_CAP}
 
 
 def verdict_view(
@@ -497,7 +524,22 @@ async def list_steps(
     rows, total = await store.list_steps(where, now=now)
     states = await store.delivery_states([r.id for r in rows])
     data = [summary(r, states.get(r.id), unresolvable=unresolvable) for r in rows]
-    return Reply(data, {"count": len(data), "total": total, "limit": limit, "offset": offset})
+    return Reply(data, {"count": len(data), **total_meta(total), "limit": limit, "offset": offset})
+
+
+async def count_by_status(
+    store: AppStore,
+    caller: Caller,
+    *,
+    filters: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> dict[str, StatusCount]:
+    """Each state's count of the steps the filters match (the ops page's tabs), capped at
+    COUNT_CAP each (StatusCount.exact false: more)."""
+    now = now or datetime.now(UTC)
+    where = step_filter(now, (), filters or {})
+    await caller.identify(store, Permission.READ)
+    return await store.count_by_status(where)
 
 
 _HIDDEN = ("lease_token",)

@@ -38,10 +38,13 @@ def steps_list(
             )
 
     reply = run(fetch())
-    total = reply.meta["total"]
+    # A total past the count's cap says so: "10,000+" (docs/design.md, "Search").
+    total = f"{reply.meta['total']:,}" + ("" if reply.meta["total_exact"] else "+")
     out.reply(
         reply,
-        human=lambda d: _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total else ""),
+        human=lambda d: (
+            _summary_table(d) + (f"\n{len(d)} of {total}" if d else f"\n(0 of {total})" if total != "0" else "")
+        ),
     )
 
 

@@ -201,7 +201,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def list_(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(list_schema(), args)
-        filters = {k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")}
+        filters = {k: a[k] for k in service.FILTER_NAMES}
         return await service.list_steps(
             store,
             caller(),
@@ -254,7 +254,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         selection = Selection(
             step_id=a["step_id"],
             statuses=tuple(a["status"] or ()),
-            filters={k: a[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
+            filters={k: a[k] for k in service.FILTER_NAMES},
             limit=a["limit"],
             max_failures=a["max_failures"],
         )

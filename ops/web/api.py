@@ -20,7 +20,7 @@ from evq.ops.app.commands import Command, command
 from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
-from evq.ops.app.service import MAX_ID, Caller, Reply
+from evq.ops.app.service import MAX_ID, SEARCH_MAX, Caller, Reply
 from evq.ops.app.waiting import parse_wait, wait_step
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
@@ -32,7 +32,7 @@ from evq.worker.resolution import Resolution
 from evq.worker.states import Status
 
 # The bulk-only parameters of `steps resolve`; the single-row body has the rest.
-_BULK = ("statuses", "run_id", "provider", "older_than", "recipient_domain", "limit", "max_failures")
+_BULK = ("statuses", *service.FILTER_NAMES, "limit", "max_failures")
 T = TypeVar("T")
 _LIST = command("steps.list")
 # The commands with routes, whose output schemas the OpenAPI document carries.
@@ -206,12 +206,23 @@ async def list_steps(
     provider: str | None = query("provider", max_length=200),
     older_than: str | None = query("older_than", max_length=20),
     recipient_domain: str | None = query("recipient_domain", max_length=255),
+    # The issue's name is q (the search box's); `search` is the command's own name, taken too.
+    q: str | None = Query(None, description="The same as search (the ops page's search box).", max_length=SEARCH_MAX),
+    search: str | None = query("search", max_length=SEARCH_MAX),
     limit: int = query("limit"),
     # At most a 32-bit offset over HTTP: a larger one is a mistake, not a page (check_arguments' bound too).
     offset: int = query("offset", le=2**31 - 1),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
-    filters = {"run_id": run_id, "provider": provider, "older_than": older_than, "recipient_domain": recipient_domain}
+    if q is not None and search is not None and q.strip() != search.strip():
+        raise InvalidRequest([{"field": "q", "message": "give q or search, not two different searches"}])
+    filters = {
+        "run_id": run_id,
+        "provider": provider,
+        "older_than": older_than,
+        "recipient_domain": recipient_domain,
+        "search": q if q is not None else search,
+    }
     reply = await service.list_steps(
         state.store,
         who,
@@ -378,7 +389,7 @@ async def resolve_bulk(request: Request, who: Caller = Depends(caller)) -> JSONR
     selection = service.Selection(
         step_id=args["step_id"],
         statuses=tuple(args["status"] or ()),
-        filters={k: args[k] for k in ("run_id", "provider", "older_than", "recipient_domain")},
+        filters={k: args[k] for k in service.FILTER_NAMES},
         limit=args["limit"],
         max_failures=args["max_failures"],
     )

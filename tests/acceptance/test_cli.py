@@ -360,6 +360,11 @@ def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
     idn = with_store(db_url, lambda store: store.enqueue(valid(to=["x@bücher.example"]))).id
     assert ids("--recipient-domain", "BÜCHER.example") == ids("--recipient-domain", "xn--bcher-kva.example") == [idn]
     assert ids("--provider", "smtp", "--recipient-domain", "example.com", "--older-than", "1h") == [middle]
+    # The search box's string: an address whatever its case, its @domain, or a bare domain.
+    assert ids("--search", "A@EXAMPLE.net") == [old]
+    assert ids("--search", "example.org") == ids("--search", "@example.org") == [pending]
+    assert ids("--search", "b@example.com", "--status", "pending") == []
+    assert "1 of 1" in reader.run("steps", "list", "--search", "f@example.org", "-o", "table").stdout
     page = reader.json("steps", "list", "--status", "unknown", "--limit", "1", "--offset", "1")
     assert [s["id"] for s in page["data"]] == [middle]
     assert page["meta"] == {**page["meta"], "count": 1, "total": 3, "limit": 1, "offset": 1}

@@ -84,6 +84,8 @@ def _steps_script(run: Script) -> None:
     assert waited["data"]["step"]["next_action"] == "wait" and waited["meta"]["timed_out"] is True
     run(anyone, "steps", "wait", str(step["id"]), "--timeout", "2h", expect=2)  # at most 60s
     run(anyone, "steps", "list", "--status", "unknown")
+    assert run(anyone, "steps", "list", "--search", REQUEST["to"][0])["meta"]["total_exact"] is True
+    run(anyone, "steps", "list", "--search", "x" * 321, expect=2)
     run(anyone, "steps", "list", "--older-than", "soon", expect=2)
     run(nowhere, "steps", "list", expect=9)
     run(anyone, "steps", "show", str(step["id"]))

@@ -93,6 +93,21 @@ def test_list_filters_and_paging_as_the_cli(api, keys, db_url):
     assert both["meta"]["total"] == 3
 
 
+def test_q_finds_a_step_by_address_and_says_its_total_is_exact(api, keys, db_url):
+    [bob] = make_unknown(db_url, 1, to=["Bob@Example.NET"])
+    make_unknown(db_url, 1, to=["carol@example.org"])
+    reader = api.client(keys["agent"])
+    found = checked(reader.get("/v1/steps", params={"q": "bob@example.net"}))
+    assert [s["id"] for s in found["data"]] == [bob.id]
+    assert found["meta"] == {**found["meta"], "count": 1, "total": 1, "total_exact": True}
+    # `search`, the command's own name, is the same; two different searches are refused.
+    assert checked(reader.get("/v1/steps", params={"search": "@example.net"}))["data"] == found["data"]
+    both = reader.get("/v1/steps", params={"q": "bob@example.net", "search": "carol@example.org"})
+    assert both.status_code == 422 and checked(both)["error"]["context"]["fields"][0]["field"] == "q"
+    too_long = reader.get("/v1/steps", params={"q": "x" * 321})
+    assert too_long.status_code == 422 and checked(too_long)["error"]["context"]["fields"][0]["field"] == "q"
+
+
 def test_keys_and_roles(api, keys, db_url):
     [step] = make_unknown(db_url)
     anonymous = api.client()

@@ -149,6 +149,11 @@ async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
         assert [e["kind"] for e in trace["data"]["events"]] == ["decision", "enqueued"]
         listed = await call(c, "evq_steps_list", {"run_id": "run-mcp"}, "steps.list")
         assert [s["id"] for s in listed["data"]] == [step_id] and listed["meta"]["total"] == 1
+        # The search box's string: the recipient's address, in any case, finds the same step.
+        found = await call(c, "evq_steps_list", {"search": sent["to"][0].upper()}, "steps.list")
+        assert [s["id"] for s in found["data"]] == [step_id] and found["meta"]["total_exact"] is True
+        none = await call(c, "evq_steps_list", {"search": "nobody@example.com"}, "steps.list")
+        assert none["data"] == [] and none["meta"]["total"] == 0
         planned = await call(c, "evq_steps_enqueue", {**request(run_id="run-mcp"), "dry_run": True}, "steps.enqueue")
         assert planned["data"]["plan"][0]["action"] == "create"
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1

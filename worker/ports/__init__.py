@@ -52,10 +52,11 @@ from evq.worker.ports.reconcile import ReconcileStore
 from evq.worker.ports.redact import RedactStore
 from evq.worker.ports.refusals import RefusalStore
 from evq.worker.ports.services import Service
-from evq.worker.ports.steps import EnqueueStore, ResolveStore, StepFilter, StepReader
+from evq.worker.ports.steps import COUNT_CAP, EnqueueStore, ResolveStore, StatusCount, StepFilter, StepReader
 from evq.worker.ports.wakeup import Wakeup
 
 __all__ = [
+    "COUNT_CAP",
     "AppStore",
     "ApprovalStore",
     "CallbackStore",
@@ -89,6 +90,7 @@ __all__ = [
     "SampleStore",
     "SendRequest",
     "Service",
+    "StatusCount",
     "StepFilter",
     "StepReader",
     "Store",

@@ -13,6 +13,25 @@ from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution
 from evq.worker.states import Status
 
+# How far a list's total and a state's count are counted (docs/design.md, "Search"): at a
+# million rows a full count costs more than the page itself. A store counts at most
+# COUNT_CAP + 1 rows; a figure above COUNT_CAP means "more than COUNT_CAP".
+COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    """One state's count of a filter's steps: ``n`` exact when ``exact``, else "n or more"
+    (``n`` is then COUNT_CAP)."""
+
+    n: int
+    exact: bool
+
+    @classmethod
+    def capped(cls, counted: int) -> StatusCount:
+        """From a count of at most COUNT_CAP + 1 rows."""
+        return cls(min(counted, COUNT_CAP), counted <= COUNT_CAP)
+
 
 @dataclass(frozen=True, slots=True)
 class StepFilter:
@@ -67,7 +86,16 @@ class EnqueueStore(Protocol):
 class StepReader(Protocol):
     async def get_step(self, step_id: int) -> StepDetail: ...
 
-    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]: ...
+    async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
+        """The page of steps ``where`` matches, and their total counted up to COUNT_CAP + 1
+        (StatusCount.capped reads it)."""
+        ...
+
+    async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:
+        """Every state's count of the steps ``where`` matches (its ids, run, provider, age,
+        domain and search; not its states, limit or offset), each capped at COUNT_CAP: the
+        ops page's tabs. Every state is a key, 0 included."""
+        ...
 
     async def get_run(self, run_id: str) -> RunDetail: ...
 

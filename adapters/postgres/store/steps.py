@@ -15,7 +15,7 @@ from evq.worker.approval import ApprovalPolicy, gated
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
-from evq.worker.ports import StepFilter
+from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
 from evq.worker.records import (
     EnqueueResult,
     Resolved,
@@ -26,9 +26,27 @@ from evq.worker.records import (
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution, Verdict
 from evq.worker.retry_guard import retry_after_acceptance, retry_after_redaction, retry_too_soon
+from evq.worker.search import search_terms
 from evq.worker.states import Status
 
 log = get_logger("evq.store")
+
+
+def _filter_params(where: StepFilter) -> dict[str, Any]:
+    """step_list's and step_count_by_status's filter parameters (NULL: no condition)."""
+    terms = search_terms(where.search) if where.search is not None else None
+    return {
+        "ids": list(where.ids) or None,
+        "run_id": where.run_id,
+        "provider": where.provider,
+        "created_before": where.created_before,
+        "recipient_domain": where.recipient_domain,
+        "search": terms.text if terms else None,
+        "search_id": terms.step_id if terms else None,
+        "search_recipient": terms.recipient if terms else None,
+        "search_message_id": terms.message_id if terms else None,
+        "count_cap": COUNT_CAP,
+    }
 
 
 class PostgresSteps(PostgresBase):
@@ -111,24 +129,24 @@ class PostgresSteps(PostgresBase):
         return {r["id"]: r for r in rows}
 
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
-        rows = await self._fetch(
-            "list_steps",
-            Q["step_list"],
-            {
-                "now": now,
-                "ids": list(where.ids) or None,
-                "statuses": [str(s) for s in where.statuses] or None,
-                "run_id": where.run_id,
-                "provider": where.provider,
-                "created_before": where.created_before,
-                "recipient_domain": where.recipient_domain,
-                "limit": where.limit,
-                "offset": where.offset,
-            },
-        )
+        params = {
+            **_filter_params(where),
+            "now": now,
+            "statuses": [str(s) for s in where.statuses] or None,
+            "limit": where.limit,
+            "offset": where.offset,
+            # Each state's branch reads this many rows of its own; the page is cut from them.
+            "window": None if where.limit is None else where.limit + where.offset,
+        }
+        rows = await self._fetch("list_steps", Q["step_list"], params)
         # One row always comes back: it carries the total, and no step when the page is empty.
         total = rows[0]["total"] if rows else 0
         return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
+
+    async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:
+        rows = await self._fetch("count_by_status", Q["step_count_by_status"], _filter_params(where))
+        counted = {r["status"]: r["n"] for r in rows}
+        return {str(s): StatusCount.capped(counted.get(str(s), 0)) for s in Status}
 
     async def resolve(
         self,

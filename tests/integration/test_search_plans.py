@@ -1,0 +1,142 @@
+"""step_list and step_count_by_status at scale (PostgreSQL only): each search form reads its
+index (a BitmapOr, no scan of email_steps), a state's page walks its index backwards under
+the LIMIT, and a total past COUNT_CAP is counted only that far. The figures at a million
+rows are in docs/design.md, "Search"; these 30,000 rows only make the planner choose as it
+would there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store.steps import _filter_params
+from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
+from evq.worker.states import Status
+
+ROWS = 30_000
+
+
+@pytest.fixture
+def many(db_url: str) -> str:
+    """ROWS steps: every 100th unknown, every 200th held, the rest accepted; a domain every
+    10th row; the decisions named by 20 keys."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute(  # no parameters: a script of several statements, sent as text
+            f"""
+            INSERT INTO decisions (id, run_id, step_id, actor)
+            SELECT g, 'r' || (g / 100), 's' || g, 'key-' || (g % 20) FROM generate_series(1, {ROWS}) g;
+            INSERT INTO email_steps (id, run_id, step_id, decision_id, idempotency_key, message_id, provider,
+                                     payload, payload_sha256, status, closed_at, attempts, first_attempt_at,
+                                     unknown_since, held_since, provider_message_id, created_at)
+            SELECT g, 'r' || (g / 100), 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp',
+                   jsonb_build_object('to', jsonb_build_array(jsonb_build_object('email',
+                       'u' || g || CASE WHEN g % 10 = 0 THEN '@big.example' ELSE '@d' || g || '.example' END))),
+                   repeat('a', 64), st,
+                   CASE WHEN st = 'accepted' THEN now() END,
+                   CASE WHEN st = 'held' THEN 0 ELSE 1 END,
+                   CASE WHEN st = 'held' THEN NULL ELSE now() END,
+                   CASE WHEN st = 'unknown' THEN now() END,
+                   CASE WHEN st = 'held' THEN now() END,
+                   CASE WHEN st = 'accepted' THEN 'pm' || g END,
+                   now() - interval '1 day' + g * interval '1 second'
+            FROM (SELECT g, CASE WHEN g % 100 = 1 THEN 'unknown' WHEN g % 200 = 2 THEN 'held'
+                                 ELSE 'accepted' END AS st
+                  FROM generate_series(1, {ROWS}) g) x;
+            ANALYZE email_steps; ANALYZE decisions;
+            """
+        )
+    return db_url
+
+
+def _plan(url: str, where: StepFilter, query: str = "step_list") -> dict[str, Any]:
+    params: dict[str, Any] = {
+        **_filter_params(where),
+        "now": None,
+        "statuses": [str(s) for s in where.statuses] or None,
+        "limit": where.limit,
+        "offset": where.offset,
+        "window": None if where.limit is None else where.limit + where.offset,
+    }
+    with psycopg.connect(url) as conn:
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[query], params).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
+
+
+def _scanned(plan: dict[str, Any]) -> list[str]:
+    """The scans of email_steps that ran, as "node type: index"."""
+    return [
+        f"{n['Node Type']}: {n.get('Index Name', '')}"
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "email_steps" and n.get("Actual Loops", 0) > 0
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, index",
+    [
+        ("u77@d77.example", "ix_email_steps_recipient_keys"),
+        ("big.example", "ix_email_steps_recipient_keys"),
+        ("m123@x", "uq_email_steps_message_id"),
+        ("pm555", "ix_email_steps_provider_message_id"),
+        ("k999", "uq_email_steps_idempotency_key"),
+        ("r7", "uq_email_steps_run_id_step_id"),
+        ("key-3", "ix_email_steps_decision_id"),
+        ("4242", "pk_email_steps"),
+    ],
+)
+def test_each_search_form_reads_its_index_through_a_bitmap_or(many, text, index):
+    plan = _plan(many, StepFilter(search=text))
+    kinds = {n["Node Type"] for n in _nodes(plan)}
+    indexes = {n.get("Index Name") for n in _nodes(plan) if n["Node Type"] == "Bitmap Index Scan"}
+    assert "BitmapOr" in kinds and index in indexes
+    assert not [s for s in _scanned(plan) if s.startswith("Seq Scan")], _scanned(plan)
+
+
+@pytest.mark.parametrize(
+    "status, index",
+    [
+        (Status.ACCEPTED, "ix_email_steps_status_created_at"),
+        (Status.UNKNOWN, "ix_email_steps_unknown_since"),
+        (Status.HELD, "ix_email_steps_held"),
+    ],
+)
+def test_a_states_page_walks_its_index_under_the_limit(many, status, index):
+    plan = _plan(many, StepFilter(statuses=(status,), limit=50))
+    walks = [n for n in _nodes(plan) if n.get("Index Name") == index and n["Node Type"] == "Index Scan"]
+    assert walks and all(n["Actual Rows"] <= 51 for n in walks)
+    # The count may take the table in order when nearly every row is of this state, and it
+    # stops at the cap.
+    seqs = [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Actual Loops", 0) > 0]
+    assert all(n["Actual Rows"] <= COUNT_CAP + 1 for n in seqs)
+
+
+def test_the_unfiltered_page_reads_no_more_than_a_page_of_each_state(many):
+    plan = _plan(many, StepFilter(limit=50))
+    read = [n for n in _nodes(plan) if n.get("Relation Name") == "email_steps" and n.get("Actual Loops", 0) > 0]
+    page_reads = [n for n in read if n.get("Index Name") != "pk_email_steps" and n["Node Type"] == "Index Scan"]
+    assert page_reads and all(n["Actual Rows"] <= 51 for n in page_reads)
+
+
+async def test_a_total_past_the_cap_is_counted_only_that_far(many):
+    store = await PostgresStore.open(many, max_size=2)
+    try:
+        rows, total = await store.list_steps(StepFilter(statuses=(Status.ACCEPTED,), limit=5))
+        assert total == COUNT_CAP + 1 and len(rows) == 5
+        _, total = await store.list_steps(StepFilter(search="@big.example", limit=5))
+        assert total == ROWS // 10  # 3,000: under the cap, exact
+        counts = await store.count_by_status(StepFilter())
+        assert counts["accepted"] == StatusCount(COUNT_CAP, False)
+        assert counts["unknown"] == StatusCount(ROWS // 100, True) and counts["held"] == StatusCount(150, True)
+        assert counts["pending"] == StatusCount(0, True)
+    finally:
+        await store.close()
