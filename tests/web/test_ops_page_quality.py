@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
 SIZES = {"1280": (1280, 900), "narrow": (390, 844)}
 # The step list's tabs and how many of demo_data's rows each shows (before the test's bulk actions).
-TABS = {"all": 10, "held": 1, "pending": 3, "in_flight": 0, "retryable": 0, "unknown": 4, "accepted": 1, "rejected": 1}
+TABS = {"all": 11, "held": 1, "pending": 3, "in_flight": 0, "retryable": 0, "unknown": 4, "accepted": 2, "rejected": 1}
 HTML_BODY = (
     "<html><body><h1 style='color:#0b5'>Your December invoice</h1><p>Hello Dana,</p>"
     "<p>your invoice <b>INV-2026-1207</b> for <b>€ 1,240.00</b> is attached.</p>"
@@ -117,6 +117,14 @@ def demo_data(db_url: str) -> dict[str, int]:
 
     async def go(store: Any) -> dict[str, int]:
         made: dict[str, int] = {}
+        made["fabrikam_sent"] = await settle(
+            store,
+            Accepted("0100018c-2f1e-4c11"),
+            run_id="billing-2026-12",
+            step_id="invoice-fabrikam",
+            to=["billing@fabrikam.example"],
+            subject="Your December invoice INV-2026-1188",
+        )
         made["accepted"] = await settle(
             store,
             Accepted("0100018c-2f1e-4c7a"),
@@ -196,6 +204,13 @@ def tab_to(driver: Any, wanted: Callable[[Any], bool], *, back: bool = False, li
     raise AssertionError(f"{limit} tabs did not reach the element")
 
 
+def in_form(driver: Any, element: Any, form_id: str) -> bool:
+    """Whether the element belongs to that form (the header has a field of the same name)."""
+    return bool(
+        driver.execute_script("return arguments[0].form && arguments[0].form.id === arguments[1]", element, form_id)
+    )
+
+
 def keys(driver: Any, *typed: str) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -246,13 +261,22 @@ class Checker:
 
 
 def readme_image(driver: Any) -> None:
-    """The README's picture of the overview: 1280 px wide, as tall as the page up to 1100 px,
+    """The README's picture of the overview: 1280 px wide, down to the end of its pictures (at most 1400 px),
     into test-artifacts/ops-page/readme-ops-overview.png; with EVQ_UPDATE_README_IMAGE=1 also
     docs/images/ops-overview.png (how it is regenerated: the test owns what it shows)."""
     import base64
     import os
 
-    height = min(int(driver.execute_script("return document.scrollingElement.scrollHeight")), 1100)
+    # Down to the end of the pictures (the overview's point), else the page, at most 1400 px.
+    height = min(
+        int(
+            driver.execute_script(
+                "const p = document.getElementById('pictures');"
+                "return p ? p.getBoundingClientRect().bottom + scrollY + 16 : document.scrollingElement.scrollHeight"
+            )
+        ),
+        1400,
+    )
     shot = driver.execute_cdp_cmd(
         "Page.captureScreenshot",
         {
@@ -348,9 +372,10 @@ def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver
 
 
 def test_an_operator_with_only_a_keyboard_finds_filters_and_closes_a_row(server, driver, db_url):
-    """Tab, Shift+Tab, Enter, Space and typing only, no click: sign in, skip to the content, find a
-    recipient's row, open it, go back, filter, and close a row with a verdict and a note. At each
-    stop the focused element is on screen and drawn with an outline."""
+    """Tab, Shift+Tab, Enter, Space and typing only, no click: sign in, take the skip links (to the content,
+    to the search box), search for a recipient's domain, pick the unknown tab, filter by run, open
+    the result and close it with a verdict and a note. At each stop the focused element is on
+    screen and drawn with an outline."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -362,23 +387,30 @@ def test_an_operator_with_only_a_keyboard_finds_filters_and_closes_a_row(server,
     press_and_load(driver, Keys.ENTER)
     assert driver.find_element(By.ID, "who").text.startswith("kim")
 
-    # The skip link is the first stop, and it moves focus past the header to the content.
+    # The skip links are the first stops: to the content, then to the search box.
     keys(driver, Keys.TAB)
     assert focus_shown(driver).startswith("A#skip-to-main")
+    keys(driver, Keys.TAB)
+    assert focus_shown(driver).startswith("A#skip-to-search")
     keys(driver, Keys.ENTER)
-    tab_to(driver, lambda e: e.tag_name == "a" and e.get_attribute("href").endswith("/ops/unknown"))
-    press_and_load(driver, Keys.ENTER)
+    assert focus_shown(driver).startswith("INPUT#search-q")
 
-    # Find the recipient's row by its domain, open it, and come back.
-    tab_to(driver, lambda e: e.get_attribute("name") == "recipient_domain")
-    keys(driver, "fabrikam.example")
-    tab_to(driver, lambda e: e.get_attribute("name") == "expand")
-    keys(driver, Keys.SPACE)
+    # Search for a recipient's domain (every state), then narrow it with a filter.
+    keys(driver, "@fabrikam.example")
     press_and_load(driver, Keys.ENTER)
-    assert "recipient_domain=fabrikam.example" in driver.current_url and "expand=1" in driver.current_url
-    listed = driver.find_elements(By.CSS_SELECTOR, "#unknown-rows tbody tr[data-step]")
+    assert "q=%40fabrikam.example" in driver.current_url
+    listed = driver.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr[data-step]")
+    assert [r.get_attribute("data-step") for r in listed] == [str(made["unknown"]), str(made["fabrikam_sent"])]
+    tab_to(driver, lambda e: e.get_attribute("id") == "tab-unknown")
+    press_and_load(driver, Keys.ENTER)
+    tab_to(driver, lambda e: in_form(driver, e, "filters") and e.get_attribute("name") == "run_id")
+    keys(driver, "onboarding-week-49")
+    press_and_load(driver, Keys.ENTER)
+    assert "run_id=onboarding-week-49" in driver.current_url and "status=unknown" in driver.current_url
+    listed = driver.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr[data-step]")
     assert [r.get_attribute("data-step") for r in listed] == [str(made["unknown"])]
-    assert "sam.keller@fabrikam.example" in listed[0].text
+
+    # Open the result.
     tab_to(driver, lambda e: e.text == str(made["unknown"]))
     press_and_load(driver, Keys.ENTER)
     assert driver.find_element(By.ID, "status").text == "unknown"
@@ -393,10 +425,10 @@ def test_an_operator_with_only_a_keyboard_finds_filters_and_closes_a_row(server,
     # Shift+Tab goes back through the form and Tab returns to the button: the order is the page's.
     tab_to(driver, lambda e: e.get_attribute("name") == "note", back=True)
     tab_to(driver, lambda e: e.get_attribute("id") == "close")
-    press_and_load(driver, Keys.ENTER)
+    press_and_load(driver, Keys.SPACE)  # Space presses a button as Enter does
     assert f"closed={made['unknown']}" in driver.current_url
-    assert "recipient_domain=fabrikam.example" in driver.current_url  # back to the filtered list
-    assert driver.find_element(By.ID, "none").text == "No unknown rows match."
+    assert "run_id=onboarding-week-49" in driver.current_url  # back to the filtered list
+    assert driver.find_element(By.ID, "closed").text.startswith(f"Step {made['unknown']} was closed")
     from tests.support import step_row
 
     assert step_row(db_url, made["unknown"])["status"] == "accepted"
