@@ -255,11 +255,13 @@ def zone_of(request: Request, session: Session) -> ZoneInfo:
 
 
 def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
+    # The status goes to the template too: the error page names it in its title and heading.
     html = env.get_template(template).render(
         session=session,
         identity=session.identity,
         request=request,
         may_close=may_close(session),
+        status=status,
         tz=zone_of(request, session),
         **context,
     )
