@@ -41,6 +41,14 @@ class PostgresCharts(PostgresBase):
         )
         return bool(rows[0]["written"])
 
+    async def roll_up_sends(self, *, keep_seconds: float, now: datetime | None = None) -> int:
+        async with self.transaction("send_rollup") as conn:
+            [lock] = await fetch_all(conn, Q["send_rollup_lock"], {})
+            if not lock["got"]:
+                return 0
+            [row] = await fetch_all(conn, Q["send_rollup"], {"now": now, "keep_seconds": keep_seconds})
+            return int(row["minutes"])
+
     async def chart_sends(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
         since, until = bounds(hours, _now(now))
         params = {"since": since, "until": until, "bucket": bucket_seconds(hours)}
