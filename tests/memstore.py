@@ -1569,6 +1569,11 @@ class MemoryStore:
                 out[e["step_id"]] = {k: copy.deepcopy(e[k]) for k in keys}
         return out
 
+    async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        await self._op("list_facts", None)
+        keys = ("id", "message_id", "provider_message_id", "held_since", "hold_expires_at", "hold")
+        return {i: {k: copy.deepcopy(s[k]) for k in keys} for i, s in self.steps.items() if i in step_ids}
+
     def _matching(self, where: StepFilter) -> list[dict[str, Any]]:
         """The steps ``where`` matches (the page aside)."""
 

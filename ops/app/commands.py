@@ -438,7 +438,7 @@ NOTIFY_URL_HELP = (
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
-BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer")
+BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages")
 
 # Why a command has no HTTP route or MCP tool (Command.local_only).
 _PROCESS = "it runs a process on this machine (or for as long as it runs); a request cannot start or hold one"
@@ -476,14 +476,25 @@ _TABLE: tuple[Command, ...] = (
         Effect.WRITE,
         (
             Param("quick", Kind.FLAG, help="CI-sized: every mode in well under a minute, one run each."),
-            Param("steps", type="integer", help="Steps per drain (default 20,000; --quick 2,000)."),
+            Param(
+                "steps",
+                type="integer",
+                help="Steps per drain (default 20,000; --quick 2,000); for --mode ops-pages, the steps in "
+                "its database (default 1,000,000; --quick 3,000).",
+            ),
             Param("runs", type="integer", minimum=1, help="Repeats of every figure (default 3; --quick 1)."),
+            Param(
+                "repeat",
+                type="integer",
+                minimum=1,
+                help="--mode ops-pages: reads of each page after 2 warm-ups (default 20; --quick 2).",
+            ),
             Param(
                 "modes",
                 flags=("--mode",),
                 repeatable=True,
                 enum=BENCH_MODES,
-                help="Run only this mode; repeatable (default: all).",
+                help="Run only this mode; repeatable (default: all but ops-pages, which runs only when named).",
             ),
             Param("scale_rows", type="integer", help="Terminal rows for the scale mode (default 1,000,000)."),
             Param(
@@ -505,6 +516,7 @@ _TABLE: tuple[Command, ...] = (
         examples=(
             "evq admin bench                  # every mode, 3 runs each: a few minutes",
             "evq admin bench --quick -o json  # CI-sized",
+            "evq admin bench --mode ops-pages # every /ops page's server time at 1,000,000 steps",
         ),
         aliases=("bench",),
         use_when="measuring evq's throughput and latency on this machine, before sizing a deployment",

@@ -1058,8 +1058,24 @@ class Selection:
             raise InvalidRequest(
                 [{"field": "STEP_ID", "message": "give a STEP_ID, or --status unknown (with filters) for many rows"}]
             )
+        if self.statuses == (str(Status.REJECTED),):
+            return  # a requeue of rejected rows: resolve() allows it for a retry's preview or its ids only
         if any(s != str(Status.UNKNOWN) for s in self.statuses):
             raise InvalidRequest([{"field": "--status", "message": "only unknown rows can be resolved"}])
+
+    def requeue(self, resolution: Resolution, *, dry_run: bool) -> bool:
+        """Whether this is a bulk requeue of rejected rows (the dead-letter retry), refused
+        unless it is a retry and either a preview or exactly the ids a preview showed: a
+        filter over rejected rows, applied as of now, could requeue rows nobody looked at."""
+        if self.statuses != (str(Status.REJECTED),):
+            return False
+        if resolution.verdict is not Verdict.RETRY:
+            raise InvalidRequest([{"field": "--status", "message": "rejected rows can only be retried (--as retry)"}])
+        if not dry_run and not self.ids:
+            raise InvalidRequest(
+                [{"field": "--status", "message": "a bulk retry of rejected rows acts on the ids a preview showed"}]
+            )
+        return True
 
     def where(self, now: datetime) -> StepFilter:
         if self.step_id is not None:
@@ -1087,12 +1103,16 @@ async def resolve(
     Bulk: each row on its own; some may fail (someone closed them first) while the rest
     succeed (status partial_failure). A dry run is a read: the rows that would change."""
     selection.check()
+    requeue = selection.requeue(resolution, dry_run=dry_run)
     now = now or datetime.now(UTC)
     where = selection.where(now)
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.RESOLVE)
     rows, _ = await store.list_steps(where, now=now)
     if selection.step_id is not None:
         _only_unknown(selection.step_id, rows, resolution)
+    if requeue and not selection.ids:
+        # A preview of a requeue: only the rows the one-row retry would take (no attempt delivered).
+        rows = [r for r in rows if requeueable(r.status, r.reason)]
     head = {"verdict": str(resolution.verdict), "to_status": str(resolution.verdict.to_status)}
     if dry_run:
         # Unknown rows: no delivery event can be on one (any event settles it), so the plan has no delivery.
@@ -1101,6 +1121,9 @@ async def resolve(
     assert identity is not None  # RESOLVE is never granted without a key
 
     async def close(row: StepSummary) -> dict[str, Any]:
+        # Each row checked as the one-row path checks it, in the state it is in now: a
+        # previewed row someone else changed since is a conflict, not a close.
+        _only_unknown(row.id, [row], resolution)
         done = await store.resolve(row.id, resolution, actor=identity.name, default_max_attempts=default_max_attempts)
         return done.to_dict()
 

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from evq.ops.bench.modes import MODES
+from evq.ops.bench.modes import DEFAULT_MODES, MODES
 from evq.worker.errors import ConfigError
 
 
@@ -15,7 +15,7 @@ class BenchConfig:
     server_url: str
     steps: int = 20_000
     runs: int = 3
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     drain_processes: tuple[int, ...] = (1, 2)
     drain_concurrency: int = 200
     batch_size: int = 100
@@ -27,6 +27,8 @@ class BenchConfig:
     poll_interval: float = 0.25
     scale_rows: int = 1_000_000
     peer: str = "auto"  # auto: measure pgqueuer when it is installed; on: require it; off
+    page_steps: int = 1_000_000  # the ops-pages mode's database
+    page_repeat: int = 20  # reads of each page (after the warm-ups)
 
     @classmethod
     def quick(cls, server_url: str, **overrides: Any) -> BenchConfig:
@@ -39,6 +41,8 @@ class BenchConfig:
             enqueue_single=200,
             pickup_samples=20,
             scale_rows=20_000,
+            page_steps=3_000,
+            page_repeat=2,
         )
         return replace(base, **overrides)
 
@@ -50,6 +54,10 @@ class BenchConfig:
             problems.append("--runs must be at least 1")
         if self.scale_rows < 1000:
             problems.append("--scale-rows must be at least 1000")
+        if self.page_steps < 1000:
+            problems.append("--steps must be at least 1000 for the ops-pages mode")
+        if self.page_repeat < 1:
+            problems.append("--repeat must be at least 1")
         if not self.drain_processes or not all(1 <= p <= 64 for p in self.drain_processes):
             problems.append("--processes must be between 1 and 64")
         if unknown := set(self.modes) - set(MODES):

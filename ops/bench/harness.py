@@ -19,7 +19,9 @@ This module runs the modes in order and assembles the report; each job has its m
   polling only), scale.py (the drain with 1,000,000 terminal rows present, and the metrics
   collector's query at that size), ceiling.py (claim 100 rows with SKIP LOCKED and finish them
   with one batched UPDATE, and with one commit per row), peer.py (pgqueuer, the optional
-  ``bench`` extra, draining the same number of no-op jobs; its single and batch enqueue).
+  ``bench`` extra, draining the same number of no-op jobs; its single and batch enqueue),
+  pages.py and pagefill.py (ops-pages, only when named: every /ops page's server time with a
+  million steps in the database).
 - report.py: the ratios, the targets, the human table, the revision.
 
 The benchmark creates its own databases on the server it is pointed at (it needs CREATE
@@ -36,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from evq.ops.bench import ceiling, drain, enqueue, peer, pickup, report, scale
+from evq.ops.bench import ceiling, drain, enqueue, pages, peer, pickup, report, scale
 from evq.ops.bench.config import BenchConfig, Figure
 from evq.ops.bench.databases import Databases
 from evq.ops.bench.modes import MODES
@@ -55,6 +57,7 @@ MEASURE: dict[str, Callable[[Bench], None]] = {
     "scale": scale.mode_scale,
     "ceiling": ceiling.mode_ceiling,
     "peer": peer.mode_peer,
+    "ops-pages": pages.mode_ops_pages,
 }
 
 
@@ -71,6 +74,8 @@ class Bench:
         self.peer_driver: str | None = None
         # The drain mode's batch enqueues: the enqueue mode reports them instead of timing its own.
         self.batch_enqueue_seconds: list[float] = []
+        # The ops-pages mode's table (ops/bench/pages.py), when it ran.
+        self.pages: dict[str, Any] | None = None
 
     def run(self) -> dict[str, Any]:
         load_before = os.getloadavg()
@@ -85,7 +90,7 @@ class Bench:
         finally:
             self.db.drop_all()
         report.add_ratios(self.figures)
-        return {
+        out = {
             "revision": report.git_revision(),
             "config": {k: v for k, v in asdict(self.config).items() if k != "server_url"},
             "machine": {
@@ -97,9 +102,12 @@ class Bench:
             },
             "seconds": round(time.perf_counter() - started, 1),
             "results": [f.to_dict() for f in self.figures],
-            "targets": report.targets(self.figures),
+            "targets": report.targets(self.figures) + report.page_targets(self.pages),
             "notes": self.notes,
         }
+        if self.pages is not None:
+            out["pages"] = self.pages
+        return out
 
     def _server_version(self) -> str:
         with psycopg.connect(self.config.server_url, connect_timeout=10) as conn:

@@ -71,6 +71,45 @@ def targets(figures: Sequence[Figure]) -> list[dict[str, Any]]:
     return out
 
 
+def page_targets(pages: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One target per page the ops-pages mode read: its p95 server time under the target."""
+    return [
+        {
+            "target": f"ops page {r['page']}: p95 < {pages['target_ms']:g} ms",
+            "value": r["p95"],
+            "threshold": pages["target_ms"],
+            "met": r["met"],
+        }
+        for r in (pages or {}).get("rows", [])
+    ]
+
+
+def pages_table(pages: dict[str, Any]) -> list[str]:
+    """The ops-pages mode's table: each page's server time (Server-Timing) over its reads."""
+    rows = [("page", "p50 ms", "p95 ms", "max ms", "target", "")]
+    for r in pages["rows"]:
+        mark = "met" if r["met"] else "NOT met"
+        rows.append(
+            (r["page"], f"{r['p50']:.1f}", f"{r['p95']:.1f}", f"{r['max']:.1f}", f"{r['target_ms']:g} ms", mark)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        f"ops pages: {pages['steps']:,} steps filled in {pages['fill_seconds']:.0f}s, database "
+        f"{pages['database_bytes'] / 2**20:,.0f} MB; {pages['repeat']} reads of each page after "
+        f"{pages['warmups']} warm-ups, server time from Server-Timing",
+    ]
+    for i, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if k in (0, 5) else cell.rjust(w)
+                for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
 def human(report: dict[str, Any]) -> str:
     lines = [
         f"evq bench  revision {report['revision']}  {report['seconds']}s  "
@@ -93,6 +132,8 @@ def human(report: dict[str, Any]) -> str:
         )
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if report.get("pages"):
+        lines += ["", *pages_table(report["pages"])]
     lines += ["", "targets:"]
     for t in report["targets"]:
         mark = {True: "met    ", False: "NOT met", None: "n/a    "}[t["met"]]

@@ -19,6 +19,7 @@ def bench_cmd(
     quick: bool,
     steps: int | None,
     runs: int | None,
+    repeat: int | None,
     modes: tuple[str, ...],
     scale_rows: int | None,
     processes: str | None,
@@ -30,8 +31,12 @@ def bench_cmd(
     settings = load_settings(database_url=database_url)
     url = wiring.database_url(settings)
     overrides = {k: v for k, v in {"steps": steps, "runs": runs, "scale_rows": scale_rows}.items() if v is not None}
+    if repeat is not None:
+        overrides["page_repeat"] = repeat
     if modes:
         overrides["modes"] = tuple(modes)
+        if "ops-pages" in modes and steps is not None:
+            overrides["page_steps"] = steps  # --steps sizes the pages' database too
     if processes:
         try:
             overrides["drain_processes"] = tuple(int(p) for p in processes.split(","))

@@ -8,6 +8,7 @@ large 413, unknown or mistyped fields 422, bad path or query parameters 422.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -139,7 +140,8 @@ def _depth(value: Any) -> int:
 class Guard:
     """Pure ASGI middleware: a timer for the contract's meta, the body size limit (413
     before the app reads a byte when Content-Length says so, and while reading when it
-    does not), NUL refused in paths and queries, and headers every answer carries."""
+    does not), NUL refused in paths and queries, and headers every answer carries (and every
+    /ops answer its Server-Timing)."""
 
     def __init__(self, app: ASGIApp, *, max_body: int):
         self.app = app
@@ -175,6 +177,9 @@ class Guard:
                 headers += [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
                 if page:
                     headers += [(b"content-security-policy", PAGE_CSP.encode()), (b"x-frame-options", b"DENY")]
+                    # The server's time until the answer starts (the body is rendered by then):
+                    # what `evq bench --mode ops-pages` reads, and a browser's devtools show.
+                    headers.append((b"server-timing", server_timing(timer).encode()))
                     if not any(name == b"cache-control" for name, _ in headers):
                         headers.append((b"cache-control", b"no-store"))
                 message["headers"] = headers
@@ -195,6 +200,12 @@ class Guard:
         if b"%00" in raw_path or "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
             return BadRequest(400, "$path", "NUL is not allowed in a path or query")
         return None
+
+
+def server_timing(timer: Timer) -> str:
+    """``app;dur=<ms>``: the request's time so far (the contract's timer, started as it arrived),
+    in milliseconds with fractions, as the Server-Timing header spells a duration."""
+    return f"app;dur={(time.perf_counter() - timer.started) * 1000:.2f}"
 
 
 # No script at all: every value on the page is text, and nothing can run even if one slipped through.

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from evq.ops.bench.harness import MODES
+from evq.ops.bench.modes import DEFAULT_MODES
 from tests import contract
 from tests.acceptance.conftest import Evq
 
@@ -25,7 +25,7 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
     report = out["data"]
     assert report["revision"]
     assert set(report) == {"revision", "config", "machine", "seconds", "results", "targets", "notes"}
-    assert report["config"]["modes"] == list(MODES) and report["config"]["runs"] == 1
+    assert report["config"]["modes"] == list(DEFAULT_MODES) and report["config"]["runs"] == 1
     figures = {r["name"]: r for r in report["results"]}
     for r in report["results"]:
         assert set(r) == {"mode", "name", "unit", "median", "min", "max", "runs", "rss_mb", "ratios", "note"}
@@ -35,7 +35,7 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
     # would race with anything installing it while the benchmark runs.
     peer = report["machine"]["peer"] is not None
     assert peer or any("pgqueuer is not installed" in n for n in report["notes"])
-    assert modes == set(MODES) - (set() if peer else {"peer"})
+    assert modes == set(DEFAULT_MODES) - (set() if peer else {"peer"})
     # Every worker process reported its peak RSS.
     assert all(r["rss_mb"] > 0 for r in report["results"] if r["mode"] in ("drain", "latency", "pickup"))
     drain = figures["evq drain, 2 processes"]
@@ -54,3 +54,49 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
 def test_bench_refuses_bad_flags_in_the_contract(evq: Evq):
     out = evq.json("bench", "--mode", "nonsense", expect=2)
     assert out["error"]["code"] == "E_INVALID_ARG"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ops_pages_mode_reads_every_page_and_reports_its_server_time(evq: Evq, pg_server):
+    """`--mode ops-pages` at 3,000 steps: the table's shape, every page of today's /ops read
+    (those not built yet named in the notes), and every figure a positive server time."""
+    done = evq.run(
+        "bench",
+        "--mode",
+        "ops-pages",
+        "--steps",
+        "3000",
+        "--repeat",
+        "2",
+        "-o",
+        "json",
+        timeout=500,
+        EVQ_DATABASE_URL=pg_server,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    contract.check(("bench",), out)
+    report = out["data"]
+    pages = report["pages"]
+    assert pages["steps"] == 3000 and pages["repeat"] == 2 and pages["target_ms"] == 200
+    assert sum(pages["mix"].values()) == 3000 and pages["mix"]["unknown"] == 30
+    assert pages["fill_seconds"] > 0 and pages["database_bytes"] > 1_000_000
+    rows = {r["page"]: r for r in pages["rows"]}
+    # The pages every revision has; the others are measured or said to be missing.
+    assert {"overview", "step", "trace", "held", "unknown, provider smtp", "bulk preview (unknown, smtp)"} <= set(rows)
+    for r in rows.values():
+        assert 0 < r["p50"] <= r["p95"] <= r["max"] and r["met"] == (r["p95"] < 200), r
+    figures = [f for f in report["results"] if f["mode"] == "ops-pages"]
+    assert len(figures) == len(rows) and all(len(f["runs"]) == 2 and min(f["runs"]) > 0 for f in figures)
+    targets = [t for t in report["targets"] if t["target"].startswith("ops page ")]
+    assert len(targets) == len(rows) and all(t["met"] in (True, False) for t in targets)
+    skipped = [n for n in report["notes"] if n.startswith("ops-pages: ")]
+    assert len(rows) + len(skipped) == 22  # every page of the list: read, or said why not
+    table = evq.run(
+        "bench", "--mode", "ops-pages", "--steps", "3000", "--repeat", "1", timeout=500, EVQ_DATABASE_URL=pg_server
+    )
+    assert table.returncode == 0, table.stderr[-3000:]
+    header = next(line for line in table.stdout.splitlines() if line.startswith("page "))
+    assert header.split() == ["page", "p50", "ms", "p95", "ms", "max", "ms", "target"]
+    assert "ops pages: 3,000 steps filled in" in table.stdout

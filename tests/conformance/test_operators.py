@@ -263,3 +263,17 @@ async def test_find_by_key_and_the_latest_answers(any_store):
     assert (answers[e.id]["kind"], answers[e.id]["reason"]) == ("reconciled", "reconcile_absent")
     assert (answers[other.id]["kind"], answers[other.id]["outcome"]) == ("provider_response", "retryable")
     assert await any_store.last_answers([]) == {}
+
+
+async def test_list_facts_gives_each_listed_step_its_held_and_provider_columns(any_store):
+    from evq.worker.approval import ApprovalPolicy
+
+    held = await any_store.enqueue(valid(step_id="h"), now=T0, approval=ApprovalPolicy(always=True))
+    sent = await unknown_step(any_store, now=at(1))
+    await resolve(any_store, sent, "accepted", now=at(2), provider_message_id="pm-7")
+    facts = await any_store.list_facts([held.id, sent, 9999])
+    assert set(facts) == {held.id, sent}
+    assert facts[held.id]["held_since"] == T0 and facts[held.id]["hold"]
+    assert facts[held.id]["message_id"] == held.message_id and facts[held.id]["provider_message_id"] is None
+    assert facts[sent]["provider_message_id"] == "pm-7" and facts[sent]["held_since"] is None
+    assert await any_store.list_facts([]) == {}

@@ -299,6 +299,8 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         f"/ops/steps/{steps[0].id}/close": close,
         "/ops/unknown/preview": close,
         "/ops/unknown/close": {**close, "ids": ",".join(str(s.id) for s in steps)},
+        "/ops/bulk/preview": {**close, "action": "close", "status": "unknown"},
+        "/ops/bulk/apply": {**close, "action": "close", "seen": ",".join(f"{s.id}:unknown" for s in steps)},
         f"/ops/steps/{steps[0].id}/approve": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/deny": {"note": "forged"},
         f"/ops/steps/{steps[0].id}/cancel": {"note": "forged"},
@@ -323,6 +325,8 @@ def test_every_form_needs_the_csrf_token_and_a_reader_cannot_close(server, db_ur
         forged = reader.post(f"/ops/steps/{steps[0].id}/close", data={**close, "csrf": token})
         assert forged.status_code == 403 and "E_AUTH_FAILED" in forged.text
         bulk = reader.post("/ops/unknown/close", data={**posts["/ops/unknown/close"], "csrf": token})
+        assert bulk.status_code == 403 and "E_AUTH_FAILED" in bulk.text
+        bulk = reader.post("/ops/bulk/apply", data={**posts["/ops/bulk/apply"], "csrf": token})
         assert bulk.status_code == 403 and "E_AUTH_FAILED" in bulk.text
         approve = reader.post(f"/ops/steps/{steps[0].id}/approve", data={"note": "forged", "csrf": token})
         assert approve.status_code == 403 and "E_AUTH_FAILED" in approve.text

@@ -99,6 +99,13 @@ class StepReader(Protocol):
 
     async def get_run(self, run_id: str) -> RunDetail: ...
 
+    async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """What a list shows of each step beyond its summary, by step id (ids that do not exist
+        are left out): ``message_id``, ``provider_message_id``, ``held_since``,
+        ``hold_expires_at`` and ``hold`` (why it is held). One read for a page of rows, so a
+        state's list shows its own columns without reading each step whole."""
+        ...
+
 
 class ResolveStore(Protocol):
     """An operator's verdict on a step (worker/resolution.py), with its evidence."""

@@ -133,6 +133,15 @@ class PostgresBase:
             await conn.execute(Q["snapshot_read"])
             yield conn
 
+    async def _tuned_read(
+        self, name: str, settings: str, query: str, params: Mapping[str, Any], settings_params: Mapping[str, Any] = {}
+    ) -> list[dict[str, Any]]:
+        """One read in a read-only transaction after ``settings``, a statement of SET LOCALs
+        (set_config(..., true)): the page's lists and charts tune their own reads this way."""
+        async with self._snapshot(name) as conn:
+            await conn.execute(settings, settings_params)
+            return await fetch_all(conn, query, params)
+
 
 def json_text(value: Mapping[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)

@@ -7,7 +7,7 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import EXACT_LIMIT
-from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.adapters.postgres.store.base import PostgresBase
 from evq.worker.window import UNKNOWN_AGES, bounds, bucket_seconds
 
 # A chart read longer than this fails (statement_timeout) rather than hold the overview.
@@ -23,9 +23,7 @@ def _now(now: datetime | None) -> datetime:
 class PostgresCharts(PostgresBase):
     async def _chart(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """One chart read in a read-only transaction with the reads' own settings (chart_settings)."""
-        async with self._snapshot(name) as conn:
-            await conn.execute(Q["chart_settings"], {"timeout_ms": CHART_TIMEOUT_MS})
-            return await fetch_all(conn, Q[name], params)
+        return await self._tuned_read(name, Q["chart_settings"], Q[name], params, {"timeout_ms": CHART_TIMEOUT_MS})
 
     async def sample_queue(self, sampled_by: str, *, keep_seconds: float, now: datetime | None = None) -> bool:
         rows = await self._fetch(

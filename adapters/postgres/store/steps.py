@@ -122,6 +122,12 @@ class PostgresSteps(PostgresBase):
         rows = await self._fetch("last_answers", Q["evidence_last_answers"], {"ids": list(step_ids)})
         return {r["step_id"]: r for r in rows}
 
+    async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        if not step_ids:
+            return {}
+        rows = await self._fetch("list_facts", Q["step_list_facts"], {"ids": list(step_ids)})
+        return {r["id"]: r for r in rows}
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         params = {
             **_filter_params(where),
@@ -132,13 +138,15 @@ class PostgresSteps(PostgresBase):
             # Each state's branch reads this many rows of its own; the page is cut from them.
             "window": None if where.limit is None else where.limit + where.offset,
         }
-        rows = await self._fetch("list_steps", Q["step_list"], params)
+        rows = await self._tuned_read("list_steps", Q["list_settings"], Q["step_list"], params)
         # One row always comes back: it carries the total, and no step when the page is empty.
         total = rows[0]["total"] if rows else 0
         return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
 
     async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:
-        rows = await self._fetch("count_by_status", Q["step_count_by_status"], _filter_params(where))
+        rows = await self._tuned_read(
+            "count_by_status", Q["list_settings"], Q["step_count_by_status"], _filter_params(where)
+        )
         counted = {r["status"]: r["n"] for r in rows}
         return {str(s): StatusCount.capped(counted.get(str(s), 0)) for s in Status}
 

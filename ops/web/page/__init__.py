@@ -11,7 +11,18 @@ One module per part of the page; they share one router (common.py), and importin
 here registers their routes on it in a fixed order.
 """
 
-from evq.ops.web.page import assets, bulk, decisions, overview, queues, signin, step, zone  # noqa: F401  (routes)
+from evq.ops.web.page import (  # noqa: F401  (routes)
+    assets,
+    bulk,
+    bulk_actions,
+    decisions,
+    lists,
+    overview,
+    queues,
+    signin,
+    step,
+    zone,
+)
 from evq.ops.web.page.common import PageError, Redirect, render, router, visitor_session
 
 __all__ = ["PageError", "Redirect", "render", "router", "visitor_session"]

@@ -46,7 +46,15 @@ DONE = {
     "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
     "requeued": "Requeued: the send is retryable and goes out again with the same key and Message-ID.",
 }
-BULK_MAX = 500  # rows one bulk close may act on; a preview says when more match
+BULK_MAX = 500  # rows one bulk action may act on; a preview says when more match
+# Each bulk action of the step list and the states its rows must be in (docs/design.md, "Lists and bulk actions").
+BULK_ACTIONS: dict[str, tuple[str, ...]] = {
+    "close": (str(Status.UNKNOWN),),
+    "retry": (str(Status.REJECTED),),
+    "cancel": CANCELLABLE,
+    "approve": (str(Status.HELD),),
+    "deny": (str(Status.HELD),),
+}
 
 _TEMPLATES = resources.files("evq.ops.web").joinpath("templates")
 env = Environment(
@@ -247,11 +255,13 @@ def zone_of(request: Request, session: Session) -> ZoneInfo:
 
 
 def render(request: Request, template: str, session: Session, status: int = 200, **context: Any) -> HTMLResponse:
+    # The status goes to the template too: the error page names it in its title and heading.
     html = env.get_template(template).render(
         session=session,
         identity=session.identity,
         request=request,
         may_close=may_close(session),
+        status=status,
         tz=zone_of(request, session),
         **context,
     )
@@ -322,6 +332,16 @@ async def form(request: Request, session: Session) -> dict[str, str]:
 
 def filters_of(values: Any) -> dict[str, str | None]:
     return {k: (values.get(k) or "").strip() or None for k in FILTER_KEYS}
+
+
+def list_filters(values: Any) -> dict[str, str | None]:
+    """The step list's filters and its search box (``q``), as the URL carries them."""
+    return {**filters_of(values), "q": (values.get("q") or "").strip()[:200] or None}
+
+
+def searching(filters: dict[str, str | None]) -> dict[str, str | None]:
+    """The list's filters as ops/app/service.py takes them: the search box is its ``search``."""
+    return {**{k: v for k, v in filters.items() if k != "q"}, "search": filters.get("q")}
 
 
 def query_string(filters: dict[str, str | None], **extra: Any) -> str:

@@ -1,0 +1,223 @@
+"""Bulk actions from the step list (close, retry, cancel, approve, deny): a preview of exactly
+the rows, their count and the CLI command(s) that do the same; then the action on exactly
+those ids, each row on its own and checked as the one-row path checks it, with each row's
+result (done, or a conflict and the state the row is in now)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+
+from evq.ops.app import approvals, service
+from evq.ops.app.service import Selection
+from evq.ops.web.page.common import (
+    BULK_ACTIONS,
+    BULK_MAX,
+    app_state,
+    caller_of,
+    cli_equivalent,
+    list_filters,
+    posted,
+    query_string,
+    refusal,
+    render,
+    resolve,
+    router,
+    searching,
+)
+from evq.ops.web.session import Session
+from evq.worker.errors import EvqError, InvalidRequest, StateConflict
+from evq.worker.keys import Permission
+from evq.worker.ports import StepFilter
+from evq.worker.states import Status
+
+ALL = "all"
+# Each action's command in the command table (ops/app/commands.py), so the lines shown are its own words and flags.
+COMMANDS = {"close": "steps.resolve", "retry": "steps.resolve", "cancel": "steps.cancel"}
+COMMANDS |= {"approve": "steps.approve", "deny": "steps.deny"}
+# The loop's variable stands where a step id goes; a plain word, so shlex.quote leaves it for the swap to "$id".
+ID = "STEP_ID_OF_THE_LOOP"
+FILTER_DESTS = ("run_id", "provider", "older_than", "recipient_domain")
+TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve": str(Status.PENDING)}
+TO["deny"] = str(Status.REJECTED)
+
+
+def action_of(values: dict[str, str]) -> str:
+    action = values.get("action") or ""
+    if action not in BULK_ACTIONS:
+        raise InvalidRequest([{"field": "action", "message": f"one of {', '.join(BULK_ACTIONS)}"}])
+    return action
+
+
+def note_of(values: dict[str, str]) -> str:
+    note = (values.get("note") or "").strip()
+    if not note:
+        raise InvalidRequest(
+            [{"field": "note", "message": "required: say what you checked and why (kept in every row's evidence)"}]
+        )
+    return note
+
+
+def statuses(action: str, tab: str) -> tuple[str, ...]:
+    """The states the action applies to, within the list's chosen tab."""
+    return tuple(s for s in BULK_ACTIONS[action] if tab in (ALL, s))
+
+
+def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: dict[str, Any]) -> list[dict[str, str]]:
+    """The CLI that does the same as this preview: a loop over exactly its ids; for a close
+    also the filter form, which selects again when it runs (the same filter, as of now)."""
+    note = values.get("note", "").strip()
+    verdict = {"close": values.get("verdict") or None, "retry": "retry"}
+    extra = {"verdict": verdict[action]} if action in verdict else {}
+    one = cli_equivalent(COMMANDS[action], step_id=ID, note=note, **extra).replace(ID, '"$id"')
+    out = [{"label": "exactly these rows", "command": f"for id in {' '.join(map(str, ids))}; do {one}; done"}]
+    if action == "close":
+        chosen = {k: filters.get(k) for k in FILTER_DESTS}
+        same = cli_equivalent(
+            "steps.resolve", statuses=["unknown"], search=filters.get("q"), **chosen, **extra, note=note
+        )
+        out.append({"label": "the same filter, as of now", "command": same})
+    return out
+
+
+async def may_act(request: Request, session: Session) -> None:
+    """Only an operator or admin acts in bulk: an agent key's session has no bulk form, and
+    one it forges is refused here before anything is read (E_AUTH_FAILED, 403)."""
+    await caller_of(session).identify(app_state(request).store, Permission.RESOLVE)
+
+
+async def preview_rows(
+    request: Request, session: Session, action: str, tab: str, values: dict[str, str], filters: dict[str, Any]
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows the action would act on now (at most BULK_MAX), and how many match in all."""
+    state = app_state(request)
+    wanted = statuses(action, tab)
+    if not wanted:
+        return [], 0
+    if action in ("close", "retry"):
+        posted_as = {**values, "verdict": "retry"} if action == "retry" else values
+        selection = Selection(statuses=wanted, filters=searching(filters), limit=BULK_MAX)
+        reply = await resolve(request, session, posted_as, selection, dry_run=True)
+        rows = reply.data["steps"]
+        return rows, len(rows)
+    listed = await service.list_steps(
+        state.store, caller_of(session), statuses=wanted, filters=searching(filters), limit=BULK_MAX
+    )
+    return listed.data, listed.meta["total"]
+
+
+@router.post("/bulk/preview", response_class=HTMLResponse)
+async def bulk_preview(request: Request) -> HTMLResponse:
+    session, values = await posted(request)
+    filters = list_filters(values)
+    tab = values.get("status") or ALL
+    page: dict[str, Any] = {"filters": filters, "tab": tab, "posted": values, "query": query_string(filters)}
+    page |= {"bulk_max": BULK_MAX, "action": values.get("action"), "rows": [], "total": 0}
+    try:
+        await may_act(request, session)
+        action = action_of(values)
+        note_of(values)
+        rows, total = await preview_rows(request, session, action, tab, values, filters)
+    except EvqError as exc:
+        status, shown = refusal(exc)
+        return render(request, "bulk_preview.html", session, status=status, error=shown, **page)
+    ids = [r["id"] for r in rows]
+    page |= {"rows": rows, "total": total, "to_status": TO.get(action) or rows[0]["to_status"] if rows else None}
+    return render(request, "bulk_preview.html", session, cli=cli_commands(action, ids, values, filters), **page)
+
+
+def previewed(values: dict[str, str]) -> dict[int, str]:
+    """The ids a preview showed and the state each was in then (``seen``: ``id:status,...``)."""
+    try:
+        seen = dict(item.split(":", 1) for item in values.get("seen", "").split(",") if item.strip())
+        ids = {int(i): status for i, status in seen.items()}
+        if not ids or len(ids) > BULK_MAX:
+            raise ValueError
+    except ValueError:
+        raise InvalidRequest([{"field": "seen", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
+    return ids
+
+
+async def changed_since(request: Request, seen: dict[int, str]) -> list[dict[str, Any]]:
+    """The previewed rows someone else changed since (their state is not the one previewed):
+    each a conflict, left alone, so a bulk action only ever does what its preview showed."""
+    now, _ = await app_state(request).store.list_steps(StepFilter(ids=tuple(seen), limit=None))
+    current = {r.id: str(r.status) for r in now}
+    out = []
+    for step_id, was in seen.items():
+        if current.get(step_id) != was:
+            is_now = current.get(step_id, "gone")
+            error = StateConflict(
+                f"step {step_id} was {was} in the preview and is {is_now} now: someone else changed it",
+                hint=f"`evq steps show {step_id}` shows who changed it and when",
+                context={"id": step_id, "status": is_now},
+            )
+            out.append({"id": step_id, "outcome": "failed", "error": error.to_dict()})
+    return out
+
+
+async def apply_each(
+    request: Request, session: Session, action: str, ids: tuple[int, ...], note: str
+) -> list[dict[str, Any]]:
+    """Approve, deny or cancel each id on its own, as its one-row command does (who may, the
+    state it must be in, the key that enqueued it never approving it)."""
+    store, who = app_state(request).store, caller_of(session)
+    act = {"approve": approvals.approve, "deny": approvals.deny, "cancel": approvals.cancel}[action]
+    results = []
+    for step_id in ids:
+        try:
+            done = (await act(store, who, step_id, note=note)).data
+            results.append({"id": step_id, "outcome": "succeeded", **done})
+        except EvqError as exc:
+            results.append({"id": step_id, "outcome": "failed", "error": exc.to_dict()})
+    return results
+
+
+@router.post("/bulk/apply", response_class=HTMLResponse)
+async def bulk_apply(request: Request) -> HTMLResponse:
+    session, values = await posted(request)
+    filters = list_filters(values)
+    tab = values.get("status") or ALL
+    page: dict[str, Any] = {"filters": filters, "tab": tab, "query": query_string(filters), "posted": values}
+    try:
+        await may_act(request, session)
+        action = action_of(values)
+        note = note_of(values)
+        seen = previewed(values)
+        conflicts = await changed_since(request, seen)
+        ids = tuple(i for i in seen if i not in {c["id"] for c in conflicts})
+        if not ids:
+            results: list[dict[str, Any]] = []
+        elif action in ("close", "retry"):
+            posted_as = {**values, "verdict": "retry"} if action == "retry" else values
+            selection = Selection(statuses=BULK_ACTIONS[action], ids=ids)
+            results = (await resolve(request, session, posted_as, selection)).data["results"]
+        else:
+            results = await apply_each(request, session, action, ids, note)
+    except EvqError as exc:
+        status, shown = refusal(exc)
+        return render(request, "bulk_preview.html", session, status=status, error=shown, rows=[], **page)
+    results = await with_state_now(request, tuple(seen), [*results, *conflicts])
+    return render(request, "bulk_done.html", session, action=action, results=results, **page)
+
+
+async def with_state_now(request: Request, ids: tuple[int, ...], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each previewed id's result in the preview's order, a failed row with the state it is in
+    now (someone else changed it), and an id no longer there said so (pruned since)."""
+    by_id = {r["id"]: r for r in results}
+    failed = [i for i in ids if by_id.get(i, {}).get("outcome") != "succeeded"]
+    now, _ = await app_state(request).store.list_steps(StepFilter(ids=tuple(failed), limit=None)) if failed else ([], 0)
+    current = {r.id: r for r in now}
+    out = []
+    for i in ids:
+        r = by_id.get(i) or {
+            "id": i,
+            "outcome": "failed",
+            "error": StateConflict(f"step {i} is no longer there", context={"id": i}).to_dict(),
+        }
+        if i in current:
+            r = {**r, "status_now": str(current[i].status), "reason_now": current[i].reason}
+        out.append(r)
+    return out
