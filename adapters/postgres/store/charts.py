@@ -7,7 +7,7 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import EXACT_LIMIT
-from evq.adapters.postgres.store.base import PostgresBase
+from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker.window import UNKNOWN_AGES, bounds, bucket_seconds
 
 # A chart read longer than this fails (statement_timeout) rather than hold the overview.
