@@ -295,6 +295,7 @@ class MemoryStore:
         # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
         self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
         self.queue_samples: dict[datetime, dict[str, Any]] = {}  # queue_samples (0019), by minute
+        self.rollup_upto: datetime | None = None  # send_rollup_watermark.upto (0020)
 
     async def close(self) -> None:
         return None
@@ -2249,6 +2250,18 @@ class MemoryStore:
             "sampled_by": sampled_by,
         }
         return True
+
+    async def roll_up_sends(self, *, keep_seconds: float, now: datetime | None = None) -> int:
+        # The charts here count evidence directly (the same totals); only the watermark's
+        # minutes are kept, so both stores answer how many minutes a call rolled up.
+        at = await self._op("send_rollup", now)
+        minute = at.replace(second=0, microsecond=0)
+        hi = (at - timedelta(minutes=2)).replace(second=0, microsecond=0)
+        lo = self.rollup_upto if self.rollup_upto is not None else minute - timedelta(hours=24)
+        if hi <= lo:
+            return 0
+        self.rollup_upto = hi
+        return int((hi - lo).total_seconds() // 60)
 
     def _window(self, hours: int, at: datetime) -> list[Mapping[str, Any]]:
         since, until = windows.bounds(hours, at)

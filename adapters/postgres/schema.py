@@ -615,3 +615,25 @@ queue_samples = Table(
     Column("sampled_by", Text, nullable=False),
     CheckConstraint("at = date_trunc('minute', at)", name="at_minute"),
 )
+
+# The sends the charts count, per minute x provider x outcome (0020): written by the sampler
+# for complete minutes only, so a chart reads minutes instead of every evidence row.
+send_rollups = Table(
+    "send_rollups",
+    metadata,
+    Column("minute", TZ, primary_key=True),
+    Column("provider", Text, primary_key=True),
+    Column("outcome", Text, primary_key=True),
+    Column("n", BigInteger, nullable=False),
+    CheckConstraint("minute = date_trunc('minute', minute)", name="minute"),
+)
+
+# Which minutes send_rollups holds (0020): every minute in [since, upto), empty ones too.
+send_rollup_watermark = Table(
+    "send_rollup_watermark",
+    metadata,
+    Column("id", Boolean, primary_key=True, server_default=text("true")),
+    Column("since", TZ, nullable=False),
+    Column("upto", TZ, nullable=False),
+    CheckConstraint("id", name="one_row"),
+)
