@@ -596,7 +596,12 @@ known_recipients = Table(
 # The enqueuing API key's name, for the search box (0019).
 Index("ix_decisions_actor", decisions.c.actor, postgresql_where=text("actor IS NOT NULL"))
 # The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
-Index("ix_evidence_created_at_brin", evidence.c.created_at, postgresql_using="brin")
+Index(
+    "ix_evidence_created_at_brin",
+    evidence.c.created_at,
+    postgresql_using="brin",
+    postgresql_with={"autosummarize": "on"},
+)
 
 # The queue's figures once a minute (0019): what the ops page's charts draw "better or worse?"
 # from, one row per minute (the first writer's), deleted after the kept window.
