@@ -2306,6 +2306,8 @@ class MemoryStore:
         at = await self._op("chart_providers", now)
         rows: dict[str, dict[str, Any]] = {}
         latencies: dict[str, list[float]] = {}
+        since, until = windows.bounds(hours, at)
+        latest = max(since, until - timedelta(hours=1))
         for e in self._window(hours, at):
             outcome = self._send_outcome(e)
             if e["kind"] != "attempt_started" and outcome is None:
@@ -2318,7 +2320,8 @@ class MemoryStore:
                 row["attempts"] += 1
                 continue
             row[outcome] += 1
-            if e["kind"] == "provider_response" and e["latency_ms"] is not None:
+            # Latency over the window's last hour only (queries.sql's chart_providers).
+            if e["kind"] == "provider_response" and e["latency_ms"] is not None and e["created_at"] >= latest:
                 latencies.setdefault(provider, []).append(float(e["latency_ms"]))
         for provider, row in rows.items():
             row["p50_ms"] = _percentile(latencies.get(provider, []), 0.5)

@@ -2070,15 +2070,12 @@ WITH stats AS (
 SELECT (SELECT count(*) FROM written)::int AS written, (SELECT count(*) FROM doomed)::int AS deleted;
 
 
--- name: chart_sends
--- The overview's sends per bucket by outcome (ops/web/charts.py): each provider_response
--- row by its outcome, and each step the rescuer made unknown with no answer at all
--- (lease_expired to unknown) as 'no_answer'. The window is cut in three: [since, lo) and
--- [hi, until) are counted from evidence (read through ix_evidence_created_at_brin, so only
--- those few minutes' blocks), [lo, hi) from send_rollups, the minutes the sampler rolled up
--- (send_rollup). Without a watermark lo = hi = until and everything is live. Buckets are
--- whole minutes wide, so a rollup minute falls in exactly one bucket.
-WITH cut AS (
+-- name: rollup_cut
+-- A fragment, only included (chart_sends, chart_providers): the window [since, until) cut
+-- in three, c.lo and c.hi: [since, lo) and [hi, until) are read live from evidence, [lo, hi)
+-- is the whole minutes the sampler rolled up (send_rollup). Without a watermark lo = hi =
+-- until and everything is live.
+cut AS (
     SELECT least(greatest(w.since, date_trunc('minute', %(since)s::timestamptz + interval '1 minute' - interval '1 microsecond')),
                  %(until)s::timestamptz) AS lo,
            w.upto
@@ -2087,7 +2084,20 @@ WITH cut AS (
     SELECT coalesce((SELECT lo FROM cut), %(until)s::timestamptz) AS lo,
            coalesce((SELECT greatest(least(upto, date_trunc('minute', %(until)s::timestamptz)), lo) FROM cut),
                     %(until)s::timestamptz) AS hi
-), live AS (
+)
+
+
+-- name: chart_sends
+-- The overview's sends per bucket by outcome (ops/web/charts.py): each provider_response
+-- row by its outcome, and each step the rescuer made unknown with no answer at all
+-- (lease_expired to unknown) as 'no_answer'. The window is cut in three: [since, lo) and
+-- [hi, until) are counted from evidence (read through ix_evidence_created_at_brin, so only
+-- those few minutes' blocks), [lo, hi) from send_rollups, the minutes the sampler rolled up
+-- (send_rollup). Without a watermark lo = hi = until and everything is live. Buckets are
+-- whole minutes wide, so a rollup minute falls in exactly one bucket.
+WITH
+-- include: rollup_cut
+, live AS (
     SELECT e.created_at, e.kind, e.outcome
     FROM evidence e
     WHERE e.created_at >= %(since)s AND e.created_at < (SELECT lo FROM c)
@@ -2178,38 +2188,50 @@ ORDER BY q.at;
 
 -- name: chart_providers
 -- Per provider in the window: attempts started, answers by outcome, steps lost without an
--- answer, and the median and p95 of the answers' latency. Evidence is read through the
--- BRIN index and folded per step first, so each step of the window costs one lookup of
--- its provider by email_steps' primary key (a scalar subquery, so the planner cannot turn
--- it into a hash join over the whole table).
-WITH w AS (
-    SELECT e.step_id,
-           count(*) FILTER (WHERE e.kind = 'attempt_started') AS attempts,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'accepted') AS accepted,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'rejected') AS rejected,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'retryable') AS retryable,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'unknown') AS unknown,
-           count(*) FILTER (WHERE e.kind = 'lease_expired') AS no_answer,
-           array_agg(e.latency_ms) FILTER (WHERE e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) AS latencies
-    FROM evidence e
-    WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+-- answer (the rolled-up minutes from send_rollups, the rest live, as chart_sends cuts it),
+-- and the median and p95 of the answers' latency over the window's last hour only, read
+-- live (send_rollups keeps counts, not latencies; a day of answers is too many rows to read
+-- for a page). Live evidence is read through the BRIN index; each row's provider is one
+-- lookup by email_steps' primary key (a scalar subquery, so the planner cannot turn it into
+-- a hash join over the whole table).
+WITH
+-- include: rollup_cut
+, live AS (
+    SELECT e.step_id, e.kind, e.outcome FROM evidence e
+    WHERE e.created_at >= %(since)s AND e.created_at < (SELECT lo FROM c)
       AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
-    GROUP BY e.step_id
-), by_step AS (
-    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = w.step_id) AS provider, w.*
-    FROM w
+    UNION ALL
+    SELECT e.step_id, e.kind, e.outcome FROM evidence e
+    WHERE e.created_at >= (SELECT hi FROM c) AND e.created_at < %(until)s
+      AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+), per_row AS (
+    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = l.step_id) AS provider,
+           CASE l.kind WHEN 'attempt_started' THEN 'attempt' WHEN 'provider_response' THEN l.outcome ELSE 'no_answer' END AS outcome,
+           1::bigint AS n
+    FROM live l
+    UNION ALL
+    SELECT r.provider, r.outcome, r.n
+    FROM send_rollups r
+    WHERE r.minute >= (SELECT lo FROM c) AND r.minute < (SELECT hi FROM c)
 ), counts AS (
-    SELECT b.provider, sum(b.attempts)::bigint AS attempts, sum(b.accepted)::bigint AS accepted,
-           sum(b.rejected)::bigint AS rejected, sum(b.retryable)::bigint AS retryable,
-           sum(b.unknown)::bigint AS unknown, sum(b.no_answer)::bigint AS no_answer
-    FROM by_step b
-    GROUP BY b.provider
+    SELECT p.provider,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'attempt'), 0)::bigint AS attempts,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'accepted'), 0)::bigint AS accepted,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'rejected'), 0)::bigint AS rejected,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'retryable'), 0)::bigint AS retryable,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'unknown'), 0)::bigint AS unknown,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'no_answer'), 0)::bigint AS no_answer
+    FROM per_row p
+    GROUP BY p.provider
 ), latency AS (
-    SELECT b.provider,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.ms) AS p50_ms,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY l.ms) AS p95_ms
-    FROM by_step b, unnest(b.latencies) AS l(ms)
-    GROUP BY b.provider
+    SELECT x.provider,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY x.ms) AS p50_ms,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY x.ms) AS p95_ms
+    FROM (SELECT (SELECT s.provider FROM email_steps s WHERE s.id = e.step_id) AS provider, e.latency_ms AS ms
+          FROM evidence e
+          WHERE e.created_at >= greatest(%(since)s::timestamptz, %(until)s::timestamptz - interval '1 hour')
+            AND e.created_at < %(until)s AND e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) x
+    GROUP BY x.provider
 )
 SELECT c.*, l.p50_ms, l.p95_ms
 FROM counts c

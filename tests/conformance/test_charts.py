@@ -104,10 +104,15 @@ async def test_rolled_up_minutes_give_the_same_sends_as_the_evidence_at_every_wi
     await _sends(any_store)
     views = [(h, at(600)) for h in (1, 6, 24)] + [(1, at(3600 + 40))]
     before = [await any_store.chart_sends(h, now=t) for h, t in views]
+    providers_before = [await any_store.chart_providers(h, now=t) for h, t in views]
+    assert all(p and p[0]["attempts"] for p in providers_before[:3])
     # First run at T0+10m: from 24 h back up to T0+8m (minutes that ended 2 minutes ago).
     assert await any_store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=at(600)) == 24 * 60 - 2
     assert await any_store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=at(610)) == 0  # nothing new complete
     assert [await any_store.chart_sends(h, now=t) for h, t in views] == before
+    # The per-provider counts read the same rollups: the same figures, latencies included
+    # (those are read live over the window's last hour, never from rollups).
+    assert [await any_store.chart_providers(h, now=t) for h, t in views] == providers_before
     # Starting at T0+40s, T0's minute is only partly in the window: its answers are out, the
     # no-answer at T0+71s is in.
     assert [(r["at"], r["outcome"], r["n"]) for r in before[3]] == [(at(60), "no_answer", 1)]
