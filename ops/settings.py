@@ -14,6 +14,7 @@ of them can drift from the others. ops/wiring.py builds each config from
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Collection, Mapping
@@ -21,7 +22,7 @@ from dataclasses import dataclass, fields
 from datetime import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from email_validator import EmailNotValidError
 
@@ -153,7 +154,22 @@ def time_zone(name: str) -> str:
     except (ZoneInfoNotFoundError, ValueError, OSError):
         # ZoneInfo reads a file named by the key: refuse anything that is not a known zone.
         raise ValueError(f"unknown time zone {text[:80]!r} (an IANA name such as UTC or Europe/Berlin)") from None
+    if text not in zone_names():
+        # ZoneInfo also opens right/ (leap-second clocks), posix/ copies and files such as
+        # posixrules, localtime or Factory that are no zone an operator means.
+        raise ValueError(f"{text[:80]!r} is not an IANA zone name (such as UTC or Europe/Berlin)")
     return text
+
+
+# Files in the zone database that ZoneInfo opens but that name no zone a person lives in.
+NOT_ZONES = frozenset({"posixrules", "localtime", "Factory"})
+
+
+@functools.cache
+def zone_names() -> frozenset[str]:
+    """The IANA zone names an operator may choose: the system's, less right/ and posix/ copies
+    and the special files (NOT_ZONES)."""
+    return frozenset(z for z in available_timezones() if not z.startswith(("right/", "posix/")) and z not in NOT_ZONES)
 
 
 SERVE_OPTIONS: tuple[Option, ...] = (

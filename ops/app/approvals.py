@@ -37,6 +37,8 @@ def _note(note: str | None, *, required: bool) -> str | None:
         note = None
     if note is None and required:
         raise InvalidRequest([{"field": "note", "message": "say why (kept in the evidence)"}])
+    if note is not None and "\x00" in note:
+        raise InvalidRequest([{"field": "note", "message": "holds a NUL character (not text PostgreSQL keeps)"}])
     if note is not None and len(note) > MAX_NOTE:
         raise InvalidRequest([{"field": "note", "message": f"at most {MAX_NOTE} characters"}])
     return note

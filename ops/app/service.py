@@ -1124,6 +1124,13 @@ async def resolve(
         # Each row checked as the one-row path checks it, in the state it is in now: a
         # previewed row someone else changed since is a conflict, not a close.
         _only_unknown(row.id, [row], resolution)
+        if selection.ids and str(row.status) not in selection.statuses:
+            # Exactly a preview's ids, and only while each is in a state the action applies to:
+            # a retry's ids must still be rejected, a close's still unknown.
+            raise StateConflict(
+                f"step {row.id} is {row.status}, not {' or '.join(selection.statuses)}",
+                context={"id": row.id, "status": str(row.status)},
+            )
         done = await store.resolve(row.id, resolution, actor=identity.name, default_max_attempts=default_max_attempts)
         return done.to_dict()
 

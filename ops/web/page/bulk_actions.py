@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app import approvals, service
+from evq.ops.app.commands import command
 from evq.ops.app.service import Selection
 from evq.ops.web.page.common import (
     BULK_ACTIONS,
@@ -31,17 +32,18 @@ from evq.ops.web.session import Session
 from evq.worker.errors import EvqError, InvalidRequest, StateConflict
 from evq.worker.keys import Permission
 from evq.worker.ports import StepFilter
+from evq.worker.resolution import Verdict
 from evq.worker.states import Status
 
 ALL = "all"
 # Each action's command in the command table (ops/app/commands.py), so the lines shown are its own words and flags.
 COMMANDS = {"close": "steps.resolve", "retry": "steps.resolve", "cancel": "steps.cancel"}
 COMMANDS |= {"approve": "steps.approve", "deny": "steps.deny"}
-# The loop's variable stands where a step id goes; a plain word, so shlex.quote leaves it for the swap to "$id".
-ID = "STEP_ID_OF_THE_LOOP"
 FILTER_DESTS = ("run_id", "provider", "older_than", "recipient_domain")
 TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve": str(Status.PENDING)}
 TO["deny"] = str(Status.REJECTED)
+# The verdicts the bulk close form offers (steps.html): every verdict but retry.
+CLOSE_VERDICTS = tuple(str(v) for v in Verdict if v is not Verdict.RETRY)
 
 
 def action_of(values: dict[str, str]) -> str:
@@ -71,7 +73,7 @@ def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: d
     note = values.get("note", "").strip()
     verdict = {"close": values.get("verdict") or None, "retry": "retry"}
     extra = {"verdict": verdict[action]} if action in verdict else {}
-    one = cli_equivalent(COMMANDS[action], step_id=ID, note=note, **extra).replace(ID, '"$id"')
+    one = looped(COMMANDS[action], note=note, **extra)
     out = [{"label": "exactly these rows", "command": f"for id in {' '.join(map(str, ids))}; do {one}; done"}]
     if action == "close":
         chosen = {k: filters.get(k) for k in FILTER_DESTS}
@@ -82,6 +84,16 @@ def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: d
     return out
 
 
+def looped(path: str, **values: Any) -> str:
+    """The command for one id of the loop: its words, then the loop's "$id" where STEP_ID goes
+    (the first argument), then the options, quoted. No textual placeholder is swapped, so a
+    note holding any word stays as typed."""
+    head = " ".join(["evq", *command(path).words.split()])
+    line = cli_equivalent(path, **values)
+    assert line.startswith(head)  # the table's words are plain: shlex.quote leaves them
+    return f'{head} "$id"{line[len(head) :]}'
+
+
 async def may_act(request: Request, session: Session) -> None:
     """Only an operator or admin acts in bulk: an agent key's session has no bulk form, and
     one it forges is refused here before anything is read (E_AUTH_FAILED, 403)."""
@@ -90,22 +102,28 @@ async def may_act(request: Request, session: Session) -> None:
 
 async def preview_rows(
     request: Request, session: Session, action: str, tab: str, values: dict[str, str], filters: dict[str, Any]
-) -> tuple[list[dict[str, Any]], int]:
-    """The rows the action would act on now (at most BULK_MAX), and how many match in all."""
+) -> tuple[list[dict[str, Any]], str]:
+    """The rows the action would act on now (at most BULK_MAX), and how many match in all, as
+    the preview says it: the count the list's index gives ("10,000" or "more than 10,000"), or
+    for a retry (only the requeueable rejected rows) "at least N" when more rejected rows match
+    than one preview reads."""
     state = app_state(request)
     wanted = statuses(action, tab)
     if not wanted:
-        return [], 0
-    if action in ("close", "retry"):
-        posted_as = {**values, "verdict": "retry"} if action == "retry" else values
-        selection = Selection(statuses=wanted, filters=searching(filters), limit=BULK_MAX)
-        reply = await resolve(request, session, posted_as, selection, dry_run=True)
-        rows = reply.data["steps"]
-        return rows, len(rows)
-    listed = await service.list_steps(
+        return [], "0"
+    counted = await service.list_steps(
         state.store, caller_of(session), statuses=wanted, filters=searching(filters), limit=BULK_MAX
     )
-    return listed.data, listed.meta["total"]
+    total, exact = counted.meta["total"], counted.meta["total_exact"]
+    if action not in ("close", "retry"):
+        return counted.data, f"{total:,}" if exact else f"more than {total:,}"
+    posted_as = {**values, "verdict": "retry"} if action == "retry" else values
+    selection = Selection(statuses=wanted, filters=searching(filters), limit=BULK_MAX)
+    rows = (await resolve(request, session, posted_as, selection, dry_run=True)).data["steps"]
+    if action == "close":  # every unknown row the filter matches is one a close would take
+        return rows, f"{total:,}" if exact else f"more than {total:,}"
+    # A retry's rows are the requeueable among the rejected ones read: all of them when all were read.
+    return rows, f"{len(rows):,}" if exact and total <= BULK_MAX else f"at least {len(rows):,}"
 
 
 @router.post("/bulk/preview", response_class=HTMLResponse)
@@ -114,17 +132,17 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     filters = list_filters(values)
     tab = values.get("status") or ALL
     page: dict[str, Any] = {"filters": filters, "tab": tab, "posted": values, "query": query_string(filters)}
-    page |= {"bulk_max": BULK_MAX, "action": values.get("action"), "rows": [], "total": 0}
+    page |= {"bulk_max": BULK_MAX, "action": values.get("action"), "rows": [], "matching": "0"}
     try:
         await may_act(request, session)
         action = action_of(values)
         note_of(values)
-        rows, total = await preview_rows(request, session, action, tab, values, filters)
+        rows, matching = await preview_rows(request, session, action, tab, values, filters)
     except EvqError as exc:
         status, shown = refusal(exc)
         return render(request, "bulk_preview.html", session, status=status, error=shown, **page)
     ids = [r["id"] for r in rows]
-    page |= {"rows": rows, "total": total, "to_status": TO.get(action) or rows[0]["to_status"] if rows else None}
+    page |= {"rows": rows, "matching": matching, "to_status": TO.get(action) or rows[0]["to_status"] if rows else None}
     return render(request, "bulk_preview.html", session, cli=cli_commands(action, ids, values, filters), **page)
 
 
@@ -133,11 +151,25 @@ def previewed(values: dict[str, str]) -> dict[int, str]:
     try:
         seen = dict(item.split(":", 1) for item in values.get("seen", "").split(",") if item.strip())
         ids = {int(i): status for i, status in seen.items()}
-        if not ids or len(ids) > BULK_MAX:
+        # A step id is a bigint: one outside it is no preview's (and would overflow the query).
+        if not ids or len(ids) > BULK_MAX or not all(1 <= i <= 2**63 - 1 for i in ids):
             raise ValueError
     except ValueError:
         raise InvalidRequest([{"field": "seen", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
     return ids
+
+
+def within_action(action: str, values: dict[str, str], seen: dict[int, str]) -> None:
+    """Refuse, before anything changes, an apply the bulk form could not have previewed: a
+    ``seen`` state outside the action's states (BULK_ACTIONS), or a close with a verdict the form
+    does not offer (retry: the dead-letter retry is its own action, on rejected rows only)."""
+    allowed = BULK_ACTIONS[action]
+    outside = sorted({state for state in seen.values() if state not in allowed})
+    if outside:
+        message = f"a {action} applies to {', '.join(allowed)} rows only, not {', '.join(outside)}"
+        raise InvalidRequest([{"field": "seen", "message": message}])
+    if action == "close" and values.get("verdict") not in CLOSE_VERDICTS:
+        raise InvalidRequest([{"field": "verdict", "message": f"one of {', '.join(CLOSE_VERDICTS)}"}])
 
 
 async def changed_since(request: Request, seen: dict[int, str]) -> list[dict[str, Any]]:
@@ -186,6 +218,7 @@ async def bulk_apply(request: Request) -> HTMLResponse:
         action = action_of(values)
         note = note_of(values)
         seen = previewed(values)
+        within_action(action, values, seen)
         conflicts = await changed_since(request, seen)
         ids = tuple(i for i in seen if i not in {c["id"] for c in conflicts})
         if not ids:

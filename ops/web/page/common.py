@@ -327,6 +327,12 @@ async def form(request: Request, session: Session) -> dict[str, str]:
             AuthFailed("the form is stale or not from this page (CSRF token)", hint="reload the page and try again"),
             403,
         )
+    # PostgreSQL text holds no NUL (psycopg refuses it: a 500), so no form may carry one, as the
+    # query-string guard refuses one for a GET.
+    with_nul = sorted(k for k, v in values.items() if "\x00" in v or "\x00" in k)
+    if with_nul:
+        refused = InvalidRequest([{"field": k[:80], "message": "holds a NUL character"} for k in with_nul])
+        raise PageError(refused, 422)
     return values
 
 

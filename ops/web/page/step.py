@@ -29,14 +29,33 @@ from evq.ops.web.page.timeline import trace_rows
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
 from evq.worker.resolution import Verdict, requeueable
+from evq.worker.states import Status
 
 
 @router.get("/steps/{step_id}", response_class=HTMLResponse)
 async def step(request: Request, step_id: int) -> HTMLResponse:
     session = await signed_in(request)
     back = _back(request.query_params.get("from"))
-    done = DONE.get(request.query_params.get("done") or "")
-    return await step_page(request, session, step_id, back, done=done)
+    return await step_page(request, session, step_id, back, done_key=request.query_params.get("done"))
+
+
+# The state (and reason) a step is in right after each decision: a ``done=`` notice is shown
+# only while the step agrees, so a hand-made URL cannot claim a success that did not happen.
+AFTER = {
+    "approved": (str(Status.PENDING), None),
+    "denied": (str(Status.REJECTED), "denied"),
+    "cancelled": (str(Status.REJECTED), "cancelled"),
+    "requeued": (str(Status.RETRYABLE), None),
+}
+
+
+def done_notice(key: str | None, step: dict[str, Any]) -> str | None:
+    """The success text for ``done=key`` if the step is in the state that decision leaves."""
+    if key not in AFTER or key not in DONE:
+        return None
+    status, reason = AFTER[key]
+    agrees = step["status"] == status and (reason is None or step.get("reason") == reason)
+    return DONE[key] if agrees else None
 
 
 def _back(query: str | None) -> dict[str, str | None]:
@@ -45,11 +64,18 @@ def _back(query: str | None) -> dict[str, str | None]:
 
 
 async def step_page(
-    request: Request, session: Session, step_id: int, back: dict[str, str | None], status: int = 200, **context: Any
+    request: Request,
+    session: Session,
+    step_id: int,
+    back: dict[str, str | None],
+    status: int = 200,
+    done_key: str | None = None,
+    **context: Any,
 ) -> HTMLResponse:
     state = app_state(request)
     who = caller_of(session)
     reply = await service.show_step(state.store, who, step_id, unresolvable=state.policy.unresolvable)
+    context.setdefault("done", done_notice(done_key, reply.data["step"]))
     return render(
         request,
         "step.html",
@@ -97,6 +123,8 @@ async def close(request: Request, step_id: int) -> Response:
         status, shown = refusal(exc)
         return await step_page(request, session, step_id, back, status=status, error=shown, posted=values)
     done = reply.data["results"][0]
-    if values.get("action") == "requeue":  # the step page's requeue form: back to the step, now retryable
+    # The notice follows what happened, not what the form said: a rejected row requeued goes back
+    # to its step (now retryable); any other close back to the unknown list.
+    if done.get("from_status") == str(Status.REJECTED) and done.get("to_status") == str(Status.RETRYABLE):
         return RedirectResponse(f"/ops/steps/{step_id}?done=requeued", status_code=303)
     return RedirectResponse(f"/ops/unknown?{query_string(back, closed=done['id'])}", status_code=303)

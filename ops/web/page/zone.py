@@ -6,18 +6,17 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import available_timezones
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from evq.ops.settings import time_zone
+from evq.ops.settings import time_zone, zone_names
 from evq.ops.web.page.common import app_state, posted, render, router, set_cookie, signed_in, zone_of
 from evq.ops.web.session import Session
 from evq.worker.errors import InvalidRequest
 
 # The system's IANA names, listed once: a <datalist> suggests them, the POST accepts only a known one.
-ZONES = sorted(z for z in available_timezones() if "/" in z or z == "UTC")
+ZONES = sorted(z for z in zone_names() if "/" in z or z == "UTC")
 
 
 @router.get("/zone", response_class=HTMLResponse)

@@ -1,0 +1,32 @@
+"""The pure parts of the ops page's action guards (issue 18): the bulk loop's CLI line built
+without a textual placeholder, and the zone names EVQ_OPS_TIMEZONE and /ops/zone accept."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from evq.ops.settings import time_zone
+from evq.ops.web.page.bulk_actions import cli_commands
+
+
+def test_a_note_holding_any_word_stays_as_typed_in_the_loop_line():
+    note = "STEP_ID_OF_THE_LOOP and $id are words here"
+    [loop] = cli_commands("cancel", [4, 9], {"note": note}, {})
+    words = shlex.split(loop["command"].removeprefix("for id in 4 9; do ").removesuffix("; done"))
+    assert words == ["evq", "steps", "cancel", "$id", "--note", note]
+    [one, _] = cli_commands("close", [4], {"note": note, "verdict": "rejected"}, {})
+    words = shlex.split(one["command"].removeprefix("for id in 4; do ").removesuffix("; done"))
+    assert words == ["evq", "steps", "resolve", "$id", "--as", "rejected", "--note", note]
+
+
+@pytest.mark.parametrize("name", ["right/Europe/Berlin", "posix/Europe/Berlin", "posixrules", "localtime", "Factory"])
+def test_names_outside_the_iana_list_are_refused(name):
+    with pytest.raises(ValueError):
+        time_zone(name)
+
+
+@pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires"])
+def test_iana_names_are_taken(name):
+    assert time_zone(name) == name
