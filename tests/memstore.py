@@ -295,6 +295,7 @@ class MemoryStore:
         # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
         self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
         self.queue_samples: dict[datetime, dict[str, Any]] = {}  # queue_samples (0019), by minute
+        self.rollup_upto: datetime | None = None  # send_rollup_watermark.upto (0020)
 
     async def close(self) -> None:
         return None
@@ -2250,6 +2251,18 @@ class MemoryStore:
         }
         return True
 
+    async def roll_up_sends(self, *, keep_seconds: float, now: datetime | None = None) -> int:
+        # The charts here count evidence directly (the same totals); only the watermark's
+        # minutes are kept, so both stores answer how many minutes a call rolled up.
+        at = await self._op("send_rollup", now)
+        minute = at.replace(second=0, microsecond=0)
+        hi = (at - timedelta(minutes=2)).replace(second=0, microsecond=0)
+        lo = self.rollup_upto if self.rollup_upto is not None else minute - timedelta(hours=24)
+        if hi <= lo:
+            return 0
+        self.rollup_upto = hi
+        return int((hi - lo).total_seconds() // 60)
+
     def _window(self, hours: int, at: datetime) -> list[Mapping[str, Any]]:
         since, until = windows.bounds(hours, at)
         return [e for e in self.evidence if since <= e["created_at"] < until]
@@ -2293,6 +2306,8 @@ class MemoryStore:
         at = await self._op("chart_providers", now)
         rows: dict[str, dict[str, Any]] = {}
         latencies: dict[str, list[float]] = {}
+        since, until = windows.bounds(hours, at)
+        latest = max(since, until - timedelta(hours=1))
         for e in self._window(hours, at):
             outcome = self._send_outcome(e)
             if e["kind"] != "attempt_started" and outcome is None:
@@ -2305,7 +2320,8 @@ class MemoryStore:
                 row["attempts"] += 1
                 continue
             row[outcome] += 1
-            if e["kind"] == "provider_response" and e["latency_ms"] is not None:
+            # Latency over the window's last hour only (queries.sql's chart_providers).
+            if e["kind"] == "provider_response" and e["latency_ms"] is not None and e["created_at"] >= latest:
                 latencies.setdefault(provider, []).append(float(e["latency_ms"]))
         for provider, row in rows.items():
             row["p50_ms"] = _percentile(latencies.get(provider, []), 0.5)

@@ -4,7 +4,9 @@ what the overview's "better or worse?" line is drawn from.
 Every worker runs one, and so does `evq serve`, so the history goes on when no worker runs
 (which is exactly when lag grows). Many processes make one row a minute: the first writer
 of a minute wins and the others write nothing (the store's ``sample_queue``), and each
-write also deletes the minutes older than :data:`~evq.worker.window.KEEP_SAMPLES`.
+write also deletes the minutes older than :data:`~evq.worker.window.KEEP_SAMPLES`. The same
+tick rolls up the sends of the complete minutes (the store's ``roll_up_sends``), which the
+sends chart reads instead of every evidence row.
 
 A sample that cannot be written is a gap in a chart, never a stopped worker: the first
 failure of a run of them is logged at warning, the rest are not (a database down for an
@@ -51,6 +53,8 @@ class QueueSampler:
         self.interval = _until_next_minute()
         try:
             written = await self.store.sample_queue(self.sampled_by, keep_seconds=self.keep_seconds)
+            # The charts' per-minute send counts ride on the same minute tick (one writer wins).
+            await self.store.roll_up_sends(keep_seconds=self.keep_seconds)
         except EvqError as exc:
             if not self.failing:
                 log.warning("queue_sample_failed", error=exc.message, note="the overview's charts show a gap")

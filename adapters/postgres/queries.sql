@@ -2070,19 +2070,99 @@ WITH stats AS (
 SELECT (SELECT count(*) FROM written)::int AS written, (SELECT count(*) FROM doomed)::int AS deleted;
 
 
+-- name: rollup_cut
+-- A fragment, only included (chart_sends, chart_providers): the window [since, until) cut
+-- in three, c.lo and c.hi: [since, lo) and [hi, until) are read live from evidence, [lo, hi)
+-- is the whole minutes the sampler rolled up (send_rollup). Without a watermark lo = hi =
+-- until and everything is live.
+cut AS (
+    SELECT least(greatest(w.since, date_trunc('minute', %(since)s::timestamptz + interval '1 minute' - interval '1 microsecond')),
+                 %(until)s::timestamptz) AS lo,
+           w.upto
+    FROM send_rollup_watermark w
+), c AS (
+    SELECT coalesce((SELECT lo FROM cut), %(until)s::timestamptz) AS lo,
+           coalesce((SELECT greatest(least(upto, date_trunc('minute', %(until)s::timestamptz)), lo) FROM cut),
+                    %(until)s::timestamptz) AS hi
+)
+
+
 -- name: chart_sends
 -- The overview's sends per bucket by outcome (ops/web/charts.py): each provider_response
 -- row by its outcome, and each step the rescuer made unknown with no answer at all
--- (lease_expired to unknown) as 'no_answer'. The window is read through
--- ix_evidence_created_at_brin (created_at only rises), never the whole history.
-SELECT to_timestamp(floor(extract(epoch FROM e.created_at)::float8 / %(bucket)s) * %(bucket)s) AS at,
-       CASE WHEN e.kind = 'provider_response' THEN e.outcome ELSE 'no_answer' END AS outcome,
-       count(*)::bigint AS n
-FROM evidence e
-WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
-  AND (e.kind = 'provider_response' OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+-- (lease_expired to unknown) as 'no_answer'. The window is cut in three: [since, lo) and
+-- [hi, until) are counted from evidence (read through ix_evidence_created_at_brin, so only
+-- those few minutes' blocks), [lo, hi) from send_rollups, the minutes the sampler rolled up
+-- (send_rollup). Without a watermark lo = hi = until and everything is live. Buckets are
+-- whole minutes wide, so a rollup minute falls in exactly one bucket.
+WITH
+-- include: rollup_cut
+, live AS (
+    SELECT e.created_at, e.kind, e.outcome
+    FROM evidence e
+    WHERE e.created_at >= %(since)s AND e.created_at < (SELECT lo FROM c)
+      AND (e.kind = 'provider_response' OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+    UNION ALL
+    SELECT e.created_at, e.kind, e.outcome
+    FROM evidence e
+    WHERE e.created_at >= (SELECT hi FROM c) AND e.created_at < %(until)s
+      AND (e.kind = 'provider_response' OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+), counted AS (
+    SELECT l.created_at AS at, CASE WHEN l.kind = 'provider_response' THEN l.outcome ELSE 'no_answer' END AS outcome,
+           1::bigint AS n
+    FROM live l
+    UNION ALL
+    SELECT r.minute, r.outcome, r.n
+    FROM send_rollups r
+    WHERE r.minute >= (SELECT lo FROM c) AND r.minute < (SELECT hi FROM c) AND r.outcome <> 'attempt'
+)
+SELECT to_timestamp(floor(extract(epoch FROM x.at)::float8 / %(bucket)s) * %(bucket)s) AS at,
+       x.outcome, sum(x.n)::bigint AS n
+FROM counted x
 GROUP BY 1, 2
 ORDER BY 1, 2;
+
+
+-- name: send_rollup_lock
+-- One rollup writer at a time (every worker and `evq serve` run a sampler): the others skip
+-- this minute instead of waiting; the lock ends with the transaction.
+SELECT pg_try_advisory_xact_lock(hashtext('evq.send_rollups')) AS got;
+
+
+-- name: send_rollup
+-- Roll up every complete minute not rolled up yet: from the watermark (or 24 h back on the
+-- first run) to the minute that ended at least 2 minutes ago (why 2 is enough: migration
+-- 0020's docstring), per minute x provider x outcome ('attempt' for attempt_started). The
+-- watermark moves over empty minutes too, so they are never re-read; rollups older than
+-- %(keep_seconds)s are deleted and the watermark's since moves with them.
+WITH b AS (
+    SELECT coalesce((SELECT w.upto FROM send_rollup_watermark w),
+                    date_trunc('minute', coalesce(%(now)s::timestamptz, now())) - interval '24 hours') AS lo,
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now()) - interval '2 minutes') AS hi,
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now())) - make_interval(secs => %(keep_seconds)s) AS keep_from
+), rolled AS (
+    INSERT INTO send_rollups (minute, provider, outcome, n)
+    SELECT date_trunc('minute', e.created_at),
+           (SELECT s.provider FROM email_steps s WHERE s.id = e.step_id),
+           CASE e.kind WHEN 'attempt_started' THEN 'attempt' WHEN 'provider_response' THEN e.outcome ELSE 'no_answer' END,
+           count(*)
+    FROM evidence e, b
+    WHERE e.created_at >= b.lo AND e.created_at < b.hi
+      AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+    GROUP BY 1, 2, 3
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), doomed AS (
+    DELETE FROM send_rollups r USING b WHERE r.minute < b.keep_from RETURNING 1
+), moved AS (
+    INSERT INTO send_rollup_watermark AS w (id, since, upto)
+    SELECT true, greatest(b.lo, b.keep_from), b.hi FROM b WHERE b.hi > b.lo
+    ON CONFLICT (id) DO UPDATE SET upto = excluded.upto, since = greatest(w.since, (SELECT keep_from FROM b))
+    RETURNING 1
+)
+SELECT (SELECT greatest(extract(epoch FROM b.hi - b.lo) / 60, 0) FROM b)::int AS minutes,
+       (SELECT count(*) FROM rolled)::int AS rows, (SELECT count(*) FROM doomed)::int AS deleted,
+       (SELECT count(*) FROM moved)::int AS moved;
 
 
 -- name: chart_unknown_ages
@@ -2108,38 +2188,50 @@ ORDER BY q.at;
 
 -- name: chart_providers
 -- Per provider in the window: attempts started, answers by outcome, steps lost without an
--- answer, and the median and p95 of the answers' latency. Evidence is read through the
--- BRIN index and folded per step first, so each step of the window costs one lookup of
--- its provider by email_steps' primary key (a scalar subquery, so the planner cannot turn
--- it into a hash join over the whole table).
-WITH w AS (
-    SELECT e.step_id,
-           count(*) FILTER (WHERE e.kind = 'attempt_started') AS attempts,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'accepted') AS accepted,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'rejected') AS rejected,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'retryable') AS retryable,
-           count(*) FILTER (WHERE e.kind = 'provider_response' AND e.outcome = 'unknown') AS unknown,
-           count(*) FILTER (WHERE e.kind = 'lease_expired') AS no_answer,
-           array_agg(e.latency_ms) FILTER (WHERE e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) AS latencies
-    FROM evidence e
-    WHERE e.created_at >= %(since)s AND e.created_at < %(until)s
+-- answer (the rolled-up minutes from send_rollups, the rest live, as chart_sends cuts it),
+-- and the median and p95 of the answers' latency over the window's last hour only, read
+-- live (send_rollups keeps counts, not latencies; a day of answers is too many rows to read
+-- for a page). Live evidence is read through the BRIN index; each row's provider is one
+-- lookup by email_steps' primary key (a scalar subquery, so the planner cannot turn it into
+-- a hash join over the whole table).
+WITH
+-- include: rollup_cut
+, live AS (
+    SELECT e.step_id, e.kind, e.outcome FROM evidence e
+    WHERE e.created_at >= %(since)s AND e.created_at < (SELECT lo FROM c)
       AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
-    GROUP BY e.step_id
-), by_step AS (
-    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = w.step_id) AS provider, w.*
-    FROM w
+    UNION ALL
+    SELECT e.step_id, e.kind, e.outcome FROM evidence e
+    WHERE e.created_at >= (SELECT hi FROM c) AND e.created_at < %(until)s
+      AND (e.kind IN ('attempt_started', 'provider_response') OR (e.kind = 'lease_expired' AND e.to_status = 'unknown'))
+), per_row AS (
+    SELECT (SELECT s.provider FROM email_steps s WHERE s.id = l.step_id) AS provider,
+           CASE l.kind WHEN 'attempt_started' THEN 'attempt' WHEN 'provider_response' THEN l.outcome ELSE 'no_answer' END AS outcome,
+           1::bigint AS n
+    FROM live l
+    UNION ALL
+    SELECT r.provider, r.outcome, r.n
+    FROM send_rollups r
+    WHERE r.minute >= (SELECT lo FROM c) AND r.minute < (SELECT hi FROM c)
 ), counts AS (
-    SELECT b.provider, sum(b.attempts)::bigint AS attempts, sum(b.accepted)::bigint AS accepted,
-           sum(b.rejected)::bigint AS rejected, sum(b.retryable)::bigint AS retryable,
-           sum(b.unknown)::bigint AS unknown, sum(b.no_answer)::bigint AS no_answer
-    FROM by_step b
-    GROUP BY b.provider
+    SELECT p.provider,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'attempt'), 0)::bigint AS attempts,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'accepted'), 0)::bigint AS accepted,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'rejected'), 0)::bigint AS rejected,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'retryable'), 0)::bigint AS retryable,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'unknown'), 0)::bigint AS unknown,
+           coalesce(sum(p.n) FILTER (WHERE p.outcome = 'no_answer'), 0)::bigint AS no_answer
+    FROM per_row p
+    GROUP BY p.provider
 ), latency AS (
-    SELECT b.provider,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.ms) AS p50_ms,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY l.ms) AS p95_ms
-    FROM by_step b, unnest(b.latencies) AS l(ms)
-    GROUP BY b.provider
+    SELECT x.provider,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY x.ms) AS p50_ms,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY x.ms) AS p95_ms
+    FROM (SELECT (SELECT s.provider FROM email_steps s WHERE s.id = e.step_id) AS provider, e.latency_ms AS ms
+          FROM evidence e
+          WHERE e.created_at >= greatest(%(since)s::timestamptz, %(until)s::timestamptz - interval '1 hour')
+            AND e.created_at < %(until)s AND e.kind = 'provider_response' AND e.latency_ms IS NOT NULL) x
+    GROUP BY x.provider
 )
 SELECT c.*, l.p50_ms, l.p95_ms
 FROM counts c

@@ -596,7 +596,12 @@ known_recipients = Table(
 # The enqueuing API key's name, for the search box (0019).
 Index("ix_decisions_actor", decisions.c.actor, postgresql_where=text("actor IS NOT NULL"))
 # The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
-Index("ix_evidence_created_at_brin", evidence.c.created_at, postgresql_using="brin")
+Index(
+    "ix_evidence_created_at_brin",
+    evidence.c.created_at,
+    postgresql_using="brin",
+    postgresql_with={"autosummarize": "on"},
+)
 
 # The queue's figures once a minute (0019): what the ops page's charts draw "better or worse?"
 # from, one row per minute (the first writer's), deleted after the kept window.
@@ -614,4 +619,26 @@ queue_samples = Table(
     Column("held", Integer, nullable=False),
     Column("sampled_by", Text, nullable=False),
     CheckConstraint("at = date_trunc('minute', at)", name="at_minute"),
+)
+
+# The sends the charts count, per minute x provider x outcome (0020): written by the sampler
+# for complete minutes only, so a chart reads minutes instead of every evidence row.
+send_rollups = Table(
+    "send_rollups",
+    metadata,
+    Column("minute", TZ, primary_key=True),
+    Column("provider", Text, primary_key=True),
+    Column("outcome", Text, primary_key=True),
+    Column("n", BigInteger, nullable=False),
+    CheckConstraint("minute = date_trunc('minute', minute)", name="minute"),
+)
+
+# Which minutes send_rollups holds (0020): every minute in [since, upto), empty ones too.
+send_rollup_watermark = Table(
+    "send_rollup_watermark",
+    metadata,
+    Column("id", Boolean, primary_key=True, server_default=text("true")),
+    Column("since", TZ, nullable=False),
+    Column("upto", TZ, nullable=False),
+    CheckConstraint("id", name="one_row"),
 )

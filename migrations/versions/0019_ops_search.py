@@ -17,6 +17,9 @@ Create Date: 2026-12-02
 - ``ix_evidence_created_at_brin``: the overview's charts read the last hours of evidence by
   time. evidence is append-only and written in time order, so a BRIN index (a few pages per
   million rows, next to nothing per insert) narrows the read to the recent blocks.
+  ``autosummarize``: a block range is summarised as soon as it fills (autovacuum's work item),
+  not only at the next VACUUM; an unsummarised range is read whatever the window, and on a
+  table taking millions of rows between vacuums that would be most of the recent evidence.
 - ``queue_samples``: the queue's figures once a minute (how many rows wait, how long the
   oldest claimable one has waited, unknown and held counts and the oldest unknown's age), one
   row per minute whoever writes it first. The queue's current state says nothing of an hour
@@ -66,7 +69,7 @@ def upgrade() -> None:
         postgresql_where=sa.text("provider_message_id IS NOT NULL"),
     )
     op.create_index("ix_decisions_actor", "decisions", ["actor"], postgresql_where=sa.text("actor IS NOT NULL"))
-    op.execute("CREATE INDEX ix_evidence_created_at_brin ON evidence USING brin (created_at)")
+    op.execute("CREATE INDEX ix_evidence_created_at_brin ON evidence USING brin (created_at) WITH (autosummarize = on)")
     op.create_table(
         "queue_samples",
         sa.Column("at", sa.DateTime(timezone=True), primary_key=True),  # the minute, truncated

@@ -383,7 +383,7 @@ def provider_summary(row: Mapping[str, Any], hours: int) -> str:
     text = f"{row['provider']}: {_plural(int(row['attempts']), 'attempt')} started in {_short_window(hours)}"
     text += f", {_plural(answers(row), 'answer')}" + (f" ({', '.join(parts)})" if parts else "")
     if row.get("p50_ms") is not None:
-        text += f"; latency median {row['p50_ms']:.0f} ms, p95 {row['p95_ms']:.0f} ms"
+        text += f"; latency over the last hour median {row['p50_ms']:.0f} ms, p95 {row['p95_ms']:.0f} ms"
     return text
 
 
@@ -409,7 +409,13 @@ def provider_chart(row: Mapping[str, Any], *, hours: int) -> Markup:
 
 
 def providers_table(rows: Sequence[Mapping[str, Any]], hours: int) -> Markup:
-    head = ["provider", "attempts", *(OUTCOME_LABELS[o] for o in SEND_OUTCOMES), "median ms", "p95 ms"]
+    head = [
+        "provider",
+        "attempts",
+        *(OUTCOME_LABELS[o] for o in SEND_OUTCOMES),
+        "median ms (last hour)",
+        "p95 ms (last hour)",
+    ]
     body = [
         [
             r["provider"],

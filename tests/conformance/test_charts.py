@@ -95,3 +95,34 @@ async def test_a_sample_counts_what_waits_and_how_long_the_oldest_due_has_waited
     [row] = await any_store.chart_queue_samples(1, now=at(90))
     assert (row["pending"], row["claimable"], row["unknown"], row["unknown_oldest_seconds"]) == (2, 2, 0, None)
     assert row["lag_seconds"] == pytest.approx(90.0)
+
+
+async def test_rolled_up_minutes_give_the_same_sends_as_the_evidence_at_every_window(any_store):
+    """The sends chart reads rollups for the complete minutes and evidence for the rest: the
+    totals are the direct count's before and after a rollup, for a window starting mid-minute,
+    and for rows recorded after the watermark (counted live until the next rollup)."""
+    await _sends(any_store)
+    views = [(h, at(600)) for h in (1, 6, 24)] + [(1, at(3600 + 40))]
+    before = [await any_store.chart_sends(h, now=t) for h, t in views]
+    providers_before = [await any_store.chart_providers(h, now=t) for h, t in views]
+    assert all(p and p[0]["attempts"] for p in providers_before[:3])
+    # First run at T0+10m: from 24 h back up to T0+8m (minutes that ended 2 minutes ago).
+    assert await any_store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=at(600)) == 24 * 60 - 2
+    assert await any_store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=at(610)) == 0  # nothing new complete
+    assert [await any_store.chart_sends(h, now=t) for h, t in views] == before
+    # The per-provider counts read the same rollups: the same figures, latencies included
+    # (those are read live over the window's last hour, never from rollups).
+    assert [await any_store.chart_providers(h, now=t) for h, t in views] == providers_before
+    # Starting at T0+40s, T0's minute is only partly in the window: its answers are out, the
+    # no-answer at T0+71s is in.
+    assert [(r["at"], r["outcome"], r["n"]) for r in before[3]] == [(at(60), "no_answer", 1)]
+    # An answer recorded at T0+650s, after the watermark: counted live, then rolled up.
+    await any_store.enqueue(valid(step_id="late"), now=at(640))
+    [late] = await claim(any_store, now=at(645))
+    await any_store.record([settle(late, Accepted("m9"), latency_ms=5.0)], actor="w1", now=at(650))
+    expected = [(T0, "accepted", 2), (T0, "rejected", 1), (at(60), "no_answer", 1), (at(600), "accepted", 1)]
+    got = [(r["at"], r["outcome"], r["n"]) for r in await any_store.chart_sends(1, now=at(700))]
+    assert got == expected
+    assert await any_store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=at(900)) == 5  # T0+8m .. T0+13m
+    got = [(r["at"], r["outcome"], r["n"]) for r in await any_store.chart_sends(1, now=at(900))]
+    assert got == expected

@@ -126,7 +126,7 @@ def test_every_text_is_escaped_and_a_mostly_failing_provider_is_said_in_words():
     assert "<script>" not in bar and "<script>" not in table
     svg = parse(bar)
     assert svg.get("aria-label").startswith(f"{name}: 10 attempts started in the last 1 h, 10 answers (1 accepted")
-    assert svg.get("aria-label").endswith("latency median 12 ms, p95 80 ms")
+    assert svg.get("aria-label").endswith("latency over the last hour median 12 ms, p95 80 ms")
     assert table_rows(parse(table))[0][0] == name
     assert charts.failing(row, 1) == (
         "9 of 10 answers in the last hour were failures (rejected, retryable, unknown or no answer)"

@@ -99,3 +99,44 @@ def checked(response: httpx.Response) -> dict[str, Any]:
     if command is not None:
         contract.check(tuple(command.split(".")), body)
     return body
+
+
+# Why each flag: the machine's network is closed, so Chromium's own background calls
+# (updates, sync, safe browsing) would fail many at a time; --no-sandbox because CI runs as root.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+@contextmanager
+def chromium(user_data_dir: Any, *extra: str) -> Iterator[Any]:
+    """Debian's headless Chromium through Selenium (chromium + chromium-driver), quit after use;
+    ``extra``: more flags (a window size). A missing binary fails under CI, skips elsewhere."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    from tests.support import require_binary
+
+    binary = require_binary("chromium", "chromium")
+    driver_path = require_binary("chromedriver", "chromium-driver")
+    options = Options()
+    options.binary_location = binary
+    for flag in (*CHROMIUM_FLAGS, *extra, f"--user-data-dir={user_data_dir}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(30)
+    driver.set_script_timeout(30)
+    # A click that navigates may return before the next page is there: look for its elements a while.
+    driver.implicitly_wait(10)
+    try:
+        yield driver
+    finally:
+        driver.quit()

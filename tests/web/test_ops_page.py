@@ -17,7 +17,8 @@ import pytest
 
 from evq.worker.resolution import Resolution
 from tests.acceptance.conftest import make_key
-from tests.support import require_binary, rows, serve_process, step_row, unknown_steps, with_store
+from tests.support import rows, serve_process, step_row, unknown_steps, with_store
+from tests.web.support import chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
@@ -33,35 +34,8 @@ def server(db_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[object]:
-    chromium = require_binary("chromium", "chromium")
-    driver_path = require_binary("chromedriver", "chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = chromium
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(30)
-    # A click that navigates may return before the next page is there: look for its elements a while.
-    driver.implicitly_wait(10)
-    try:
+    with chromium(tmp_path / "chromium", "--window-size=1400,1000") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def unknown(db_url: str, n: int = 1, *, hours_ago: float, **request) -> list:

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from tests.acceptance.conftest import make_key
-from tests.support import held_steps, require_binary, serve_process, unknown_steps, valid, with_store
+from tests.support import held_steps, serve_process, unknown_steps, valid, with_store
 from tests.web import axe_check
+from tests.web.support import chromium
 from tests.web.test_ops_page import click_and_load, fill_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,37 +39,10 @@ HTML_BODY = (
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Chromium for the module: starting it is the slow part of a browser test."""
-    chromium = require_binary("chromium", "chromium")
-    driver_path = require_binary("chromedriver", "chromium-driver")
-    axe_check.axe_source()  # before Chromium starts: a missing axe-core skips or fails right away
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = chromium
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--window-size=1280,900",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
-    ):
-        options.add_argument(flag)
-    chrome = webdriver.Chrome(service=Service(driver_path), options=options)
-    chrome.set_page_load_timeout(30)
-    chrome.set_script_timeout(30)
-    chrome.implicitly_wait(10)
-    try:
+    # before Chromium starts: a missing axe-core skips or fails right away
+    axe_check.axe_source()
+    with chromium(tmp_path_factory.mktemp("chromium"), "--hide-scrollbars", "--window-size=1280,900") as chrome:
         yield chrome
-    finally:
-        chrome.quit()
 
 
 @pytest.fixture

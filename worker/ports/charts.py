@@ -14,6 +14,12 @@ class SampleStore(Protocol):
         wins), and delete samples older than ``keep_seconds``; whether this call wrote the row."""
         ...
 
+    async def roll_up_sends(self, *, keep_seconds: float, now: datetime | None = None) -> int:
+        """Roll up the sends of every complete minute (ended at least 2 minutes before ``now``)
+        not rolled up yet, at most 24 h back, unless another process is doing it; delete rollups
+        older than ``keep_seconds``. How many minutes this call rolled up (0 when it skipped)."""
+        ...
+
 
 class ChartReader(Protocol):
     async def chart_sends(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:

@@ -7,11 +7,13 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import EXACT_LIMIT
-from evq.adapters.postgres.store.base import PostgresBase
+from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker.window import UNKNOWN_AGES, bounds, bucket_seconds
 
 # A chart read longer than this fails (statement_timeout) rather than hold the overview.
 CHART_TIMEOUT_MS = 5000
+# The rollup runs in the background; its first run reads up to 24 h of evidence at once.
+ROLLUP_TIMEOUT_MS = 60000
 
 
 def _now(now: datetime | None) -> datetime:
@@ -38,6 +40,17 @@ class PostgresCharts(PostgresBase):
             },
         )
         return bool(rows[0]["written"])
+
+    async def roll_up_sends(self, *, keep_seconds: float, now: datetime | None = None) -> int:
+        async with self.transaction("send_rollup") as conn:
+            [lock] = await fetch_all(conn, Q["send_rollup_lock"], {})
+            if not lock["got"]:
+                return 0
+            # The charts' settings: without them JIT compiles the rollup (the planner cannot
+            # see how few minutes it reads) for far longer than the statement runs.
+            await conn.execute(Q["chart_settings"], {"timeout_ms": ROLLUP_TIMEOUT_MS})
+            [row] = await fetch_all(conn, Q["send_rollup"], {"now": now, "keep_seconds": keep_seconds})
+            return int(row["minutes"])
 
     async def chart_sends(self, hours: int, *, now: datetime | None = None) -> list[dict[str, Any]]:
         since, until = bounds(hours, _now(now))
