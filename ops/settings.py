@@ -596,6 +596,8 @@ class Settings:
                 password = None
             if password:
                 out.append(password)
+        # A base URL may carry basic-auth credentials (http://user:password@host).
+        out += http.url_secrets(self.http_base_url)
         return out
 
     def as_public_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from evq.worker.delivery import DeliveryType
 from evq.worker.options import Option, bad
@@ -75,7 +75,32 @@ class HttpConfig:
         if not self.api_key:
             raise bad(_OPTION["http_api_key"], "is required with EVQ_ADAPTER=http")
         if urlsplit(self.base_url).scheme not in ("http", "https"):
-            raise bad(_OPTION["http_base_url"], f"must be an http(s) URL, got {self.base_url!r}")
+            raise bad(_OPTION["http_base_url"], f"must be an http(s) URL, got {shown_url(self.base_url)!r}")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a message or a log line may name it: a user and password in it (an API
+    behind basic auth) are credentials, so the userinfo becomes ``***`` (``http://***@host``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"  # fail closed: the raw text may hold the password
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The userinfo of ``url``, raw and as parsed, for worker/logs.py's scrubber."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    userinfo = parts.netloc.rpartition("@")[0]
+    return [v for v in {userinfo, parts.password, userinfo.partition(":")[2]} if v]
 
 
 # The webhook (adapters/webhooks/, POST /v1/webhooks/resend) of the API this adapter speaks,

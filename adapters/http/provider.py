@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 
 from evq.adapters import answers
-from evq.adapters.http.config import HttpConfig
+from evq.adapters.http.config import HttpConfig, shown_url, url_secrets
 from evq.adapters.http.config import profile as http_profile
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
@@ -196,7 +196,8 @@ class HttpProvider:
         self.timeout = timeout
         self.policy = policy
         self._api_key = api_key  # kept off repr() and out of every outcome
-        register_secrets([api_key])
+        register_secrets([api_key, *url_secrets(base_url)])
+        self.shown_url = shown_url(self.base_url)  # every message and log line names this one
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {api_key}", "User-Agent": "evq", "Accept": "application/json"},
@@ -208,13 +209,13 @@ class HttpProvider:
     def fix_hint(self, cause: str) -> str | None:
         """The setting to change when every send fails with ``cause`` (worker/streaks.py)."""
         if cause in ("connection_refused", "tls_failed"):
-            return f"{self.base_url} does not answer: check EVQ_HTTP_BASE_URL"
+            return f"{self.shown_url} does not answer: check EVQ_HTTP_BASE_URL"
         if cause in ("auth_failed", "forbidden"):
             return "the provider refused our key: check EVQ_HTTP_API_KEY"
         return None
 
     def __repr__(self) -> str:
-        return f"HttpProvider(base_url={self.base_url!r}, dedupe_window={self.dedupe_window})"
+        return f"HttpProvider(base_url={self.shown_url!r}, dedupe_window={self.dedupe_window})"
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -323,7 +324,7 @@ class HttpProvider:
 
     def _log(self, request: SendRequest, outcome: Outcome) -> None:
         r = outcome.response
-        fields = log_fields(request.step_id, request.attempt, outcome, sent=r.get("sent"), base_url=self.base_url)
+        fields = log_fields(request.step_id, request.attempt, outcome, sent=r.get("sent"), base_url=self.shown_url)
         if r.get("error_name") == _KEY_REUSED:
             log.error("http_idempotency_key_reused", reason=getattr(outcome, "reason", None), **fields)
         elif isinstance(outcome, Retryable) and (

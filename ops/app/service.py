@@ -1054,6 +1054,12 @@ class Selection:
         ]
         if self.step_id is not None and given:
             raise InvalidRequest([{"field": given[0], "message": "give a STEP_ID or bulk filters, not both"}])
+        # Fail closed: a list may read a blank filter as none, but a bulk action that dropped
+        # it would act on every row the other filters match (`--search ""` closing them all).
+        for key, value in self.filters.items():
+            if isinstance(value, str) and not value.strip():
+                flag = "--" + key.replace("_", "-")
+                raise InvalidRequest([{"field": flag, "message": "empty: give a value or leave it out"}])
         if self.step_id is None and not self.statuses:
             raise InvalidRequest(
                 [{"field": "STEP_ID", "message": "give a STEP_ID, or --status unknown (with filters) for many rows"}]

@@ -365,3 +365,17 @@ def test_bulk_closes_the_rows_its_filters_matched_when_it_started(db_url):
         out = finish(proc, expect=0)
     assert [(r["id"], r["outcome"]) for r in out["data"]["results"]] == [(s.id, "succeeded") for s in steps]
     assert step_row(db_url, late.id)["status"] == "unknown"
+
+
+def test_a_bulk_resolve_refuses_a_blank_filter_instead_of_dropping_it(db_url):
+    """Fail closed: `--search ""` read as no search would close every unknown row."""
+    make_unknown(db_url, 2, hours_ago=1)
+    reader = Evq(db_url)
+    flags = ("steps", "resolve", "--status", "unknown", "--as", "accepted", "--note", "n", "--dry-run", "-o", "json")
+    for flag, value in (("--search", ""), ("--search", "  "), ("--recipient-domain", ""), ("--run-id", "")):
+        done = reader.run(*flags, flag, value)
+        assert done.returncode != 0, (flag, value, done.stdout[-500:])
+        error = json.loads(done.stdout or done.stderr)["error"]
+        assert error["code"] == "E_INVALID_ARG" and flag in json.dumps(error), error
+        assert "empty: give a value or leave it out" in json.dumps(error)
+    assert len(reader.json("steps", "list", "--status", "unknown")["data"]) == 2  # nothing was closed

@@ -443,3 +443,33 @@ def test_a_database_url_whose_password_holds_a_raw_at_sign_is_refused_without_sh
         assert "EVQ_DATABASE_URL" in out["error"]["message"] and "%40" in out["error"]["message"] + out["error"].get(
             "hint", ""
         )
+
+
+BASE_URL_PASSWORD = "S3cretX-base-url-77c1"
+
+
+def test_a_password_in_the_http_base_url_is_shown_nowhere(db_url, admin_key):
+    """A base URL with basic-auth userinfo that does not answer: the drain's fix hint, its
+    warning and the log name the URL with ``***`` for the userinfo, never the password."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: the send is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    evq = Evq(db_url, api_key=admin_key)
+    request = {"run_id": "u", "step_id": "s1", "to": ["ok@example.com"], "from": "a@example.org"}
+    request |= {"subject": "s", "text": "t", "provider": "http"}
+    assert evq.run("enqueue", "--file", "-", "-o", "json", input=json.dumps(request)).returncode == 0
+    env = {
+        "EVQ_ADAPTER": "http",
+        "EVQ_HTTP_API_KEY": "k-not-the-secret-here",
+        "EVQ_HTTP_BASE_URL": f"http://u:{BASE_URL_PASSWORD}@127.0.0.1:{port}",
+        "EVQ_LOG_LEVEL": "debug",
+    }
+    outputs = []
+    for args in (("worker", "run", "--drain"), ("worker", "run", "--drain", "-o", "json")):
+        done = evq.run(*args, **env)
+        outputs += [done.stdout, done.stderr]
+    everything = "\n".join(outputs) + _all_rows_text(db_url)
+    assert f"http://***@127.0.0.1:{port}" in everything, everything[-3000:]  # the hint names the URL
+    assert BASE_URL_PASSWORD not in everything

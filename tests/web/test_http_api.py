@@ -176,6 +176,9 @@ def test_an_operator_closes_unknown_rows_with_an_audit_trail(api, keys, db_url):
     body = checked(done)
     assert done.status_code == 200 and body["status"] == "success"
     assert body["data"]["succeeded"] == 2
+    # A blank filter is refused, never read as none (which would select every unknown row).
+    blank = alice.post("/v1/steps/resolve", json={"status": ["unknown"], "as": "rejected", "note": "n", "search": " "})
+    assert blank.status_code == 422 and "empty: give a value" in blank.text, blank.text
     assert {step_row(db_url, s.id)["status"] for s in bulk} == {"rejected"}
 
 
