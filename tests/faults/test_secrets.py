@@ -369,7 +369,8 @@ def test_a_provider_echoing_its_key_leaks_it_nowhere_when_its_circuit_opens(db_u
         }
         done = evq.run("worker", "run", "--drain", "-o", "json", **env)  # drained: held by the open circuit
         outputs += [done.stdout, done.stderr]
-        assert done.returncode == 0 and provider.refused == 1, done.stderr[-2000:]
+        # Exit 6: every attempt failed (the provider refused the key), said in the drain's summary.
+        assert done.returncode == 6 and provider.refused == 1, done.stderr[-2000:]
     listed = evq.json("providers", "list")
     outputs.append(json.dumps(listed))
     http = next(p for p in listed["data"] if p["provider"] == "http")

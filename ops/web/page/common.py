@@ -342,7 +342,8 @@ def filters_of(values: Any) -> dict[str, str | None]:
 
 def list_filters(values: Any) -> dict[str, str | None]:
     """The step list's filters and its search box (``q``), as the URL carries them."""
-    return {**filters_of(values), "q": (values.get("q") or "").strip()[:200] or None}
+    # Not cut short: a longer search is refused by the service (SEARCH_MAX), as on the CLI.
+    return {**filters_of(values), "q": (values.get("q") or "").strip() or None}
 
 
 def searching(filters: dict[str, str | None]) -> dict[str, str | None]:
