@@ -2064,6 +2064,10 @@ WITH stats AS (
            -- NULL, not 0, when nothing is unknown: "no oldest" is not "an unknown row of age 0".
            CASE WHEN s.unknown > 0 THEN s.unknown_oldest_age END, s.held, %(sampled_by)s
     FROM stats s
+    -- Another process sampled this minute already: an uncorrelated test, so the planner checks
+    -- it once before the stats, and the later samplers of the minute never compute them.
+    WHERE NOT EXISTS (SELECT 1 FROM queue_samples q
+                      WHERE q.at = date_trunc('minute', coalesce(%(now)s::timestamptz, now())))
     ON CONFLICT (at) DO NOTHING
     RETURNING at
 )
