@@ -134,7 +134,12 @@ class PostgresBase:
             yield conn
 
     async def _tuned_read(
-        self, name: str, settings: str, query: str, params: Mapping[str, Any], settings_params: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        settings: str,
+        query: str,
+        params: Mapping[str, Any],
+        settings_params: Mapping[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """One read in a read-only transaction after ``settings``, a statement of SET LOCALs
         (set_config(..., true)): the page's lists and charts tune their own reads this way."""
