@@ -30,3 +30,19 @@ def test_names_outside_the_iana_list_are_refused(name):
 @pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires"])
 def test_iana_names_are_taken(name):
     assert time_zone(name) == name
+
+
+def test_a_done_notice_follows_the_latest_decision_not_the_state_a_worker_moved_the_step_to():
+    from evq.ops.web.page.step import done_notice
+
+    approved_then_sent = [{"kind": "held"}, {"kind": "approved"}, {"kind": "attempt"}, {"kind": "outcome"}]
+    assert done_notice("approved", approved_then_sent) is not None  # the worker sent it already
+    assert done_notice("denied", approved_then_sent) is None
+    assert done_notice("approved", [{"kind": "held"}]) is None  # still held: nothing was decided
+    requeued = [{"kind": "operator_resolved", "detail": {"requeued": True}}, {"kind": "attempt"}]
+    assert done_notice("requeued", requeued) is not None
+    assert done_notice("requeued", [{"kind": "operator_resolved", "detail": {"requeued": False}}]) is None
+    # A later decision is the one a notice may claim: approved, then cancelled.
+    assert done_notice("approved", [{"kind": "approved"}, {"kind": "cancelled"}]) is None
+    assert done_notice("cancelled", [{"kind": "approved"}, {"kind": "cancelled"}]) is not None
+    assert done_notice("bogus", approved_then_sent) is None

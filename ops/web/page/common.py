@@ -41,10 +41,10 @@ HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decisi
 # The steps a person may still stop before a worker claims them (docs/design.md, "Approvals and budgets").
 CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
 DONE = {
-    "approved": "Approved: the send is pending and goes out with the same key and Message-ID.",
+    "approved": "Approved: the send is released and goes out with the same key and Message-ID.",
     "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
     "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
-    "requeued": "Requeued: the send is retryable and goes out again with the same key and Message-ID.",
+    "requeued": "Requeued: the send goes out again with the same key and Message-ID.",
 }
 BULK_MAX = 500  # rows one bulk action may act on; a preview says when more match
 # Each bulk action of the step list and the states its rows must be in (docs/design.md, "Lists and bulk actions").

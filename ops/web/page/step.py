@@ -39,23 +39,27 @@ async def step(request: Request, step_id: int) -> HTMLResponse:
     return await step_page(request, session, step_id, back, done_key=request.query_params.get("done"))
 
 
-# The state (and reason) a step is in right after each decision: a ``done=`` notice is shown
-# only while the step agrees, so a hand-made URL cannot claim a success that did not happen.
-AFTER = {
-    "approved": (str(Status.PENDING), None),
-    "denied": (str(Status.REJECTED), "denied"),
-    "cancelled": (str(Status.REJECTED), "cancelled"),
-    "requeued": (str(Status.RETRYABLE), None),
-}
+# The evidence each decision writes: a ``done=`` notice is shown only when the step's most
+# recent operator decision is that one, so a hand-made URL cannot claim a success that did not
+# happen. Not the step's state: a worker may already have claimed or sent an approved or
+# requeued step by the time the page is drawn (it is then in flight or accepted, and the
+# approval still happened).
+DECISION_KINDS = frozenset({"approved", "denied", "cancelled", "operator_resolved"})
 
 
-def done_notice(key: str | None, step: dict[str, Any]) -> str | None:
-    """The success text for ``done=key`` if the step is in the state that decision leaves."""
-    if key not in AFTER or key not in DONE:
+def _decision_key(row: dict[str, Any]) -> str | None:
+    kind = row.get("kind")
+    if kind == "operator_resolved":
+        return "requeued" if (row.get("detail") or {}).get("requeued") else None
+    return str(kind) if kind in DECISION_KINDS else None
+
+
+def done_notice(key: str | None, evidence: list[dict[str, Any]]) -> str | None:
+    """The success text for ``done=key`` if the step's latest decision is that one."""
+    if key not in DONE:
         return None
-    status, reason = AFTER[key]
-    agrees = step["status"] == status and (reason is None or step.get("reason") == reason)
-    return DONE[key] if agrees else None
+    decisions = [row for row in evidence if row.get("kind") in DECISION_KINDS]
+    return DONE[key] if decisions and _decision_key(decisions[-1]) == key else None
 
 
 def _back(query: str | None) -> dict[str, str | None]:
@@ -75,7 +79,7 @@ async def step_page(
     state = app_state(request)
     who = caller_of(session)
     reply = await service.show_step(state.store, who, step_id, unresolvable=state.policy.unresolvable)
-    context.setdefault("done", done_notice(done_key, reply.data["step"]))
+    context.setdefault("done", done_notice(done_key, reply.data["evidence"]))
     return render(
         request,
         "step.html",
