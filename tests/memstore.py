@@ -982,6 +982,23 @@ class MemoryStore:
             for s in self.steps.values()
         )
 
+    async def waiting(self, *, providers: Sequence[str], now: datetime | None = None) -> list[dict[str, Any]]:
+        at = await self._op("waiting", now)
+        out: dict[str, dict[str, Any]] = {}
+        for s in self.steps.values():
+            if s["provider"] not in providers or s["status"] not in (*CLAIMABLE, Status.HELD):
+                continue
+            row = out.setdefault(s["provider"], {"provider": s["provider"], "due": 0, "later": 0, "next_at": None})
+            row.setdefault("held", 0)
+            if s["status"] == Status.HELD:
+                row["held"] += 1
+            elif s["next_attempt_at"] <= at:
+                row["due"] += 1
+            else:
+                row["later"] += 1
+                row["next_at"] = min(filter(None, (row["next_at"], s["next_attempt_at"])))
+        return [out[p] for p in sorted(out)]
+
     # -- failure notices (adapters/postgres/notices.py) -------------------------------
 
     async def enqueue_notices(

@@ -196,6 +196,7 @@ class Worker:
             metrics.init_provider(name)
         self.stats = RunStats()
         self.streaks = FailureStreaks(hints=self._fix_hint)
+        self._waiting: list[dict[str, Any]] = []  # what a drain left, and why (_drain_report)
         self._held: dict[int, _Held] = {}
         # Lease tokens whose adapter call has begun and whose outcome is not yet written.
         self._began: set[Any] = set()
@@ -355,6 +356,7 @@ class Worker:
                             # Too short a streak to have been said yet: a drain ends here.
                             streak.warned = True
                             log.warning("sends_failing", message=streaks.message(streak), **streak.fields())
+                        await self._drain_report()
                         return
                 except Exception as exc:
                     log.warning(
@@ -683,19 +685,72 @@ class Worker:
                 self._answered -= 1
             self._slot_freed.set()
 
+    async def _drain_report(self) -> None:
+        """What a drain leaves unsent, and why, for its summary: per provider, the steps due now
+        that its circuit holds back (a drain after the cause was fixed claims nothing until the
+        circuit's probe is due: it must not read as "nothing to send"), the steps scheduled
+        later (send_at, a retry's backoff) and the steps waiting for approval. Best effort: the
+        drain's work is done, and a summary without it still says what was sent."""
+        try:
+            counts = await self.store.waiting(providers=sorted(self.providers))
+            circuits = {r["provider"]: r for r in await self.store.circuits()}
+        except Exception as exc:
+            log.warning(
+                "drain_report_failed",
+                error_class=type(exc).__name__,
+                error=getattr(exc, "message", None) or str(exc)[:300],
+            )
+            return
+        self._waiting = []
+        for c in counts:
+            row: dict[str, Any] = {
+                "provider": c["provider"],
+                "due": c["due"],
+                "later": c["later"],
+                "next_at": _iso(c["next_at"]),
+                "held": c["held"],
+                "circuit": None,
+            }
+            circuit = circuits.get(c["provider"])
+            if circuit is not None and circuit["state"] != CircuitState.CLOSED:
+                # Half-open: a probe is out; the next one may start when its hold ends.
+                probe_at = circuit["probe_at"] or circuit["probe_expires_at"]
+                row["circuit"] = {
+                    "state": str(circuit["state"]),
+                    "reason": circuit["reason"],
+                    "detail": circuit["detail"],
+                    "since": _iso(circuit["opened_at"]),
+                    "next_probe_at": _iso(probe_at),
+                }
+                if c["due"] or c["later"]:
+                    log.warning(
+                        "steps_wait_for_circuit",
+                        provider=c["provider"],
+                        due=c["due"],
+                        later=c["later"],
+                        **row["circuit"],
+                        note="the circuit lets one step through at next_probe_at; until a probe gets through "
+                        "no worker sends to this provider",
+                    )
+            self._waiting.append(row)
+
     def _fix_hint(self, provider: str, cause: str) -> str | None:
         hint = getattr(self.providers.get(provider), "fix_hint", None)
         return hint(cause) if callable(hint) else None
 
     def summary(self) -> dict[str, Any]:
         """What this run did, for `evq worker run --drain`'s output: its counts, the
-        providers whose sends are failing now, and whether every attempt failed (a drain
-        that reached no provider at all because of that is no success)."""
+        providers whose sends are failing now, whether every attempt failed (a drain
+        that reached no provider at all because of that is no success), and what the drain
+        left waiting and why (``waiting``; ``circuit_held``: due steps an open circuit holds)."""
         return {
             **self.stats.__dict__,
             "outcomes": dict(self.stats.outcomes),
             "failing": [s.fields() for s in self.streaks.ongoing()],
             "all_failed": self.streaks.all_failed,
+            "waiting": self._waiting,
+            # Due steps left unsent because their provider's circuit is not closed.
+            "circuit_held": sum(w["due"] for w in self._waiting if w["circuit"] is not None),
         }
 
     async def _hand_back_lost_claims(self, until: float) -> None:
@@ -789,3 +844,7 @@ class Worker:
         await self.recorder.stop()
         await self.wakeup.close()
         return clean
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z") if at is not None else None

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -127,16 +128,16 @@ def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None
     from evq.adapters.postgres.roles import grant_runtime, migrator, refuse_unless_owner
 
     before = known_revision(url)
-    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         who = migrator(conn)
     if not who["may_migrate"] and (runtime_role or pending_revisions(url)):
         refuse_unless_owner(who)
     if not who["may_migrate"]:
         return before, before or "", []
-    with translated():
+    with translated(url):
         command.upgrade(alembic_config(url), revision)
     granted: list[str] = []
-    with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         if migrator(conn)["can_grant"]:
             granted = grant_runtime(conn, runtime_role)
         elif runtime_role:
@@ -148,7 +149,7 @@ def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None
 
 
 def current_revision(url: str) -> str | None:
-    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+    with translated(url), psycopg.connect(url, **connect_kwargs()) as conn:
         try:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         except pgerr.UndefinedTable:
@@ -207,8 +208,11 @@ def unreachable(exc: BaseException) -> bool:
 _UNAVAILABLE = (pgerr.OperationalError, pgerr.AdminShutdown, pgerr.CannotConnectNow, pgerr.CrashShutdown)
 
 
-def translate(exc: BaseException) -> EvqError | None:
-    """The evq error for a driver exception, or None when it is a bug to re-raise."""
+def translate(exc: BaseException, url: str | None = None) -> EvqError | None:
+    """The evq error for a driver exception, or None when it is a bug to re-raise.
+
+    ``url``: the database URL the failed connection was made with, when the caller has it,
+    so a hint's command names the same server (never its password)."""
     if isinstance(exc, EvqError):
         return exc
     if isinstance(exc, pgerr.ReadOnlySqlTransaction):
@@ -230,7 +234,7 @@ def translate(exc: BaseException) -> EvqError | None:
     if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
         return DatabaseUnavailable(f"the database did not answer in time ({type(exc).__name__})")
     if isinstance(exc, _UNAVAILABLE) or isinstance(exc, psycopg.OperationalError):
-        cause, hint = connect_cause(_first_line(exc))
+        cause, hint = connect_cause(_first_line(exc), url)
         return DatabaseUnavailable(cause, hint=hint)
     return None
 
@@ -243,17 +247,19 @@ _BAD_LOGIN = re.compile(r'FATAL:\s+password authentication failed for user "(?P<
 _DEFAULT_HINT = "check EVQ_DATABASE_URL and that PostgreSQL is running"
 
 
-def connect_cause(line: str) -> tuple[str, str]:
+def connect_cause(line: str, url: str | None = None) -> tuple[str, str]:
     """libpq's first line about a failed connection, said as its cause and what to do.
 
     libpq's words name the server and the answer but not the fix, and a newcomer's first
     mistakes are these: a database not created yet, a wrong port, a wrong user. Never the
-    password: libpq's text does not carry it, and this only rewords that text."""
+    password: libpq's text does not carry it, this only rewords that text, and the one
+    command built from ``url`` (:func:`createdb_command`) leaves it out."""
     if match := _NO_DATABASE.search(line):
         name = match["name"]
         return (
             f'the database "{name}" does not exist',
-            f"create it with `createdb {name}` (or CREATE DATABASE) or fix the database name in EVQ_DATABASE_URL",
+            f"create it with `{createdb_command(name, url)}` (or CREATE DATABASE) "
+            "or fix the database name in EVQ_DATABASE_URL",
         )
     if match := _NO_ROLE.search(line):
         return (
@@ -274,12 +280,33 @@ def connect_cause(line: str) -> tuple[str, str]:
     return f"cannot reach the database: {line}", _DEFAULT_HINT
 
 
+def createdb_command(name: str, url: str | None = None) -> str:
+    """``createdb`` for database ``name`` on the server of ``url``, ready to paste into a shell.
+
+    The host, port and user are the URL's (``-h``/``-p``/``-U``), each part shell-quoted
+    (a database named ``my db;x`` must not run ``x``); a part the URL does not give is left
+    out, so createdb falls back to the same PG* variables and defaults libpq used. Never the
+    password: createdb asks for it, or reads PGPASSWORD/.pgpass, and a hint is printed and logged."""
+    parts = ["createdb"]
+    if url:
+        try:
+            info = psycopg.conninfo.conninfo_to_dict(normalise(url))
+        except Exception:  # a URL libpq cannot read was refused before any connection
+            info = {}
+        for flag, key in (("-h", "host"), ("-p", "port"), ("-U", "user")):
+            if value := info.get(key):
+                parts += [flag, str(value)]
+    parts.append(name)
+    return " ".join(shlex.quote(part) for part in parts)
+
+
 @contextmanager
-def translated() -> Iterator[None]:
+def translated(url: str | None = None) -> Iterator[None]:
+    """Driver errors inside as evq errors; ``url`` as for :func:`translate`."""
     try:
         yield
     except Exception as exc:
-        mapped = translate(exc) or _sqlalchemy_translate(exc)
+        mapped = translate(exc, url) or _sqlalchemy_translate(exc)
         if mapped is None or mapped is exc:
             raise
         raise mapped from exc

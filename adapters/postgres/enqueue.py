@@ -543,7 +543,7 @@ def enqueue_own(
 
     try:
         valid = _as_python(validate(request, policy), actor)
-        with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
             [result] = _run_checked(conn, [valid], policy, checked_op([valid], policy, many=False))
             return result
     except InvalidRequest as exc:  # its fields, or E_UNRESOLVABLE for a step it would create
@@ -559,7 +559,7 @@ def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
 
     params = refusal_params(describe("python", [request], exc.errors, key_name=None))
     try:
-        with translated(), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
             conn.execute(Q["refusal_record"], params)
     except Exception as failure:
         log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)

@@ -61,7 +61,7 @@ class PostgresHealth:
 
     def _query(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with (
-            translated(),
+            translated(self.url),
             psycopg.connect(self.url, connect_timeout=TIMEOUT_SECONDS, application_name="evq-health") as conn,
         ):
             with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:

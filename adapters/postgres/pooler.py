@@ -48,7 +48,7 @@ async def probe(url: str, *, tries: int = 3) -> PoolerProbe:
         # A pooler whose server connections are all busy makes a second client wait.
         return PoolerProbe(pooled=seen[0], shares_backends=False)
     except psycopg.Error as exc:
-        mapped = translate(exc)
+        mapped = translate(exc, url)
         if mapped is None:
             raise
         raise mapped from exc

@@ -528,6 +528,22 @@ SELECT EXISTS (
 
 
 
+-- name: steps_waiting
+-- What a drain leaves behind (`evq worker run --drain`, worker/runner.py): per provider, the
+-- steps still owed a send: due now (pending or retryable, their time come: a circuit that is
+-- not closed holds them), due later (a send_at or a retry's backoff, with the earliest) and
+-- held for approval. Read once, when a drain ends, through the claim index's columns.
+SELECT s.provider,
+       count(*) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at <= t.now)::int AS due,
+       count(*) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at > t.now)::int AS later,
+       min(s.next_attempt_at) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at > t.now) AS next_at,
+       count(*) FILTER (WHERE s.status = 'held')::int AS held
+FROM email_steps s, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
+WHERE s.status IN ('pending', 'retryable', 'held') AND s.provider = ANY(%(providers)s::text[])
+GROUP BY s.provider
+ORDER BY s.provider;
+
+
 -- name: rate_limit_take
 -- Take up to %(want)s tokens from a provider's bucket (worker/ratelimit.py), before
 -- the claim: the row lock makes concurrent takes from every worker on every host

@@ -44,7 +44,7 @@ class QueueStatsReader:
         pending_buckets: Sequence[float] = PENDING_AGE_BUCKETS,
     ) -> QueueStats:
         """One bounded query; raises an EvqError (DatabaseUnavailable, ...) when it cannot."""
-        with self._lock, translated():
+        with self._lock, translated(self.url):
             try:
                 conn = self._connection()
                 with conn.transaction():

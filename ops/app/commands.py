@@ -42,6 +42,7 @@ from typing import Any
 from evq.ops.app.service import (
     DECISION_FIELDS,
     EVENTS_LIMIT_MAX,
+    FILTER_MAX_LENGTH,
     FILTERS,
     HEADERS_HELP,
     LIST_LIMIT_MAX,
@@ -103,7 +104,10 @@ class Param:
 
     ``unless``: not ``required``, but needed unless one of these parameters (dests) is
     given, or ``unless_env`` is set in the environment; ``required_text`` says so in words.
-    ``example``: a value that passes validation, shown by `evq schema`.
+    ``example``: a value that passes validation, shown by `evq schema`. ``max_length``:
+    the most characters of a string, the JSON schemas' ``maxLength`` and the HTTP query's
+    bound, checked by check_arguments; it must be the service's own limit (``search``:
+    SEARCH_MAX), so no interface promises more than the service takes.
     """
 
     dest: str
@@ -117,6 +121,7 @@ class Param:
     enum: tuple[str, ...] = ()
     minimum: int | None = None
     maximum: int | None = None
+    max_length: int | None = None  # a string's most characters: every interface states and checks it
     repeatable: bool = False
     env: str | None = None
     setting: bool = False
@@ -294,7 +299,14 @@ def _filters() -> tuple[Param, ...]:
         "search": "bob@example.com",
     }
     return tuple(
-        Param(name, metavar=metavar, help=help_text, example=examples.get(name)) for name, metavar, help_text in FILTERS
+        Param(
+            name,
+            metavar=metavar,
+            help=help_text,
+            example=examples.get(name),
+            max_length=FILTER_MAX_LENGTH.get(name),
+        )
+        for name, metavar, help_text in FILTERS
     )
 
 

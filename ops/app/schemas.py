@@ -123,6 +123,8 @@ def command_input(
             prop["minimum"] = param.minimum
         if param.maximum is not None:
             prop["maximum"] = param.maximum
+        if param.max_length is not None:
+            prop["maxLength"] = param.max_length
         if param.repeatable:
             prop = {"type": "array", "items": prop}
         default = (defaults or {}).get(name, param.default)
@@ -181,6 +183,8 @@ def _problem(prop: Mapping[str, Any], value: Any) -> str | None:
         return f"at least {prop['minimum']}"
     if "maximum" in prop and value > prop["maximum"]:
         return f"at most {prop['maximum']}"
+    if "maxLength" in prop and len(value) > prop["maxLength"]:
+        return f"at most {prop['maxLength']} characters, got {len(value)}"
     if isinstance(value, int) and abs(value) > _MAX_INT:
         return f"at most {_MAX_INT}"
     if isinstance(value, str) and ("\x00" in value or len(value) > 10_000 or not _encodable(value)):

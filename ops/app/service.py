@@ -109,9 +109,12 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
         "TEXT",
         "Only rows this finds: a step id, a recipient (bob@example.com, or a domain: @example.com or "
         "example.com), a Message-ID (with or without <>), the provider's message id, an idempotency "
-        "key, a run id, or the name of the API key that enqueued it.",
+        f"key, a run id, or the name of the API key that enqueued it. At most {SEARCH_MAX} characters.",
     ),
 )
+# The filters whose length the service bounds (search_text): the command table states it to
+# every interface (the JSON schemas' maxLength, the HTTP query's bound, the CLI's help).
+FILTER_MAX_LENGTH: dict[str, int] = {"search": SEARCH_MAX}
 # The filters' names: the keyword each interface passes them under (a command's dest).
 FILTER_NAMES = tuple(name for name, _, _ in FILTERS)
 LIST_LIMIT_MAX = 1000

@@ -115,6 +115,8 @@ def describe_param(p: Param, by_dest: dict[str, Param]) -> dict[str, Any]:
         out["minimum"] = p.minimum
     if p.maximum is not None:
         out["maximum"] = p.maximum
+    if p.max_length is not None:
+        out["max_length"] = p.max_length
     if p.env:
         out["env"] = p.env
     if p.example is not None:

@@ -137,7 +137,7 @@ async def _run(settings: Settings, url: str, run_id: str) -> tuple[int, list[dic
 
 
 def _refuse_a_shared_database(url: str) -> None:
-    with translated(), psycopg.connect(url, **connect_kwargs()) as conn:
+    with translated(url), psycopg.connect(url, **connect_kwargs()) as conn:
         n, example = conn.execute(Q["demo_foreign_steps"]).fetchone()
     if n:
         raise StateConflict(

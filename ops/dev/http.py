@@ -465,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m evq.ops.dev.http", description="A local Resend-style email API that keeps what it receives."
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8025)
+    parser.add_argument(
+        "--port", type=devserver.port_number, default=8025, help="port to listen on, 1 to 65535 or 0 for a free one"
+    )
     parser.add_argument("--api-key", default="devhttp-key")
     parser.add_argument("--dedupe-window", type=float, default=86400.0, help="seconds a key is honoured (0: never)")
     parser.add_argument("--fault", choices=sorted(FAULTS), help="fail every send this way")

@@ -5,6 +5,7 @@ the command line."""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import secrets
 import socket
@@ -87,6 +88,21 @@ class FaultInjection:
 
 # The exit code of a dev server that cannot listen (EX_UNAVAILABLE, sysexits.h).
 EXIT_CANNOT_LISTEN = 69
+
+
+def port_number(text: str) -> int:
+    """``--port`` of a dev server: an integer 0..65535 (0: a free port, as the tests use).
+
+    An argparse type, so a bad port is argparse's usage error and exit 2, the code the
+    ``evq`` command line gives a bad argument (E_INVALID_ARG), instead of the traceback
+    ``socket.bind`` raises for 99999 ("port must be 0-65535") before anything could listen."""
+    try:
+        port = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (an integer 1 to 65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is out of range: a port is 1 to 65535 (0: a free one)")
+    return port
 
 
 def cannot_listen(host: str, port: int) -> str | None:

@@ -354,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument(
-        "--port", type=int, default=2525, help="port to listen on (default: 2525; the worker's EVQ_SMTP_PORT)"
+        "--port",
+        type=devserver.port_number,
+        default=2525,
+        help="port to listen on, 1 to 65535 or 0 for a free one (default: 2525; the worker's EVQ_SMTP_PORT)",
     )
     parser.add_argument("--fault", choices=sorted(FAULTS), help="fail every connection this way")
     parser.add_argument("--slow-seconds", type=float, default=5.0, help="delay for the slow faults")

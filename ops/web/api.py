@@ -20,7 +20,7 @@ from evq.ops.app.commands import Command, command
 from evq.ops.app.contract import Timer, plain, success
 from evq.ops.app.health import check_health
 from evq.ops.app.schemas import check_arguments, command_input, request_schema
-from evq.ops.app.service import MAX_ID, SEARCH_MAX, Caller, Reply
+from evq.ops.app.service import MAX_ID, Caller, Reply
 from evq.ops.app.waiting import parse_wait, wait_step
 from evq.ops.web.openapi import component_name, ref
 from evq.ops.web.protocol import KEY_SOURCE, BadRequest, TooManyFailures, bearer_key, read_json
@@ -57,7 +57,9 @@ def query(dest: str, *, of: Command = _LIST, **http: Any) -> Any:
     """A query parameter of command ``of``'s GET route (`GET /v1/steps` unless told) as the
     command table describes it; ``http``: the bounds only HTTP needs (a query string's length)."""
     p = of.param(dest)
-    bounds = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    bounds: dict[str, Any] = {"ge": p.minimum, "le": p.maximum} if p.type == "integer" else {}
+    if p.max_length is not None:
+        bounds["max_length"] = p.max_length
     return Query(list(p.default) if p.repeatable else p.default, description=p.help, **{**bounds, **http})
 
 
@@ -207,8 +209,10 @@ async def list_steps(
     older_than: str | None = query("older_than", max_length=20),
     recipient_domain: str | None = query("recipient_domain", max_length=255),
     # The issue's name is q (the search box's); `search` is the command's own name, taken too.
-    q: str | None = Query(None, description="The same as search (the ops page's search box).", max_length=SEARCH_MAX),
-    search: str | None = query("search", max_length=SEARCH_MAX),
+    q: str | None = Query(
+        None, description="The same as search (the ops page's search box).", max_length=_LIST.param("search").max_length
+    ),
+    search: str | None = query("search"),
     limit: int = query("limit"),
     # At most a 32-bit offset over HTTP: a larger one is a mistake, not a page (check_arguments' bound too).
     offset: int = query("offset", le=2**31 - 1),

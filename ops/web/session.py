@@ -8,6 +8,11 @@ so the sign-in form is protected like every other. Each request re-reads the key
 its id, so a revoke ends the key's sessions at their next click, and so does signing
 out: it bumps the key's ``session_generation``, and a cookie made under an older one
 is refused, so a copy of the cookie (another tab, a proxy's log) is worth nothing after.
+
+The same secret (under a key of its own) seals a bulk preview (:meth:`Sessions.seal`): the
+apply form carries back the exact ids, the states they were seen in and the note and verdict
+in hidden fields, and only a seal over those values, made for this session, lets an apply act
+on them, so a changed field or a form from another session or page is refused, not acted on.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from evq.worker.keys import Identity, Role
@@ -49,6 +55,8 @@ class Sessions:
         # Unset: a secret of this process alone, so every session ends when it restarts.
         raw = secret.encode() if secret else secrets.token_bytes(32)
         self._key = hashlib.sha256(b"evq ops-page session v1\0" + raw).digest()
+        # Its own key: a seal can never pass for a cookie's signature, nor the other way round.
+        self._seal_key = hashlib.sha256(b"evq ops-page preview seal v1\0" + raw).digest()
         self.max_age = max_age
 
     def new(
@@ -102,6 +110,29 @@ class Sessions:
             return None
         return session if session.expires > time.time() else None
 
+    def seal(self, session: Session, purpose: str, fields: Mapping[str, str]) -> str:
+        """An HMAC-SHA256 over what a preview showed (``fields``: the values its apply form posts
+        back) for this session (its CSRF token, new at every sign-in, and its key) and ``purpose``
+        (which form), so the seal of one preview fits no other rows, note, session or form.
+
+        Line breaks count as LF: a browser posts a hidden field's line breaks as CRLF."""
+        canonical = json.dumps(
+            [purpose, session.csrf, session.key_id, sorted((k, _lines(v)) for k, v in fields.items())],
+            separators=(",", ":"),
+        )
+        digest = hmac.new(self._seal_key, canonical.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def sealed(self, session: Session, purpose: str, fields: Mapping[str, str], seal: str | None) -> bool:
+        """Whether ``seal`` is :meth:`seal`'s for these fields, this session and purpose."""
+        if not seal or len(seal) > 100:
+            return False
+        return hmac.compare_digest(self.seal(session, purpose, fields).encode(), str(seal).encode())
+
     def _sign(self, body: str) -> str:
         digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _lines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")

@@ -4,8 +4,12 @@ and pause (worker/ratelimit.py), and the circuit breaker's states, events and pr
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
 import pytest
 
+from evq.worker.approval import ApprovalPolicy
 from tests.conformance.helpers import LEASE, T0, at, claim
 from tests.support import valid
 
@@ -125,3 +129,23 @@ async def test_a_probe_is_taken_only_when_a_step_waits(any_store):
     await any_store.enqueue(valid(provider="http"), now=at(20))
     assert await any_store.circuit_probe_take(**take, now=at(20))
     assert not await any_store.circuit_close(provider="smtp", reason="x", detail="y", actor="w1", now=at(21))
+
+
+async def test_waiting_counts_what_a_drain_leaves_per_provider(any_store):
+    """`evq worker run --drain`'s last read: due, later (send_at, with the earliest) and held, per provider."""
+    assert await any_store.waiting(providers=["smtp", "http"], now=T0) == []
+    for n in range(2):
+        await any_store.enqueue(valid(step_id=f"due-{n}"), now=T0)
+    soon, later = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+    await any_store.enqueue(replace(valid(step_id="later"), send_at=later), now=T0)
+    await any_store.enqueue(replace(valid(step_id="soon"), send_at=soon), now=T0)
+    await any_store.enqueue(valid(step_id="held", require_approval=True), now=T0, approval=ApprovalPolicy(always=True))
+    await any_store.enqueue(valid(step_id="other", provider="http"), now=T0)
+    [sent] = await claim(any_store, now=at(1), providers=("http",))  # in flight: owed nothing more now
+    assert sent.provider == "http"
+    await any_store.enqueue(valid(step_id="elsewhere", provider="null"), now=T0)  # not asked about
+    got = await any_store.waiting(providers=["smtp", "http"], now=at(2))
+    assert got == [{"provider": "smtp", "due": 2, "later": 2, "next_at": soon, "held": 1}]
+    # Time passes: the scheduled ones are due.
+    [smtp] = await any_store.waiting(providers=["smtp"], now=later)
+    assert (smtp["due"], smtp["later"], smtp["next_at"], smtp["held"]) == (4, 0, None, 1)

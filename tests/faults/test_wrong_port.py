@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
+import subprocess
 import time
+from urllib.parse import quote
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from evq.adapters.postgres.store import PostgresStore
@@ -105,11 +109,39 @@ def test_a_database_that_does_not_exist_is_named_with_the_command_that_creates_i
     error = json.loads(done.stdout)["error"]
     assert error["code"] == "E_DB_UNAVAILABLE"
     assert error["message"] == f'the database "{name}" does not exist', error
-    assert f"createdb {name}" in error["hint"] and "EVQ_DATABASE_URL" in error["hint"], error
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    command = f"createdb -h {info['host']} -p {info['port']} -U {info['user']} {name}"
+    assert f"`{command}`" in error["hint"] and "EVQ_DATABASE_URL" in error["hint"], error
     assert json.loads(done.stdout)["meta"]["duration_ms"] < 2000
     # Said once (the JSON error), not as libpq's raw FATAL lines or a pool's retries.
     assert "FATAL" not in done.stdout + done.stderr and "pool initialization" not in done.stderr, done.stderr
     assert PASSWORD not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("args", [("steps", "list"), ("db", "upgrade"), ("worker", "run", "--drain")])
+def test_the_createdb_hint_is_a_shell_command_for_the_urls_server_without_its_password(db_url, args, pg_server):
+    """A URL with host, port, user and password, and a database name a shell would split
+    ("my db;x" would run ``x``): the hint quotes each part and never shows the password."""
+    info = psycopg.conninfo.conninfo_to_dict(db_url)
+    name = f"my db;x {PASSWORD[-4:]}"
+    url = f"postgresql://{info['user']}:{PASSWORD}@{info['host']}:{info['port']}/" + quote(name, safe="")
+    done = Evq(url, api_key="evq_not-checked-before-the-database").run(*args, "-o", "json", timeout=30)
+    assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
+    error = json.loads(done.stdout)["error"]
+    assert error["message"] == f'the database "{name}" does not exist', error
+    command = f"createdb -h {info['host']} -p {info['port']} -U {info['user']} '{name}'"
+    assert error["hint"].startswith(f"create it with `{command}` (or CREATE DATABASE)"), error
+    assert shlex.split(command) == ["createdb", "-h", info["host"], "-p", str(info["port"]), "-U", info["user"], name]
+    assert PASSWORD not in done.stdout + done.stderr
+    # The command as printed really creates that database on that server (PGPASSWORD unused: trust).
+    created = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=30)
+    try:
+        assert created.returncode == 0, created.stderr
+        with psycopg.connect(pg_server) as conn:
+            assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() == (1,)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {}").format(psycopg.sql.Identifier(name)))
 
 
 def test_a_worker_at_a_wrong_port_says_the_cause_once_at_its_first_try_then_gives_up_saying_it_again(db_url):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,3 +142,11 @@ def chromium(user_data_dir: Any, *extra: str) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+def form_fields(page: str, action: str) -> dict[str, str]:
+    """The hidden fields of the form posting to ``action`` on ``page``, as a browser posts them back."""
+    form = re.search(rf'<form method="post" action="{re.escape(action)}"[^>]*>(.*?)</form>', page, flags=re.S)
+    assert form, f"no form posting to {action}"
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form[1])
+    return {name: html.unescape(value) for name, value in fields}

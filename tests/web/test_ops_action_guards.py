@@ -12,8 +12,9 @@ import re
 import httpx
 
 from tests.acceptance.conftest import make_key
+from tests.web.support import form_fields
 from tests.web.test_ops_page import _csrf, _signed_in, server
-from tests.web.test_step_lists import after_one_try, held, pending, preview, seen, step_row, unknown
+from tests.web.test_step_lists import after_one_try, held, pending, preview, step_row, unknown
 
 __all__ = ["server"]  # the fixture the tests below use
 
@@ -40,10 +41,7 @@ def test_a_bulk_apply_refuses_a_seen_state_or_verdict_its_action_does_not_apply_
             assert answer.status_code == 422, (form, answer.status_code, answer.text[-1500:])
         # A preview's own rows still apply.
         shown = preview(web, token, status="rejected", action="retry", note="provider is back", run_id="run-g")
-        done = web.post(
-            "/ops/bulk/apply",
-            data={"csrf": token, "action": "retry", "status": "rejected", "note": "back", "seen": seen(shown.text)},
-        )
+        done = web.post("/ops/bulk/apply", data=form_fields(shown.text, "/ops/bulk/apply"))
         assert done.status_code == 200, done.text[-1500:]
     assert step_row(db_url, u)["status"] == "unknown"
     assert step_row(db_url, r)["status"] == "retryable"

@@ -18,7 +18,7 @@ import pytest
 from evq.worker.resolution import Resolution
 from tests.acceptance.conftest import make_key
 from tests.support import rows, serve_process, step_row, unknown_steps, with_store
-from tests.web.support import chromium
+from tests.web.support import chromium, form_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ops-page"
@@ -324,18 +324,15 @@ def test_a_bulk_close_shows_the_rows_someone_else_closed_first(server, db_url):
             "/ops/unknown/preview", data={"csrf": token, "run_id": "run-b", "verdict": "rejected", "note": "outage"}
         )
         assert preview.status_code == 200 and re.search(r"<strong>2</strong> unknown rows would become", preview.text)
-        ids = re.search(r'name="ids" value="([^"]+)"', preview.text)[1]
-        assert ids == f"{first.id},{second.id}"
+        form = form_fields(preview.text, "/ops/unknown/close")
+        assert form["ids"] == f"{first.id},{second.id}"
         with_store(
             db_url,
             lambda store: store.resolve(
                 first.id, Resolution.parse("accepted", "bob was first"), actor="bob", default_max_attempts=5
             ),
         )
-        done = web.post(
-            "/ops/unknown/close",
-            data={"csrf": token, "ids": ids, "run_id": "run-b", "verdict": "rejected", "note": "outage"},
-        )
+        done = web.post("/ops/unknown/close", data=form)
     assert done.status_code == 200 and "Bulk close: 1 closed, 1 failed" in done.text
     conflict = re.search(rf'<tr class="failed"><td><a href="/ops/steps/{first.id}">.*?</tr>', done.text, flags=re.S)
     assert conflict and "E_CONFLICT" in conflict[0], done.text[-3000:]

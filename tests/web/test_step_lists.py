@@ -20,6 +20,7 @@ from evq.worker.resolution import Resolution
 from evq.worker.transitions import decide
 from tests.acceptance.conftest import make_key
 from tests.support import held_steps, rows, step_row, unknown_steps, valid, with_store
+from tests.web.support import form_fields
 from tests.web.test_ops_page import XSS, _csrf, _signed_in, browser, click_and_load, server, shot, sign_in
 
 __all__ = ["browser", "server"]  # fixtures the tests below use
@@ -167,6 +168,11 @@ def seen(page: str) -> str:
     return re.search(r'name="seen" value="([^"]*)"', page)[1]
 
 
+def applied(page: str) -> dict[str, str]:
+    """The preview's apply form as a browser posts it: every hidden field, the seal included."""
+    return form_fields(page, "/ops/bulk/apply")
+
+
 def evidence_of(db_url: str, step_id: int) -> list[dict[str, Any]]:
     return rows(
         db_url, "SELECT kind, actor, detail ->> 'note' AS note FROM evidence WHERE step_id = %s ORDER BY id", (step_id,)
@@ -187,11 +193,7 @@ def test_a_bulk_cancel_acts_on_exactly_the_previewed_rows_and_reports_the_one_ap
         assert {step_row(db_url, i)["status"] for i in (a, b, c)} == {"held"}  # a preview changes nothing
         [late] = held(db_url, 1, run_id="run-c")  # a new match after the preview is not in its ids
         with_store(db_url, lambda s: s.approve(b, actor="bob", note="bob approved first", now=None))
-        done = web.post(
-            "/ops/bulk/apply",
-            data={"csrf": token, "seen": seen(shown.text), "action": "cancel", "status": "held"}
-            | {"run_id": "run-c", "note": "customer unsubscribed"},
-        )
+        done = web.post("/ops/bulk/apply", data=applied(shown.text))
     assert done.status_code == 200, done.text[-2000:]
     assert "Bulk cancel: 2 done, 1 not done" in done.text, done.text[done.text.find("<main>") :]
     conflict = re.search(rf'<tr class="failed" data-step="{b}">.*?</tr>', done.text, flags=re.S)
@@ -264,12 +266,14 @@ def test_a_bulk_close_offers_the_filter_form_and_a_bulk_retry_requeues_only_requ
         shown = preview(web, token, status="rejected", run_id="run-r", action="retry", note="provider is back")
         assert shown.status_code == 200, shown.text[-2000:]
         assert sorted(map(int, previewed_ids(shown.text).split(","))) == sorted(dead)
-        done = web.post(
-            "/ops/bulk/apply",
-            data={"csrf": token, "seen": f"{seen(shown.text)},{closed_by_hand}:rejected", "action": "retry"}
-            | {"note": "provider is back"},
+        # A row added to the preview's ids (one it left out: not requeueable) is no preview's.
+        forged = web.post(
+            "/ops/bulk/apply", data=applied(shown.text) | {"seen": f"{seen(shown.text)},{closed_by_hand}:rejected"}
         )
-        assert done.status_code == 200 and "Bulk retry: 2 done, 1 not done" in done.text
+        assert forged.status_code == 422 and "not a preview this server showed" in forged.text
+        assert [step_row(db_url, i)["status"] for i in dead] == ["rejected", "rejected"]
+        done = web.post("/ops/bulk/apply", data=applied(shown.text))
+        assert done.status_code == 200 and "Bulk retry: 2 done" in done.text
         close = preview(
             web,
             token,

@@ -43,6 +43,12 @@ class ClaimStore(Protocol):
         self, *, providers: Sequence[str], lease_seconds: float, now: datetime | None = None
     ) -> bool: ...
 
+    async def waiting(self, *, providers: Sequence[str], now: datetime | None = None) -> list[dict[str, Any]]:
+        """What a drain leaves: per provider with any, ``due`` (pending or retryable whose time
+        has come), ``later`` (not yet: send_at or backoff) with the earliest ``next_at``, and
+        ``held`` (waiting for approval); providers with none are left out, ordered by name."""
+        ...
+
 
 class RecordStore(Protocol):
     """The recorder's group commit: each transition fenced by its lease token."""

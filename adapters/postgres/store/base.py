@@ -65,7 +65,7 @@ class PostgresBase:
             probe = await psycopg.AsyncConnection.connect(url, **connect_kwargs())
         except psycopg.OperationalError as exc:
             if misconfigured(exc) or not patient:
-                raise translate(exc) or exc from None
+                raise translate(exc, url) or exc from None
         else:
             await probe.close()
         if not prepare:
@@ -86,7 +86,7 @@ class PostgresBase:
             await pool.open(wait=True, timeout=15)
         except Exception as exc:
             await pool.close()
-            raise translate(exc) or exc from exc
+            raise translate(exc, url) or exc from exc
         return cls(pool, notices=notices)
 
     async def close(self) -> None:

@@ -176,6 +176,9 @@ class PostgresQueue(PostgresBase):
         )
         return bool(rows[0]["claimable"])
 
+    async def waiting(self, *, providers: Sequence[str], now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._fetch("waiting", Q["steps_waiting"], {"providers": list(providers), "now": now})
+
 
 def new_claim_id() -> str:
     """Random and unguessable, so two claims never derive the same lease token."""

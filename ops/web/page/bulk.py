@@ -6,9 +6,30 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app.service import Selection
-from evq.ops.web.page.common import BULK_MAX, filters_of, posted, query_string, refusal, render, resolve, router
+from evq.ops.web.page.bulk_actions import may_act
+from evq.ops.web.page.common import (
+    BULK_MAX,
+    check_preview_seal,
+    filters_of,
+    posted,
+    preview_seal,
+    query_string,
+    refusal,
+    render,
+    resolve,
+    router,
+)
 from evq.worker.errors import AuthFailed, InvalidRequest
 from evq.worker.states import Status
+
+SEAL_PURPOSE = "unknown-close"  # the seal of a /ops/unknown/preview fits /ops/unknown/close only
+# The close's own fields the preview form posts back (preview.html), all under its seal.
+CLOSE_FIELDS = ("verdict", "note", "reason", "evidence_url", "provider_message_id")
+
+
+def sealed_fields(values: dict[str, str], ids: str) -> dict[str, str]:
+    """What a close acts on, as the preview's seal covers it: exactly the ids and the close's fields."""
+    return {"ids": ids} | {k: values.get(k) or "" for k in CLOSE_FIELDS}
 
 
 @router.post("/unknown/preview", response_class=HTMLResponse)
@@ -22,10 +43,14 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = refusal(exc)
         return render(request, "preview.html", session, status=status, error=shown, rows=[], **page)
+    ids = ",".join(str(r["id"]) for r in reply.data["steps"])
+    seal = preview_seal(request, session, SEAL_PURPOSE, sealed_fields(values, ids))
     return render(
         request,
         "preview.html",
         session,
+        ids=ids,
+        seal=seal,
         rows=reply.data["steps"],
         verdict=reply.data["verdict"],
         to_status=reply.data["to_status"],
@@ -44,6 +69,10 @@ async def bulk_close(request: Request) -> HTMLResponse:
     except ValueError:
         raise InvalidRequest([{"field": "ids", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
     try:
+        await may_act(request, session)  # an agent's forged close is E_AUTH_FAILED, as before any seal
+        check_preview_seal(
+            request, session, SEAL_PURPOSE, sealed_fields(values, values.get("ids", "")), values.get("seal")
+        )
         reply = await resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=ids))
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = refusal(exc)

@@ -18,9 +18,11 @@ from evq.ops.web.page.common import (
     BULK_MAX,
     app_state,
     caller_of,
+    check_preview_seal,
     cli_equivalent,
     list_filters,
     posted,
+    preview_seal,
     query_string,
     refusal,
     render,
@@ -44,6 +46,18 @@ TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve":
 TO["deny"] = str(Status.REJECTED)
 # The verdicts the bulk close form offers (steps.html): every verdict but retry.
 CLOSE_VERDICTS = tuple(str(v) for v in Verdict if v is not Verdict.RETRY)
+SEAL_PURPOSE = "bulk"  # the seal of a /ops/bulk/preview fits /ops/bulk/apply only
+
+
+def sealed_fields(values: dict[str, str], seen: str) -> dict[str, str]:
+    """What an apply acts on, as the preview's seal covers it: the action, exactly the ids and
+    the states they were seen in, the verdict and the note (ops/web/session.py, Sessions.seal)."""
+    return {"action": values.get("action") or "", "seen": seen} | {k: values.get(k) or "" for k in ("verdict", "note")}
+
+
+def seen_field(rows: list[dict[str, Any]]) -> str:
+    """A preview's rows as its apply form's ``seen``: ``id:status,...`` in the preview's order."""
+    return ",".join(f"{r['id']}:{r['status']}" for r in rows)
 
 
 def action_of(values: dict[str, str]) -> str:
@@ -143,6 +157,8 @@ async def bulk_preview(request: Request) -> HTMLResponse:
         return render(request, "bulk_preview.html", session, status=status, error=shown, **page)
     ids = [r["id"] for r in rows]
     page |= {"rows": rows, "matching": matching, "to_status": TO.get(action) or rows[0]["to_status"] if rows else None}
+    seen = seen_field(rows)
+    page |= {"seen": seen, "seal": preview_seal(request, session, SEAL_PURPOSE, sealed_fields(values, seen))}
     return render(request, "bulk_preview.html", session, cli=cli_commands(action, ids, values, filters), **page)
 
 
@@ -219,6 +235,9 @@ async def bulk_apply(request: Request) -> HTMLResponse:
         note = note_of(values)
         seen = previewed(values)
         within_action(action, values, seen)
+        # The last check before anything is read or changed: exactly what a preview showed.
+        fields = sealed_fields(values, values.get("seen", ""))
+        check_preview_seal(request, session, SEAL_PURPOSE, fields, values.get("seal"))
         conflicts = await changed_since(request, seen)
         ids = tuple(i for i in seen if i not in {c["id"] for c in conflicts})
         if not ids:

@@ -379,6 +379,25 @@ async def posted(request: Request) -> tuple[Session, dict[str, str]]:
     return session, await form(request, session)
 
 
+def preview_seal(request: Request, session: Session, purpose: str, fields: dict[str, str]) -> str:
+    """The seal a preview's apply form carries (ops/web/session.py, Sessions.seal)."""
+    return app_state(request).sessions.seal(session, purpose, fields)
+
+
+def check_preview_seal(
+    request: Request, session: Session, purpose: str, fields: dict[str, str], seal: str | None
+) -> None:
+    """Refuse, before anything changes, an apply whose rows, states, note or verdict are not
+    those of a preview this server rendered for this session: changed in the form, or a form
+    of another session (a forged or replayed post, a page left open across a sign-in)."""
+    if not app_state(request).sessions.sealed(session, purpose, fields, seal):
+        message = "not a preview this server showed in this session, or changed since: nothing was done"
+        raise InvalidRequest(
+            [{"field": "seal", "message": message}],
+            hint="go back to the list and preview again; the apply acts only on the rows the preview shows",
+        )
+
+
 async def resolve(
     request: Request, session: Session, values: dict[str, str], selection: Selection, *, dry_run: bool = False
 ) -> service.Reply:

@@ -1,0 +1,123 @@
+"""A bulk apply acts only on a preview the server rendered for this session (issue 18): the
+preview's apply form carries an HMAC seal (ops/web/session.py, Sessions.seal) over the action,
+exactly the ids and the states they were seen in, the verdict and the note; a changed field, a
+form without its seal, or one rendered for another session is refused (422, saying so) and
+changes nothing. Driven for real: `evq serve` on loopback against PostgreSQL, two browsers'
+worth of cookies."""
+
+from __future__ import annotations
+
+import httpx
+
+from evq.ops.web.session import Session, Sessions
+from tests.acceptance.conftest import make_key
+from tests.support import rows, step_row
+from tests.web.support import form_fields
+from tests.web.test_ops_page import _csrf, _signed_in, server  # noqa: F401  (the fixture)
+from tests.web.test_step_lists import held, preview, unknown
+
+REFUSED = "not a preview this server showed in this session, or changed since: nothing was done"
+
+
+def decisions(db_url: str, ids: list[int]) -> int:
+    return rows(
+        db_url,
+        "SELECT count(*)::int AS n FROM evidence WHERE step_id = ANY(%s) AND kind IN ('cancelled', 'denied', "
+        "'approved', 'operator_resolved')",
+        (ids,),
+    )[0]["n"]
+
+
+def test_a_tampered_or_foreign_bulk_apply_is_refused_and_changes_nothing(server, db_url):  # noqa: F811
+    ids = held(db_url, 3, run_id="run-seal")
+    [other] = held(db_url, 1, run_id="run-other")  # a held row the preview did not show
+    alice = make_key(db_url, "alice", "operator")
+    with httpx.Client(base_url=server, timeout=30) as web, httpx.Client(base_url=server, timeout=30) as second:
+        _signed_in(web, alice)
+        token = _csrf(web.get("/ops/steps?status=held&run_id=run-seal").text)
+        shown = preview(
+            web, token, status="held", run_id="run-seal", action="cancel", note="customer unsubscribed\r\nall three"
+        )
+        assert shown.status_code == 200, shown.text[-2000:]
+        form = form_fields(shown.text, "/ops/bulk/apply")
+        assert form["seen"] == ",".join(f"{i}:held" for i in ids) and form["seal"]
+        tampered = {
+            "an id added": {"seen": f"{form['seen']},{other}:held"},
+            "an id dropped": {"seen": ",".join(f"{i}:held" for i in ids[:2])},
+            "another id": {"seen": form["seen"].replace(f"{ids[0]}:", f"{other}:")},
+            "a seen state changed": {"seen": form["seen"].replace(f"{ids[0]}:held", f"{ids[0]}:pending")},
+            "the action": {"action": "deny"},
+            "the note": {"note": "customer unsubscribed"},
+            "a verdict added": {"verdict": "rejected"},
+            "the seal": {"seal": form["seal"][:-2] + ("AA" if not form["seal"].endswith("AA") else "BB")},
+            "no seal": {"seal": ""},
+        }
+        for why, change in tampered.items():
+            answer = web.post("/ops/bulk/apply", data=form | change)
+            assert answer.status_code == 422, (why, answer.status_code, answer.text[-1500:])
+            assert REFUSED in answer.text and "preview again" in answer.text, why
+        no_seal = {k: v for k, v in form.items() if k != "seal"}
+        assert web.post("/ops/bulk/apply", data=no_seal).status_code == 422
+        # The same key signed in elsewhere: its own CSRF token is good, the seal is not its session's.
+        _signed_in(second, alice)
+        foreign = second.post("/ops/bulk/apply", data=form | {"csrf": _csrf(second.get("/ops/steps").text)})
+        assert foreign.status_code == 422 and REFUSED in foreign.text
+        assert {step_row(db_url, i)["status"] for i in [*ids, other]} == {"held"}
+        assert decisions(db_url, [*ids, other]) == 0
+        # The preview's own form, as a browser posts it (a hidden field's line breaks as CRLF or LF), applies.
+        done = web.post("/ops/bulk/apply", data=form | {"note": form["note"].replace("\r\n", "\n")})
+        assert done.status_code == 200 and "Bulk cancel: 3 done" in done.text, done.text[-2000:]
+    assert [step_row(db_url, i)["status"] for i in ids] == ["rejected"] * 3
+    assert step_row(db_url, other)["status"] == "held"
+
+
+def test_a_tampered_or_foreign_unknown_close_is_refused_and_changes_nothing(server, db_url):  # noqa: F811
+    ids = unknown(db_url, 2, run_id="run-sealu")
+    [other] = unknown(db_url, 1, run_id="run-otheru")
+    alice = make_key(db_url, "alice", "operator")
+    with httpx.Client(base_url=server, timeout=30) as web, httpx.Client(base_url=server, timeout=30) as bob:
+        _signed_in(web, alice)
+        token = _csrf(web.get("/ops/unknown?run_id=run-sealu").text)
+        shown = web.post(
+            "/ops/unknown/preview", data={"csrf": token, "run_id": "run-sealu", "verdict": "rejected", "note": "outage"}
+        )
+        assert shown.status_code == 200, shown.text[-2000:]
+        form = form_fields(shown.text, "/ops/unknown/close")
+        assert form["ids"] == ",".join(map(str, ids)) and form["seal"]
+        for change in (
+            {"ids": f"{form['ids']},{other}"},
+            {"ids": str(other)},
+            {"verdict": "accepted"},
+            {"note": "something else"},
+            {"reason": "checked_log"},
+            {"seal": ""},
+        ):
+            answer = web.post("/ops/unknown/close", data=form | change)
+            assert answer.status_code == 422 and REFUSED in answer.text, (change, answer.text[-1500:])
+        _signed_in(bob, make_key(db_url, "bob", "operator"))
+        foreign = bob.post("/ops/unknown/close", data=form | {"csrf": _csrf(bob.get("/ops/unknown").text)})
+        assert foreign.status_code == 422 and REFUSED in foreign.text
+        assert {step_row(db_url, i)["status"] for i in [*ids, other]} == {"unknown"}
+        assert decisions(db_url, [*ids, other]) == 0
+        done = web.post("/ops/unknown/close", data=form)
+        assert done.status_code == 200 and "Bulk close: 2 closed" in done.text, done.text[-2000:]
+    assert [step_row(db_url, i)["status"] for i in ids] == ["rejected", "rejected"]
+    assert step_row(db_url, other)["status"] == "unknown"
+
+
+def test_a_seal_is_bound_to_its_secret_session_purpose_and_fields():
+    sessions = Sessions("s3cret")
+    session = Session(csrf="c1", expires=2**40, name="alice", role="operator", key_id="k1")
+    fields = {"action": "cancel", "seen": "1:held", "verdict": "", "note": "a\r\nb"}
+    seal = sessions.seal(session, "bulk", fields)
+    assert sessions.sealed(session, "bulk", fields, seal)
+    assert sessions.sealed(session, "bulk", fields | {"note": "a\nb"}, seal)  # line breaks as LF or CRLF
+    assert not sessions.sealed(session, "bulk", fields | {"note": "a b"}, seal)
+    assert not sessions.sealed(session, "unknown-close", fields, seal)
+    assert not sessions.sealed(Session(csrf="c2", expires=2**40, key_id="k1"), "bulk", fields, seal)
+    assert not sessions.sealed(session, "bulk", fields, Sessions("other").seal(session, "bulk", fields))
+    assert not sessions.sealed(session, "bulk", fields, None) and not sessions.sealed(
+        session, "bulk", fields, "x" * 200
+    )
+    # Not the cookie's signature under another name: a seal's key is its own.
+    assert seal != sessions._sign(fields["seen"])
