@@ -316,7 +316,6 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
     from evq.ops.web.session import Sessions
     from evq.ops.web.state import AppState
     from evq.ops.web.throttle import FailureThrottle
-    from evq.worker.metrics import UNKNOWN_AGE_BUCKETS
     from evq.worker.runner import new_owner
     from evq.worker.sampler import QueueSampler
     from evq.worker.service import run_periodically
@@ -338,7 +337,8 @@ async def serve_state(settings: Settings, *, url: str | None = None) -> AsyncIte
                         store=store,
                         registry=registry,
                         sessions=Sessions(settings.serve_secret),
-                        read_stats=lambda: reader.read(UNKNOWN_AGE_BUCKETS),
+                        # The page shows counts and ages, no histogram: no buckets to count.
+                        read_stats=lambda: reader.read((), pending_buckets=()),
                         throttle=FailureThrottle(settings.serve_auth_failures, settings.serve_auth_window),
                         health=health_reader(settings, url=url),
                         webhooks=receivers(settings.webhook_config()),

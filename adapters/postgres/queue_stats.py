@@ -85,12 +85,13 @@ class QueueStatsReader:
 
 
 def _stats(row: dict[str, Any], buckets: Sequence[float], pending_buckets: Sequence[float]) -> QueueStats:
+    # No buckets asked for (the overview shows no histogram): array_agg of no rows is NULL.
     return QueueStats(
         steps={str(s): int(row[str(s)]) for s in Status},
         unknown_oldest_age=float(row["unknown_oldest_age"]),
         unknown_age_sum=float(row["unknown_age_sum"]),
         unknown_buckets=tuple(
-            zip((float(b) for b in sorted(buckets)), (int(n) for n in row["unknown_buckets"]), strict=True)
+            zip((float(b) for b in sorted(buckets)), (int(n) for n in row["unknown_buckets"] or ()), strict=True)
         ),
         pending_oldest_age=float(row["pending_oldest_age"]),
         in_flight_expired=int(row["in_flight_expired"]),
@@ -99,7 +100,9 @@ def _stats(row: dict[str, Any], buckets: Sequence[float], pending_buckets: Seque
         pending_due=int(row["pending_due"]),
         pending_age_sum=float(row["pending_age_sum"]),
         pending_buckets=tuple(
-            zip((float(b) for b in sorted(pending_buckets)), (int(n) for n in row["pending_buckets"]), strict=True)
+            zip(
+                (float(b) for b in sorted(pending_buckets)), (int(n) for n in row["pending_buckets"] or ()), strict=True
+            )
         ),
         refusals={(str(i), str(f)): int(n) for i, f, n in row["refusals"]},
         held_oldest_age=float(row["held_oldest_age"]),

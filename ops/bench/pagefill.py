@@ -15,6 +15,14 @@ trigger's key events name real key ids), one recipient (5% at one big domain, th
 attempt for half the accepted ones, lease_expired for some unknown ones): about 3 rows a step,
 inserted sorted by time so the evidence BRIN index stays as tight as a worker leaves it.
 queue_samples gets one row a minute for the 7 days. Every row satisfies the schema's CHECKs.
+
+The send rollups (send_rollups, what the overview's sends and provider charts read instead of
+every evidence row) are made as a running sampler leaves them: by the store's own
+``roll_up_sends``, a day at a time over the 7 days (a sampler's first run reads 24 h back, each
+later one from its watermark), the last run at the fill's end, so only the last few minutes
+are read live, as on a system whose workers roll up every minute. Without them a page would
+read the whole window live, which no running evq does (and the first minute's rollup of
+`evq serve` would land in the middle of the timed reads).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -241,6 +250,21 @@ class Filled:
     counts: dict[str, int]
 
 
+async def _roll_up(url: str, t0: datetime) -> None:
+    """The rollups of the 7 days as a sampler running all along made them: one run a day (a
+    run reads at most 24 h back), then one at the real now."""
+    from evq.adapters.postgres.store import PostgresStore
+    from evq.worker.window import KEEP_SAMPLES
+
+    store = await PostgresStore.open(url, max_size=1)
+    try:
+        for day in range(1, DAYS + 1):
+            await store.roll_up_sends(keep_seconds=KEEP_SAMPLES, now=t0 + timedelta(days=day))
+        await store.roll_up_sends(keep_seconds=KEEP_SAMPLES)
+    finally:
+        await store.close()
+
+
 async def _make_keys(url: str) -> tuple[list[str], str]:
     """The agents' keys (their ids go into the decisions) and an operator key to sign in with,
     made through the store as `evq keys create` makes them (the bootstrap: no admin key yet)."""
@@ -279,6 +303,8 @@ def fill(url: str, steps: int, *, progress: Callable[[str], None] = lambda _: No
                 conn.execute(EVIDENCE, params)
             progress(f"ops-pages: {b:,} of {steps:,} steps ({time.perf_counter() - started:.0f}s)")
         conn.execute(SAMPLES, {"days": DAYS})
+        progress("ops-pages: rolling up the sends as the sampler does")
+        asyncio.run(_roll_up(url, t0))
         for table in ("decisions", "email_steps"):
             conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", (steps,))
         progress("ops-pages: VACUUM ANALYZE")

@@ -162,7 +162,9 @@ def _legend(prefix: str, names: Sequence[str]) -> str:
 
 def _table(prefix: str, caption: str, head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     th = "".join(f'<th scope="col">{_e(h)}</th>' for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    # A day of minutes is thousands of cells: each escaped by markupsafe's escape itself (a str),
+    # joined once per row.
+    body = "".join(f"<tr><td>{'</td><td>'.join(map(escape, row))}</td></tr>" for row in rows)
     if not rows:
         body = f'<tr><td colspan="{len(head)}">none</td></tr>'
     return (
@@ -300,6 +302,12 @@ def unknown_chart(counts: Sequence[int]) -> Markup:
 # -- a queue figure over time, with gaps -----------------------------------------------
 
 
+def minute_label(at: datetime, tz: tzinfo) -> str:
+    """``at`` as YYYY-MM-DD HH:MM in ``tz``: strftime's "%Y-%m-%d %H:%M" for every year of four
+    digits, by isoformat (a day of minutes is 1,440 of them per chart, and strftime is slower)."""
+    return at.astimezone(tz).isoformat(" ")[:16]
+
+
 def line_summary(what: str, samples: Sequence[Mapping[str, Any]], key: str, hours: int, fmt: Any) -> str:
     values = [float(s[key]) for s in samples if s[key] is not None]
     if not samples:
@@ -332,29 +340,28 @@ def line_chart(
     values = [float(s[key]) if s[key] is not None else None for s in samples]
     top = _nice_max(max((v for v in values if v is not None), default=0))
     span = (until - since).total_seconds()
-    runs: list[list[tuple[float, float]]] = []
+    # A run is a line through consecutive minutes; a minute without a sample starts another.
+    runs: list[list[str]] = []
     previous: datetime | None = None
+    minute = timedelta(seconds=60)
+    x_scale, y_scale = PLOT_W / span, PLOT_H / top
     for s, v in zip(samples, values, strict=True):
         if v is None:
             previous = None
             continue
-        point = (LEFT + (s["at"] - since).total_seconds() / span * PLOT_W, TOP + PLOT_H - v / top * PLOT_H)
-        if previous is None or s["at"] - previous > timedelta(seconds=60):
+        at = s["at"]
+        if previous is None or at - previous > minute:
             runs.append([])
-        runs[-1].append(point)
-        previous = s["at"]
+        runs[-1].append(f"{LEFT + (at - since).total_seconds() * x_scale:.1f},{TOP + PLOT_H - v * y_scale:.1f}")
+        previous = at
     parts = [_y_axis(top, fmt), _x_axis(since, until, tz)]
     for run in runs:
         if len(run) == 1:
-            x, y = run[0]
-            parts.append(f'<circle class="line-point" cx="{x:.1f}" cy="{y:.1f}" r="2"/>')
+            x, y = run[0].split(",")
+            parts.append(f'<circle class="line-point" cx="{x}" cy="{y}" r="2"/>')
         else:
-            d = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(run))
-            parts.append(f'<path class="line" d="{d}"/>')
-    rows = [
-        [f"{s['at'].astimezone(tz):%Y-%m-%d %H:%M}", "-" if v is None else fmt(v)]
-        for s, v in zip(samples, values, strict=True)
-    ]
+            parts.append(f'<path class="line" d="M{" L".join(run)}"/>')
+    rows = [[minute_label(s["at"], tz), "-" if v is None else fmt(v)] for s, v in zip(samples, values, strict=True)]
     table = _table(prefix, heading, ["minute", heading.lower()], rows)
     return _figure(prefix, heading, _svg(prefix, summary, "".join(parts)), "", caption, table)
 

@@ -204,8 +204,13 @@ class Guard:
 
 def server_timing(timer: Timer) -> str:
     """``app;dur=<ms>``: the request's time so far (the contract's timer, started as it arrived),
-    in milliseconds with fractions, as the Server-Timing header spells a duration."""
-    return f"app;dur={(time.perf_counter() - timer.started) * 1000:.2f}"
+    in milliseconds with fractions, as the Server-Timing header spells a duration; then each
+    part the page timed (``Timer.part``: the overview's ``read`` and ``draw``), so an operator's
+    devtools show whether the database or the drawing took the time. ``app`` stays first: it
+    is what `evq bench --mode ops-pages` reads."""
+    entries = [f"app;dur={(time.perf_counter() - timer.started) * 1000:.2f}"]
+    entries += [f"{name};dur={ms:.2f}" for name, ms in timer.parts.items()]
+    return ", ".join(entries)
 
 
 # No script at all: every value on the page is text, and nothing can run even if one slipped through.

@@ -1,6 +1,7 @@
 """Every /ops answer says how long the server took (`Server-Timing: app;dur=<ms>`), the figure
 `evq bench --mode ops-pages` reads: pages, redirects, errors and the stylesheet alike, each a
-positive duration no longer than the client waited for it."""
+positive duration no longer than the client waited for it. The overview also names its parts
+(`read`, every read at once, and `draw`, the charts and the template), each within the whole."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from tests.acceptance.conftest import make_key
 from tests.support import serve_process, unknown_steps, with_store
 
-TIMING = re.compile(r"^app;dur=(\d+\.\d{2})$")
+TIMING = re.compile(r"^app;dur=(\d+\.\d{2})((?:, [a-z]+;dur=\d+\.\d{2})*)$")
+PART = re.compile(r", ([a-z]+);dur=(\d+\.\d{2})")
 
 
 @pytest.fixture
@@ -32,6 +34,12 @@ def _timed(web: httpx.Client, method: str, path: str, **kwargs: object) -> tuple
     return answer, float(match[1]), waited_ms
 
 
+def _parts(answer: httpx.Response) -> dict[str, float]:
+    match = TIMING.match(answer.headers["server-timing"])
+    assert match
+    return {name: float(ms) for name, ms in PART.findall(match[2])}
+
+
 def test_every_ops_answer_carries_its_server_time(server, db_url):
     [step] = with_store(db_url, lambda store: unknown_steps(store, 1))
     key = make_key(db_url, "timer", "operator")
@@ -47,5 +55,13 @@ def test_every_ops_answer_carries_its_server_time(server, db_url):
             assert 0 < dur <= waited, (path, dur, waited)
             seen[path] = answer.status_code
         assert seen["/ops/steps/999999999"] == 404 and seen["/ops"] == 200
+        # The overview's parts: its reads and its drawing, each positive and within the whole.
+        for path in ("/ops", "/ops?hours=24"):
+            answer, dur, _ = _timed(web, "GET", path)
+            parts = _parts(answer)
+            assert set(parts) == {"read", "draw"}, (path, answer.headers["server-timing"])
+            assert all(0 < ms <= dur for ms in parts.values()) and sum(parts.values()) <= dur, (path, parts, dur)
+        # A page that times no part says only the whole.
+        assert _parts(web.get("/ops/unknown")) == {}
         # The API's own timing is its contract's meta.duration_ms; the header is the page's.
         assert "server-timing" not in web.get("/healthz").headers

@@ -3,8 +3,9 @@ the signed-in check, CSRF-checked forms, the filters in the URL and a close's re
 
 from __future__ import annotations
 
+import asyncio
 import shlex
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
@@ -298,6 +299,17 @@ def caller_of(session: Session) -> Caller:
 def may_close(session: Session) -> bool:
     identity = session.identity
     return identity is not None and identity.may(Permission.RESOLVE)
+
+
+async def concurrently(*reads: Awaitable[Any]) -> list[Any]:
+    """The reads' answers, awaited together (each store read takes its own connection of the
+    pool); when any fails, the first failure (in the reads' order) is raised, but only once
+    every read has ended, so none is left running behind the error page."""
+    answers = await asyncio.gather(*reads, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    return answers
 
 
 async def signed_in(request: Request) -> Session:
