@@ -1033,12 +1033,27 @@ FROM email_steps s
 WHERE s.id = %(id)s;
 
 
+-- name: steps_get
+-- get_steps: several steps at once (the held queue's page), as step_get reads one.
+SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
+FROM email_steps s
+WHERE s.id = ANY(%(ids)s::bigint[]);
+
+
 -- name: decision_get
 SELECT * FROM decisions WHERE id = %(id)s;
 
 
+-- name: decisions_get
+SELECT * FROM decisions WHERE id = ANY(%(ids)s::bigint[]);
+
+
 -- name: evidence_for_step
 SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
+
+
+-- name: evidence_for_steps
+SELECT * FROM evidence WHERE step_id = ANY(%(ids)s::bigint[]) ORDER BY step_id, id;
 
 
 -- name: evidence_last_answers

@@ -593,8 +593,9 @@ known_recipients = Table(
     Column("created_at", TZ, nullable=False, server_default=NOW),
 )
 
-# The enqueuing API key's name, for the search box (0019).
-Index("ix_decisions_actor", decisions.c.actor, postgresql_where=text("actor IS NOT NULL"))
+# The enqueuing API key's name, for the search box (0019); with the id (0021), so the search
+# by key name reads its decisions' ids from the index alone.
+Index("ix_decisions_actor", decisions.c.actor, decisions.c.id, postgresql_where=text("actor IS NOT NULL"))
 # The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
 Index(
     "ix_evidence_created_at_brin",
