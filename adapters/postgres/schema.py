@@ -204,8 +204,13 @@ Index(
     postgresql_where=text("status = 'unknown'"),
 )
 # The foreign key's reverse lookup: prune deletes decisions, and each delete checks
-# that no step still points at it.
-Index("ix_email_steps_decision_id", email_steps.c.decision_id)
+# that no step still points at it. Covering (0021): the search by key name reads a key's
+# steps' ids, states and times from the index alone (step_list's `hits`).
+Index(
+    "ix_email_steps_decision_id",
+    email_steps.c.decision_id,
+    postgresql_include=["status", "created_at", "unknown_since", "held_since", "id"],
+)
 # A failure notice's reverse lookup: prune asks whether a notice still points at a
 # step, and the notice_of foreign key asks the same for every step deleted (0009).
 Index("ix_email_steps_notice_of", email_steps.c.notice_of, postgresql_where=text("notice_of IS NOT NULL"))
