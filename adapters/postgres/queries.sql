@@ -1090,7 +1090,9 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- every arm is an index's exact expression, so `hits` is a BitmapOr of index scans: the
 -- step id, evq_recipient_keys (GIN), message_id, provider_message_id, idempotency_key,
 -- run_id, and the enqueuing key's decisions (ix_decisions_actor, then decision_id = ANY,
--- which a bitmap can take where IN (subquery) would be a filter). Each optional arm is
+-- which a bitmap can take where IN (subquery) would be a filter; `keyed`, apart from the
+-- BitmapOr: an index-only read of ix_email_steps_decision_id's INCLUDE columns, less the
+-- steps `found` already has, so a step two forms find is one hit). Each optional arm is
 -- written "p IS NOT NULL AND ...": a NULL p folds it away to false rather than leaving a
 -- NULL arm that no index answers. Its rows are read once (MATERIALIZED) and sorted:
 -- walking a state's index with the search as a filter costs evq_recipient_keys per row
