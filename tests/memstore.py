@@ -1559,6 +1559,25 @@ class MemoryStore:
             evidence=[_plain(e) for e in self._evidence_of(step_id)],
         )
 
+    async def get_steps(self, step_ids: Sequence[int]) -> list[StepDetail]:
+        if not step_ids:
+            return []
+        at = await self._op("get_steps", None)
+        out = []
+        for i in dict.fromkeys(step_ids):
+            s = self.steps.get(i)
+            if s is None:
+                continue
+            decision = self.decisions.get(s["decision_id"])
+            out.append(
+                StepDetail(
+                    step={**copy.deepcopy(s), "age_seconds": _epoch(at - s["created_at"])},
+                    decision=copy.deepcopy(decision) if decision is not None else None,
+                    evidence=[_plain(e) for e in self._evidence_of(i)],
+                )
+            )
+        return out
+
     async def get_run(self, run_id: str) -> RunDetail:
         await self._op("get_run", None)
         steps = sorted(

@@ -1049,12 +1049,27 @@ FROM email_steps s
 WHERE s.id = %(id)s;
 
 
+-- name: steps_get
+-- get_steps: several steps at once (the held queue's page), as step_get reads one.
+SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
+FROM email_steps s
+WHERE s.id = ANY(%(ids)s::bigint[]);
+
+
 -- name: decision_get
 SELECT * FROM decisions WHERE id = %(id)s;
 
 
+-- name: decisions_get
+SELECT * FROM decisions WHERE id = ANY(%(ids)s::bigint[]);
+
+
 -- name: evidence_for_step
 SELECT * FROM evidence WHERE step_id = %(id)s ORDER BY id;
+
+
+-- name: evidence_for_steps
+SELECT * FROM evidence WHERE step_id = ANY(%(ids)s::bigint[]) ORDER BY step_id, id;
 
 
 -- name: evidence_last_answers
@@ -1091,7 +1106,9 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- every arm is an index's exact expression, so `hits` is a BitmapOr of index scans: the
 -- step id, evq_recipient_keys (GIN), message_id, provider_message_id, idempotency_key,
 -- run_id, and the enqueuing key's decisions (ix_decisions_actor, then decision_id = ANY,
--- which a bitmap can take where IN (subquery) would be a filter). Each optional arm is
+-- which a bitmap can take where IN (subquery) would be a filter; `keyed`, apart from the
+-- BitmapOr: an index-only read of ix_email_steps_decision_id's INCLUDE columns, less the
+-- steps `found` already has, so a step two forms find is one hit). Each optional arm is
 -- written "p IS NOT NULL AND ...": a NULL p folds it away to false rather than leaving a
 -- NULL arm that no index answers. Its rows are read once (MATERIALIZED) and sorted:
 -- walking a state's index with the search as a filter costs evq_recipient_keys per row
@@ -1114,7 +1131,7 @@ WITH t AS (
            OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
       AND (%(recipient_domain)s::text IS NULL
            OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
-), hits AS MATERIALIZED (
+), found AS MATERIALIZED (
     SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
     FROM base b
     WHERE %(search)s::text IS NOT NULL
@@ -1124,8 +1141,17 @@ WITH t AS (
            OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
            OR b.provider_message_id = %(search)s::text
            OR b.idempotency_key = %(search)s::text
-           OR b.run_id = %(search)s::text
-           OR b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text)))
+           OR b.run_id = %(search)s::text)
+), keyed AS MATERIALIZED (
+    SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
+    FROM base b
+    WHERE %(search)s::text IS NOT NULL
+      AND b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text))
+      AND NOT EXISTS (SELECT 1 FROM found f WHERE f.id = b.id)
+), hits AS NOT MATERIALIZED (
+    SELECT f.id, f.status, f.unknown_since, f.held_since, f.created_at FROM found f
+    UNION ALL
+    SELECT k.id, k.status, k.unknown_since, k.held_since, k.created_at FROM keyed k
 ), firsts AS (
     (SELECT m.id, m.status, m.unknown_since AS waiting_since, m.created_at FROM base m
      WHERE m.status = 'unknown' AND (%(statuses)s::text[] IS NULL OR 'unknown' = ANY(%(statuses)s::text[]))
@@ -1212,10 +1238,17 @@ ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since
 
 -- name: step_count_by_status
 -- Each state's count of the steps a filter (step_list's, less the states, the page and
--- its order) matches, at most count_cap + 1 each: the ops page's tabs. The same `base` and
--- `hits` as step_list (keep the two in step); one constant branch per state, so each count
--- reads that state's index (ix_email_steps_status_created_at, or the in-flight or held
--- partial index) and stops at the cap.
+-- its order) matches, at most count_cap + 1 each: the ops page's tabs. The same `base` as
+-- step_list and the same search (keep the two in step). Without a search, one constant
+-- branch per state, so each count reads that state's index (ix_email_steps_status_created_at,
+-- or the in-flight, unknown or held partial index) and stops at the cap.
+-- A search never reads all its hits here (step_list reads them for its page): the key-name
+-- arm (`keyed`) is an index-only read (ix_decisions_actor, ix_email_steps_decision_id with its INCLUDE columns, 0021);
+-- the other arms are read twice, as a BitmapAnd of the search's indexes with every state's
+-- index but accepted's (those states' hits only: each counted, however many), and as
+-- accepted's hits up to the cap (accepted is where nearly every step ends up: the one state
+-- whose hits are most of a big search's). A step both arms find is counted once (UNION).
+-- A new state needs its line here (and in `searched`'s states if it is not accepted).
 WITH base AS NOT MATERIALIZED (
     SELECT s.id, s.status, s.unknown_since, s.held_since, s.created_at, s.payload, s.message_id,
            s.provider_message_id, s.idempotency_key, s.run_id, s.decision_id
@@ -1227,49 +1260,68 @@ WITH base AS NOT MATERIALIZED (
            OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
       AND (%(recipient_domain)s::text IS NULL
            OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
-), hits AS MATERIALIZED (
-    SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
+), keyed AS MATERIALIZED (
+    SELECT b.id, b.status
     FROM base b
     WHERE %(search)s::text IS NOT NULL
-      AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
-           OR (%(search_recipient)s::text IS NOT NULL
-               AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-           OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
-           OR b.provider_message_id = %(search)s::text
-           OR b.idempotency_key = %(search)s::text
-           OR b.run_id = %(search)s::text
-           OR b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text)))
+      AND b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text))
+), searched AS (
+    SELECT u.status, count(*)::int AS n
+    FROM (SELECT b.id, b.status
+          FROM base b
+          WHERE %(search)s::text IS NOT NULL
+            AND (b.status = 'held' OR b.status = 'pending' OR b.status = 'in_flight' OR b.status = 'retryable'
+                 OR b.status = 'unknown' OR b.status = 'rejected')
+            AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
+               OR (%(search_recipient)s::text IS NOT NULL
+                   AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
+               OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+               OR b.provider_message_id = %(search)s::text
+               OR b.idempotency_key = %(search)s::text
+               OR b.run_id = %(search)s::text)
+          UNION
+          SELECT k.id, k.status FROM keyed k WHERE k.status <> 'accepted') u
+    GROUP BY u.status
+    UNION ALL
+    SELECT 'accepted', count(*)::int
+    FROM ((SELECT b.id
+           FROM base b
+           WHERE %(search)s::text IS NOT NULL
+             AND b.status = 'accepted'
+             AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
+               OR (%(search_recipient)s::text IS NOT NULL
+                   AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
+               OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+               OR b.provider_message_id = %(search)s::text
+               OR b.idempotency_key = %(search)s::text
+               OR b.run_id = %(search)s::text)
+           LIMIT %(count_cap)s::int + 1)
+          UNION
+          (SELECT k.id FROM keyed k WHERE k.status = 'accepted' LIMIT %(count_cap)s::int + 1)) a
 )
-SELECT c.status, c.n
+SELECT c.status, least(c.n, %(count_cap)s::int + 1) AS n
 FROM (VALUES
-    ('held', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'held'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'held' LIMIT %(count_cap)s::int + 1) c)),
-    ('pending', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'pending'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'pending' LIMIT %(count_cap)s::int + 1) c)),
-    ('in_flight', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'in_flight'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'in_flight' LIMIT %(count_cap)s::int + 1) c)),
-    ('retryable', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'retryable'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'retryable' LIMIT %(count_cap)s::int + 1) c)),
-    ('unknown', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'unknown'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'unknown' LIMIT %(count_cap)s::int + 1) c)),
-    ('accepted', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'accepted'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'accepted' LIMIT %(count_cap)s::int + 1) c)),
-    ('rejected', (SELECT count(*)::int FROM (
-        (SELECT 1 FROM base b WHERE b.status = 'rejected'
-         LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
-        UNION ALL SELECT 1 FROM hits h WHERE h.status = 'rejected' LIMIT %(count_cap)s::int + 1) c))
+    ('held', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'held'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'held'), 0)),
+    ('pending', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'pending'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'pending'), 0)),
+    ('in_flight', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'in_flight'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'in_flight'), 0)),
+    ('retryable', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'retryable'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'retryable'), 0)),
+    ('unknown', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'unknown'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'unknown'), 0)),
+    ('accepted', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'accepted'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'accepted'), 0)),
+    ('rejected', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'rejected'
+                 LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
+             + coalesce((SELECT f.n FROM searched f WHERE f.status = 'rejected'), 0))
 ) AS c(status, n);
 
 

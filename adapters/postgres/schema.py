@@ -204,8 +204,13 @@ Index(
     postgresql_where=text("status = 'unknown'"),
 )
 # The foreign key's reverse lookup: prune deletes decisions, and each delete checks
-# that no step still points at it.
-Index("ix_email_steps_decision_id", email_steps.c.decision_id)
+# that no step still points at it. Covering (0021): the search by key name reads a key's
+# steps' ids, states and times from the index alone (step_list's `hits`).
+Index(
+    "ix_email_steps_decision_id",
+    email_steps.c.decision_id,
+    postgresql_include=["status", "created_at", "unknown_since", "held_since", "id"],
+)
 # A failure notice's reverse lookup: prune asks whether a notice still points at a
 # step, and the notice_of foreign key asks the same for every step deleted (0009).
 Index("ix_email_steps_notice_of", email_steps.c.notice_of, postgresql_where=text("notice_of IS NOT NULL"))
@@ -593,8 +598,9 @@ known_recipients = Table(
     Column("created_at", TZ, nullable=False, server_default=NOW),
 )
 
-# The enqueuing API key's name, for the search box (0019).
-Index("ix_decisions_actor", decisions.c.actor, postgresql_where=text("actor IS NOT NULL"))
+# The enqueuing API key's name, for the search box (0019); with the id (0021), so the search
+# by key name reads its decisions' ids from the index alone.
+Index("ix_decisions_actor", decisions.c.actor, decisions.c.id, postgresql_where=text("actor IS NOT NULL"))
 # The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
 Index(
     "ix_evidence_created_at_brin",

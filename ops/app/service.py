@@ -594,6 +594,35 @@ async def show_step(
     return Reply(data)
 
 
+async def show_steps(
+    store: AppStore, caller: Caller, step_ids: Sequence[int], *, unresolvable: Collection[str] | None = None
+) -> Reply:
+    """show_step of several steps (the held queue's page) in a fixed number of reads, not a
+    few per step: each as show_step's ``step``, ``decision`` and ``evidence``, in the ids'
+    order; a step no longer stored (pruned since its id was read) is left out. No
+    ``deliveries`` list (each step's events are a read of their own; its ``delivery`` state is
+    there): a page that shows the events reads them with show_step."""
+    await caller.identify(store, Permission.READ)
+    details = await store.get_steps(step_ids)
+    refusal = await caller.content_refusal(store)
+    states = await store.delivery_states([d.step["id"] for d in details]) if details else {}
+    data = []
+    for detail in details:
+        step = {
+            **public_step(detail.step),
+            "refused_recipients": accepted_refusals(detail.step, detail.evidence),
+            "content": content_view(detail.step, refusal),
+            "delivery": delivery_view(states.get(detail.step["id"])),
+            **step_verdict(detail.step, unresolvable),
+        }
+        if refusal is not None:
+            step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
+        data.append(
+            {"step": step, "decision": detail.decision, "evidence": [public_evidence(e) for e in detail.evidence]}
+        )
+    return Reply(data)
+
+
 def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str] | None) -> dict[str, Any]:
     """:func:`verdict_view` of a stored step's row (steps show, runs show)."""
     return verdict_view(

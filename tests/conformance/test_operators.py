@@ -224,6 +224,23 @@ async def test_get_run_and_get_step_read_steps_decisions_and_evidence(any_store)
         await any_store.get_step(9999)
 
 
+async def test_get_steps_reads_each_as_get_step_does_in_the_ids_order(any_store):
+    a = await any_store.enqueue(valid(run_id="run-m"), now=T0)
+    decision = {"model": "m-2", "tool": "send_email", "instruction_version": "v1", "rationale": "asked"}
+    b = await any_store.enqueue(valid(run_id="run-m", decision=decision), now=at(1))
+    await claim(any_store, now=at(2))
+    many = await any_store.get_steps([b.id, 9999, a.id, b.id])
+    assert [d.step["id"] for d in many] == [b.id, a.id]  # no step 9999; a repeated id once
+    for d in many:
+        one = await any_store.get_step(d.step["id"])
+        assert d.decision == one.decision and d.evidence == one.evidence
+        assert {k: v for k, v in d.step.items() if k != "age_seconds"} == {
+            k: v for k, v in one.step.items() if k != "age_seconds"
+        }
+    assert many[0].decision["model"] == "m-2" and [e["kind"] for e in many[1].evidence] == ["attempt_started"]
+    assert await any_store.get_steps([]) == [] and await any_store.get_steps([9999]) == []
+
+
 async def test_a_rejection_enqueues_one_notice_with_the_transition(any_store):
     e = await any_store.enqueue(valid(notify="owner@example.com"), now=T0)
     [step] = await claim(any_store)

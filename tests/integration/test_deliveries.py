@@ -75,6 +75,12 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
     shown = (await service.show_step(store, READER, lost.id, unresolvable=())).data
     assert shown["step"]["delivery"]["state"] == "delivered"
     assert [d["event_id"] for d in shown["deliveries"]] == ["evt-1"]
+    # The held queue's read of a page: show_step of each (no events list), a missing id left out.
+    [many] = (await service.show_steps(store, READER, [10**12, lost.id], unresolvable=())).data
+    assert many.keys() == {"step", "decision", "evidence"} and many["step"]["delivery"]["state"] == "delivered"
+    assert (many["decision"], many["evidence"]) == (shown["decision"], shown["evidence"])
+    ageless = lambda step: {k: v for k, v in step.items() if k != "age_seconds"}  # noqa: E731
+    assert ageless(many["step"]) == ageless(shown["step"])
 
 
 async def test_unmatched_events_are_kept_and_listed_for_an_operator(store):

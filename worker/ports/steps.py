@@ -86,6 +86,12 @@ class EnqueueStore(Protocol):
 class StepReader(Protocol):
     async def get_step(self, step_id: int) -> StepDetail: ...
 
+    async def get_steps(self, step_ids: Sequence[int]) -> list[StepDetail]:
+        """get_step of each id, read together from one snapshot, in the ids' order (a repeated
+        id once); an id with no step is left out, not an error (a page of ids read just before
+        some were pruned)."""
+        ...
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         """The page of steps ``where`` matches, and their total counted up to COUNT_CAP + 1
         (StatusCount.capped reads it)."""

@@ -105,6 +105,23 @@ class PostgresSteps(PostgresBase):
             evidence = await fetch_all(conn, Q["evidence_for_step"], {"id": step_id})
         return StepDetail(step=step, decision=decision[0] if decision else None, evidence=evidence)
 
+    async def get_steps(self, step_ids: Sequence[int]) -> list[StepDetail]:
+        if not step_ids:
+            return []
+        ids = list(step_ids)
+        async with self._snapshot("get_steps") as conn:
+            steps = {r["id"]: r for r in await fetch_all(conn, Q["steps_get"], {"ids": ids})}
+            decision_ids = sorted({s["decision_id"] for s in steps.values()})
+            decisions = {r["id"]: r for r in await fetch_all(conn, Q["decisions_get"], {"ids": decision_ids})}
+            evidence: dict[int, list[dict[str, Any]]] = {}
+            for e in await fetch_all(conn, Q["evidence_for_steps"], {"ids": ids}):
+                evidence.setdefault(e["step_id"], []).append(e)
+        return [
+            StepDetail(step=steps[i], decision=decisions.get(steps[i]["decision_id"]), evidence=evidence.get(i, []))
+            for i in dict.fromkeys(ids)
+            if i in steps
+        ]
+
     async def get_run(self, run_id: str) -> RunDetail:
         """One run's steps, decisions and evidence, read from one snapshot."""
         async with self._snapshot("get_run") as conn:
