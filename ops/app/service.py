@@ -50,7 +50,7 @@ from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import COUNT_CAP, AppStore, KeyLookup, StatusCount, StepFilter
 from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
-from evq.worker.records import AMBIGUITY_HINTS, EnqueueResult, StepSummary
+from evq.worker.records import AMBIGUITY_HINTS, EnqueueResult, StepDetail, StepSummary
 from evq.worker.refusals import INTERFACES, describe
 from evq.worker.request import Actor, Policy, ValidRequest, unicode_domain
 from evq.worker.resolution import Resolution, Verdict, requeueable
@@ -575,23 +575,31 @@ async def show_step(
     refusal = await caller.content_refusal(store)
     deliveries = await store.delivery_events(step=step_id, limit=DELIVERIES_SHOWN)
     states = await store.delivery_states([step_id])
+    data = {
+        **_step_detail(detail, refusal, states.get(step_id), unresolvable),
+        "deliveries": public_deliveries(deliveries),
+    }
+    return Reply(data)
+
+
+def _step_detail(
+    detail: StepDetail,
+    refusal: str | None,
+    delivery: Mapping[str, Any] | None,
+    unresolvable: Collection[str] | None,
+) -> dict[str, Any]:
+    """One stored step as show_step and show_steps answer it: the step (its content left out
+    when ``refusal`` says this caller may not see it), its decision and its evidence."""
     step = {
         **public_step(detail.step),
         "refused_recipients": accepted_refusals(detail.step, detail.evidence),
         "content": content_view(detail.step, refusal),
-        "delivery": delivery_view(states.get(step_id)),
+        "delivery": delivery_view(delivery),
         **step_verdict(detail.step, unresolvable),
     }
     if refusal is not None:
         step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
-    evidence = [public_evidence(e) for e in detail.evidence]
-    data = {
-        "step": step,
-        "decision": detail.decision,
-        "evidence": evidence,
-        "deliveries": public_deliveries(deliveries),
-    }
-    return Reply(data)
+    return {"step": step, "decision": detail.decision, "evidence": [public_evidence(e) for e in detail.evidence]}
 
 
 async def show_steps(
@@ -606,21 +614,7 @@ async def show_steps(
     details = await store.get_steps(step_ids)
     refusal = await caller.content_refusal(store)
     states = await store.delivery_states([d.step["id"] for d in details]) if details else {}
-    data = []
-    for detail in details:
-        step = {
-            **public_step(detail.step),
-            "refused_recipients": accepted_refusals(detail.step, detail.evidence),
-            "content": content_view(detail.step, refusal),
-            "delivery": delivery_view(states.get(detail.step["id"])),
-            **step_verdict(detail.step, unresolvable),
-        }
-        if refusal is not None:
-            step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
-        data.append(
-            {"step": step, "decision": detail.decision, "evidence": [public_evidence(e) for e in detail.evidence]}
-        )
-    return Reply(data)
+    return Reply([_step_detail(d, refusal, states.get(d.step["id"]), unresolvable) for d in details])
 
 
 def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str] | None) -> dict[str, Any]:

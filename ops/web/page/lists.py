@@ -4,7 +4,6 @@ the bulk form (closed) below it for the actions that apply to the chosen state."
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -16,6 +15,7 @@ from evq.ops.web.page.common import (
     PAGE_SIZE,
     app_state,
     caller_of,
+    concurrently,
     int_param,
     list_filters,
     query_string,
@@ -76,7 +76,7 @@ async def steps(request: Request) -> HTMLResponse:
         # The page and the tabs' counts are two reads of their own (each its own snapshot, as
         # before): read at once, on two connections, a big search's page takes the longer of
         # the two rather than their sum (docs/design.md, "Search").
-        listed, counted = await asyncio.gather(
+        listed, counted = await concurrently(
             service.list_steps(
                 state.store,
                 caller_of(session),
@@ -87,12 +87,7 @@ async def steps(request: Request) -> HTMLResponse:
                 unresolvable=state.policy.unresolvable,
             ),
             tab_counts(request, session, filters),
-            return_exceptions=True,
         )
-        for failed in (listed, counted):
-            if isinstance(failed, BaseException):
-                raise failed
-        assert not isinstance(listed, BaseException) and not isinstance(counted, BaseException)
         reply, counts = listed, counted
     except InvalidRequest as exc:
         empty = {"rows": [], "facts": {}, "answers": {}, "total": (0, True), "counts": {}, "actions": []}
