@@ -1142,6 +1142,13 @@ WITH t AS (
            OR b.provider_message_id = %(search)s::text
            OR b.idempotency_key = %(search)s::text
            OR b.run_id = %(search)s::text)
+      AND (%(search_since)s::timestamptz IS NULL
+           OR b.status = 'unknown' OR b.status = 'held'
+           OR (b.status = 'pending' AND b.created_at >= %(search_since)s::timestamptz)
+           OR (b.status = 'in_flight' AND b.created_at >= %(search_since)s::timestamptz)
+           OR (b.status = 'retryable' AND b.created_at >= %(search_since)s::timestamptz)
+           OR (b.status = 'accepted' AND b.created_at >= %(search_since)s::timestamptz)
+           OR (b.status = 'rejected' AND b.created_at >= %(search_since)s::timestamptz))
 ), keyed AS MATERIALIZED (
     SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
     FROM base b
@@ -1191,6 +1198,9 @@ WITH t AS (
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT total.n AS total,
+       (SELECT count(*)::int FROM found f
+        WHERE f.status <> 'unknown' AND f.status <> 'held'
+          AND (%(statuses)s::text[] IS NULL OR f.status = ANY(%(statuses)s::text[]))) AS recent,
        s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
        ARRAY(SELECT r ->> 'email'
              FROM jsonb_array_elements(s.payload -> 'to') r

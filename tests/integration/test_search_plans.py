@@ -6,6 +6,7 @@ would there."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ import pytest
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
-from evq.adapters.postgres.store.steps import _filter_params
+from evq.adapters.postgres.store.steps import SEARCH_WINDOWS, _filter_params
 from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
 from evq.worker.states import Status
 
@@ -52,7 +53,7 @@ def many(db_url: str) -> str:
     return db_url
 
 
-def _plan(url: str, where: StepFilter, query: str = "step_list") -> dict[str, Any]:
+def _plan(url: str, where: StepFilter, query: str = "step_list", since: datetime | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {
         **_filter_params(where),
         "now": None,
@@ -60,6 +61,7 @@ def _plan(url: str, where: StepFilter, query: str = "step_list") -> dict[str, An
         "limit": where.limit,
         "offset": where.offset,
         "window": None if where.limit is None else where.limit + where.offset,
+        "search_since": since,
     }
     with psycopg.connect(url) as conn:
         row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[query], params).fetchone()
@@ -175,3 +177,69 @@ async def test_a_total_past_the_cap_is_counted_only_that_far(many):
         assert counts["pending"] == StatusCount(0, True)
     finally:
         await store.close()
+
+
+@pytest.fixture
+def recent(many: str) -> str:
+    """`many`, its steps created one a second up to now (the newest hour: 3,600 of them)."""
+    with psycopg.connect(many) as conn:
+        conn.execute(f"UPDATE email_steps SET created_at = now() - ({ROWS} - id) * interval '1 second'")
+        conn.execute("ANALYZE email_steps")
+    return many
+
+
+def _unwindowed(url: str, where: StepFilter) -> tuple[list[int], int]:
+    """step_list's page and total with no window: every hit read and sorted."""
+    params: dict[str, Any] = {
+        **_filter_params(where),
+        "now": None,
+        "statuses": [str(s) for s in where.statuses] or None,
+        "limit": where.limit,
+        "offset": where.offset,
+        "window": None if where.limit is None else where.limit + where.offset,
+        "search_since": None,
+    }
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(Q["step_list"], params).fetchall()
+    return [r[2] for r in rows if r[2] is not None], rows[0][0]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        StepFilter(search="@big.example", limit=50),
+        StepFilter(search="@big.example", limit=50, offset=350),  # past the first hour's 360 hits
+        StepFilter(search="@big.example", limit=20, offset=2990),  # the last page: no window holds it
+        StepFilter(search="@big.example", limit=50, offset=5000),  # past the end
+        StepFilter(search="@big.example", statuses=(Status.ACCEPTED,), limit=50),
+        StepFilter(search="@big.example", statuses=(Status.UNKNOWN, Status.ACCEPTED), limit=50, offset=100),
+        StepFilter(search="@big.example", statuses=(Status.HELD,), limit=50),
+        StepFilter(search="u77@d77.example", limit=50),  # one old hit: every window tried
+        StepFilter(search="key-3", limit=50, offset=40),  # the key name's hits are never cut
+        StepFilter(search="r7", limit=10),
+    ],
+)
+async def test_a_windowed_search_page_is_the_page_every_hit_sorted_gives(recent, where):
+    # list_steps reads a search's newest hour of hits first, then a day, then all; whichever
+    # window it stops at, the page and the total are those of reading and sorting every hit.
+    store = await PostgresStore.open(recent, max_size=2)
+    try:
+        rows, total = await store.list_steps(where)
+    finally:
+        await store.close()
+    assert ([r.id for r in rows], total) == _unwindowed(recent, where)
+
+
+def test_a_big_searchs_first_window_reads_its_newest_hits_only(recent):
+    # The first window (an hour) reads the domain's hits of that hour and its unknown and held
+    # hits (the page's first rows, never cut), not its 3,000 hits' rows.
+    hours = SEARCH_WINDOWS[0]
+    assert hours is not None
+    plan = _plan(recent, StepFilter(search="@big.example", limit=50), since=datetime.now(UTC) - timedelta(hours=hours))
+    heap = [
+        n["Actual Rows"]
+        for n in _nodes(plan)
+        if n["Node Type"] == "Bitmap Heap Scan" and n.get("Relation Name") == "email_steps" and n.get("Actual Loops", 0)
+    ]
+    # 360 of the hour's 3,600 steps are the domain's; 300 unknown and 150 held steps, 1 in 10 its.
+    assert heap and sum(heap) <= 360 + 30 + 15 + 10, heap
