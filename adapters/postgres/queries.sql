@@ -1112,7 +1112,12 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- written "p IS NOT NULL AND ...": a NULL p folds it away to false rather than leaving a
 -- NULL arm that no index answers. Its rows are read once (MATERIALIZED) and sorted:
 -- walking a state's index with the search as a filter costs evq_recipient_keys per row
--- passed over, far more than reading the hits.
+-- passed over, far more than reading the hits. %(search_since)s (not NULL: a window,
+-- store/steps.py's SEARCH_WINDOWS) keeps of `found` only the unknown and held hits and the
+-- others created since then (a BitmapAnd with each state's (status, created_at) range, one
+-- arm per state so each is an index range); `recent` says how many of the page's newest-first
+-- rows the window holds (the caller widens it when too few), and `older` counts the hits it
+-- cut, up to the cap, for the total only (less `keyed`'s, so a step both find counts once).
 -- The total counts at most count_cap + 1 rows (more than count_cap: the caller says
 -- "count_cap+"; docs/design.md, "Search").
 -- A new state needs its branch here and in step_count_by_status (worker/states.py's Status).
@@ -1131,7 +1136,7 @@ WITH t AS (
            OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
       AND (%(recipient_domain)s::text IS NULL
            OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
-), found AS MATERIALIZED (
+), matched AS NOT MATERIALIZED (
     SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
     FROM base b
     WHERE %(search)s::text IS NOT NULL
@@ -1142,19 +1147,30 @@ WITH t AS (
            OR b.provider_message_id = %(search)s::text
            OR b.idempotency_key = %(search)s::text
            OR b.run_id = %(search)s::text)
-      AND (%(search_since)s::timestamptz IS NULL
-           OR b.status = 'unknown' OR b.status = 'held'
-           OR (b.status = 'pending' AND b.created_at >= %(search_since)s::timestamptz)
-           OR (b.status = 'in_flight' AND b.created_at >= %(search_since)s::timestamptz)
-           OR (b.status = 'retryable' AND b.created_at >= %(search_since)s::timestamptz)
-           OR (b.status = 'accepted' AND b.created_at >= %(search_since)s::timestamptz)
-           OR (b.status = 'rejected' AND b.created_at >= %(search_since)s::timestamptz))
+), found AS MATERIALIZED (
+    SELECT m.id, m.status, m.unknown_since, m.held_since, m.created_at
+    FROM matched m
+    WHERE %(search_since)s::timestamptz IS NULL
+       OR m.status = 'unknown' OR m.status = 'held'
+       OR (m.status = 'pending' AND m.created_at >= %(search_since)s::timestamptz)
+       OR (m.status = 'in_flight' AND m.created_at >= %(search_since)s::timestamptz)
+       OR (m.status = 'retryable' AND m.created_at >= %(search_since)s::timestamptz)
+       OR (m.status = 'accepted' AND m.created_at >= %(search_since)s::timestamptz)
+       OR (m.status = 'rejected' AND m.created_at >= %(search_since)s::timestamptz)
 ), keyed AS MATERIALIZED (
     SELECT b.id, b.status, b.unknown_since, b.held_since, b.created_at
     FROM base b
     WHERE %(search)s::text IS NOT NULL
       AND b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text))
       AND NOT EXISTS (SELECT 1 FROM found f WHERE f.id = b.id)
+), older AS MATERIALIZED (
+    SELECT m.id
+    FROM matched m
+    WHERE %(search_since)s::timestamptz IS NOT NULL
+      AND m.status <> 'unknown' AND m.status <> 'held' AND m.created_at < %(search_since)s::timestamptz
+      AND (%(statuses)s::text[] IS NULL OR m.status = ANY(%(statuses)s::text[]))
+      AND NOT EXISTS (SELECT 1 FROM keyed k WHERE k.id = m.id)
+    LIMIT %(count_cap)s::int + 1
 ), hits AS NOT MATERIALIZED (
     SELECT f.id, f.status, f.unknown_since, f.held_since, f.created_at FROM found f
     UNION ALL
@@ -1198,9 +1214,10 @@ WITH t AS (
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT total.n AS total,
-       (SELECT count(*)::int FROM found f
-        WHERE f.status <> 'unknown' AND f.status <> 'held'
-          AND (%(statuses)s::text[] IS NULL OR f.status = ANY(%(statuses)s::text[]))) AS recent,
+       (SELECT count(*)::int FROM hits h
+        WHERE h.status <> 'unknown' AND h.status <> 'held'
+          AND (%(search_since)s::timestamptz IS NULL OR h.created_at >= %(search_since)s::timestamptz)
+          AND (%(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[]))) AS recent,
        s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
        ARRAY(SELECT r ->> 'email'
              FROM jsonb_array_elements(s.payload -> 'to') r
@@ -1237,7 +1254,9 @@ FROM (SELECT count(*)::int AS n
                       LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END)
                      UNION ALL
                      SELECT h.status FROM hits h
-                     WHERE %(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[])) u
+                     WHERE %(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[])
+                     UNION ALL
+                     SELECT NULL FROM older) u
             LIMIT %(count_cap)s::int + 1) c) AS total
 CROSS JOIN t
 LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
