@@ -53,8 +53,9 @@ def many(db_url: str) -> str:
     return db_url
 
 
-def _plan(url: str, where: StepFilter, query: str = "step_list", since: datetime | None = None) -> dict[str, Any]:
-    params: dict[str, Any] = {
+def _params(where: StepFilter, since: datetime | None = None) -> dict[str, Any]:
+    """step_list's parameters as list_steps passes them, with ``since`` its window (None: none)."""
+    return {
         **_filter_params(where),
         "now": None,
         "statuses": [str(s) for s in where.statuses] or None,
@@ -63,6 +64,10 @@ def _plan(url: str, where: StepFilter, query: str = "step_list", since: datetime
         "window": None if where.limit is None else where.limit + where.offset,
         "search_since": since,
     }
+
+
+def _plan(url: str, where: StepFilter, query: str = "step_list", since: datetime | None = None) -> dict[str, Any]:
+    params = _params(where, since)
     with psycopg.connect(url) as conn:
         row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[query], params).fetchone()
     assert row is not None
@@ -193,15 +198,7 @@ def recent(many: str) -> str:
 
 def _unwindowed(url: str, where: StepFilter) -> tuple[list[int], int]:
     """step_list's page and total with no window: every hit read and sorted."""
-    params: dict[str, Any] = {
-        **_filter_params(where),
-        "now": None,
-        "statuses": [str(s) for s in where.statuses] or None,
-        "limit": where.limit,
-        "offset": where.offset,
-        "window": None if where.limit is None else where.limit + where.offset,
-        "search_since": None,
-    }
+    params = _params(where)
     with psycopg.connect(url) as conn:
         rows = conn.execute(Q["step_list"], params).fetchall()
     return [r[2] for r in rows if r[2] is not None], rows[0][0]
