@@ -121,3 +121,35 @@ def test_a_seal_is_bound_to_its_secret_session_purpose_and_fields():
     )
     # Not the cookie's signature under another name: a seal's key is its own.
     assert seal != sessions._sign(fields["seen"])
+
+
+def test_a_bulk_close_records_only_what_its_preview_sealed(server, db_url):  # noqa: F811
+    """The steps page's bulk close offers a verdict and a note, nothing else: a reason, an
+    evidence URL or a provider message id added to its apply form is no part of the seal, so
+    it is refused, never recorded in the rows' evidence as if the preview had shown it."""
+    ids = unknown(db_url, 2, run_id="run-sealx")
+    alice = make_key(db_url, "alice", "operator")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, alice)
+        token = _csrf(web.get("/ops/steps?status=unknown&run_id=run-sealx").text)
+        shown = preview(web, token, status="unknown", run_id="run-sealx", action="close", verdict="accepted", note="seen")
+        assert shown.status_code == 200, shown.text[-2000:]
+        form = form_fields(shown.text, "/ops/bulk/apply")
+        assert form["seen"] == ",".join(f"{i}:unknown" for i in ids) and form["seal"]
+        for extra in (
+            {"provider_message_id": "forged-id"},
+            {"evidence_url": "https://evil.example/proof"},
+            {"reason": "forged_reason"},
+        ):
+            answer = web.post("/ops/bulk/apply", data=form | extra)
+            assert answer.status_code == 422 and REFUSED in answer.text, (extra, answer.text[-1500:])
+        assert {step_row(db_url, i)["status"] for i in ids} == {"unknown"}
+        assert decisions(db_url, ids) == 0
+        done = web.post("/ops/bulk/apply", data=form)
+        assert done.status_code == 200 and "2 done" in done.text, done.text[-2000:]
+    recorded = rows(
+        db_url,
+        "SELECT detail::text AS d FROM evidence WHERE step_id = ANY(%s) AND kind = 'operator_resolved'",
+        (ids,),
+    )
+    assert len(recorded) == 2 and not any("forged" in r["d"] or "evil.example" in r["d"] for r in recorded)

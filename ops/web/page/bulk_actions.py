@@ -49,10 +49,23 @@ CLOSE_VERDICTS = tuple(str(v) for v in Verdict if v is not Verdict.RETRY)
 SEAL_PURPOSE = "bulk"  # the seal of a /ops/bulk/preview fits /ops/bulk/apply only
 
 
+# What a close's resolution reads from a form (common.resolution_of) beyond the verdict and
+# note: the bulk form offers none of them, so a preview drops them and its seal holds them empty.
+NOT_OFFERED = ("reason", "evidence_url", "provider_message_id")
+
+
 def sealed_fields(values: dict[str, str], seen: str) -> dict[str, str]:
     """What an apply acts on, as the preview's seal covers it: the action, exactly the ids and
-    the states they were seen in, the verdict and the note (ops/web/session.py, Sessions.seal)."""
-    return {"action": values.get("action") or "", "seen": seen} | {k: values.get(k) or "" for k in ("verdict", "note")}
+    the states they were seen in, the verdict and the note (ops/web/session.py, Sessions.seal),
+    and every other field a close's resolution reads (empty in a preview), so one added to the
+    apply form is refused rather than recorded in the rows' evidence unpreviewed."""
+    sealed = {"action": values.get("action") or "", "seen": seen}
+    return sealed | {k: values.get(k) or "" for k in ("verdict", "note", *NOT_OFFERED)}
+
+
+def offered(values: dict[str, str]) -> dict[str, str]:
+    """A bulk preview's form as the bulk form offers it: without the fields it does not offer."""
+    return {k: v for k, v in values.items() if k not in NOT_OFFERED}
 
 
 def seen_field(rows: list[dict[str, Any]]) -> str:
@@ -143,6 +156,7 @@ async def preview_rows(
 @router.post("/bulk/preview", response_class=HTMLResponse)
 async def bulk_preview(request: Request) -> HTMLResponse:
     session, values = await posted(request)
+    values = offered(values)
     filters = list_filters(values)
     tab = values.get("status") or ALL
     page: dict[str, Any] = {"filters": filters, "tab": tab, "posted": values, "query": query_string(filters)}
