@@ -256,11 +256,13 @@ def connect_cause(line: str, url: str | None = None) -> tuple[str, str]:
     command built from ``url`` (:func:`createdb_command`) leaves it out."""
     if match := _NO_DATABASE.search(line):
         name = match["name"]
-        return (
-            f'the database "{name}" does not exist',
-            f"create it with `{createdb_command(name, url)}` (or CREATE DATABASE) "
-            "or fix the database name in EVQ_DATABASE_URL",
+        command = createdb_command(name, url)
+        create = (
+            f"create it with `{command}` (or CREATE DATABASE)"
+            if command
+            else "create it (createdb or CREATE DATABASE) on the server EVQ_DATABASE_URL names"
         )
+        return f'the database "{name}" does not exist', f"{create} or fix the database name in EVQ_DATABASE_URL"
     if match := _NO_ROLE.search(line):
         return (
             f'the database role "{match["name"]}" does not exist',
@@ -280,22 +282,33 @@ def connect_cause(line: str, url: str | None = None) -> tuple[str, str]:
     return f"cannot reach the database: {line}", _DEFAULT_HINT
 
 
-def createdb_command(name: str, url: str | None = None) -> str:
-    """``createdb`` for database ``name`` on the server of ``url``, ready to paste into a shell.
+# Connection parameters that choose the server other than by host and port: createdb's flags
+# cannot say them, so a command built without them could name another server.
+_SERVER_CHOOSERS = ("hostaddr", "service", "target_session_attrs", "load_balance_hosts")
+
+
+def createdb_command(name: str, url: str | None = None) -> str | None:
+    """``createdb`` for database ``name`` on the server of ``url``, ready to paste into a shell;
+    None when no such command can be told: ``url`` unknown or unreadable, or it picks its server
+    with a parameter createdb's flags cannot give (hostaddr, service, ...: ``_SERVER_CHOOSERS``),
+    so the hint never names a command for another server.
 
     The host, port and user are the URL's (``-h``/``-p``/``-U``), each part shell-quoted
     (a database named ``my db;x`` must not run ``x``); a part the URL does not give is left
     out, so createdb falls back to the same PG* variables and defaults libpq used. Never the
     password: createdb asks for it, or reads PGPASSWORD/.pgpass, and a hint is printed and logged."""
+    if not url:
+        return None
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(normalise(url))
+    except Exception:  # a URL libpq cannot read was refused before any connection
+        return None
+    if any(info.get(key) for key in _SERVER_CHOOSERS):
+        return None
     parts = ["createdb"]
-    if url:
-        try:
-            info = psycopg.conninfo.conninfo_to_dict(normalise(url))
-        except Exception:  # a URL libpq cannot read was refused before any connection
-            info = {}
-        for flag, key in (("-h", "host"), ("-p", "port"), ("-U", "user")):
-            if value := info.get(key):
-                parts += [flag, str(value)]
+    for flag, key in (("-h", "host"), ("-p", "port"), ("-U", "user")):
+        if value := info.get(key):
+            parts += [flag, str(value)]
     parts.append(name)
     return " ".join(shlex.quote(part) for part in parts)
 
@@ -306,15 +319,15 @@ def translated(url: str | None = None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        mapped = translate(exc, url) or _sqlalchemy_translate(exc)
+        mapped = translate(exc, url) or _sqlalchemy_translate(exc, url)
         if mapped is None or mapped is exc:
             raise
         raise mapped from exc
 
 
-def _sqlalchemy_translate(exc: BaseException) -> EvqError | None:
+def _sqlalchemy_translate(exc: BaseException, url: str | None = None) -> EvqError | None:
     orig = getattr(exc, "orig", None)
-    return translate(orig) if isinstance(orig, BaseException) else None
+    return translate(orig, url) if isinstance(orig, BaseException) else None
 
 
 def _first_line(exc: BaseException) -> str:

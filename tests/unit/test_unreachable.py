@@ -39,5 +39,64 @@ def test_the_createdb_command_takes_host_port_and_user_from_the_url_quoted_never
     # A part the URL does not give is left out (createdb then uses the same PG* defaults as libpq).
     assert createdb_command("evq", "postgresql:///evq") == "createdb evq"
     assert createdb_command("evq", "host=/run/postgresql dbname=evq") == "createdb -h /run/postgresql evq"
-    assert createdb_command("it's", None) == "createdb 'it'\"'\"'s'"
+    assert createdb_command("it's", "postgresql:///x") == "createdb 'it'\"'\"'s'"
     assert "s3cret" not in createdb_command("x", url)
+
+
+def test_no_createdb_command_is_printed_when_its_flags_cannot_name_the_urls_server():
+    """createdb's -h/-p/-U say a host, a port and a user; a URL that picks its server otherwise
+    (hostaddr, a service file's entry, a session kind among several hosts) would get a command
+    for another server, so none is printed: the hint says what to do without a wrong command."""
+    for url in (
+        "postgresql://evq@/evq?hostaddr=10.1.2.3",
+        "postgresql://evq@db.example.net/evq?hostaddr=10.1.2.3",
+        "postgresql:///evq?service=prod",
+        "host=h1,h2 dbname=evq target_session_attrs=read-write",
+        "postgresql://h1,h2/evq?load_balance_hosts=random",
+    ):
+        assert createdb_command("evq", url) is None, url
+    # Nor when the URL is not known: `createdb evq` would be libpq's default server, maybe another.
+    assert createdb_command("evq", None) is None
+    # Options that do not choose the server keep the command.
+    assert createdb_command("evq", "postgresql://u@h:5433/evq?sslmode=require&connect_timeout=5") == (
+        "createdb -h h -p 5433 -U u evq"
+    )
+
+
+def test_the_missing_database_hint_without_a_command_still_says_what_to_do():
+    missing = psycopg.OperationalError('connection failed: FATAL:  database "evq" does not exist')
+    for url in (None, "postgresql:///evq?service=prod"):
+        mapped = translate(missing, url)
+        assert mapped is not None and mapped.message == 'the database "evq" does not exist'
+        assert "createdb -" not in mapped.hint and "`" not in mapped.hint, mapped.hint
+        assert "CREATE DATABASE" in mapped.hint and "EVQ_DATABASE_URL" in mapped.hint, mapped.hint
+    hinted = translate(missing, "postgresql://u:pw@h:5433/evq")
+    assert hinted is not None and "`createdb -h h -p 5433 -U u evq`" in hinted.hint and "pw" not in hinted.hint
+
+
+def test_a_store_read_that_finds_its_database_gone_names_the_createdb_of_its_own_server():
+    """A pool's new connection after the database was dropped: the hint's command names the
+    store's server (its URL), not libpq's default one."""
+    import asyncio
+    from contextlib import asynccontextmanager
+
+    from evq.adapters.postgres.store import PostgresStore
+
+    class GonePool:
+        conninfo = "postgresql://ops:pw@db.example.net:6543/evq"
+
+        @asynccontextmanager
+        async def connection(self):
+            raise psycopg.OperationalError('connection failed: FATAL:  database "evq" does not exist')
+            yield
+
+    async def read() -> DatabaseUnavailable:
+        try:
+            async with PostgresStore(GonePool())._op("read"):  # type: ignore[arg-type]
+                pass
+        except DatabaseUnavailable as exc:
+            return exc
+        raise AssertionError("not refused")
+
+    error = asyncio.run(read())
+    assert "`createdb -h db.example.net -p 6543 -U ops evq`" in error.hint and "pw" not in error.hint, error.hint
