@@ -132,7 +132,9 @@ def test_a_bulk_close_records_only_what_its_preview_sealed(server, db_url):  # n
     with httpx.Client(base_url=server, timeout=30) as web:
         _signed_in(web, alice)
         token = _csrf(web.get("/ops/steps?status=unknown&run_id=run-sealx").text)
-        shown = preview(web, token, status="unknown", run_id="run-sealx", action="close", verdict="accepted", note="seen")
+        shown = preview(
+            web, token, status="unknown", run_id="run-sealx", action="close", verdict="accepted", note="seen"
+        )
         assert shown.status_code == 200, shown.text[-2000:]
         form = form_fields(shown.text, "/ops/bulk/apply")
         assert form["seen"] == ",".join(f"{i}:unknown" for i in ids) and form["seal"]
