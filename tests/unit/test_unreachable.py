@@ -43,32 +43,34 @@ def test_the_createdb_command_takes_host_port_and_user_from_the_url_quoted_never
     assert "s3cret" not in createdb_command("x", url)
 
 
-def test_no_createdb_command_is_printed_when_its_flags_cannot_name_the_urls_server():
-    """createdb's -h/-p/-U say a host, a port and a user; a URL that picks its server otherwise
-    (hostaddr, a service file's entry, a session kind among several hosts) would get a command
-    for another server, so none is printed: the hint says what to do without a wrong command."""
-    for url in (
-        "postgresql://evq@/evq?hostaddr=10.1.2.3",
-        "postgresql://evq@db.example.net/evq?hostaddr=10.1.2.3",
-        "postgresql:///evq?service=prod",
-        "host=h1,h2 dbname=evq target_session_attrs=read-write",
-        "postgresql://h1,h2/evq?load_balance_hosts=random",
-    ):
-        assert createdb_command("evq", url) is None, url
-    # Nor when the URL is not known: `createdb evq` would be libpq's default server, maybe another.
-    assert createdb_command("evq", None) is None
-    # Options that do not choose the server keep the command.
-    assert createdb_command("evq", "postgresql://u@h:5433/evq?sslmode=require&connect_timeout=5") == (
+def test_a_url_that_picks_its_server_otherwise_gives_createdb_the_same_as_libpq_variables():
+    """createdb's -h/-p/-U say a host, a port and a user; a URL that picks its server or login
+    otherwise (hostaddr, a service file's entry, a session kind among several hosts, TLS files)
+    gets those as the libpq variables createdb reads, so the command reaches the same server;
+    a parameter createdb cannot be given (a secret such as sslpassword) means no command."""
+    assert createdb_command("evq", "postgresql://evq@/evq?hostaddr=10.1.2.3") == "PGHOSTADDR=10.1.2.3 createdb -U evq evq"
+    assert createdb_command("evq", "postgresql:///evq?service=prod") == "PGSERVICE=prod createdb evq"
+    assert createdb_command("evq", "host=h1,h2 dbname=evq target_session_attrs=read-write") == (
+        "PGTARGETSESSIONATTRS=read-write createdb -h h1,h2 evq"
+    )
+    assert createdb_command("evq", "postgresql://u@h/evq?sslmode=verify-full&sslrootcert=/etc/my%20ca.pem") == (
+        "PGSSLMODE=verify-full PGSSLROOTCERT='/etc/my ca.pem' createdb -h h -U u evq"
+    )
+    # Options that change neither the server nor the login are left out.
+    assert createdb_command("evq", "postgresql://u:pw@h:5433/evq?connect_timeout=5&application_name=x") == (
         "createdb -h h -p 5433 -U u evq"
     )
+    assert createdb_command("evq", "postgresql://u@h/evq?sslkey=/k&sslpassword=s3cret") is None
+    # Nor when the URL is not known: `createdb evq` would be libpq's default server, maybe another.
+    assert createdb_command("evq", None) is None
 
 
 def test_the_missing_database_hint_without_a_command_still_says_what_to_do():
     missing = psycopg.OperationalError('connection failed: FATAL:  database "evq" does not exist')
-    for url in (None, "postgresql:///evq?service=prod"):
+    for url in (None, "postgresql://h/evq?sslpassword=s3cret"):
         mapped = translate(missing, url)
         assert mapped is not None and mapped.message == 'the database "evq" does not exist'
-        assert "createdb -" not in mapped.hint and "`" not in mapped.hint, mapped.hint
+        assert "createdb -" not in mapped.hint and "`" not in mapped.hint and "s3cret" not in mapped.hint, mapped.hint
         assert "CREATE DATABASE" in mapped.hint and "EVQ_DATABASE_URL" in mapped.hint, mapped.hint
     hinted = translate(missing, "postgresql://u:pw@h:5433/evq")
     assert hinted is not None and "`createdb -h h -p 5433 -U u evq`" in hinted.hint and "pw" not in hinted.hint
