@@ -48,7 +48,9 @@ def test_a_url_that_picks_its_server_otherwise_gives_createdb_the_same_as_libpq_
     otherwise (hostaddr, a service file's entry, a session kind among several hosts, TLS files)
     gets those as the libpq variables createdb reads, so the command reaches the same server;
     a parameter createdb cannot be given (a secret such as sslpassword) means no command."""
-    assert createdb_command("evq", "postgresql://evq@/evq?hostaddr=10.1.2.3") == "PGHOSTADDR=10.1.2.3 createdb -U evq evq"
+    assert (
+        createdb_command("evq", "postgresql://evq@/evq?hostaddr=10.1.2.3") == "PGHOSTADDR=10.1.2.3 createdb -U evq evq"
+    )
     assert createdb_command("evq", "postgresql:///evq?service=prod") == "PGSERVICE=prod createdb evq"
     assert createdb_command("evq", "host=h1,h2 dbname=evq target_session_attrs=read-write") == (
         "PGTARGETSESSIONATTRS=read-write createdb -h h1,h2 evq"
