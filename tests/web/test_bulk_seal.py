@@ -7,14 +7,20 @@ worth of cookies."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import httpx
 
 from evq.ops.web.session import Session, Sessions
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Retryable
+from evq.worker.transitions import decide
 from tests.acceptance.conftest import make_key
-from tests.support import rows, step_row
+from tests.support import rows, step_row, with_store
 from tests.web.support import form_fields
 from tests.web.test_ops_page import _csrf, _signed_in, server  # noqa: F401  (the fixture)
-from tests.web.test_step_lists import held, preview, unknown
+from tests.web.test_step_lists import after_one_try, held, preview, unknown
 
 REFUSED = "not a preview this server showed in this session, or changed since: nothing was done"
 
@@ -49,6 +55,8 @@ def test_a_tampered_or_foreign_bulk_apply_is_refused_and_changes_nothing(server,
             "the action": {"action": "deny"},
             "the note": {"note": "customer unsubscribed"},
             "a verdict added": {"verdict": "rejected"},
+            "a version changed": {"versions": form["versions"].replace(f"{ids[0]}:", f"{ids[0]}:1", 1)},
+            "no versions": {"versions": ""},
             "the seal": {"seal": form["seal"][:-2] + ("AA" if not form["seal"].endswith("AA") else "BB")},
             "no seal": {"seal": ""},
         }
@@ -155,3 +163,52 @@ def test_a_bulk_close_records_only_what_its_preview_sealed(server, db_url):  # n
         (ids,),
     )
     assert len(recorded) == 2 and not any("forged" in r["d"] or "evil.example" in r["d"] for r in recorded)
+
+
+def fail_again(db_url: str, n: int) -> None:
+    """A worker's attempt at ``n`` requeued steps fails for good: each is rejected again,
+    the state a bulk retry's preview saw it in before it was retried."""
+
+    async def go(store: Any) -> None:
+        at = datetime.now(UTC) + timedelta(seconds=1)
+        claimed = await store.claim(
+            owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=at
+        )
+        assert len(claimed) == n
+        settled = [
+            decide(
+                c, Retryable("451 try later"), default_max_attempts=1, backoff=Backoff(1, 1), dedupe_window_open=False
+            )
+            for c in claimed
+        ]
+        await store.record(settled, actor="w-test", now=at)
+
+    with_store(db_url, go)
+
+
+def test_a_bulk_apply_replayed_after_its_rows_came_back_to_the_previewed_state_acts_on_none(server, db_url):  # noqa: F811
+    """A seal says what the preview showed, not that it is still so: a bulk retry's form posted
+    again (the back button, a second tab) after its rows were retried, sent and rejected again,
+    in the state the preview saw, must not retry them again under the old note. Each row changed
+    since the preview (its updated_at), so each is a conflict and nothing is done."""
+    dead = after_one_try(db_url, 2, max_attempts=1, run_id="run-aba")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        token = _csrf(web.get("/ops/steps?status=rejected&run_id=run-aba").text)
+        shown = preview(web, token, status="rejected", run_id="run-aba", action="retry", note="provider is back")
+        assert shown.status_code == 200, shown.text[-2000:]
+        form = form_fields(shown.text, "/ops/bulk/apply")
+        done = web.post("/ops/bulk/apply", data=form)
+        assert done.status_code == 200 and "Bulk retry: 2 done" in done.text, done.text[-2000:]
+        fail_again(db_url, 2)
+        assert [step_row(db_url, i)["status"] for i in dead] == ["rejected", "rejected"]
+        again = web.post("/ops/bulk/apply", data=form)
+        assert again.status_code == 200 and "Bulk retry: 0 done, 2 not done" in again.text, again.text[-2000:]
+        assert again.text.count("conflict: someone else changed it") == 2
+    assert [step_row(db_url, i)["status"] for i in dead] == ["rejected", "rejected"]
+    requeues = rows(
+        db_url,
+        "SELECT count(*)::int AS n FROM evidence WHERE step_id = ANY(%s) AND kind = 'operator_resolved'",
+        (dead,),
+    )
+    assert requeues[0]["n"] == 2  # one retry each: the preview's, once
