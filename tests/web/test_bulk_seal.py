@@ -14,7 +14,7 @@ import httpx
 
 from evq.ops.web.session import Session, Sessions
 from evq.worker.backoff import Backoff
-from evq.worker.outcomes import Retryable
+from evq.worker.outcomes import Retryable, Unknown
 from evq.worker.transitions import decide
 from tests.acceptance.conftest import make_key
 from tests.support import rows, step_row, with_store
@@ -98,6 +98,7 @@ def test_a_tampered_or_foreign_unknown_close_is_refused_and_changes_nothing(serv
             {"verdict": "accepted"},
             {"note": "something else"},
             {"reason": "checked_log"},
+            {"versions": ""},
             {"seal": ""},
         ):
             answer = web.post("/ops/unknown/close", data=form | change)
@@ -212,3 +213,46 @@ def test_a_bulk_apply_replayed_after_its_rows_came_back_to_the_previewed_state_a
         (dead,),
     )
     assert requeues[0]["n"] == 2  # one retry each: the preview's, once
+
+
+def lost_again(db_url: str, n: int) -> None:
+    """A worker sends ``n`` requeued steps and loses each answer: unknown again."""
+
+    async def go(store: Any) -> None:
+        at = datetime.now(UTC) + timedelta(seconds=1)
+        claimed = await store.claim(
+            owner="w-test", providers=["smtp"], limit=n, lease_seconds=60, dedupe_windows={}, now=at
+        )
+        assert len(claimed) == n
+        settled = [
+            decide(c, Unknown("reset"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+            for c in claimed
+        ]
+        await store.record(settled, actor="w-test", now=at)
+
+    with_store(db_url, go)
+
+
+def test_an_unknown_close_replayed_after_its_rows_were_sent_and_lost_again_closes_none(server, db_url):  # noqa: F811
+    """/ops/unknown/close: a close form "retry: verified not sent" posted again after its rows were
+    requeued, sent and lost again (unknown, as the preview saw them) must not judge the new
+    attempt by the old note: each such row is a conflict, and nothing about it changes."""
+    ids = unknown(db_url, 2, run_id="run-abau")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        token = _csrf(web.get("/ops/unknown?run_id=run-abau").text)
+        note = "provider log: never received"
+        shown = web.post(
+            "/ops/unknown/preview", data={"csrf": token, "run_id": "run-abau", "verdict": "retry", "note": note}
+        )
+        assert shown.status_code == 200, shown.text[-2000:]
+        form = form_fields(shown.text, "/ops/unknown/close")
+        done = web.post("/ops/unknown/close", data=form)
+        assert done.status_code == 200 and "Bulk close: 2 closed" in done.text, done.text[-2000:]
+        lost_again(db_url, 2)
+        assert [step_row(db_url, i)["status"] for i in ids] == ["unknown", "unknown"]
+        again = web.post("/ops/unknown/close", data=form)
+        assert again.status_code == 200 and "Bulk close: 0 closed, 2 failed" in again.text, again.text[-2000:]
+        assert again.text.count("E_CONFLICT") == 2
+    assert [step_row(db_url, i)["status"] for i in ids] == ["unknown", "unknown"]
+    assert decisions(db_url, ids) == 2  # the preview's close, once each
