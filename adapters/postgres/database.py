@@ -256,11 +256,13 @@ def connect_cause(line: str, url: str | None = None) -> tuple[str, str]:
     command built from ``url`` (:func:`createdb_command`) leaves it out."""
     if match := _NO_DATABASE.search(line):
         name = match["name"]
-        return (
-            f'the database "{name}" does not exist',
-            f"create it with `{createdb_command(name, url)}` (or CREATE DATABASE) "
-            "or fix the database name in EVQ_DATABASE_URL",
+        command = createdb_command(name, url)
+        create = (
+            f"create it with `{command}` (or CREATE DATABASE)"
+            if command
+            else "create it (createdb or CREATE DATABASE) on the server EVQ_DATABASE_URL names"
         )
+        return f'the database "{name}" does not exist', f"{create} or fix the database name in EVQ_DATABASE_URL"
     if match := _NO_ROLE.search(line):
         return (
             f'the database role "{match["name"]}" does not exist',
@@ -280,24 +282,86 @@ def connect_cause(line: str, url: str | None = None) -> tuple[str, str]:
     return f"cannot reach the database: {line}", _DEFAULT_HINT
 
 
-def createdb_command(name: str, url: str | None = None) -> str:
-    """``createdb`` for database ``name`` on the server of ``url``, ready to paste into a shell.
+# The URL's other connection parameters that say which server, or how to reach and log in
+# to it, as the libpq variables createdb reads (it has no flags for them): put before the
+# command, so createdb connects as the URL did. Parameters that change neither (a timeout, a
+# name for pg_stat_activity, session options) are left out; any other (sslpassword, a secret;
+# one this list does not know) means no command is printed, rather than one for another server.
+_AS_ENVIRONMENT = {
+    "hostaddr": "PGHOSTADDR",
+    "service": "PGSERVICE",
+    "servicefile": "PGSERVICEFILE",
+    "target_session_attrs": "PGTARGETSESSIONATTRS",
+    "load_balance_hosts": "PGLOADBALANCEHOSTS",
+    "passfile": "PGPASSFILE",
+    "channel_binding": "PGCHANNELBINDING",
+    "require_auth": "PGREQUIREAUTH",
+    "sslmode": "PGSSLMODE",
+    "requiressl": "PGREQUIRESSL",
+    "sslcompression": "PGSSLCOMPRESSION",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcrl": "PGSSLCRL",
+    "sslcrldir": "PGSSLCRLDIR",
+    "sslsni": "PGSSLSNI",
+    "requirepeer": "PGREQUIREPEER",
+    "ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION",
+    "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
+    "gssencmode": "PGGSSENCMODE",
+    "krbsrvname": "PGKRBSRVNAME",
+    "gsslib": "PGGSSLIB",
+    "gssdelegation": "PGGSSDELEGATION",
+}
+_BESIDE_THE_POINT = frozenset(
+    {
+        "dbname",  # the database to create is the command's argument
+        "password",  # never printed: createdb asks, or reads PGPASSWORD/.pgpass
+        "connect_timeout",
+        "application_name",
+        "fallback_application_name",
+        "options",
+        "client_encoding",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+    }
+)
 
-    The host, port and user are the URL's (``-h``/``-p``/``-U``), each part shell-quoted
-    (a database named ``my db;x`` must not run ``x``); a part the URL does not give is left
-    out, so createdb falls back to the same PG* variables and defaults libpq used. Never the
-    password: createdb asks for it, or reads PGPASSWORD/.pgpass, and a hint is printed and logged."""
+
+def createdb_command(name: str, url: str | None = None) -> str | None:
+    """``createdb`` for database ``name`` on the server of ``url``, ready to paste into a shell;
+    None when no such command can be told (``url`` unknown or unreadable, or it holds a
+    parameter createdb cannot be given: see ``_AS_ENVIRONMENT``), so the hint never names a
+    command for another server.
+
+    The host, port and user are the URL's (``-h``/``-p``/``-U``); a parameter that picks the
+    server or the login otherwise (hostaddr, service, sslmode, ...) goes before the command as
+    libpq's variable (``PGHOSTADDR=10.0.0.5 createdb ...``); each part shell-quoted (a database
+    named ``my db;x`` must not run ``x``). A part the URL does not give is left out, so createdb
+    falls back to the same PG* variables and defaults libpq used. Never the password: createdb
+    asks for it, or reads PGPASSWORD/.pgpass, and a hint is printed and logged."""
+    if not url:
+        return None
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(normalise(url))
+    except Exception:  # a URL libpq cannot read was refused before any connection
+        return None
+    given = {key: str(value) for key, value in info.items() if value not in (None, "")}
+    if any(key not in _AS_ENVIRONMENT and key not in _BESIDE_THE_POINT for key in given if key not in FLAGS):
+        return None
+    env = [f"{_AS_ENVIRONMENT[key]}={shlex.quote(value)}" for key, value in given.items() if key in _AS_ENVIRONMENT]
     parts = ["createdb"]
-    if url:
-        try:
-            info = psycopg.conninfo.conninfo_to_dict(normalise(url))
-        except Exception:  # a URL libpq cannot read was refused before any connection
-            info = {}
-        for flag, key in (("-h", "host"), ("-p", "port"), ("-U", "user")):
-            if value := info.get(key):
-                parts += [flag, str(value)]
+    for key, flag in FLAGS.items():
+        if key in given:
+            parts += [flag, given[key]]
     parts.append(name)
-    return " ".join(shlex.quote(part) for part in parts)
+    return " ".join([*env, *(shlex.quote(part) for part in parts)])
+
+
+FLAGS = {"host": "-h", "port": "-p", "user": "-U"}  # createdb's flags for the URL's parts
 
 
 @contextmanager
@@ -306,15 +370,15 @@ def translated(url: str | None = None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        mapped = translate(exc, url) or _sqlalchemy_translate(exc)
+        mapped = translate(exc, url) or _sqlalchemy_translate(exc, url)
         if mapped is None or mapped is exc:
             raise
         raise mapped from exc
 
 
-def _sqlalchemy_translate(exc: BaseException) -> EvqError | None:
+def _sqlalchemy_translate(exc: BaseException, url: str | None = None) -> EvqError | None:
     orig = getattr(exc, "orig", None)
-    return translate(orig) if isinstance(orig, BaseException) else None
+    return translate(orig, url) if isinstance(orig, BaseException) else None
 
 
 def _first_line(exc: BaseException) -> str:

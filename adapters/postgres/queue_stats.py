@@ -2,7 +2,8 @@
 
 Scrapes arrive on the HTTP server's threads, not on the worker's event loop, so the
 reader keeps one synchronous connection of its own (never one of the store's pool),
-reused across scrapes and reopened after any error. Each read is one query in a
+reused across scrapes and reopened after any error (at once, for the same read, when the
+server ended it between reads). Each read is one query in a
 read-only transaction whose statement timeout bounds what a scrape can cost the
 database: a slow or locked table costs one failed scrape, never a pile-up.
 """
@@ -43,26 +44,43 @@ class QueueStatsReader:
         now: datetime | None = None,
         pending_buckets: Sequence[float] = PENDING_AGE_BUCKETS,
     ) -> QueueStats:
-        """One bounded query; raises an EvqError (DatabaseUnavailable, ...) when it cannot."""
+        """One bounded query; raises an EvqError (DatabaseUnavailable, ...) when it cannot.
+
+        A kept connection the server ended since the last read (a restart, an idle timeout, a
+        pooler's recycle) is reopened and the query asked once more: the database may well be
+        answering now, and saying it cannot be read would be stale. Not after a query that
+        failed on a live connection (a statement timeout): that costs this read alone."""
+        params = {
+            "now": now,
+            "buckets": list(buckets),
+            "pending_buckets": sorted(pending_buckets),
+            "exact_limit": self.exact_limit,
+        }
         with self._lock, translated(self.url):
+            kept = self._conn is not None and not self._conn.closed
             try:
-                conn = self._connection()
-                with conn.transaction():
-                    conn.execute(Q["queue_stats_timeout"], {"timeout_ms": int(self.timeout * 1000)})
-                    row = conn.execute(
-                        Q["queue_stats"],
-                        {
-                            "now": now,
-                            "buckets": list(buckets),
-                            "pending_buckets": sorted(pending_buckets),
-                            "exact_limit": self.exact_limit,
-                        },
-                    ).fetchone()
+                row = self._query(params)
+            except psycopg.OperationalError:
+                ended = self._conn is not None and self._conn.broken
+                self._drop()
+                if not (kept and ended):
+                    raise
+                try:
+                    row = self._query(params)
+                except BaseException:
+                    self._drop()
+                    raise
             except BaseException:
                 self._drop()
                 raise
         assert row is not None
         return _stats(row, buckets, pending_buckets)
+
+    def _query(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        conn = self._connection()
+        with conn.transaction():
+            conn.execute(Q["queue_stats_timeout"], {"timeout_ms": int(self.timeout * 1000)})
+            return conn.execute(Q["queue_stats"], params).fetchone()
 
     def close(self) -> None:
         with self._lock:

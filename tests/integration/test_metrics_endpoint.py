@@ -386,3 +386,26 @@ def test_an_empty_queue_reports_every_status_at_zero(db_url):
         assert sample(page, name) == 0, name
     assert sample(page, "evq_unknown_age_seconds_bucket", le="604800.0") == 0
     assert sample(page, "evq_collector_up") == 1
+
+
+def test_a_connection_the_server_ended_since_the_last_read_is_reopened_not_reported(db_url):
+    """The reader keeps its connection between reads; a server restart (or an idle timeout, a
+    pooler's recycle) ends it meanwhile. The next read is of a database that answers, so it
+    reconnects and reads, instead of saying the counts cannot be read (the overview's first
+    page after PostgreSQL came back said so, with the old connection's error)."""
+    reader = QueueStatsReader(db_url)
+    try:
+        before = reader.read(UNKNOWN_AGE_BUCKETS)
+        assert reader._conn is not None
+        pid = reader._conn.info.backend_pid
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+            wait_until_gone = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+            for _ in range(200):
+                if not admin.execute(wait_until_gone, (pid,)).fetchone()[0]:
+                    break
+        after = reader.read(UNKNOWN_AGE_BUCKETS)
+        assert after.steps == before.steps
+        assert reader._conn is not None and reader._conn.info.backend_pid != pid
+    finally:
+        reader.close()

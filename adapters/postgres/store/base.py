@@ -105,7 +105,9 @@ class PostgresBase:
                     yield conn
         except BaseException as exc:
             outcome = "error"
-            mapped = translate(exc) if isinstance(exc, Exception) else None
+            # The pool's URL, so a hint's createdb names this store's server (never its password).
+            url = getattr(self.pool, "conninfo", None)
+            mapped = translate(exc, url if isinstance(url, str) else None) if isinstance(exc, Exception) else None
             if mapped is not None and mapped is not exc:
                 raise mapped from exc
             raise

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app.service import Selection
-from evq.ops.web.page.bulk_actions import may_act
+from evq.ops.web.page.bulk_actions import may_act, sealed_versions, version_of, versions_field
 from evq.ops.web.page.common import (
     BULK_MAX,
+    app_state,
     check_preview_seal,
     filters_of,
     posted,
@@ -19,7 +22,8 @@ from evq.ops.web.page.common import (
     resolve,
     router,
 )
-from evq.worker.errors import AuthFailed, InvalidRequest
+from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
+from evq.worker.ports import StepFilter
 from evq.worker.states import Status
 
 SEAL_PURPOSE = "unknown-close"  # the seal of a /ops/unknown/preview fits /ops/unknown/close only
@@ -28,8 +32,27 @@ CLOSE_FIELDS = ("verdict", "note", "reason", "evidence_url", "provider_message_i
 
 
 def sealed_fields(values: dict[str, str], ids: str) -> dict[str, str]:
-    """What a close acts on, as the preview's seal covers it: exactly the ids and the close's fields."""
-    return {"ids": ids} | {k: values.get(k) or "" for k in CLOSE_FIELDS}
+    """What a close acts on, as the preview's seal covers it: exactly the ids, each row's version
+    then (``versions``, bulk_actions.versions_field) and the close's fields."""
+    return {"ids": ids, "versions": values.get("versions") or ""} | {k: values.get(k) or "" for k in CLOSE_FIELDS}
+
+
+async def came_back(request: Request, ids: tuple[int, ...], versions: dict[int, str]) -> list[dict[str, Any]]:
+    """The previewed rows unknown again but not the preview's (requeued, sent and lost again
+    since): each a conflict, left alone, so a close posted again never judges a new attempt by
+    the note written about the one the preview showed. A row in another state now is
+    service.resolve's conflict, as before."""
+    now, _ = await app_state(request).store.list_steps(StepFilter(ids=ids, limit=None))
+    out = []
+    for r in now:
+        if str(r.status) == str(Status.UNKNOWN) and version_of(r.updated_at) != versions.get(r.id):
+            error = StateConflict(
+                f"step {r.id} is unknown again since the preview (another attempt since): someone else changed it",
+                hint=f"`evq steps show {r.id}` shows its attempts; preview again to close it",
+                context={"id": r.id, "status": str(r.status)},
+            )
+            out.append({"id": r.id, "outcome": "failed", "error": error.to_dict()})
+    return out
 
 
 @router.post("/unknown/preview", response_class=HTMLResponse)
@@ -44,12 +67,14 @@ async def bulk_preview(request: Request) -> HTMLResponse:
         status, shown = refusal(exc)
         return render(request, "preview.html", session, status=status, error=shown, rows=[], **page)
     ids = ",".join(str(r["id"]) for r in reply.data["steps"])
-    seal = preview_seal(request, session, SEAL_PURPOSE, sealed_fields(values, ids))
+    versions = versions_field(reply.data["steps"])
+    seal = preview_seal(request, session, SEAL_PURPOSE, sealed_fields(values | {"versions": versions}, ids))
     return render(
         request,
         "preview.html",
         session,
         ids=ids,
+        versions=versions,
         seal=seal,
         rows=reply.data["steps"],
         verdict=reply.data["verdict"],
@@ -73,7 +98,13 @@ async def bulk_close(request: Request) -> HTMLResponse:
         check_preview_seal(
             request, session, SEAL_PURPOSE, sealed_fields(values, values.get("ids", "")), values.get("seal")
         )
-        reply = await resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=ids))
+        conflicts = await came_back(request, ids, sealed_versions(values))
+        left = tuple(i for i in ids if i not in {c["id"] for c in conflicts})
+        if left:
+            data = (await resolve(request, session, values, Selection(statuses=(str(Status.UNKNOWN),), ids=left))).data
+        else:
+            data = {"succeeded": 0, "failed": 0, "not_attempted": 0, "results": []}
+        data = {**data, "failed": data["failed"] + len(conflicts), "results": [*data["results"], *conflicts]}
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = refusal(exc)
         return render(
@@ -88,4 +119,4 @@ async def bulk_close(request: Request) -> HTMLResponse:
             query=query_string(filters),
             bulk_max=BULK_MAX,
         )
-    return render(request, "closed.html", session, d=reply.data, filters=filters, query=query_string(filters))
+    return render(request, "closed.html", session, d=data, filters=filters, query=query_string(filters))

@@ -5,6 +5,7 @@ result (done, or a conflict and the state the row is in now)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Request
@@ -47,12 +48,40 @@ TO["deny"] = str(Status.REJECTED)
 # The verdicts the bulk close form offers (steps.html): every verdict but retry.
 CLOSE_VERDICTS = tuple(str(v) for v in Verdict if v is not Verdict.RETRY)
 SEAL_PURPOSE = "bulk"  # the seal of a /ops/bulk/preview fits /ops/bulk/apply only
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# What a close's resolution reads from a form (common.resolution_of) beyond the verdict and
+# note: the bulk form offers none of them, so a preview drops them and its seal holds them empty.
+NOT_OFFERED = ("reason", "evidence_url", "provider_message_id")
 
 
 def sealed_fields(values: dict[str, str], seen: str) -> dict[str, str]:
     """What an apply acts on, as the preview's seal covers it: the action, exactly the ids and
-    the states they were seen in, the verdict and the note (ops/web/session.py, Sessions.seal)."""
-    return {"action": values.get("action") or "", "seen": seen} | {k: values.get(k) or "" for k in ("verdict", "note")}
+    the states they were seen in, each row's version then (``versions``: its updated_at), the
+    verdict and the note (ops/web/session.py, Sessions.seal), and every other field a close's
+    resolution reads (empty in a preview), so one added to the apply form is refused rather
+    than recorded in the rows' evidence unpreviewed."""
+    sealed = {"action": values.get("action") or "", "seen": seen, "versions": values.get("versions") or ""}
+    return sealed | {k: values.get(k) or "" for k in ("verdict", "note", *NOT_OFFERED)}
+
+
+def version_of(updated_at: datetime) -> str:
+    """A row's version as a preview's form carries it: its updated_at in whole microseconds
+    since the epoch (exact, whatever the zone it was read in). Every change of a step sets it."""
+    return str((updated_at - EPOCH) // timedelta(microseconds=1))
+
+
+def versions_field(rows: list[dict[str, Any]]) -> str:
+    """A preview's rows as its apply form's ``versions``: ``id:version,...``, so an apply tells a
+    row changed since the preview even when it is back in the state the preview saw (a retried
+    row rejected again) and leaves it alone rather than act on it a second time."""
+    return ",".join(f"{r['id']}:{version_of(r['updated_at'])}" for r in rows)
+
+
+def offered(values: dict[str, str]) -> dict[str, str]:
+    """A bulk preview's form as the bulk form offers it: without the fields it does not offer."""
+    return {k: v for k, v in values.items() if k not in NOT_OFFERED}
 
 
 def seen_field(rows: list[dict[str, Any]]) -> str:
@@ -143,6 +172,7 @@ async def preview_rows(
 @router.post("/bulk/preview", response_class=HTMLResponse)
 async def bulk_preview(request: Request) -> HTMLResponse:
     session, values = await posted(request)
+    values = offered(values)
     filters = list_filters(values)
     tab = values.get("status") or ALL
     page: dict[str, Any] = {"filters": filters, "tab": tab, "posted": values, "query": query_string(filters)}
@@ -157,8 +187,9 @@ async def bulk_preview(request: Request) -> HTMLResponse:
         return render(request, "bulk_preview.html", session, status=status, error=shown, **page)
     ids = [r["id"] for r in rows]
     page |= {"rows": rows, "matching": matching, "to_status": TO.get(action) or rows[0]["to_status"] if rows else None}
-    seen = seen_field(rows)
-    page |= {"seen": seen, "seal": preview_seal(request, session, SEAL_PURPOSE, sealed_fields(values, seen))}
+    seen, versions = seen_field(rows), versions_field(rows)
+    sealed = sealed_fields(values | {"versions": versions}, seen)
+    page |= {"seen": seen, "versions": versions, "seal": preview_seal(request, session, SEAL_PURPOSE, sealed)}
     return render(request, "bulk_preview.html", session, cli=cli_commands(action, ids, values, filters), **page)
 
 
@@ -188,17 +219,28 @@ def within_action(action: str, values: dict[str, str], seen: dict[int, str]) -> 
         raise InvalidRequest([{"field": "verdict", "message": f"one of {', '.join(CLOSE_VERDICTS)}"}])
 
 
-async def changed_since(request: Request, seen: dict[int, str]) -> list[dict[str, Any]]:
-    """The previewed rows someone else changed since (their state is not the one previewed):
-    each a conflict, left alone, so a bulk action only ever does what its preview showed."""
+def sealed_versions(values: dict[str, str]) -> dict[int, str]:
+    """The ``versions`` of a sealed apply form (checked by its seal): each id's version then."""
+    try:
+        pairs = (item.split(":", 1) for item in values.get("versions", "").split(",") if item.strip())
+        return {int(i): version for i, version in pairs}
+    except ValueError:
+        raise InvalidRequest([{"field": "versions", "message": "the versions of a preview's rows"}]) from None
+
+
+async def changed_since(request: Request, seen: dict[int, str], versions: dict[int, str]) -> list[dict[str, Any]]:
+    """The previewed rows someone else changed since (their state is not the one previewed, or
+    they changed and came back to it: their version is not the preview's): each a conflict,
+    left alone, so a bulk action only ever does what its preview showed, and once."""
     now, _ = await app_state(request).store.list_steps(StepFilter(ids=tuple(seen), limit=None))
-    current = {r.id: str(r.status) for r in now}
+    current = {r.id: (str(r.status), version_of(r.updated_at)) for r in now}
     out = []
     for step_id, was in seen.items():
-        if current.get(step_id) != was:
-            is_now = current.get(step_id, "gone")
+        is_now, version = current.get(step_id, ("gone", None))
+        if is_now != was or version != versions.get(step_id):
+            again = " again" if is_now == was else ""
             error = StateConflict(
-                f"step {step_id} was {was} in the preview and is {is_now} now: someone else changed it",
+                f"step {step_id} was {was} in the preview and is {is_now}{again} now: someone else changed it",
                 hint=f"`evq steps show {step_id}` shows who changed it and when",
                 context={"id": step_id, "status": is_now},
             )
@@ -238,7 +280,7 @@ async def bulk_apply(request: Request) -> HTMLResponse:
         # The last check before anything is read or changed: exactly what a preview showed.
         fields = sealed_fields(values, values.get("seen", ""))
         check_preview_seal(request, session, SEAL_PURPOSE, fields, values.get("seal"))
-        conflicts = await changed_since(request, seen)
+        conflicts = await changed_since(request, seen, sealed_versions(values))
         ids = tuple(i for i in seen if i not in {c["id"] for c in conflicts})
         if not ids:
             results: list[dict[str, Any]] = []
