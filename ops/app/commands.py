@@ -479,9 +479,9 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "admin.bench",
-        "Run the benchmark and print every figure with its ratios to the raw SQL ceiling and to pgqueuer.",
+        "Run the benchmark and print every figure with its ratios to the raw SQL ceiling and to the peers.",
         "Run the benchmark and print every figure (median, min-max over runs) with its "
-        "ratios to the raw SQL ceiling and to pgqueuer, measured in the same run.\n\n"
+        "ratios to the raw SQL ceiling and to the peers (pgqueuer, bare and with evidence rows; DBOS Transact), measured in the same run.\n\n"
         "It creates scratch databases on the server of --database-url (it needs CREATE "
         "DATABASE) and drops them afterwards; it never touches the evq database itself. "
         "Progress goes to stderr.",
@@ -520,7 +520,8 @@ _TABLE: tuple[Command, ...] = (
                 enum=("auto", "on", "off"),
                 default="auto",
                 show_default=True,
-                help="Measure pgqueuer (the 'bench' extra): auto = when installed.",
+                help="Measure the peers (the 'bench' extra: pgqueuer, bare and with evidence rows; DBOS Transact): "
+                "auto = those installed; on = all, or an error.",
             ),
             OUTPUT,
             DATABASE_URL,

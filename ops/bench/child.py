@@ -1,8 +1,9 @@
 """One benchmark worker process: ``python -m evq.ops.bench.child SPEC-JSON``.
 
-It wires an evq worker (or a pgqueuer consumer) from the spec, prints ``ready``, waits for
-``go`` on stdin, drains, and prints one JSON line: when it started and finished (wall clock),
-its peak RSS and what it did. ops/bench/children.py is the parent's side.
+It wires an evq worker (or a peer: a pgqueuer consumer, with or without evidence rows, or a DBOS
+process) from the spec, prints ``ready``, waits for ``go`` on stdin, drains, and prints one JSON
+line: when it started and finished (wall clock), its peak RSS and what it did.
+ops/bench/children.py is the parent's side.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _wait_go() -> float:
+def _wait_go_sync() -> float:
     print("ready", flush=True)
-    line = await asyncio.to_thread(sys.stdin.readline)
-    if line.strip() != "go":
+    if sys.stdin.readline().strip() != "go":
         raise SystemExit(2)
     return time.time()
+
+
+async def _wait_go() -> float:
+    return await asyncio.to_thread(_wait_go_sync)
 
 
 async def _child_evq(spec: dict[str, Any]) -> dict[str, Any]:
@@ -71,27 +75,47 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
     from pgqueuer import PgQueuer
     from pgqueuer.types import QueueExecutionMode
 
+    from evq.ops.bench.evidence_peer import Writer
     from evq.ops.bench.peer import connect
 
     pgq = PgQueuer(await connect(spec["url"], spec["driver"]))
     jobs = 0
+    # "pgqueuer with evidence" (ops/bench/evidence_peer.py): an attempt row committed before the
+    # send, an outcome row after it, each its own transaction.
+    writer = await Writer.open(spec["url"], spec["driver"]) if spec.get("evidence") else None
 
     @pgq.entrypoint("bench")
-    async def noop(job: Any) -> None:
+    async def handler(job: Any) -> None:
         nonlocal jobs
+        if writer is not None:
+            await writer.write(job.id, "attempt")
+            # the send: a no-op, as in every other drain of the benchmark
+            await writer.write(job.id, "outcome")
         jobs += 1
 
     started = await _wait_go()
-    await pgq.run(
-        batch_size=spec["batch_size"], mode=QueueExecutionMode.drain, max_concurrent_tasks=spec["max_concurrent_tasks"]
-    )
-    return {"started": started, "finished": time.time(), "rss_mb": _rss_mb(), "detail": {"jobs": jobs}}
+    try:
+        await pgq.run(
+            batch_size=spec["batch_size"],
+            mode=QueueExecutionMode.drain,
+            max_concurrent_tasks=spec["max_concurrent_tasks"],
+        )
+        finished = time.time()
+    finally:
+        if writer is not None:
+            await writer.close()
+    return {"started": started, "finished": finished, "rss_mb": _rss_mb(), "detail": {"jobs": jobs}}
 
 
 def child_main(argv: Sequence[str]) -> None:
     spec = json.loads(argv[0])
-    run = _child_evq if spec["kind"] == "evq" else _child_pgqueuer
-    result = asyncio.run(run(spec))
+    if spec["kind"] == "dbos":
+        from evq.ops.bench.dbos_peer import run_child
+
+        result = run_child(spec, _wait_go_sync, _rss_mb)
+    else:
+        run = _child_evq if spec["kind"] == "evq" else _child_pgqueuer
+        result = asyncio.run(run(spec))
     print(json.dumps(result), flush=True)
 
 

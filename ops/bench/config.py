@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evq.ops.bench.modes import DEFAULT_MODES, MODES
-from evq.worker.errors import ConfigError
+from evq.worker.errors import ConfigError, EvqError
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,20 @@ class BenchConfig:
         return self
 
 
+class ImpossibleFigure(EvqError):
+    """A figure that cannot be right (a negative, NaN or infinite latency, duration, rate or RSS;
+    a rate of zero): the run stops and names it rather than report it, or score it as met."""
+
+
+def check_value(figure: str, what: str, value: float, *, positive: bool = False) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ImpossibleFigure(f"{figure}: {what} {value!r} cannot be right", context={"figure": figure})
+
+
 @dataclass
 class Figure:
-    """One measured quantity over repeated runs."""
+    """One measured quantity over repeated runs; refused (ImpossibleFigure) when any run's value,
+    its peak RSS or a ratio cannot be right."""
 
     mode: str
     name: str
@@ -81,11 +93,28 @@ class Figure:
     ratios: dict[str, float | None] = field(default_factory=dict)
     note: str | None = None
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        name = f"{self.mode}: {self.name}"
+        if not self.values:
+            raise ImpossibleFigure(f"{name}: no value measured", context={"figure": name})
+        rate = self.unit.endswith("/s")  # a throughput: a run that finished did some work
+        for value in self.values:
+            check_value(name, self.unit, value, positive=rate)
+        if self.rss_mb is not None:
+            check_value(name, "peak RSS (MB)", self.rss_mb, positive=True)
+        for key, ratio in self.ratios.items():
+            if ratio is not None:
+                check_value(name, f"ratio {key}", ratio)
+
     @property
     def median(self) -> float:
         return statistics.median(self.values)
 
     def to_dict(self) -> dict[str, Any]:
+        self.check()  # again: ratios are added after the figure is made
         return {
             "mode": self.mode,
             "name": self.name,

@@ -25,24 +25,30 @@ def mode_enqueue(bench: Bench) -> None:
     requests = bench_requests(c.enqueue_single, run_id="single")
     validation_policy = policy()
 
-    def single(autocommit: bool) -> tuple[float, None]:
+    def single(autocommit: bool) -> tuple[float, float]:
+        """The rate, and the median call's milliseconds (as pgqueuer's are timed)."""
         # Autocommit: the one statement is the transaction, as the store's pool does it
         # (and as pgqueuer's single enqueue is measured). Otherwise the caller's BEGIN
         # and COMMIT add two round trips around the same statement.
         with bench.db.fresh() as url, psycopg.connect(url, autocommit=autocommit) as conn:
+            calls = []
             started = time.perf_counter()
             for request in requests:
+                call = time.perf_counter()
                 enqueue(conn, request, policy=validation_policy)
                 if not autocommit:
                     conn.commit()
-            return len(requests) / (time.perf_counter() - started), None
+                calls.append(time.perf_counter() - call)
+            return len(requests) / (time.perf_counter() - started), statistics.median(calls) * 1000
 
     # Each run measures evq and (when installed) pgqueuer back to back, so the ratio
     # compares the two under the same load, not minutes apart on a shared machine.
-    own, in_caller, batch, peer = [], [], [], []
+    own, own_p50, in_caller, batch, peer = [], [], [], [], []
     writes = bench.batch_enqueue_seconds  # the drain mode's batch enqueues, when it ran
     for _ in range(c.runs):
-        own.append(single(True)[0])
+        rate, p50 = single(True)
+        own.append(rate)
+        own_p50.append(p50)
         if bench.peer_driver is not None:
             peer.append(pgqueuer_peer.enqueue_once(bench))
         in_caller.append(single(False)[0])
@@ -86,6 +92,19 @@ def mode_enqueue(bench: Bench) -> None:
                 )
             ),
             "pgqueuer_batch",
+            2,
+        ),
+        (
+            bench.add(
+                Figure(
+                    "enqueue",
+                    "evq single enqueue p50 (own transaction)",
+                    "ms",
+                    own_p50,
+                    note="each call's time, validation included, autocommit",
+                )
+            ),
+            "pgqueuer_single_p50",
             1,
         ),
     )

@@ -18,11 +18,16 @@ This module runs the modes in order and assembles the report; each job has its m
   transaction; batch enqueue), pickup.py (enqueue-to-claim p50/p99 with LISTEN/NOTIFY and with
   polling only), scale.py (the drain with 1,000,000 terminal rows present, and the metrics
   collector's query at that size), ceiling.py (claim 100 rows with SKIP LOCKED and finish them
-  with one batched UPDATE, and with one commit per row), peer.py (pgqueuer, the optional
-  ``bench`` extra, draining the same number of no-op jobs; its single and batch enqueue),
+  with one batched UPDATE, and with one commit per row), peer.py (the peers of the optional
+  ``bench`` extra, each round alternated with evq's drain: pgqueuer draining the same number of
+  no-op jobs, pgqueuer with evidence rows (evidence_peer.py), DBOS Transact (dbos_peer.py);
+  pgqueuer's single and batch enqueue),
   pages.py and pagefill.py (ops-pages, only when named: every /ops page's server time with a
   million steps in the database).
 - report.py: the ratios, the targets, the human table, the revision.
+
+A figure that cannot be right (a negative, NaN or infinite latency, duration, rate or RSS) stops
+the run with ImpossibleFigure naming it (config.py): never a figure that scores as met.
 
 The benchmark creates its own databases on the server it is pointed at (it needs CREATE
 DATABASE) and drops them afterwards.
@@ -38,7 +43,7 @@ from typing import Any
 
 import psycopg
 
-from evq.ops.bench import ceiling, drain, enqueue, pages, peer, pickup, report, scale
+from evq.ops.bench import ceiling, dbos_peer, drain, enqueue, pages, peer, pickup, report, scale
 from evq.ops.bench.config import BenchConfig, Figure
 from evq.ops.bench.databases import Databases
 from evq.ops.bench.modes import MODES
@@ -72,6 +77,7 @@ class Bench:
         self.figures: list[Figure] = []
         self.notes: list[str] = []
         self.peer_driver: str | None = None
+        self.dbos_version: str | None = None  # DBOS Transact, measured by the peer mode when installed
         # The drain mode's batch enqueues: the enqueue mode reports them instead of timing its own.
         self.batch_enqueue_seconds: list[float] = []
         # The ops-pages mode's table (ops/bench/pages.py), when it ran.
@@ -83,6 +89,7 @@ class Bench:
         try:
             self.db.migrated_template()
             self.peer_driver = peer.driver(self)
+            self.dbos_version = dbos_peer.available(self) if self.peer_driver else None
             for mode in MODES:
                 if mode in self.config.modes:
                     self.progress(f"{mode}...")
@@ -99,6 +106,7 @@ class Bench:
                 "load_after": [round(x, 2) for x in os.getloadavg()],
                 "postgres": self._server_version(),
                 "peer": self.peer_driver and f"pgqueuer {peer.version()} ({self.peer_driver})",
+                "dbos": self.dbos_version,
             },
             "seconds": round(time.perf_counter() - started, 1),
             "results": [f.to_dict() for f in self.figures],

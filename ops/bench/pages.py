@@ -29,7 +29,7 @@ import psycopg
 
 from evq.ops.bench import pagefill
 from evq.ops.bench.children import child_environment
-from evq.ops.bench.config import Figure
+from evq.ops.bench.config import Figure, ImpossibleFigure
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
@@ -39,10 +39,6 @@ TARGET_MS = 200.0
 WARMUPS = 2
 _TIMING = re.compile(r"(?:^|,)\s*app;dur=([^,;\s]+)")
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-
-
-class ImpossibleFigure(EvqError):
-    """A page's server time that cannot be right: the run stops rather than report it."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""evq admin bench (formerly `evq bench`): measure evq against the raw SQL ceiling and pgqueuer on this machine."""
+"""evq admin bench (formerly `evq bench`): measure evq against the raw SQL ceiling and its peers (pgqueuer, DBOS Transact) on this machine."""
 
 from __future__ import annotations
 

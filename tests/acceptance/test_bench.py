@@ -43,12 +43,64 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
     assert (drain["ratios"]["pgqueuer_best"] is not None) == peer
     assert all(0 < figures[f"evq latency-bound, concurrency {c}"]["ratios"]["ideal"] for c in (50, 200, 500))
     assert figures["metrics collector query"]["unit"] == "ms"
+    assert figures["evq single enqueue p50 (own transaction)"]["median"] > 0
     assert {t["target"] for t in report["targets"]} >= {
-        "batch enqueue >= 40,000 steps/s",
+        "batch enqueue / pgqueuer batch >= 0.8",
         "collector query < 50 ms",
         "drain 1 process / pgqueuer default >= 2",
+        "drain 2 processes / pgqueuer best >= 1",
+        "single enqueue p50 / pgqueuer single p50 <= 1",
+        "worker RSS at concurrency 500 <= 100 MB",
+        "drain with 20,000 terminal rows present / empty-table drain >= 0.9",
     }
     assert all(t["met"] in (True, False, None) for t in report["targets"])
+    if peer:
+        check_peer_figures(report)
+        assert figures["evq single enqueue p50 (own transaction)"]["ratios"]["pgqueuer_single_p50"] > 0
+
+
+def check_peer_figures(report: dict) -> None:
+    """The peers a user would compare with, each round alternated with evq's drain: pgqueuer bare
+    and with evidence rows, and DBOS Transact when installed (else a note says why not)."""
+    figures = {r["name"]: r for r in report["results"]}
+    dbos = report["machine"]["dbos"]
+    assert dbos is not None or any("dbos is not installed" in n for n in report["notes"])
+    for key, processes, setting in (("default", "1 process", "1 process, batch 10"), ("best", "2 processes", None)):
+        paired = figures[f"evq drain, {processes}, alternated with the peers"]
+        names = [
+            f"pgqueuer drain, {key} (",
+            f"pgqueuer with evidence drain, {key} (",
+            *([f"DBOS Transact drain, {key} ("] if dbos else []),
+        ]
+        for prefix in names:
+            name = next(n for n in figures if n.startswith(prefix))
+            assert setting is None or setting in name or "DBOS" in name
+            fig = figures[name]
+            assert fig["mode"] == "peer" and fig["median"] > 0 and fig["rss_mb"] > 0
+            assert len(fig["runs"]) == len(paired["runs"]) == report["config"]["runs"]
+            assert fig["ratios"]["evq"] > 0
+        assert paired["ratios"][f"pgqueuer_evidence_{key}"] > 0
+        assert (paired["ratios"].get(f"dbos_{key}") is not None) == bool(dbos)
+    assert figures["pgqueuer single enqueue p50"]["unit"] == "ms"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_peer_mode_measures_every_peer_alternated_with_evq(evq: Evq, pg_server):
+    """`--quick --mode peer` alone (the peers' figures without the other modes): each peer's drain
+    beside evq's own in the same round, the targets the peer mode can answer scored, the others n/a."""
+    done = evq.run("bench", "--quick", "--mode", "peer", "-o", "json", timeout=500, EVQ_DATABASE_URL=pg_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    contract.check(("bench",), out)
+    report = out["data"]
+    if report["machine"]["peer"] is None:
+        pytest.skip("pgqueuer (the bench extra) is not installed")
+    check_peer_figures(report)
+    targets = {t["target"]: t for t in report["targets"]}
+    assert targets["drain 2 processes / pgqueuer best >= 1"]["met"] in (True, False)
+    assert targets["drain 1 process / pgqueuer default >= 2"]["met"] in (True, False)
+    assert targets["collector query < 50 ms"]["met"] is None
 
 
 def test_bench_refuses_bad_flags_in_the_contract(evq: Evq):

@@ -104,3 +104,171 @@ def test_an_impossible_page_time_fails_loudly_and_a_good_one_is_read():
     assert row["p95"] == 19.0 and row["max"] == 250.0 and row["met"] is True
     slow = Measured(Page("list", "/ops/steps"), [150.0] * 18 + [201.0, 300.0]).row()
     assert slow["p95"] == 201.0 and slow["met"] is False
+
+
+def test_a_figure_that_cannot_be_right_stops_the_run_naming_it():
+    """Issue 19: the benchmark once printed a pickup latency of -0.68 ms and scored it as met. A
+    negative, NaN or infinite latency, duration, rate or RSS, or a rate of zero, is ImpossibleFigure
+    (an EvqError) naming the figure, when it is made and again when it is reported."""
+    import math
+
+    import pytest
+
+    from evq.ops.bench.config import Figure, ImpossibleFigure
+    from evq.worker.errors import EvqError
+
+    assert issubclass(ImpossibleFigure, EvqError)
+    with pytest.raises(ImpossibleFigure, match="evq pickup p50, LISTEN/NOTIFY") as caught:
+        Figure("pickup", "evq pickup p50, LISTEN/NOTIFY", "ms", [-0.68])
+    assert caught.value.context["figure"] == "pickup: evq pickup p50, LISTEN/NOTIFY"
+    for unit, values in (
+        ("ms", [1.0, math.nan]),
+        ("ms", [math.inf]),
+        ("s", [-1.0]),
+        ("steps/s", [0.0]),
+        ("steps/s", [-5.0, 10.0]),
+        ("jobs/s", [math.inf]),
+        ("steps/s", []),
+    ):
+        with pytest.raises(ImpossibleFigure, match="a figure"):
+            Figure("drain", "a figure", unit, values)
+    for rss in (-1.0, 0.0, math.nan, math.inf):
+        with pytest.raises(ImpossibleFigure, match="peak RSS"):
+            Figure("drain", "a figure", "steps/s", [100.0], rss)
+    # A latency of zero can be measured (a clock's resolution); a rate of zero cannot.
+    assert Figure("pickup", "fast", "ms", [0.0, 1.0], 50.0).median == 0.5
+    late = Figure("drain", "evq drain, 1 process", "steps/s", [100.0], 50.0)
+    late.ratios["pgqueuer_default"] = -2.0  # ratios are added after the figure is made
+    with pytest.raises(ImpossibleFigure, match="evq drain, 1 process: ratio pgqueuer_default"):
+        late.to_dict()
+    late.ratios["pgqueuer_default"] = None  # no peer: no ratio, reported as such
+    assert late.to_dict()["ratios"] == {"pgqueuer_default": None}
+
+
+def _figures(**over: float) -> list:
+    """A run's figures, as the modes name them, with the values a test wants."""
+    from evq.ops.bench.config import Figure
+
+    v = {
+        "d1": 2000.0,
+        "d2": 3000.0,
+        "ceiling": 6000.0,
+        "p_default": 1000.0,
+        "p_best": 3000.0,
+        "paired1": 2000.0,
+        "paired2": 3000.0,
+        "single": 400.0,
+        "single_p50": 2.5,
+        "p_single": 400.0,
+        "p_single_p50": 2.5,
+        "batch": 40000.0,
+        "p_batch": 50000.0,
+        "lat200": 1800.0,
+        "lat500": 1700.0,
+        "rss500": 100.0,
+        "scale": 1800.0,
+        **over,
+    }
+    figures = [
+        Figure("drain", "evq drain, 1 process", "steps/s", [v["d1"]], 80.0),
+        Figure("drain", "evq drain, 2 processes", "steps/s", [v["d2"]], 80.0),
+        Figure("latency", "evq latency-bound, concurrency 200", "steps/s", [v["lat200"]], 80.0),
+        Figure("latency", "evq latency-bound, concurrency 500", "steps/s", [v["lat500"]], v["rss500"]),
+        Figure("enqueue", "evq single enqueue (Python API, own transaction)", "steps/s", [v["single"]]),
+        Figure("enqueue", "evq single enqueue (Python API, in a caller's transaction)", "steps/s", [300.0]),
+        Figure("enqueue", "evq batch enqueue (enqueue_many)", "steps/s", [v["batch"]]),
+        Figure("enqueue", "evq single enqueue p50 (own transaction)", "ms", [v["single_p50"]]),
+        Figure("scale", "evq drain, 1 process, 1,000,000 terminal rows present", "steps/s", [v["scale"]], 80.0),
+        Figure("ceiling", "raw SQL ceiling: claim 100 SKIP LOCKED + one batched UPDATE", "rows/s", [v["ceiling"]]),
+        Figure("peer", "evq drain, 1 process, alternated with the peers", "steps/s", [v["paired1"]], 80.0),
+        Figure("peer", "pgqueuer drain, default (1 process, batch 10)", "jobs/s", [v["p_default"]], 50.0),
+        Figure("peer", "evq drain, 2 processes, alternated with the peers", "steps/s", [v["paired2"]], 80.0),
+        Figure("peer", "pgqueuer drain, best (2 processes, batch 50, task cap 100)", "jobs/s", [v["p_best"]], 50.0),
+        Figure("peer", "pgqueuer single enqueue", "jobs/s", [v["p_single"]]),
+        Figure("peer", "pgqueuer single enqueue p50", "ms", [v["p_single_p50"]]),
+        Figure("peer", "pgqueuer batch enqueue", "jobs/s", [v["p_batch"]]),
+    ]
+    figures[2].ratios["ideal"] = v["lat200"] / (200 / 0.05)
+    figures[3].ratios["ideal"] = v["lat500"] / (500 / 0.05)
+    figures[8].ratios["empty_table"] = v["scale"] / v["d1"]
+    # The peer mode's paired ratios (its rounds' own): here, the ratio of the medians.
+    figures[10].ratios["pgqueuer_default"] = v["paired1"] / v["p_default"]
+    figures[12].ratios["pgqueuer_best"] = v["paired2"] / v["p_best"]
+    return figures
+
+
+def test_the_targets_are_issue_19s_table_each_met_not_met_or_na():
+    from evq.ops.bench import report
+
+    figures = _figures()
+    report.add_ratios(figures)
+    by = {t["target"]: t for t in report.targets(figures)}
+    table = {
+        "drain 2 processes / pgqueuer best >= 1": (1.0, 1.0, True),
+        "drain 1 process / pgqueuer default >= 2": (2.0, 2.0, True),
+        "single enqueue / pgqueuer single >= 1": (1.0, 1.0, True),
+        "single enqueue p50 / pgqueuer single p50 <= 1": (1.0, 1.0, True),
+        "batch enqueue / pgqueuer batch >= 0.8": (0.8, 0.8, True),
+        # The bound is min(ideal, the 1-process drain): 4,000/s at 200 and 10,000/s at 500 are
+        # above the 2,000/s drain, so 1,800 and 1,700 are 0.9 and 0.85 of it.
+        "latency-bound, concurrency 200: share of min(ideal, 1-process drain) >= 0.9": (0.9, 0.9, True),
+        "latency-bound, concurrency 500: share of min(ideal, 1-process drain) >= 0.8": (0.85, 0.8, True),
+        "worker RSS at concurrency 500 <= 100 MB": (100.0, 100.0, True),
+        "drain with 1,000,000 terminal rows present / empty-table drain >= 0.9": (0.9, 0.9, True),
+    }
+    for target, (value, threshold, met) in table.items():
+        assert (by[target]["value"], by[target]["threshold"], by[target]["met"]) == (value, threshold, met), target
+    # Just past each threshold, the wrong side: NOT met.
+    worse = _figures(
+        paired2=2990.0,
+        paired1=1990.0,
+        single=399.0,
+        single_p50=2.51,
+        batch=39000.0,
+        lat200=1790.0,
+        lat500=1590.0,
+        rss500=100.5,
+        scale=1790.0,
+    )
+    report.add_ratios(worse)
+    missed = {t["target"]: t["met"] for t in report.targets(worse)}
+    assert all(missed[t] is False for t in table), missed
+    # The paired ratio wins over the drain mode's median against a peer measured minutes later.
+    slower_alone = _figures(d2=2500.0)
+    report.add_ratios(slower_alone)
+    assert round(slower_alone[1].ratios["pgqueuer_best"], 3) == 0.833
+    assert {t["target"]: t["value"] for t in report.targets(slower_alone)}[
+        "drain 2 processes / pgqueuer best >= 1"
+    ] == 1.0
+    # Without the peer mode's paired drain, the drain mode's ratio is the figure.
+    unpaired = [f for f in slower_alone if "alternated" not in f.name]
+    assert {t["target"]: t["value"] for t in report.targets(unpaired)}[
+        "drain 2 processes / pgqueuer best >= 1"
+    ] == 0.833
+    # No peer, no latency mode: n/a, never met.
+    alone = [f for f in _figures() if f.mode in ("drain", "enqueue") and "p50" not in f.name]
+    report.add_ratios(alone)
+    na = {t["target"]: t["met"] for t in report.targets(alone)}
+    assert na["drain 2 processes / pgqueuer best >= 1"] is None
+    assert na["single enqueue p50 / pgqueuer single p50 <= 1"] is None
+    assert na["latency-bound, concurrency 500: share of min(ideal, 1-process drain) >= 0.8"] is None
+    assert all(t["met"] is None for t in report.targets([]))
+
+
+def test_the_latency_bound_is_the_ideal_when_the_drain_is_faster():
+    from evq.ops.bench import report
+
+    figures = _figures(d1=50_000.0, lat200=3600.0)
+    report.add_ratios(figures)
+    lat200 = next(f for f in figures if f.name == "evq latency-bound, concurrency 200")
+    assert round(lat200.ratios["bound"], 6) == 0.9 == round(lat200.ratios["ideal"], 6)
+
+
+def test_dbos_gets_the_bench_servers_address_as_a_url():
+    from evq.ops.bench.dbos_peer import system_url
+
+    assert system_url("host=127.0.0.1 port=5432 user=postgres dbname=evq_bench_1_3") == (
+        "postgresql://postgres@127.0.0.1:5432/evq_bench_1_3"
+    )
+    assert system_url("host=db user=u password='p@ss w' dbname=x") == "postgresql://u:p%40ss%20w@db/x"
+    assert system_url("host=/var/run/postgresql user=u dbname=x") == "postgresql://u@/x?host=%2Fvar%2Frun%2Fpostgresql"
