@@ -95,11 +95,11 @@ def test_sigterm_during_a_trickling_send_exits_within_the_grace(evq: Evq, db_url
     assert evidence_kinds(db_url, step["id"]) == ["attempt_started"]
 
 
-# seconds: send-by at 8 s, deadline at 12 s; a retry waits 16 + 12 s from the claim. The
-# operator's refused retry must land inside the 12 s after the lease ends, after a rescuer
-# process has run: with a shorter lease a loaded CI machine missed that window (the retry was
-# then rightly allowed, and the test failed).
-PAUSE_LEASE = 16
+# seconds: send-by at 15 s, deadline at 22.5 s; a retry waits 30 + 22.5 s from the claim. The
+# operator's refused retry must land inside the 22.5 s after the lease ends, after a rescuer
+# process has run: with a 12 s window a machine at load 9 (each CLI start several seconds)
+# missed it (the retry was then rightly allowed, and the test failed).
+PAUSE_LEASE = 30
 
 
 @pytest.mark.slow
