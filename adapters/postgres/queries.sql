@@ -1116,8 +1116,9 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- store/steps.py's SEARCH_WINDOWS) keeps of `found` only the unknown and held hits and the
 -- others created since then (a BitmapAnd with each state's (status, created_at) range, one
 -- arm per state so each is an index range); `recent` says how many of the page's newest-first
--- rows the window holds (the caller widens it when too few), and `older` counts the hits it
--- cut, up to the cap, for the total only (less `keyed`'s, so a step both find counts once).
+-- rows the window holds (the caller widens it when too few), and `older` holds the hits it
+-- cut, up to the cap, counted for the total only (less `keyed`'s, so a step both find counts
+-- once) and as `cut` (none cut: the window changed nothing).
 -- The total counts at most count_cap + 1 rows (more than count_cap: the caller says
 -- "count_cap+"; docs/design.md, "Search").
 -- A new state needs its branch here and in step_count_by_status (worker/states.py's Status).
@@ -1218,6 +1219,7 @@ SELECT total.n AS total,
         WHERE h.status <> 'unknown' AND h.status <> 'held'
           AND (%(search_since)s::timestamptz IS NULL OR h.created_at >= %(search_since)s::timestamptz)
           AND (%(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[]))) AS recent,
+       (SELECT count(*)::int FROM older) AS cut,
        s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
        ARRAY(SELECT r ->> 'email'
              FROM jsonb_array_elements(s.payload -> 'to') r

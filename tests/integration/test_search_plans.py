@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
@@ -199,9 +200,9 @@ def recent(many: str) -> str:
 def _unwindowed(url: str, where: StepFilter) -> tuple[list[int], int]:
     """step_list's page and total with no window: every hit read and sorted."""
     params = _params(where)
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
         rows = conn.execute(Q["step_list"], params).fetchall()
-    return [r[2] for r in rows if r[2] is not None], rows[0][0]
+    return [r["id"] for r in rows if r["id"] is not None], rows[0]["total"]
 
 
 @pytest.mark.parametrize(

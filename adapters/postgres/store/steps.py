@@ -54,6 +54,7 @@ def _filter_params(where: StepFilter) -> dict[str, Any]:
 # the table, to sort them; its newest page is nearly always within the last hour. A small one
 # costs a few cheap reads more. Unknown and held hits (the page's first rows) are never cut.
 SEARCH_WINDOWS: tuple[float | None, ...] = (1.0, 24.0, None)
+SEARCH_FEW_CUT = 2_000  # a window that cut no more hits than this is followed by the whole
 WAITING = frozenset({str(Status.UNKNOWN), str(Status.HELD)})
 
 
@@ -175,14 +176,19 @@ class PostgresSteps(PostgresBase):
         }
         async with self._snapshot("list_steps") as conn:
             await conn.execute(Q["list_settings"])
-            for hours in _search_windows(where, window):
+            windows = list(_search_windows(where, window))
+            while windows:
+                hours = windows.pop(0)
                 params["search_since"] = None if hours is None else (now or datetime.now(UTC)) - timedelta(hours=hours)
                 rows = await fetch_all(conn, Q["step_list"], params)
-                # Complete when no window cut the search, or when the window alone holds at least
-                # `window` of the page's newest-first rows: every hit it left out is older than
-                # all of them, so none of it could be on the page (docs/design.md, "Search").
-                if hours is None or rows[0]["recent"] >= window:
+                # Complete when no window cut the search, when it cut nothing, or when the window
+                # alone holds at least `window` of the page's newest-first rows: every hit it left
+                # out is older than all of them, so none of it could be on the page
+                # (docs/design.md, "Search").
+                if hours is None or rows[0]["cut"] == 0 or rows[0]["recent"] >= window:
                     break
+                if rows[0]["cut"] <= SEARCH_FEW_CUT:
+                    windows = [None]  # so few left out that reading them all costs less than a window
         # One row always comes back: it carries the total (a window's cut hits counted too), and
         # no step when the page is empty.
         total = rows[0]["total"] if rows else 0
