@@ -357,3 +357,27 @@ def test_the_cli_and_the_http_api_page_a_windowed_search_as_the_store(scattered,
         cli["meta"]["total"],
     )
     assert page["meta"]["total_exact"] == cli["meta"]["total_exact"] == (want_total <= COUNT_CAP)
+
+
+async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scattered):
+    # `now` put so that a window's edge (now less an hour, less a day) is some hit's created_at
+    # to the microsecond: that hit is in the window (>=), never both kept and counted as cut.
+    with psycopg.connect(scattered) as conn:
+        edges = [
+            r[0]
+            for r in conn.execute(
+                "SELECT created_at FROM email_steps WHERE status NOT IN ('unknown', 'held')"
+                " AND id IN (7, 12, 101, 2002, 4004, 9999) ORDER BY id"
+            ).fetchall()
+        ]
+    store = await PostgresStore.open(scattered, max_size=2)
+    try:
+        for edge in edges:
+            for hours in (h for h in SEARCH_WINDOWS if h is not None):
+                now = edge + timedelta(hours=hours)
+                for limit, offset in ((50, 0), (5, 100), (1, 2499), (10, 7000)):
+                    where = StepFilter(search="hot.example", limit=limit, offset=offset)
+                    rows, total = await store.list_steps(where, now=now)
+                    assert ([r.id for r in rows], total) == _unwindowed(scattered, where), (edge, hours, where)
+    finally:
+        await store.close()
