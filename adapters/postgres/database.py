@@ -313,6 +313,7 @@ _AS_ENVIRONMENT = {
     "gsslib": "PGGSSLIB",
     "gssdelegation": "PGGSSDELEGATION",
 }
+FLAGS = {"host": "-h", "port": "-p", "user": "-U"}  # createdb's flags for the URL's parts
 _BESIDE_THE_POINT = frozenset(
     {
         "dbname",  # the database to create is the command's argument
@@ -359,9 +360,6 @@ def createdb_command(name: str, url: str | None = None) -> str | None:
             parts += [flag, given[key]]
     parts.append(name)
     return " ".join([*env, *(shlex.quote(part) for part in parts)])
-
-
-FLAGS = {"host": "-h", "port": "-p", "user": "-U"}  # createdb's flags for the URL's parts
 
 
 @contextmanager

@@ -1116,7 +1116,7 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- store/steps.py's SEARCH_WINDOWS) keeps of `found` only the unknown and held hits and the
 -- others created since then (a BitmapAnd with each state's (status, created_at) range, one
 -- arm per state so each is an index range); `recent` says how many of the page's newest-first
--- rows the window holds (the caller widens it when too few), and `older` holds the hits it
+-- rows the window holds (the caller widens it when too few; 0 with no window, not read), and `older` holds the hits it
 -- cut, up to the cap, counted for the total only (less `keyed`'s, so a step both find counts
 -- once) and as `cut` (none cut: the window changed nothing).
 -- The total counts at most count_cap + 1 rows (more than count_cap: the caller says
@@ -1217,7 +1217,7 @@ WITH t AS (
 SELECT total.n AS total,
        (SELECT count(*)::int FROM hits h
         WHERE h.status <> 'unknown' AND h.status <> 'held'
-          AND (%(search_since)s::timestamptz IS NULL OR h.created_at >= %(search_since)s::timestamptz)
+          AND %(search_since)s::timestamptz IS NOT NULL AND h.created_at >= %(search_since)s::timestamptz
           AND (%(statuses)s::text[] IS NULL OR h.status = ANY(%(statuses)s::text[]))) AS recent,
        (SELECT count(*)::int FROM older) AS cut,
        s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,

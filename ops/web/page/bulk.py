@@ -8,10 +8,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app.service import Selection
-from evq.ops.web.page.bulk_actions import may_act, sealed_versions, version_of, versions_field
+from evq.ops.web.page.bulk_actions import changed_since, may_act, sealed_versions, versions_field
 from evq.ops.web.page.common import (
     BULK_MAX,
-    app_state,
     check_preview_seal,
     filters_of,
     posted,
@@ -22,8 +21,7 @@ from evq.ops.web.page.common import (
     resolve,
     router,
 )
-from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
-from evq.worker.ports import StepFilter
+from evq.worker.errors import AuthFailed, InvalidRequest
 from evq.worker.states import Status
 
 SEAL_PURPOSE = "unknown-close"  # the seal of a /ops/unknown/preview fits /ops/unknown/close only
@@ -41,18 +39,10 @@ async def came_back(request: Request, ids: tuple[int, ...], versions: dict[int, 
     """The previewed rows unknown again but not the preview's (requeued, sent and lost again
     since): each a conflict, left alone, so a close posted again never judges a new attempt by
     the note written about the one the preview showed. A row in another state now is
-    service.resolve's conflict, as before."""
-    now, _ = await app_state(request).store.list_steps(StepFilter(ids=ids, limit=None))
-    out = []
-    for r in now:
-        if str(r.status) == str(Status.UNKNOWN) and version_of(r.updated_at) != versions.get(r.id):
-            error = StateConflict(
-                f"step {r.id} is unknown again since the preview (another attempt since): someone else changed it",
-                hint=f"`evq steps show {r.id}` shows its attempts; preview again to close it",
-                context={"id": r.id, "status": str(r.status)},
-            )
-            out.append({"id": r.id, "outcome": "failed", "error": error.to_dict()})
-    return out
+    service.resolve's conflict, as before (bulk_actions.changed_since's other conflicts)."""
+    unknown = str(Status.UNKNOWN)
+    conflicts = await changed_since(request, dict.fromkeys(ids, unknown), versions)
+    return [c for c in conflicts if c["error"]["context"]["status"] == unknown]
 
 
 @router.post("/unknown/preview", response_class=HTMLResponse)
