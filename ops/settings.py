@@ -361,6 +361,7 @@ class Settings:
     reconcile_rate: float = 2.0
     reconcile_checks: int = 5
     keep_content: float | None = 30 * 86400.0
+    evidence_partition_steps: int = 1_000_000
     null_delay: float = 0.0
     log_format: str = "auto"
     log_level: str = "info"

@@ -379,6 +379,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
     from evq.adapters.http.callback import CallbackPoster
     from evq.worker.callbacks import CallbackConfig, CallbackSender
+    from evq.worker.partitions import PartitionKeeper
     from evq.worker.runner import new_owner
     from evq.worker.sampler import QueueSampler
 
@@ -391,13 +392,16 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
                 owner = new_owner()
                 # The queue's figures once a minute for the overview's charts (worker/sampler.py).
                 sampler = QueueSampler(store, sampled_by=owner)
+                config = settings.worker_config()
+                # Evidence partitions made ahead of the steps that need them (worker/partitions.py).
+                keeper = PartitionKeeper(store, steps=config.evidence_partition_steps)
                 yield Worker(
                     store,
                     providers,
-                    settings.worker_config(),
+                    config,
                     wakeup=wakeup,
                     owner=owner,
-                    services=[callbacks, sampler],
+                    services=[callbacks, sampler, keeper],
                 )
     finally:
         await poster.close()

@@ -84,6 +84,7 @@ from evq.worker.records import (
     ClaimedStep,
     EnqueueResult,
     Grant,
+    PartitionPrune,
     PruneCounts,
     RecordResult,
     RedactCounts,
@@ -2229,6 +2230,18 @@ class MemoryStore:
             and (before_id is None or r["id"] <= before_id)
         ]
         return [_plain(r) for r in rows[:limit]]
+
+    async def prune_partition(
+        self, *, cutoff: datetime, actor: str, run: Any, batch: int, after: int | None
+    ) -> PartitionPrune | None:
+        # No partitions here: every step goes by prune_batch, as in a PostgreSQL database whose
+        # partitions all hold a step that may not go yet.
+        await self._op("prune_partition", None)
+        return None
+
+    async def evidence_partitions_ahead(self, steps: int) -> int:
+        await self._op("evidence_partitions_ahead", None)
+        return 0
 
     async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
         await self._op("prune_refusals_count" if dry_run else "prune_refusals", None)

@@ -170,6 +170,8 @@ RECONCILE_OPTIONS: tuple[Option, ...] = (
 
 # Content retention (worker/redactor.py).
 KEEP_CONTENT_DEFAULT = 30 * 86400.0
+# Evidence partitions (worker/partitions.py; migration 0022).
+EVIDENCE_PARTITION_STEPS_DEFAULT = 1_000_000
 RETENTION_OPTIONS: tuple[Option, ...] = (
     Option(
         "keep_content",
@@ -181,6 +183,16 @@ RETENTION_OPTIONS: tuple[Option, ...] = (
         "Open steps always keep it. Default 30d: long enough to look into a complaint or a bounce, "
         "short enough that bodies (personal data) do not pile up for as long as the evidence is kept.",
         minimum=0,
+    ),
+    Option(
+        "evidence_partition_steps",
+        int,
+        EVIDENCE_PARTITION_STEPS_DEFAULT,
+        "Step ids per evidence partition (PostgreSQL): evidence is partitioned by its step's id, and "
+        "evq prune drops a whole partition once every step in it closed before the cutoff. The worker "
+        "keeps four partitions ahead of the newest step, checking once a minute. Aim for a partition a "
+        "day or so (100000000 at 100 million sends a day); a new size applies to partitions made after.",
+        minimum=1000,
     ),
 )
 
@@ -212,6 +224,7 @@ class WorkerConfig:
     reconcile_rate: float = 2.0
     reconcile_checks: int = 5
     keep_content: float | None = KEEP_CONTENT_DEFAULT  # seconds after close; None: forever
+    evidence_partition_steps: int = EVIDENCE_PARTITION_STEPS_DEFAULT
 
     def validate(self) -> None:
         """The checks between the core's own options (each option's minimum is the loader's)."""

@@ -18,6 +18,12 @@ units nobody misreads: ``1m`` is refused (a minute, or a month?).
 Refused enqueues (table enqueue_refusals) recorded before the same cutoff go too,
 after the steps; the counts behind evq_enqueue_refusals_total are kept.
 
+Evidence is partitioned by its step's id (PostgreSQL, migration 0022). Before the batches,
+each partition whose steps all closed before the cutoff is sealed (it refuses new rows),
+checked again, and dropped whole, with a prune_log row naming it: seconds for millions of
+rows, where the batches would delete each row through the append-only trigger. Its steps
+and decisions then go by the batches like any others, with no evidence left to delete.
+
 Prune is a write command for administrators; it shares the service shape
 (config with validation, ``run_once`` returning counts) so it can also run
 periodically.
@@ -133,6 +139,20 @@ class Pruner:
             return replace(counts, refusals=refused)
         run = uuid.uuid4()
         total = PruneCounts()
+        # Whole evidence partitions first: each one's rows go at once, and the batches below
+        # then find its steps with no evidence left to delete. A partition that cannot go (a
+        # step in it still open, or closed after the cutoff) is left to the batches.
+        after: int | None = None
+        while not self.should_stop():
+            part = await self.store.prune_partition(
+                cutoff=cutoff, actor=self.actor, run=run, batch=total.batches + 1, after=after
+            )
+            if part is None:
+                break
+            after = part.lo
+            if part.dropped:
+                total = total + PruneCounts(evidence=part.evidence, batches=1, partitions=1)
+                self.progress(total)
         while True:
             if self.should_stop():
                 self.stopped = True

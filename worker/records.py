@@ -287,6 +287,8 @@ class PruneCounts:
     batches: int = 0
     # Refused enqueues recorded before the cutoff (enqueue_refusals), pruned after the steps.
     refusals: int = 0
+    # Evidence partitions dropped whole (their rows are in ``evidence``; PostgreSQL only).
+    partitions: int = 0
 
     @property
     def total(self) -> int:
@@ -299,7 +301,21 @@ class PruneCounts:
             self.decisions + other.decisions,
             self.batches + other.batches,
             self.refusals + other.refusals,
+            self.partitions + other.partitions,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPrune:
+    """One evidence partition retention sealed and then dropped, or gave back (``dropped``
+    false: a step of its range was not closed before the cutoff after all, or the drop
+    could not take its lock in time). Its range is step ids ``lo`` to ``hi - 1``."""
+
+    name: str
+    lo: int
+    hi: int
+    dropped: bool
+    evidence: int = 0
 
 
 @dataclass(frozen=True, slots=True)

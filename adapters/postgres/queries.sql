@@ -350,7 +350,7 @@ WITH t AS (
             AND s.status IN ('unknown', 'retryable')
             AND s.attempts = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
-                            WHERE e.lease_token = o.lease_token
+                            WHERE e.step_id = o.id AND e.lease_token = o.lease_token
                               AND e.kind IN ('provider_response', 'late_response'))) AS settles
     FROM email_steps s JOIN o ON o.id = s.id
     FOR UPDATE OF s
@@ -366,7 +366,7 @@ WITH t AS (
            o.detail || jsonb_build_object('fenced', true, 'row_attempts', cur.attempts, 'settled', cur.settles),
            t.now
     FROM o JOIN cur ON cur.id = o.id, t
-    ON CONFLICT (lease_token) WHERE kind IN ('provider_response', 'late_response') DO NOTHING
+    ON CONFLICT (step_id, lease_token) WHERE kind IN ('provider_response', 'late_response') DO NOTHING
     RETURNING step_id, to_status
 ), settled AS (
     UPDATE email_steps s
@@ -1818,6 +1818,34 @@ SELECT now() - %(older_than)s::interval AS cutoff;
 -- never a step a notice that must stay points at, and writes the prune_log row.
 SELECT pruned_steps AS steps, pruned_evidence AS evidence, pruned_decisions AS decisions
 FROM evq_prune_batch(%(cutoff)s, %(limit)s, %(actor)s, %(run)s, %(batch)s);
+
+
+-- name: evidence_seal
+-- Retention's first step for a whole evidence partition (migration 0022): the oldest one
+-- starting above %(after)s whose steps all look closed before the cutoff, sealed (a
+-- trigger refuses every new row) and committed. None when no partition is left to try.
+SELECT partition_name AS name, range_lo AS lo, range_hi AS hi
+FROM evq_evidence_seal(%(cutoff)s, %(after)s);
+
+
+-- name: evidence_drop
+-- A sealed partition dropped when every step of its range (and every notice of one) closed
+-- before the cutoff, logged in prune_log; otherwise unsealed and `dropped` false.
+SELECT dropped, rows_dropped AS evidence, range_lo AS lo, range_hi AS hi
+FROM evq_evidence_drop(%(name)s, %(cutoff)s, %(actor)s, %(run)s, %(batch)s);
+
+
+-- name: evidence_unseal
+SELECT evq_evidence_unseal(%(name)s) AS unsealed;
+
+
+-- name: evidence_partitions_ahead
+-- Partitions of %(steps)s step ids until four lie beyond the newest step (worker/partitions.py).
+SELECT evq_evidence_partitions_ahead(%(steps)s) AS made;
+
+
+-- name: evidence_partitions
+SELECT name, lo, hi, sealed FROM evq_evidence_partitions();
 
 
 -- name: steps_prune_count

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     SmallInteger,
     Table,
     Text,
@@ -255,10 +256,17 @@ Index(
     postgresql_where=text("status <> 'in_flight'"),
 )
 
+# Partitioned by its step's id (0022): a step's whole history lies in one partition, so
+# retention drops partitions of closed steps rather than deleting row by row. The
+# partitions (evidence_steps_<lo>, and evidence_overflow for a range none covers yet) are
+# created by evq_evidence_partitions_ahead, not by this model (migrations/env.py leaves
+# them out of the comparison).
 evidence = Table(
     "evidence",
     metadata,
-    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    # The primary key holds the partition key, as a partitioned table's unique keys must;
+    # it is also the index each read of a step's history uses (step_id = ?, ORDER BY id).
+    Column("id", BigInteger, nullable=False, autoincrement=True),
     Column("step_id", BigInteger, ForeignKey("email_steps.id"), nullable=False),
     Column("run_id", Text, nullable=False),
     Column("attempt", Integer),
@@ -273,6 +281,7 @@ evidence = Table(
     Column("latency_ms", Float),
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("created_at", TZ, nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("step_id", "id"),
     CheckConstraint(_in("kind", EVIDENCE_KINDS), name="kind"),
     CheckConstraint(f"outcome IS NULL OR {_in('outcome', OUTCOMES)}", name="outcome"),
     CheckConstraint(f"from_status IS NULL OR {_in('from_status', STATUSES)}", name="from_status"),
@@ -284,14 +293,16 @@ evidence = Table(
     ),
     # A run's evidence is read through its steps (run_evidence), so run_id needs no
     # index of its own: each evidence row costs one entry less (migration 0005).
-    Index(None, "step_id", "id"),
+    postgresql_partition_by="RANGE (step_id)",
 )
 
 # One answer per attempt, whether it landed (provider_response) or was fenced out
 # (late_response): a retried commit of the same outcome becomes a no-op, not a
-# second answer.
+# second answer. A lease token is drawn for one step, so (step_id, lease_token) is the
+# same rule, in the form a partitioned table can hold.
 Index(
     "uq_evidence_answer_per_lease",
+    evidence.c.step_id,
     evidence.c.lease_token,
     unique=True,
     postgresql_where=text("kind IN ('provider_response', 'late_response')"),
@@ -358,10 +369,13 @@ prune_log = Table(
     Column("actor", Text, nullable=False),
     Column("cutoff", TZ, nullable=False),
     Column("steps", Integer, nullable=False),
-    Column("evidence", Integer, nullable=False),
+    Column("evidence", BigInteger, nullable=False),  # a dropped partition's rows can pass 2**31 (0022)
     Column("decisions", Integer, nullable=False),
     Column("first_step_id", BigInteger),
     Column("last_step_id", BigInteger),
+    # Set when the row logs a dropped evidence partition (0022): its name; first_step_id and
+    # last_step_id are then its whole range, and the steps follow in later batches.
+    Column("evidence_partition", Text),
     Column("created_at", TZ, nullable=False, server_default=NOW),
     UniqueConstraint("run", "batch"),
     CheckConstraint("steps >= 0 AND evidence >= 0 AND decisions >= 0", name="counts_nonnegative"),

@@ -32,7 +32,8 @@ def prune_cmd(
 
     def progress(total: PruneCounts) -> None:
         click.echo(
-            f"prune: {total.batches} batches, {total.steps} steps, {total.evidence} evidence rows, "
+            f"prune: {total.batches} batches ({total.partitions} whole evidence partitions), {total.steps} steps, "
+            f"{total.evidence} evidence rows, "
             f"{total.decisions} decisions, {total.refusals} refused enqueues deleted",
             err=True,
         )
@@ -54,6 +55,7 @@ def prune_cmd(
         "decisions": counts.decisions,
         "batches": counts.batches,
         "refusals": counts.refusals,
+        "partitions": counts.partitions,
     }
     if stopped:
         # Every batch counted here is committed and in prune_log; the rest is untouched.
@@ -69,6 +71,10 @@ def prune_cmd(
         human=lambda d: (
             f"{verb} {d['steps']} steps, {d['evidence']} evidence rows and {d['decisions']} decisions "
             f"created and closed before {d['cutoff']}, and {d['refusals']} refused enqueues recorded before it"
-            + ("" if dry_run else f" ({d['batches']} batches, see prune_log)")
+            + (
+                ""
+                if dry_run
+                else f" ({d['batches']} batches, {d['partitions']} of them whole evidence partitions; see prune_log)"
+            )
         ),
     )

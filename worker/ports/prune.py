@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from evq.worker.records import PruneCounts
+from evq.worker.records import PartitionPrune, PruneCounts
 
 
 class PruneStore(Protocol):
@@ -19,6 +19,20 @@ class PruneStore(Protocol):
     ) -> PruneCounts: ...
 
     async def prune_count(self, *, cutoff: datetime) -> PruneCounts: ...
+
+    async def prune_partition(
+        self, *, cutoff: datetime, actor: str, run: uuid.UUID, batch: int, after: int | None
+    ) -> PartitionPrune | None:
+        """Seal the oldest evidence partition starting above step id ``after`` whose steps all
+        look closed before ``cutoff``, then drop it if they all are (logged as prune batch
+        ``batch``); None when no partition is left to try (a store without partitions has none).
+        The steps and decisions of a dropped partition are left for ``prune_batch``."""
+        ...
+
+    async def evidence_partitions_ahead(self, steps: int) -> int:
+        """Create evidence partitions of ``steps`` step ids until four lie beyond the newest
+        step; how many were made (0 for a store without partitions)."""
+        ...
 
     async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
         """Delete at most ``limit`` refused enqueues recorded before ``cutoff`` (``dry_run``: count

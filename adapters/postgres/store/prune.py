@@ -5,13 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from psycopg import errors as pgerr
+
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase
-from evq.worker.records import PruneCounts
+from evq.worker.errors import DatabaseUnavailable
+from evq.worker.records import PartitionPrune, PruneCounts
 
 
 class PostgresPrune(PostgresBase):
-    """Deleting terminal steps closed before a cutoff, with their evidence and decisions."""
+    """Deleting terminal steps closed before a cutoff, with their evidence and decisions:
+    whole evidence partitions first (``prune_partition``), then batches of rows."""
 
     async def prune_cutoff(self, *, older_than: timedelta) -> datetime:
         rows = await self._fetch("prune_cutoff", Q["prune_cutoff"], {"older_than": older_than})
@@ -28,3 +32,36 @@ class PostgresPrune(PostgresBase):
     async def prune_count(self, *, cutoff: datetime) -> PruneCounts:
         rows = await self._fetch("prune_count", Q["steps_prune_count"], {"cutoff": cutoff})
         return PruneCounts(steps=rows[0]["steps"], evidence=rows[0]["evidence"], decisions=rows[0]["decisions"])
+
+    async def prune_partition(
+        self, *, cutoff: datetime, actor: str, run: Any, batch: int, after: int | None
+    ) -> PartitionPrune | None:
+        """Seal, then drop: two transactions (migration 0022). Sealed and committed, the
+        partition refuses every new row, so the drop's check of its steps cannot be overtaken
+        by a step changing under it."""
+        sealed = await self._fetch("prune_seal", Q["evidence_seal"], {"cutoff": cutoff, "after": after})
+        if not sealed:
+            return None
+        name, lo, hi = sealed[0]["name"], sealed[0]["lo"], sealed[0]["hi"]
+        try:
+            rows = await self._fetch(
+                "prune_drop",
+                Q["evidence_drop"],
+                {"name": name, "cutoff": cutoff, "actor": actor, "run": run, "batch": batch},
+            )
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, pgerr.LockNotAvailable):
+                # Anything else (a lost connection, a cancel) leaves the seal: the next
+                # evq prune takes this partition first. Refusing new history for steps
+                # closed before the cutoff is the safe side of not knowing.
+                raise
+            # Readers kept evidence busy past the drop's lock timeout: give the partition
+            # back (its rows still go by the batches) and let a later run try again.
+            await self._fetch("prune_unseal", Q["evidence_unseal"], {"name": name})
+            return PartitionPrune(name=name, lo=lo, hi=hi, dropped=False)
+        row = rows[0]
+        return PartitionPrune(name=name, lo=lo, hi=hi, dropped=row["dropped"], evidence=row["evidence"])
+
+    async def evidence_partitions_ahead(self, steps: int) -> int:
+        rows = await self._fetch("evidence_partitions_ahead", Q["evidence_partitions_ahead"], {"steps": steps})
+        return int(rows[0]["made"])
