@@ -450,7 +450,7 @@ NOTIFY_URL_HELP = (
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
-BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages")
+BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages", "retention")
 
 # Why a command has no HTTP route or MCP tool (Command.local_only).
 _PROCESS = "it runs a process on this machine (or for as long as it runs); a request cannot start or hold one"
@@ -506,9 +506,14 @@ _TABLE: tuple[Command, ...] = (
                 flags=("--mode",),
                 repeatable=True,
                 enum=BENCH_MODES,
-                help="Run only this mode; repeatable (default: all but ops-pages, which runs only when named).",
+                help="Run only this mode; repeatable (default: all but ops-pages and retention, which run only when named).",
             ),
-            Param("scale_rows", type="integer", help="Terminal rows for the scale mode (default 1,000,000)."),
+            Param(
+                "scale_rows",
+                type="integer",
+                help="Terminal rows for the scale mode (default 1,000,000); for --mode retention, the evidence "
+                "rows it fills (default 10,000,000; --quick 30,000).",
+            ),
             Param(
                 "processes",
                 metavar="1,2",
@@ -530,6 +535,7 @@ _TABLE: tuple[Command, ...] = (
             "evq admin bench                  # every mode, 3 runs each: a few minutes",
             "evq admin bench --quick -o json  # CI-sized",
             "evq admin bench --mode ops-pages # every /ops page's server time at 1,000,000 steps",
+            "evq admin bench --mode retention # evq prune by whole partitions at 10,000,000 evidence rows",
         ),
         aliases=("bench",),
         use_when="measuring evq's throughput and latency on this machine, before sizing a deployment",

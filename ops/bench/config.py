@@ -30,6 +30,7 @@ class BenchConfig:
     peer: str = "auto"  # auto: measure pgqueuer when it is installed; on: require it; off
     page_steps: int = 1_000_000  # the ops-pages mode's database
     page_repeat: int = 20  # reads of each page (after the warm-ups)
+    retention_rows: int = 10_000_000  # the retention mode's evidence rows (about 3 a step)
 
     @classmethod
     def quick(cls, server_url: str, **overrides: Any) -> BenchConfig:
@@ -44,6 +45,7 @@ class BenchConfig:
             scale_rows=20_000,
             page_steps=3_000,
             page_repeat=2,
+            retention_rows=30_000,
         )
         return replace(base, **overrides)
 
@@ -57,6 +59,8 @@ class BenchConfig:
             problems.append("--scale-rows must be at least 1000")
         if self.page_steps < 1000:
             problems.append("--steps must be at least 1000 for the ops-pages mode")
+        if self.retention_rows < 3000:
+            problems.append("--scale-rows must be at least 3000 for the retention mode")
         if self.page_repeat < 1:
             problems.append("--repeat must be at least 1")
         if not self.drain_processes or not all(1 <= p <= 64 for p in self.drain_processes):

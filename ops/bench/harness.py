@@ -23,7 +23,9 @@ This module runs the modes in order and assembles the report; each job has its m
   no-op jobs, pgqueuer with evidence rows (evidence_peer.py), DBOS Transact (dbos_peer.py);
   pgqueuer's single and batch enqueue),
   pages.py and pagefill.py (ops-pages, only when named: every /ops page's server time with a
-  million steps in the database).
+  million steps in the database), retention.py (retention, only when named: evq prune by whole
+  evidence partitions against row-by-row batches at 10,000,000 evidence rows, and claim and
+  enqueue with few partitions against many).
 - report.py: the ratios, the targets, the human table, the revision.
 
 A figure that cannot be right (a negative, NaN or infinite latency, duration, rate or RSS) stops
@@ -43,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from evq.ops.bench import ceiling, dbos_peer, drain, enqueue, pages, peer, pickup, report, scale
+from evq.ops.bench import ceiling, dbos_peer, drain, enqueue, pages, peer, pickup, report, retention, scale
 from evq.ops.bench.config import BenchConfig, Figure
 from evq.ops.bench.databases import Databases
 from evq.ops.bench.modes import MODES
@@ -63,6 +65,7 @@ MEASURE: dict[str, Callable[[Bench], None]] = {
     "ceiling": ceiling.mode_ceiling,
     "peer": peer.mode_peer,
     "ops-pages": pages.mode_ops_pages,
+    "retention": retention.mode_retention,
 }
 
 

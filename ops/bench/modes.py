@@ -4,7 +4,8 @@ without importing the benchmark and psycopg."""
 
 from __future__ import annotations
 
-MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages")
-# What a run without --mode measures: ops-pages only when asked for (it fills a database of its
-# own with a million steps: minutes, and a question of its own, the operators' page).
-DEFAULT_MODES = tuple(m for m in MODES if m != "ops-pages")
+MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages", "retention")
+# What a run without --mode measures: ops-pages and retention only when asked for (each fills a
+# database of its own, a million steps or ten million evidence rows: minutes, and a question of
+# its own, the operators' page and retention at scale).
+DEFAULT_MODES = tuple(m for m in MODES if m not in ("ops-pages", "retention"))

@@ -108,6 +108,20 @@ def targets(figures: Sequence[Figure]) -> list[dict[str, Any]]:
     if poll is not None:
         interval_ms = float(poll.name.rsplit("every ", 1)[1].rstrip("s")) * 1000
         check("pickup p99 polling only < poll interval (ms)", poll.median, interval_ms, "<")
+    # Retention (issue 19): whole partitions instead of rows, and no slower with many of them.
+    for what in ("evq drain, 1 process", "evq single enqueue"):
+        many = next(
+            (f for f in figures if f.mode == "retention" and "few_partitions" in f.ratios and f.name.startswith(what)),
+            None,
+        )
+        check(f"retention: {what} with many partitions / few >= 0.9", many and many.ratios["few_partitions"], 0.9)
+    one = find("row-by-row prune of one partition's worth", "retention")
+    check(
+        "retention: one partition dropped / its rows pruned by batches <= 0.1",
+        one and one.ratios.get("partition_drop"),
+        0.1,
+        "<=",
+    )
     collector = find("metrics collector")
     check("collector query < 50 ms", collector and collector.median, 50.0, "<")
     return out

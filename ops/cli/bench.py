@@ -37,6 +37,8 @@ def bench_cmd(
         overrides["modes"] = tuple(modes)
         if "ops-pages" in modes and steps is not None:
             overrides["page_steps"] = steps  # --steps sizes the pages' database too
+        if "retention" in modes and scale_rows is not None:
+            overrides["retention_rows"] = scale_rows  # --scale-rows sizes the retention fill too
     if processes:
         try:
             overrides["drain_processes"] = tuple(int(p) for p in processes.split(","))
