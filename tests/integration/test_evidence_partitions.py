@@ -8,6 +8,7 @@ partitions of ten step ids, so a handful of steps spans several of them."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import timedelta
 
@@ -293,3 +294,36 @@ async def test_a_new_step_whose_id_falls_in_a_dropped_range_keeps_its_history(st
     [claimed] = await store.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={})
     assert claimed.id == 101
     assert evidence_of(db_url, [101]) == 1
+
+
+async def test_a_long_reader_of_evidence_neither_hangs_prune_nor_stalls_writers_once_per_partition(store, db_url):
+    """A reader holding evidence (pg_dump, a report, a session idle in a transaction) keeps
+    the drop from its lock: the drop gives up after its timeout, but each try first queues
+    for evidence's exclusive lock, and every writer of evidence queues behind it. So one try
+    a run, not one per partition; and giving the partition back must not wait for the reader
+    either (an unseal queued for the partition's lock holds every reader behind it, and the
+    run with it, until the reader ends)."""
+    small_partitions(db_url)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    tries: list[object] = []
+    prune_partition = store.prune_partition
+
+    async def counted(**kw):
+        part = await prune_partition(**kw)
+        tries.append(part)
+        return part
+
+    store.prune_partition = counted
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM evidence")
+        # A bound so the test ends if the run hangs, not a measurement.
+        counts = await asyncio.wait_for(pruner(store, batch=100).run_once(), timeout=60)
+        assert counts.partitions == 0
+        assert len([p for p in tries if p is not None and not p.dropped]) == 1
+        # The batches took the steps meanwhile, row by row.
+        assert counts.steps == 18
+        reader.commit()
+    again = await pruner(store, batch=100).run_once()
+    assert again.partitions >= 1
+    assert not any(p["sealed"] for p in partitions(db_url).values())
