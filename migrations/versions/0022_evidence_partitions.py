@@ -306,7 +306,15 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM evq_evidence_partitions() x WHERE x.name = p_partition AND x.sealed) THEN
         RETURN false;
     END IF;
-    EXECUTE format('DROP TRIGGER evidence_sealed ON %I.%I', ns, p_partition);
+    -- The give-back after a drop that timed out behind a reader: the same reader holds the
+    -- partition, and an unseal queued for its lock would hold every later reader of it (and
+    -- the prune) until that reader ends. Left sealed instead: the next evq prune takes it first.
+    PERFORM set_config('lock_timeout', '2s', true);
+    BEGIN
+        EXECUTE format('DROP TRIGGER evidence_sealed ON %I.%I', ns, p_partition);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
     RETURN true;
 END
 $$
