@@ -8,6 +8,8 @@ partitions of ten step ids, so a handful of steps spans several of them."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from datetime import timedelta
 
 import psycopg
@@ -16,7 +18,7 @@ import pytest
 from evq.worker.outcomes import Accepted, Rejected, Unknown
 from evq.worker.partitions import PartitionKeeper
 from tests.integration.test_prune import NOW, OLD, RECENT, pruner, settled
-from tests.support import rows
+from tests.support import rows, valid
 
 BASE = 5_000_000  # the migration's partitions end here (four of a million ahead of an empty table)
 SIZE = 10
@@ -216,3 +218,112 @@ async def test_a_writer_holding_the_partition_keeps_it_from_being_sealed(store, 
         writer.commit()
     assert not partitions(db_url)[f"evidence_steps_{BASE}"]["sealed"]
     assert evidence_of(db_url, first) == 2 * 9 + 1
+
+
+async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store, db_url):
+    """The drop checks the range, then counts the rows, then drops the table: if the seal can
+    go in between (the give-back of another evq prune whose drop timed out, or the runtime
+    role calling evq_evidence_unseal), a step reopened there loses its history. Here a
+    session holding the partition pauses the drop after its checks; meanwhile the seal goes
+    and a step of the range is requeued with its evidence."""
+    small_partitions(db_url)
+    first = await fill(store, db_url, Rejected("550 no"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+    outcome: list[object] = []
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as dropper:
+        holder.execute(f"LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE")
+        pid = dropper.info.backend_pid
+
+        def drop() -> None:
+            try:
+                outcome.append(
+                    dropper.execute(
+                        f"SELECT * FROM evq_evidence_drop(%s, {CUTOFF}, 'test', gen_random_uuid(), 1)", (part,)
+                    ).fetchall()
+                )
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=drop)
+        thread.start()
+        waiting = False
+        for _ in range(600):  # until the drop waits for the partition (a condition, not a delay)
+            got = rows(db_url, "SELECT wait_event_type AS w FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if got and got[0]["w"] == "Lock":
+                waiting = True
+                break
+            threading.Event().wait(0.05)
+        assert waiting
+        holder.execute("SELECT evq_evidence_unseal(%s)", (part,))
+        holder.execute(
+            "UPDATE email_steps SET status = 'retryable', closed_at = NULL, next_attempt_at = now() WHERE id = %s",
+            (first[0],),
+        )
+        holder.execute(
+            "INSERT INTO evidence (step_id, run_id, kind, actor, from_status, to_status) "
+            "SELECT id, run_id, 'operator_resolved', 'operator', 'rejected', 'retryable' FROM email_steps WHERE id = %s",
+            (first[0],),
+        )
+        holder.commit()
+        thread.join()
+    assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (first[0],))[0]["status"] == "retryable"
+    assert part in partitions(db_url), outcome
+    assert evidence_of(db_url, [first[0]]) == 3
+
+
+async def test_a_new_step_whose_id_falls_in_a_dropped_range_keeps_its_history(store, db_url):
+    """The overflow refuses history for a range retention dropped, by step id alone. Once the
+    batches have taken that range's steps, an id there is free again: a restore that resets
+    the step sequence (setval to max(id) + 1 with the old steps pruned, a logical copy that
+    does not carry sequences) hands it to a new step. That step did not exist when the range
+    went, so it lost nothing, and refusing its evidence refuses its claim: it is never sent,
+    and every claim batch it falls in fails."""
+    small_partitions(db_url)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    counts = await pruner(store, batch=100).run_once()
+    assert counts.partitions == 6
+    dropped = rows(db_url, "SELECT first_step_id, last_step_id FROM prune_log WHERE evidence_partition IS NOT NULL")
+    assert any(d["first_step_id"] <= 101 <= d["last_step_id"] for d in dropped)
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SELECT setval(pg_get_serial_sequence('email_steps', 'id'), 100)")
+    step = await store.enqueue(valid())  # the database's clock, as in production
+    assert step.id == 101
+    [claimed] = await store.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={})
+    assert claimed.id == 101
+    assert evidence_of(db_url, [101]) == 1
+
+
+async def test_a_long_reader_of_evidence_neither_hangs_prune_nor_stalls_writers_once_per_partition(store, db_url):
+    """A reader holding evidence (pg_dump, a report, a session idle in a transaction) keeps
+    the drop from its lock: the drop gives up after its timeout, but each try first queues
+    for evidence's exclusive lock, and every writer of evidence queues behind it. So one try
+    a run, not one per partition; and giving the partition back must not wait for the reader
+    either (an unseal queued for the partition's lock holds every reader behind it, and the
+    run with it, until the reader ends)."""
+    small_partitions(db_url)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    tries: list[object] = []
+    prune_partition = store.prune_partition
+
+    async def counted(**kw):
+        part = await prune_partition(**kw)
+        tries.append(part)
+        return part
+
+    store.prune_partition = counted
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM evidence")
+        # A bound so the test ends if the run hangs, not a measurement.
+        counts = await asyncio.wait_for(pruner(store, batch=100).run_once(), timeout=60)
+        assert counts.partitions == 0
+        assert len([p for p in tries if p is not None and not p.dropped]) == 1
+        # The batches took the steps meanwhile, row by row.
+        assert counts.steps == 18
+        reader.commit()
+    again = await pruner(store, batch=100).run_once()
+    assert again.partitions >= 1
+    assert not any(p["sealed"] for p in partitions(db_url).values())
