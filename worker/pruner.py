@@ -153,6 +153,11 @@ class Pruner:
             if part.dropped:
                 total = total + PruneCounts(evidence=part.evidence, batches=1, partitions=1)
                 self.progress(total)
+            if part.busy:
+                # A reader holds evidence: every later drop would queue for its lock too, with
+                # every writer of evidence behind it. The batches take the rest; a later run
+                # tries the partitions again.
+                break
         while True:
             if self.should_stop():
                 self.stopped = True

@@ -316,6 +316,9 @@ class PartitionPrune:
     hi: int
     dropped: bool
     evidence: int = 0
+    # Not dropped because readers kept evidence's lock past the drop's timeout: the run tries
+    # no further partition (each try queues every writer of evidence behind it).
+    busy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

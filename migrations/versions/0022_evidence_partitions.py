@@ -230,8 +230,14 @@ $$
 CREATE FUNCTION evq_evidence_overflow() RETURNS trigger
 LANGUAGE plpgsql SET search_path = {path} AS $$
 BEGIN
+    -- Only a step that was there when its range went: once the batches have taken that
+    -- range's steps its ids are free, and a sequence reset (a restore, a logical copy)
+    -- hands one to a new step, which lost nothing. Refusing its evidence would refuse
+    -- its every claim (and fail each claim batch it falls in).
     IF EXISTS (SELECT 1 FROM prune_log l
-               WHERE l.evidence_partition IS NOT NULL AND NEW.step_id BETWEEN l.first_step_id AND l.last_step_id) THEN
+               WHERE l.evidence_partition IS NOT NULL AND NEW.step_id BETWEEN l.first_step_id AND l.last_step_id
+                 AND NOT EXISTS (SELECT 1 FROM email_steps s
+                                 WHERE s.id = NEW.step_id AND s.created_at > l.created_at)) THEN
         RAISE EXCEPTION 'evq: evidence of step % refused: evq prune removed the history of its range', NEW.step_id
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'the step was closed before a prune cutoff and its evidence is gone';
@@ -300,7 +306,15 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM evq_evidence_partitions() x WHERE x.name = p_partition AND x.sealed) THEN
         RETURN false;
     END IF;
-    EXECUTE format('DROP TRIGGER evidence_sealed ON %I.%I', ns, p_partition);
+    -- The give-back after a drop that timed out behind a reader: the same reader holds the
+    -- partition, and an unseal queued for its lock would hold every later reader of it (and
+    -- the prune) until that reader ends. Left sealed instead: the next evq prune takes it first.
+    PERFORM set_config('lock_timeout', '2s', true);
+    BEGIN
+        EXECUTE format('DROP TRIGGER evidence_sealed ON %I.%I', ns, p_partition);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
     RETURN true;
 END
 $$

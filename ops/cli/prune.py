@@ -32,9 +32,9 @@ def prune_cmd(
 
     def progress(total: PruneCounts) -> None:
         click.echo(
-            f"prune: {total.batches} batches ({total.partitions} whole evidence partitions), {total.steps} steps, "
-            f"{total.evidence} evidence rows, "
-            f"{total.decisions} decisions, {total.refusals} refused enqueues deleted",
+            f"prune: {total.batches} batches, {total.steps} steps, {total.evidence} evidence rows, "
+            f"{total.decisions} decisions, {total.refusals} refused enqueues deleted "
+            f"({total.partitions} evidence partitions dropped whole)",
             err=True,
         )
 

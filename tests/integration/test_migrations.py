@@ -24,3 +24,39 @@ def test_down_and_up_again(db_url):
         raise AssertionError("an empty database passed the head check")
     assert upgrade(db_url) == (None, head_revision())
     assert check_at_head(db_url) == head_revision()
+
+
+def test_evidence_already_there_moves_into_its_partition_once(db_url):
+    """Migration 0022 on a database with history: every row kept as it was, in the
+    partition of its step, and no key event written a second time by the copy."""
+    import psycopg
+
+    command.downgrade(alembic_config(db_url), "0021_search_key_ids")
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO decisions (id, run_id, step_id) SELECT g, 'r', 's' || g FROM generate_series(1, 50) g;
+            INSERT INTO email_steps (id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+                                     payload_sha256, status, closed_at, attempts, first_attempt_at)
+            SELECT g, 'r', 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64), 'rejected',
+                   now(), 1, now()
+            FROM generate_series(1, 50) g;
+            SELECT setval(pg_get_serial_sequence('email_steps', 'id'), 50);
+            INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token)
+            SELECT s.id, s.run_id, 1, 'provider_response', 'w', 'in_flight', 'rejected', gen_random_uuid()
+            FROM email_steps s;
+            """
+        )
+        before = conn.execute("SELECT id, step_id, kind, lease_token FROM evidence ORDER BY id").fetchall()
+        events = conn.execute("SELECT count(*) FROM key_events").fetchone()[0]
+    assert len(before) == 50
+    upgrade(db_url)
+    with psycopg.connect(db_url) as conn:
+        after = conn.execute("SELECT id, step_id, kind, lease_token FROM evidence ORDER BY id").fetchall()
+        placed = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM evidence").fetchall()
+        assert conn.execute("SELECT count(*) FROM key_events").fetchone()[0] == events
+        # The sequence carried on: the next row's id follows the copied ones.
+        conn.execute("INSERT INTO evidence (step_id, run_id, kind, actor) VALUES (1, 'r', 'delivery_event', 'webhook')")
+        assert conn.execute("SELECT max(id) FROM evidence").fetchone()[0] == max(r[0] for r in before) + 1
+        conn.rollback()
+    assert after == before and placed == [("evidence_steps_0",)]

@@ -57,8 +57,10 @@ class PostgresPrune(PostgresBase):
                 raise
             # Readers kept evidence busy past the drop's lock timeout: give the partition
             # back (its rows still go by the batches) and let a later run try again.
+            # The unseal waits for the partition's lock a moment only; a partition left sealed
+            # is the next run's first.
             await self._fetch("prune_unseal", Q["evidence_unseal"], {"name": name})
-            return PartitionPrune(name=name, lo=lo, hi=hi, dropped=False)
+            return PartitionPrune(name=name, lo=lo, hi=hi, dropped=False, busy=True)
         row = rows[0]
         return PartitionPrune(name=name, lo=lo, hi=hi, dropped=row["dropped"], evidence=row["evidence"])
 
