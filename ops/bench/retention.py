@@ -245,8 +245,10 @@ async def _prune(url: str, *, batches_only: bool) -> tuple[Timed, PruneCounts]:
             return timed, total
         cutoff = await store.prune_cutoff(older_than=OLDER_THAN)
         run = uuid.uuid4()
-        while (await timed.prune_batch(cutoff=cutoff, limit=BATCH, actor="bench", run=run, batch=1)).steps:
-            pass
+        batch = 1
+        # Each batch its own number, as the Pruner gives them (prune_log is unique on run, batch).
+        while (await timed.prune_batch(cutoff=cutoff, limit=BATCH, actor="bench", run=run, batch=batch)).steps:
+            batch += 1
         return timed, timed.batches
     finally:
         await store.close()
