@@ -152,3 +152,21 @@ def test_ops_pages_mode_reads_every_page_and_reports_its_server_time(evq: Evq, p
     header = next(line for line in table.stdout.splitlines() if line.startswith("page "))
     assert header.split() == ["page", "p50", "ms", "p95", "ms", "max", "ms", "target"]
     assert "ops pages: 3,000 steps filled in" in table.stdout
+
+
+def test_quick_retention_mode_drops_partitions_and_keeps_every_open_steps_evidence(evq: Evq, pg_server):
+    """`--mode retention --quick`: a small fill over many evidence partitions, pruned by the real
+    Pruner. The mode itself refuses to report when a kept step (unknown, closed recently) lost a
+    row or the counts do not add up (ImpossibleFigure: exit non-zero); here, what it reports."""
+    done = evq.run("bench", "--quick", "--mode", "retention", "-o", "json", timeout=300, EVQ_DATABASE_URL=pg_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    contract.check(("bench",), out)
+    figures = {r["name"]: r for r in out["data"]["results"]}
+    assert {r["mode"] for r in out["data"]["results"]} == {"retention"}
+    assert figures["prune: partitions dropped"]["median"] >= 10
+    assert figures["prune: evidence rows dropped with partitions"]["median"] > 0
+    drains = [r for r in out["data"]["results"] if r["name"].startswith("evq drain, 1 process")]
+    assert len(drains) == 2 and all(r["median"] > 0 for r in drains)
+    targets = {t["target"]: t for t in out["data"]["targets"]}
+    assert targets["retention: one partition dropped / its rows pruned by batches <= 0.1"]["met"] in (True, False)
