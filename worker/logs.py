@@ -30,7 +30,7 @@ def redact(value: Any) -> Any:
 
 
 def _redact_processor(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDict:
-    clean: EventDict = _scrub.scrub(event)  # scrub() gives a mapping back as a dict
+    clean: EventDict = _scrub.scrub_event(event)  # scrub() of a mapping, as a dict
     return clean
 
 

@@ -96,6 +96,30 @@ def scrub(value: Any) -> Any:
     return value
 
 
+_PLAIN = (int, float, bool, type(None))
+
+
+def scrub_event(event: Mapping[str, Any]) -> Any:
+    """:func:`scrub` of a log event: the same result, sooner. Every line a worker logs on its hot
+    path passes here, and nearly none holds a secret: when the event's values are text and
+    numbers only, one search of its texts joined tells so (a form found in any one text is
+    found in the joined text too; a match across two of them only sends the event the long way)."""
+    pattern = _pattern
+    if pattern is None:
+        return event
+    texts: list[str] = []
+    for key, value in event.items():
+        kind = type(value)
+        if kind is str:
+            texts.append(value)
+        elif kind not in _PLAIN or type(key) is not str:
+            return scrub(event)
+        texts.append(key)
+    if pattern.search("\n".join(texts)) is None:
+        return event
+    return scrub(event)
+
+
 def scrub_record(record: Any) -> Any:
     """A frozen dataclass (an outcome, a lookup result) with its text fields scrubbed."""
     if _pattern is None or not is_dataclass(record) or isinstance(record, type):

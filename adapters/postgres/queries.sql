@@ -271,11 +271,13 @@ WITH t AS (
            c.claimed_at
     FROM claimed c
 )
+-- In ClaimedStep's field order (worker/records.py): the store builds each from the row's
+-- tuple as it is (adapters/postgres/store/queue.py checks these names against the fields).
 SELECT id, run_id, step_id, idempotency_key, message_id, provider, payload, attempts, max_attempts,
        lease_token, %(lease_seconds)s::float8 AS lease_seconds,
        extract(epoch FROM dedupe_until - claimed_at)::float8 AS dedupe_remaining,
        maybe_delivered, created_at, uncharged_attempts,
-       extract(epoch FROM claimed_at - retry_from)::float8 AS budget_age
+       coalesce(extract(epoch FROM claimed_at - retry_from)::float8, 0) AS budget_age
 FROM claimed
 ORDER BY id;
 

@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus
 from evq.worker import executor
 from evq.worker.outcomes import Rejected
 from evq.worker.ports import SendRequest
-from evq.worker.scrub import register, scrub_text
+from evq.worker.scrub import register, scrub, scrub_event, scrub_text
 
 SECRET = "unit-Scrub+Secret/9f2=x"
 
@@ -90,3 +90,19 @@ def test_third_party_stdlib_logging_goes_through_the_same_redaction(capsys):
     line = json.loads(err.strip().splitlines()[-1])
     assert line["logger"] == "psycopg.pool" and line["level"] == "warning" and "***" in line["event"]
     assert SECRET not in err and "noise below" not in err
+
+
+def test_a_log_event_is_scrubbed_as_scrub_does_it_by_its_quick_path_or_the_long_one():
+    register([SECRET])
+    plain = {"event": "send_accepted", "step": 1, "latency_ms": 0.5, "ok": True, "none": None, "to_domain": "x.org"}
+    events = [
+        plain,
+        {**plain, "to_domain": f"x {SECRET} y"},  # in a text
+        {**plain, quote(SECRET, safe=""): 1},  # in a key, encoded
+        {**plain, "nested": {"a": [SECRET, 2]}},  # not flat: the long way
+        {**plain, "a": SECRET[:10], "b": SECRET[10:]},  # split across two texts: no secret in either
+    ]
+    for event in events:
+        assert scrub_event(event) == scrub(event)
+    assert scrub_event(plain) == plain
+    assert SECRET not in json.dumps(scrub_event(events[1])) and "***" in scrub_event(events[1])["to_domain"]

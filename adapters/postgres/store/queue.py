@@ -39,21 +39,24 @@ class PostgresQueue(PostgresBase):
         """Claim up to ``limit`` rows. Their lease tokens derive from ``claim_id`` (a fresh
         one when not given), so a caller that never got the answer can name them later
         (:meth:`release_orphans`)."""
-        rows = await self._fetch(
-            "claim",
-            Q["step_claim"],
-            {
-                "now": now,
-                "claim_id": claim_id or new_claim_id(),
-                "probe": probe,
-                "owner": owner,
-                "providers": list(providers),
-                "limit": limit,
-                "lease_seconds": lease_seconds,
-                "dedupe_windows": json.dumps(dict(dedupe_windows)),
-            },
-        )
-        return [ClaimedStep.from_row(r) for r in rows]
+        params = {
+            "now": now,
+            "claim_id": claim_id or new_claim_id(),
+            "probe": probe,
+            "owner": owner,
+            "providers": list(providers),
+            "limit": limit,
+            "lease_seconds": lease_seconds,
+            "dedupe_windows": json.dumps(dict(dedupe_windows)),
+        }
+        # The hot path: rows as tuples in ClaimedStep's own field order (step_claim's select
+        # list), one constructor call each, instead of a dict per row read back by key. The
+        # column names are checked against the fields, so a reordered select list fails loudly.
+        async with self._op("claim") as conn, conn.cursor() as cur:
+            await cur.execute(Q["step_claim"], params)
+            if cur.description is None or tuple(c.name for c in cur.description) != _CLAIM_COLUMNS:
+                raise RuntimeError("step_claim's columns are not ClaimedStep's fields in order")
+            return [ClaimedStep(*row) for row in await cur.fetchall()]
 
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
@@ -178,6 +181,27 @@ class PostgresQueue(PostgresBase):
 
     async def waiting(self, *, providers: Sequence[str], now: datetime | None = None) -> list[dict[str, Any]]:
         return await self._fetch("waiting", Q["steps_waiting"], {"providers": list(providers), "now": now})
+
+
+# step_claim's select list, by name: ClaimedStep's fields in order (``attempts`` is its ``attempt``).
+_CLAIM_COLUMNS = (
+    "id",
+    "run_id",
+    "step_id",
+    "idempotency_key",
+    "message_id",
+    "provider",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "lease_token",
+    "lease_seconds",
+    "dedupe_remaining",
+    "maybe_delivered",
+    "created_at",
+    "uncharged_attempts",
+    "budget_age",
+)
 
 
 def new_claim_id() -> str:
