@@ -1,7 +1,7 @@
 """evq_recipient_keys in PL/pgSQL: its plan kept for the session, not made again in every statement (issue 19).
 
-Revision ID: 0022_recipient_keys_plpgsql
-Revises: 0021_search_key_ids
+Revision ID: 0023_recipient_keys_plpgsql
+Revises: 0022_evidence_partitions
 Create Date: 2026-12-02
 
 ``ix_email_steps_recipient_keys`` (0019) is an expression index over a SQL function whose
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0022_recipient_keys_plpgsql"
-down_revision: str | Sequence[str] | None = "0021_search_key_ids"
+revision: str = "0023_recipient_keys_plpgsql"
+down_revision: str | Sequence[str] | None = "0022_evidence_partitions"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
