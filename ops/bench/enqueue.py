@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -18,9 +18,23 @@ if TYPE_CHECKING:
     from evq.ops.bench.harness import Bench
 
 
-def mode_enqueue(bench: Bench) -> None:
+def single_enqueues(conn: psycopg.Connection[Any], requests: list[Any], validation_policy: Any) -> tuple[float, float]:
+    """Each request enqueued alone on ``conn`` (committed after each unless it autocommits):
+    the rate, and the median call's milliseconds (as pgqueuer's are timed)."""
     from evq.adapters.postgres.enqueue import enqueue
 
+    calls = []
+    started = time.perf_counter()
+    for request in requests:
+        call = time.perf_counter()
+        enqueue(conn, request, policy=validation_policy)
+        if not conn.autocommit:
+            conn.commit()
+        calls.append(time.perf_counter() - call)
+    return len(requests) / (time.perf_counter() - started), statistics.median(calls) * 1000
+
+
+def mode_enqueue(bench: Bench) -> None:
     c = bench.config
     requests = bench_requests(c.enqueue_single, run_id="single")
     validation_policy = policy()
@@ -31,15 +45,7 @@ def mode_enqueue(bench: Bench) -> None:
         # (and as pgqueuer's single enqueue is measured). Otherwise the caller's BEGIN
         # and COMMIT add two round trips around the same statement.
         with bench.db.fresh() as url, psycopg.connect(url, autocommit=autocommit) as conn:
-            calls = []
-            started = time.perf_counter()
-            for request in requests:
-                call = time.perf_counter()
-                enqueue(conn, request, policy=validation_policy)
-                if not autocommit:
-                    conn.commit()
-                calls.append(time.perf_counter() - call)
-            return len(requests) / (time.perf_counter() - started), statistics.median(calls) * 1000
+            return single_enqueues(conn, requests, validation_policy)
 
     # Each run measures evq and (when installed) pgqueuer back to back, so the ratio
     # compares the two under the same load, not minutes apart on a shared machine.

@@ -35,6 +35,7 @@ import psycopg
 
 from evq.ops.bench.config import Figure, ImpossibleFigure
 from evq.ops.bench.drain import drain_once
+from evq.ops.bench.enqueue import single_enqueues
 from evq.ops.bench.prefill import bench_requests, policy
 from evq.worker.records import PartitionPrune, PruneCounts
 
@@ -162,7 +163,9 @@ ORDER BY s.id, e.after
 
 
 def partitions(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
-    return [(r[0], r[1], r[2]) for r in conn.execute("SELECT name, lo, hi FROM evq_evidence_partitions()")]
+    from evq.adapters.postgres.queries import Q
+
+    return [(r[0], r[1], r[2]) for r in conn.execute(Q["evidence_partitions"])]
 
 
 def fill(url: str, rows: int, *, keep: bool = True, progress: Callable[[str], None] = lambda _: None) -> Layout:
@@ -372,15 +375,8 @@ def wal_lsn(url: str) -> int:
 
 def single_enqueue(url: str, n: int, run_id: str) -> float:
     """Steps/s of ``n`` single enqueues through the Python API, autocommit (as the enqueue mode)."""
-    from evq.adapters.postgres.enqueue import enqueue
-
-    requests = bench_requests(n, run_id=run_id)
-    validation = policy()
     with psycopg.connect(url, autocommit=True) as conn:
-        started = time.perf_counter()
-        for request in requests:
-            enqueue(conn, request, policy=validation)
-        return n / (time.perf_counter() - started)
+        return single_enqueues(conn, bench_requests(n, run_id=run_id), policy())[0]
 
 
 def count_partitions(url: str) -> int:
