@@ -380,6 +380,14 @@ prune_log = Table(
     UniqueConstraint("run", "batch"),
     CheckConstraint("steps >= 0 AND evidence >= 0 AND decisions >= 0", name="counts_nonnegative"),
 )
+# The overflow partition's guard (0022) asks, for each row it takes, whether a dropped
+# partition held that step id: only the dropped partitions' rows, out of a row per batch (0024).
+Index(
+    "ix_prune_log_dropped_ranges",
+    prune_log.c.first_step_id,
+    prune_log.c.last_step_id,
+    postgresql_where=prune_log.c.evidence_partition.isnot(None),
+)
 
 # One token bucket per provider, shared by every worker on every host (worker/ratelimit.py).
 # Operational state, not history: rewritten on every take, never evidence.

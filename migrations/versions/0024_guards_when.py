@@ -1,0 +1,94 @@
+"""The step guards run only for an update they may refuse; the overflow guard reads prune_log by index (issue 19).
+
+Revision ID: 0024_guards_when
+Revises: 0023_recipient_keys_plpgsql
+Create Date: 2026-12-03
+
+Every claim and every recorded answer updates its step, and each update ran both row
+triggers on ``email_steps`` (0012's ``evq_step_guard``, 0013's ``evq_content_guard``): two
+PL/pgSQL calls a row, each with a ``pg_has_role`` lookup, about 30 us of the server's time
+per row per update (``EXPLAIN ANALYZE`` of a 100-row claim: 3.3 ms in the two triggers of
+~20 ms). Neither can refuse a claim or an answer: they refuse a change to what a step is,
+a hold after enqueue, leaving ``accepted`` or ``rejected``, and any change touching a
+redacted step's status or its redaction mark. Each trigger now has a ``WHEN`` condition,
+evaluated in C before the function is called, that is true for every update the function
+could refuse (its refusals' conditions, joined by OR); for any other update the function
+would have returned the row unchanged, so skipping it changes nothing. When the condition
+holds, the function decides exactly as before (the owner's bypass, the approver's
+correction of a held request).
+
+``evq_evidence_overflow`` (0022) asks ``prune_log``, for each evidence row the overflow
+partition takes, whether a dropped partition held that step id. ``prune_log`` has a row per
+prune batch, so that read grew with every prune run; a partial index over the dropped
+partitions' ranges makes it a probe of a few entries.
+
+Self-contained on purpose (no application imports).
+"""
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0024_guards_when"
+down_revision: str | Sequence[str] | None = "0023_recipient_keys_plpgsql"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# What a step is, fixed at enqueue (0012), and the request an approver may correct (0018):
+# a change to any of them is for the function to judge.
+_FIXED = (
+    "id",
+    "run_id",
+    "step_id",
+    "decision_id",
+    "idempotency_key",
+    "message_id",
+    "provider",
+    "notify",
+    "created_at",
+    "payload",
+    "payload_sha256",
+    "requested_sha256",
+)
+
+
+def _row(alias: str) -> str:
+    return "(" + ", ".join(f"{alias}.{c}" for c in _FIXED) + ")"
+
+
+STEP_GUARD_WHEN = (
+    f"{_row('OLD')} IS DISTINCT FROM {_row('NEW')}"
+    " OR (NEW.status = 'held' AND OLD.status <> 'held')"
+    " OR (OLD.status IN ('accepted', 'rejected') AND NEW.status <> OLD.status)"
+)
+CONTENT_GUARD_WHEN = (
+    "NEW.content_redacted_at IS DISTINCT FROM OLD.content_redacted_at"
+    " OR (OLD.content_redacted_at IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status)"
+)
+
+
+def _triggers(step_when: str | None, content_when: str | None) -> None:
+    for name, function, when in (
+        ("email_steps_guard", "evq_step_guard", step_when),
+        ("email_steps_content_guard", "evq_content_guard", content_when),
+    ):
+        op.execute(f"DROP TRIGGER {name} ON email_steps")
+        condition = f" WHEN ({when})" if when else ""
+        op.execute(
+            f"CREATE TRIGGER {name} BEFORE UPDATE ON email_steps FOR EACH ROW{condition} EXECUTE FUNCTION {function}()"
+        )
+
+
+def upgrade() -> None:
+    _triggers(STEP_GUARD_WHEN, CONTENT_GUARD_WHEN)
+    op.create_index(
+        "ix_prune_log_dropped_ranges",
+        "prune_log",
+        ["first_step_id", "last_step_id"],
+        postgresql_where="evidence_partition IS NOT NULL",
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_prune_log_dropped_ranges", table_name="prune_log")
+    _triggers(None, None)
