@@ -98,3 +98,33 @@ def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute(sql.format(accepted=accepted, pending=pending))
             conn.rollback()
+
+
+def test_a_temporary_pg_class_does_not_pass_the_runtime_role_off_as_the_owner(roles):
+    """Both guards ask ``pg_class`` (unqualified) who owns ``email_steps`` and let the owner
+    through. A temporary table is searched before pg_catalog unless the search path names
+    pg_temp, so a runtime role (which has TEMP on the database) could create its own
+    ``pg_class`` saying it owns the table and then rewrite or reopen any step, whatever the
+    triggers' WHEN conditions hand to the functions."""
+    r = roles
+    migrated(r)
+
+    async def enqueue() -> list[int]:
+        store = await PostgresStore.open(r.app_url, max_size=1)
+        try:
+            return [(await store.enqueue(valid(run_id="r-t", step_id=f"s{i}"))).id for i in range(2)]
+        finally:
+            await store.close()
+
+    accepted, pending = asyncio.run(enqueue())
+    execute(r.owner_url, "UPDATE email_steps SET status = 'accepted', closed_at = now() WHERE id = %s", (accepted,))
+    for sql in REFUSED:
+        with psycopg.connect(r.app_url) as conn:
+            conn.execute("CREATE TEMP TABLE pg_class (oid oid, relname name, relowner oid)")
+            conn.execute(
+                "INSERT INTO pg_temp.pg_class SELECT 'email_steps'::regclass, 'email_steps', oid "
+                "FROM pg_roles WHERE rolname = current_user"
+            )
+            with pytest.raises(psycopg.errors.CheckViolation, match="evq: step"):
+                conn.execute(sql.format(accepted=accepted, pending=pending))
+            conn.rollback()
