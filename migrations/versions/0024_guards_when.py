@@ -79,8 +79,18 @@ def _triggers(step_when: str | None, content_when: str | None) -> None:
         )
 
 
+# Both functions find the table's owner in an unqualified ``pg_class``; with no fixed search
+# path a temporary table of that name (searched before pg_catalog unless the path names
+# pg_temp) let the runtime role pass itself off as the owner and skip every refusal. Fixed as
+# evq's other functions are (0022); called only under the WHEN conditions, the setting's cost
+# falls on the rare updates the functions judge.
+_SEARCH_PATH = "pg_catalog, public, pg_temp"
+
+
 def upgrade() -> None:
     _triggers(STEP_GUARD_WHEN, CONTENT_GUARD_WHEN)
+    for function in ("evq_step_guard", "evq_content_guard"):
+        op.execute(f"ALTER FUNCTION {function}() SET search_path = {_SEARCH_PATH}")
     op.create_index(
         "ix_prune_log_dropped_ranges",
         "prune_log",
@@ -91,4 +101,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_prune_log_dropped_ranges", table_name="prune_log")
+    for function in ("evq_step_guard", "evq_content_guard"):
+        op.execute(f"ALTER FUNCTION {function}() RESET search_path")
     _triggers(None, None)
