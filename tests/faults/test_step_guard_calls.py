@@ -128,3 +128,63 @@ def test_a_temporary_pg_class_does_not_pass_the_runtime_role_off_as_the_owner(ro
             with pytest.raises(psycopg.errors.CheckViolation, match="evq: step"):
                 conn.execute(sql.format(accepted=accepted, pending=pending))
             conn.rollback()
+
+
+# Every column and status rule the functions check, not one example of each kind: a WHEN
+# condition that dropped any of them let REFUSED above pass (review24 mutated the condition
+# to omit payload_sha256, requested_sha256, the rejected rule and the redacted step's status
+# rule, and the test above still passed). The message is matched because check constraints
+# raise the same SQLSTATE as the guards.
+EVERY_REFUSAL = (
+    *(
+        f"UPDATE email_steps SET {column} = {value} WHERE id = {{accepted}}"
+        for column, value in (
+            ("id", "id + 1000"),
+            ("run_id", "run_id || 'x'"),
+            ("step_id", "step_id || 'x'"),
+            ("decision_id", "(SELECT max(id) FROM decisions)"),
+            ("idempotency_key", "idempotency_key || 'x'"),
+            ("message_id", "'<forged@example.com>'"),
+            ("provider", "'other'"),
+            ("notify", "'https://forged.example/'"),
+            ("created_at", "created_at - interval '1 day'"),
+            ("payload", "payload || '{{\"subject\": \"rewritten\"}}'"),
+            ("payload_sha256", "repeat('0', 64)"),
+            ("requested_sha256", "repeat('0', 64)"),
+        )
+    ),
+    "UPDATE email_steps SET status = 'pending', closed_at = NULL WHERE id = {accepted}",
+    "UPDATE email_steps SET status = 'pending', closed_at = NULL WHERE id = {rejected}",
+    "UPDATE email_steps SET status = 'held', held_since = now() WHERE id = {pending}",
+    "UPDATE email_steps SET content_redacted_at = now() WHERE id = {accepted}",
+    "UPDATE email_steps SET content_redacted_at = NULL WHERE id = {redacted}",
+    "UPDATE email_steps SET status = 'retryable', closed_at = NULL WHERE id = {redacted}",
+)
+
+
+def test_every_refusal_of_either_guard_still_reaches_it(roles):
+    r = roles
+    migrated(r)
+
+    async def enqueue() -> list[int]:
+        store = await PostgresStore.open(r.app_url, max_size=1)
+        try:
+            return [(await store.enqueue(valid(run_id="r-e", step_id=f"s{i}"))).id for i in range(4)]
+        finally:
+            await store.close()
+
+    accepted, rejected, redacted, pending = asyncio.run(enqueue())
+    with psycopg.connect(r.owner_url) as conn:  # the owner passes the guards
+        conn.execute("UPDATE email_steps SET status = 'accepted', closed_at = now() WHERE id = %s", (accepted,))
+        conn.execute(
+            "UPDATE email_steps SET status = 'rejected', reason = 'attempts_exhausted', closed_at = now() "
+            "WHERE id = ANY(%s)",
+            ([rejected, redacted],),
+        )
+        conn.execute("UPDATE email_steps SET content_redacted_at = now() WHERE id = %s", (redacted,))
+    ids = {"accepted": accepted, "rejected": rejected, "redacted": redacted, "pending": pending}
+    for sql in EVERY_REFUSAL:
+        with psycopg.connect(r.app_url) as conn:
+            with pytest.raises(psycopg.errors.CheckViolation, match="^evq: step"):
+                conn.execute(sql.format(**ids))
+            conn.rollback()
