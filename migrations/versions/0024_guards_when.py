@@ -1,4 +1,4 @@
-"""The step guards run only for an update they may refuse; the overflow guard reads prune_log by index (issue 19).
+"""The step guards run only for an update they may refuse, and with a fixed search path; the overflow guard reads prune_log by index (issue 19).
 
 Revision ID: 0024_guards_when
 Revises: 0023_recipient_keys_plpgsql
@@ -21,6 +21,12 @@ correction of a held request).
 partition takes, whether a dropped partition held that step id. ``prune_log`` has a row per
 prune batch, so that read grew with every prune run; a partial index over the dropped
 partitions' ranges makes it a probe of a few entries.
+
+Four trigger functions named tables without a schema and ran on the caller's search path, on
+which a session's temporary tables come first: the runtime role could create a temporary
+``pg_class`` saying it owns ``email_steps`` and so skip both guards (reopen an accepted step,
+rewrite a request), or a temporary ``key_events`` to swallow its session's events. They now
+run with the path evq's other functions have (0022): pg_catalog, evq's schema, pg_temp last.
 
 Self-contained on purpose (no application imports).
 """
@@ -79,18 +85,25 @@ def _triggers(step_when: str | None, content_when: str | None) -> None:
         )
 
 
-# Both functions find the table's owner in an unqualified ``pg_class``; with no fixed search
-# path a temporary table of that name (searched before pg_catalog unless the path names
-# pg_temp) let the runtime role pass itself off as the owner and skip every refusal. Fixed as
-# evq's other functions are (0022); called only under the WHEN conditions, the setting's cost
-# falls on the rare updates the functions judge.
-_SEARCH_PATH = "pg_catalog, public, pg_temp"
+# Trigger functions that name tables without a schema and had no fixed search path
+# (evq_append_only, 0001 and since; the guards, 0012 and 0013; evq_key_event, 0015): a
+# session's temporary tables are searched before pg_catalog and the schema unless the path
+# names pg_temp, so the runtime role (which may create temporary tables) could shadow them.
+# Each gets the path evq's other functions have (0022): the catalog, evq's schema, pg_temp
+# last. Called only for the rare rows their WHEN conditions let through, the setting costs
+# nothing on the hot path.
+_PINNED = ("evq_step_guard()", "evq_content_guard()", "evq_key_event()", "evq_append_only()")
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 def upgrade() -> None:
     _triggers(STEP_GUARD_WHEN, CONTENT_GUARD_WHEN)
-    for function in ("evq_step_guard", "evq_content_guard"):
-        op.execute(f"ALTER FUNCTION {function}() SET search_path = {_SEARCH_PATH}")
+    schema = op.get_bind().exec_driver_sql("SELECT current_schema()").scalar_one()
+    for function in _PINNED:
+        op.execute(f"ALTER FUNCTION {function} SET search_path = pg_catalog, {_quoted(str(schema))}, pg_temp")
     op.create_index(
         "ix_prune_log_dropped_ranges",
         "prune_log",
@@ -101,6 +114,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_prune_log_dropped_ranges", table_name="prune_log")
-    for function in ("evq_step_guard", "evq_content_guard"):
-        op.execute(f"ALTER FUNCTION {function}() RESET search_path")
+    for function in _PINNED:
+        op.execute(f"ALTER FUNCTION {function} RESET search_path")
     _triggers(None, None)

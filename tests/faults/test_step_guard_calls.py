@@ -13,7 +13,7 @@ import pytest
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
 from tests.database_roles import migrated
-from tests.support import execute, valid
+from tests.support import execute, rows, valid
 
 GUARDS = ("evq_step_guard", "evq_content_guard")
 
@@ -37,6 +37,47 @@ def calls(conn: psycopg.Connection) -> dict[str, int]:
     )
 
 
+def claim_and_answer(conn: psycopg.Connection, *, limit: int, to_status: str) -> list[int]:
+    """The worker's own two statements in one transaction: claim up to ``limit`` steps and
+    record the same answer for each; the ids claimed."""
+    claimed = conn.execute(
+        Q["step_claim"],
+        {
+            "now": None,
+            "claim_id": f"guards-{to_status}",
+            "probe": False,
+            "owner": "w1",
+            "providers": ["smtp"],
+            "limit": limit,
+            "lease_seconds": 60.0,
+            "dedupe_windows": json.dumps({}),
+        },
+    ).fetchall()
+    transitions = [
+        {
+            "id": row[0],
+            "lease_token": str(row[9]),
+            "attempt": row[7],
+            "to_status": to_status,
+            "reason": "accepted" if to_status == "accepted" else "provider_rejected",
+            "outcome": to_status,
+            "provider_message_id": None,
+            "retry_delay": None,
+            "maybe_delivered": to_status == "accepted",
+            "latency_ms": 1.0,
+            "detail": {},
+            "message": "250 ok" if to_status == "accepted" else "550 no such user",
+            "charged": True,
+        }
+        for row in claimed
+    ]
+    [(fenced,)] = conn.execute(
+        Q["step_record"], {"now": None, "transitions": json.dumps(transitions), "actor": "w1"}
+    ).fetchall()
+    assert fenced == []
+    return [row[0] for row in claimed]
+
+
 def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them(roles):
     r = roles
     migrated(r)
@@ -52,42 +93,8 @@ def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them
 
     ids = asyncio.run(enqueue())
     with psycopg.connect(r.app_url) as conn:
-        claimed = conn.execute(
-            Q["step_claim"],
-            {
-                "now": None,
-                "claim_id": "guards",
-                "probe": False,
-                "owner": "w1",
-                "providers": ["smtp"],
-                "limit": 2,
-                "lease_seconds": 60.0,
-                "dedupe_windows": json.dumps({}),
-            },
-        ).fetchall()
-        assert [row[0] for row in claimed] == ids[:2]
-        transitions = [
-            {
-                "id": row[0],
-                "lease_token": str(row[9]),
-                "attempt": row[7],
-                "to_status": "accepted",
-                "reason": "accepted",
-                "outcome": "accepted",
-                "provider_message_id": None,
-                "retry_delay": None,
-                "maybe_delivered": True,
-                "latency_ms": 1.0,
-                "detail": {},
-                "message": "250 ok",
-                "charged": True,
-            }
-            for row in claimed
-        ]
-        [(fenced,)] = conn.execute(
-            Q["step_record"], {"now": None, "transitions": json.dumps(transitions), "actor": "w1"}
-        ).fetchall()
-        assert fenced == []
+        claimed = claim_and_answer(conn, limit=2, to_status="accepted")
+        assert claimed == ids[:2]
         # Two rows claimed and answered: four updates, no guard called.
         assert calls(conn) == {}
         conn.commit()
@@ -148,7 +155,7 @@ EVERY_REFUSAL = (
             ("provider", "'other'"),
             ("notify", "'https://forged.example/'"),
             ("created_at", "created_at - interval '1 day'"),
-            ("payload", "payload || '{{\"subject\": \"rewritten\"}}'"),
+            ("payload", 'payload || \'{{"subject": "rewritten"}}\''),
             ("payload_sha256", "repeat('0', 64)"),
             ("requested_sha256", "repeat('0', 64)"),
         )
@@ -185,6 +192,31 @@ def test_every_refusal_of_either_guard_still_reaches_it(roles):
     ids = {"accepted": accepted, "rejected": rejected, "redacted": redacted, "pending": pending}
     for sql in EVERY_REFUSAL:
         with psycopg.connect(r.app_url) as conn:
-            with pytest.raises(psycopg.errors.CheckViolation, match="^evq: step"):
+            with pytest.raises(psycopg.errors.CheckViolation, match=r"^evq: step"):
                 conn.execute(sql.format(**ids))
             conn.rollback()
+
+
+def test_a_temporary_key_events_does_not_swallow_the_sessions_events(roles):
+    """evq_key_event (0015) wrote to an unqualified ``key_events``: a runtime-role session with a
+    temporary table of that name would have had its rejections recorded there, out of every
+    agent's sight (``evq events list``, callbacks). With 0024's search path the real table gets it."""
+    r = roles
+    migrated(r)
+
+    async def enqueue() -> int:
+        store = await PostgresStore.open(r.app_url, max_size=1)
+        try:
+            return (await store.enqueue(valid(run_id="r-k", step_id="s0"))).id
+        finally:
+            await store.close()
+
+    step = asyncio.run(enqueue())
+    with psycopg.connect(r.app_url) as conn:
+        conn.execute("CREATE TEMP TABLE key_events (LIKE public.key_events INCLUDING DEFAULTS)")
+        assert claim_and_answer(conn, limit=1, to_status="rejected") == [step]
+        [(shadowed,)] = conn.execute("SELECT count(*) FROM pg_temp.key_events").fetchall()
+        conn.commit()
+    assert shadowed == 0
+    events = rows(r.admin_url, "SELECT kind, status FROM key_events WHERE step = %s", (step,))
+    assert events == [{"kind": "rejected", "status": "rejected"}]
