@@ -5,6 +5,7 @@ EVQ_STARTUP_WAIT."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -39,14 +40,28 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it_then_sends(clu
     cluster.stop()
     # At debug every try shows; at info only the first says the cause (issue 18: once, not per try).
     worker = evq.popen("worker", "run", "--drain", **smtp_env(smtp, EVQ_STARTUP_WAIT="60", EVQ_LOG_LEVEL="debug"))
+    # Its stderr read as it comes: the database comes back only after two tries of the backoff
+    # were logged (a fixed sleep saw one try when a loaded machine started the worker slowly).
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True)
+    reader.start()
     try:
-        time.sleep(4)  # several tries of the backoff: the worker must still be waiting
-        assert worker.poll() is None, worker.communicate()[1][-3000:]
+        wait_until(
+            lambda: sum('"database_unavailable_at_start"' in line for line in lines) >= 2 or worker.poll() is not None,
+            timeout=60,
+            what="two tries of the start-up wait",
+        )
+        assert worker.poll() is None, "".join(lines)[-3000:]
         cluster.start()
         code = worker.wait(60)
     finally:
         worker.kill()
-        log = worker.communicate()[1]
+        worker.wait()
+        reader.join(10)
+        for pipe in (worker.stdout, worker.stderr):
+            if pipe is not None:
+                pipe.close()
+        log = "".join(lines)
     assert code == 0, log[-3000:]
     waits = [json.loads(line) for line in log.splitlines() if '"database_unavailable_at_start"' in line]
     assert len(waits) >= 2, log[-3000:]
