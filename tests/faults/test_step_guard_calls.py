@@ -37,6 +37,19 @@ def calls(conn: psycopg.Connection) -> dict[str, int]:
     )
 
 
+def enqueued(url: str, run_id: str, n: int) -> list[int]:
+    """``n`` steps enqueued by the runtime role through the store; their ids in order."""
+
+    async def enqueue() -> list[int]:
+        store = await PostgresStore.open(url, max_size=1)
+        try:
+            return [(await store.enqueue(valid(run_id=run_id, step_id=f"s{i}"))).id for i in range(n)]
+        finally:
+            await store.close()
+
+    return asyncio.run(enqueue())
+
+
 def claim_and_answer(conn: psycopg.Connection, *, limit: int, to_status: str) -> list[int]:
     """The worker's own two statements in one transaction: claim up to ``limit`` steps and
     record the same answer for each; the ids claimed."""
@@ -84,14 +97,7 @@ def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them
     # Function calls counted for the runtime role's sessions (a superuser-only setting).
     execute(r.admin_url, f"ALTER ROLE \"{r.app}\" SET track_functions = 'all'")
 
-    async def enqueue() -> list[int]:
-        store = await PostgresStore.open(r.app_url, max_size=1)
-        try:
-            return [(await store.enqueue(valid(run_id="r-w", step_id=f"s{i}"))).id for i in range(3)]
-        finally:
-            await store.close()
-
-    ids = asyncio.run(enqueue())
+    ids = enqueued(r.app_url, "r-w", 3)
     with psycopg.connect(r.app_url) as conn:
         claimed = claim_and_answer(conn, limit=2, to_status="accepted")
         assert claimed == ids[:2]
@@ -116,14 +122,7 @@ def test_a_temporary_pg_class_does_not_pass_the_runtime_role_off_as_the_owner(ro
     r = roles
     migrated(r)
 
-    async def enqueue() -> list[int]:
-        store = await PostgresStore.open(r.app_url, max_size=1)
-        try:
-            return [(await store.enqueue(valid(run_id="r-t", step_id=f"s{i}"))).id for i in range(2)]
-        finally:
-            await store.close()
-
-    accepted, pending = asyncio.run(enqueue())
+    accepted, pending = enqueued(r.app_url, "r-t", 2)
     execute(r.owner_url, "UPDATE email_steps SET status = 'accepted', closed_at = now() WHERE id = %s", (accepted,))
     for sql in REFUSED:
         with psycopg.connect(r.app_url) as conn:
@@ -173,14 +172,7 @@ def test_every_refusal_of_either_guard_still_reaches_it(roles):
     r = roles
     migrated(r)
 
-    async def enqueue() -> list[int]:
-        store = await PostgresStore.open(r.app_url, max_size=1)
-        try:
-            return [(await store.enqueue(valid(run_id="r-e", step_id=f"s{i}"))).id for i in range(4)]
-        finally:
-            await store.close()
-
-    accepted, rejected, redacted, pending = asyncio.run(enqueue())
+    accepted, rejected, redacted, pending = enqueued(r.app_url, "r-e", 4)
     with psycopg.connect(r.owner_url) as conn:  # the owner passes the guards
         conn.execute("UPDATE email_steps SET status = 'accepted', closed_at = now() WHERE id = %s", (accepted,))
         conn.execute(
@@ -204,14 +196,7 @@ def test_a_temporary_key_events_does_not_swallow_the_sessions_events(roles):
     r = roles
     migrated(r)
 
-    async def enqueue() -> int:
-        store = await PostgresStore.open(r.app_url, max_size=1)
-        try:
-            return (await store.enqueue(valid(run_id="r-k", step_id="s0"))).id
-        finally:
-            await store.close()
-
-    step = asyncio.run(enqueue())
+    [step] = enqueued(r.app_url, "r-k", 1)
     with psycopg.connect(r.app_url) as conn:
         conn.execute("CREATE TEMP TABLE key_events (LIKE public.key_events INCLUDING DEFAULTS)")
         assert claim_and_answer(conn, limit=1, to_status="rejected") == [step]
