@@ -19,8 +19,6 @@ from tests.acceptance.conftest import make_key
 from tests.support import execute, rows, serve_process, valid, wait_until, with_store
 from tests.web.test_ops_page import _signed_in
 
-NOW = datetime.now(UTC)
-
 
 async def _send(store, at: datetime, outcomes: list, *, lost: int = 0) -> None:
     """Enqueue and claim len(outcomes) + lost steps at ``at``, record the outcomes a second later
@@ -42,12 +40,12 @@ async def _send(store, at: datetime, outcomes: list, *, lost: int = 0) -> None:
         )
 
 
-async def _history(store) -> None:
+async def _history(store, now: datetime) -> None:
     ok = [Accepted(f"m{i}") for i in range(3)]
-    await _send(store, NOW - timedelta(hours=5), ok)
-    await _send(store, NOW - timedelta(hours=2), [Rejected("550 no such user")])
-    await _send(store, NOW - timedelta(minutes=41), [Accepted("m9"), Rejected("550 no such user")], lost=1)
-    await _send(store, NOW - timedelta(minutes=10), [Retryable("421 try later")])
+    await _send(store, now - timedelta(hours=5), ok)
+    await _send(store, now - timedelta(hours=2), [Rejected("550 no such user")])
+    await _send(store, now - timedelta(minutes=41), [Accepted("m9"), Rejected("550 no such user")], lost=1)
+    await _send(store, now - timedelta(minutes=10), [Retryable("421 try later")])
 
 
 def _label(html: str, name: str) -> str:
@@ -69,10 +67,14 @@ def _figure(html: str, name: str) -> tuple[str, list[list[str]]]:
 
 
 def test_the_overview_draws_the_sends_of_the_window_with_the_totals_written(db_url):
-    with_store(db_url, _history)
+    # The history is placed against the clock when the test runs, not when the module was
+    # imported: a slow suite ran this test 20 minutes after collection and the sends of
+    # "41 minutes ago" fell out of the last hour.
+    now = datetime.now(UTC)
+    with_store(db_url, lambda store: _history(store, now))
     # A sample older than the kept 7 days, and one the chart must show from 20 minutes ago.
-    old = (NOW - timedelta(days=8)).replace(second=0, microsecond=0)
-    recent = (NOW - timedelta(minutes=20)).replace(second=0, microsecond=0)
+    old = (now - timedelta(days=8)).replace(second=0, microsecond=0)
+    recent = (now - timedelta(minutes=20)).replace(second=0, microsecond=0)
     for at, lag in ((old, 1.0), (recent, 125.0)):
         execute(
             db_url,
