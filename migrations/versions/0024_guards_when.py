@@ -91,7 +91,9 @@ def _triggers(step_when: str | None, content_when: str | None) -> None:
 # names pg_temp, so the runtime role (which may create temporary tables) could shadow them.
 # Each gets the path evq's other functions have (0022): the catalog, evq's schema, pg_temp
 # last. Called only for the rare rows their WHEN conditions let through, the setting costs
-# nothing on the hot path.
+# nothing on the hot path. A later CREATE OR REPLACE of any of them must say SET search_path
+# itself: it replaces the function's settings with its own, none if it names none
+# (tests/faults/test_step_guard_calls.py's temporary-table tests then fail).
 _PINNED = ("evq_step_guard()", "evq_content_guard()", "evq_key_event()", "evq_append_only()")
 
 

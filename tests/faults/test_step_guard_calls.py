@@ -12,6 +12,11 @@ import pytest
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
+from evq.adapters.postgres.store.queue import _transitions_json
+from evq.worker.backoff import Backoff
+from evq.worker.outcomes import Accepted, Outcome, Rejected
+from evq.worker.records import ClaimedStep
+from evq.worker.transitions import decide
 from tests.database_roles import migrated
 from tests.support import execute, rows, valid
 
@@ -50,45 +55,35 @@ def enqueued(url: str, run_id: str, n: int) -> list[int]:
     return asyncio.run(enqueue())
 
 
-def claim_and_answer(conn: psycopg.Connection, *, limit: int, to_status: str) -> list[int]:
-    """The worker's own two statements in one transaction: claim up to ``limit`` steps and
-    record the same answer for each; the ids claimed."""
-    claimed = conn.execute(
-        Q["step_claim"],
-        {
-            "now": None,
-            "claim_id": f"guards-{to_status}",
-            "probe": False,
-            "owner": "w1",
-            "providers": ["smtp"],
-            "limit": limit,
-            "lease_seconds": 60.0,
-            "dedupe_windows": json.dumps({}),
-        },
-    ).fetchall()
-    transitions = [
-        {
-            "id": row[0],
-            "lease_token": str(row[9]),
-            "attempt": row[7],
-            "to_status": to_status,
-            "reason": "accepted" if to_status == "accepted" else "provider_rejected",
-            "outcome": to_status,
-            "provider_message_id": None,
-            "retry_delay": None,
-            "maybe_delivered": to_status == "accepted",
-            "latency_ms": 1.0,
-            "detail": {},
-            "message": "250 ok" if to_status == "accepted" else "550 no such user",
-            "charged": True,
-        }
-        for row in claimed
+def claim_and_answer(conn: psycopg.Connection, *, limit: int, outcome: Outcome) -> list[int]:
+    """The worker's own two statements in one transaction (so the transaction's function counts
+    cover both): claim up to ``limit`` steps and record ``outcome`` for each, built and encoded
+    as the worker and the store do; the ids claimed."""
+    claimed = [
+        ClaimedStep(*row)
+        for row in conn.execute(
+            Q["step_claim"],
+            {
+                "now": None,
+                "claim_id": f"guards-{type(outcome).__name__}",
+                "probe": False,
+                "owner": "w1",
+                "providers": ["smtp"],
+                "limit": limit,
+                "lease_seconds": 60.0,
+                "dedupe_windows": json.dumps({}),
+            },
+        ).fetchall()
+    ]
+    settled = [
+        decide(c, outcome, default_max_attempts=3, backoff=Backoff(60, 60), dedupe_window_open=False, latency_ms=1.0)
+        for c in claimed
     ]
     [(fenced,)] = conn.execute(
-        Q["step_record"], {"now": None, "transitions": json.dumps(transitions), "actor": "w1"}
+        Q["step_record"], {"now": None, "transitions": _transitions_json(settled), "actor": "w1"}
     ).fetchall()
     assert fenced == []
-    return [row[0] for row in claimed]
+    return [c.id for c in claimed]
 
 
 def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them(roles):
@@ -99,7 +94,7 @@ def test_claims_and_answers_skip_the_guards_and_every_refusal_still_reaches_them
 
     ids = enqueued(r.app_url, "r-w", 3)
     with psycopg.connect(r.app_url) as conn:
-        claimed = claim_and_answer(conn, limit=2, to_status="accepted")
+        claimed = claim_and_answer(conn, limit=2, outcome=Accepted("m1"))
         assert claimed == ids[:2]
         # Two rows claimed and answered: four updates, no guard called.
         assert calls(conn) == {}
@@ -199,7 +194,7 @@ def test_a_temporary_key_events_does_not_swallow_the_sessions_events(roles):
     [step] = enqueued(r.app_url, "r-k", 1)
     with psycopg.connect(r.app_url) as conn:
         conn.execute("CREATE TEMP TABLE key_events (LIKE public.key_events INCLUDING DEFAULTS)")
-        assert claim_and_answer(conn, limit=1, to_status="rejected") == [step]
+        assert claim_and_answer(conn, limit=1, outcome=Rejected("550 no such user")) == [step]
         [(shadowed,)] = conn.execute("SELECT count(*) FROM pg_temp.key_events").fetchall()
         conn.commit()
     assert shadowed == 0
