@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shlex
 import subprocess
 import time
@@ -123,7 +124,9 @@ def test_the_createdb_hint_is_a_shell_command_for_the_urls_server_without_its_pa
     """A URL with host, port, user and password, and a database name a shell would split
     ("my db;x" would run ``x``): the hint quotes each part and never shows the password."""
     info = psycopg.conninfo.conninfo_to_dict(db_url)
-    name = f"my db;x {PASSWORD[-4:]}"
+    # Its own name per case: the cases run at once on the suite's workers, and one's
+    # createdb would otherwise meet (or its DROP take away) another's database.
+    name = f"my db;x {secrets.token_hex(4)}"
     url = f"postgresql://{info['user']}:{PASSWORD}@{info['host']}:{info['port']}/" + quote(name, safe="")
     done = Evq(url, api_key="evq_not-checked-before-the-database").run(*args, "-o", "json", timeout=30)
     assert done.returncode == 9, (done.returncode, done.stdout, done.stderr[-2000:])
