@@ -47,7 +47,7 @@ from evq.worker.config import (
     WorkerConfig,
 )
 from evq.worker.notices import NoticeConfig, reserved_sender
-from evq.worker.options import Option, bad, boolean, duration, lowercase_list, parse
+from evq.worker.options import Option, bad, boolean, bound_text, duration, lowercase_list, parse
 from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
 from evq.worker.request import DECISION_FIELDS, Policy, validate_address
@@ -421,7 +421,9 @@ class Settings:
                 # no clock, socket or PostgreSQL interval can hold.
                 raise bad(option, f"must be a finite number, got {value}")
             if option.minimum is not None and value is not None and value < option.minimum:
-                raise bad(option, f"must be at least {option.minimum:g}, got {value}")
+                raise bad(option, f"must be at least {bound_text(option.minimum)}, got {value}")
+            if option.maximum is not None and value is not None and value > option.maximum:
+                raise bad(option, f"must be at most {bound_text(option.maximum)}, got {value}")
             if option.choices and value not in option.choices:
                 raise bad(option, f"must be one of {', '.join(option.choices)}, got {value!r}")
         try:

@@ -172,6 +172,7 @@ RECONCILE_OPTIONS: tuple[Option, ...] = (
 KEEP_CONTENT_DEFAULT = 30 * 86400.0
 # Evidence partitions (worker/partitions.py; migration 0022).
 EVIDENCE_PARTITION_STEPS_DEFAULT = 1_000_000
+EVIDENCE_PARTITION_STEPS_MOST = 1_000_000_000  # the database refuses more (migration 0025)
 RETENTION_OPTIONS: tuple[Option, ...] = (
     Option(
         "keep_content",
@@ -191,8 +192,10 @@ RETENTION_OPTIONS: tuple[Option, ...] = (
         "Step ids per evidence partition (PostgreSQL): evidence is partitioned by its step's id, and "
         "evq prune drops a whole partition once every step in it closed before the cutoff. The worker "
         "keeps four partitions ahead of the newest step, checking once a minute. Aim for a partition a "
-        "day or so (100000000 at 100 million sends a day); a new size applies to partitions made after.",
+        "day or so (100000000 at 100 million sends a day); a new size applies to partitions made after. "
+        "At most 1000000000: one partition covering every future step would never be dropped.",
         minimum=1000,
+        maximum=EVIDENCE_PARTITION_STEPS_MOST,
     ),
 )
 

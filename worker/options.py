@@ -24,6 +24,7 @@ class Option:
     choices: tuple[str, ...] = ()
     secret: bool = False
     minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def env(self) -> str:
@@ -32,6 +33,11 @@ class Option:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+def bound_text(bound: float) -> str:
+    """A bound as a setting is written: 1000000000, not 1e+09; 0.1 stays 0.1."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def lowercase_list(value: str) -> tuple[str, ...]:

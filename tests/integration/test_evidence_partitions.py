@@ -15,6 +15,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from evq.worker.config import EVIDENCE_PARTITION_STEPS_MOST
 from evq.worker.outcomes import Accepted, Rejected, Unknown
 from evq.worker.partitions import PartitionKeeper
 from tests.integration.test_prune import NOW, OLD, RECENT, pruner, settled
@@ -220,17 +221,10 @@ async def test_a_writer_holding_the_partition_keeps_it_from_being_sealed(store, 
     assert evidence_of(db_url, first) == 2 * 9 + 1
 
 
-async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store, db_url):
-    """The drop checks the range, then counts the rows, then drops the table: if the seal can
-    go in between (the give-back of another evq prune whose drop timed out, or the runtime
-    role calling evq_evidence_unseal), a step reopened there loses its history. Here a
-    session holding the partition pauses the drop after its checks; meanwhile the seal goes
-    and a step of the range is requeued with its evidence."""
-    small_partitions(db_url)
-    first = await fill(store, db_url, Rejected("550 no"), at=OLD, count=9)
-    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    part = f"evidence_steps_{BASE}"
-    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+def _drop_behind(db_url: str, part: str, meanwhile) -> list[object]:
+    """Run evq_evidence_drop of ``part`` while another session holds the partition: once the
+    drop waits for its lock, ``meanwhile(holder)`` runs in the holder's transaction, which
+    then commits and lets the drop go on. What the drop returned (or raised)."""
     outcome: list[object] = []
     with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as dropper:
         holder.execute(f"LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE")
@@ -256,6 +250,26 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
                 break
             threading.Event().wait(0.05)
         assert waiting
+        meanwhile(holder)
+        holder.commit()
+        thread.join()
+    return outcome
+
+
+async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store, db_url):
+    """The drop checks the range, then counts the rows, then drops the table: if the seal can
+    go in between (the give-back of another evq prune whose drop timed out, or the runtime
+    role calling evq_evidence_unseal), a step reopened there loses its history. Here a
+    session holding the partition pauses the drop before its checks; meanwhile the seal goes
+    and a step of the range is requeued with its evidence. The drop says "not dropped"
+    (0022's failed on removing the seal that was gone)."""
+    small_partitions(db_url)
+    first = await fill(store, db_url, Rejected("550 no"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+
+    def reopen(holder: psycopg.Connection) -> None:
         holder.execute("SELECT evq_evidence_unseal(%s)", (part,))
         holder.execute(
             "UPDATE email_steps SET status = 'retryable', closed_at = NULL, next_attempt_at = now() WHERE id = %s",
@@ -266,11 +280,76 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
             "SELECT id, run_id, 'operator_resolved', 'operator', 'rejected', 'retryable' FROM email_steps WHERE id = %s",
             (first[0],),
         )
-        holder.commit()
-        thread.join()
+
+    outcome = _drop_behind(db_url, part, reopen)
+    assert outcome == [[(False, 0, BASE, BASE + SIZE)]], outcome
     assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (first[0],))[0]["status"] == "retryable"
     assert part in partitions(db_url), outcome
     assert evidence_of(db_url, [first[0]]) == 3
+
+
+async def test_history_added_after_a_give_back_the_drop_waited_through_is_kept(store, db_url):
+    """The same wait, but no step reopens: the seal goes and a closed step gets one more row
+    of history (a late delivery event). Every step is still closed before the cutoff, so only
+    the seal, read after the drop holds the partition, tells the drop to leave it (0022's read
+    it before waiting, saw it sealed, and dropped the partition with that row)."""
+    small_partitions(db_url)
+    first = await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+
+    def late_event(holder: psycopg.Connection) -> None:
+        holder.execute("SELECT evq_evidence_unseal(%s)", (part,))
+        holder.execute(
+            "INSERT INTO evidence (step_id, run_id, kind, actor) SELECT id, run_id, 'delivery_event', 'webhook' "
+            "FROM email_steps WHERE id = %s",
+            (first[0],),
+        )
+
+    outcome = _drop_behind(db_url, part, late_event)
+    assert outcome == [[(False, 0, BASE, BASE + SIZE)]], outcome
+    assert part in partitions(db_url) and not partitions(db_url)[part]["sealed"]
+    assert evidence_of(db_url, [first[0]]) == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition = %s", (part,))[0]["n"] == 0
+
+
+async def test_two_drops_of_one_partition_drop_it_once_and_the_second_says_not_dropped(store, db_url):
+    """Two evq prune runs at once take the same sealed partition (a sealed one comes first):
+    the second drop waits for the first, then finds the partition gone."""
+    small_partitions(db_url)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+
+    def first_drop(holder: psycopg.Connection) -> None:
+        [done] = holder.execute(
+            f"SELECT * FROM evq_evidence_drop(%s, {CUTOFF}, 'test', gen_random_uuid(), 1)", (part,)
+        ).fetchall()
+        assert done == (True, 18, BASE, BASE + SIZE)
+
+    outcome = _drop_behind(db_url, part, first_drop)
+    assert outcome == [[(False, 0, None, None)]], outcome
+    assert part not in partitions(db_url)
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition = %s", (part,))[0]["n"] == 1
+
+
+async def test_a_give_back_of_a_partition_no_longer_sealed_says_so(store, db_url):
+    small_partitions(db_url)
+    part = f"evidence_steps_{BASE}"
+    assert rows(db_url, "SELECT evq_evidence_unseal(%s) AS u", (part,)) == [{"u": False}]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not an evidence partition"):
+        rows(db_url, f"SELECT * FROM evq_evidence_drop('email_steps', {CUTOFF}, 'test', gen_random_uuid(), 1)")
+
+
+@pytest.mark.parametrize("size", [0, EVIDENCE_PARTITION_STEPS_MOST + 1])
+async def test_a_partition_size_past_the_bounds_is_refused(db_url, size):
+    """One partition of every future step id would end whole-partition retention for good;
+    the setting's bound is the database's."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="from 1 to 1000000000 step ids"):
+        rows(db_url, "SELECT evq_evidence_partitions_ahead(%s)", (size,))
+    assert rows(db_url, "SELECT evq_evidence_partitions_ahead(%s) AS n", (EVIDENCE_PARTITION_STEPS_MOST,))[0]["n"] > 0
 
 
 async def test_a_new_step_whose_id_falls_in_a_dropped_range_keeps_its_history(store, db_url):
