@@ -238,6 +238,10 @@ class QueueStats:
     # (interface, field) -> refused enqueues ever recorded (enqueue_refusal_counts), every process's.
     refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     held_oldest_age: float = 0.0  # seconds the oldest held send has waited for a person; 0 when none
+    # Evidence partitions starting above the newest step id (the keeper keeps four), and the rows
+    # the overflow partition holds; None where the store has no partitions.
+    evidence_partitions_ahead: int | None = None
+    evidence_overflow_rows: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

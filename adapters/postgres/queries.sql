@@ -2028,7 +2028,21 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'held') AS held,
        (SELECT coalesce(jsonb_object_agg(c.provider, c.state), '{}'::jsonb) FROM provider_circuits c) AS circuits,
        -- Refused enqueues ever recorded, by interface and field (enqueue_refusal_counts: a row per pair).
        (SELECT coalesce(jsonb_agg(jsonb_build_array(r.interface, r.field, r.total)), '[]'::jsonb)
-        FROM enqueue_refusal_counts r) AS refusals
+        FROM enqueue_refusal_counts r) AS refusals,
+       -- Evidence partitions (0022) starting above the newest step id handed out: the keeper keeps
+       -- four. Read from the catalog by their names (evidence_steps_<lo>, as the keeper names
+       -- them), so no partition is opened or locked however many there are.
+       (SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'evidence'::regclass AND c.relname ~ '^evidence_steps_[0-9]+$'
+          AND substr(c.relname, 16)::numeric
+              > coalesce(pg_sequence_last_value(pg_get_serial_sequence('email_steps', 'id')::regclass), 0)
+       ) AS evidence_partitions_ahead,
+       -- Rows the overflow partition holds (evidence no partition covered when it was written), from
+       -- the statistics: the runtime role may not read a partition, and they need no scan. The larger
+       -- of the live count and the last ANALYZE's, since a crash resets the first.
+       (SELECT greatest(coalesce(st.n_live_tup, 0), c.reltuples, 0)::bigint
+        FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid
+        WHERE c.oid = to_regclass('evidence_overflow')) AS evidence_overflow_rows
 FROM lag l, in_flight f;
 
 

@@ -124,4 +124,6 @@ def _stats(row: dict[str, Any], buckets: Sequence[float], pending_buckets: Seque
         ),
         refusals={(str(i), str(f)): int(n) for i, f, n in row["refusals"]},
         held_oldest_age=float(row["held_oldest_age"]),
+        evidence_partitions_ahead=int(row["evidence_partitions_ahead"]),
+        evidence_overflow_rows=int(row["evidence_overflow_rows"] or 0),
     )

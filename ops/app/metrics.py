@@ -115,8 +115,18 @@ class QueueCollector(Collector):
             "evq_validation_errors_total.",
             labels=["interface", "field"],
         )
+        partitions_ahead = GaugeMetricFamily(
+            "evq_evidence_partitions_ahead",
+            "Evidence partitions starting above the newest step id (PostgreSQL). Every worker keeps four, "
+            "once a minute; at 0, new evidence lands in the overflow partition, which retention cannot drop whole.",
+        )
+        overflow_rows = GaugeMetricFamily(
+            "evq_evidence_overflow_rows",
+            "Evidence rows in the overflow partition (written when no partition covered their step), from "
+            "PostgreSQL's statistics. They are pruned row by row, never dropped with a partition.",
+        )
         if stats is None:
-            yield from (steps, oldest_unknown, pending, held, expired, circuits)
+            yield from (steps, oldest_unknown, pending, held, expired, circuits, partitions_ahead, overflow_rows)
             yield GaugeHistogramMetricFamily(
                 "evq_unknown_age_seconds", "Unknown rows by how long they have waited (a gauge histogram)."
             )
@@ -132,7 +142,11 @@ class QueueCollector(Collector):
         for provider in sorted(set(ADAPTERS) | set(stats.circuits)):
             state = CircuitState(stats.circuits.get(provider, CircuitState.CLOSED))
             circuits.add_metric([provider], STATE_VALUES[state])
-        yield from (steps, oldest_unknown, pending, held, expired, circuits)
+        if stats.evidence_partitions_ahead is not None:
+            partitions_ahead.add_metric([], stats.evidence_partitions_ahead)
+        if stats.evidence_overflow_rows is not None:
+            overflow_rows.add_metric([], stats.evidence_overflow_rows)
+        yield from (steps, oldest_unknown, pending, held, expired, circuits, partitions_ahead, overflow_rows)
         buckets = [(floatToGoString(le), float(n)) for le, n in stats.unknown_buckets]
         buckets.append(("+Inf", float(stats.steps[str(Status.UNKNOWN)])))
         yield GaugeHistogramMetricFamily(

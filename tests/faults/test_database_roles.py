@@ -297,7 +297,11 @@ def serve_as_runtime_role(r: Roles, admin: str, step_id: int) -> None:
             assert web.get("/ops/unknown").status_code == 200
             page = web.get(f"/ops/steps/{step_id}")
             assert page.status_code == 200 and "found in the provider" in page.text, page.text[-500:]
-            assert web.get("/metrics").status_code == 200
+            # The queue gauges read as the runtime role too (a privilege the collector's query lacks
+            # would read as evq_collector_up 0 on a page that still answers 200).
+            metrics = web.get("/metrics")
+            assert metrics.status_code == 200 and "\nevq_collector_up 1.0\n" in metrics.text, metrics.text[-2000:]
+            assert re.search(r"^evq_evidence_partitions_ahead [1-9]", metrics.text, re.M), metrics.text[-2000:]
 
 
 def mcp_as_runtime_role(r: Roles, admin: str) -> None:

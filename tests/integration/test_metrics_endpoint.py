@@ -33,6 +33,7 @@ from tests.support import (
     evidence_kinds,
     execute,
     free_port,
+    rows,
     sample,
     scrape,
     step_row,
@@ -386,6 +387,28 @@ def test_an_empty_queue_reports_every_status_at_zero(db_url):
         assert sample(page, name) == 0, name
     assert sample(page, "evq_unknown_age_seconds_bucket", le="604800.0") == 0
     assert sample(page, "evq_collector_up") == 1
+
+
+async def test_evidence_partitions_ahead_and_the_overflow_are_read_from_the_catalog(store, db_url):
+    """The migration makes four partitions ahead of an empty table; steps past the last one
+    put their evidence in the overflow partition, and the gauges say so."""
+    reader = QueueStatsReader(db_url)
+    try:
+        fresh = reader.read(UNKNOWN_AGE_BUCKETS)
+        assert (fresh.evidence_partitions_ahead, fresh.evidence_overflow_rows) == (4, 0)
+        top = rows(db_url, "SELECT max(hi) AS top FROM evq_evidence_partitions()")[0]["top"]
+        execute(db_url, "SELECT setval(pg_get_serial_sequence('email_steps', 'id'), %s)", (top + 10,))
+        step = await store.enqueue(valid())
+        await store.claim(owner="w", providers=[step.provider], limit=1, lease_seconds=60, dedupe_windows={})
+        execute(db_url, "ANALYZE evidence_overflow")  # the statistics the gauge reads, made now
+        behind = reader.read(UNKNOWN_AGE_BUCKETS)
+        held = rows(db_url, "SELECT count(*) AS n FROM evidence_overflow")[0]["n"]
+        assert held >= 1 and (behind.evidence_partitions_ahead, behind.evidence_overflow_rows) == (0, held)
+        # The next partitions start above what the overflow holds: four ahead again.
+        execute(db_url, "SELECT evq_evidence_partitions_ahead(1000000)")
+        assert reader.read(UNKNOWN_AGE_BUCKETS).evidence_partitions_ahead == 4
+    finally:
+        reader.close()
 
 
 def test_a_connection_the_server_ended_since_the_last_read_is_reopened_not_reported(db_url):
