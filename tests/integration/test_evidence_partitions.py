@@ -256,6 +256,16 @@ def _drop_behind(db_url: str, part: str, meanwhile) -> list[object]:
     return outcome
 
 
+async def _first_sealed(store, db_url: str, outcome) -> tuple[list[int], str]:
+    """Two partitions of closed steps (the first's closed with ``outcome``), the first sealed."""
+    small_partitions(db_url)
+    first = await fill(store, db_url, outcome, at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+    return first, part
+
+
 async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store, db_url):
     """The drop checks the range, then counts the rows, then drops the table: if the seal can
     go in between (the give-back of another evq prune whose drop timed out, or the runtime
@@ -263,11 +273,7 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
     session holding the partition pauses the drop before its checks; meanwhile the seal goes
     and a step of the range is requeued with its evidence. The drop says "not dropped"
     (0022's failed on removing the seal that was gone)."""
-    small_partitions(db_url)
-    first = await fill(store, db_url, Rejected("550 no"), at=OLD, count=9)
-    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    part = f"evidence_steps_{BASE}"
-    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+    first, part = await _first_sealed(store, db_url, Rejected("550 no"))
 
     def reopen(holder: psycopg.Connection) -> None:
         holder.execute("SELECT evq_evidence_unseal(%s)", (part,))
@@ -293,11 +299,7 @@ async def test_history_added_after_a_give_back_the_drop_waited_through_is_kept(s
     of history (a late delivery event). Every step is still closed before the cutoff, so only
     the seal, read after the drop holds the partition, tells the drop to leave it (0022's read
     it before waiting, saw it sealed, and dropped the partition with that row)."""
-    small_partitions(db_url)
-    first = await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    part = f"evidence_steps_{BASE}"
-    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+    first, part = await _first_sealed(store, db_url, Accepted("pm"))
 
     def late_event(holder: psycopg.Connection) -> None:
         holder.execute("SELECT evq_evidence_unseal(%s)", (part,))
@@ -317,11 +319,7 @@ async def test_history_added_after_a_give_back_the_drop_waited_through_is_kept(s
 async def test_two_drops_of_one_partition_drop_it_once_and_the_second_says_not_dropped(store, db_url):
     """Two evq prune runs at once take the same sealed partition (a sealed one comes first):
     the second drop waits for the first, then finds the partition gone."""
-    small_partitions(db_url)
-    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
-    part = f"evidence_steps_{BASE}"
-    rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,))
+    _, part = await _first_sealed(store, db_url, Accepted("pm"))
 
     def first_drop(holder: psycopg.Connection) -> None:
         [done] = holder.execute(

@@ -109,3 +109,11 @@ def test_the_readme_names_the_metric_for_unknown_ages_and_the_alerts_that_page()
     assert {a["alert"] for a in ALERTS if f"`{a['alert']}`" in section} - paging <= {"EvqUnknownGrowing"}
     unknown_alert = next(a for a in ALERTS if a["alert"] == "EvqUnknownTooOld")
     assert "evq_unknown_oldest_age_seconds" in unknown_alert["expr"]
+
+
+def test_the_readme_lists_every_alert_the_rules_file_holds():
+    readme = (ROOT / "README.md").read_text()
+    listing = readme[readme.index("`rules/alerts.yml` (") :]
+    listing = listing[: listing.index(")")]
+    named = set(re.findall(r"`(Evq\w+)`", listing))
+    assert named == {a["alert"] for a in ALERTS}
