@@ -1649,6 +1649,10 @@ WITH t AS (
 SELECT d.id, d.created_at, d.at FROM done d JOIN ev ON ev.step_id = d.id;
 
 
+-- name: isolation_default
+-- The isolation level this role's transactions start in (default_transaction_isolation).
+SELECT current_setting('transaction_isolation') AS level;
+
 -- name: snapshot_read
 -- The statements after this one in the same transaction read one snapshot, so a
 -- run's steps, decisions and evidence agree with each other.

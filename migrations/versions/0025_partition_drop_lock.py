@@ -1,4 +1,4 @@
-"""A partition's drop reads its seal under the partition's lock; a give-back that finds no seal is not an error; a partition holds at most a billion step ids (issue 19).
+"""A partition's drop reads its seal and its newest row under the partition's lock, under READ COMMITTED only; a give-back that finds no seal is not an error; a partition holds at most a billion step ids (issue 19).
 
 Revision ID: 0025_partition_drop_lock
 Revises: 0024_guards_when
@@ -22,6 +22,16 @@ its snapshot is then newer than any give-back that got in before the lock, and h
 SHARE it keeps any later one out (removing a trigger takes ACCESS EXCLUSIVE) until it commits.
 A partition found unsealed, or gone (another evq prune dropped it), is "not dropped", not an
 error. Removing a seal says ``IF EXISTS`` in both functions.
+
+The seal checks that nothing was written in its partition since the cutoff before its trigger
+waits for the partition's writers: a late row whose writer had not yet committed was sealed in.
+The drop now counts its rows under its lock together with the newest one's time, and a row
+written since the cutoff gives the partition back, "not dropped".
+
+Both lean on READ COMMITTED, each statement seeing what committed before it: under REPEATABLE
+READ or SERIALIZABLE (``default_transaction_isolation`` set on the database or the role) the
+whole call reads one snapshot taken before it waited, and a give-back committed meanwhile went
+unseen. The seal and the drop refuse any other isolation level.
 
 ``evq_evidence_partitions_ahead`` took any size: a careless call could make one partition
 covering every future step, after which retention never drops a partition again. Sizes above
@@ -51,7 +61,35 @@ _DROP_READ_0022 = """    SELECT * INTO p FROM evq_evidence_partitions() x WHERE 
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 """
-_DROP_READ = """    IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+_READ_COMMITTED = """    -- Each read below must see what committed before it (READ COMMITTED): under one snapshot
+    -- taken when the call began, a give-back or a late row committed while it waited for the
+    -- partition would go unseen (0025).
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'evq: evidence partitions are sealed and dropped only under READ COMMITTED, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state',
+                  HINT = 'run it in a READ COMMITTED transaction (check default_transaction_isolation)';
+    END IF;
+"""
+_SEAL_LOOP = (
+    "    FOR p IN SELECT * FROM evq_evidence_partitions() x WHERE x.lo > coalesce(p_after, -1) ORDER BY x.lo LOOP\n"
+)
+_DECLARE_0022 = "    n bigint;\n"
+_DECLARE = "    n bigint;\n    newest timestamptz;\n"
+_COUNT_0022 = "    EXECUTE format('SELECT count(*) FROM %I.%I', ns, p.name) INTO n;\n"
+_COUNT = """    -- Counted under the lock, with its newest row's time: a late row whose writer had not
+    -- committed when the seal looked for recent rows (the seal's trigger then waited for it)
+    -- is in the partition. It gives the partition back, as an open step does (0025).
+    EXECUTE format('SELECT count(*), max(e.created_at) FROM %I.%I e', ns, p.name) INTO n, newest;
+    IF newest >= p_cutoff THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS evidence_sealed ON %I.%I', ns, p.name);
+        RETURN QUERY SELECT false, 0::bigint, p.lo, p.hi;
+        RETURN;
+    END IF;
+"""
+_DROP_READ = (
+    _READ_COMMITTED
+    + """    IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
                    WHERE i.inhparent = 'evidence'::regclass AND c.relname = p_partition) THEN
         RAISE EXCEPTION 'evq: % is not an evidence partition', p_partition
             USING ERRCODE = 'invalid_parameter_value';
@@ -76,6 +114,7 @@ _DROP_READ = """    IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c O
         RETURN;
     END IF;
 """
+)
 _SEAL_OFF_0022 = "EXECUTE format('DROP TRIGGER evidence_sealed ON %I.%I'"
 _SEAL_OFF = "EXECUTE format('DROP TRIGGER IF EXISTS evidence_sealed ON %I.%I'"
 
@@ -87,6 +126,7 @@ _AHEAD_CHECK = f"""    IF p_steps IS NULL OR p_steps < 1 OR p_steps > {MOST_STEP
 """
 
 DROP = "evq_evidence_drop(text, timestamptz, text, uuid, integer)"
+SEAL = "evq_evidence_seal(timestamptz, bigint)"
 UNSEAL = "evq_evidence_unseal(text)"
 AHEAD = "evq_evidence_partitions_ahead(bigint)"
 
@@ -109,8 +149,22 @@ def _edit(signature: str, edits: Sequence[tuple[str, str, int]]) -> None:
     op.execute(text)
 
 
+_DROP_EDITS = [
+    (_DROP_READ_0022, _DROP_READ, 1),
+    (_SEAL_OFF_0022, _SEAL_OFF, 1),
+    (_DECLARE_0022, _DECLARE, 1),
+    (_COUNT_0022, _COUNT, 1),
+]
+_SEAL_EDITS = [(_SEAL_LOOP, _READ_COMMITTED + _SEAL_LOOP, 1)]
+
+
+def _undo(edits: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    return [(new, old, count) for old, new, count in reversed(edits)]
+
+
 def upgrade() -> None:
-    _edit(DROP, [(_DROP_READ_0022, _DROP_READ, 1), (_SEAL_OFF_0022, _SEAL_OFF, 1)])
+    _edit(DROP, _DROP_EDITS)
+    _edit(SEAL, _SEAL_EDITS)
     _edit(UNSEAL, [(_SEAL_OFF_0022, _SEAL_OFF, 1)])
     _edit(AHEAD, [(_AHEAD_CHECK_0022, _AHEAD_CHECK, 1)])
 
@@ -118,4 +172,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     _edit(AHEAD, [(_AHEAD_CHECK, _AHEAD_CHECK_0022, 1)])
     _edit(UNSEAL, [(_SEAL_OFF, _SEAL_OFF_0022, 1)])
-    _edit(DROP, [(_SEAL_OFF, _SEAL_OFF_0022, 1), (_DROP_READ, _DROP_READ_0022, 1)])
+    _edit(SEAL, _undo(_SEAL_EDITS))
+    _edit(DROP, _undo(_DROP_EDITS))

@@ -221,29 +221,26 @@ async def test_a_writer_holding_the_partition_keeps_it_from_being_sealed(store, 
     assert evidence_of(db_url, first) == 2 * 9 + 1
 
 
-def _drop_behind(db_url: str, part: str, meanwhile) -> list[object]:
-    """Run evq_evidence_drop of ``part`` while another session holds the partition: once the
-    drop waits for its lock, ``meanwhile(holder)`` runs in the holder's transaction, which
-    then commits and lets the drop go on. What the drop returned (or raised)."""
+def _behind(db_url: str, hold, sql: str, params: tuple, meanwhile=lambda holder: None) -> list[object]:
+    """Run ``sql`` while another session holds what it needs: ``hold(holder)`` takes it (a
+    lock, an uncommitted insert), and once ``sql`` waits for its lock, ``meanwhile(holder)``
+    runs in the holder's transaction, which then commits and lets ``sql`` go on. What ``sql``
+    returned (or raised)."""
     outcome: list[object] = []
-    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as dropper:
-        holder.execute(f"LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE")
-        pid = dropper.info.backend_pid
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as waiter:
+        hold(holder)
+        pid = waiter.info.backend_pid
 
-        def drop() -> None:
+        def run() -> None:
             try:
-                outcome.append(
-                    dropper.execute(
-                        f"SELECT * FROM evq_evidence_drop(%s, {CUTOFF}, 'test', gen_random_uuid(), 1)", (part,)
-                    ).fetchall()
-                )
+                outcome.append(waiter.execute(sql, params).fetchall())
             except psycopg.Error as exc:
                 outcome.append(exc)
 
-        thread = threading.Thread(target=drop)
+        thread = threading.Thread(target=run)
         thread.start()
         waiting = False
-        for _ in range(600):  # until the drop waits for the partition (a condition, not a delay)
+        for _ in range(600):  # until it waits for its lock (a condition, not a delay)
             got = rows(db_url, "SELECT wait_event_type AS w FROM pg_stat_activity WHERE pid = %s", (pid,))
             if got and got[0]["w"] == "Lock":
                 waiting = True
@@ -254,6 +251,19 @@ def _drop_behind(db_url: str, part: str, meanwhile) -> list[object]:
         holder.commit()
         thread.join()
     return outcome
+
+
+DROP = f"SELECT * FROM evq_evidence_drop(%s, {CUTOFF}, 'test', gen_random_uuid(), 1)"
+SEAL = f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)"
+
+
+def _drop_behind(db_url: str, part: str, meanwhile) -> list[object]:
+    """evq_evidence_drop of ``part`` while another session holds the partition."""
+
+    def hold(holder: psycopg.Connection) -> None:
+        holder.execute(f"LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE")
+
+    return _behind(db_url, hold, DROP, (part,), meanwhile)
 
 
 async def _first_sealed(store, db_url: str, outcome) -> tuple[list[int], str]:
@@ -339,6 +349,67 @@ async def test_a_give_back_of_a_partition_no_longer_sealed_says_so(store, db_url
     assert rows(db_url, "SELECT evq_evidence_unseal(%s) AS u", (part,)) == [{"u": False}]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="not an evidence partition"):
         rows(db_url, f"SELECT * FROM evq_evidence_drop('email_steps', {CUTOFF}, 'test', gen_random_uuid(), 1)")
+
+
+async def test_a_late_row_whose_writer_committed_while_the_seal_waited_is_kept(store, db_url):
+    """The seal looks for rows written since the cutoff, then its trigger waits for the
+    partition's writers. A late delivery event still uncommitted at the look is not seen, and
+    is sealed in when its writer commits. The drop counts the partition under its lock with
+    its newest row's time, finds that row and gives the partition back (before 0025's second
+    part it dropped the partition, that row with it)."""
+    small_partitions(db_url)
+    first = await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
+    part = f"evidence_steps_{BASE}"
+
+    def late_event(holder: psycopg.Connection) -> None:
+        holder.execute(
+            "INSERT INTO evidence (step_id, run_id, kind, actor) SELECT id, run_id, 'delivery_event', 'webhook' "
+            "FROM email_steps WHERE id = %s",
+            (first[0],),
+        )
+
+    sealed = _behind(db_url, late_event, SEAL, (BASE - 1,))
+    assert sealed == [[(part, BASE, BASE + SIZE)]], sealed
+    assert rows(db_url, DROP, (part,)) == [
+        {"dropped": False, "rows_dropped": 0, "range_lo": BASE, "range_hi": BASE + SIZE}
+    ]
+    assert part in partitions(db_url) and not partitions(db_url)[part]["sealed"]
+    assert evidence_of(db_url, first) == 2 * 9 + 1
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition = %s", (part,))[0]["n"] == 0
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_the_seal_and_the_drop_refuse_to_run_under_one_snapshot(store, db_url, level):
+    """Under REPEATABLE READ or SERIALIZABLE the whole call reads the snapshot of its first
+    statement, taken before it waits for the partition: a give-back and a late row committed
+    meanwhile went unseen, and the drop took them (an operator's default_transaction_isolation
+    is enough). Both refuse, and leave everything as it was."""
+    _, part = await _first_sealed(store, db_url, Accepted("pm"))
+    for sql, params in ((DROP, (part,)), (SEAL, (BASE - 1,))):
+        with psycopg.connect(db_url) as conn:
+            conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            with pytest.raises(psycopg.errors.InvalidTransactionState, match="only under READ COMMITTED"):
+                conn.execute(sql, params)
+    assert partitions(db_url)[part]["sealed"]
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition IS NOT NULL")[0]["n"] == 0
+
+
+async def test_a_store_refuses_a_database_whose_transactions_start_under_one_snapshot(db_url):
+    """The same setting refuses evq at start, with the remedy, before any work."""
+    from evq.adapters.postgres.store import PostgresStore
+    from evq.worker.errors import ConfigError
+
+    name = rows(db_url, "SELECT current_database() AS d")[0]["d"]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'")
+    with pytest.raises(ConfigError, match="REPEATABLE READ; evq runs only under READ COMMITTED") as refused:
+        await PostgresStore.open(db_url, max_size=2)
+    assert "RESET default_transaction_isolation" in (refused.value.hint or "")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'read uncommitted'")
+    store = await PostgresStore.open(db_url, max_size=2)  # PostgreSQL's READ UNCOMMITTED is READ COMMITTED
+    await store.close()
 
 
 @pytest.mark.parametrize("size", [0, EVIDENCE_PARTITION_STEPS_MOST + 1])

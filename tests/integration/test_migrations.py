@@ -60,3 +60,37 @@ def test_evidence_already_there_moves_into_its_partition_once(db_url):
         assert conn.execute("SELECT max(id) FROM evidence").fetchone()[0] == max(r[0] for r in before) + 1
         conn.rollback()
     assert after == before and placed == [("evidence_steps_0",)]
+
+
+PARTITION_FUNCTIONS = (
+    "evq_evidence_drop(text, timestamptz, text, uuid, integer)",
+    "evq_evidence_seal(timestamptz, bigint)",
+    "evq_evidence_unseal(text)",
+    "evq_evidence_partitions_ahead(bigint)",
+)
+
+
+def _definitions(url: str) -> dict[str, tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return {
+            f: conn.execute(
+                "SELECT pg_get_functiondef(p.oid), p.proconfig, p.prosecdef, p.proacl::text "
+                "FROM pg_proc p WHERE p.oid = CAST(%s AS regprocedure)",
+                (f,),
+            ).fetchone()
+            for f in PARTITION_FUNCTIONS
+        }
+
+
+def test_0025_edits_the_partition_functions_and_its_downgrade_gives_back_what_0024_had(db_url, empty_db_url):
+    """0025 rewrites 0022's functions from their own text: going down must leave them as a
+    database that never passed 0025 has them, owner, search path and grants included."""
+    at_head = _definitions(db_url)
+    assert "only under READ COMMITTED" in at_head[PARTITION_FUNCTIONS[0]][0]
+    command.downgrade(alembic_config(db_url), "0024_guards_when")
+    command.upgrade(alembic_config(empty_db_url), "0024_guards_when")
+    assert _definitions(db_url) == _definitions(empty_db_url)
+    command.upgrade(alembic_config(db_url), "head")
+    assert _definitions(db_url) == at_head

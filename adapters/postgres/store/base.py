@@ -28,10 +28,29 @@ from evq.adapters.postgres.conninfo import normalise
 from evq.adapters.postgres.database import connect_kwargs, misconfigured, translate
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
+from evq.worker.errors import ConfigError
 from evq.worker.notices import NoticeConfig
 
 # The connection of the store transaction the current task is inside, if any.
 _PINNED: ContextVar[tuple[PostgresBase, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
+
+
+async def _require_read_committed(pool: AsyncConnectionPool) -> None:
+    """Refuse a role or database whose transactions start REPEATABLE READ or SERIALIZABLE.
+
+    evq's statements are written for READ COMMITTED, each seeing what committed before it: a
+    claim re-reads a row another worker just changed instead of failing, and retention's
+    seal and drop see a give-back committed while they waited for a partition (under one
+    snapshot they would miss it). The database functions refuse to run so; this says so at
+    start, before any work. READ UNCOMMITTED is READ COMMITTED in PostgreSQL."""
+    async with pool.connection() as conn:
+        level = (await (await conn.execute(Q["isolation_default"])).fetchone() or ("",))[0]
+    if level not in ("read committed", "read uncommitted"):
+        raise ConfigError(
+            f"this database role's transactions start {level.upper()}; evq runs only under READ COMMITTED",
+            hint="ALTER ROLE <role> RESET default_transaction_isolation (or ALTER DATABASE ... RESET it)",
+            field="default_transaction_isolation",
+        )
 
 
 class PostgresBase:
@@ -84,6 +103,7 @@ class PostgresBase:
         )
         try:
             await pool.open(wait=True, timeout=15)
+            await _require_read_committed(pool)
         except Exception as exc:
             await pool.close()
             raise translate(exc, url) or exc from exc
