@@ -18,10 +18,13 @@ believing the partition sealed:
   answer): the drop's checks passed and the partition went with that row in it.
 
 The drop now locks the partition first, in a statement of its own, and reads the seal after:
-its snapshot is then newer than any give-back that got in before the lock, and holding ACCESS
-SHARE it keeps any later one out (removing a trigger takes ACCESS EXCLUSIVE) until it commits.
-A partition found unsealed, or gone (another evq prune dropped it), is "not dropped", not an
-error. Removing a seal says ``IF EXISTS`` in both functions.
+its snapshot is then newer than any give-back that got in before the lock, and holding SHARE
+UPDATE EXCLUSIVE it keeps any later one out (removing a trigger takes ACCESS EXCLUSIVE) until it
+commits. That mode conflicts with itself, so a second drop of the partition waits for the first
+(two holding ACCESS SHARE each deadlocked on DROP TABLE behind a reader, and one evq prune
+stopped with the error), and neither readers nor writers wait for it. A partition found
+unsealed, or gone (another evq prune dropped it, before or while this one waited), is "not
+dropped", not an error. Removing a seal says ``IF EXISTS`` in both functions.
 
 The seal checks that nothing was written in its partition since the cutoff before its trigger
 waits for the partition's writers: a late row whose writer had not yet committed was sealed in.
@@ -89,17 +92,23 @@ _COUNT = """    -- Counted under the lock, with its newest row's time: a late ro
 """
 _DROP_READ = (
     _READ_COMMITTED
-    + """    IF NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                   WHERE i.inhparent = 'evidence'::regclass AND c.relname = p_partition) THEN
+    + """    -- An evidence partition's name (evidence_steps_<lo>, as the keeper names them). One that
+    -- no longer exists was dropped by another evq prune: "not dropped" below, not an error.
+    IF p_partition IS NULL OR p_partition !~ '^evidence_steps_[0-9]+$'
+       OR (to_regclass(format('%I.%I', ns, p_partition)) IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                           WHERE i.inhparent = 'evidence'::regclass AND c.relname = p_partition)) THEN
         RAISE EXCEPTION 'evq: % is not an evidence partition', p_partition
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The partition's lock first, in a statement of its own (0025): the seal read below then
     -- sees every give-back that got in before it, and none can come after (removing the
-    -- trigger needs ACCESS EXCLUSIVE) until this transaction ends.
+    -- trigger needs ACCESS EXCLUSIVE) until this transaction ends. SHARE UPDATE EXCLUSIVE lets
+    -- readers and writers by and makes a second drop wait for this one: two drops holding a
+    -- shared lock each would deadlock on DROP TABLE behind a reader.
     PERFORM set_config('lock_timeout', '5s', true);
     BEGIN
-        EXECUTE format('LOCK TABLE %I.%I IN ACCESS SHARE MODE', ns, p_partition);
+        EXECUTE format('LOCK TABLE %I.%I IN SHARE UPDATE EXCLUSIVE MODE', ns, p_partition);
     EXCEPTION WHEN undefined_table THEN
         RETURN QUERY SELECT false, 0::bigint, NULL::bigint, NULL::bigint;  -- another evq prune dropped it
         RETURN;

@@ -343,6 +343,44 @@ async def test_two_drops_of_one_partition_drop_it_once_and_the_second_says_not_d
     assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition = %s", (part,))[0]["n"] == 1
 
 
+async def test_a_drop_after_another_run_dropped_the_partition_says_not_dropped(store, db_url):
+    """A run that read the partition's name before another run dropped it: "not dropped",
+    not an error that stops evq prune (0025's first version checked the name against the
+    catalog before its lock, and raised 'not an evidence partition')."""
+    _, part = await _first_sealed(store, db_url, Accepted("pm"))
+    assert rows(db_url, DROP, (part,))[0]["dropped"] is True
+    assert rows(db_url, DROP, (part,)) == [{"dropped": False, "rows_dropped": 0, "range_lo": None, "range_hi": None}]
+    assert rows(db_url, "SELECT count(*) AS n FROM prune_log WHERE evidence_partition = %s", (part,))[0]["n"] == 1
+
+
+async def test_two_drops_behind_a_reader_time_out_and_neither_deadlocks(store, db_url):
+    """Two evq prune runs drop the same sealed partition while a reader holds it (pg_dump, a
+    report). Each drop's lock lets the reader by, and DROP TABLE then waits for it: when both
+    held ACCESS SHARE, each waited for the other's and PostgreSQL killed one as a deadlock,
+    an error evq prune does not expect. Now the second waits for the first, and both give up
+    after their lock timeout, as one drop alone does; everything stays."""
+    first, part = await _first_sealed(store, db_url, Accepted("pm"))
+    outcomes: list[object] = []
+
+    def drop() -> None:
+        try:
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                outcomes.append(conn.execute(DROP, (part,)).fetchall())
+        except psycopg.Error as exc:
+            outcomes.append(exc)
+
+    with psycopg.connect(db_url) as reader:
+        reader.execute(f"SELECT count(*) FROM {part}")
+        drops = [threading.Thread(target=drop) for _ in range(2)]
+        for thread in drops:
+            thread.start()
+        for thread in drops:
+            thread.join()
+        reader.commit()
+    assert [type(o) for o in outcomes] == [psycopg.errors.LockNotAvailable] * 2, outcomes
+    assert partitions(db_url)[part]["sealed"] and evidence_of(db_url, first) == 2 * 9
+
+
 async def test_a_give_back_of_a_partition_no_longer_sealed_says_so(store, db_url):
     small_partitions(db_url)
     part = f"evidence_steps_{BASE}"
@@ -355,8 +393,9 @@ async def test_a_late_row_whose_writer_committed_while_the_seal_waited_is_kept(s
     """The seal looks for rows written since the cutoff, then its trigger waits for the
     partition's writers. A late delivery event still uncommitted at the look is not seen, and
     is sealed in when its writer commits. The drop counts the partition under its lock with
-    its newest row's time, finds that row and gives the partition back (before 0025's second
-    part it dropped the partition, that row with it)."""
+    its newest row's time, finds that row and gives the partition back, as the seal's own rule
+    says (0025's first version dropped the partition, that row with it). Its steps then go by
+    the batches, each by the steps' rule."""
     small_partitions(db_url)
     first = await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
     await fill(store, db_url, Accepted("pm"), at=OLD, count=9)
