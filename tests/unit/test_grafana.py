@@ -58,6 +58,8 @@ def test_dashboard_answers_the_operators_questions():
         'evq_send_attempts_total{outcome="unknown"}',  # unknown ratio
         "evq_send_duration_seconds_bucket",  # latency quantiles
         "evq_enqueue_refusals_total",  # what agents were refused, from every process
+        "evq_evidence_partitions_ahead",  # retention's partitions made ahead of the steps
+        "evq_evidence_overflow_rows",  # evidence none of them covered
     ):
         assert metric in exprs, metric
     assert any("sum by (outcome)" in t["expr"] for _, t in _targets())  # throughput by outcome
