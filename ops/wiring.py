@@ -45,11 +45,14 @@ def database_url(settings: Settings) -> str:
     return resolve_url(settings.database_url, settings.data_dir)
 
 
-def check_at_head(url: str) -> None:
-    """E_SCHEMA_MISMATCH unless the database is at this evq's head revision."""
+def check_database(url: str) -> None:
+    """E_SCHEMA_MISMATCH unless the database is at this evq's head revision; E_INVALID_ARG
+    unless its transactions start READ COMMITTED (adapters/postgres/isolation.py)."""
+    from evq.adapters.postgres import isolation
     from evq.adapters.postgres.database import check_at_head as at_head
 
     at_head(url)
+    isolation.check(url)
 
 
 # The backoff of a starting process waiting for its database: short at first (a restart takes
@@ -59,9 +62,9 @@ STARTUP_RETRY_MAX = 5.0
 
 
 async def wait_for_database(settings: Settings, url: str) -> Settings:
-    """The start-up checks of a long-running process (the worker, `evq serve`): the schema check
-    and the pooler probe (EVQ_POOLER=auto; the settings it returns say what was found), retried
-    while the database does not answer, as the running worker retries its claims: a worker
+    """The start-up checks of a long-running process (the worker, `evq serve`): the schema and
+    isolation checks and the pooler probe (EVQ_POOLER=auto; the settings it returns say what
+    was found), retried while the database does not answer, as the running worker retries its claims: a worker
     started while PostgreSQL restarts waits for it (logging each try) instead of exiting.
     After EVQ_STARTUP_WAIT seconds it gives up: E_DB_UNAVAILABLE (exit 9). A database that
     answers and is wrong (another schema revision, no such database, a refused login) is
@@ -77,7 +80,7 @@ async def wait_for_database(settings: Settings, url: str) -> Settings:
     while True:
         tries += 1
         try:
-            await asyncio.to_thread(check_at_head, url)
+            await asyncio.to_thread(check_database, url)
             resolved = await resolve_pooler(settings, url)
         except DatabaseUnavailable as exc:
             waited = time.monotonic() - started

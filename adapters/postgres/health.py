@@ -15,9 +15,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from evq.adapters.postgres import isolation
 from evq.adapters.postgres.database import head_revision, known_revision, translated
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import QueueStatsReader
+from evq.worker.errors import EvqError
 
 # A health check answers in seconds or says it could not.
 TIMEOUT_SECONDS = 5
@@ -32,6 +34,10 @@ class PostgresHealth:
             return known_revision(self.url), head_revision()
 
         return await asyncio.to_thread(read)
+
+    async def isolation(self) -> EvqError | None:
+        rows = await asyncio.to_thread(self._query, Q["isolation_default"], {})
+        return isolation.refusal(rows[0])
 
     async def workers_seen(self, within: float) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._query, Q["heartbeats_seen"], {"within": within})

@@ -1650,8 +1650,13 @@ SELECT d.id, d.created_at, d.at FROM done d JOIN ev ON ev.step_id = d.id;
 
 
 -- name: isolation_default
--- The isolation level this role's transactions start in (default_transaction_isolation).
-SELECT current_setting('transaction_isolation') AS level;
+-- The isolation level evq's transactions start in on this connection, and where it was set
+-- (default_transaction_isolation's source: postgresql.conf, the database, the role, the
+-- connection's options, a session's SET): adapters/postgres/isolation.py.
+SELECT current_setting('transaction_isolation') AS level,
+       (SELECT s.source FROM pg_settings s WHERE s.name = 'default_transaction_isolation') AS source,
+       current_user AS role,
+       current_database() AS database;
 
 -- name: snapshot_read
 -- The statements after this one in the same transaction read one snapshot, so a

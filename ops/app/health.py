@@ -3,7 +3,8 @@
 
 ``{"healthy": bool, "checks": [{"name", "ok", "detail"}]}``, the checks in this order:
 
-- ``database``: PostgreSQL answers;
+- ``database``: PostgreSQL answers, and evq's transactions there start READ COMMITTED
+  (adapters/postgres/isolation.py);
 - ``schema``: it is at this evq's head revision;
 - ``workers``: a worker beat within :data:`SEEN_WITHIN_SECONDS` (each running worker
   upserts its ``worker_heartbeats`` row every :data:`HEARTBEAT_SECONDS`, ops/wiring.py);
@@ -57,12 +58,17 @@ async def check_health(reader: HealthReader, caller: Caller, lookup: KeyLookup |
     checks: list[dict[str, Any]] = []
     try:
         current, expected = await reader.schema_revision()
+        refused = await reader.isolation()
     except DatabaseUnavailable as exc:
         checks.append(_check("database", False, exc.message))
         return _reply(checks, "the database does not answer")
     except SchemaMismatch as exc:
         checks += [_check("database", True, "reachable"), _check("schema", False, exc.message)]
         return _reply(checks, "the schema is not this evq's")
+    if refused is not None:
+        # Every worker and `evq serve` refuses to start on it: say so, and how to fix it.
+        checks.append(_check("database", False, f"reachable, but {refused.message}: {refused.hint}"))
+        return _reply(checks, "evq does not run on this database as it is configured")
     checks.append(_check("database", True, "reachable"))
     if current != expected:
         state = f"is at revision {current}" if current else "has no evq schema"

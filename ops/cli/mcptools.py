@@ -19,7 +19,7 @@ def mcp(out: Output, database_url: str | None) -> int:
     register_secrets([key])
     settings = load_settings(database_url=database_url)
     url = wiring.database_url(settings)
-    wiring.check_at_head(url)
+    wiring.check_database(url)
 
     run(wiring.run_mcp(settings, key, url=url))
     return 0

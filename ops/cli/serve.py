@@ -21,7 +21,7 @@ log = get_logger("evq.serve")
 def serve(out: Output, host: str | None, port: int | None, database_url: str | None) -> int:
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
     url = wiring.database_url(settings)
-    wiring.check_at_head(url)  # a clear E_SCHEMA_MISMATCH before anything listens
+    wiring.check_database(url)  # a clear E_SCHEMA_MISMATCH or E_INVALID_ARG before anything listens
     sock = _listen(settings.serve_host, settings.serve_port)
     bound = sock.getsockname()[1]
     log.info("serve_listening", host=settings.serve_host, port=bound, url=f"http://{settings.serve_host}:{bound}/ops")

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from evq.worker.errors import EvqError
+
 
 class HealthReader(Protocol):
     async def schema_revision(self) -> tuple[str | None, str]:
         """(the database's revision, the one this evq needs); raises DatabaseUnavailable when it cannot."""
+        ...
+
+    async def isolation(self) -> EvqError | None:
+        """Why evq may not run on this database as it is configured (its transactions do not
+        start READ COMMITTED), or None."""
         ...
 
     async def workers_seen(self, within: float) -> list[dict[str, Any]]:

@@ -24,11 +24,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from evq.adapters.postgres import isolation
 from evq.adapters.postgres.conninfo import normalise
 from evq.adapters.postgres.database import connect_kwargs, misconfigured, translate
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
-from evq.worker.errors import ConfigError
 from evq.worker.notices import NoticeConfig
 
 # The connection of the store transaction the current task is inside, if any.
@@ -36,21 +36,13 @@ _PINNED: ContextVar[tuple[PostgresBase, psycopg.AsyncConnection] | None] = Conte
 
 
 async def _require_read_committed(pool: AsyncConnectionPool) -> None:
-    """Refuse a role or database whose transactions start REPEATABLE READ or SERIALIZABLE.
-
-    evq's statements are written for READ COMMITTED, each seeing what committed before it: a
-    claim re-reads a row another worker just changed instead of failing, and retention's
-    seal and drop see a give-back committed while they waited for a partition (under one
-    snapshot they would miss it). The database functions refuse to run so; this says so at
-    start, before any work. READ UNCOMMITTED is READ COMMITTED in PostgreSQL."""
+    """Refuse a database whose transactions start other than READ COMMITTED, with the remedy
+    for where that was set (adapters/postgres/isolation.py), before any work."""
     async with pool.connection() as conn:
-        level = (await (await conn.execute(Q["isolation_default"])).fetchone() or ("",))[0]
-    if level not in ("read committed", "read uncommitted"):
-        raise ConfigError(
-            f"this database role's transactions start {level.upper()}; evq runs only under READ COMMITTED",
-            hint="ALTER ROLE <role> RESET default_transaction_isolation (or ALTER DATABASE ... RESET it)",
-            field="default_transaction_isolation",
-        )
+        cur = await conn.cursor(row_factory=dict_row).execute(Q["isolation_default"])
+        refused = isolation.refusal(await cur.fetchone() or {"level": "", "source": None, "role": "", "database": ""})
+    if refused is not None:
+        raise refused
 
 
 class PostgresBase:
