@@ -6,6 +6,7 @@ a loaded machine starved that long: it says so in a late answer when it runs aga
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -65,24 +66,59 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
             "n"
         ]
 
-    def holding(candidates: list[subprocess.Popen]) -> list[subprocess.Popen]:
-        owners = rows(db_url, "SELECT DISTINCT lease_owner AS owner FROM email_steps WHERE status = 'in_flight'")
-        pids = {int(r["owner"].split(":")[1]) for r in owners}
-        return [w for w in candidates if w.pid in pids]
+    def in_flight() -> dict[int, set[int]]:
+        """The rows in flight, by the pid of the worker whose lease holds them."""
+        held: dict[int, set[int]] = {}
+        for r in rows(db_url, "SELECT id, lease_owner AS owner FROM email_steps WHERE status = 'in_flight'"):
+            held.setdefault(int(r["owner"].split(":")[1]), set()).add(r["id"])
+        return held
+
+    def rescued(pid: int, ids: set[int]) -> set[int]:
+        """Which of ``ids`` a rescuer took from the worker ``pid`` when its lease ran out."""
+        got = rows(
+            db_url,
+            "SELECT step_id AS id, detail ->> 'lease_owner' AS owner FROM evidence "
+            "WHERE kind = 'lease_expired' AND step_id = ANY(%s)",
+            (sorted(ids),),
+        )
+        return {r["id"] for r in got if int(r["owner"].split(":")[1]) == pid}
+
+    def pause_one_past_its_lease() -> int | None:
+        """Freeze (SIGSTOP) a worker holding rows in flight until the others' rescuers have
+        taken them, then wake it; its pid, or None if none could be tried this time."""
+        for worker in [w for w in workers if w.pid in in_flight()]:
+            pause(worker.pid)
+            # Read once it is stopped: only a rescuer can move these rows now. Its last
+            # answers may have landed between the two reads, so it may hold none by now.
+            held = in_flight().get(worker.pid, set())
+            try:
+                if held:
+                    # Its lease runs out within LEASE; rescuers pass every 0.5 s. A row whose
+                    # update the frozen worker had begun in a transaction stays locked until it
+                    # wakes: then this try gives up and a later one tries again.
+                    with contextlib.suppress(AssertionError):
+                        wait_until(
+                            lambda held=held, pid=worker.pid: not held & in_flight().get(pid, set()),
+                            timeout=4 * LEASE,
+                            interval=0.25,
+                            what="the paused worker's rows rescued",
+                        )
+                        # A statement the server was running for it when it stopped (a batch
+                        # of answers) may have moved them instead: only a rescue counts.
+                        if rescued(worker.pid, held):
+                            return worker.pid
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+        return None
 
     try:
         while open_rows() > SENDS // 10 and time.monotonic() < deadline:
             time.sleep(rng.uniform(0.2, 0.8))
             if paused is None and len(killed) >= 5:
-                # A live worker frozen past its lease (SIGSTOP), one holding rows in flight: the
-                # others' rescuers take them; woken, it must neither send what it had not sent
-                # nor record over the rescue.
-                holders = holding(workers)
-                if holders:
-                    paused = holders[0].pid
-                    pause(paused)
-                    time.sleep(LEASE + 1.5)
-                    os.kill(paused, signal.SIGCONT)
+                # A live worker frozen past its lease, one holding rows in flight: the others'
+                # rescuers take them; woken, it must neither send what it had not sent nor
+                # record over the rescue.
+                paused = pause_one_past_its_lease()
             # Never the paused one: killed, its rows would be explained by the kill, and what it
             # did once woken would go unchecked.
             victim = rng.choice([i for i, w in enumerate(workers) if w.pid != paused])

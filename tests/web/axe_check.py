@@ -4,6 +4,7 @@ run there. Under CI a missing axe-core fails; elsewhere, with no npm either, the
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -25,9 +26,12 @@ _lock = threading.Lock()
 
 def axe_source() -> str:
     """axe.min.js's text, installing the pinned package once per session when npm is there."""
-    with _lock:
+    with _lock, open(AXE_DIR / ".install.lock", "w") as held:
         if "js" in _installed:
             return _installed["js"]
+        # Each xdist worker is a process of its own: two running npm ci into one directory at
+        # once tear each other's files out (TAR_ENTRY_ERROR), so the install is theirs in turn.
+        fcntl.flock(held, fcntl.LOCK_EX)
         if not AXE_JS.exists():
             npm = shutil.which("npm")
             if npm is None:
