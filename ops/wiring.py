@@ -64,8 +64,9 @@ STARTUP_RETRY_MAX = 5.0
 async def wait_for_database(settings: Settings, url: str) -> Settings:
     """The start-up checks of a long-running process (the worker, `evq serve`): the schema and
     isolation checks and the pooler probe (EVQ_POOLER=auto; the settings it returns say what
-    was found), retried while the database does not answer, as the running worker retries its claims: a worker
-    started while PostgreSQL restarts waits for it (logging each try) instead of exiting.
+    was found), retried while the database does not answer, as the running worker retries its
+    claims: a worker started while PostgreSQL restarts waits for it (logging each try) instead
+    of exiting.
     After EVQ_STARTUP_WAIT seconds it gives up: E_DB_UNAVAILABLE (exit 9). A database that
     answers and is wrong (another schema revision, no such database, a refused login) is
     refused at once: waiting would not change it."""

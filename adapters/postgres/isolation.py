@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from evq.adapters.postgres.database import connect_kwargs, translated
 from evq.adapters.postgres.queries import Q
@@ -62,12 +63,19 @@ def refusal(row: dict[str, Any]) -> ConfigError | None:
     return ConfigError(message, hint=hint, field="default_transaction_isolation")
 
 
-def check(url: str) -> None:
-    """Raise :func:`refusal`'s error unless this URL's transactions start READ COMMITTED."""
-    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
-        cur = conn.execute(Q["isolation_default"])
-        names = [c.name for c in cur.description or []]
-        row = dict(zip(names, cur.fetchone() or (), strict=True))
-    refused = refusal(row)
+def _raise(row: dict[str, Any] | None) -> None:
+    refused = refusal(row or {})  # the query returns one row, always
     if refused is not None:
         raise refused
+
+
+def check(url: str) -> None:
+    """Raise :func:`refusal`'s error unless this URL's transactions start READ COMMITTED."""
+    with translated(url), psycopg.connect(url, autocommit=True, row_factory=dict_row, **connect_kwargs()) as conn:
+        _raise(conn.execute(Q["isolation_default"]).fetchone())
+
+
+async def require(conn: psycopg.AsyncConnection) -> None:
+    """:func:`check` on a connection a store's pool lent."""
+    cur = await conn.cursor(row_factory=dict_row).execute(Q["isolation_default"])
+    _raise(await cur.fetchone())

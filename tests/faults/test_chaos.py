@@ -86,7 +86,8 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     def pause_one_past_its_lease() -> int | None:
         """Freeze (SIGSTOP) a worker holding rows in flight until the others' rescuers have
         taken them, then wake it; its pid, or None if none could be tried this time."""
-        for worker in [w for w in workers if w.pid in in_flight()]:
+        holders = in_flight()
+        for worker in [w for w in workers if w.pid in holders]:
             pause(worker.pid)
             # Read once it is stopped: only a rescuer can move these rows now. Its last
             # answers may have landed between the two reads, so it may hold none by now.

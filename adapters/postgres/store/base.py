@@ -35,16 +35,6 @@ from evq.worker.notices import NoticeConfig
 _PINNED: ContextVar[tuple[PostgresBase, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
 
 
-async def _require_read_committed(pool: AsyncConnectionPool) -> None:
-    """Refuse a database whose transactions start other than READ COMMITTED, with the remedy
-    for where that was set (adapters/postgres/isolation.py), before any work."""
-    async with pool.connection() as conn:
-        cur = await conn.cursor(row_factory=dict_row).execute(Q["isolation_default"])
-        refused = isolation.refusal(await cur.fetchone() or {"level": "", "source": None, "role": "", "database": ""})
-    if refused is not None:
-        raise refused
-
-
 class PostgresBase:
     """The pool, the notices config, and the chokepoint every store call passes."""
 
@@ -95,7 +85,9 @@ class PostgresBase:
         )
         try:
             await pool.open(wait=True, timeout=15)
-            await _require_read_committed(pool)
+            # Refused before any work when its transactions do not start READ COMMITTED.
+            async with pool.connection() as conn:
+                await isolation.require(conn)
         except Exception as exc:
             await pool.close()
             raise translate(exc, url) or exc from exc
