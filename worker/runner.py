@@ -414,8 +414,16 @@ class Worker:
             return
         claims = list(self._lost_claims)
         keep = {h.step.lease_token for h in self._held.values()} | self._began
-        released = await self.store.release_orphans(owner=self.owner, held=list(keep), claims=claims)
+        # Cleared before the wait, not after: a claim lost while this pass waits (the claim
+        # loop runs meanwhile) sets it again, and the loop must still hand that one back
+        # before it claims again (cleared after, a drain found nothing claimable and ended
+        # with that claim's rows in flight, then handed back unsent at the stop).
         self._lost_unchecked = False
+        try:
+            released = await self.store.release_orphans(owner=self.owner, held=list(keep), claims=claims)
+        except BaseException:
+            self._lost_unchecked = True
+            raise
         if released:
             self.stats.released += released
             log.warning("orphan_claims_released", count=released, claims=len(claims))

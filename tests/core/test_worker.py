@@ -236,3 +236,49 @@ async def test_an_outcome_that_cannot_be_written_is_retried_never_released_and_h
     await mem.rescue(limit=10, lease_seconds=SETTINGS.lease_seconds, default_max_attempts=5, actor="r", now=later)
     assert mem.steps[poisoned]["status"] == "unknown"
     assert kinds(mem, poisoned) == ["attempt_started", "lease_expired"]
+
+
+async def test_a_claim_lost_while_a_rescuer_pass_hands_back_an_older_one_is_still_handed_back(mem):
+    """The rescuer pass hands back lost claims beside the claim loop. A claim lost while that
+    pass waited on the database must still be handed back before the loop claims again: the
+    pass once cleared the loop's "check for orphans" on returning, so a drain claimed
+    nothing (the rows in flight under the lost claim), ended, and left them pending unsent
+    (seen in tests/faults/test_store_faults.py under a loaded suite)."""
+    ids = await enqueue(mem, 2)
+    provider = ScriptedProvider()
+    rescuer_waiting, second_lost = asyncio.Event(), asyncio.Event()
+
+    class Racing:
+        claims = 0
+        blocked = False
+
+        def __getattr__(self, name):
+            return getattr(mem, name)
+
+        async def claim(self, **kw):
+            self.claims += 1
+            if self.claims == 1:
+                raise DatabaseUnavailable("the connection dropped before the claim ran")
+            if self.claims == 2:
+                # Only once the rescuer's pass is waiting on its hand-back of the first.
+                await asyncio.wait_for(rescuer_waiting.wait(), 10)
+                await mem.claim(**kw)
+                second_lost.set()
+                raise DatabaseUnavailable("the connection dropped as the claim committed")
+            return await mem.claim(**kw)
+
+        async def release_orphans(self, **kw):
+            task = asyncio.current_task()
+            if not self.blocked and task is not None and task.get_name() == "evq-rescuer":
+                self.blocked = True
+                rescuer_waiting.set()
+                await second_lost.wait()
+                await asyncio.sleep(0)  # the loop records the second claim as lost first
+            return await mem.release_orphans(**kw)
+
+    racing = Racing()
+    # Passes far apart, so no later pass hands the second claim back before the loop claims.
+    worker = Worker(racing, {"smtp": provider}, replace(SETTINGS, rescue_interval=3))
+    assert await asyncio.wait_for(worker.run(drain=True, install_signals=False), 30) == 0
+    assert racing.blocked and second_lost.is_set()
+    assert {mem.steps[i]["status"] for i in ids} == {"accepted"} and set(provider.sent.values()) == {1}
