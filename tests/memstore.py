@@ -81,6 +81,8 @@ from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
 from evq.worker.ports import COUNT_CAP, Decided, DeliveryRecorded, Edit, StatusCount, StepFilter
 from evq.worker.records import (
+    BudgetKey,
+    BudgetPrune,
     ClaimedStep,
     EnqueueResult,
     Grant,
@@ -293,6 +295,7 @@ class MemoryStore:
         self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
         self.send_budgets: dict[tuple[str, str, datetime], int] = {}  # (budget, scope, window) -> used
+        self.budgets_charged: dict[tuple[str, str, datetime], datetime] = {}  # send_budgets.updated_at
         # known_recipients (0018): (sender, address or @domain) -> the first step that made it known.
         self.known_recipients: dict[tuple[str, str], int] = {}  # (sender, recipient) -> first step
         self.queue_samples: dict[datetime, dict[str, Any]] = {}  # queue_samples (0019), by minute
@@ -428,7 +431,9 @@ class MemoryStore:
         at = await self._op("enqueue_many", now)
         # All or nothing, as the batch's transaction is.
         # Sequences are not transactional: the ids a failed batch took stay taken.
-        saved = copy.deepcopy((self.steps, self.decisions, self.send_budgets, self.known_recipients))
+        saved = copy.deepcopy(
+            (self.steps, self.decisions, self.send_budgets, self.budgets_charged, self.known_recipients)
+        )
         evidence = len(self.evidence)
         try:
             if not gated(approval, requests):
@@ -443,7 +448,7 @@ class MemoryStore:
                     ) from None
             return results
         except BaseException:
-            self.steps, self.decisions, self.send_budgets, self.known_recipients = saved
+            self.steps, self.decisions, self.send_budgets, self.budgets_charged, self.known_recipients = saved
             del self.evidence[evidence:]  # the transaction's own rows, gone with it
             raise
 
@@ -457,6 +462,7 @@ class MemoryStore:
         result = self._enqueue(request, at, hold=hold, expires=approval.expires_after)
         for budget, scope, window, amount, _cap in charges:
             self.send_budgets[(budget, scope, window)] = self.send_budgets.get((budget, scope, window), 0) + amount
+            self.budgets_charged[(budget, scope, window)] = at
         if hold is not None:
             actor = request.actor
             who = (actor.name or actor.interface) if actor else "python"
@@ -2251,6 +2257,26 @@ class MemoryStore:
         doomed = {r["id"] for r in sorted(old, key=lambda r: r["created_at"])[:limit]}
         self.refusals = [r for r in self.refusals if r["id"] not in doomed]
         return len(doomed)
+
+    async def prune_budgets(
+        self, *, cutoff: datetime, limit: int, after: BudgetKey | None, dry_run: bool = False
+    ) -> BudgetPrune:
+        await self._op("prune_budgets", None)
+        keys = sorted(k for k in self.send_budgets if after is None or k > after)[:limit]
+        runs = {s["run_id"] for s in self.steps.values()}
+        span = {"key_hourly": timedelta(hours=1), "domain_hourly": timedelta(hours=1), "key_daily": timedelta(days=1)}
+
+        def closed(budget: str, scope: str, window: datetime) -> bool:
+            if budget in span:
+                return window + span[budget] <= cutoff
+            charged = self.budgets_charged.get((budget, scope, window))
+            return budget == "run_recipients" and charged is not None and charged < cutoff and scope not in runs
+
+        doomed = [k for k in keys if closed(*k)]
+        if not dry_run:
+            for k in doomed:
+                del self.send_budgets[k], self.budgets_charged[k]
+        return BudgetPrune(budgets=len(doomed), last=keys[-1] if keys else None)
 
     def _retry_not_before(self, s: Mapping[str, Any]) -> datetime | None:
         """step_resolve's retry_not_before: the rescued attempt's lease end plus the adapter's

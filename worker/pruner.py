@@ -16,7 +16,11 @@ What is old is decided on the database's clock, and ``--older-than`` takes only
 units nobody misreads: ``1m`` is refused (a minute, or a month?).
 
 Refused enqueues (table enqueue_refusals) recorded before the same cutoff go too,
-after the steps; the counts behind evq_enqueue_refusals_total are kept.
+after the steps; the counts behind evq_enqueue_refusals_total are kept. Last, the
+blast-radius counters (send_budgets) whose window closed before the cutoff: an hour's or
+a day's once over, a run's once the run has no step left (at 100 million sends a day a
+per-domain hourly budget alone writes a counter per domain and hour). The first-contact
+memory (known_recipients) is kept: forgetting it would hold mail to known recipients again.
 
 Evidence is partitioned by its step's id (PostgreSQL, migration 0022). Before the batches,
 each partition whose steps all closed before the cutoff is sealed (it refuses new rows),
@@ -39,7 +43,7 @@ from datetime import datetime, timedelta
 
 from evq.worker.errors import ConfigError, InvalidRequest
 from evq.worker.ports import PruneStore
-from evq.worker.records import PruneCounts
+from evq.worker.records import BudgetKey, PruneCounts
 
 # Units of --older-than. "m" is not one of them: in a retention command many people
 # read "1m" as a month, and a minute would delete what closed a minute ago.
@@ -136,7 +140,7 @@ class Pruner:
         if self.config.dry_run:
             counts = await self.store.prune_count(cutoff=cutoff)
             refused = await self.store.prune_refusals(cutoff=cutoff, limit=self.config.batch, dry_run=True)
-            return replace(counts, refusals=refused)
+            return replace(counts, refusals=refused, budgets=await self._budgets(cutoff, dry_run=True))
         run = uuid.uuid4()
         total = PruneCounts()
         # Whole evidence partitions first: each one's rows go at once, and the batches below
@@ -174,4 +178,21 @@ class Pruner:
         while refused := await self.store.prune_refusals(cutoff=cutoff, limit=self.config.batch):
             total = replace(total, refusals=total.refusals + refused)
             self.progress(total)
-        return total
+        # The blast-radius counters of windows long over: nothing reads them again.
+        return replace(total, budgets=await self._budgets(cutoff, dry_run=False, total=total))
+
+    async def _budgets(self, cutoff: datetime, *, dry_run: bool, total: PruneCounts | None = None) -> int:
+        """One pass over send_budgets, a batch at a time (each its own statement)."""
+        closed = 0
+        after: BudgetKey | None = None
+        while True:
+            part = await self.store.prune_budgets(cutoff=cutoff, limit=self.config.batch, after=after, dry_run=dry_run)
+            closed += part.budgets
+            if part.budgets and total is not None:
+                self.progress(replace(total, budgets=closed))
+            if part.last is None:
+                return closed
+            if not dry_run and self.should_stop():
+                self.stopped = True
+                return closed
+            after = part.last

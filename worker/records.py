@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 from evq.worker.states import Reason, Status
@@ -293,10 +293,12 @@ class PruneCounts:
     refusals: int = 0
     # Evidence partitions dropped whole (their rows are in ``evidence``; PostgreSQL only).
     partitions: int = 0
+    # Blast-radius counters (send_budgets) whose window closed before the cutoff.
+    budgets: int = 0
 
     @property
     def total(self) -> int:
-        return self.steps + self.evidence + self.decisions + self.refusals
+        return self.steps + self.evidence + self.decisions + self.refusals + self.budgets
 
     def __add__(self, other: PruneCounts) -> PruneCounts:
         return PruneCounts(
@@ -306,7 +308,21 @@ class PruneCounts:
             self.batches + other.batches,
             self.refusals + other.refusals,
             self.partitions + other.partitions,
+            self.budgets + other.budgets,
         )
+
+
+# A blast-radius counter's key in send_budgets: (budget, scope, window start).
+BudgetKey: TypeAlias = tuple[str, str, datetime]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPrune:
+    """One batch of the counters' pass: how many closed (deleted, or counted in a dry run),
+    and the last key it read, where the next batch starts (None: the pass is done)."""
+
+    budgets: int
+    last: BudgetKey | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1891,6 +1891,41 @@ SELECT count(*)::int AS refusals FROM gone;
 SELECT count(*)::int AS refusals FROM enqueue_refusals r WHERE r.created_at < %(cutoff)s;
 
 
+-- name: budgets_prune
+-- Blast-radius counters (send_budgets) whose window closed before the cutoff (evq prune):
+-- an hour's or a day's window once it is over, a run's (one window, at the epoch) once the
+-- run has no step left and nothing charged it since the cutoff. A budget this list does not
+-- name is kept. A batch reads the next `limit` counters in key order after `after` (one pass
+-- over the table, through its primary key) and deletes those that closed (with `dry`, only
+-- counts them); `last_*` is where the next batch starts, NULL once the pass is done. A
+-- counter an enqueue charged since it was read (its updated_at moved) is kept.
+WITH scanned AS (
+    SELECT b.budget, b.scope, b.window_start, b.updated_at
+    FROM send_budgets b
+    WHERE (b.budget, b.scope, b.window_start)
+          > (%(after_budget)s::text, %(after_scope)s::text, %(after_window)s::timestamptz)
+    ORDER BY b.budget, b.scope, b.window_start
+    LIMIT %(limit)s
+), closed AS (
+    SELECT s.* FROM scanned s
+    WHERE (s.budget IN ('key_hourly', 'domain_hourly') AND s.window_start + interval '1 hour' <= %(cutoff)s)
+       OR (s.budget = 'key_daily' AND s.window_start + interval '1 day' <= %(cutoff)s)
+       OR (s.budget = 'run_recipients' AND s.updated_at < %(cutoff)s
+           AND NOT EXISTS (SELECT 1 FROM email_steps x WHERE x.run_id = s.scope))
+), gone AS (
+    DELETE FROM send_budgets b USING closed c
+    WHERE NOT %(dry)s AND (b.budget, b.scope, b.window_start) = (c.budget, c.scope, c.window_start)
+      AND b.updated_at = c.updated_at
+    RETURNING 1
+), last AS (
+    SELECT s.budget, s.scope, s.window_start FROM scanned s
+    ORDER BY s.budget DESC, s.scope DESC, s.window_start DESC LIMIT 1
+)
+SELECT CASE WHEN %(dry)s THEN (SELECT count(*) FROM closed) ELSE (SELECT count(*) FROM gone) END::int AS budgets,
+       l.budget AS last_budget, l.scope AS last_scope, l.window_start AS last_window
+FROM (SELECT 1) one LEFT JOIN last l ON true;
+
+
 -- name: refusal_record
 -- One refused enqueue (worker/refusals.py), in a short transaction of its own, with the
 -- database-wide counter evq_enqueue_refusals_total: one increment per failing field's

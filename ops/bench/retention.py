@@ -37,7 +37,7 @@ from evq.ops.bench.config import Figure, ImpossibleFigure
 from evq.ops.bench.drain import drain_once
 from evq.ops.bench.enqueue import single_enqueues
 from evq.ops.bench.prefill import bench_requests, policy
-from evq.worker.records import PartitionPrune, PruneCounts
+from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -212,6 +212,11 @@ class Timed:
 
     async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
         return await self.store.prune_refusals(cutoff=cutoff, limit=limit, dry_run=dry_run)
+
+    async def prune_budgets(
+        self, *, cutoff: datetime, limit: int, after: BudgetKey | None, dry_run: bool = False
+    ) -> BudgetPrune:
+        return await self.store.prune_budgets(cutoff=cutoff, limit=limit, after=after, dry_run=dry_run)
 
     async def evidence_partitions_ahead(self, steps: int) -> int:
         return await self.store.evidence_partitions_ahead(steps)

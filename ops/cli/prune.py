@@ -33,7 +33,7 @@ def prune_cmd(
     def progress(total: PruneCounts) -> None:
         click.echo(
             f"prune: {total.batches} batches, {total.steps} steps, {total.evidence} evidence rows, "
-            f"{total.decisions} decisions, {total.refusals} refused enqueues deleted "
+            f"{total.decisions} decisions, {total.refusals} refused enqueues, {total.budgets} budget counters deleted "
             f"({total.partitions} evidence partitions dropped whole)",
             err=True,
         )
@@ -56,6 +56,7 @@ def prune_cmd(
         "batches": counts.batches,
         "refusals": counts.refusals,
         "partitions": counts.partitions,
+        "budgets": counts.budgets,
     }
     if stopped:
         # Every batch counted here is committed and in prune_log; the rest is untouched.
@@ -70,7 +71,8 @@ def prune_cmd(
         data,
         human=lambda d: (
             f"{verb} {d['steps']} steps, {d['evidence']} evidence rows and {d['decisions']} decisions "
-            f"created and closed before {d['cutoff']}, and {d['refusals']} refused enqueues recorded before it"
+            f"created and closed before {d['cutoff']}, {d['refusals']} refused enqueues recorded before it "
+            f"and {d['budgets']} budget counters whose window closed before it"
             + (
                 ""
                 if dry_run

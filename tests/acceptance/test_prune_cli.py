@@ -31,15 +31,40 @@ def test_prune_dry_run_then_prune(evq: Evq, db_url, tmp_path):
             "UPDATE email_steps SET created_at = now() - interval '100 days', closed_at = now() - interval '100 days'"
         )
 
+        # Blast-radius counters: run "old"'s (it goes with its steps), an hour long over, the
+        # current hour, a run with no step that something charged since the cutoff (an enqueue
+        # that has not committed its step yet), and a budget this evq does not know (kept,
+        # whatever its age).
+        conn.execute(
+            "INSERT INTO send_budgets (budget, scope, window_start, used, updated_at) VALUES "
+            "('run_recipients', 'old', 'epoch', 3, now() - interval '100 days'), "
+            "('domain_hourly', 'example.com', date_trunc('hour', now() - interval '100 days'), 3, "
+            " now() - interval '100 days'), "
+            "('domain_hourly', 'example.com', date_trunc('hour', now()), 1, now()), "
+            "('run_recipients', 'fresh', 'epoch', 1, now()), "
+            "('some_later_budget', 'x', 'epoch', 1, now() - interval '100 days')"
+        )
+
     dry = evq.json("prune", "--older-than", "90d", "--dry-run")["data"]
     assert (dry["dry_run"], dry["steps"], dry["evidence"], dry["decisions"]) == (True, 3, 6, 3)
+    # The run's counter is not counted: its steps are still there when a dry run looks.
+    assert dry["budgets"] == 1
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM send_budgets")[0]["n"] == 5
 
     done = evq.run("prune", "--older-than", "90d", "--batch-size", "2", "-o", "json")
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)["data"]
     assert (data["steps"], data["evidence"], data["decisions"], data["batches"]) == (3, 6, 3, 2)
+    assert data["budgets"] == 2
     assert "prune: 2 batches, 3 steps" in done.stderr  # progress on stderr
+    assert "2 budget counters deleted" in done.stderr
+    kept = rows(db_url, "SELECT budget, scope FROM send_budgets ORDER BY 1, 2")
+    assert [(r["budget"], r["scope"]) for r in kept] == [
+        ("domain_hourly", "example.com"),
+        ("run_recipients", "fresh"),
+        ("some_later_budget", "x"),
+    ]
     assert rows(db_url, "SELECT count(*) AS n FROM evidence")[0]["n"] == 0
     log = rows(db_url, "SELECT batch, steps, actor FROM prune_log ORDER BY batch")
     assert [(r["batch"], r["steps"]) for r in log] == [(1, 2), (2, 1)] and log[0]["actor"] == "test-admin"

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from evq.worker.approval import ApprovalPolicy, Budget
 from evq.worker.errors import AuthFailed, Conflict
 from evq.worker.keys import NewKey, Role, hash_secret, verify_secret
 from evq.worker.notices import NoticeConfig
@@ -85,3 +86,59 @@ async def test_prune_cutoff_is_the_stores_clock_less_the_age(any_store):
     before = datetime.now(UTC)
     cutoff = await any_store.prune_cutoff(older_than=timedelta(days=7))
     assert before - timedelta(days=7, seconds=5) <= cutoff <= datetime.now(UTC) - timedelta(days=7)
+
+
+async def test_prune_deletes_the_budget_counters_whose_window_closed_and_keeps_the_rest(any_store):
+    every = ApprovalPolicy(
+        budgets=(
+            (Budget.RUN_RECIPIENTS, 100),
+            (Budget.KEY_HOURLY, 100),
+            (Budget.KEY_DAILY, 100),
+            (Budget.DOMAIN_HOURLY, 100),
+        )
+    )
+    day = timedelta(days=1)
+    # Day 1: a run whose one step closes, then goes by the batches. Day 2: a run still waiting.
+    # Day 3, ten past midnight: a run whose hour and day are not over at the cutoff.
+    gone = await any_store.enqueue(valid(run_id="gone", step_id="g"), now=PAST, approval=every)
+    [step] = await claim(any_store, now=PAST)
+    assert step.id == gone.id
+    await any_store.record([settle(step, Accepted("pm"))], actor="w", now=PAST)
+    await any_store.enqueue(valid(run_id="live", step_id="l"), now=PAST + day, approval=every)
+    late = PAST + 2 * day + timedelta(minutes=10)
+    await any_store.enqueue(valid(run_id="late", step_id="x"), now=late, approval=every)
+    cutoff = PAST + 2 * day + timedelta(minutes=30)
+    assert (await any_store.prune_batch(cutoff=cutoff, limit=10, actor="admin", run=uuid.uuid4(), batch=1)).steps == 1
+
+    async def one_pass(dry_run: bool) -> int:
+        closed, after, batches = 0, None, 0
+        while True:
+            part = await any_store.prune_budgets(cutoff=cutoff, limit=3, after=after, dry_run=dry_run)
+            closed, after, batches = closed + part.budgets, part.last, batches + 1
+            if after is None:
+                return closed
+            assert batches < 10, "the pass does not end"
+
+    def usage(rows):
+        return sorted((u["budget"], u["scope"], u["window_start"]) for u in rows)
+
+    before = usage(await any_store.budget_usage(now=PAST + day, limit=100))
+    # The run "gone", and every hour's and day's counter of days 1 and 2 (day 2 ended at the
+    # cutoff's midnight): seven. A dry run counts them and deletes none.
+    assert await one_pass(dry_run=True) == 7
+    assert usage(await any_store.budget_usage(now=PAST + day, limit=100)) == before
+    assert await one_pass(dry_run=False) == 7
+    assert await one_pass(dry_run=True) == 0
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert usage(await any_store.budget_usage(now=PAST + day, limit=100)) == [
+        ("run_recipients", "late", epoch),
+        ("run_recipients", "live", epoch),
+    ]
+    hour = late.replace(minute=0)
+    assert usage(await any_store.budget_usage(now=late, limit=100)) == [
+        ("domain_hourly", "example.com", hour),
+        ("key_daily", "", hour.replace(hour=0)),
+        ("key_hourly", "", hour),
+        ("run_recipients", "late", epoch),
+        ("run_recipients", "live", epoch),
+    ]

@@ -325,3 +325,26 @@ async def test_old_refusals_are_pruned_with_the_same_cutoff_and_their_counts_sta
     assert done.refusals == 3 and done.steps == 0
     assert count(db_url, "SELECT count(*) AS n FROM enqueue_refusals") == 1
     assert rows(db_url, "SELECT total FROM enqueue_refusal_counts") == [{"total": 4}]
+
+
+async def test_budget_counters_go_a_batch_at_a_time_and_an_interrupt_stops_between_batches(store, db_url):
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO send_budgets (budget, scope, window_start, used, updated_at) "
+            "SELECT 'domain_hourly', 'd' || g || '.example', date_trunc('hour', now() - interval '100 days'), 1, "
+            "       now() - interval '100 days' FROM generate_series(1, 5) g"
+        )
+    progress: list[PruneCounts] = []
+    first = Pruner(
+        store,
+        PrunerConfig(older_than=timedelta(days=90), batch=2),
+        actor="test-admin",
+        progress=progress.append,
+        should_stop=lambda: bool(progress) and progress[-1].budgets > 0,
+    )
+    counts = await first.run_once()
+    assert first.stopped and counts.budgets == 2 and [p.budgets for p in progress] == [2]
+    assert count(db_url, "SELECT count(*) AS n FROM send_budgets") == 3
+    # The same command again finds the rest.
+    assert (await pruner(store).run_once()).budgets == 3
+    assert count(db_url, "SELECT count(*) AS n FROM send_budgets") == 0

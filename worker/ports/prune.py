@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from evq.worker.records import PartitionPrune, PruneCounts
+from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 
 
 class PruneStore(Protocol):
@@ -37,4 +37,13 @@ class PruneStore(Protocol):
     async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
         """Delete at most ``limit`` refused enqueues recorded before ``cutoff`` (``dry_run``: count
         every one, delete none); how many. The counts behind the metric are kept."""
+        ...
+
+    async def prune_budgets(
+        self, *, cutoff: datetime, limit: int, after: BudgetKey | None, dry_run: bool = False
+    ) -> BudgetPrune:
+        """Read the next ``limit`` blast-radius counters in key order after ``after`` (None: from
+        the first) and delete those whose window closed before ``cutoff`` (``dry_run``: count
+        them, delete none): an hour's or a day's window once over, a run's once the run has no
+        step left and nothing charged it since the cutoff; a budget it does not know is kept."""
         ...

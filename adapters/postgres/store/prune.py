@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from psycopg import errors as pgerr
@@ -10,7 +10,7 @@ from psycopg import errors as pgerr
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase
 from evq.worker.errors import DatabaseUnavailable
-from evq.worker.records import PartitionPrune, PruneCounts
+from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 
 
 class PostgresPrune(PostgresBase):
@@ -67,3 +67,27 @@ class PostgresPrune(PostgresBase):
     async def evidence_partitions_ahead(self, steps: int) -> int:
         rows = await self._fetch("evidence_partitions_ahead", Q["evidence_partitions_ahead"], {"steps": steps})
         return int(rows[0]["made"])
+
+    async def prune_budgets(
+        self, *, cutoff: datetime, limit: int, after: BudgetKey | None, dry_run: bool = False
+    ) -> BudgetPrune:
+        budget, scope, window = after or _FIRST_BUDGET
+        rows = await self._fetch(
+            "prune_budgets",
+            Q["budgets_prune"],
+            {
+                "cutoff": cutoff,
+                "limit": limit,
+                "dry": dry_run,
+                "after_budget": budget,
+                "after_scope": scope,
+                "after_window": window,
+            },
+        )
+        row = rows[0]
+        last = None if row["last_budget"] is None else (row["last_budget"], row["last_scope"], row["last_window"])
+        return BudgetPrune(budgets=int(row["budgets"]), last=last)
+
+
+# Below every counter's key: no budget name is empty.
+_FIRST_BUDGET: BudgetKey = ("", "", datetime.min.replace(tzinfo=UTC))
