@@ -438,6 +438,21 @@ class MemoryStore:
         try:
             if not gated(approval, requests):
                 return [self._enqueue(r, at) for r in requests]
+            # gated_many_op locks every counter the batch may charge first (budget_lock).
+            counters = sorted(
+                {
+                    (b, s, w)
+                    for r in requests
+                    for b, s, w, _a, _c in budget_charges(
+                        approval,
+                        run_id=r.run_id,
+                        actor=r.actor.name if r.actor else None,
+                        recipients=r.recipients,
+                        now=going_out(at, r.send_at),
+                    )
+                }
+            )
+            self._touch_budgets(counters, at, made_only=True)
             results = []
             for i, r in enumerate(requests):
                 try:
@@ -457,7 +472,8 @@ class MemoryStore:
         of a stored key answered as its row is, charging nothing."""
         if self._holder(request) is not None:
             return self._enqueue(request, at)
-        holds, charges = self._judge(request, at, approval, refuse=True)
+        holds, charges, given_back = self._judge(request, at, approval, refuse=True)
+        self._touch_budgets([(b, s, w) for b, s, w, _a, _c in given_back], at, made_only=False)
         hold = {"rules": holds} if holds else None
         result = self._enqueue(request, at, hold=hold, expires=approval.expires_after)
         for budget, scope, window, amount, _cap in charges:
@@ -482,8 +498,11 @@ class MemoryStore:
 
     def _judge(
         self, request: ValidRequest, at: datetime, approval: ApprovalPolicy, *, refuse: bool
-    ) -> tuple[list[dict[str, Any]], list[tuple[str, str, datetime, int, int]]]:
-        """The holds the policy gives a new step, and the budget charges it would make (none when held)."""
+    ) -> tuple[
+        list[dict[str, Any]], list[tuple[str, str, datetime, int, int]], list[tuple[str, str, datetime, int, int]]
+    ]:
+        """The holds the policy gives a new step, the budget charges it would make (none when held),
+        and, held by a budget, the charges before the one over its cap (made and given back)."""
         sender = sender_of(request.payload)
         keys = contact_keys(approval, contacts(request.recipients, request.notify))
         known = [k for k in keys if (sender, k) in self.known_recipients]
@@ -492,25 +511,37 @@ class MemoryStore:
             approval, recipients=len(request.recipients), now=when, requested=request.require_approval
         ) + contact_holds(approval, keys, known)
         if holds:
-            return holds, []
+            return holds, [], []
         name = request.actor.name if request.actor else None
         charges = budget_charges(approval, run_id=request.run_id, actor=name, recipients=request.recipients, now=when)
         # Check, then charge: nothing here interleaves (the counters' row locks, in PostgreSQL).
-        for charge in charges:
+        for i, charge in enumerate(charges):
             budget, scope, window, amount, cap = charge
             used = self.send_budgets.get((budget, scope, window), 0)
             if used + amount > cap:
                 over = budget_hold(charge, used)
                 if refuse and approval.over_budget is OverBudget.REFUSE:
                     raise budget_refusal(over)
-                return [over], []
-        return [], charges
+                # gated_op charged the counters before this one, then gave them back.
+                return [over], [], charges[:i]
+        return [], charges, []
+
+    def _touch_budgets(self, keys: Sequence[tuple[str, str, datetime]], at: datetime, *, made_only: bool) -> None:
+        """Counters PostgreSQL writes and leaves at what they held: a charge given back
+        (budget_charge then budget_uncharge: its updated_at moves) or a batch's lock
+        (budget_lock: a row at 0 if there was none, updated_at unchanged otherwise)."""
+        for k in keys:
+            if k not in self.send_budgets:
+                self.send_budgets[k] = 0
+            elif made_only:
+                continue
+            self.budgets_charged[k] = at
 
     async def preview_holds(
         self, request: ValidRequest, approval: ApprovalPolicy, *, now: datetime | None = None
     ) -> list[dict[str, Any]]:
         at = await self._op("preview_holds", now)
-        return self._judge(request, at, approval, refuse=False)[0]
+        return self._judge(request, at, approval, refuse=False)[0]  # reads only
 
     def _holder(self, request: ValidRequest) -> dict[str, Any] | None:
         """step_get_by_key: the row holding the key, else the run and step ids."""
@@ -2262,9 +2293,11 @@ class MemoryStore:
         self, *, cutoff: datetime, limit: int, after: BudgetKey | None, dry_run: bool = False
     ) -> BudgetPrune:
         await self._op("prune_budgets", None)
+        # In code point order; PostgreSQL's follows the database's collation (the tests' is C):
+        # a pass visits and deletes the same counters, its batches may cut them elsewhere.
         keys = sorted(k for k in self.send_budgets if after is None or k > after)[:limit]
         runs = {s["run_id"] for s in self.steps.values()}
-        span = {"key_hourly": timedelta(hours=1), "domain_hourly": timedelta(hours=1), "key_daily": timedelta(days=1)}
+        span = {"key_hourly": timedelta(hours=1), "domain_hourly": timedelta(hours=1), "key_daily": timedelta(hours=24)}
 
         def closed(budget: str, scope: str, window: datetime) -> bool:
             if budget in span:

@@ -182,7 +182,9 @@ class Pruner:
         return replace(total, budgets=await self._budgets(cutoff, dry_run=False, total=total))
 
     async def _budgets(self, cutoff: datetime, *, dry_run: bool, total: PruneCounts | None = None) -> int:
-        """One pass over send_budgets, a batch at a time (each its own statement)."""
+        """One pass over send_budgets, a batch at a time (each its own statement). A dry run
+        counts a run's counter only if the run has no step now: it cannot see which runs this
+        prune would empty."""
         closed = 0
         after: BudgetKey | None = None
         while True:
@@ -192,7 +194,7 @@ class Pruner:
                 self.progress(replace(total, budgets=closed))
             if part.last is None:
                 return closed
-            if not dry_run and self.should_stop():
+            if self.should_stop():  # a dry run's pass is as long: Ctrl-C ends it too
                 self.stopped = True
                 return closed
             after = part.last

@@ -1898,9 +1898,12 @@ SELECT count(*)::int AS refusals FROM enqueue_refusals r WHERE r.created_at < %(
 -- name is kept. A batch reads the next `limit` counters in key order after `after` (one pass
 -- over the table, through its primary key) and deletes those that closed (with `dry`, only
 -- counts them); `last_*` is where the next batch starts, NULL once the pass is done. A
--- counter an enqueue charged since it was read (its updated_at moved) is kept.
+-- counter anything wrote since it was read (its xmin moved: an enqueue that charged it and
+-- committed while this statement waited for its lock) is kept, whatever `now` it charged at:
+-- the check that its run has no step read a snapshot from before that commit. A day is 24
+-- hours, not the session time zone's calendar day (23 or 25 hours when the clocks change).
 WITH scanned AS (
-    SELECT b.budget, b.scope, b.window_start, b.updated_at
+    SELECT b.budget, b.scope, b.window_start, b.updated_at, b.xmin AS version
     FROM send_budgets b
     WHERE (b.budget, b.scope, b.window_start)
           > (%(after_budget)s::text, %(after_scope)s::text, %(after_window)s::timestamptz)
@@ -1909,13 +1912,13 @@ WITH scanned AS (
 ), closed AS (
     SELECT s.* FROM scanned s
     WHERE (s.budget IN ('key_hourly', 'domain_hourly') AND s.window_start + interval '1 hour' <= %(cutoff)s)
-       OR (s.budget = 'key_daily' AND s.window_start + interval '1 day' <= %(cutoff)s)
+       OR (s.budget = 'key_daily' AND s.window_start + interval '24 hours' <= %(cutoff)s)
        OR (s.budget = 'run_recipients' AND s.updated_at < %(cutoff)s
            AND NOT EXISTS (SELECT 1 FROM email_steps x WHERE x.run_id = s.scope))
 ), gone AS (
     DELETE FROM send_budgets b USING closed c
     WHERE NOT %(dry)s AND (b.budget, b.scope, b.window_start) = (c.budget, c.scope, c.window_start)
-      AND b.updated_at = c.updated_at
+      AND b.xmin = c.version
     RETURNING 1
 ), last AS (
     SELECT s.budget, s.scope, s.window_start FROM scanned s

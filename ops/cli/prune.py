@@ -59,11 +59,15 @@ def prune_cmd(
         "budgets": counts.budgets,
     }
     if stopped:
-        # Every batch counted here is committed and in prune_log; the rest is untouched.
+        # Every batch counted here is committed and in prune_log (the refused enqueues and
+        # budget counters deleted too, though not logged there); the rest is untouched.
         raise Aborted(
             f"prune: stopped by an interrupt after {counts.batches} batches ({counts.steps} steps, "
-            f"{counts.evidence} evidence rows, {counts.decisions} decisions deleted)",
-            hint="run the same command again for the rest (the same --older-than finds what is left)",
+            f"{counts.evidence} evidence rows, {counts.decisions} decisions, {counts.refusals} refused enqueues "
+            f"and {counts.budgets} budget counters {'counted' if dry_run else 'deleted'})",
+            hint="a dry run deletes nothing: run it again to count everything"
+            if dry_run
+            else "run the same command again for the rest (the same --older-than finds what is left)",
             context=data,
         )
     verb = "would delete" if dry_run else "deleted"

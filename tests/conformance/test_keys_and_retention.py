@@ -13,6 +13,8 @@ from evq.worker.keys import NewKey, Role, hash_secret, verify_secret
 from evq.worker.notices import NoticeConfig
 from evq.worker.outcomes import Accepted, Rejected
 from evq.worker.ports import StepFilter
+from evq.worker.pruner import Pruner, PrunerConfig
+from evq.worker.states import Status
 from tests.conformance.helpers import claim, kinds, settle
 from tests.support import valid
 
@@ -142,3 +144,46 @@ async def test_prune_deletes_the_budget_counters_whose_window_closed_and_keeps_t
         ("run_recipients", "late", epoch),
         ("run_recipients", "live", epoch),
     ]
+
+
+async def budget_pass(store, cutoff: datetime, *, dry_run: bool = False) -> int:
+    closed, after = 0, None
+    while True:
+        part = await store.prune_budgets(cutoff=cutoff, limit=2, after=after, dry_run=dry_run)
+        closed, after = closed + part.budgets, part.last
+        if after is None:
+            return closed
+
+
+@pytest.mark.parametrize("how", ["held by a budget", "a batch held by a rule"])
+async def test_a_held_send_leaves_the_same_counters_to_prune_in_both_stores(any_store, how):
+    """A counter charged and given back (a later one was over its cap), or locked by a batch
+    and never charged, stays at 0 until its window closes: both stores prune it then."""
+    if how == "held by a budget":
+        policy = ApprovalPolicy(budgets=((Budget.KEY_HOURLY, 100), (Budget.RUN_RECIPIENTS, 1)))
+        made = await any_store.enqueue(valid(run_id="r", cc=["b@example.com"]), now=PAST, approval=policy)
+    else:
+        policy = ApprovalPolicy(budgets=((Budget.KEY_HOURLY, 100), (Budget.RUN_RECIPIENTS, 100)), max_recipients=1)
+        [made] = await any_store.enqueue_many([valid(run_id="r", cc=["b@example.com"])], now=PAST, approval=policy)
+    assert made.status == Status.HELD
+    assert await any_store.budget_usage(now=PAST, limit=100) == []  # a held send charges nothing
+    # The hour is over; the run has its held step, so its counter (if any) stays.
+    assert await budget_pass(any_store, PAST + timedelta(hours=2), dry_run=True) == 1
+    assert await budget_pass(any_store, PAST + timedelta(hours=2)) == 1
+
+
+async def test_the_first_interrupt_ends_a_dry_runs_budget_pass_too(any_store):
+    policy = ApprovalPolicy(budgets=((Budget.DOMAIN_HOURLY, 100),))
+    for i in range(5):
+        await any_store.enqueue(valid(run_id="p", step_id=f"s{i}", to=[f"a@d{i}.example"]), now=PAST, approval=policy)
+    asked: list[int] = []
+
+    def stop() -> bool:  # asked between batches: yes once the budget pass has begun
+        asked.append(1)
+        return len(asked) > 1
+
+    dry = Pruner(
+        any_store, PrunerConfig(older_than=timedelta(days=1), batch=2, dry_run=True), actor="dry-run", should_stop=stop
+    )
+    counts = await dry.run_once()
+    assert dry.stopped and counts.budgets == 4  # two batches of two

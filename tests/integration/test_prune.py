@@ -14,10 +14,12 @@ import pytest
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
+from evq.worker.approval import ApprovalPolicy, Budget
 from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Accepted, Rejected, Unknown
 from evq.worker.pruner import Pruner, PrunerConfig
 from evq.worker.records import PruneCounts
+from evq.worker.states import Status
 from evq.worker.transitions import decide
 from tests.support import rows, valid
 
@@ -348,3 +350,60 @@ async def test_budget_counters_go_a_batch_at_a_time_and_an_interrupt_stops_betwe
     # The same command again finds the rest.
     assert (await pruner(store).run_once()).budgets == 3
     assert count(db_url, "SELECT count(*) AS n FROM send_budgets") == 0
+
+
+async def test_a_day_is_24_hours_whatever_the_databases_time_zone(db_url):
+    """On the day the clocks go forward a calendar day in New York is 23 hours: the UTC day's
+    counter must not go an hour before that day ends."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET timezone = 'America/New_York'")
+    policy = ApprovalPolicy(budgets=((Budget.KEY_DAILY, 1),))
+    store = await PostgresStore.open(db_url, max_size=2)
+    try:
+        first = await store.enqueue(
+            valid(run_id="d", step_id="1"), now=datetime(2026, 3, 8, 12, tzinfo=UTC), approval=policy
+        )
+        part = await store.prune_budgets(cutoff=datetime(2026, 3, 8, 23, 30, tzinfo=UTC), limit=100, after=None)
+        again = await store.enqueue(
+            valid(run_id="d", step_id="2"), now=datetime(2026, 3, 8, 23, 50, tzinfo=UTC), approval=policy
+        )
+    finally:
+        await store.close()
+    assert (first.status, part.budgets, again.status) == (Status.PENDING, 0, Status.HELD)
+
+
+@pytest.mark.parametrize("charged_at", ["the database's clock", "the counter's own old time"])
+async def test_a_counter_an_open_enqueue_charges_is_kept_by_a_prune_waiting_for_it(store, db_url, charged_at):
+    """A run whose old steps are gone, its counter last charged long ago: an enqueue for it
+    charges the counter and holds its lock while the prune's delete waits; when it commits,
+    the run has a step and the counter stays, whatever `now` the enqueue passed."""
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO send_budgets (budget, scope, window_start, used, updated_at) "
+            "VALUES ('run_recipients', 'R', 'epoch', 1, %s)",
+            (old,),
+        )
+    policy = ApprovalPolicy(budgets=((Budget.RUN_RECIPIENTS, 2),))
+    charged, release = asyncio.Event(), asyncio.Event()
+
+    async def enqueue():
+        async with store.transaction("enqueue"):
+            made = await store.enqueue(
+                valid(run_id="R", step_id="new"),
+                now=None if charged_at.startswith("the database") else old,
+                approval=policy,
+            )
+            charged.set()
+            await release.wait()
+        return made
+
+    enqueuing = asyncio.create_task(enqueue())
+    await charged.wait()
+    pruning = asyncio.create_task(store.prune_budgets(cutoff=old + timedelta(days=365), limit=100, after=None))
+    await asyncio.sleep(0.5)
+    assert not pruning.done(), "the delete did not wait for the enqueue's row lock"
+    release.set()
+    made, part = await enqueuing, await pruning
+    assert (made.status, part.budgets) == (Status.PENDING, 0)
+    assert rows(db_url, "SELECT used FROM send_budgets WHERE scope = 'R'") == [{"used": 2}]
