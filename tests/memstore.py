@@ -59,6 +59,7 @@ from evq.worker.approval import (
     PRIORITIES,
     ApprovalPolicy,
     OverBudget,
+    batch_counters,
     budget_charges,
     budget_hold,
     budget_refusal,
@@ -439,20 +440,7 @@ class MemoryStore:
             if not gated(approval, requests):
                 return [self._enqueue(r, at) for r in requests]
             # gated_many_op locks every counter the batch may charge first (budget_lock).
-            counters = sorted(
-                {
-                    (b, s, w)
-                    for r in requests
-                    for b, s, w, _a, _c in budget_charges(
-                        approval,
-                        run_id=r.run_id,
-                        actor=r.actor.name if r.actor else None,
-                        recipients=r.recipients,
-                        now=going_out(at, r.send_at),
-                    )
-                }
-            )
-            self._touch_budgets(counters, at, made_only=True)
+            self._touch_budgets(batch_counters(approval, requests, now=at), at, made_only=True)
             results = []
             for i, r in enumerate(requests):
                 try:

@@ -192,6 +192,27 @@ def budget_charges(
     return sorted(charges)
 
 
+def batch_counters(
+    policy: ApprovalPolicy, requests: Sequence[Any], *, now: datetime
+) -> list[tuple[str, str, datetime]]:
+    """Every counter a batch of requests (ValidRequest) may charge, ``(budget, scope, window_start)``,
+    sorted: a batch takes all their row locks first, in this order (budget_lock), so two batches
+    never wait on each other in a cycle. ``now`` is the batch's clock."""
+    return sorted(
+        {
+            (budget, scope, window)
+            for r in requests
+            for budget, scope, window, _amount, _cap in budget_charges(
+                policy,
+                run_id=r.run_id,
+                actor=r.actor.name if r.actor else None,
+                recipients=r.recipients,
+                now=going_out(now, r.send_at),
+            )
+        }
+    )
+
+
 # -- settings (ops/settings.py reads them with every other option) --------------------------
 
 _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")

@@ -31,6 +31,7 @@ from evq.worker.approval import (
     PRIORITIES,
     ApprovalPolicy,
     OverBudget,
+    batch_counters,
     budget_charges,
     budget_hold,
     budget_refusal,
@@ -296,20 +297,7 @@ def gated_many_op(requests: Sequence[ValidRequest], approval: ApprovalPolicy, no
     if approval.budgets:
         [context] = yield Q["approval_context"], {"now": now, "sender": "", "keys": []}
         at = context["now"]  # the transaction's clock: every request's windows are these
-        counters = sorted(
-            {
-                (budget, scope, window)
-                for r in requests
-                for budget, scope, window, _amount, _cap in budget_charges(
-                    approval,
-                    run_id=r.run_id,
-                    actor=r.actor.name if r.actor else None,
-                    recipients=r.recipients,
-                    now=going_out(at, r.send_at),
-                )
-            }
-        )
-        for budget, scope, window in counters:
+        for budget, scope, window in batch_counters(approval, requests, now=at):
             yield Q["budget_lock"], {"now": at, "budget": budget, "scope": scope, "window_start": window}
     results: list[EnqueueResult] = []
     for i, request in enumerate(requests):
