@@ -171,8 +171,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
         for r in rows(
             db_url,
             "SELECT step_id AS id FROM evidence WHERE kind = 'provider_response' AND outcome = 'unknown' "
-            "AND reason = 'ambiguous_response' AND detail ->> 'phase' = 'final' "
-            "AND coalesce(detail ->> 'phase', 'final') = 'final' "
+            "AND reason = 'ambiguous_response' AND coalesce(detail ->> 'phase', 'final') = 'final' "
             "AND detail ->> 'error_class' IN ('TimeoutError', 'DeadlineExceeded')",
         )
     }
