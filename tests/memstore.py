@@ -57,6 +57,7 @@ from evq.worker import metrics
 from evq.worker import window as windows
 from evq.worker.approval import (
     PRIORITIES,
+    WINDOW_SECONDS,
     ApprovalPolicy,
     OverBudget,
     batch_counters,
@@ -2285,7 +2286,7 @@ class MemoryStore:
         # a pass visits and deletes the same counters, its batches may cut them elsewhere.
         keys = sorted(k for k in self.send_budgets if after is None or k > after)[:limit]
         runs = {s["run_id"] for s in self.steps.values()}
-        span = {"key_hourly": timedelta(hours=1), "domain_hourly": timedelta(hours=1), "key_daily": timedelta(hours=24)}
+        span = {str(b): timedelta(seconds=s) for b, s in WINDOW_SECONDS.items()}
 
         def closed(budget: str, scope: str, window: datetime) -> bool:
             if budget in span:

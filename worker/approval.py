@@ -47,6 +47,16 @@ class Budget(StrEnum):
     DOMAIN_HOURLY = "domain_hourly"  # per recipient domain, per clock hour
 
 
+# How long each windowed budget's window lasts (a run's has one window, for good): `evq prune`
+# deletes a counter once its window ended before the cutoff. Seconds, never a calendar day,
+# which a time zone's clock change makes 23 or 25 hours long.
+WINDOW_SECONDS: dict[Budget, float] = {
+    Budget.KEY_HOURLY: 3600.0,
+    Budget.KEY_DAILY: 86400.0,
+    Budget.DOMAIN_HOURLY: 3600.0,
+}
+
+
 class OverBudget(StrEnum):
     HOLD = "hold"  # a send over a cap waits for a person (an approval is not counted against it)
     REFUSE = "refuse"  # refused at enqueue (E_BUDGET), written as a refused enqueue

@@ -140,7 +140,7 @@ class Pruner:
         if self.config.dry_run:
             counts = await self.store.prune_count(cutoff=cutoff)
             refused = await self.store.prune_refusals(cutoff=cutoff, limit=self.config.batch, dry_run=True)
-            return replace(counts, refusals=refused, budgets=await self._budgets(cutoff, dry_run=True))
+            return replace(counts, refusals=refused, budgets=await self._budgets(cutoff, dry_run=True, total=counts))
         run = uuid.uuid4()
         total = PruneCounts()
         # Whole evidence partitions first: each one's rows go at once, and the batches below
@@ -181,8 +181,9 @@ class Pruner:
         # The blast-radius counters of windows long over: nothing reads them again.
         return replace(total, budgets=await self._budgets(cutoff, dry_run=False, total=total))
 
-    async def _budgets(self, cutoff: datetime, *, dry_run: bool, total: PruneCounts | None = None) -> int:
-        """One pass over send_budgets, a batch at a time (each its own statement). A dry run
+    async def _budgets(self, cutoff: datetime, *, dry_run: bool, total: PruneCounts) -> int:
+        """One pass over send_budgets, a batch at a time (each its own statement), reported as
+        progress on top of ``total`` (not in a dry run, which reports at the end). A dry run
         counts a run's counter only if the run has no step now: it cannot see which runs this
         prune would empty."""
         closed = 0
@@ -190,7 +191,7 @@ class Pruner:
         while True:
             part = await self.store.prune_budgets(cutoff=cutoff, limit=self.config.batch, after=after, dry_run=dry_run)
             closed += part.budgets
-            if part.budgets and total is not None:
+            if part.budgets and not dry_run:  # a dry run reports its count at the end only
                 self.progress(replace(total, budgets=closed))
             if part.last is None:
                 return closed

@@ -1900,8 +1900,8 @@ SELECT count(*)::int AS refusals FROM enqueue_refusals r WHERE r.created_at < %(
 -- counts them); `last_*` is where the next batch starts, NULL once the pass is done. A
 -- counter anything wrote since it was read (its xmin moved: an enqueue that charged it and
 -- committed while this statement waited for its lock) is kept, whatever `now` it charged at:
--- the check that its run has no step read a snapshot from before that commit. A day is 24
--- hours, not the session time zone's calendar day (23 or 25 hours when the clocks change).
+-- the check that its run has no step read a snapshot from before that commit. The windows'
+-- lengths, in seconds, are worker/approval.py's WINDOW_SECONDS (`windowed`, `seconds`).
 WITH scanned AS (
     SELECT b.budget, b.scope, b.window_start, b.updated_at, b.xmin AS version
     FROM send_budgets b
@@ -1911,8 +1911,8 @@ WITH scanned AS (
     LIMIT %(limit)s
 ), closed AS (
     SELECT s.* FROM scanned s
-    WHERE (s.budget IN ('key_hourly', 'domain_hourly') AND s.window_start + interval '1 hour' <= %(cutoff)s)
-       OR (s.budget = 'key_daily' AND s.window_start + interval '24 hours' <= %(cutoff)s)
+    LEFT JOIN unnest(%(windowed)s::text[], %(seconds)s::float8[]) AS w(budget, seconds) ON w.budget = s.budget
+    WHERE s.window_start + make_interval(secs => w.seconds) <= %(cutoff)s
        OR (s.budget = 'run_recipients' AND s.updated_at < %(cutoff)s
            AND NOT EXISTS (SELECT 1 FROM email_steps x WHERE x.run_id = s.scope))
 ), gone AS (

@@ -9,6 +9,7 @@ from psycopg import errors as pgerr
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase
+from evq.worker.approval import WINDOW_SECONDS
 from evq.worker.errors import DatabaseUnavailable
 from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 
@@ -82,6 +83,8 @@ class PostgresPrune(PostgresBase):
                 "after_budget": budget,
                 "after_scope": scope,
                 "after_window": window,
+                "windowed": [str(b) for b in WINDOW_SECONDS],
+                "seconds": list(WINDOW_SECONDS.values()),
             },
         )
         row = rows[0]
