@@ -1,0 +1,1 @@
+../../evq/verify.py
