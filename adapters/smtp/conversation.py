@@ -71,6 +71,56 @@ _TOO_MANY = re.compile(r"(?:^|\s)4\.5\.3(?:\s|$)|too many recipients", re.I)
 _2YZ = range(200, 300)
 
 
+class IncompleteReply(smtplib.SMTPServerDisconnected):
+    """A reply line that never reached its CRLF: the peer stopped mid-line, or evq's watchdog
+    cut the exchange at the send's deadline while it trickled. It is no reply at all (RFC 5321
+    §4.2: a reply line ends with CRLF); ``partial`` is what arrived of it."""
+
+    def __init__(self, partial: bytes):
+        super().__init__("the server's reply ended before its line end (CRLF)")
+        self.partial = partial
+
+
+class _Smtp(smtplib.SMTP):
+    """smtplib's reply reader, except that a line counts only once it ended with CRLF.
+
+    smtplib takes whatever ``readline`` returns: at the end of the stream that is a partial
+    line, so a reply cut at the deadline after "25" or "250 2.0.0 Ok: queued as X" would be
+    read as a whole answer (code 250, or 222 from "2", "2", "2"...), and after the final "."
+    a whole answer decides the outcome. A reply code is three digits here, never what
+    ``int()`` makes of other bytes."""
+
+    def getreply(self) -> tuple[int, bytes]:
+        lines: list[bytes] = []
+        if self.file is None:
+            assert self.sock is not None
+            self.file = self.sock.makefile("rb")
+        while True:
+            try:
+                line = self.file.readline(smtplib._MAXLINE + 1)  # type: ignore[attr-defined]
+            except OSError as exc:
+                self.close()
+                raise smtplib.SMTPServerDisconnected(f"Connection unexpectedly closed: {exc}") from exc
+            if not line:
+                self.close()
+                raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
+            if not line.endswith(b"\r\n"):
+                # The stream ended mid-line (or the line is longer than any reply may be).
+                self.close()
+                raise IncompleteReply(b"".join(lines) + line)
+            lines.append(line)
+            code = line[:3]
+            if not (len(code) == 3 and code.isdigit()):
+                # Unreadable: never a code, and no continuation line is read after it.
+                return -1, b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
+            if line[3:4] != b"-":
+                return int(code), b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
+
+
+class _SmtpSsl(_Smtp, smtplib.SMTP_SSL):
+    """:class:`_Smtp` over implicit TLS."""
+
+
 def queue_id(reply: str) -> str | None:
     """The server's queue id from a 2yz reply to the final ".", if it names one."""
     for line in reply.splitlines():
@@ -229,11 +279,11 @@ class _Conversation:
         timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = smtplib.SMTP_SSL(
+                conn = _SmtpSsl(
                     p.host, p.port, local_hostname=helo or "localhost", timeout=timeout, context=p.ssl_context
                 )
             else:
-                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
+                conn = _Smtp(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             # The server refuses every session, not this message: a provider-level fault.
             raise _Stop(
@@ -595,10 +645,19 @@ class _Conversation:
         detail = self._text(str(exc))
         if self.cut:
             detail = f"cut off at the send's deadline in phase {self.phase} ({_root_class(exc)})"
+        extra: dict[str, Any] = {}
+        if isinstance(exc, IncompleteReply):
+            # What came of the reply before it stopped: no answer, but worth an operator's look.
+            extra["partial_reply"] = _short(self._text(exc.partial))
         if self.phase == "final":
+            reason = (
+                "no whole answer after the final '.' by the send's deadline (evq cut the exchange)"
+                if self.cut
+                else f"no answer after the final '.' ({error_class})"
+            )
             return Unknown(
-                f"no answer after the final '.' ({error_class}); the server may have accepted the message",
-                response=self._evidence(None, detail, error_class=error_class),
+                f"{reason}; the server may have accepted the message",
+                response=self._evidence(None, detail, error_class=error_class, **extra),
             )
         if self.cut:
             reason = f"cut off at {self.phase}: the send's deadline passed; nothing was sent"
@@ -619,7 +678,7 @@ class _Conversation:
         return Retryable(
             self.p.secrets.scrub(reason),
             misconfigured=tls_setup and not self.cut,
-            response=self._evidence(None, detail, error_class=error_class),
+            response=self._evidence(None, detail, error_class=error_class, **extra),
             fault=None if self.cut else _transport_fault(exc, self.phase),
         )
 
