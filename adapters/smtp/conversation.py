@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from evq.adapters.smtp.provider import SmtpProvider
 
 MAX_REPLY = 500
+# What a reply kept as evidence says in place of the journal recipient (never its address).
+JOURNAL_SHOWN = "[journal]"
 
 # Queue ids as the common MTAs phrase them: Postfix "queued as X", Exim "id=X",
 # Sendmail "X Message accepted for delivery", Amazon SES "Ok <id>".
@@ -194,6 +196,11 @@ class _Conversation:
         self.deferred_by: dict[str, Any] | None = None  # the 452 that ended the current transaction's RCPTs
         # The journal recipient's answer (EVQ_SMTP_JOURNAL), once asked: evidence, never the outcome.
         self.journal: dict[str, Any] | None = None
+        # This step's journal recipient, tagged (adapters/smtp/witness.py). The tag would let
+        # its holder forge this step's proof: it, and the journal address, are scrubbed from
+        # every reply kept (_text), and the address is never written in evidence.
+        self.journal_rcpt = provider.journal_address(request.message_id)
+        self._journal_forms = _journal_forms(provider.journal, self.journal_rcpt)
         self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
@@ -556,31 +563,19 @@ class _Conversation:
         return accepted, []
 
     def _journal_rcpt(self) -> None:
-        """RCPT TO the journal address (envelope only: the message's bytes do not change).
+        """RCPT TO this step's tagged journal address (envelope only: the message's bytes do not
+        change; a subaddress no real recipient can be, so it always has a RCPT of its own).
 
         Asked after the real recipients, once they were accepted, so it never makes a send
         that refuses all of them look accepted; its refusal is recorded, never the outcome."""
-        address = self.p.journal
+        address = self.journal_rcpt
         if address is None or self.journal is not None:
-            return
-        if address.lower() in (r.lower() for r in self.envelope.recipients):
-            # Also a real recipient: its own RCPT answered for it. A refusal is no copy.
-            refusal = next((r for a, r in self.refused.items() if a.lower() == address.lower()), None)
-            if refusal is not None:
-                self.journal = {
-                    "address": address,
-                    "accepted": False,
-                    "code": refusal["code"],
-                    "reply": refusal["reply"],
-                }
-            else:
-                self.journal = {"address": address, "accepted": True, "code": None, "reply": "is a recipient"}
             return
         conn = self.conn
         assert conn is not None
         self._arm()
         code, raw = conn.rcpt(address)
-        self.journal = {"address": address, "accepted": 200 <= code < 300, "code": code, "reply": self._text(raw)[:200]}
+        self.journal = {"accepted": 200 <= code < 300, "code": code, "reply": self._text(raw)[:200]}
 
     def _expect(self, answer: tuple[int, bytes | str], ok: Container[int]) -> None:
         code, raw = answer
@@ -700,7 +695,10 @@ class _Conversation:
 
     def _text(self, raw: bytes | str) -> str:
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        return self.p.secrets.scrub(text)
+        text = self.p.secrets.scrub(text)
+        for form in self._journal_forms:
+            text = form.sub(JOURNAL_SHOWN, text)
+        return text
 
     def _hang_up(self, *, polite: bool) -> None:
         conn = self.conn
@@ -713,6 +711,15 @@ class _Conversation:
             _quietly(conn.quit)
         with self._lock:
             _quietly(conn.close)
+
+
+def _journal_forms(journal: str | None, tagged: str | None) -> list[re.Pattern[str]]:
+    """What a server may echo of the journal recipient (the tagged address, the tag alone,
+    the journal address), longest first, matched whatever the case."""
+    if journal is None or tagged is None:
+        return []
+    tag = tagged.rsplit("@", 1)[0].rsplit("+", 1)[1]
+    return [re.compile(re.escape(form), re.I) for form in (tagged, journal, tag)]
 
 
 def _helo_refused(code: int, reply: str, helo: str) -> bool:
