@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from evq.adapters.postgres.store import PostgresStore
     from evq.adapters.smtp.journal import ImapJournal
+    from evq.adapters.smtp.witness import WitnessTags
     from evq.ops.app.metrics import MetricsServer
     from evq.ops.web.state import AppState
     from evq.worker.ports import Provider, ProviderProfile
@@ -126,7 +127,15 @@ def provider_profiles(
     return settings.provider_profiles(webhooks_configured)
 
 
-def build_providers(settings: Settings) -> dict[str, Provider]:
+def needs_pepper(settings: Settings) -> bool:
+    """Whether the providers need the server's pepper: the SMTP journal's witness tags
+    (adapters/smtp/witness.py) are derived from it, for the sends and for the lookups."""
+    return settings.smtp_journal is not None or settings.journal_imap_url is not None
+
+
+def build_providers(settings: Settings, *, pepper: bytes | None = None) -> dict[str, Provider]:
+    """The providers EVQ_ADAPTER names; ``pepper``: the server's (PostgresKeys.server_pepper),
+    required when :func:`needs_pepper`."""
     providers: dict[str, Provider] = {}
     profiles = provider_profiles(settings)
     for name in settings.adapter:
@@ -134,6 +143,7 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
             from evq.adapters.smtp import SmtpProvider, tls_context
 
             smtp = settings.smtp_config()
+            tags = witness_tags(settings, pepper)
             providers[name] = SmtpProvider(
                 host=smtp.host,
                 port=smtp.port,
@@ -147,7 +157,8 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
                 ssl_context=tls_context(smtp.ca_file, smtp.client_cert, smtp.client_key),
                 allow_plain_auth=smtp.allow_plain_auth,
                 journal=smtp.journal,
-                witness=build_journal(settings),
+                witness_tags=tags,
+                witness=build_journal(settings, pepper=pepper),
                 relay=smtp.relay,
                 profile=profiles[name],
             )
@@ -194,17 +205,30 @@ def build_providers(settings: Settings) -> dict[str, Provider]:
     return providers
 
 
-def build_journal(settings: Settings) -> ImapJournal | None:
+def witness_tags(settings: Settings, pepper: bytes | None) -> WitnessTags | None:
+    """The SMTP journal's witness tags (adapters/smtp/witness.py), when a journal is configured."""
+    if not needs_pepper(settings):
+        return None
+    if pepper is None:
+        raise ValueError("the SMTP journal needs the server's pepper: build_providers(settings, pepper=...)")
+    from evq.adapters.smtp.witness import WitnessTags
+
+    return WitnessTags(pepper)
+
+
+def build_journal(settings: Settings, *, pepper: bytes | None = None) -> ImapJournal | None:
     """The SMTP adapter's witness (adapters/smtp/journal.py) when EVQ_JOURNAL_IMAP_URL is set, else None."""
     journal = settings.journal_config()
     if journal.url is None:
         return None
     from evq.adapters.smtp.journal import ImapJournal, imap_tls_context
 
-    assert journal.password  # JournalConfig.validate insists
+    tags = witness_tags(settings, pepper)
+    assert journal.password and tags  # JournalConfig.validate insists; a URL needs the pepper
     return ImapJournal(
         journal.where(),
         password=journal.password,
+        tags=tags,
         timeout=journal.timeout,
         ssl_context=imap_tls_context(journal.ca_file),
     )
@@ -371,7 +395,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
 
     url = url or database_url(settings)
     settings = await wait_for_database(settings, url)
-    providers = build_providers(settings)
+    providers: dict[str, Provider] = {}  # built once the store is open (the journal needs the pepper)
     wakeup = None
     if settings.pooler == "transaction":
         log.warning(
@@ -392,6 +416,8 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
     try:
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url, patient=True) as store:
+                pepper = await store.server_pepper() if needs_pepper(settings) else None
+                providers.update(build_providers(settings, pepper=pepper))
                 callbacks = CallbackSender(store, poster, CallbackConfig(timeout=http.callback_timeout))
                 owner = new_owner()
                 # The queue's figures once a minute for the overview's charts (worker/sampler.py).

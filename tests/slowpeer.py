@@ -6,8 +6,10 @@ Each connection takes the next mode from ``modes`` (then ``default``):
 
 * ``normal``: answers everything at once; 250 after the final ".".
 * ``hold-data``: on DATA, sets ``at_data`` and answers 354 only after ``release()``.
-* ``trickle-data``: answers DATA a byte at a time, forever (before the final ".").
-* ``trickle-final``: takes the message, then answers it a byte at a time, forever.
+* ``trickle-data``: answers DATA a byte at a time (``trickle``), forever (before the final ".").
+* ``trickle-final``: takes the message, then answers it a byte at a time: ``trickle``
+  (default: continuation lines, forever, as ``repeat``), then, unless repeated, goes on
+  talking (a whole reply: the session continues; one without its CRLF: the client's wait).
 
 ``messages`` holds every message whose final "." arrived (what the server would
 deliver); ``unfinished`` counts conversations that sent body text but no final ".".
@@ -75,8 +77,18 @@ class LoopbackPeer:
 
 
 class SlowSmtp(LoopbackPeer):
-    def __init__(self, modes: Iterable[str] = (), *, default: str = "normal", interval: float = 0.2):
+    def __init__(
+        self,
+        modes: Iterable[str] = (),
+        *,
+        default: str = "normal",
+        interval: float = 0.2,
+        trickle: bytes = b"250-still working\r\n",
+        repeat: bool = True,
+    ):
         super().__init__()
+        self.trickle, self.repeat = trickle, repeat
+        self.trickled = threading.Event()  # a trickle that is not repeated was all sent
         self.modes = list(modes)
         self.default = default
         self.interval = interval
@@ -113,14 +125,19 @@ class SlowSmtp(LoopbackPeer):
         except OSError:
             pass
 
-    def _trickle(self, conn: socket.socket) -> None:
-        # Continuation lines, one byte at a time, until the client goes or the test ends:
-        # every read the client makes gets a byte well within any per-read timeout.
+    def _trickle(self, conn: socket.socket, text: bytes = b"250-still working\r\n", *, repeat: bool = True) -> bool:
+        """``text`` one byte at a time, again and again while ``repeat``, until the client goes
+        or the test ends: every read the client makes gets a byte well within any per-read
+        timeout. True: all of it was sent once and the session goes on."""
         while not self._stopping.wait(self.interval):
-            for byte in b"250-still working\r\n":
+            for byte in text:
                 conn.sendall(bytes([byte]))
                 if self._stopping.wait(self.interval):
-                    return
+                    return False
+            if not repeat:
+                self.trickled.set()
+                return True
+        return False
 
     def _talk(self, conn: socket.socket, lines: Any, mode: str) -> None:
         conn.sendall(b"220 slowpeer.evq.test ESMTP\r\n")
@@ -138,7 +155,7 @@ class SlowSmtp(LoopbackPeer):
                 return
             elif verb == b"DATA":
                 if mode == "trickle-data":
-                    self._trickle(conn)
+                    self._trickle(conn, self.trickle)
                     return
                 if mode == "hold-data":
                     self.at_data.set()
@@ -162,7 +179,8 @@ class SlowSmtp(LoopbackPeer):
                         {"data": bytes(body), "message_id": match.group(1).decode() if match else None}
                     )
                 if mode == "trickle-final":
-                    self._trickle(conn)
+                    if self._trickle(conn, self.trickle, repeat=self.repeat):
+                        continue
                     return
                 conn.sendall(f"250 2.0.0 Ok: queued as Q{len(self.messages)}\r\n".encode())
             else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from evq.adapters.smtp.witness import MAX_JOURNAL_LOCAL, TAG_HEX
 from evq.worker.delivery import DeliveryType
 from evq.worker.options import Option, bad, boolean
 from evq.worker.ports.providers import ProviderProfile
@@ -85,8 +86,10 @@ OPTIONS: tuple[Option, ...] = (
         "smtp_journal",
         str,
         None,
-        "Journal address: every SMTP send also goes to it as one more envelope recipient (RCPT TO only, never a "
-        "header; recipients cannot see it), so EVQ_JOURNAL_IMAP_URL can find the copy of a send whose answer was lost.",
+        "Journal address: every SMTP send also goes to a subaddress of it (journal+<tag>@domain, the tag secret "
+        "to each step) as one more envelope recipient (RCPT TO only, never a header; recipients cannot see it), so "
+        "EVQ_JOURNAL_IMAP_URL can find the copy of a send whose answer was lost. Its mailbox must accept "
+        "+subaddresses and record the envelope recipient (Delivered-To or X-Original-To).",
     ),
     Option(
         "smtp_relay",
@@ -154,6 +157,14 @@ class SmtpConfig:
             raise bad(
                 _OPTION["smtp_journal"],
                 f"must be a plain ASCII address such as journal@example.org, got {self.journal!r}",
+            )
+        if self.journal is not None and len(self.journal.rsplit("@", 1)[0]) > MAX_JOURNAL_LOCAL:
+            # Each step's copy goes to local+<tag>@domain (adapters/smtp/witness.py), within
+            # RFC 5321's 64 characters for a local part.
+            raise bad(
+                _OPTION["smtp_journal"],
+                f"needs a local part of at most {MAX_JOURNAL_LOCAL} characters: each send's copy goes to "
+                f"its subaddress local+<{TAG_HEX}-character tag>@domain",
             )
         if self.journal is not None and self.relay != "none":
             # Through a relay the journal address is one more recipient of the relay's transaction,

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from evq.adapters.smtp.provider import SmtpProvider
 
 MAX_REPLY = 500
+# What a reply kept as evidence says in place of the journal recipient (never its address).
+JOURNAL_SHOWN = "[journal]"
 
 # Queue ids as the common MTAs phrase them: Postfix "queued as X", Exim "id=X",
 # Sendmail "X Message accepted for delivery", Amazon SES "Ok <id>".
@@ -69,6 +71,56 @@ _HELO_REFUSED = re.compile(r"\b(?:helo|ehlo)\b[^\n]{0,40}\b(?:rejected|refused|d
 # "452 4.5.3 Error: too many recipients"); the rest go in a further transaction.
 _TOO_MANY = re.compile(r"(?:^|\s)4\.5\.3(?:\s|$)|too many recipients", re.I)
 _2YZ = range(200, 300)
+
+
+class IncompleteReply(smtplib.SMTPServerDisconnected):
+    """A reply line that never reached its CRLF: the peer stopped mid-line, or evq's watchdog
+    cut the exchange at the send's deadline while it trickled. It is no reply at all (RFC 5321
+    §4.2: a reply line ends with CRLF); ``partial`` is what arrived of it."""
+
+    def __init__(self, partial: bytes):
+        super().__init__("the server's reply ended before its line end (CRLF)")
+        self.partial = partial
+
+
+class _Smtp(smtplib.SMTP):
+    """smtplib's reply reader, except that a line counts only once it ended with CRLF.
+
+    smtplib takes whatever ``readline`` returns: at the end of the stream that is a partial
+    line, so a reply cut at the deadline after "25" or "250 2.0.0 Ok: queued as X" would be
+    read as a whole answer (code 250, or 222 from "2", "2", "2"...), and after the final "."
+    a whole answer decides the outcome. A reply code is three digits here, never what
+    ``int()`` makes of other bytes."""
+
+    def getreply(self) -> tuple[int, bytes]:
+        lines: list[bytes] = []
+        if self.file is None:
+            assert self.sock is not None
+            self.file = self.sock.makefile("rb")
+        while True:
+            try:
+                line = self.file.readline(smtplib._MAXLINE + 1)  # type: ignore[attr-defined]
+            except OSError as exc:
+                self.close()
+                raise smtplib.SMTPServerDisconnected(f"Connection unexpectedly closed: {exc}") from exc
+            if not line:
+                self.close()
+                raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
+            if not line.endswith(b"\r\n"):
+                # The stream ended mid-line (or the line is longer than any reply may be).
+                self.close()
+                raise IncompleteReply(b"".join(lines) + line)
+            lines.append(line)
+            code = line[:3]
+            if not (len(code) == 3 and code.isdigit()):
+                # Unreadable: never a code, and no continuation line is read after it.
+                return -1, b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
+            if line[3:4] != b"-":
+                return int(code), b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
+
+
+class _SmtpSsl(_Smtp, smtplib.SMTP_SSL):
+    """:class:`_Smtp` over implicit TLS."""
 
 
 def queue_id(reply: str) -> str | None:
@@ -144,6 +196,11 @@ class _Conversation:
         self.deferred_by: dict[str, Any] | None = None  # the 452 that ended the current transaction's RCPTs
         # The journal recipient's answer (EVQ_SMTP_JOURNAL), once asked: evidence, never the outcome.
         self.journal: dict[str, Any] | None = None
+        # This step's journal recipient, tagged (adapters/smtp/witness.py). The tag would let
+        # its holder forge this step's proof: it, and the journal address, are scrubbed from
+        # every reply kept (_text), and the address is never written in evidence.
+        self.journal_rcpt = provider.journal_address(request.message_id)
+        self._journal_forms = _journal_forms(provider.journal, self.journal_rcpt)
         self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
@@ -229,11 +286,11 @@ class _Conversation:
         timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = smtplib.SMTP_SSL(
+                conn = _SmtpSsl(
                     p.host, p.port, local_hostname=helo or "localhost", timeout=timeout, context=p.ssl_context
                 )
             else:
-                conn = smtplib.SMTP(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
+                conn = _Smtp(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             # The server refuses every session, not this message: a provider-level fault.
             raise _Stop(
@@ -506,31 +563,19 @@ class _Conversation:
         return accepted, []
 
     def _journal_rcpt(self) -> None:
-        """RCPT TO the journal address (envelope only: the message's bytes do not change).
+        """RCPT TO this step's tagged journal address (envelope only: the message's bytes do not
+        change; a subaddress no real recipient can be, so it always has a RCPT of its own).
 
         Asked after the real recipients, once they were accepted, so it never makes a send
         that refuses all of them look accepted; its refusal is recorded, never the outcome."""
-        address = self.p.journal
+        address = self.journal_rcpt
         if address is None or self.journal is not None:
-            return
-        if address.lower() in (r.lower() for r in self.envelope.recipients):
-            # Also a real recipient: its own RCPT answered for it. A refusal is no copy.
-            refusal = next((r for a, r in self.refused.items() if a.lower() == address.lower()), None)
-            if refusal is not None:
-                self.journal = {
-                    "address": address,
-                    "accepted": False,
-                    "code": refusal["code"],
-                    "reply": refusal["reply"],
-                }
-            else:
-                self.journal = {"address": address, "accepted": True, "code": None, "reply": "is a recipient"}
             return
         conn = self.conn
         assert conn is not None
         self._arm()
         code, raw = conn.rcpt(address)
-        self.journal = {"address": address, "accepted": 200 <= code < 300, "code": code, "reply": self._text(raw)[:200]}
+        self.journal = {"accepted": 200 <= code < 300, "code": code, "reply": self._text(raw)[:200]}
 
     def _expect(self, answer: tuple[int, bytes | str], ok: Container[int]) -> None:
         code, raw = answer
@@ -595,10 +640,19 @@ class _Conversation:
         detail = self._text(str(exc))
         if self.cut:
             detail = f"cut off at the send's deadline in phase {self.phase} ({_root_class(exc)})"
+        extra: dict[str, Any] = {}
+        if isinstance(exc, IncompleteReply):
+            # What came of the reply before it stopped: no answer, but worth an operator's look.
+            extra["partial_reply"] = _short(self._text(exc.partial))
         if self.phase == "final":
+            reason = (
+                "no whole answer after the final '.' by the send's deadline (evq cut the exchange)"
+                if self.cut
+                else f"no answer after the final '.' ({error_class})"
+            )
             return Unknown(
-                f"no answer after the final '.' ({error_class}); the server may have accepted the message",
-                response=self._evidence(None, detail, error_class=error_class),
+                f"{reason}; the server may have accepted the message",
+                response=self._evidence(None, detail, error_class=error_class, **extra),
             )
         if self.cut:
             reason = f"cut off at {self.phase}: the send's deadline passed; nothing was sent"
@@ -619,7 +673,7 @@ class _Conversation:
         return Retryable(
             self.p.secrets.scrub(reason),
             misconfigured=tls_setup and not self.cut,
-            response=self._evidence(None, detail, error_class=error_class),
+            response=self._evidence(None, detail, error_class=error_class, **extra),
             fault=None if self.cut else _transport_fault(exc, self.phase),
         )
 
@@ -641,7 +695,10 @@ class _Conversation:
 
     def _text(self, raw: bytes | str) -> str:
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        return self.p.secrets.scrub(text)
+        text = self.p.secrets.scrub(text)
+        for form in self._journal_forms:
+            text = form.sub(JOURNAL_SHOWN, text)
+        return text
 
     def _hang_up(self, *, polite: bool) -> None:
         conn = self.conn
@@ -654,6 +711,15 @@ class _Conversation:
             _quietly(conn.quit)
         with self._lock:
             _quietly(conn.close)
+
+
+def _journal_forms(journal: str | None, tagged: str | None) -> list[re.Pattern[str]]:
+    """What a server may echo of the journal recipient (the tagged address, the tag alone,
+    the journal address), longest first, matched whatever the case."""
+    if journal is None or tagged is None:
+        return []
+    tag = tagged.rsplit("@", 1)[0].rsplit("+", 1)[1]
+    return [re.compile(re.escape(form), re.I) for form in (tagged, journal, tag)]
 
 
 def _helo_refused(code: int, reply: str, helo: str) -> bool:

@@ -4,12 +4,16 @@ Plain SMTP can answer nothing about a send whose reply was lost after the final 
 With EVQ_SMTP_JOURNAL set, every send also goes to a journal address (one more RCPT,
 in the same transaction as the real recipients), and the copy lands in a mailbox evq
 can read. :class:`ImapJournal` is the lookup (worker/ports/providers.py, ``Lookup``)
-that searches that mailbox: a copy with the step's Message-ID proves the relay took
-the message (the journal recipient was in the transaction whose "." it answered), so
-the reconciler closes the row ``accepted``. No copy is no proof of anything (the relay
-may not have delivered it yet, or the journal recipient was refused): ``found=False``,
-and the row stays ``unknown``. A lookup that cannot ask (no connection, TLS or login
-refused, a protocol error, the time up) raises :class:`LookupFailed`: nothing is assumed.
+that searches that mailbox by the step's Message-ID. A copy proves the relay took the
+message (the journal recipient was in the transaction whose "." it answered) only if it
+was delivered to the step's tagged journal address, as its delivery agent's trace says
+(adapters/smtp/witness.py): anyone can mail the journal a message with that Message-ID.
+Such a copy closes the row ``accepted``. No copy, or only copies without the tag, is no
+proof of anything (the relay may not have delivered it yet, or the journal recipient was
+refused; a copy without the tag is counted in the evidence, for an operator to look at):
+``found=False``, and the row stays ``unknown``. A lookup that cannot ask (no connection,
+TLS or login refused, a protocol error, the time up) raises :class:`LookupFailed`:
+nothing is assumed.
 
 One connection per lookup, in a thread (imaplib blocks), bounded by ``timeout`` for
 the whole exchange: a watchdog shuts the socket down when it passes, since a server
@@ -34,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from evq.adapters.smtp.config import JournalImap
+from evq.adapters.smtp.witness import WitnessTags
 from evq.worker.logs import register_secrets
 from evq.worker.ports import LookupFailed, LookupResult
 from evq.worker.scrub import scrub_text
@@ -43,6 +48,10 @@ _MESSAGE_ID = re.compile(r"^<[!-;=?-~]+@[!-;=?-~]+>$")
 # Hits whose header is read and compared; more than this many copies of one Message-ID
 # in a journal is itself worth an operator's look (the count is in the evidence).
 MAX_HITS = 20
+# How much of a hit's header is read for its delivery trace: the delivery agent's lines and
+# the receiving MTA's Received: line come first, in a few hundred bytes. A copy whose first
+# Received: line is not within this is no proof.
+TRACE_BYTES = 8192
 _FETCHED_UID = re.compile(rb"\bUID (\d+)")
 _INTERNALDATE = re.compile(rb'INTERNALDATE "([^"]+)"')
 
@@ -68,6 +77,7 @@ class ImapJournal:
         where: JournalImap,
         *,
         password: str,
+        tags: WitnessTags,
         timeout: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
     ):
@@ -77,6 +87,7 @@ class ImapJournal:
             raise ValueError("timeout must be positive")
         self.where = where
         self._password = password
+        self._tags = tags
         register_secrets([password])
         self.timeout = timeout
         self.ssl_context = ssl_context or imap_tls_context()
@@ -235,12 +246,17 @@ class _Session:
         uids = [u for u in (data[0] or b"").split() if u.isdigit()] if data else []
         self.step = "fetch"
         copies: list[dict[str, Any]] = []
+        untagged = 0
         for uid in uids[:MAX_HITS]:
             copy = self._copy(imap, uid)
-            if copy is not None:
+            if copy is None:
+                continue
+            if self._tagged(imap, uid):
                 copies.append(copy)
+            else:
+                untagged += 1
         self.step = "logout"
-        base = {
+        base: dict[str, Any] = {
             "witness": "imap_journal",
             "host": w.host,
             "mailbox": w.mailbox,
@@ -248,6 +264,14 @@ class _Session:
             "message_id": self.message_id,
             "messages": exists,
         }
+        if untagged:
+            base["untagged_copies"] = untagged
+            base["note"] = (
+                f"{untagged} cop{'y' if untagged == 1 else 'ies'} with this Message-ID "
+                f"{'lacks' if untagged == 1 else 'lack'} the witness tag the "
+                "delivery to this step's journal recipient writes (Delivered-To/X-Original-To above the first "
+                "Received:): anyone can mail the journal such a copy, so it proves nothing"
+            )
         if not copies:
             # Hits whose Message-ID is not exactly ours (a search matches substrings) do not count.
             return LookupResult(found=False, raw={**base, "search_hits": len(uids)})
@@ -257,6 +281,14 @@ class _Session:
             provider_message_id=None,
             raw={**base, "uid": first["uid"], "internaldate": first["internaldate"], "copies": len(copies)},
         )
+
+    def _tagged(self, imap: imaplib.IMAP4, uid: bytes) -> bool:
+        """Whether the hit was delivered to this step's tagged journal address (adapters/smtp/witness.py)."""
+        typ, data = imap.uid("FETCH", uid.decode(), f"(BODY.PEEK[HEADER]<0.{TRACE_BYTES}>)")
+        if typ != "OK":
+            raise LookupFailed(f"the journal's fetch failed: {self.j._scrub(_text(data))}")
+        header = b"".join(part[1] for part in data if isinstance(part, tuple) and len(part) >= 2)
+        return self.j._tags.delivered_with_tag(header, self.message_id)
 
     def _copy(self, imap: imaplib.IMAP4, uid: bytes) -> dict[str, Any] | None:
         """The hit's UID and arrival time if its Message-ID header is exactly ours."""

@@ -5,9 +5,10 @@ attempt in a thread of its own (adapters/smtp/conversation.py, whose docstring s
 why), bounded by the request's deadline; the outcome is logged here, on the loop.
 
 SMTP itself can answer nothing about a send whose reply was lost. With a journal
-(``journal``: an extra envelope recipient, EVQ_SMTP_JOURNAL) and a witness that can
-search the mailbox it lands in (``witness``: adapters/smtp/journal.py, over IMAP), the
-provider has a ``lookup`` by Message-ID and the reconciler settles its unknown rows.
+(``journal``: an extra envelope recipient, EVQ_SMTP_JOURNAL, tagged per step by
+``witness_tags``: adapters/smtp/witness.py) and a witness that can search the mailbox it
+lands in (``witness``: adapters/smtp/journal.py, over IMAP), the provider has a ``lookup``
+by Message-ID and the reconciler settles its unknown rows.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from evq.adapters.smtp.config import RELAYS, SmtpConfig
 from evq.adapters.smtp.config import profile as smtp_profile
 from evq.adapters.smtp.conversation import _Conversation, _Secrets
 from evq.adapters.smtp.message import BuildError, build_message
+from evq.adapters.smtp.witness import WitnessTags
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Outcome, Rejected, Retryable, Unknown, log_fields
@@ -58,6 +60,7 @@ class SmtpProvider:
         ssl_context: ssl.SSLContext | None = None,
         allow_plain_auth: bool = False,
         journal: str | None = None,
+        witness_tags: WitnessTags | None = None,
         witness: Lookup | None = None,
         relay: str = "none",
         profile: ProviderProfile | None = None,
@@ -68,6 +71,8 @@ class SmtpProvider:
             raise ValueError("an SMTP username needs a password")
         if timeout <= 0 or max_workers < 1:
             raise ValueError("timeout must be positive and max_workers at least 1")
+        if journal is not None and witness_tags is None:
+            raise ValueError("a journal address needs the installation's witness tags (adapters/smtp/witness.py)")
         if relay not in RELAYS:
             raise ValueError(f"relay must be one of {', '.join(RELAYS)}, got {relay!r}")
         # The relay whose metadata header each message carries (adapters/smtp/message.py).
@@ -83,8 +88,10 @@ class SmtpProvider:
         self.helo_name = helo_name
         self.allow_plain_auth = allow_plain_auth
         self.policy = policy
-        # The journal address (RCPT only) and the lookup that searches where its copies land.
+        # The journal address (RCPT only, each step's tagged) and the lookup that searches where
+        # its copies land.
         self.journal = journal
+        self._witness_tags = witness_tags
         self.witness = witness
         if witness is not None:
             # An instance attribute, not a method: the worker gives the reconciler the
@@ -101,6 +108,12 @@ class SmtpProvider:
         self._threads: set[threading.Thread] = set()
         self._track = threading.Lock()
         self._closed = False
+
+    def journal_address(self, message_id: str) -> str | None:
+        """The journal recipient of the step with this Message-ID (None: no journal)."""
+        if self.journal is None or self._witness_tags is None:
+            return None
+        return self._witness_tags.address(self.journal, message_id)
 
     async def _lookup(self, idempotency_key: str, message_id: str) -> LookupResult:
         """The reconciler's question, asked of the witness (it raises LookupFailed when it cannot answer)."""

@@ -17,6 +17,7 @@ import pytest
 
 from evq.adapters.smtp.config import JournalImap
 from evq.adapters.smtp.journal import ImapJournal, imap_tls_context
+from evq.adapters.smtp.witness import WitnessTags
 from evq.worker.ports import LookupFailed
 from tests.realservers.certs import make_private_ca
 
@@ -50,7 +51,13 @@ def trickler(request, tmp_path: Path) -> Iterator[ImapJournal]:
     threading.Thread(target=serve, daemon=True).start()
     where = JournalImap(tls, "127.0.0.1", listener.getsockname()[1], "evq", "INBOX")
     try:
-        yield ImapJournal(where, password="pw-secret-1", timeout=0.6, ssl_context=imap_tls_context(ca.ca_file))
+        yield ImapJournal(
+            where,
+            password="pw-secret-1",
+            tags=WitnessTags(b"p" * 32),
+            timeout=0.6,
+            ssl_context=imap_tls_context(ca.ca_file),
+        )
     finally:
         stop.set()
         listener.close()

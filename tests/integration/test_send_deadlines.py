@@ -10,8 +10,10 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
+
 from evq.adapters.smtp import SmtpProvider
-from evq.worker.outcomes import Accepted, Retryable, Unknown
+from evq.worker.outcomes import Accepted, Outcome, Retryable, Unknown
 from tests.integration.test_smtp_adapter import make_request
 from tests.slowpeer import SlowSmtp
 
@@ -67,6 +69,83 @@ def test_a_trickled_final_reply_is_cut_at_the_deadline_as_unknown_and_the_next_s
     # The only slot was given back: the next send connects and is delivered.
     assert isinstance(second, Accepted)
     assert server.by_message_id() == {"<evq.slow@example.org>": 1, "<evq.next@example.org>": 1}
+
+
+# A reply after the final "." trickled and never finished (no CRLF): smtplib read what had come
+# when the watchdog shut the socket as a whole reply ("2", "2", "2"... was code 222, accepted).
+UNFINISHED_FINAL_REPLIES = {
+    "2 repeated": (b"2", True),
+    "250 queued, no line end": (b"250 2.0.0 Ok: queued as X", False),
+    "5 repeated": (b"5", True),
+    "554 refused, no line end": (b"554 5.7.1 refused", False),
+}
+
+
+def send_through(server: SlowSmtp, request) -> Outcome:
+    async def run():
+        provider = SmtpProvider(host=server.host, port=server.port, timeout=READ_TIMEOUT, max_workers=1)
+        try:
+            return await provider.send(request)
+        finally:
+            await provider.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("trickle, repeat", UNFINISHED_FINAL_REPLIES.values(), ids=UNFINISHED_FINAL_REPLIES)
+def test_a_final_reply_cut_mid_line_at_the_deadline_is_no_reply(trickle: bytes, repeat: bool) -> None:
+    with SlowSmtp(["trickle-final"], interval=0.1, trickle=trickle, repeat=repeat) as server:
+        outcome = send_through(server, limited(make_request(), deadline=1.5, send_by=1.0))
+        assert wait_for(lambda: not smtp_threads())
+        assert len(server.messages) == 1  # the server took the message: it may deliver it
+    assert isinstance(outcome, Unknown), outcome
+    r = outcome.response
+    assert (r["phase"], r["code"], r["error_class"]) == ("final", None, "DeadlineExceeded")
+    assert "evq cut the exchange" in outcome.reason and "IncompleteReply" in r["reply"]
+    # What had come of the reply is kept, and only what came.
+    assert r["partial_reply"] and trickle.decode().startswith(r["partial_reply"][:1])
+    assert set(r["partial_reply"]) <= set(trickle.decode())
+
+
+def test_a_final_reply_trickled_whole_before_the_deadline_is_the_answer() -> None:
+    with SlowSmtp(["trickle-final"], interval=0.02, trickle=b"250 2.0.0 Ok: queued as X\r\n", repeat=False) as s:
+        outcome = send_through(s, limited(make_request(), deadline=20, send_by=15))
+        assert s.trickled.is_set()
+    assert isinstance(outcome, Accepted), outcome
+    assert outcome.provider_message_id == "X" and outcome.response["code"] == 250
+
+
+def test_a_final_reply_the_server_ends_mid_line_is_no_reply() -> None:
+    """Not the deadline: the server closes the connection after "250 2.0.0 Ok" without its CRLF."""
+    with SlowSmtp(["trickle-final"], interval=0.02, trickle=b"250 2.0.0 Ok", repeat=False) as server:
+
+        async def run():
+            provider = SmtpProvider(host=server.host, port=server.port, timeout=READ_TIMEOUT)
+            try:
+                pending = asyncio.create_task(provider.send(limited(make_request(), deadline=30, send_by=20)))
+                assert await asyncio.to_thread(server.trickled.wait, 20)
+                server.stop()  # closes the connection, the reply's line still open
+                return await pending
+            finally:
+                await provider.close()
+
+        outcome = asyncio.run(run())
+    assert isinstance(outcome, Unknown), outcome
+    r = outcome.response
+    assert (r["phase"], r["code"], r["error_class"]) == ("final", None, "IncompleteReply")
+    assert r["partial_reply"] == "250 2.0.0 Ok"
+
+
+def test_a_data_reply_cut_mid_line_at_the_deadline_is_retryable_and_nothing_is_sent() -> None:
+    """Before the final ".": "3", "3", "3"... never finished is no reply (smtplib read code 333)."""
+    with SlowSmtp(["trickle-data"], interval=0.1, trickle=b"3") as server:
+        outcome = send_through(server, limited(make_request(), deadline=1.5, send_by=1.0))
+        assert wait_for(lambda: not smtp_threads())
+    assert isinstance(outcome, Retryable), outcome
+    r = outcome.response
+    assert (r["phase"], r["code"], r["error_class"]) == ("data", None, "DeadlineExceeded")
+    assert "nothing was sent" in outcome.reason and r["partial_reply"].startswith("333")
+    assert server.messages == [] and server.unfinished == 0
 
 
 def test_a_trickled_reply_before_the_final_dot_is_cut_as_retryable_and_nothing_is_sent() -> None:

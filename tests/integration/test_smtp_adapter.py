@@ -12,6 +12,7 @@ import asyncio
 import base64
 import datetime as dt
 import ipaddress
+import json
 import re
 import signal
 import ssl
@@ -32,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from evq.adapters.smtp import SmtpProvider
+from evq.adapters.smtp.witness import WitnessTags
 from evq.ops.dev.smtp import DevSmtpServer, Fault
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
 from evq.worker.ports import Provider, SendRequest
@@ -134,25 +136,39 @@ def test_every_recipient_refused_is_rejected(server: DevSmtpServer) -> None:
     assert server.messages == []
 
 
-def test_a_journal_address_that_is_a_refused_recipient_is_no_journal_copy(server: DevSmtpServer) -> None:
-    # The journal address is also a real recipient and the server refuses it: the journal
-    # evidence says so (no copy exists), never "accepted: is a recipient".
-    outcome = send_one(server, make_request(to=["Reject@example.com", "ok@example.com"]), journal="reject@example.com")
+def test_the_journal_recipient_is_the_steps_tagged_subaddress_and_no_evidence_names_it(server: DevSmtpServer) -> None:
+    # Each step's copy goes to its own subaddress, journal+<tag> (adapters/smtp/witness.py),
+    # also when the journal address is a real recipient: a RCPT of its own, never in a header.
+    tags = WitnessTags(b"p" * 32)
+    tagged = tags.address("ok@example.com", MESSAGE_ID)
+    accepted = send_one(server, make_request(to=["ok@example.com"]), journal="ok@example.com", witness_tags=tags)
 
-    assert isinstance(outcome, Accepted), outcome
-    assert set(outcome.response["refused"]) == {"Reject@example.com"}
-    journal = outcome.response["journal"]
-    assert journal["accepted"] is False and journal["code"] == 550 and "rejected" in journal["reply"]
+    assert isinstance(accepted, Accepted), accepted
+    assert accepted.response["journal"] == {"accepted": True, "code": 250, "reply": "2.1.5 Ok"}
     [message] = server.messages
-    assert message["rcpt_tos"] == ["ok@example.com"]
-    # Accepted as a recipient, it is a copy: that is still what the evidence says.
-    accepted = send_one(server, make_request(to=["ok@example.com"]), journal="ok@example.com")
-    assert accepted.response["journal"] == {
-        "address": "ok@example.com",
-        "accepted": True,
-        "code": None,
-        "reply": "is a recipient",
+    assert message["rcpt_tos"] == ["ok@example.com", tagged] and tagged.encode() not in message["data"]
+
+    # Refused (the server echoes the address it refuses): no copy exists, and the evidence, which
+    # every key reads, says "[journal]" for the address; never the tag, which would forge the proof.
+    refused = send_one(
+        server,
+        make_request(to=["Reject@example.com", "ok@example.com"]),
+        journal="reject@example.com",
+        witness_tags=tags,
+    )
+    assert isinstance(refused, Accepted), refused
+    assert set(refused.response["refused"]) == {"Reject@example.com"}
+    assert refused.response["journal"] == {
+        "accepted": False,
+        "code": 550,
+        "reply": "5.1.1 <[journal]>: recipient rejected (fault: reject)",
     }
+    assert tags.tag(MESSAGE_ID) not in json.dumps(refused.response)
+
+
+def test_a_journal_needs_the_installations_witness_tags() -> None:
+    with pytest.raises(ValueError, match="witness tags"):
+        SmtpProvider(host="127.0.0.1", port=25, journal="journal@example.org")
 
 
 def test_partial_refusal_sends_to_the_accepted_and_lists_the_refused(server: DevSmtpServer) -> None:

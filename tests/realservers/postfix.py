@@ -16,8 +16,11 @@ and port 25 are never touched. What it enforces is what the issue met in the fie
 
 Everything it accepts for ``@evq.test`` or ``@example.net`` is delivered to one maildir, so a test counts
 what the server really received (``delivered``), each message with its
-``Delivered-To`` header; but ``journal@evq.test`` (``JOURNAL``) has a maildir of its own,
+``Delivered-To`` header; but ``journal@evq.test`` (``JOURNAL``) and its subaddresses
+(``journal+<tag>@evq.test``, ``recipient_delimiter = +``) have a maildir of their own,
 ``mail/journal/``, which tests/realservers/dovecot.py serves over IMAP (the SMTP witness).
+Postfix's virtual agent writes each delivery's envelope recipient above its Received: line
+(``X-Original-To``, ``Delivered-To``), which is where the witness looks for its tag.
 Postfix needs root (master binds and drops to ``postfix``).
 """
 
@@ -100,7 +103,8 @@ default_transport = discard
 notify_classes =
 virtual_mailbox_domains = {domain}, {public_domain}
 virtual_mailbox_base = {d}/mail
-virtual_mailbox_maps = texthash:{d}/etc/mailboxes, static:inbox/
+virtual_mailbox_maps = regexp:{d}/etc/mailboxes
+recipient_delimiter = +
 virtual_uid_maps = static:{uid}
 virtual_gid_maps = static:{gid}
 virtual_minimum_uid = 1
@@ -174,7 +178,9 @@ class Postfix:
                 ca_file=self.ca.ca_file,
             )
         )
-        (d / "etc/mailboxes").write_text(f"{JOURNAL} journal/\n")
+        # The journal and each of its +subaddresses (evq's tagged journal recipients) share a maildir.
+        local, domain = JOURNAL.split("@")
+        (d / "etc/mailboxes").write_text(f"/^{local}(\\+[^@]*)?@{domain.replace('.', '[.]')}$/ journal/\n/./ inbox/\n")
         (d / "etc/refuse").write_text(f"/^{REFUSED_LOCAL}(\\+[^@]*)?@/ 550 5.1.1 no such user here\n")
         sasldb = d / "etc/sasldb2"
         (d / "etc/sasl/smtpd.conf").write_text(

@@ -1,9 +1,11 @@
 """The SMTP witness (issue 16, "A witness for SMTP") against real servers: a real Postfix
 (tests/realservers/postfix.py) delivers each send's journal copy (EVQ_SMTP_JOURNAL, one more
-envelope recipient) into a maildir that a real Dovecot (tests/realservers/dovecot.py) serves
-over IMAPS and STARTTLS; the reconciler's lookup (adapters/smtp/journal.py) searches it by
-Message-ID. A proxy in front of Postfix (tests/realservers/cutproxy.py) loses the answer to
-the final ".", the case the witness exists for.
+envelope recipient, tagged per step: adapters/smtp/witness.py) into a maildir that a real
+Dovecot (tests/realservers/dovecot.py) serves over IMAPS and STARTTLS; the reconciler's lookup
+(adapters/smtp/journal.py) searches it by Message-ID and counts a copy only if Postfix's
+delivery recorded the step's tagged address. A proxy in front of Postfix
+(tests/realservers/cutproxy.py) loses the answer to the final ".", the case the witness exists
+for; an outsider mailing the journal a copy with a victim's Message-ID (issue 29) proves nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import asyncio
 import itertools
 import json
 import os
+import smtplib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from evq.adapters.smtp import SmtpProvider, build_message
+from evq.adapters.smtp.witness import WitnessTags
 from evq.ops.settings import Settings
 from evq.ops.wiring import build_journal, build_providers
 from evq.worker.errors import ConfigError
@@ -35,6 +40,10 @@ from tests.support import rows, step_row
 
 INTERNAL = Policy(internal_domains=(DOMAIN,))
 _seq = itertools.count(1)
+# The server's pepper for the tests that send and look up without a database (a worker reads
+# its database's: PostgresKeys.server_pepper).
+PEPPER = os.urandom(32)
+TAGS = WitnessTags(PEPPER)
 
 
 def send_request(to: list[str], message_id: str | None = None) -> SendRequest:
@@ -82,7 +91,7 @@ def imap_env(dovecot: Dovecot, port: str = "imaps", **env: str) -> dict[str, str
 
 
 def provider(postfix: Postfix, port: int | None = None, **env: str) -> SmtpProvider:
-    built = build_providers(Settings.load(smtp_env(postfix, port, **env)))["smtp"]
+    built = build_providers(Settings.load(smtp_env(postfix, port, **env)), pepper=PEPPER)["smtp"]
     assert isinstance(built, SmtpProvider)
     return built
 
@@ -98,8 +107,8 @@ def send(smtp: SmtpProvider, req: SendRequest) -> Outcome:
     return asyncio.run(run())
 
 
-def witness(dovecot: Dovecot, port: str = "imaps", **env: str) -> Lookup:
-    journal = build_journal(Settings.load(imap_env(dovecot, port, **env)))
+def witness(dovecot: Dovecot, port: str = "imaps", *, pepper: bytes = PEPPER, **env: str) -> Lookup:
+    journal = build_journal(Settings.load(imap_env(dovecot, port, **env)), pepper=pepper)
     assert journal is not None
     return journal
 
@@ -122,13 +131,18 @@ def test_the_journal_is_one_more_envelope_recipient_and_nowhere_in_the_message(p
     outcome = send(provider(postfix, EVQ_SMTP_JOURNAL=JOURNAL), req)
 
     assert isinstance(outcome, Accepted), outcome
-    assert outcome.response["journal"] == {"address": JOURNAL, "accepted": True, "code": 250, "reply": "2.1.5 Ok"}
+    # The evidence never names the journal (every key reads it), nor the step's tag.
+    assert outcome.response["journal"] == {"accepted": True, "code": 250, "reply": "2.1.5 Ok"}
     assert outcome.response["refused"] == {} and outcome.response["accepted"] == 1  # the journal is not counted
     [copy] = postfix.delivered(req.message_id, expect=1)
     [journaled] = postfix.journaled(req.message_id, expect=1)
     # One queued message for both (one transaction), so the bytes are the same but for the
-    # Delivered-To line each maildir delivery adds; the recipient's copy never names the journal.
-    assert JOURNAL not in copy.as_string() and journaled["Delivered-To"] == JOURNAL
+    # Delivered-To line each maildir delivery adds: the journal's is the step's own subaddress.
+    # The recipient's copy never names the journal.
+    tagged = TAGS.address(JOURNAL, req.message_id)
+    assert tagged == f"journal+{TAGS.tag(req.message_id)}@{DOMAIN}"
+    assert journaled["Delivered-To"] == tagged and journaled["X-Original-To"] == tagged
+    assert JOURNAL not in copy.as_string() and TAGS.tag(req.message_id) not in copy.as_string()
     strip = lambda m: [(k, str(v)) for k, v in m.items() if k not in ("Delivered-To", "X-Original-To")]  # noqa: E731
     assert strip(copy) == strip(journaled) and copy.get_content() == journaled.get_content()
     assert len(postfix.sessions_for(req.message_id, expect=1)) == 1
@@ -144,7 +158,12 @@ def test_a_refused_journal_recipient_is_recorded_and_the_send_stands(postfix: Po
 
     assert isinstance(outcome, Accepted), outcome
     journal = outcome.response["journal"]
-    assert (journal["address"], journal["accepted"], journal["code"]) == (refused_journal, False, 550)
+    assert (journal["accepted"], journal["code"]) == (False, 550)
+    # Postfix names the recipient it refuses: the evidence says "[journal]" instead.
+    assert journal["reply"].startswith("5.1.1 <[journal]>: Recipient address rejected"), journal
+    tag = TAGS.tag(req.message_id)
+    assert tag in postfix.log()  # what Postfix refused was the step's tagged address
+    assert tag not in json.dumps(outcome.response) and "refused+journal" not in json.dumps(outcome.response)
     assert outcome.response["refused"] == {}  # not a refused recipient: the send is not partially refused
     assert len(postfix.delivered(req.message_id, expect=1)) == 1
 
@@ -208,6 +227,74 @@ def test_the_journal_copy_is_found_by_message_id_over_tls_and_starttls(
     assert found.raw["internaldate"]
 
 
+# -- a copy anyone could have sent is no proof (issue 29) -----------------------------
+
+
+def outsider_sends(
+    postfix: Postfix, message_id: str, *, rcpt: str = JOURNAL, headers: Mapping[str, str] = MappingProxyType({})
+) -> None:
+    """An outsider mails the journal, as anyone can mail an MX: through the real Postfix, in an
+    SMTP session of its own, with the Message-ID it wants and whatever headers it likes."""
+    lines = [f"{k}: {v}" for k, v in headers.items()] + [
+        "From: mallory@example.org",
+        f"To: {headers.get('To', JOURNAL)}",
+        "Subject: totally the relay's journal copy",
+        f"Message-ID: {message_id}",
+        "",
+        "Hello from nobody you know.",
+        "",
+    ]
+    with smtplib.SMTP("127.0.0.1", postfix.ports["plain"], local_hostname="outsider.example.org", timeout=10) as s:
+        refused = s.sendmail("mallory@example.org", [rcpt], "\r\n".join(lines).encode())
+    assert refused == {}
+
+
+def forged_headers(tagged: str) -> dict[str, str]:
+    """Every header in which the outsider can put the step's tagged address (had it learned it):
+    at the very top of what it sends, above a Received: line of its own."""
+    return {"Delivered-To": tagged, "X-Original-To": tagged, "Received": "by relay.evq.test (Postfix)", "To": tagged}
+
+
+FORGERIES = {
+    "the journal, a plain copy": lambda tagged: (JOURNAL, {}),
+    "the journal, the tag in its own headers": lambda tagged: (JOURNAL, forged_headers(tagged)),
+    "a guessed tag, the tag in its own headers": lambda tagged: (
+        f"journal+{'0' * 32}@{DOMAIN}",
+        forged_headers(tagged),
+    ),
+}
+
+
+@pytest.mark.parametrize("forge", FORGERIES.values(), ids=FORGERIES)
+def test_a_copy_an_outsider_sent_is_no_proof(postfix: Postfix, dovecot: Dovecot, forge: Any) -> None:
+    victim = f"<evq.victim.{os.urandom(6).hex()}@example.org>"
+    tagged = TAGS.address(JOURNAL, victim)
+    rcpt, headers = forge(tagged)
+    outsider_sends(postfix, victim, rcpt=rcpt, headers=headers)
+    [copy] = postfix.journaled(victim, expect=1)
+    assert copy["Delivered-To"] == rcpt  # Postfix's own line: the first, above its Received:
+
+    absent = look(witness(dovecot), victim)
+    assert not absent.found, absent
+    assert absent.raw["untagged_copies"] == 1 and "proves nothing" in absent.raw["note"]
+    assert TAGS.tag(victim) not in json.dumps(absent.raw) and JOURNAL not in json.dumps(absent.raw)
+
+
+def test_the_relays_copy_is_found_beside_forged_ones_and_only_under_this_installations_key(
+    postfix: Postfix, dovecot: Dovecot
+) -> None:
+    req = send_request([f"journal-h@{DOMAIN}"])
+    outsider_sends(postfix, req.message_id, headers=forged_headers(TAGS.address(JOURNAL, req.message_id)))
+    assert isinstance(send(provider(postfix, EVQ_SMTP_JOURNAL=JOURNAL), req), Accepted)
+    assert len(postfix.journaled(req.message_id, expect=2)) == 2
+
+    found = look(witness(dovecot), req.message_id)
+    assert found.found and found.raw["copies"] == 1 and found.raw["untagged_copies"] == 1
+    # Another installation (another pepper) sharing the journal sees no proof of it.
+    other = look(witness(dovecot, pepper=os.urandom(32)), req.message_id)
+    assert not other.found and other.raw["untagged_copies"] == 2
+
+
 def test_a_message_id_not_in_the_journal_is_not_found(dovecot: Dovecot) -> None:
     absent = look(witness(dovecot), f"<evq.never-sent.{os.urandom(6).hex()}@example.org>")
     assert not absent.found and absent.raw["search_hits"] == 0
@@ -256,7 +343,7 @@ def test_a_wrong_password_is_a_failed_lookup_that_names_the_setting_not_the_pass
 def test_an_untrusted_certificate_is_a_failed_lookup(dovecot: Dovecot) -> None:
     env = imap_env(dovecot)
     del env["EVQ_JOURNAL_IMAP_CA_FILE"]
-    journal = build_journal(Settings.load(env))
+    journal = build_journal(Settings.load(env), pepper=PEPPER)
     assert journal is not None
     assert "EVQ_JOURNAL_IMAP_CA_FILE" in failure(journal)
 
@@ -429,6 +516,42 @@ def test_a_message_not_in_the_journal_is_absent_evidence_and_stays_unknown(
     assert postfix.journaled(step["message_id"], expect=0, timeout=0) == []
     chain = evq.json("runs", "show", "witness-d")["data"]
     assert chain["events"][-1]["kind"] == "reconciled"
+
+
+def test_a_forged_journal_copy_leaves_the_step_unknown_and_no_key_reads_the_journal(
+    evq: Evq, db_url: str, postfix: Postfix, dovecot: Dovecot
+) -> None:
+    """Issue 29: the "." never reached Postfix, so the recipient has nothing. An outsider (who
+    read the step's Message-ID, and even its tagged address) mails the journal a copy with that
+    Message-ID: on main the reconciler took it as proof and closed the step `accepted`."""
+    step = enqueue(evq, "witness-f", f"witness-f@{DOMAIN}")
+    with CutProxy(postfix.ports["plain"], modes=["lose-dot"]) as proxy:
+        env = smtp_env(postfix, proxy.port, EVQ_SMTP_JOURNAL=JOURNAL)
+        drain(evq, **env)
+        assert proxy.cut.is_set() and step_row(db_url, step["id"])["status"] == "unknown"
+        [pepper] = rows(db_url, "SELECT pepper FROM api_key_pepper")
+        tagged = WitnessTags(bytes(pepper["pepper"])).address(JOURNAL, step["message_id"])
+        outsider_sends(postfix, step["message_id"], headers=forged_headers(tagged))
+        assert len(postfix.journaled(step["message_id"], expect=1)) == 1
+        log = drain(evq, **env, **imap_env(dovecot))
+
+    row = step_row(db_url, step["id"])
+    assert (row["status"], row["reconcile_checks"]) == ("unknown", 1), (row, log[-2000:])
+    [absent] = rows(db_url, "SELECT * FROM evidence WHERE step_id = %s AND kind = 'reconciled'", (step["id"],))
+    assert absent["reason"] == "reconcile_absent" and absent["detail"]["found"] is False
+    assert absent["detail"]["answer"]["untagged_copies"] == 1 and "proves nothing" in absent["detail"]["answer"]["note"]
+    assert postfix.delivered(step["message_id"], expect=0, timeout=0) == []
+
+    # Neither the journal address nor the tag is written anywhere a key reads, nor logged.
+    agent = Evq(db_url, api_key=make_key(db_url, "agent-f", "agent"), EVQ_INTERNAL_DOMAINS=DOMAIN)
+    seen = [log, json.dumps(rows(db_url, "SELECT * FROM evidence WHERE step_id = %s", (step["id"],)), default=str)]
+    for who in (agent, Evq(db_url, EVQ_INTERNAL_DOMAINS=DOMAIN), evq):
+        seen += [
+            json.dumps(who.json("steps", "show", str(step["id"]))),
+            json.dumps(who.json("runs", "show", "witness-f")),
+        ]
+    for text in seen:
+        assert JOURNAL not in text and tagged.split("@")[0].split("+")[1] not in text
 
 
 def test_the_lookup_answers_are_what_the_reconciler_keeps(postfix: Postfix, dovecot: Dovecot) -> None:

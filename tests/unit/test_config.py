@@ -126,3 +126,11 @@ def test_an_evidence_partition_size_is_bounded_as_the_database_bounds_it():
             refused.value.message
             == f"EVQ_EVIDENCE_PARTITION_STEPS (--evidence-partition-steps) must be {said}, got {value}"
         )
+
+
+def test_a_journal_address_leaves_room_for_each_steps_tag():
+    # Each copy goes to local+<32 hex>@domain: the local part stays within RFC 5321's 64.
+    assert Settings.load(env={"EVQ_SMTP_JOURNAL": f"{'j' * 31}@example.org"}).smtp_journal
+    with pytest.raises(ConfigError, match="EVQ_SMTP_JOURNAL") as refused:
+        Settings.load(env={"EVQ_SMTP_JOURNAL": f"{'j' * 32}@example.org"})
+    assert "at most 31 characters" in refused.value.message

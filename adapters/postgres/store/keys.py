@@ -20,6 +20,12 @@ class PostgresKeys(PostgresBase):
         rows = await self._fetch("key_by_id", Q["api_key_by_id"], {"key_id": key_id})
         return rows[0] if rows and rows[0]["name"] is not None else None
 
+    async def server_pepper(self) -> bytes:
+        """The server's pepper (table ``api_key_pepper``), for a secret derived from it at
+        start: the SMTP journal's witness tags (adapters/smtp/witness.py). Never logged."""
+        [row] = await self._fetch("server_pepper", Q["api_key_pepper"], {})
+        return bytes(row["pepper"])
+
     async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
         await self._fetch("rehash_key", Q["api_key_rehash"], {"key_id": key_id, "old": old, "new": new})
 
