@@ -73,7 +73,7 @@ from evq.worker.approval import (
     sender_of,
     static_holds,
 )
-from evq.worker.approvals import not_cancellable, not_held
+from evq.worker.approvals import not_cancellable, not_held, self_approval
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
@@ -1855,12 +1855,21 @@ class MemoryStore:
         return {"current_status": s["status"], "current_reason": s["reason"]}
 
     async def approve(
-        self, step_id: int, *, actor: str, note: str, edit: Edit | None = None, now: datetime | None = None
+        self,
+        step_id: int,
+        *,
+        actor: str,
+        actor_key_id: str,
+        note: str,
+        edit: Edit | None = None,
+        now: datetime | None = None,
     ) -> Decided:
         at = await self._op("approve", now)
         s = self._held_step(step_id, "`evq steps list --status held` shows the held ids")
         if s["status"] != "held":
             raise not_held(step_id, self._current(s), "approved")
+        if (self.decisions.get(s["decision_id"]) or {}).get("actor_key_id") == actor_key_id:
+            raise self_approval(step_id, actor)
         if edit is not None and s["payload_sha256"] != edit.from_sha256:
             raise StateConflict(
                 f"step {step_id}'s request changed since it was read; nothing was approved",

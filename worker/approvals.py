@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from evq.worker.errors import ConfigError, InvalidRequest, StateConflict
+from evq.worker.errors import ConfigError, Forbidden, InvalidRequest, StateConflict
 from evq.worker.ports import Edit, ExpireStore
 from evq.worker.request import REQUEST_FIELDS, Policy, parse
 from evq.worker.states import Status
@@ -56,6 +56,16 @@ def not_held(step_id: int, row: Mapping[str, Any], what: str) -> StateConflict:
         f"step {step_id} is {row['current_status']}, not held: only a held send can be {what}",
         hint=f"`evq steps show {step_id}` shows who changed it and when",
         context={"id": step_id, "status": row["current_status"], "reason": row["current_reason"]},
+    )
+
+
+def self_approval(step_id: int, name: str) -> Forbidden:
+    """The answer when the key that enqueued a held send asks to approve it (a second person
+    decides): ops/app/approvals.py's rule, and the store's ``step_approve`` again."""
+    return Forbidden(
+        f"the API key {name!r} enqueued step {step_id}: a send is approved by someone other than who asked for it",
+        hint="ask another operator to approve it (the ops page's held queue, `evq steps approve`)",
+        context={"name": name, "step_id": step_id},
     )
 
 

@@ -12,7 +12,8 @@ loop, and the first success rehashes them. The key's *name* is the actor written
 into evidence; its *role* says what it may do.
 
 Nothing here touches the database: the lookup comes in through :class:`KeyLookup`,
-so every interface (CLI, HTTP API, MCP) authenticates the same way.
+so every interface (CLI, HTTP API, MCP, the ops page) authenticates the same way, and
+:func:`identity_of` is the one place an :class:`Identity` is made.
 """
 
 from __future__ import annotations
@@ -83,14 +84,40 @@ _N, _R, _P, _DKLEN = 2**14, 8, 1, 32
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a verified key belongs to: ``name`` is the actor recorded in evidence."""
+    """Who a verified key belongs to: ``name`` is the actor recorded in evidence, ``key_id`` the
+    key's public id (never its secret), recorded with what it enqueues and compared by the rules
+    about one's own sends (ops/app/approvals.py: an enqueuer never approves its send, an agent
+    cancels only its own). Made only by :func:`identity_of`, so every interface has all three."""
 
     name: str
     role: Role
-    key_id: str | None = None  # the key's public id (never its secret): recorded with what it enqueues
+    key_id: str
 
     def may(self, permission: Permission) -> bool:
         return self.role in ALLOWED[permission]
+
+    def enqueued(self, decision: Mapping[str, Any] | None) -> bool:
+        """Whether this key asked for the send behind ``decision`` (its ``actor_key_id``). A send
+        of the Python API, which has no key, is nobody's."""
+        return decision is not None and decision.get("actor_key_id") == self.key_id
+
+
+def identity_of(key_id: str, row: Mapping[str, Any], *, context: Mapping[str, Any] | None = None) -> Identity:
+    """The identity behind the stored key ``row`` (``KeyLookup.key_by_id(key_id)``, read for this
+    call): the one way every interface (CLI, HTTP, MCP, the ops page's session) builds it, so
+    the same key is the same identity everywhere. BadKey when the key was revoked.
+
+    The caller has proved it holds the key first: :func:`authenticate` by its secret, the ops
+    page by a session cookie signed at sign-in (ops/web/session.py), which carries the key id
+    and not the role or the name, so a session acts as the key is now."""
+    identity = Identity(name=row["name"], role=Role(row["role"]), key_id=key_id)
+    if row["revoked_at"] is not None:
+        raise BadKey(
+            f"the API key {identity.name!r} was revoked",
+            hint="ask an admin for a new key",
+            context={**(context or {}), "name": identity.name},
+        )
+    return identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,14 +239,7 @@ async def authenticate(
     assert parts is not None  # a row is only looked up for a well-formed key
     if is_legacy(row["secret_hash"]):
         await _rehash(lookup, parts[0], secret, row)
-    identity = Identity(name=row["name"], role=Role(row["role"]), key_id=parts[0])
-    if row["revoked_at"] is not None:
-        raise BadKey(
-            f"the API key {identity.name!r} was revoked",
-            hint="ask an admin for a new key",
-            context={**context, "name": identity.name},
-        )
-    return authorize(identity, permission)
+    return authorize(identity_of(parts[0], row, context=context), permission)
 
 
 async def _rehash(lookup: KeyLookup, key_id: str, secret: str, row: Mapping[str, Any]) -> None:

@@ -1481,11 +1481,15 @@ LEFT JOIN ev ON true;
 -- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
 -- It is due at once, or at send_at when that is later. Its recipients become known to the
 -- sender (address and @domain), so the first-contact rule does not hold the next send to them.
+-- A second person decides: the key that enqueued the step (its decision's actor_key_id) never
+-- approves it (`asked`), whichever interface asked (ops/app/approvals.py refuses it first).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
     SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.requested_sha256, s.held_since,
-           s.hold_expires_at, s.hold
+           s.hold_expires_at, s.hold,
+           coalesce((SELECT d.actor_key_id = %(actor_key_id)s::text FROM decisions d WHERE d.id = s.decision_id),
+                    false) AS asked
     FROM email_steps s
     WHERE s.id = %(id)s
     FOR UPDATE
@@ -1504,7 +1508,7 @@ WITH t AS (
         next_attempt_at = greatest(coalesce(s.send_at, t.now), t.now),
         updated_at = t.now
     FROM cur, t
-    WHERE s.id = cur.id AND cur.status = 'held'
+    WHERE s.id = cur.id AND cur.status = 'held' AND NOT cur.asked
       AND (%(from_sha256)s::text IS NULL OR cur.payload_sha256 = %(from_sha256)s)
     RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at
 ), ev AS (
@@ -1532,7 +1536,7 @@ WITH t AS (
     RETURNING 1
 )
 SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
-       cur.payload_sha256 AS current_sha256, done.id IS NOT NULL AS changed, done.payload_sha256,
+       cur.payload_sha256 AS current_sha256, cur.asked, done.id IS NOT NULL AS changed, done.payload_sha256,
        done.requested_sha256, ev.id AS evidence_id, ev.created_at AS decided_at,
        CASE WHEN done.id IS NOT NULL THEN pg_notify('evq_steps', done.provider)::text IS NULL
             ELSE false END AS woke,

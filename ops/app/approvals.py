@@ -6,11 +6,15 @@ Each takes a store and a :class:`~ops.app.service.Caller` and answers with a
 
 - approve and deny need an operator or admin key (``Permission.APPROVE``): an agent key is
   refused (E_AUTH_FAILED, exit 4), so an agent can never approve its own send; and the key that
-  enqueued a send never approves it, whatever its role (a second person decides);
+  enqueued a send never approves it, whatever its role (a second person decides; the store's
+  statement refuses it too);
 - cancel: the key that enqueued the step (its decision's ``actor_key_id``), or an operator
   or admin;
 - a note (why) is required to approve or deny, and kept in the evidence;
 - a dry run reads and says what would change, and writes nothing.
+
+:func:`refusal` is the rule about who, once: the interfaces enforce it through these functions,
+and the ops page draws its forms by it (:func:`may_decide`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from datetime import datetime
 from typing import Any
 
 from evq.ops.app.service import Caller, Reply
-from evq.worker.approvals import edited, not_cancellable, not_held
+from evq.worker.approvals import edited, not_cancellable, not_held, self_approval
 from evq.worker.errors import Forbidden, InvalidRequest
-from evq.worker.keys import Identity, Permission, Role
+from evq.worker.keys import Identity, Permission, Role, authorize
 from evq.worker.ports import AppStore, Edit
 from evq.worker.records import StepDetail
 from evq.worker.request import Policy
@@ -67,17 +71,44 @@ def _plan(detail: StepDetail, to: Status, reason: str, edit: Edit | None = None)
     }
 
 
-def _not_the_asker(detail: StepDetail, identity: Identity) -> None:
-    """A held send waits for a *second* person: the key that enqueued it may cancel or deny it,
-    never approve it (an operator key handed to an agent must not wave its own sends through)."""
-    asker = detail.decision.get("actor_key_id") if detail.decision else None
-    if asker is not None and asker == identity.key_id:
-        raise Forbidden(
-            f"the API key {identity.name!r} enqueued step {detail.step['id']}: a send is approved by "
-            "someone other than who asked for it",
-            hint="ask another operator to approve it (the ops page's held queue, `evq steps approve`)",
-            context={"name": identity.name, "step_id": detail.step["id"]},
+DECISIONS = ("approve", "deny", "cancel")
+
+
+def refusal(action: str, identity: Identity, decision: Mapping[str, Any] | None, step_id: int) -> Forbidden | None:
+    """Why ``identity`` may not ``action`` (approve, deny, cancel) the step ``step_id`` whose
+    decision is ``decision``, whatever the step's state; None when it may. The one rule every
+    interface enforces (below) and the ops page draws its forms by (:func:`may_decide`):
+
+    - approve and deny: an operator or admin key; and a held send waits for a *second* person:
+      the key that enqueued it may deny or cancel it, never approve it, whatever its role (an
+      operator or admin key handed to an agent must not wave its own sends through);
+    - cancel: the key that enqueued the step, or an operator or admin key."""
+    try:
+        authorize(identity, Permission.CANCEL if action == "cancel" else Permission.APPROVE)
+    except Forbidden as exc:
+        return exc
+    own = identity.enqueued(decision)
+    if action == "approve" and own:
+        return self_approval(step_id, identity.name)
+    if action == "cancel" and identity.role is Role.AGENT and not own:
+        return Forbidden(
+            f"the API key {identity.name!r} has role agent: it cancels only the steps it enqueued, "
+            f"and step {step_id} is not one",
+            hint="an operator or admin key cancels any step",
+            context={"name": identity.name, "role": str(identity.role), "roles": ["operator", "admin"]},
         )
+    return None
+
+
+def may_decide(identity: Identity, decision: Mapping[str, Any] | None, step_id: int) -> dict[str, bool]:
+    """Which of approve, deny and cancel :func:`refusal` lets ``identity`` do on this step."""
+    return {action: refusal(action, identity, decision, step_id) is None for action in DECISIONS}
+
+
+def _check(action: str, identity: Identity, detail: StepDetail) -> None:
+    refused = refusal(action, identity, detail.decision, detail.step["id"])
+    if refused is not None:
+        raise refused
 
 
 async def approve(
@@ -105,8 +136,11 @@ async def approve(
     if dry_run:
         return Reply(_plan(detail, Status.PENDING, "approved", edit))
     assert identity is not None  # APPROVE is never granted without a key
-    _not_the_asker(detail, identity)
-    done = await store.approve(step_id, actor=identity.name, note=text, edit=edit, now=now)
+    _check("approve", identity, detail)
+    # The key's id goes to the statement too, which refuses the enqueuing key on its own.
+    done = await store.approve(
+        step_id, actor=identity.name, actor_key_id=identity.key_id, note=text, edit=edit, now=now
+    )
     return Reply(
         {"dry_run": False, **done.to_dict(), "edited": edit is not None, "fields": list(edit.fields) if edit else []}
     )
@@ -125,6 +159,7 @@ async def deny(
     if dry_run:
         return Reply(_plan(detail, Status.REJECTED, "denied"))
     assert identity is not None
+    _check("deny", identity, detail)
     done = await store.deny(step_id, actor=identity.name, note=text, now=now)
     return Reply({"dry_run": False, **done.to_dict(), "edited": False, "fields": []})
 
@@ -144,7 +179,7 @@ async def cancel(
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.CANCEL)
     detail = await store.get_step(step_id)
     if identity is not None:
-        _may_cancel(identity, detail, step_id)
+        _check("cancel", identity, detail)
     s = detail.step
     if Status(s["status"]) not in CANCELLABLE or s["maybe_delivered"]:
         raise not_cancellable(step_id, _current(s))
@@ -153,18 +188,3 @@ async def cancel(
     assert identity is not None  # CANCEL is never granted without a key
     done = await store.cancel(step_id, actor=identity.name, note=text, now=now)
     return Reply({"dry_run": False, **done.to_dict(), "edited": False, "fields": []})
-
-
-def _may_cancel(identity: Identity, detail: StepDetail, step_id: int) -> None:
-    """An agent key cancels only what it enqueued; operators and admins anything."""
-    if identity.role is not Role.AGENT:
-        return
-    own = detail.decision is not None and identity.key_id is not None
-    if own and detail.decision is not None and detail.decision.get("actor_key_id") == identity.key_id:
-        return
-    raise Forbidden(
-        f"the API key {identity.name!r} has role agent: it cancels only the steps it enqueued, "
-        f"and step {step_id} is not one",
-        hint="an operator or admin key cancels any step",
-        context={"name": identity.name, "role": str(identity.role), "roles": ["operator", "admin"]},
-    )

@@ -923,7 +923,7 @@ async def _enqueued_by(store: AppStore, step_id: int, who: Identity) -> bool:
         detail = await store.get_step(step_id)
     except NotFound:
         return False
-    return detail.decision is not None and detail.decision.get("actor_key_id") == who.key_id
+    return who.enqueued(detail.decision)
 
 
 async def list_deliveries(

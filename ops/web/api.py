@@ -79,9 +79,14 @@ async def caller(request: Request) -> Caller:
     """The key of this request, checked for reading before anything else is looked at; an
     address that presented too many wrong keys lately gets 429 without a look (ops/web/throttle.py)."""
     state: AppState = request.app.state.evq
-    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, interface="http")
+    who = bearer_caller(request)
     await checked(state, client_address(request), lambda: who.identify(state.store, Permission.READ))
     return who
+
+
+def bearer_caller(request: Request) -> Caller:
+    """The caller of an API request: its bearer key, checked by worker/keys.py as every interface's."""
+    return Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE, interface="http")
 
 
 def client_address(request: Request) -> str | None:
@@ -540,7 +545,7 @@ async def _resolve(request: Request, who: Caller, args: dict[str, Any], selectio
 )
 async def health(request: Request) -> JSONResponse:
     state: AppState = request.app.state.evq
-    who = Caller(bearer_key(request.headers.get("authorization")), source=KEY_SOURCE)
+    who = bearer_caller(request)
     reply = await checked(state, client_address(request), lambda: check_health(state.health, who, state.store))
     return _answer(reply, request.state.timer, 200 if reply.data["healthy"] else 503)
 

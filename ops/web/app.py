@@ -96,7 +96,7 @@ def create_app(state: Callable[[], AbstractAsyncContextManager[AppState]], *, ma
 def _handlers(app: FastAPI) -> None:
     @app.exception_handler(EvqError)
     async def evq_error(request: Request, exc: EvqError) -> Response:
-        return _error(request, exc)
+        return await _error(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -104,17 +104,17 @@ def _handlers(app: FastAPI) -> None:
             {"field": ".".join(str(p) for p in err["loc"][1:]) or str(err["loc"][0]), "message": err["msg"]}
             for err in exc.errors()
         ]
-        return _error(request, InvalidRequest(fields or [{"field": "$", "message": "invalid request"}]))
+        return await _error(request, InvalidRequest(fields or [{"field": "$", "message": "invalid request"}]))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
-            return _error(request, api.method_not_allowed(request.method))
+            return await _error(request, api.method_not_allowed(request.method))
         if exc.status_code == 404:
-            return _error(
+            return await _error(
                 request, NotFound(f"no route {request.url.path[:200]!r}", hint="GET /openapi.json lists the routes")
             )
-        return _error(request, InvalidRequest([{"field": "$request", "message": str(exc.detail)[:200]}]))
+        return await _error(request, InvalidRequest([{"field": "$request", "message": str(exc.detail)[:200]}]))
 
     @app.exception_handler(page.Redirect)
     async def redirect(request: Request, exc: page.Redirect) -> Response:
@@ -122,19 +122,18 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(page.PageError)
     async def page_error(request: Request, exc: page.PageError) -> Response:
-        session, _ = page.visitor_session(request)
-        return page.render(request, "error.html", session, status=exc.status, error=exc.error)
+        return page.render(request, "error.html", await page.shown_session(request), status=exc.status, error=exc.error)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> Response:
         log.exception("internal_error", path=request.url.path, error_class=type(exc).__name__)
-        return _error(request, EvqError(f"internal error ({type(exc).__name__}); see the server's log"))
+        return await _error(request, EvqError(f"internal error ({type(exc).__name__}); see the server's log"))
 
 
-def _error(request: Request, exc: EvqError) -> Response:
+async def _error(request: Request, exc: EvqError) -> Response:
     status, body, headers = error_body(exc, getattr(request.state, "timer", None))
     if request.url.path.startswith("/ops") and request.url.path != "/ops/static/ops.css":
-        session, _ = page.visitor_session(request)
+        session = await page.shown_session(request)
         html = page.render(request, "error.html", session, status=status, error=_ErrorView(body))
         html.headers.update({k: v for k, v in headers.items() if k != "WWW-Authenticate"})
         return html

@@ -1,13 +1,17 @@
 """The ops page's session: a signed cookie (HMAC-SHA256 with a server-side secret), HttpOnly
-and SameSite=Strict, holding who signed in (the key's name, role and id, never the key),
-the key's session generation at sign-in, the CSRF token every form must carry back, and the
-time zone the visitor chose for the page's times (none: the server's EVQ_OPS_TIMEZONE).
+and SameSite=Strict, holding which key signed in (its public id, never the key), the key's
+session generation at sign-in, the CSRF token every form must carry back, and the time zone
+the visitor chose for the page's times (none: the server's EVQ_OPS_TIMEZONE).
+
+The cookie holds no name and no role: each request re-reads the key by its id and builds the
+identity it acts under with worker/keys.py's ``identity_of``, as the CLI, the HTTP API and MCP
+do (ops/web/page/common.py, ``signed_in``), so the page's rules see the same key id, name and
+role as theirs, and a revoke ends the key's sessions at their next click. Signing out does too:
+it bumps the key's ``session_generation``, and a cookie made under an older one is refused, so
+a copy of the cookie (another tab, a proxy's log) is worth nothing after.
 
 A visitor who has not signed in gets a session too, with a CSRF token and no identity,
-so the sign-in form is protected like every other. Each request re-reads the key by
-its id, so a revoke ends the key's sessions at their next click, and so does signing
-out: it bumps the key's ``session_generation``, and a cookie made under an older one
-is refused, so a copy of the cookie (another tab, a proxy's log) is worth nothing after.
+so the sign-in form is protected like every other.
 
 The same secret (under a key of its own) seals a bulk preview (:meth:`Sessions.seal`): the
 apply form carries back the exact ids, the states they were seen in and the note and verdict
@@ -24,9 +28,9 @@ import json
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from evq.worker.keys import Identity, Role
+from evq.worker.keys import Identity
 
 COOKIE = "evq_session"
 MAX_AGE = 8 * 3600
@@ -36,15 +40,12 @@ MAX_AGE = 8 * 3600
 class Session:
     csrf: str
     expires: int
-    name: str | None = None
-    role: str | None = None
     key_id: str | None = None
     generation: int | None = None  # api_keys.session_generation when this session signed in
     tz: str | None = None  # the IANA zone chosen on /ops/zone (checked there, and again when used)
-
-    @property
-    def identity(self) -> Identity | None:
-        return Identity(self.name, Role(self.role)) if self.name and self.role else None
+    # Never from the cookie: set by ops/web/page/common.py's signed_in from the key's row as it
+    # is now (worker/keys.py's identity_of); None for a visitor not (or no longer) signed in.
+    identity: Identity | None = field(default=None, compare=False)
 
     def csrf_ok(self, token: str | None) -> bool:
         return bool(token) and hmac.compare_digest(self.csrf.encode(), str(token).encode())
@@ -59,16 +60,13 @@ class Sessions:
         self._seal_key = hashlib.sha256(b"evq ops-page preview seal v1\0" + raw).digest()
         self.max_age = max_age
 
-    def new(
-        self, *, identity: Identity | None = None, key_id: str | None = None, generation: int | None = None
-    ) -> Session:
+    def new(self, *, identity: Identity | None = None, generation: int | None = None) -> Session:
         return Session(
             csrf=secrets.token_urlsafe(32),
             expires=int(time.time()) + self.max_age,
-            name=identity.name if identity else None,
-            role=str(identity.role) if identity else None,
-            key_id=key_id,
+            key_id=identity.key_id if identity else None,
             generation=generation,
+            identity=identity,
         )
 
     def dump(self, session: Session) -> str:
@@ -76,8 +74,6 @@ class Sessions:
             {
                 "c": session.csrf,
                 "e": session.expires,
-                "n": session.name,
-                "r": session.role,
                 "k": session.key_id,
                 "g": session.generation,
                 "z": session.tz,
@@ -97,12 +93,11 @@ class Sessions:
         try:
             data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
             generation, zone = data.get("g"), data.get("z")
+            key_id = data.get("k")
             session = Session(
                 csrf=data["c"],
                 expires=int(data["e"]),
-                name=data["n"],
-                role=data["r"],
-                key_id=data["k"],
+                key_id=key_id if isinstance(key_id, str) else None,
                 generation=generation if isinstance(generation, int) else None,
                 tz=zone if isinstance(zone, str) else None,
             )

@@ -18,7 +18,7 @@ from tests.support import POLICY, held_steps, valid
 
 async def test_approve_makes_a_held_step_pending_with_the_same_key_and_message_id(any_store):
     (made,) = await held_steps(any_store, now=T0, run_id="r-ap", step_id="a")
-    done = await any_store.approve(made.id, actor="ada", note="looks right", now=at(5))
+    done = await any_store.approve(made.id, actor="ada", actor_key_id="k-ada", note="looks right", now=at(5))
     assert (done.from_status, done.to_status, done.reason) == (Status.HELD, Status.PENDING, "approved")
     s = await row(any_store, made.id)
     assert s["status"] == "pending" and s["reason"] == "approved" and s["held_since"] is None
@@ -31,7 +31,28 @@ async def test_approve_makes_a_held_step_pending_with_the_same_key_and_message_i
     assert [c.id for c in await claim(any_store, now=at(6))] == [made.id]
     # A second approval finds it no longer held.
     with pytest.raises(StateConflict):
-        await any_store.approve(made.id, actor="bob", note="me too", now=at(7))
+        await any_store.approve(made.id, actor="bob", actor_key_id="k-bob", note="me too", now=at(7))
+
+
+async def test_the_key_that_enqueued_a_held_send_never_approves_it_at_the_store(any_store):
+    """A second person decides, in the statement itself (step_approve): whatever interface
+    forgot to check, the enqueuing key's id is refused and nothing changes; another key's is not."""
+    from dataclasses import replace
+
+    from evq.worker.errors import Forbidden
+    from evq.worker.request import Actor
+
+    asked = replace(
+        valid(run_id="r-self", step_id="s", require_approval=True), actor=Actor("http", "0123456789ab", "ada")
+    )
+    made = await any_store.enqueue(asked, now=T0)
+    assert (await row(any_store, made.id))["status"] == "held"
+    with pytest.raises(Forbidden) as refused:
+        await any_store.approve(made.id, actor="ada", actor_key_id="0123456789ab", note="mine", now=at(1))
+    assert refused.value.code == "E_AUTH_FAILED" and "enqueued step" in refused.value.message
+    assert (await row(any_store, made.id))["status"] == "held" and await kinds(any_store, made.id) == ["held"]
+    done = await any_store.approve(made.id, actor="bob", actor_key_id="0123456789ac", note="checked", now=at(2))
+    assert done.to_status == Status.PENDING
 
 
 async def test_approve_with_a_correction_keeps_the_agents_hash_and_both_are_evidence(any_store):
@@ -39,7 +60,7 @@ async def test_approve_with_a_correction_keeps_the_agents_hash_and_both_are_evid
     s = await row(any_store, made.id)
     edit = edited(s["payload"], s["provider"], {"subject": "Corrected"}, POLICY, from_sha256=s["payload_sha256"])
     assert edit is not None and edit.fields == ("subject",)
-    done = await any_store.approve(made.id, actor="ada", note="typo", edit=edit, now=at(1))
+    done = await any_store.approve(made.id, actor="ada", actor_key_id="k-ada", note="typo", edit=edit, now=at(1))
     after = await row(any_store, made.id)
     assert after["payload"]["subject"] == "Corrected"
     assert after["payload_sha256"] == edit.payload_sha256 == done.payload_sha256
@@ -54,7 +75,7 @@ async def test_a_correction_of_a_payload_changed_since_it_was_read_is_refused(an
     s = await row(any_store, made.id)
     edit = edited(s["payload"], s["provider"], {"text": "new"}, POLICY, from_sha256="0" * 64)
     with pytest.raises(StateConflict):
-        await any_store.approve(made.id, actor="ada", note="x", edit=edit, now=at(1))
+        await any_store.approve(made.id, actor="ada", actor_key_id="k-ada", note="x", edit=edit, now=at(1))
     assert (await row(any_store, made.id))["status"] == "held"
 
 
@@ -114,7 +135,7 @@ async def test_the_agents_retry_of_its_original_request_still_gets_the_corrected
     await _hold(any_store, made.id)
     s = await row(any_store, made.id)
     edit = edited(s["payload"], s["provider"], {"text": "Corrected body"}, POLICY, from_sha256=s["payload_sha256"])
-    await any_store.approve(made.id, actor="ada", note="fixed the body", edit=edit, now=at(1))
+    await any_store.approve(made.id, actor="ada", actor_key_id="k-ada", note="fixed the body", edit=edit, now=at(1))
     again = await any_store.enqueue(asked, now=at(2))
     assert (again.id, again.created, again.message_id) == (made.id, False, made.message_id)
     found = await any_store.find_by_key(asked)

@@ -70,7 +70,7 @@ def test_the_runtime_role_changes_a_payload_only_as_a_held_step_is_approved(role
             edit = edited(
                 before["payload"], "smtp", {"subject": "Corrected"}, POLICY, from_sha256=before["payload_sha256"]
             )
-            await store.approve(held, actor="ada", note="typo", edit=edit)
+            await store.approve(held, actor="ada", actor_key_id="k-ada", note="typo", edit=edit)
         finally:
             await store.close()
 

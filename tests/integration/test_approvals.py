@@ -108,20 +108,6 @@ async def test_an_approved_send_is_delivered_once_with_its_key_and_message_id(st
     }
 
 
-async def test_the_key_that_enqueued_a_send_never_approves_it_whatever_its_role(store, db_url, keys):
-    """A held send waits for a second person: an admin key that enqueued it (say, handed to an
-    agent) may deny or cancel it, never approve it; an operator may."""
-    boss = await make_key(store, "boss", Role.ADMIN)
-    made = await enqueue_as(store, boss, run_id="r-self", step_id="s")
-    hold(db_url, made["id"])
-    with pytest.raises(Forbidden, match="someone other than who asked"):
-        await approvals.approve(store, Caller(boss.text), made["id"], note="mine, fine")
-    assert step_row(db_url, made["id"])["status"] == "held"
-    assert "approved" not in evidence_kinds(db_url, made["id"])
-    done = await approvals.approve(store, Caller(keys["operator"].text), made["id"], note="second pair of eyes")
-    assert done.data["to_status"] == "pending"
-
-
 async def test_an_approval_with_a_correction_sends_the_correction_and_the_agents_retry_gets_the_step(
     store, db_url, keys
 ):

@@ -57,9 +57,25 @@ def test_roles():
         Permission.APPROVE: (Role.OPERATOR, Role.ADMIN),
         Permission.CANCEL: (Role.AGENT, Role.OPERATOR, Role.ADMIN),
     }
-    assert Identity("a", Role.ADMIN).may(Permission.RESOLVE) and not Identity("o", Role.OPERATOR).may(
-        Permission.ENQUEUE
-    )
+    assert Identity("a", Role.ADMIN, "0123456789ab").may(Permission.RESOLVE) and not Identity(
+        "o", Role.OPERATOR, "0123456789ac"
+    ).may(Permission.ENQUEUE)
+
+
+def test_an_identity_is_made_from_the_keys_row_with_its_id_and_a_revoked_key_has_none():
+    from datetime import UTC, datetime
+
+    from evq.worker.errors import BadKey
+    from evq.worker.keys import identity_of
+
+    row = {"name": "ada", "role": "admin", "revoked_at": None}
+    ada = identity_of("0123456789ab", row)
+    assert ada == Identity("ada", Role.ADMIN, "0123456789ab")
+    assert ada.enqueued({"actor_key_id": "0123456789ab"}) and not ada.enqueued({"actor_key_id": "0123456789ac"})
+    assert not ada.enqueued({"actor_key_id": None}) and not ada.enqueued(None)  # the Python API's: nobody's
+    with pytest.raises(BadKey) as revoked:
+        identity_of("0123456789ab", {**row, "revoked_at": datetime.now(UTC)})
+    assert "revoked" in revoked.value.message
 
 
 @pytest.mark.parametrize("name", ["", "-x", "a b", "x" * 65, "ünï"])

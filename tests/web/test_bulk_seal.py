@@ -116,7 +116,7 @@ def test_a_tampered_or_foreign_unknown_close_is_refused_and_changes_nothing(serv
 
 def test_a_seal_is_bound_to_its_secret_session_purpose_and_fields():
     sessions = Sessions("s3cret")
-    session = Session(csrf="c1", expires=2**40, name="alice", role="operator", key_id="k1")
+    session = Session(csrf="c1", expires=2**40, key_id="k1")
     fields = {"action": "cancel", "seen": "1:held", "verdict": "", "note": "a\r\nb"}
     seal = sessions.seal(session, "bulk", fields)
     assert sessions.sealed(session, "bulk", fields, seal)

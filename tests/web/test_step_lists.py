@@ -192,7 +192,9 @@ def test_a_bulk_cancel_acts_on_exactly_the_previewed_rows_and_reports_the_one_ap
         assert previewed_ids(shown.text) == f"{a},{b},{c}"
         assert {step_row(db_url, i)["status"] for i in (a, b, c)} == {"held"}  # a preview changes nothing
         [late] = held(db_url, 1, run_id="run-c")  # a new match after the preview is not in its ids
-        with_store(db_url, lambda s: s.approve(b, actor="bob", note="bob approved first", now=None))
+        with_store(
+            db_url, lambda s: s.approve(b, actor="bob", actor_key_id="k-bob", note="bob approved first", now=None)
+        )
         done = web.post("/ops/bulk/apply", data=applied(shown.text))
     assert done.status_code == 200, done.text[-2000:]
     assert "Bulk cancel: 2 done, 1 not done" in done.text, done.text[done.text.find("<main>") :]

@@ -57,11 +57,20 @@ class ApprovalStore(Protocol):
     """What approve, deny and cancel (ops/app/approvals.py) ask of the store."""
 
     async def approve(
-        self, step_id: int, *, actor: str, note: str, edit: Edit | None = None, now: datetime | None = None
+        self,
+        step_id: int,
+        *,
+        actor: str,
+        actor_key_id: str,
+        note: str,
+        edit: Edit | None = None,
+        now: datetime | None = None,
     ) -> Decided:
         """held -> pending (reason approved), the same key and Message-ID; with ``edit``, the
         corrected payload (``requested_sha256`` keeps the agent's hash). The recipients become
-        known to the sender. NotFound; StateConflict when the step is not held (or changed)."""
+        known to the sender. ``actor_key_id``: the approving key's id; the key that enqueued the
+        step never approves it (Forbidden), whichever interface asked. NotFound; StateConflict
+        when the step is not held (or changed)."""
         ...
 
     async def deny(self, step_id: int, *, actor: str, note: str, now: datetime | None = None) -> Decided:

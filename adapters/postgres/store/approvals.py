@@ -12,7 +12,7 @@ from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
-from evq.worker.approvals import not_cancellable, not_held
+from evq.worker.approvals import not_cancellable, not_held, self_approval
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
 from evq.worker.ports.approvals import Decided, Edit
@@ -41,12 +41,20 @@ class PostgresApprovals(PostgresBase):
     """Approve, deny, cancel; the expiry pass."""
 
     async def approve(
-        self, step_id: int, *, actor: str, note: str, edit: Edit | None = None, now: datetime | None = None
+        self,
+        step_id: int,
+        *,
+        actor: str,
+        actor_key_id: str,
+        note: str,
+        edit: Edit | None = None,
+        now: datetime | None = None,
     ) -> Decided:
         params = {
             "now": now,
             "id": step_id,
             "actor": actor,
+            "actor_key_id": actor_key_id,
             "note": note,
             "payload": edit.payload_json if edit else None,
             "payload_sha256": edit.payload_sha256 if edit else None,
@@ -59,6 +67,8 @@ class PostgresApprovals(PostgresBase):
             raise NotFound(f"no step with id {step_id}", hint=_NOT_FOUND_HINT)
         row = rows[0]
         if not row["changed"]:
+            if row["current_status"] == str(Status.HELD) and row["asked"]:
+                raise self_approval(step_id, actor)
             if row["current_status"] == str(Status.HELD):
                 raise StateConflict(
                     f"step {step_id}'s request changed since it was read; nothing was approved",

@@ -23,6 +23,6 @@ from evq.ops.web.page import (  # noqa: F401  (routes)
     step,
     zone,
 )
-from evq.ops.web.page.common import PageError, Redirect, render, router, visitor_session
+from evq.ops.web.page.common import PageError, Redirect, render, router, shown_session, visitor_session
 
-__all__ = ["PageError", "Redirect", "render", "router", "visitor_session"]
+__all__ = ["PageError", "Redirect", "render", "router", "shown_session", "visitor_session"]

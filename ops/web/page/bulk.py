@@ -51,6 +51,7 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     filters = filters_of(values)
     page = {"filters": filters, "posted": values, "query": query_string(filters), "bulk_max": BULK_MAX}
     try:
+        await may_act(request, session)  # a preview too: bulk is an operator's or admin's tool
         selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
         reply = await resolve(request, session, values, selection, dry_run=True)
     except (InvalidRequest, AuthFailed) as exc:

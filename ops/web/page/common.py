@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 from collections.abc import Awaitable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
@@ -25,8 +26,8 @@ from evq.ops.app.service import Caller, Selection
 from evq.ops.settings import time_zone
 from evq.ops.web.session import COOKIE, Session
 from evq.ops.web.state import AppState
-from evq.worker.errors import AuthFailed, EvqError, InvalidRequest, StateConflict
-from evq.worker.keys import Permission
+from evq.worker.errors import AuthFailed, BadKey, EvqError, InvalidRequest, StateConflict
+from evq.worker.keys import Permission, identity_of
 from evq.worker.resolution import Resolution
 from evq.worker.states import Status
 
@@ -313,16 +314,31 @@ async def concurrently(*reads: Awaitable[Any]) -> list[Any]:
 
 
 async def signed_in(request: Request) -> Session:
-    """The session of a signed-in visitor whose key is still active; a redirect to sign in otherwise."""
+    """The session of a signed-in visitor whose key is still active, with the identity it acts
+    under built from the key's row as it is now (worker/keys.py's identity_of, as for every other
+    interface: the same key id, name and role); a redirect to sign in otherwise."""
     session, _ = visitor_session(request)
-    if session.identity is None or session.key_id is None:
+    if session.key_id is None:
         raise Redirect("/ops/login")
     row = await app_state(request).store.key_by_id(session.key_id)
-    if row is None or row["revoked_at"] is not None or row["name"] != session.name:
+    if row is None:
         raise Redirect("/ops/login?ended=revoked")
+    try:
+        identity = identity_of(session.key_id, row)
+    except BadKey:
+        raise Redirect("/ops/login?ended=revoked") from None
     if row["session_generation"] != session.generation:
         raise Redirect("/ops/login?ended=signed-out")  # someone signed out of this key's sessions
-    return session
+    return replace(session, identity=identity)
+
+
+async def shown_session(request: Request) -> Session:
+    """The session an error page is drawn with: the signed-in one (with its identity as the key is
+    now) while it still is, else the visitor's, whose page names nobody."""
+    try:
+        return await signed_in(request)
+    except (Redirect, EvqError):
+        return visitor_session(request)[0]
 
 
 async def form(request: Request, session: Session) -> dict[str, str]:

@@ -24,9 +24,11 @@ def _edits(values: dict[str, str]) -> dict[str, str] | None:
 
 def _deciding(session: Session) -> None:
     """Approving and denying are an operator's or admin's: an agent's session is refused here,
-    before ops/app/approvals.py refuses it again, so a forged form never reaches the store."""
+    before ops/app/approvals.py refuses it again, so a forged form never reaches the store. Whose
+    send it is (the key that enqueued it never approves it) is approvals.py's rule alone, on the
+    session's identity as every interface builds it (worker/keys.py's identity_of)."""
     identity = session.identity
-    if identity is None or not identity.may(Permission.RESOLVE):
+    if identity is None or not identity.may(Permission.APPROVE):
         raise Forbidden(
             f"the key's role ({identity.role if identity else 'none'}) may not approve or deny a held send",
             hint="an operator or admin key decides on held sends",

@@ -9,7 +9,7 @@ from evq.ops.web import api
 from evq.ops.web.page.common import ENDED, SOURCE, app_state, form, render, router, set_cookie, visitor_session
 from evq.ops.web.protocol import TooManyFailures
 from evq.worker.errors import AuthFailed
-from evq.worker.keys import Permission, authenticate, split_key
+from evq.worker.keys import Permission, authenticate
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -35,14 +35,13 @@ async def login(request: Request) -> Response:
         return refused
     except AuthFailed as exc:
         return render(request, "login.html", session, status=401, error=exc)
-    parts = split_key(key)
-    assert parts is not None  # authenticate accepted it
-    row = await state.store.key_by_id(parts[0])
+    row = await state.store.key_by_id(identity.key_id)
     if row is None:  # revoked and gone between the two reads: not signed in
         return render(request, "login.html", session, status=401, error=AuthFailed("the API key is not valid"))
     response = RedirectResponse("/ops", status_code=303)
-    # A new session (and CSRF token) at sign-in: nothing set before it carries over.
-    fresh = state.sessions.new(identity=identity, key_id=parts[0], generation=row["session_generation"])
+    # A new session (and CSRF token) at sign-in: nothing set before it carries over. It keeps the
+    # key's id only; each request builds the identity again from the key's row (common.signed_in).
+    fresh = state.sessions.new(identity=identity, generation=row["session_generation"])
     set_cookie(request, response, fresh)
     return response
 

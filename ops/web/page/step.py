@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from evq.ops.app import service
+from evq.ops.app import approvals, service
 from evq.ops.app.service import Selection
 from evq.ops.web.page.common import (
     CANCELLABLE,
@@ -80,6 +80,9 @@ async def step_page(
     who = caller_of(session)
     reply = await service.show_step(state.store, who, step_id, unresolvable=state.policy.unresolvable)
     context.setdefault("done", done_notice(done_key, reply.data["evidence"]))
+    assert session.identity is not None  # signed_in() made sure
+    # The forms this key may use here: ops/app/approvals.py's rule, which refuses the others.
+    may = approvals.may_decide(session.identity, reply.data["decision"], step_id)
     return render(
         request,
         "step.html",
@@ -90,6 +93,8 @@ async def step_page(
         back_query=query_string(back),
         verdicts=list(Verdict),
         cancellable=CANCELLABLE,
+        may=may,
+        own=session.identity.enqueued(reply.data["decision"]),
         requeueable=requeueable(reply.data["step"]["status"], reply.data["step"].get("reason")),
         html_source=request.query_params.get("html") == "source",
         **context,
