@@ -1882,6 +1882,7 @@ class MemoryStore:
             held_since=None,
             hold_expires_at=None,
             next_attempt_at=max(s["send_at"] or at, at),
+            retry_from=max(s["send_at"] or at, at),
             updated_at=at,
             **changes,
         )

@@ -1479,8 +1479,11 @@ LEFT JOIN ev ON true;
 -- (%(payload)s, validated by the caller as at enqueue) the payload and its hash change and
 -- requested_sha256 keeps the agent's own hash (the step guard allows exactly this, 0018);
 -- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
--- It is due at once, or at send_at when that is later. Its recipients become known to the
--- sender (address and @domain), so the first-contact rule does not hold the next send to them.
+-- It is due at once, or at send_at when that is later, and its retry budget (EVQ_RETRY_FOR)
+-- starts then, as an operator's requeue restarts it (step_resolve): the days it waited for a
+-- person are not the provider's, and a greylisting 451 on first contact must still be retried.
+-- Its recipients become known to the sender (address and @domain), so the first-contact rule
+-- does not hold the next send to them.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
@@ -1502,6 +1505,7 @@ WITH t AS (
         held_since = NULL,
         hold_expires_at = NULL,
         next_attempt_at = greatest(coalesce(s.send_at, t.now), t.now),
+        retry_from = greatest(coalesce(s.send_at, t.now), t.now),
         updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id AND cur.status = 'held'

@@ -27,8 +27,10 @@ async def test_approve_makes_a_held_step_pending_with_the_same_key_and_message_i
     approved = (await evidence(any_store, made.id))[-1]
     assert approved["kind"] == "approved" and approved["actor"] == "ada"
     assert approved["detail"]["note"] == "looks right" and approved["detail"]["edited"] is False
-    # Claimable now, once: the worker sends it.
-    assert [c.id for c in await claim(any_store, now=at(6))] == [made.id]
+    # Claimable now, once: the worker sends it, its retry budget counted from the approval
+    # (issue 29), not from the enqueue: the wait for a person is not the provider's time.
+    [claimed] = await claim(any_store, now=at(6))
+    assert claimed.id == made.id and claimed.budget_age == 1.0
     # A second approval finds it no longer held.
     with pytest.raises(StateConflict):
         await any_store.approve(made.id, actor="bob", note="me too", now=at(7))

@@ -6,6 +6,7 @@ held sends expire."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
 
@@ -53,10 +54,10 @@ def hold(db_url: str, step_id: int) -> None:
     )
 
 
-async def drain(store, sink: DevSmtpServer) -> None:
+async def drain(store, sink: DevSmtpServer, settings: Settings = SETTINGS) -> None:
     smtp = SmtpProvider(host=sink.host, port=sink.port, timeout=5)
     try:
-        worker = Worker(store, {"smtp": smtp}, SETTINGS.worker_config())
+        worker = Worker(store, {"smtp": smtp}, settings.worker_config())
         assert await worker.run(drain=True, install_signals=False) == 0
     finally:
         await smtp.close()
@@ -146,6 +147,30 @@ async def test_an_approval_with_a_correction_sends_the_correction_and_the_agents
         await drain(store, sink)
         [message] = sink.wait_for(1)
     assert message_from_bytes(message["data"])["Subject"] == "Hello"
+
+
+async def test_an_approval_starts_the_retry_budget_so_a_greylisted_first_contact_is_retried(store, db_url, keys):
+    """Issue 29: a send held longer than EVQ_RETRY_FOR, then approved, meets greylisting (a real
+    SMTP server answers 451 at RCPT once, then 250). The budget starts at the approval, as at an
+    operator's requeue: the 451 is retried and the send accepted, not rejected after one attempt."""
+    budget = replace(SETTINGS, retry_for=600)
+    asked_at = datetime.now(UTC) - timedelta(hours=2)  # held two hours, the budget is ten minutes
+    [made] = await held_steps(store, now=asked_at, run_id="r-grey", step_id="s")
+    done = await approvals.approve(store, Caller(keys["operator"].text), made.id, note="a new customer, fine")
+    with DevSmtpServer() as sink:
+        sink.queue_fault("tempfail")  # greylisting: 451 4.7.1 at RCPT, the first time only
+        await drain(store, sink, budget)
+        [message] = sink.wait_for(1)
+    s = step_row(db_url, made.id)
+    assert (s["status"], s["reason"], s["attempts"]) == ("accepted", "provider_accepted", 2), s
+    answers = rows(
+        db_url,
+        "SELECT outcome, to_status FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id",
+        (made.id,),
+    )
+    assert [(a["outcome"], a["to_status"]) for a in answers] == [("retryable", "retryable"), ("accepted", "accepted")]
+    assert message_from_bytes(message["data"])["Message-ID"] == s["message_id"]
+    assert s["retry_from"] == done.data["decided_at"]
 
 
 async def test_a_denial_rejects_and_notifies(store, db_url, keys):
