@@ -1,7 +1,8 @@
 """The expiry of held sends (issue 17): a background pass every worker runs.
 
 A held send nobody approved before ``hold_expires_at`` is closed ``rejected`` (reason
-``approval_expired``) with ``hold_expired`` evidence, and its ``notify`` is told, so an
+``approval_expired``) with ``hold_expired`` evidence, and its ``notify`` is told (if its sender
+is known to mail it: notice_candidates in adapters/postgres/queries.sql), so an
 agent waiting on it learns it will not go out. The statement takes a batch at a time
 with SKIP LOCKED: several workers never close a row twice, and a row an approver holds
 is left to them.

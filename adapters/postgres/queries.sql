@@ -768,6 +768,12 @@ ORDER BY c.provider;
 -- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
+-- A held send denied or expired was never approved: its request's own notify address is
+-- told only if the send's sender is known to be allowed to mail that very address
+-- (known_recipients), never on the request's word alone: a stranger there (a first contact
+-- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
+-- unheld and uncharged (issue 29). The key's own address (an admin set it) is not the
+-- request's word; the key's feed (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
@@ -785,6 +791,9 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
+  AND (s.notify IS NULL OR s.reason NOT IN ('denied', 'approval_expired')
+       OR EXISTS (SELECT 1 FROM known_recipients kr
+                  WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
 
 

@@ -115,7 +115,7 @@ async def approve(
 async def deny(
     store: AppStore, caller: Caller, step_id: int, *, note: str, dry_run: bool = False, now: datetime | None = None
 ) -> Reply:
-    """A held send is closed rejected (reason denied); its ``notify`` is told."""
+    """A held send is closed rejected (reason denied); its ``notify`` is told if its sender may mail it."""
     text = _note(note, required=True)
     assert text is not None
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)

@@ -1252,9 +1252,11 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "steps.deny",
-        "Deny a held send: it is closed rejected (reason denied), never sent, and its notify is told.",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and a known notify is told.",
         "Deny a held send: it is closed rejected (reason denied), never sent, and its "
-        "notify address is told. Only a held step can be denied (exit 3 otherwise); an "
+        "notify address is told if its sender is known to mail it (known_recipients: a stranger "
+        "the hold was waiting on is never mailed on the agent's word; the key's event feed has "
+        "the rejection either way). Only a held step can be denied (exit 3 otherwise); an "
         "agent key never can (exit 4).",
         Effect.WRITE,
         (

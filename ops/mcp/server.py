@@ -389,7 +389,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             ),
             _tool(
                 "steps.deny",
-                "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
+                "Deny a held send (operator or admin key only): rejected, reason denied, never sent, a known notify told. "
                 "Dry-runs unless dry_run is false.",
                 held_schema("steps.deny"),
                 deny,

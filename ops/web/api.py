@@ -436,7 +436,7 @@ async def approve_step(
 
 @router.post(
     "/steps/{step_id}/deny",
-    summary="Deny a held send: rejected (reason denied), never sent, notify told",
+    summary="Deny a held send: rejected (reason denied), never sent, a known notify address told",
     description="Needs a key with role operator or admin (an agent key: 403); `note` is required. Only a held "
     "step (409 otherwise).",
     responses=_responses(

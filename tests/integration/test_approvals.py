@@ -17,6 +17,7 @@ from evq.ops.app import approvals, service
 from evq.ops.app.service import Caller
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
+from evq.worker.approval import ApprovalPolicy, FirstContact
 from evq.worker.approvals import ExpirerConfig, HoldExpirer
 from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
 from evq.worker.keys import Role, generate
@@ -36,6 +37,7 @@ SETTINGS = Settings(
     smtp_timeout=5,
 )
 NOTIFY = "agent-inbox@example.org"
+STRANGER = "stranger@victim.example"
 
 
 async def make_key(store, name: str, role: Role):
@@ -173,25 +175,63 @@ async def test_an_approval_starts_the_retry_budget_so_a_greylisted_first_contact
     assert s["retry_from"] == done.data["decided_at"]
 
 
-async def test_a_denial_rejects_and_notifies(store, db_url, keys):
-    made = await enqueue_as(store, keys["agent"], run_id="r-no", step_id="s", notify=NOTIFY, subject="Offer")
-    hold(db_url, made["id"])
+async def test_denial_and_expiry_never_mail_a_first_contact_notify_and_the_keys_feed_learns(store, db_url, keys):
+    """Issue 29: a send held only because its notify address is a first contact, then denied or
+    left to expire (no person at all), tells nobody there: over a real SMTP server that address
+    receives nothing, and the enqueuing key's feed has both rejections. A notify address the
+    sender is known to mail (one an approver let it mail before) still gets its notices."""
+    policy = replace(POLICY, approval=ApprovalPolicy(first_contact=FirstContact.ADDRESS))
+    agent, operator = Caller(keys["agent"].text, interface="http"), Caller(keys["operator"].text)
+
+    async def held(**overrides):
+        made = (await service.enqueue(store, agent, [request(run_id="r-fc", **overrides)], policy)).data
+        assert step_row(db_url, made["id"])["status"] == "held"
+        return made["id"]
+
+    teach = await held(step_id="teach", to=[NOTIFY], subject="Hello team")
+    await approvals.approve(store, operator, teach, note="our own inbox")  # NOTIFY is known now
+    lured = {
+        what: await held(step_id=what, to=[NOTIFY], notify=STRANGER, subject="You won a prize")
+        for what in ("denied", "expired")
+    }
+    for step in lured.values():  # held for its notify address alone
+        [rule] = step_row(db_url, step)["hold"]["rules"]
+        assert (rule["rule"], rule["recipients"]) == ("first_contact", [STRANGER])
+    told = {
+        what: await held(step_id=f"told-{what}", to=[f"{what}@new.example"], notify=NOTIFY, subject="Offer")
+        for what in ("denied", "expired")
+    }
     with pytest.raises(Forbidden):
-        await approvals.deny(store, Caller(keys["agent"].text), made["id"], note="no")
+        await approvals.deny(store, agent, lured["denied"], note="no")
     with pytest.raises(InvalidRequest):  # a note is required
-        await approvals.deny(store, Caller(keys["operator"].text), made["id"], note=" ")
-    await approvals.deny(store, Caller(keys["operator"].text), made["id"], note="not to this customer")
-    s = step_row(db_url, made["id"])
-    assert (s["status"], s["reason"]) == ("rejected", "denied")
-    assert evidence_kinds(db_url, made["id"]) == ["denied", "notice_enqueued"]
-    [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (made["id"],))
-    assert feed["reason"] == "denied" and feed["key_id"] == keys["agent"].key_id
+        await approvals.deny(store, operator, lured["denied"], note=" ")
+    for what in (lured, told):
+        await approvals.deny(store, operator, what["denied"], note="not to this customer")
+        execute(db_url, "UPDATE email_steps SET hold_expires_at = now() - interval '1 second' WHERE id = %s",
+                (what["expired"],))  # fmt: skip
+    assert await HoldExpirer(store).run_once() == 2
     with DevSmtpServer() as sink:
         await drain(store, sink)
-        [notice] = sink.wait_for(1)
-    assert notice["rcpt_tos"] == [NOTIFY]
-    text = message_from_bytes(notice["data"]).get_payload(decode=True).decode()
+        sink.wait_for(3)  # the approved send and the two notices owed to NOTIFY
+        await drain(store, sink)
+        messages = sink.messages
+    assert not [m for m in messages if STRANGER in m["rcpt_tos"]]
+    assert all(m["rcpt_tos"] == [NOTIFY] for m in messages) and len(messages) == 3
+    parsed = [message_from_bytes(m["data"]) for m in messages]
+    notices = {n["References"]: n for n in parsed if n["References"] is not None}
+    assert set(notices) == {step_row(db_url, step)["message_id"] for step in told.values()}
+    assert all(n["Subject"] == "[delivery failed] Offer" for n in notices.values())
+    text = notices[step_row(db_url, told["denied"])["message_id"]].get_payload(decode=True).decode()
     assert "denied" in text and "not to this customer" in text
+    for what, reason, kind in (("denied", "denied", "denied"), ("expired", "approval_expired", "hold_expired")):
+        assert evidence_kinds(db_url, lured[what]) == ["held", kind]
+        assert evidence_kinds(db_url, told[what]) == ["held", kind, "notice_enqueued"]
+        for step in (lured[what], told[what]):
+            s = step_row(db_url, step)
+            assert (s["status"], s["reason"]) == ("rejected", reason)
+            # The agent learns either way: its key's feed has the rejection.
+            [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (step,))
+            assert feed["reason"] == reason and feed["key_id"] == keys["agent"].key_id
 
 
 async def test_a_cancelled_step_is_never_sent(store, db_url, keys):
@@ -223,12 +263,12 @@ async def test_a_step_in_flight_cannot_be_cancelled(store, db_url, keys):
     assert step_row(db_url, made["id"])["status"] == "in_flight"
 
 
-async def test_held_sends_expire_rejected_and_notify(store, db_url):
+async def test_held_sends_expire_rejected(store, db_url):
     now = datetime.now(UTC)
-    [late] = await held_steps(store, expires_at=now - timedelta(seconds=1), notify=NOTIFY)
+    [late] = await held_steps(store, expires_at=now - timedelta(seconds=1))
     [later] = await held_steps(store, expires_at=now + timedelta(hours=1))
     assert await HoldExpirer(store, ExpirerConfig(batch=1)).run_once() == 1
     s = step_row(db_url, late.id)
     assert (s["status"], s["reason"]) == ("rejected", "approval_expired")
-    assert evidence_kinds(db_url, late.id) == ["held", "hold_expired", "notice_enqueued"]
+    assert evidence_kinds(db_url, late.id) == ["held", "hold_expired"]
     assert step_row(db_url, later.id)["status"] == "held"

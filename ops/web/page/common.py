@@ -43,7 +43,7 @@ HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decisi
 CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
 DONE = {
     "approved": "Approved: the send is released and goes out with the same key and Message-ID.",
-    "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
+    "denied": "Denied: the send is rejected (reason denied); its notify address is told if its sender is known to mail it.",
     "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
     "requeued": "Requeued: the send goes out again with the same key and Message-ID.",
 }
