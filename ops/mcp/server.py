@@ -270,9 +270,14 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def approve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(held_schema("steps.approve"), args)
-        edits = {k: a[k] for k in ("subject", "text", "html") if a.get(k) is not None}
         return await approvals.approve(
-            store, caller(), a["step_id"], note=a["note"], edits=edits or None, dry_run=a["dry_run"], policy=policy
+            store,
+            caller(),
+            a["step_id"],
+            note=a["note"],
+            edits=approvals.corrections(a),
+            dry_run=a["dry_run"],
+            policy=policy,
         )
 
     async def deny(args: Mapping[str, Any]) -> service.Reply:
