@@ -1772,6 +1772,13 @@ WHERE p.id = 1;
 SELECT pepper FROM api_key_pepper WHERE id = 1;
 
 
+-- name: wire_keys_from
+-- The first step id whose HTTP idempotency key is keyed by a secret derived from the pepper
+-- (0027, adapters/http/provider.py::WireKeys); the steps before keep the key they may
+-- already have been sent under.
+SELECT wire_keys_from FROM api_key_pepper WHERE id = 1;
+
+
 -- name: api_key_rehash
 -- A legacy (scrypt) hash replaced by its HMAC after a successful check; guarded by the
 -- old hash, so two servers rehashing at once write the same value once.
