@@ -129,13 +129,18 @@ def provider_profiles(
 
 def needs_pepper(settings: Settings) -> bool:
     """Whether the providers need the server's pepper: the SMTP journal's witness tags
-    (adapters/smtp/witness.py) are derived from it, for the sends and for the lookups."""
-    return settings.smtp_journal is not None or settings.journal_imap_url is not None
+    (adapters/smtp/witness.py) are derived from it, for the sends and for the lookups, and
+    the HTTP adapter's idempotency keys (adapters/http/provider.py, WireKeys)."""
+    return "http" in settings.adapter or settings.smtp_journal is not None or settings.journal_imap_url is not None
 
 
-def build_providers(settings: Settings, *, pepper: bytes | None = None) -> dict[str, Provider]:
+def build_providers(
+    settings: Settings, *, pepper: bytes | None = None, wire_keys_from: int | None = None
+) -> dict[str, Provider]:
     """The providers EVQ_ADAPTER names; ``pepper``: the server's (PostgresKeys.server_pepper),
-    required when :func:`needs_pepper`."""
+    required when :func:`needs_pepper`; ``wire_keys_from``: the first step id whose HTTP
+    idempotency key is keyed by it (PostgresKeys.wire_keys_from, migration 0027), required
+    with the HTTP adapter."""
     providers: dict[str, Provider] = {}
     profiles = provider_profiles(settings)
     for name in settings.adapter:
@@ -163,10 +168,15 @@ def build_providers(settings: Settings, *, pepper: bytes | None = None) -> dict[
                 profile=profiles[name],
             )
         elif name == "http":
-            from evq.adapters.http import HttpProvider
+            from evq.adapters.http import HttpProvider, WireKeys
 
             http = settings.http_config()
             assert http.api_key  # HttpConfig.validate insists
+            if pepper is None or wire_keys_from is None:
+                raise ValueError(
+                    "the HTTP adapter's idempotency keys need the server's pepper: "
+                    "build_providers(settings, pepper=..., wire_keys_from=...)"
+                )
             providers[name] = HttpProvider(
                 base_url=http.base_url,
                 api_key=http.api_key,
@@ -175,6 +185,7 @@ def build_providers(settings: Settings, *, pepper: bytes | None = None) -> dict[
                 policy=settings.policy(),
                 max_connections=settings.concurrency,
                 profile=profiles[name],
+                wire_keys=WireKeys.from_pepper(pepper, wire_keys_from),
             )
         elif name == "ses":
             try:
@@ -417,7 +428,8 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         with metrics_endpoint(settings, url):
             async with open_store(settings, url=url, patient=True) as store:
                 pepper = await store.server_pepper() if needs_pepper(settings) else None
-                providers.update(build_providers(settings, pepper=pepper))
+                keyed_from = await store.wire_keys_from() if "http" in settings.adapter else None
+                providers.update(build_providers(settings, pepper=pepper, wire_keys_from=keyed_from))
                 callbacks = CallbackSender(store, poster, CallbackConfig(timeout=http.callback_timeout))
                 owner = new_owner()
                 # The queue's figures once a minute for the overview's charts (worker/sampler.py).

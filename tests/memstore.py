@@ -1073,6 +1073,12 @@ class MemoryStore:
             partial = s["status"] == "accepted" and s["reason"] == "partially_refused"
             if s["status"] not in statuses and not partial:
                 continue
+            if (
+                s["notify"] is not None
+                and s["reason"] in ("denied", "approval_expired")
+                and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
+            ):
+                continue  # notice_candidates: a stranger is never told on an unapproved request's word
             answers = [e for e in self._evidence_of(step_id) if e["outcome"] == "accepted" and e["kind"] in ANSWERS]
             refused = answers[-1]["detail"].get("refused") if partial and answers else None
             try:
@@ -1891,6 +1897,7 @@ class MemoryStore:
             held_since=None,
             hold_expires_at=None,
             next_attempt_at=max(s["send_at"] or at, at),
+            retry_from=max(s["send_at"] or at, at),
             updated_at=at,
             **changes,
         )

@@ -22,6 +22,17 @@ _seq = itertools.count(1)
 POLICY = Policy(providers=("smtp", "http", "null"), default_provider="smtp")
 
 
+def _wire_keys() -> Any:
+    from evq.adapters.http import WireKeys
+
+    return WireKeys.from_pepper(b"an installation's pepper, tests".ljust(32, b"."), keyed_from=1)
+
+
+# The HTTP adapter's idempotency keys in tests that build it by hand (evq's worker derives them
+# from its database's pepper: ops/wiring.py); tests/integration/test_wire_keys.py tests those.
+WIRE_KEYS = _wire_keys()
+
+
 def request(**overrides: Any) -> dict[str, Any]:
     n = next(_seq)
     base: dict[str, Any] = {

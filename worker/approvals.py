@@ -1,7 +1,8 @@
 """The expiry of held sends (issue 17): a background pass every worker runs.
 
 A held send nobody approved before ``hold_expires_at`` is closed ``rejected`` (reason
-``approval_expired``) with ``hold_expired`` evidence, and its ``notify`` is told, so an
+``approval_expired``) with ``hold_expired`` evidence, and its ``notify`` is told (if its sender
+is known to mail it: notice_candidates in adapters/postgres/queries.sql), so an
 agent waiting on it learns it will not go out. The statement takes a batch at a time
 with SKIP LOCKED: several workers never close a row twice, and a row an approver holds
 is left to them.
@@ -95,6 +96,8 @@ def not_cancellable(step_id: int, row: Mapping[str, Any]) -> StateConflict:
 # What an approver may correct: the message's words, never who it goes to or from (a
 # different recipient is a different send, and would pass no first-contact rule).
 EDITABLE = ("subject", "text", "html")
+# ...and the one instruction that is not a word: drop the HTML part (an empty html does too).
+DROP_HTML = "drop_html"
 
 
 def edited(
@@ -108,14 +111,34 @@ def edited(
     """The approver's correction of a held step's ``payload`` as a new payload, validated by
     worker/request.py's ``parse`` with the rules of an enqueue (``policy``: the installation's;
     its providers and provenance rules were checked at enqueue and are not asked again). None:
-    the edits change nothing. ``from_sha256``: the stored hash the correction replaces. InvalidRequest names every bad field, as an enqueue would."""
-    unknown = [k for k in edits if k not in EDITABLE]
+    the edits change nothing. ``from_sha256``: the stored hash the correction replaces.
+    InvalidRequest names every bad field, as an enqueue would.
+
+    ``edits`` holds ``subject``, ``text``, ``html`` (an empty one removes that part) and
+    ``drop_html`` (true: remove the HTML part). A correction that changes the text of a send
+    with an HTML part must say what becomes of the HTML, by giving ``html`` (corrected, or the
+    same to keep it) or ``drop_html``: most mail clients show the HTML part, so a corrected text
+    beside the agent's HTML is a correction nobody sees (issue 29)."""
+    unknown = [k for k in edits if k not in (*EDITABLE, DROP_HTML)]
     if unknown:
         raise InvalidRequest(
-            [{"field": k[:100], "message": f"only {', '.join(EDITABLE)} can be corrected"} for k in unknown]
+            [
+                {"field": k[:100], "message": f"only {', '.join(EDITABLE)} can be corrected (or {DROP_HTML})"}
+                for k in unknown
+            ]
         )
+    drop = edits.get(DROP_HTML, False)
+    if not isinstance(drop, bool):
+        raise InvalidRequest([{"field": DROP_HTML, "message": "true or false"}])
+    words = {k: v for k, v in edits.items() if k in EDITABLE}
+    if drop:
+        if words.get("html"):
+            raise InvalidRequest(
+                [{"field": "html", "message": f"a corrected html and {DROP_HTML} say opposite things: give one"}]
+            )
+        words["html"] = ""
     request = {k: v for k, v in payload.items() if k in REQUEST_FIELDS and v is not None}
-    request.update({k: (v if v != "" else None) for k, v in edits.items()})
+    request.update({k: (v if v != "" else None) for k, v in words.items()})
     request = {k: v for k, v in request.items() if v is not None}
     request.update(run_id="approval", step_id="approval", provider=provider)
     base = policy or Policy()
@@ -134,6 +157,16 @@ def edited(
     )
     valid = parse(request, rules)
     fields = tuple(k for k in EDITABLE if valid.payload.get(k) != payload.get(k))
+    if "text" in fields and payload.get("html") and "html" not in words:
+        raise InvalidRequest(
+            [
+                {
+                    "field": "html",
+                    "message": "the text is corrected but the HTML part, which most mail clients show, "
+                    f"would go out as the agent wrote it: give the corrected html too, or {DROP_HTML}",
+                }
+            ]
+        )
     if not fields:
         return None
     return Edit(

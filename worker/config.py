@@ -36,7 +36,7 @@ WORKER_OPTIONS: tuple[Option, ...] = (
         "retry_for",
         duration,
         432000.0,
-        "How long a step keeps being retried after temporary failures, from its enqueue (seconds, or 30m, 12h, 5d); then it is rejected (retry_budget_exhausted).",
+        "How long a step keeps being retried after temporary failures, from its enqueue, its approval or an operator's requeue (seconds, or 30m, 12h, 5d); then it is rejected (retry_budget_exhausted).",
         minimum=1,
     ),
     Option(

@@ -10,19 +10,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["TAG_NAME", "HttpConfig", "HttpProvider", "retry_after", "tag_value", "wire_body", "wire_key"]
+__all__ = [
+    "TAG_NAME",
+    "HttpConfig",
+    "HttpProvider",
+    "WireKeys",
+    "legacy_wire_key",
+    "retry_after",
+    "tag_value",
+    "wire_body",
+]
 
 _WHERE = {
     "HttpConfig": "evq.adapters.http.config",
     **{
         name: "evq.adapters.http.provider"
-        for name in ("TAG_NAME", "HttpProvider", "retry_after", "tag_value", "wire_body", "wire_key")
+        for name in ("TAG_NAME", "HttpProvider", "WireKeys", "legacy_wire_key", "retry_after", "tag_value", "wire_body")
     },
 }
 
 if TYPE_CHECKING:
     from evq.adapters.http.config import HttpConfig
-    from evq.adapters.http.provider import TAG_NAME, HttpProvider, retry_after, tag_value, wire_body, wire_key
+    from evq.adapters.http.provider import (
+        TAG_NAME,
+        HttpProvider,
+        WireKeys,
+        legacy_wire_key,
+        retry_after,
+        tag_value,
+        wire_body,
+    )
 
 
 def __getattr__(name: str) -> Any:

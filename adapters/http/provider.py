@@ -28,19 +28,34 @@ otherwise leaves the step ``unknown`` for the reconciler, which calls :meth:`loo
 Whether the request was written is known exactly, from httpcore's trace events (a forward
 proxy's ``CONNECT``, HTTPS_PROXY, comes through the same hook and is not our request).
 
-Keys and tags: the ``Idempotency-Key`` is the step's key when it is printable ASCII
-of at most 256 characters (Resend's limit), else ``sha256:`` and its digest. The tag
-``evq_key`` carries the key's SHA-256 hex digest, because tag values may only hold
-letters, digits, ``_`` and ``-``. The API key is never logged, never in evidence.
+Keys and tags: the ``Idempotency-Key`` is ``evq1-`` and the HMAC-SHA256 (hex) of the step's
+key under a secret derived from this installation's pepper (:class:`WireKeys`): 69 printable
+characters, within Resend's 256, the same on every attempt of a step. Keys are the callers' to
+choose, so sending one as it is let an agent take another step's key at the provider first (a
+literal ``sha256:<digest of the victim's key>``: the victim's send met "same key, different
+body" and was lost), and two installations sharing a provider account collided on every key
+both used; no caller can choose this one, and each installation's differs. Steps enqueued
+before migration 0027 keep the form they may already have been sent under
+(:func:`legacy_wire_key`: the key itself when it is printable ASCII of at most 256 characters,
+else ``sha256:`` and its digest): a new key inside the provider's window would be a second send.
+
+The tag ``evq_key`` carries the key's SHA-256 hex digest (tag values may only hold letters,
+digits, ``_`` and ``-``), which webhooks match the step by (worker/delivery.py). It is no
+secret, so another installation's message with the same key carries the same tag: a listed
+message whose headers name another Message-ID is not ours (:meth:`HttpProvider.lookup`).
+The API key is never logged, never in evidence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -82,10 +97,42 @@ def tag_value(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
 
 
-def wire_key(idempotency_key: str) -> str:
+def legacy_wire_key(idempotency_key: str) -> str:
+    """The ``Idempotency-Key`` of a step enqueued before migration 0027: the key itself, or its
+    digest. A caller can choose it, so it is only ever sent for those steps."""
     if len(idempotency_key) <= MAX_KEY and _PRINTABLE_ASCII.match(idempotency_key):
         return idempotency_key
     return "sha256:" + tag_value(idempotency_key)
+
+
+WIRE_KEY_PREFIX = "evq1-"
+# What the pepper is keyed with to give this secret: a label of its own, so the secret is no
+# other use's (API key hashes, callback secrets: worker/keys.py, worker/callbacks.py).
+_WIRE_LABEL = b"evq-provider-idempotency-key:v1"
+
+
+@dataclass(frozen=True, slots=True)
+class WireKeys:
+    """How a step's idempotency key becomes the provider's ``Idempotency-Key``: keyed by a
+    secret no caller knows and each installation has its own of, the same for every attempt
+    of a step (invariant 1). ``keyed_from``: the first step id sent that way
+    (``api_key_pepper.wire_keys_from``); a step below it keeps :func:`legacy_wire_key`."""
+
+    secret: bytes = dataclasses.field(repr=False)
+    keyed_from: int
+
+    @classmethod
+    def from_pepper(cls, pepper: bytes, keyed_from: int) -> WireKeys:
+        """From this installation's pepper (table ``api_key_pepper``: random, made once by the
+        migration, never rewritten, readable by the runtime role only)."""
+        if len(pepper) < 32 or keyed_from < 1:
+            raise ValueError("the wire keys need the installation's 32-byte pepper and a first step id")
+        return cls(secret=hmac.new(pepper, _WIRE_LABEL, hashlib.sha256).digest(), keyed_from=keyed_from)
+
+    def key(self, step_id: int, idempotency_key: str) -> str:
+        if step_id < self.keyed_from:
+            return legacy_wire_key(idempotency_key)
+        return WIRE_KEY_PREFIX + hmac.new(self.secret, idempotency_key.encode(), hashlib.sha256).hexdigest()
 
 
 def wire_body(request: SendRequest) -> bytes:
@@ -180,6 +227,7 @@ class HttpProvider:
         policy: Policy = Policy(),
         max_connections: int = 16,
         profile: ProviderProfile | None = None,
+        wire_keys: WireKeys,
     ):
         if not api_key:
             raise ValueError("the HTTP adapter needs an API key")
@@ -195,6 +243,7 @@ class HttpProvider:
         )
         self.timeout = timeout
         self.policy = policy
+        self.wire_keys = wire_keys
         self._api_key = api_key  # kept off repr() and out of every outcome
         register_secrets([api_key, *url_secrets(base_url)])
         self.shown_url = shown_url(self.base_url)  # every message and log line names this one
@@ -261,7 +310,10 @@ class HttpProvider:
                 self._client.post(
                     "/emails",
                     content=wire_body(request),
-                    headers={"Idempotency-Key": wire_key(request.idempotency_key), "Content-Type": "application/json"},
+                    headers={
+                        "Idempotency-Key": self.wire_keys.key(request.step_id, request.idempotency_key),
+                        "Content-Type": "application/json",
+                    },
                     extensions={"trace": trace},
                 ),
                 timeout=whole,
@@ -340,7 +392,9 @@ class HttpProvider:
     async def lookup(self, idempotency_key: str, message_id: str) -> LookupResult:
         """Find the message by the tag carrying our key. A listed message counts only if
         it carries that tag itself (read from ``GET /emails/{id}`` when the list omits
-        tags): a provider that ignored the filter must not settle a row."""
+        tags): a provider that ignored the filter must not settle a row. One whose headers
+        name another Message-ID is another installation's send of the same key (the tag is
+        the key's plain digest, the same in both), and does not settle ours either."""
         value = tag_value(idempotency_key)
         query = f"{TAG_NAME}:{value}"
         listed = await self._get("/emails", params={"tag": query})
@@ -351,7 +405,7 @@ class HttpProvider:
             if not isinstance(item, dict) or not isinstance(item.get("id"), str):
                 continue
             record = item if "tags" in item else await self._get(f"/emails/{item['id']}")
-            if _carries_tag(record, value):
+            if _carries_tag(record, value) and not _names_another_message(record, message_id):
                 return LookupResult(
                     found=True,
                     provider_message_id=item["id"],
@@ -401,6 +455,16 @@ def _carries_tag(record: Mapping[str, Any], value: str) -> bool:
     return isinstance(tags, list) and any(
         isinstance(t, dict) and t.get("name") == TAG_NAME and t.get("value") == value for t in tags
     )
+
+
+def _names_another_message(record: Mapping[str, Any], message_id: str) -> bool:
+    """Whether the record's headers (when the provider shows them) carry our Message-ID header
+    with another value."""
+    headers = record.get("headers")
+    if not isinstance(headers, Mapping):
+        return False
+    shown = next((v for k, v in headers.items() if str(k).lower() == MESSAGE_ID_HEADER.lower()), None)
+    return shown is not None and shown != message_id
 
 
 def _summary(record: Mapping[str, Any]) -> dict[str, Any]:

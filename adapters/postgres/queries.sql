@@ -768,6 +768,12 @@ ORDER BY c.provider;
 -- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
+-- A held send denied or expired was never approved: its request's own notify address is
+-- told only if the send's sender is known to be allowed to mail that very address
+-- (known_recipients), never on the request's word alone: a stranger there (a first contact
+-- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
+-- unheld and uncharged (issue 29). The key's own address (an admin set it) is not the
+-- request's word; the key's feed (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
@@ -785,6 +791,9 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
+  AND (s.notify IS NULL OR s.reason NOT IN ('denied', 'approval_expired')
+       OR EXISTS (SELECT 1 FROM known_recipients kr
+                  WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
 
 
@@ -1479,8 +1488,11 @@ LEFT JOIN ev ON true;
 -- (%(payload)s, validated by the caller as at enqueue) the payload and its hash change and
 -- requested_sha256 keeps the agent's own hash (the step guard allows exactly this, 0018);
 -- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
--- It is due at once, or at send_at when that is later. Its recipients become known to the
--- sender (address and @domain), so the first-contact rule does not hold the next send to them.
+-- It is due at once, or at send_at when that is later, and its retry budget (EVQ_RETRY_FOR)
+-- starts then, as an operator's requeue restarts it (step_resolve): the days it waited for a
+-- person are not the provider's, and a greylisting 451 on first contact must still be retried.
+-- Its recipients become known to the sender (address and @domain), so the first-contact rule
+-- does not hold the next send to them.
 -- A second person decides: the key that enqueued the step (its decision's actor_key_id) never
 -- approves it (`asked`), whichever interface asked (ops/app/approvals.py refuses it first).
 WITH t AS (
@@ -1506,6 +1518,7 @@ WITH t AS (
         held_since = NULL,
         hold_expires_at = NULL,
         next_attempt_at = greatest(coalesce(s.send_at, t.now), t.now),
+        retry_from = greatest(coalesce(s.send_at, t.now), t.now),
         updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id AND cur.status = 'held' AND NOT cur.asked
@@ -1761,6 +1774,13 @@ WHERE p.id = 1;
 
 -- name: api_key_pepper
 SELECT pepper FROM api_key_pepper WHERE id = 1;
+
+
+-- name: wire_keys_from
+-- The first step id whose HTTP idempotency key is keyed by a secret derived from the pepper
+-- (0027, adapters/http/provider.py::WireKeys); the steps before keep the key they may
+-- already have been sent under.
+SELECT wire_keys_from FROM api_key_pepper WHERE id = 1;
 
 
 -- name: api_key_rehash

@@ -354,8 +354,13 @@ api_key_pepper = Table(
     Column("id", SmallInteger, primary_key=True, autoincrement=False, server_default=text("1")),
     Column("pepper", BYTEA, nullable=False),
     Column("created_at", TZ, nullable=False, server_default=NOW),
+    # The first step id whose provider idempotency key is keyed by a secret derived from the
+    # pepper (0027, adapters/http/provider.py::WireKeys); steps below it keep the form they may
+    # already have been sent under.
+    Column("wire_keys_from", BigInteger, nullable=False),
     CheckConstraint("id = 1", name="one_row"),
     CheckConstraint("octet_length(pepper) >= 32", name="long_enough"),
+    CheckConstraint("wire_keys_from >= 1", name="wire_keys_from_positive"),
 )
 
 # What evq prune removed, one row per batch, written in the batch's own transaction

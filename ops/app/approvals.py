@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from evq.ops.app.service import Caller, Reply
-from evq.worker.approvals import edited, not_cancellable, not_held, self_approval
+from evq.worker.approvals import DROP_HTML, EDITABLE, edited, not_cancellable, not_held, self_approval
 from evq.worker.errors import Forbidden, InvalidRequest
 from evq.worker.keys import Identity, Permission, Role, authorize
 from evq.worker.ports import AppStore, Edit
@@ -46,6 +46,17 @@ def _note(note: str | None, *, required: bool) -> str | None:
     if note is not None and len(note) > MAX_NOTE:
         raise InvalidRequest([{"field": "note", "message": f"at most {MAX_NOTE} characters"}])
     return note
+
+
+def corrections(args: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An approval's corrections as every interface takes them (the command table's
+    ``steps.approve``: subject, text, html, drop_html), for :func:`approve`; None: none given.
+    What they may be, and the rule that a corrected text says what becomes of the HTML part,
+    is worker/approvals.py's ``edited``, for all of them alike."""
+    edits = {k: args[k] for k in EDITABLE if args.get(k) is not None}
+    if args.get(DROP_HTML):
+        edits[DROP_HTML] = True
+    return edits or None
 
 
 def _current(step: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,14 +128,15 @@ async def approve(
     step_id: int,
     *,
     note: str,
-    edits: Mapping[str, str] | None = None,
+    edits: Mapping[str, Any] | None = None,
     dry_run: bool = False,
     now: datetime | None = None,
     policy: Policy | None = None,
 ) -> Reply:
     """A held send becomes pending (the same key and Message-ID) and the worker sends it.
-    ``edits`` (subject, text, html) correct the message: a new payload, validated as at
-    enqueue (``policy``: the installation's), a new hash; the evidence shows both."""
+    ``edits`` (:func:`corrections`: subject, text, html, drop_html) correct the message: a new
+    payload, validated as at enqueue (``policy``: the installation's), a new hash; the evidence
+    shows both. A corrected text must say what becomes of an HTML part (worker/approvals.py)."""
     text = _note(note, required=True)
     assert text is not None
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)
@@ -149,7 +161,7 @@ async def approve(
 async def deny(
     store: AppStore, caller: Caller, step_id: int, *, note: str, dry_run: bool = False, now: datetime | None = None
 ) -> Reply:
-    """A held send is closed rejected (reason denied); its ``notify`` is told."""
+    """A held send is closed rejected (reason denied); its ``notify`` is told if its sender may mail it."""
     text = _note(note, required=True)
     assert text is not None
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)

@@ -1220,6 +1220,9 @@ _TABLE: tuple[Command, ...] = (
         "--subject, --text and --html correct the message before it goes: a new request, "
         "validated as an enqueue is, with a new hash; the agent's hash is kept "
         "(requested_sha256), its retry still finds the step, and the evidence shows both. "
+        "--drop-html (or an empty --html) removes the HTML part. A corrected --text of a send "
+        "that has an HTML part is refused (exit 2) unless --html or --drop-html says what "
+        "becomes of it: most mail clients show the HTML, not the text. "
         "The recipients become known to the sender (the first-contact rule).",
         Effect.SEND,
         (
@@ -1232,7 +1235,12 @@ _TABLE: tuple[Command, ...] = (
             ),
             Param("subject", metavar="TEXT", help="Correct the subject before it is sent."),
             Param("text", metavar="TEXT", help="Correct the plain-text body before it is sent."),
-            Param("html", metavar="HTML", help="Correct the HTML body before it is sent."),
+            Param("html", metavar="HTML", help="Correct the HTML body before it is sent (empty: remove it)."),
+            Param(
+                "drop_html",
+                Kind.FLAG,
+                help="Remove the HTML part (a corrected --text needs this or --html when there is one).",
+            ),
             DRY_RUN,
             api_key(Permission.APPROVE),
             OUTPUT,
@@ -1242,6 +1250,7 @@ _TABLE: tuple[Command, ...] = (
         examples=(
             'evq steps approve 42 --note "checked with the account owner" --dry-run',
             'evq steps approve 42 --note "fixed the greeting" --subject "Your invoice"',
+            'evq steps approve 42 --note "wrong date" --text "See you on Monday" --drop-html',
         ),
         use_when="a person read a held send (`steps list --status held`, `steps show`) and it should go out",
         avoid_when="you asked for it: an agent key, and the key that enqueued it, never approve; wait, or cancel it",
@@ -1252,9 +1261,11 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "steps.deny",
-        "Deny a held send: it is closed rejected (reason denied), never sent, and its notify is told.",
+        "Deny a held send: it is closed rejected (reason denied), never sent, and a known notify is told.",
         "Deny a held send: it is closed rejected (reason denied), never sent, and its "
-        "notify address is told. Only a held step can be denied (exit 3 otherwise); an "
+        "notify address is told if its sender is known to mail it (known_recipients: a stranger "
+        "the hold was waiting on is never mailed on the agent's word; the key's event feed has "
+        "the rejection either way). Only a held step can be denied (exit 3 otherwise); an "
         "agent key never can (exit 4).",
         Effect.WRITE,
         (

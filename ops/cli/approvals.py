@@ -46,11 +46,12 @@ def steps_approve(
     subject: str | None,
     text: str | None,
     html: str | None,
+    drop_html: bool,
     dry_run: bool,
     credential: Credential,
     database_url: str | None,
 ) -> None:
-    edits = {k: v for k, v in (("subject", subject), ("text", text), ("html", html)) if v is not None}
+    edits = approvals.corrections({"subject": subject, "text": text, "html": html, "drop_html": drop_html})
     reply = _run(
         database_url,
         lambda store, settings: approvals.approve(
@@ -58,7 +59,7 @@ def steps_approve(
             credential.caller,
             step_id,
             note=note,
-            edits=edits or None,
+            edits=edits,
             dry_run=dry_run,
             policy=settings.policy(),
         ),

@@ -270,9 +270,14 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def approve(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(held_schema("steps.approve"), args)
-        edits = {k: a[k] for k in ("subject", "text", "html") if a.get(k) is not None}
         return await approvals.approve(
-            store, caller(), a["step_id"], note=a["note"], edits=edits or None, dry_run=a["dry_run"], policy=policy
+            store,
+            caller(),
+            a["step_id"],
+            note=a["note"],
+            edits=approvals.corrections(a),
+            dry_run=a["dry_run"],
+            policy=policy,
         )
 
     async def deny(args: Mapping[str, Any]) -> service.Reply:
@@ -389,7 +394,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             ),
             _tool(
                 "steps.deny",
-                "Deny a held send (operator or admin key only): rejected, reason denied, never sent, notify told. "
+                "Deny a held send (operator or admin key only): rejected, reason denied, never sent, a known notify told. "
                 "Dry-runs unless dry_run is false.",
                 held_schema("steps.deny"),
                 deny,

@@ -414,8 +414,9 @@ def held_schema(path: str) -> dict[str, Any]:
     "/steps/{step_id}/approve",
     summary="Approve a held send: it becomes pending (same key and Message-ID) and is sent",
     description="Needs a key with role operator or admin (an agent key: 403); `note` is required. `subject`, "
-    "`text`, `html` correct the message first (a new request hash; the evidence shows both). Only a held "
-    "step (409 otherwise).",
+    "`text`, `html` correct the message first (a new request hash; the evidence shows both); `drop_html` "
+    "removes the HTML part, and a corrected `text` of a send with one needs `html` or `drop_html` too (422). "
+    "Only a held step (409 otherwise).",
     responses=_responses(
         "steps.approve", 200, s404="no such step (E_NOT_FOUND)", s409="the step is not held (E_CONFLICT)"
     ),
@@ -426,13 +427,12 @@ async def approve_step(
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     args = await _arguments(request, held_schema("steps.approve"))
-    edits = {k: args[k] for k in ("subject", "text", "html") if args.get(k) is not None}
     reply = await approvals.approve(
         state.store,
         who,
         step_id,
         note=args["note"],
-        edits=edits or None,
+        edits=approvals.corrections(args),
         dry_run=args["dry_run"],
         policy=state.policy,
     )
@@ -441,7 +441,7 @@ async def approve_step(
 
 @router.post(
     "/steps/{step_id}/deny",
-    summary="Deny a held send: rejected (reason denied), never sent, notify told",
+    summary="Deny a held send: rejected (reason denied), never sent, a known notify address told",
     description="Needs a key with role operator or admin (an agent key: 403); `note` is required. Only a held "
     "step (409 otherwise).",
     responses=_responses(

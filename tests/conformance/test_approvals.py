@@ -27,8 +27,10 @@ async def test_approve_makes_a_held_step_pending_with_the_same_key_and_message_i
     approved = (await evidence(any_store, made.id))[-1]
     assert approved["kind"] == "approved" and approved["actor"] == "ada"
     assert approved["detail"]["note"] == "looks right" and approved["detail"]["edited"] is False
-    # Claimable now, once: the worker sends it.
-    assert [c.id for c in await claim(any_store, now=at(6))] == [made.id]
+    # Claimable now, once: the worker sends it, its retry budget counted from the approval
+    # (issue 29), not from the enqueue: the wait for a person is not the provider's time.
+    [claimed] = await claim(any_store, now=at(6))
+    assert claimed.id == made.id and claimed.budget_age == 1.0
     # A second approval finds it no longer held.
     with pytest.raises(StateConflict):
         await any_store.approve(made.id, actor="bob", actor_key_id="k-bob", note="me too", now=at(7))
@@ -79,8 +81,15 @@ async def test_a_correction_of_a_payload_changed_since_it_was_read_is_refused(an
     assert (await row(any_store, made.id))["status"] == "held"
 
 
+async def known_to_the_sender(store, address: str) -> None:
+    """``address`` made one the sender may mail: a held send to it, approved (known_recipients)."""
+    (teach,) = await held_steps(store, now=T0, run_id="r-teach", step_id=address, to=[address])
+    await store.approve(teach.id, actor="ada", note="a colleague", now=at(1))
+
+
 async def test_deny_rejects_and_tells_notify(any_store):
-    (made,) = await held_steps(any_store, now=T0, notify="owner@example.com")
+    await known_to_the_sender(any_store, "owner@example.com")
+    (made,) = await held_steps(any_store, now=T0, notify="Owner@example.com")
     done = await any_store.deny(made.id, actor="ada", note="not to this customer", now=at(2))
     assert (done.to_status, done.reason) == (Status.REJECTED, "denied")
     s = await row(any_store, made.id)
@@ -88,8 +97,19 @@ async def test_deny_rejects_and_tells_notify(any_store):
     assert await kinds(any_store, made.id) == ["held", "denied", "notice_enqueued"]
     with pytest.raises(StateConflict):
         await any_store.deny(made.id, actor="ada", note="again", now=at(3))
-    assert await claim(any_store, now=at(10), providers=("smtp",)) != []  # only the notice is claimable
-    assert all(c.id != made.id for c in await claim(any_store, now=at(11)))
+    claimed = await claim(any_store, now=at(10), limit=10)
+    assert claimed and made.id not in [c.id for c in claimed]  # the notice (and the approved send), never it
+
+
+async def test_a_denied_or_expired_held_send_never_tells_a_notify_address_its_sender_may_not_mail(any_store):
+    """Issue 29: the request's notify is the agent's word, and a held send nobody approved is
+    not a person's: a stranger there gets no notice of its denial or expiry."""
+    denied, expired = await held_steps(any_store, 2, now=T0, expires_at=at(60), notify="stranger@victim.example")
+    await any_store.deny(denied.id, actor="ada", note="cold contact", now=at(2))
+    assert await any_store.expire_held(limit=10, actor="expirer", now=at(61)) == 1
+    assert await kinds(any_store, denied.id) == ["held", "denied"]
+    assert await kinds(any_store, expired.id) == ["held", "hold_expired"]
+    assert await claim(any_store, now=at(70), limit=10) == []  # no notice was made
 
 
 async def test_cancel_pending_and_held_but_not_in_flight_or_maybe_delivered(any_store):
@@ -114,6 +134,7 @@ async def test_cancel_pending_and_held_but_not_in_flight_or_maybe_delivered(any_
 
 
 async def test_expire_held_closes_those_past_their_expiry_and_tells_notify(any_store):
+    await known_to_the_sender(any_store, "owner@example.com")
     late = await held_steps(any_store, 2, now=T0, expires_at=at(60), notify="owner@example.com")
     (later,) = await held_steps(any_store, now=T0, expires_at=at(600))
     (never,) = await held_steps(any_store, now=T0)

@@ -22,7 +22,7 @@ from evq.worker.outcomes import Rejected
 from evq.worker.ports import SendRequest
 from evq.worker.request import payload_digest
 from tests.acceptance.conftest import Evq, smtp_env
-from tests.support import request, rows, valid
+from tests.support import WIRE_KEYS, request, rows, valid
 from tests.web.support import checked, serving
 
 SPACED = "=?utf-8?q?hi =0D=0ABcc:evil@evil.com?="
@@ -136,7 +136,7 @@ async def test_the_http_adapter_checks_what_it_is_about_to_send(patch):
     """What the provider would write into the message's headers is checked in the wire body itself."""
     clean = valid(run_id="ew", step_id="http", to=["ok@example.com"])
     with DevHttpServer(api_key="k" * 24) as server:
-        provider = HttpProvider(base_url=server.url, api_key="k" * 24, timeout=2)
+        provider = HttpProvider(base_url=server.url, api_key="k" * 24, timeout=2, wire_keys=WIRE_KEYS)
         try:
             outcome = await provider.send(
                 SendRequest(

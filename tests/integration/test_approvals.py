@@ -6,6 +6,7 @@ held sends expire."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
 
@@ -16,6 +17,7 @@ from evq.ops.app import approvals, service
 from evq.ops.app.service import Caller
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
+from evq.worker.approval import ApprovalPolicy, FirstContact
 from evq.worker.approvals import ExpirerConfig, HoldExpirer
 from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
 from evq.worker.keys import Role, generate
@@ -35,6 +37,7 @@ SETTINGS = Settings(
     smtp_timeout=5,
 )
 NOTIFY = "agent-inbox@example.org"
+STRANGER = "stranger@victim.example"
 
 
 async def make_key(store, name: str, role: Role):
@@ -53,10 +56,10 @@ def hold(db_url: str, step_id: int) -> None:
     )
 
 
-async def drain(store, sink: DevSmtpServer) -> None:
+async def drain(store, sink: DevSmtpServer, settings: Settings = SETTINGS) -> None:
     smtp = SmtpProvider(host=sink.host, port=sink.port, timeout=5)
     try:
-        worker = Worker(store, {"smtp": smtp}, SETTINGS.worker_config())
+        worker = Worker(store, {"smtp": smtp}, settings.worker_config())
         assert await worker.run(drain=True, install_signals=False) == 0
     finally:
         await smtp.close()
@@ -134,25 +137,87 @@ async def test_an_approval_with_a_correction_sends_the_correction_and_the_agents
     assert message_from_bytes(message["data"])["Subject"] == "Hello"
 
 
-async def test_a_denial_rejects_and_notifies(store, db_url, keys):
-    made = await enqueue_as(store, keys["agent"], run_id="r-no", step_id="s", notify=NOTIFY, subject="Offer")
-    hold(db_url, made["id"])
+async def test_an_approval_starts_the_retry_budget_so_a_greylisted_first_contact_is_retried(store, db_url, keys):
+    """Issue 29: a send held longer than EVQ_RETRY_FOR, then approved, meets greylisting (a real
+    SMTP server answers 451 at RCPT once, then 250). The budget starts at the approval, as at an
+    operator's requeue: the 451 is retried and the send accepted, not rejected after one attempt."""
+    budget = replace(SETTINGS, retry_for=600)
+    asked_at = datetime.now(UTC) - timedelta(hours=2)  # held two hours, the budget is ten minutes
+    [made] = await held_steps(store, now=asked_at, run_id="r-grey", step_id="s")
+    done = await approvals.approve(store, Caller(keys["operator"].text), made.id, note="a new customer, fine")
+    with DevSmtpServer() as sink:
+        sink.queue_fault("tempfail")  # greylisting: 451 4.7.1 at RCPT, the first time only
+        await drain(store, sink, budget)
+        [message] = sink.wait_for(1)
+    s = step_row(db_url, made.id)
+    assert (s["status"], s["reason"], s["attempts"]) == ("accepted", "provider_accepted", 2), s
+    answers = rows(
+        db_url,
+        "SELECT outcome, to_status FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id",
+        (made.id,),
+    )
+    assert [(a["outcome"], a["to_status"]) for a in answers] == [("retryable", "retryable"), ("accepted", "accepted")]
+    assert message_from_bytes(message["data"])["Message-ID"] == s["message_id"]
+    assert s["retry_from"] == done.data["decided_at"]
+
+
+async def test_denial_and_expiry_never_mail_a_first_contact_notify_and_the_keys_feed_learns(store, db_url, keys):
+    """Issue 29: a send held only because its notify address is a first contact, then denied or
+    left to expire (no person at all), tells nobody there: over a real SMTP server that address
+    receives nothing, and the enqueuing key's feed has both rejections. A notify address the
+    sender is known to mail (one an approver let it mail before) still gets its notices."""
+    policy = replace(POLICY, approval=ApprovalPolicy(first_contact=FirstContact.ADDRESS))
+    agent, operator = Caller(keys["agent"].text, interface="http"), Caller(keys["operator"].text)
+
+    async def held(**overrides):
+        made = (await service.enqueue(store, agent, [request(run_id="r-fc", **overrides)], policy)).data
+        assert step_row(db_url, made["id"])["status"] == "held"
+        return made["id"]
+
+    teach = await held(step_id="teach", to=[NOTIFY], subject="Hello team")
+    await approvals.approve(store, operator, teach, note="our own inbox")  # NOTIFY is known now
+    lured = {
+        what: await held(step_id=what, to=[NOTIFY], notify=STRANGER, subject="You won a prize")
+        for what in ("denied", "expired")
+    }
+    for step in lured.values():  # held for its notify address alone
+        [rule] = step_row(db_url, step)["hold"]["rules"]
+        assert (rule["rule"], rule["recipients"]) == ("first_contact", [STRANGER])
+    told = {
+        what: await held(step_id=f"told-{what}", to=[f"{what}@new.example"], notify=NOTIFY, subject="Offer")
+        for what in ("denied", "expired")
+    }
     with pytest.raises(Forbidden):
-        await approvals.deny(store, Caller(keys["agent"].text), made["id"], note="no")
+        await approvals.deny(store, agent, lured["denied"], note="no")
     with pytest.raises(InvalidRequest):  # a note is required
-        await approvals.deny(store, Caller(keys["operator"].text), made["id"], note=" ")
-    await approvals.deny(store, Caller(keys["operator"].text), made["id"], note="not to this customer")
-    s = step_row(db_url, made["id"])
-    assert (s["status"], s["reason"]) == ("rejected", "denied")
-    assert evidence_kinds(db_url, made["id"]) == ["denied", "notice_enqueued"]
-    [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (made["id"],))
-    assert feed["reason"] == "denied" and feed["key_id"] == keys["agent"].key_id
+        await approvals.deny(store, operator, lured["denied"], note=" ")
+    for what in (lured, told):
+        await approvals.deny(store, operator, what["denied"], note="not to this customer")
+        execute(db_url, "UPDATE email_steps SET hold_expires_at = now() - interval '1 second' WHERE id = %s",
+                (what["expired"],))  # fmt: skip
+    assert await HoldExpirer(store).run_once() == 2
     with DevSmtpServer() as sink:
         await drain(store, sink)
-        [notice] = sink.wait_for(1)
-    assert notice["rcpt_tos"] == [NOTIFY]
-    text = message_from_bytes(notice["data"]).get_payload(decode=True).decode()
+        sink.wait_for(3)  # the approved send and the two notices owed to NOTIFY
+        await drain(store, sink)
+        messages = sink.messages
+    assert not [m for m in messages if STRANGER in m["rcpt_tos"]]
+    assert all(m["rcpt_tos"] == [NOTIFY] for m in messages) and len(messages) == 3
+    parsed = [message_from_bytes(m["data"]) for m in messages]
+    notices = {n["References"]: n for n in parsed if n["References"] is not None}
+    assert set(notices) == {step_row(db_url, step)["message_id"] for step in told.values()}
+    assert all(n["Subject"] == "[delivery failed] Offer" for n in notices.values())
+    text = notices[step_row(db_url, told["denied"])["message_id"]].get_payload(decode=True).decode()
     assert "denied" in text and "not to this customer" in text
+    for what, reason, kind in (("denied", "denied", "denied"), ("expired", "approval_expired", "hold_expired")):
+        assert evidence_kinds(db_url, lured[what]) == ["held", kind]
+        assert evidence_kinds(db_url, told[what]) == ["held", kind, "notice_enqueued"]
+        for step in (lured[what], told[what]):
+            s = step_row(db_url, step)
+            assert (s["status"], s["reason"]) == ("rejected", reason)
+            # The agent learns either way: its key's feed has the rejection.
+            [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (step,))
+            assert feed["reason"] == reason and feed["key_id"] == keys["agent"].key_id
 
 
 async def test_a_cancelled_step_is_never_sent(store, db_url, keys):
@@ -184,12 +249,12 @@ async def test_a_step_in_flight_cannot_be_cancelled(store, db_url, keys):
     assert step_row(db_url, made["id"])["status"] == "in_flight"
 
 
-async def test_held_sends_expire_rejected_and_notify(store, db_url):
+async def test_held_sends_expire_rejected(store, db_url):
     now = datetime.now(UTC)
-    [late] = await held_steps(store, expires_at=now - timedelta(seconds=1), notify=NOTIFY)
+    [late] = await held_steps(store, expires_at=now - timedelta(seconds=1))
     [later] = await held_steps(store, expires_at=now + timedelta(hours=1))
     assert await HoldExpirer(store, ExpirerConfig(batch=1)).run_once() == 1
     s = step_row(db_url, late.id)
     assert (s["status"], s["reason"]) == ("rejected", "approval_expired")
-    assert evidence_kinds(db_url, late.id) == ["held", "hold_expired", "notice_enqueued"]
+    assert evidence_kinds(db_url, late.id) == ["held", "hold_expired"]
     assert step_row(db_url, later.id)["status"] == "held"

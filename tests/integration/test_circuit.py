@@ -28,7 +28,7 @@ from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
 from evq.worker.runner import Worker
 from tests.acceptance.conftest import Evq
-from tests.support import rows, valid
+from tests.support import WIRE_KEYS, rows, valid
 
 SETTINGS = Settings(
     adapter=("smtp",),
@@ -240,7 +240,9 @@ async def test_an_http_401_opens_the_circuit_and_charges_nothing(store, db_url):
         settings = replace(
             SETTINGS, adapter=("http",), http_api_key="a-revoked-key", http_timeout=2.0, concurrency=2, batch_size=2
         )
-        provider = HttpProvider(base_url=api.url, api_key="a-revoked-key", timeout=2.0, dedupe_window=3600)
+        provider = HttpProvider(
+            base_url=api.url, api_key="a-revoked-key", timeout=2.0, dedupe_window=3600, wire_keys=WIRE_KEYS
+        )
         try:
             await run_until(
                 Worker(store, {"http": provider}, settings.worker_config()),

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import structlog
 
-from evq.adapters.http import TAG_NAME, HttpProvider, tag_value, wire_key
+from evq.adapters.http import TAG_NAME, HttpProvider, WireKeys, legacy_wire_key, tag_value
 from evq.ops.dev.http import DevHttpServer
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.ports import Lookup, LookupFailed, Provider, SendRequest
 from evq.worker.request import Policy, parse
-from tests.support import refusing_port
+from tests.support import WIRE_KEYS, refusing_port
 
 API_KEY = "devhttp-key-0123456789-secret"
 
@@ -55,7 +55,7 @@ def server() -> Iterator[DevHttpServer]:
 
 @pytest.fixture
 async def provider(server: DevHttpServer) -> AsyncIterator[HttpProvider]:
-    p = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=0.5, dedupe_window=3600)
+    p = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=0.5, dedupe_window=3600, wire_keys=WIRE_KEYS)
     try:
         yield p
     finally:
@@ -69,13 +69,13 @@ async def test_provider_satisfies_the_ports(provider: HttpProvider) -> None:
 
 
 async def test_zero_window_means_the_provider_does_not_dedupe(server: DevHttpServer) -> None:
-    p = HttpProvider(base_url=server.url, api_key=API_KEY, dedupe_window=0)
+    p = HttpProvider(base_url=server.url, api_key=API_KEY, dedupe_window=0, wire_keys=WIRE_KEYS)
     assert p.dedupe_window is None
     await p.close()
 
 
 async def test_a_closed_adapter_sends_nothing_and_says_so(server: DevHttpServer) -> None:
-    p = HttpProvider(base_url=server.url, api_key=API_KEY)
+    p = HttpProvider(base_url=server.url, api_key=API_KEY, wire_keys=WIRE_KEYS)
     await p.close()
     outcome = await p.send(make_request())
     assert isinstance(outcome, Retryable) and "closed" in outcome.reason and server.requests == []
@@ -94,7 +94,7 @@ async def test_2xx_is_accepted_with_the_providers_id(provider, server) -> None:
     assert outcome.response["code"] == 200 and outcome.response["sent"] is True
     # The request as the provider saw it: key in the header and in a tag, Message-ID kept.
     [post] = server.posts()
-    assert post["idempotency_key"] == "run-1:hello"
+    assert post["idempotency_key"] == WIRE_KEYS.key(7, "run-1:hello")
     assert message["tags"] == [{"name": TAG_NAME, "value": tag_value("run-1:hello")}]
     assert message["headers"]["X-Evq-Message-Id"] == "<evq.hello@example.org>"
     assert message["from"] == '"Evq Sender" <sender@example.org>' and message["to"] == ["ok@example.com"]
@@ -158,7 +158,7 @@ async def test_5xx_from_a_gateway_is_ambiguous(provider, server) -> None:
 
 async def test_connection_refused_is_retryable_and_never_sent() -> None:
     with refusing_port() as port:
-        p = HttpProvider(base_url=f"http://127.0.0.1:{port}", api_key=API_KEY, timeout=0.5)
+        p = HttpProvider(base_url=f"http://127.0.0.1:{port}", api_key=API_KEY, timeout=0.5, wire_keys=WIRE_KEYS)
         try:
             outcome = await p.send(make_request())
         finally:
@@ -184,7 +184,7 @@ async def test_timeout_after_the_request_was_sent_is_ambiguous(provider, server)
 
 
 async def test_bad_credentials_are_retryable_and_logged_as_configuration(server) -> None:
-    p = HttpProvider(base_url=server.url, api_key="not-the-key", timeout=0.5)
+    p = HttpProvider(base_url=server.url, api_key="not-the-key", timeout=0.5, wire_keys=WIRE_KEYS)
     try:
         with structlog.testing.capture_logs() as logs:
             outcome = await p.send(make_request())
@@ -197,7 +197,9 @@ async def test_bad_credentials_are_retryable_and_logged_as_configuration(server)
 
 
 async def test_policy_recheck_refuses_before_any_request(server) -> None:
-    p = HttpProvider(base_url=server.url, api_key=API_KEY, policy=Policy(blocked_domains=("example.com",)))
+    p = HttpProvider(
+        base_url=server.url, api_key=API_KEY, policy=Policy(blocked_domains=("example.com",)), wire_keys=WIRE_KEYS
+    )
     try:
         outcome = await p.send(make_request())
     finally:
@@ -208,7 +210,9 @@ async def test_policy_recheck_refuses_before_any_request(server) -> None:
 
 async def test_the_reserved_notice_sender_passes_the_recheck(provider, server) -> None:
     """Reserved senders are refused from callers at enqueue, not from evq's own notices at send."""
-    reserved = HttpProvider(base_url=server.url, api_key=API_KEY, policy=Policy(reserved_senders=("evq-notices@",)))
+    reserved = HttpProvider(
+        base_url=server.url, api_key=API_KEY, policy=Policy(reserved_senders=("evq-notices@",)), wire_keys=WIRE_KEYS
+    )
     try:
         outcome = await reserved.send(make_request(**{"from": "evq-notices@example.org"}))
     finally:
@@ -224,21 +228,40 @@ async def test_every_attempt_sends_the_same_key_and_body_and_the_provider_sends_
     again = await provider.send(make_request(attempt=2))
     assert isinstance(first, Accepted) and isinstance(again, Accepted)
     assert again.provider_message_id == first.provider_message_id
-    assert len(server.posts("run-1:hello")) == 2 and len(server.messages) == 1
+    assert len(server.posts(WIRE_KEYS.key(7, "run-1:hello"))) == 2 and len(server.messages) == 1
 
 
-async def test_a_key_too_long_or_not_ascii_for_the_header_goes_as_its_digest(provider, server) -> None:
+async def test_the_wire_key_is_keyed_by_the_installation_and_no_caller_can_choose_it(provider, server) -> None:
+    """Issue 29: the Idempotency-Key is evq1- and an HMAC of the step's key, whatever its length
+    or script: a caller's literal key never reaches the provider as it is, and another
+    installation (another pepper) sends another key for the same step key."""
+    keys = ("run-1:ok", "k" * 300, "ключ-1", "sha256:" + tag_value("run-1:victim"))
+    for key in keys:
+        sent = WIRE_KEYS.key(7, key)
+        assert re.fullmatch(r"evq1-[0-9a-f]{64}", sent) and key not in sent
+    assert len({WIRE_KEYS.key(7, k) for k in keys}) == len(keys)
+    other = WireKeys.from_pepper(b"another installation's pepper".ljust(32, b"!"), keyed_from=1)
+    assert other.key(7, "run-1:ok") != WIRE_KEYS.key(7, "run-1:ok")
+    assert isinstance(await provider.send(make_request(idempotency_key="ключ-1")), Accepted)
+    assert server.posts()[0]["idempotency_key"] == WIRE_KEYS.key(7, "ключ-1")
+
+
+def test_a_step_enqueued_before_the_keyed_form_keeps_the_key_it_may_have_been_sent_under() -> None:
+    """Steps below ``keyed_from`` (api_key_pepper.wire_keys_from, migration 0027) keep the old
+    form on every attempt: a new key inside the provider's window would be a second send."""
+    keys = WireKeys.from_pepper(b"p" * 32, keyed_from=8)
     long_key = "k" * 300
-    assert wire_key(long_key) == "sha256:" + tag_value(long_key) and wire_key("run-1:ok") == "run-1:ok"
-    assert wire_key("ключ").startswith("sha256:")
-    request = make_request(idempotency_key="ключ-1")
-    assert isinstance(await provider.send(request), Accepted)
-    assert server.posts()[0]["idempotency_key"] == wire_key("ключ-1")
+    assert keys.key(7, "run-1:ok") == legacy_wire_key("run-1:ok") == "run-1:ok"
+    assert keys.key(7, long_key) == legacy_wire_key(long_key) == "sha256:" + tag_value(long_key)
+    assert keys.key(7, "ключ").startswith("sha256:")
+    assert keys.key(8, "run-1:ok").startswith("evq1-")
+    with pytest.raises(ValueError):
+        WireKeys.from_pepper(b"short", keyed_from=1)
 
 
 async def test_the_api_key_is_in_no_outcome_and_no_log(server) -> None:
     server.api_key = "other"  # every answer is a refusal that might echo what it got
-    p = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=0.5)
+    p = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=0.5, wire_keys=WIRE_KEYS)
     try:
         with structlog.testing.capture_logs() as logs:
             outcomes = [await p.send(make_request(step_id=f"s{i}")) for i in range(2)]

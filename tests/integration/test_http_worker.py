@@ -22,7 +22,7 @@ from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Retryable
 from evq.worker.runner import Worker
 from evq.worker.transitions import decide
-from tests.support import evidence_kinds, rows, step_row, valid
+from tests.support import WIRE_KEYS, evidence_kinds, rows, step_row, valid
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(
@@ -49,7 +49,7 @@ def api() -> Iterator[DevHttpServer]:
 
 
 async def http(api: DevHttpServer, window: float = 3600) -> HttpProvider:
-    return HttpProvider(base_url=api.url, api_key=API_KEY, timeout=0.5, dedupe_window=window)
+    return HttpProvider(base_url=api.url, api_key=API_KEY, timeout=0.5, dedupe_window=window, wire_keys=WIRE_KEYS)
 
 
 async def drain(store: PostgresStore, provider: HttpProvider, settings: Settings = SETTINGS) -> int:
@@ -81,7 +81,7 @@ async def test_an_ambiguous_answer_inside_the_window_is_retried_and_delivered_on
     assert row["status"] == "accepted" and row["attempts"] == 2 and row["maybe_delivered"]
     [message] = api.messages
     assert row["provider_message_id"] == message["id"]
-    assert [r["idempotency_key"] for r in api.posts()] == ["run-1:report", "run-1:report"]
+    assert [r["idempotency_key"] for r in api.posts()] == [WIRE_KEYS.key(e.id, "run-1:report")] * 2
     assert await answers(db_url, e.id) == [
         ("unknown", "retryable", "ambiguous_deduped"),
         ("accepted", "accepted", "provider_accepted"),

@@ -22,7 +22,7 @@ from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.request import Policy
 from evq.worker.runner import Worker
 from evq.worker.transitions import decide
-from tests.support import ScriptedProvider, evidence_kinds, rows, step_row, valid
+from tests.support import WIRE_KEYS, ScriptedProvider, evidence_kinds, rows, step_row, valid
 
 SETTINGS = Settings(
     adapter=("smtp",),
@@ -162,7 +162,12 @@ async def test_a_policy_refusal_at_send_time_sends_a_notice_through_the_same_pro
         retry_max=0,
     )
     with DevHttpServer() as api:
-        http = HttpProvider(base_url=api.url, api_key="devhttp-key", policy=Policy(blocked_domains=("example.com",)))
+        http = HttpProvider(
+            base_url=api.url,
+            api_key="devhttp-key",
+            policy=Policy(blocked_domains=("example.com",)),
+            wire_keys=WIRE_KEYS,
+        )
         try:
             await run(store, http, settings)
         finally:

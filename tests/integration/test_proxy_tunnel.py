@@ -21,6 +21,7 @@ from evq.worker.outcomes import Retryable, Unknown
 from tests.integration.test_ses_adapter import make_request
 from tests.realservers.certs import make_private_ca
 from tests.sesserver import ACCESS_KEY, REGION, SECRET_KEY
+from tests.support import WIRE_KEYS
 
 
 def _head(conn: socket.socket) -> bytes:
@@ -134,7 +135,7 @@ def _ses(url: str, **kw) -> SesProvider:
 
 
 def _http(url: str) -> HttpProvider:
-    return HttpProvider(base_url=url, api_key="proxy-test-key-0123456789", timeout=3.0)
+    return HttpProvider(base_url=url, api_key="proxy-test-key-0123456789", timeout=3.0, wire_keys=WIRE_KEYS)
 
 
 @pytest.mark.parametrize("mode", ["refuse", "cut"])

@@ -31,7 +31,7 @@ from evq.ops.dev.http import DevHttpServer
 from evq.ops.settings import Settings
 from evq.worker.ratelimit import rate_limits
 from evq.worker.runner import Worker
-from tests.support import ScriptedProvider, rows, spawn, valid
+from tests.support import WIRE_KEYS, ScriptedProvider, rows, spawn, valid
 
 API_KEY = "devhttp-key"
 SETTINGS = Settings(
@@ -173,7 +173,10 @@ async def running(db_url: str, api: DevHttpServer, settings: Settings, count: in
     """``count`` workers, each with its own pool and adapter (as on separate hosts), running
     until the block ends; then stopped, and each must have stopped cleanly."""
     stores = [await PostgresStore.open(db_url, max_size=2) for _ in range(count)]
-    providers = [HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, dedupe_window=3600) for _ in stores]
+    providers = [
+        HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, dedupe_window=3600, wire_keys=WIRE_KEYS)
+        for _ in stores
+    ]
     fleet = [Worker(s, {"http": p}, settings.worker_config()) for s, p in zip(stores, providers, strict=True)]
     tasks = [asyncio.create_task(w.run(install_signals=False)) for w in fleet]
     try:

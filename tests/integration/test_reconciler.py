@@ -27,7 +27,7 @@ from evq.worker.records import ReconcileCounts
 from evq.worker.runner import Worker
 from evq.worker.transitions import decide
 from tests.acceptance.conftest import Evq
-from tests.support import evidence_kinds, rows, step_row, valid
+from tests.support import WIRE_KEYS, evidence_kinds, rows, step_row, valid
 
 API_KEY = "devhttp-key"
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -42,7 +42,7 @@ def api() -> Iterator[DevHttpServer]:
 
 @pytest.fixture
 async def provider(api: DevHttpServer) -> AsyncIterator[HttpProvider]:
-    p = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1)
+    p = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, wire_keys=WIRE_KEYS)
     yield p
     await p.close()
 
@@ -212,7 +212,9 @@ async def test_the_worker_reconciles_what_it_left_unknown(store, db_url, api):
         retry_base=0,
         retry_max=0,
     )
-    short = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=5)  # less than a lease
+    short = HttpProvider(
+        base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=5, wire_keys=WIRE_KEYS
+    )  # less than a lease
     e = await store.enqueue(valid(provider="http", step_id="lost"))
     api.queue_fault("reset")
     try:

@@ -16,6 +16,7 @@ from evq.adapters.smtp import SmtpProvider
 from evq.worker.outcomes import Accepted, Outcome, Retryable, Unknown
 from tests.integration.test_smtp_adapter import make_request
 from tests.slowpeer import SlowSmtp
+from tests.support import WIRE_KEYS
 
 # The per-read timeout is longer than the trickle's interval, so only an overall
 # deadline can end these conversations.
@@ -242,7 +243,9 @@ def test_an_http_request_is_not_written_once_the_send_by_limit_has_passed() -> N
     with DevHttpServer(api_key=API_KEY) as server:
 
         async def run():
-            provider = HttpProvider(base_url=server.url, api_key=API_KEY, timeout=2.0, dedupe_window=3600)
+            provider = HttpProvider(
+                base_url=server.url, api_key=API_KEY, timeout=2.0, dedupe_window=3600, wire_keys=WIRE_KEYS
+            )
             try:
                 warm = await provider.send(limited(http_request(step_id="warm"), deadline=30, send_by=20))
                 late = await provider.send(limited(http_request(step_id="late"), deadline=30, send_by=-0.001))
@@ -256,7 +259,7 @@ def test_an_http_request_is_not_written_once_the_send_by_limit_has_passed() -> N
     assert isinstance(warm, Accepted) and isinstance(after, Accepted)
     assert isinstance(late, Retryable)
     assert late.response["error_class"] == "LeaseTooShort" and late.response["sent"] is False
-    assert sent_ids == ["run-1:warm", "run-1:after"]
+    assert sent_ids == [WIRE_KEYS.key(7, "run-1:warm"), WIRE_KEYS.key(7, "run-1:after")]
 
 
 def test_a_trickled_http_answer_is_cut_at_the_requests_deadline_as_ambiguous() -> None:
@@ -270,7 +273,9 @@ def test_a_trickled_http_answer_is_cut_at_the_requests_deadline_as_ambiguous() -
     with SlowHttp() as server:
 
         async def run():
-            provider = HttpProvider(base_url=server.url, api_key="k-secret-0123456789", timeout=20.0)
+            provider = HttpProvider(
+                base_url=server.url, api_key="k-secret-0123456789", timeout=20.0, wire_keys=WIRE_KEYS
+            )
             try:
                 started = time.monotonic()
                 outcome = await provider.send(limited(http_request(), deadline=1.5, send_by=1.0))

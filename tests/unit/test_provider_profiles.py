@@ -109,7 +109,7 @@ def test_the_providers_wiring_builds_declare_the_profile_the_settings_give():
     settings = Settings.load(
         env={"EVQ_ADAPTER": "smtp,http,null", "EVQ_HTTP_API_KEY": "k-123", "EVQ_SMTP_RELAY": "ses"}
     )
-    providers = wiring.build_providers(settings)
+    providers = wiring.build_providers(settings, pepper=b"p" * 32, wire_keys_from=1)
     try:
         expected = settings.provider_profiles()
         assert {name: profile_of(p) for name, p in providers.items()} == {name: expected[name] for name in providers}

@@ -56,3 +56,21 @@ def test_approve_deny_and_cancel_over_http(api, db_url):
     assert closed.status_code == 409
     assert [step_row(db_url, i)["reason"] for i in (b, c, d)] == ["denied", "cancelled", "cancelled"]
     assert operator.post("/v1/steps/999999/cancel", json={}).status_code == 404
+
+
+def test_a_corrected_text_over_http_says_what_becomes_of_the_html_part(api, db_url):
+    """Issue 29, through the HTTP API: a corrected text beside the agent's HTML part is refused
+    (422, field html); drop_html removes the part."""
+    agent = api.client(make_key(db_url, "bot", "agent", created_by=None))
+    operator = api.client(make_key(db_url, "alice", "operator", created_by=None))
+    asked = request(run_id="r-html", text="On Tuesday", html="<p>On Tuesday</p>")
+    step = checked(agent.post("/v1/steps", json=asked))["data"]["id"]
+    held(db_url, step)
+    fix = {"note": "moved", "text": "On Wednesday"}
+    refused = operator.post(f"/v1/steps/{step}/approve", json=fix)
+    assert refused.status_code == 422 and checked(refused)["error"]["context"]["fields"][0]["field"] == "html"
+    assert step_row(db_url, step)["status"] == "held"
+    done = checked(operator.post(f"/v1/steps/{step}/approve", json={**fix, "drop_html": True}))["data"]
+    assert done["fields"] == ["text", "html"]
+    payload = step_row(db_url, step)["payload"]
+    assert (payload["text"], payload["html"]) == ("On Wednesday", None)

@@ -228,7 +228,8 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
     async with client(db_url, agent, mcp_approve=True) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
         assert tools["evq_steps_approve"].input_schema["properties"]["dry_run"]["default"] is True
-        held = await call(c, "evq_steps_enqueue", request(run_id="run-held", step_id="a"), "steps.enqueue")
+        asked = request(run_id="run-held", step_id="a", html="<p>as asked</p>")
+        held = await call(c, "evq_steps_enqueue", asked, "steps.enqueue")
         other = await call(c, "evq_steps_enqueue", request(run_id="run-held", step_id="b"), "steps.enqueue")
     for made in (held, other):
         execute(
@@ -247,8 +248,14 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
         assert (await call(c, "evq_steps_cancel", cancel, "steps.cancel"))["data"]["reason"] == "cancelled"
     assert step_row(db_url, held["data"]["id"])["status"] == "held"
     async with client(db_url, operator, mcp_approve=True) as c:
-        done = await call(c, "evq_steps_approve", {**ask, "note": "checked"}, "steps.approve")
+        # A corrected text must say what becomes of the HTML part (issue 29): refused, then dropped.
+        fix = {**ask, "note": "checked", "text": "corrected"}
+        refused = await call(c, "evq_steps_approve", fix, "steps.approve")
+        assert refused["error"]["code"] == "E_INVALID_ARG"
+        assert refused["error"]["context"]["fields"][0]["field"] == "html"
+        done = await call(c, "evq_steps_approve", {**fix, "drop_html": True}, "steps.approve")
     assert done["data"]["to_status"] == "pending" and step_row(db_url, held["data"]["id"])["status"] == "pending"
+    assert step_row(db_url, held["data"]["id"])["payload"]["html"] is None
 
 
 async def test_evq_mcp_over_stdio(db_url):

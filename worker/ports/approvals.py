@@ -74,7 +74,7 @@ class ApprovalStore(Protocol):
         ...
 
     async def deny(self, step_id: int, *, actor: str, note: str, now: datetime | None = None) -> Decided:
-        """held -> rejected (reason denied), ``notify`` told. NotFound; StateConflict."""
+        """held -> rejected (reason denied), ``notify`` told if its sender may mail it. NotFound; StateConflict."""
         ...
 
     async def cancel(self, step_id: int, *, actor: str, note: str | None, now: datetime | None = None) -> Decided:

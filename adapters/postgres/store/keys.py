@@ -26,6 +26,12 @@ class PostgresKeys(PostgresBase):
         [row] = await self._fetch("server_pepper", Q["api_key_pepper"], {})
         return bytes(row["pepper"])
 
+    async def wire_keys_from(self) -> int:
+        """The first step id whose HTTP idempotency key is keyed by the pepper (migration 0027,
+        adapters/http/provider.py::WireKeys); the steps before keep the key they were sent under."""
+        [row] = await self._fetch("wire_keys_from", Q["wire_keys_from"], {})
+        return int(row["wire_keys_from"])
+
     async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
         await self._fetch("rehash_key", Q["api_key_rehash"], {"key_id": key_id, "old": old, "new": new})
 

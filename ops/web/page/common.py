@@ -4,6 +4,7 @@ the signed-in check, CSRF-checked forms, the filters in the URL and a close's re
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shlex
 from collections.abc import Awaitable, Iterable
 from dataclasses import replace
@@ -44,7 +45,7 @@ HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decisi
 CANCELLABLE = (str(Status.HELD), str(Status.PENDING), str(Status.RETRYABLE))
 DONE = {
     "approved": "Approved: the send is released and goes out with the same key and Message-ID.",
-    "denied": "Denied: the send is rejected (reason denied) and its notify address is told.",
+    "denied": "Denied: the send is rejected (reason denied); its notify address is told if its sender is known to mail it.",
     "cancelled": "Cancelled: the send is rejected (reason cancelled) and will not go out.",
     "requeued": "Requeued: the send goes out again with the same key and Message-ID.",
 }
@@ -175,7 +176,19 @@ def email_srcdoc(html: str) -> str:
     return f'<meta http-equiv="Content-Security-Policy" content="{EMAIL_CSP}">' + html
 
 
+def form_text(text: str | None) -> str:
+    """A text as a form's textarea posts it back: a browser sends every line end as CRLF."""
+    return (text or "").replace("\r\n", "\n")
+
+
+def form_digest(text: str | None) -> str:
+    """What a form shows in a textarea, as a hidden field: whether the posted text is the one it
+    showed (ops/web/page/decisions.py), whatever the browser did to the line ends."""
+    return hashlib.sha256(form_text(text).encode()).hexdigest()
+
+
 env.filters["header_lines"] = header_lines
+env.filters["form_digest"] = form_digest
 env.filters["email_srcdoc"] = email_srcdoc
 env.filters["recipients"] = recipients
 

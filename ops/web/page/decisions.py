@@ -8,17 +8,26 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from evq.ops.app import approvals
-from evq.ops.web.page.common import app_state, caller_of, posted, refusal, router
+from evq.ops.web.page.common import app_state, caller_of, form_digest, form_text, posted, refusal, router
 from evq.ops.web.page.step import step_page
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
 from evq.worker.keys import Permission
 
 
-def _edits(values: dict[str, str]) -> dict[str, str] | None:
-    """The corrections an approver typed: a blank field is not a correction (the send goes
-    out as the agent asked it); anything else replaces that part, and makes a new request hash."""
-    edits = {k: values[k] for k in ("subject", "text") if (values.get(k) or "").strip()}
+def _edits(values: dict[str, str]) -> dict[str, Any] | None:
+    """The corrections an approver typed: a blank subject or text is not a correction (the send
+    goes out as the agent asked it); anything else replaces that part, and makes a new request
+    hash. The HTML part's field comes filled with the HTML as asked: it is a correction only if
+    it differs from what the page showed (``html_shown``, its digest), and emptied it removes
+    the part; "drop the HTML part" removes it whatever the field holds. ops/app/approvals.py
+    (worker/approvals.py's ``edited``) then refuses a corrected text beside an unchanged HTML
+    part, as it does for every interface."""
+    edits: dict[str, Any] = {k: values[k] for k in ("subject", "text") if (values.get(k) or "").strip()}
+    if values.get("drop_html"):
+        edits["drop_html"] = True
+    elif "html" in values and form_digest(values["html"]) != values.get("html_shown"):
+        edits["html"] = form_text(values["html"])
     return edits or None
 
 
@@ -65,6 +74,7 @@ async def approve(request: Request, step_id: int) -> Response:
             step_id,
             note=_note(values, required=True),
             edits=_edits(values),
+            policy=app_state(request).policy,
         )
 
     return await _decided(request, step_id, "approved", decide)

@@ -1,0 +1,191 @@
+"""Issue 29: the provider's idempotency key can be neither pre-empted nor shared.
+
+Real `evq worker run --drain` processes (the composition root reads the database's pepper)
+send through the dev HTTP provider (ops/dev/http.py), which deduplicates by Idempotency-Key as
+Resend does: the same key with another body is 409 and the second send is lost.
+
+- An agent enqueues, as its own literal key, the wire key the victim's step was sent under:
+  both are delivered.
+- Two installations (two databases, each migrated on its own, so each has its own pepper) share
+  one provider account and send the same key: both are delivered, and one's lookup does not
+  take the other's message for its own.
+- A step sent before migration 0027 whose answer was lost is retried after it under the key it
+  was sent with, so the provider replays it: one message, not two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from alembic import command
+from alembic.script import ScriptDirectory
+
+from evq.adapters.http import HttpProvider, WireKeys, legacy_wire_key
+from evq.adapters.postgres.database import alembic_config, upgrade
+from evq.adapters.postgres.store import PostgresStore
+from evq.ops.dev.http import DevHttpServer
+from evq.ops.settings import Settings
+from evq.worker.runner import Worker
+from tests.database_roles import migrated
+from tests.integration.test_rate_limit import API_KEY, finish, workers
+from tests.support import WIRE_KEYS, rows, step_row, valid
+
+
+@pytest.fixture
+def api() -> Iterator[DevHttpServer]:
+    with DevHttpServer(api_key=API_KEY, dedupe_window=3600) as server:
+        yield server
+
+
+def drain(db_url: str, api: DevHttpServer) -> None:
+    """`evq worker run --drain` on this database, as an operator runs it."""
+    [(code, err)] = finish(workers(db_url, api, 1))
+    assert code == 0, err[-3000:]
+
+
+def enqueue(db_url: str, **overrides: object) -> int:
+    async def go() -> int:
+        store = await PostgresStore.open(db_url, max_size=1)
+        try:
+            return (await store.enqueue(valid(provider="http", **overrides))).id
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def delivered(api: DevHttpServer, db_url: str, step: int) -> list[dict[str, object]]:
+    """The messages the provider accepted for this step (by the Message-ID evq gave it)."""
+    message_id = step_row(db_url, step)["message_id"]
+    return [m for m in api.messages if m["headers"].get("X-Evq-Message-Id") == message_id]
+
+
+def test_an_agents_literal_key_cannot_take_another_steps_key_at_the_provider(db_url, api):
+    victim_key = "run-v:приветствие"  # not ASCII: it used to go out as sha256:<its digest>
+    taken = "sha256:" + hashlib.sha256(victim_key.encode()).hexdigest()
+    assert legacy_wire_key(victim_key) == taken
+    # The agent's step goes first, under the literal key the victim's would have been sent with.
+    attacker = enqueue(db_url, run_id="run-a", step_id="grab", idempotency_key=taken, to=["mallory@example.net"])
+    drain(db_url, api)
+    victim = enqueue(db_url, run_id="run-v", step_id="welcome", idempotency_key=victim_key, to=["ann@example.com"])
+    drain(db_url, api)
+    for step in (attacker, victim):
+        s = step_row(db_url, step)
+        assert (s["status"], s["reason"]) == ("accepted", "provider_accepted"), s
+        [message] = delivered(api, db_url, step)
+        assert s["provider_message_id"] == message["id"]
+    sent = [p["idempotency_key"] for p in api.posts()]
+    assert len(set(sent)) == 2 and taken not in sent and victim_key not in sent
+    assert all(k.startswith("evq1-") and len(k) == 69 for k in sent)
+
+
+def test_two_installations_sharing_one_provider_account_both_deliver_the_same_key(db_url, empty_db_url, api):
+    other = empty_db_url
+    upgrade(other)  # an installation of its own: its own pepper
+    pepper = "SELECT encode(pepper, 'hex') AS p FROM api_key_pepper"
+    assert rows(db_url, pepper) != rows(other, pepper)
+    ours = enqueue(db_url, step_id="welcome", to=["ann@example.com"])
+    theirs = enqueue(other, step_id="welcome", to=["ann@example.com"])
+    assert step_row(db_url, ours)["idempotency_key"] == step_row(other, theirs)["idempotency_key"] == "run-1:welcome"
+    drain(db_url, api)
+    # Their step, not yet sent, finds nothing of its own at the provider: our message carries
+    # the same evq_key tag (the key's plain digest), but another Message-ID.
+    mine = asyncio.run(_lookup(api, "run-1:welcome", step_row(other, theirs)["message_id"]))
+    assert not mine.found and mine.raw["listed"] == 1
+    drain(other, api)
+    for url, step in ((db_url, ours), (other, theirs)):
+        s = step_row(url, step)
+        assert (s["status"], s["reason"]) == ("accepted", "provider_accepted"), s
+        [message] = delivered(api, url, step)
+        assert s["provider_message_id"] == message["id"]
+    assert len(api.messages) == 2 and len({p["idempotency_key"] for p in api.posts()}) == 2
+    found = asyncio.run(_lookup(api, "run-1:welcome", step_row(other, theirs)["message_id"]))
+    assert found.found and found.provider_message_id == step_row(other, theirs)["provider_message_id"]
+
+
+async def _lookup(api: DevHttpServer, key: str, message_id: str):  # type: ignore[no-untyped-def]
+    provider = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, wire_keys=WIRE_KEYS)
+    try:
+        return await provider.lookup(key, message_id)
+    finally:
+        await provider.close()
+
+
+# The worker of the release before 0027, as far as the wire is concerned: every key in its old form.
+BEFORE = WireKeys.from_pepper(b"x" * 32, keyed_from=2**62)
+FIRST_ATTEMPT = Settings(
+    adapter=("http",),
+    http_api_key=API_KEY,
+    http_timeout=1,
+    concurrency=1,
+    batch_size=1,
+    lease_seconds=30,
+    poll_interval=0.05,
+    retry_base=3600,  # the retry is not due until after the upgrade
+    retry_max=3600,
+    rescue_interval=5,
+    shutdown_grace=5,
+    reconcile_checks=0,
+)
+
+
+def test_a_step_sent_before_the_upgrade_is_retried_under_the_key_it_was_sent_with(empty_db_url, api):
+    url = empty_db_url
+    script = ScriptDirectory.from_config(alembic_config(url))
+    before = script.get_revision("0027_wire_keys").down_revision
+    assert isinstance(before, str)
+    command.upgrade(alembic_config(url), before)
+    old = enqueue(url, step_id="report", to=["ann@example.com"])
+
+    async def first_attempt() -> None:
+        store = await PostgresStore.open(url, max_size=2)
+        provider = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=3600, wire_keys=BEFORE)
+        try:
+            worker = Worker(store, {"http": provider}, FIRST_ATTEMPT.worker_config())
+            assert await worker.run(drain=True, install_signals=False) == 0
+        finally:
+            await provider.close()
+            await store.close()
+
+    api.queue_fault("reset")  # the provider takes it; the answer is lost
+    asyncio.run(first_attempt())
+    s = step_row(url, old)
+    assert (s["status"], s["reason"], s["maybe_delivered"]) == ("retryable", "ambiguous_deduped", True), s
+    assert len(delivered(api, url, old)) == 1
+
+    upgrade(url)
+    [basis] = rows(url, "SELECT wire_keys_from FROM api_key_pepper")
+    assert basis["wire_keys_from"] == old + 1
+    new = enqueue(url, step_id="later", to=["bob@example.com"])
+    rows(url, "UPDATE email_steps SET next_attempt_at = %s WHERE id = %s RETURNING id", (datetime.now(UTC), old))
+    drain(url, api)
+
+    s = step_row(url, old)
+    assert (s["status"], s["attempts"]) == ("accepted", 2), s
+    [message] = delivered(api, url, old)  # the provider replayed its first answer: sent once
+    assert s["provider_message_id"] == message["id"]
+    assert [p["idempotency_key"] for p in api.posts()][:2] == ["run-1:report", "run-1:report"]
+    assert step_row(url, new)["status"] == "accepted"
+    [later] = [p["idempotency_key"] for p in api.posts()][2:]
+    assert later.startswith("evq1-")
+    assert all(n == 1 for n in api.by_message_id().values())
+
+
+def test_the_runtime_role_sends_keyed_and_cannot_change_what_the_keys_are_made_of(roles, api):
+    """The basis is the migration's: `evq worker run` under the runtime role reads it and sends
+    keyed keys, and that role cannot rewrite it (a new first id would send an old step under a
+    new key, a new pepper every step)."""
+    migrated(roles)
+    step = enqueue(roles.app_url, step_id="as-runtime")
+    drain(roles.app_url, api)
+    assert step_row(roles.admin_url, step)["status"] == "accepted"
+    [post] = api.posts()
+    assert post["idempotency_key"].startswith("evq1-")
+    for sql in ("UPDATE api_key_pepper SET wire_keys_from = 1", "UPDATE api_key_pepper SET pepper = pepper"):
+        with psycopg.connect(roles.app_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql)
