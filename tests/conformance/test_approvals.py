@@ -84,7 +84,7 @@ async def test_a_correction_of_a_payload_changed_since_it_was_read_is_refused(an
 async def known_to_the_sender(store, address: str) -> None:
     """``address`` made one the sender may mail: a held send to it, approved (known_recipients)."""
     (teach,) = await held_steps(store, now=T0, run_id="r-teach", step_id=address, to=[address])
-    await store.approve(teach.id, actor="ada", note="a colleague", now=at(1))
+    await store.approve(teach.id, actor="ada", actor_key_id="k-ada", note="a colleague", now=at(1))
 
 
 async def test_deny_rejects_and_tells_notify(any_store):
