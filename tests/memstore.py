@@ -1611,22 +1611,21 @@ class MemoryStore:
             )
         return out
 
-    async def get_run(self, run_id: str) -> RunDetail:
+    async def get_run(self, run_id: str, *, limit: int, offset: int = 0) -> RunDetail:
         await self._op("get_run", None)
-        steps = sorted(
-            (s for s in self.steps.values() if s["run_id"] == run_id), key=lambda s: (s["created_at"], s["id"])
-        )
-        if not steps:
+        # step_id order by code point: the test cluster's collation (C) orders run_steps so.
+        run = sorted((s for s in self.steps.values() if s["run_id"] == run_id), key=lambda s: s["step_id"])
+        if not run:
             raise NotFound(f"no steps in run {run_id!r}", hint="`evq steps list` shows the run ids")
+        steps = run[offset : offset + limit]
         ids = {s["id"] for s in steps}
-        decisions = sorted(
-            (d for d in self.decisions.values() if d["run_id"] == run_id), key=lambda d: (d["created_at"], d["id"])
-        )
+        decisions = sorted((self.decisions[s["decision_id"]] for s in steps), key=lambda d: (d["created_at"], d["id"]))
         return RunDetail(
             run_id=run_id,
             steps=[copy.deepcopy(s) for s in steps],
             decisions=[copy.deepcopy(d) for d in decisions],
             evidence=[_plain(e) for e in self.evidence if e["step_id"] in ids],
+            total=min(len(run), COUNT_CAP + 1),
         )
 
     async def last_answers(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:

@@ -275,10 +275,14 @@ class Resolved:
 
 @dataclass(frozen=True, slots=True)
 class RunDetail:
+    """One page of a run: its steps (in step_id order), their decisions and evidence, and the
+    run's steps counted up to COUNT_CAP + 1 (``total``)."""
+
     run_id: str
     steps: list[dict[str, Any]]
     decisions: list[dict[str, Any]]
     evidence: list[dict[str, Any]]
+    total: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,6 +344,16 @@ class Worker:
                 continue
             if drain and not claimed and not self._held:
                 try:
+                    # Hand back every lost claim this worker still knows of before asking
+                    # whether work is left, whatever the "check for orphans" flag says: a
+                    # rescuer pass may have cleared it with its own hand-back not yet
+                    # committed (the rows then still in flight, unclaimable), and a drain that
+                    # ended on that answer left them pending, unsent. Whichever of two
+                    # hand-backs of the same rows commits first, the other waits for its row
+                    # locks and finds nothing, so once this one returns the rows are pending
+                    # and the question below sees them.
+                    if await self._release_lost_claims():
+                        continue
                     if not await self.store.claimable_exists(
                         providers=list(self.providers), lease_seconds=s.lease_seconds
                     ):
@@ -408,10 +418,11 @@ class Worker:
         if claim_ids:
             self._lost_unchecked = True
 
-    async def _release_lost_claims(self) -> None:
-        """Hand back the rows of claims whose answer was lost; never a row whose send began."""
+    async def _release_lost_claims(self) -> int:
+        """Hand back the rows of claims whose answer was lost; never a row whose send began.
+        Returns how many rows this call handed back."""
         if not self._lost_claims:
-            return
+            return 0
         claims = list(self._lost_claims)
         keep = {h.step.lease_token for h in self._held.values()} | self._began
         # Cleared before the wait, not after: a claim lost while this pass waits (the claim
@@ -433,6 +444,7 @@ class Worker:
         for claim_id in claims:
             if self._lost_claims.get(claim_id, horizon) <= horizon:
                 self._lost_claims.pop(claim_id, None)
+        return released
 
     # -- provider circuits (worker/circuit.py) ---------------------------------------
 

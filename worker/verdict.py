@@ -30,8 +30,8 @@ NEXT_ACTIONS = {
 
 # Rejected steps whose message is fine: nothing went out for reasons of time or attempts.
 _RESEND = frozenset({Reason.ATTEMPTS_EXHAUSTED, Reason.RETRY_BUDGET_EXHAUSTED, Reason.APPROVAL_EXPIRED})
-# Rejected steps a person or the agent stopped on purpose.
-_STOPPED = frozenset({Reason.DENIED, Reason.CANCELLED, Reason.OPERATOR})
+# Rejected steps a person or the agent stopped on purpose (an operator's close: see verdict).
+_STOPPED = frozenset({Reason.DENIED, Reason.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +66,21 @@ def verdict(
         return Verdict(False, "wait" if settling else "ask_operator")
     if state is Status.ACCEPTED:
         return Verdict(False, "none")
-    # Rejected. A rejected step never may have been delivered unless an operator said so
-    # (invariant 4); should the flag be set anyway, fail closed.
+    # Rejected: closed. Who closed it decides what is left to do; maybe_delivered decides
+    # whether sending it again could be a duplicate.
+    if reason == Reason.OPERATOR:
+        # An operator's verdict (from unknown, so as a rule it may have been delivered): the
+        # person decided, the step is finished; sending again is safe only if nothing may have gone.
+        return Verdict(not maybe_delivered, "none")
+    if reason == Reason.LATE_ANSWER:
+        # The provider's own definite refusal of the attempt the rescuer had marked "may have
+        # been delivered" (its lease ran out first). step_record_late settles a rejection only
+        # for the latest attempt and only when no earlier one may have been delivered, so the
+        # flag it leaves set is that attempt's, now answered: nothing was sent (its notice says
+        # the provider refused the message).
+        return Verdict(True, "fix_and_resend")
+    # No other path closes a step rejected that may have been delivered (invariant 4: such an
+    # answer leaves it unknown); should the flag be set anyway, fail closed.
     if maybe_delivered:
         return Verdict(False, "ask_operator")
     if reason in _STOPPED:

@@ -1072,7 +1072,7 @@ SELECT * FROM decisions WHERE id = %(id)s;
 
 
 -- name: decisions_get
-SELECT * FROM decisions WHERE id = ANY(%(ids)s::bigint[]);
+SELECT * FROM decisions WHERE id = ANY(%(ids)s::bigint[]) ORDER BY created_at, id;
 
 
 -- name: evidence_for_step
@@ -1681,28 +1681,29 @@ SELECT current_setting('transaction_isolation') AS level,
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 
+-- name: run_step_count
+-- How many steps a run has, counted up to %(count_cap)s + 1 (as step_list's totals) from
+-- the run's unique key (run_id, step_id), its index alone when the rows are visible.
+SELECT count(*)::int AS n
+FROM (SELECT 1 FROM email_steps s WHERE s.run_id = %(run_id)s LIMIT %(count_cap)s::int + 1) AS r;
+
+
 -- name: run_steps
+-- One page of a run's steps (runs show, the ops page's trace), in step_id order: the run's
+-- unique key is the index the page is read from, so a page costs its offset's index entries
+-- and its own rows whatever the run's size. Creation order would sort the whole run first
+-- (one enqueue_many gives every step one created_at). The page's step ids are picked first,
+-- so a skipped step's row is not read. Its decisions and evidence are read by the page's
+-- ids (decisions_get, evidence_for_steps): evidence keeps no index on run_id (every row would
+-- pay for it; migration 0005).
 SELECT s.*
-FROM email_steps s
-WHERE s.run_id = %(run_id)s
-ORDER BY s.created_at, s.id;
-
-
--- name: run_decisions
-SELECT d.*
-FROM decisions d
-WHERE d.run_id = %(run_id)s
-ORDER BY d.created_at, d.id;
-
-
--- name: run_evidence
--- Through the run's steps: evidence.run_id is always its step's run_id, and
--- evidence keeps no index on run_id (every row would pay for it; migration 0005).
-SELECT e.*
-FROM email_steps s
-JOIN evidence e ON e.step_id = s.id
-WHERE s.run_id = %(run_id)s
-ORDER BY e.id;
+FROM (SELECT p.step_id
+      FROM email_steps p
+      WHERE p.run_id = %(run_id)s
+      ORDER BY p.step_id
+      LIMIT %(limit)s OFFSET %(offset)s) AS page
+JOIN email_steps s ON s.run_id = %(run_id)s AND s.step_id = page.step_id
+ORDER BY s.step_id;
 
 
 -- name: api_key_lock

@@ -291,7 +291,7 @@ evidence = Table(
         "OR (attempt IS NOT NULL AND lease_token IS NOT NULL)",
         name="attempt_rows_carry_lease",
     ),
-    # A run's evidence is read through its steps (run_evidence), so run_id needs no
+    # A run's evidence is read through its steps (evidence_for_steps), so run_id needs no
     # index of its own: each evidence row costs one entry less (migration 0005).
     postgresql_partition_by="RANGE (step_id)",
 )

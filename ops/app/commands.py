@@ -289,6 +289,31 @@ CONTENT_KEY = Param(
 )
 
 
+def _page(rows: str) -> tuple[Param, ...]:
+    """A page by limit and offset, as `steps list` and `runs show` share it: the same default,
+    the same maximum, meta.total counting every row."""
+    return (
+        Param(
+            "limit",
+            type="integer",
+            minimum=1,
+            maximum=LIST_LIMIT_MAX,
+            default=50,
+            show_default=True,
+            help=f"{rows} per page.",
+        ),
+        Param(
+            "offset",
+            type="integer",
+            minimum=0,
+            maximum=MAX_ID,
+            default=0,
+            show_default=True,
+            help=f"{rows} to skip (meta.total counts them all).",
+        ),
+    )
+
+
 def _filters() -> tuple[Param, ...]:
     """The filters `steps list` and bulk `steps resolve` share (ops/app/service.py's FILTERS)."""
     examples = {
@@ -969,12 +994,13 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "runs.show",
-        "Show one run's whole chain in time order.",
-        "Show one run's whole chain in time order: each decision (intent, instruction "
-        "and prompt version, model, tool), its action, every attempt with the adapter's "
-        "answer, and every operator close.",
+        "Show one run's chain in time order, a page of its steps at a time.",
+        "Show one run's chain in time order, a page of its steps at a time (in step id "
+        "order): each decision (intent, instruction and prompt version, model, tool), its "
+        "action, every attempt with the adapter's answer, and every operator close. "
+        "meta.total counts the run's steps; --offset reads the next page.",
         Effect.READ,
-        (Param("run_id", Kind.ARGUMENT, required=True, example="r1"), OUTPUT, DATABASE_URL),
+        (Param("run_id", Kind.ARGUMENT, required=True, example="r1"), *_page("Steps"), OUTPUT, DATABASE_URL),
         use_when="auditing what an agent run decided and what happened to each of its sends",
         avoid_when="following one send: `steps show` is shorter",
         http=(Route("GET", "/v1/runs/{run_id}"),),
@@ -1103,24 +1129,7 @@ _TABLE: tuple[Command, ...] = (
                 help="Only these states; repeatable.",
             ),
             *_filters(),
-            Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=LIST_LIMIT_MAX,
-                default=50,
-                show_default=True,
-                help="Rows per page.",
-            ),
-            Param(
-                "offset",
-                type="integer",
-                minimum=0,
-                maximum=MAX_ID,
-                default=0,
-                show_default=True,
-                help="Rows to skip (meta.total counts them all).",
-            ),
+            *_page("Rows"),
             OUTPUT,
             DATABASE_URL,
         ),

@@ -697,11 +697,19 @@ RUN_STEP_FIELDS = (
 
 
 async def show_run(
-    store: AppStore, caller: Caller, run_id: str, *, unresolvable: Collection[str] | None = None
+    store: AppStore,
+    caller: Caller,
+    run_id: str,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    unresolvable: Collection[str] | None = None,
 ) -> Reply:
-    """One run's whole chain in time order: decisions, actions, attempts, answers, operator closes."""
+    """A page of one run's steps (in step_id order) and their chain in time order: decisions,
+    actions, attempts, answers, operator closes. Paged as `steps list` is (limit, offset,
+    meta.total counted up to COUNT_CAP), so a run of any size answers in bounded time."""
     await caller.identify(store, Permission.READ)
-    detail = await store.get_run(run_id)
+    detail = await store.get_run(run_id, limit=limit, offset=offset)
     states = await store.delivery_states([s["id"] for s in detail.steps])
     data = {
         "run_id": detail.run_id,
@@ -717,7 +725,8 @@ async def show_run(
         ],
         "events": [public_evidence(e) for e in run_events(detail.steps, detail.decisions, detail.evidence)],
     }
-    return Reply(data, {"steps": len(data["steps"]), "events": len(data["events"])})
+    meta = {"count": len(data["steps"]), **total_meta(detail.total), "limit": limit, "offset": offset}
+    return Reply(data, {**meta, "events": len(data["events"])})
 
 
 # -- refused enqueues (worker/refusals.py) -------------------------------------------

@@ -17,21 +17,39 @@ runs = table_group("runs")
 
 @from_table("runs.show", runs)
 @command
-def runs_show(out: Output, run_id: str, database_url: str | None) -> None:
+def runs_show(out: Output, run_id: str, limit: int, offset: int, database_url: str | None) -> None:
     settings = load_settings(database_url=database_url)
 
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
             return await service.show_run(
-                store, Caller(None, trusted_reader=True), run_id, unresolvable=settings.policy().unresolvable
+                store,
+                Caller(None, trusted_reader=True),
+                run_id,
+                limit=limit,
+                offset=offset,
+                unresolvable=settings.policy().unresolvable,
             )
 
-    out.reply(run(fetch()), human=_human)
+    reply = run(fetch())
+    out.reply(reply, human=lambda d: _human(d, reply.meta))
 
 
-def _human(d: dict[str, Any]) -> str:
+def _pages(d: dict[str, Any], meta: dict[str, Any]) -> str:
+    """Which steps of the run this page shows, and how to read the next."""
+    total = f"{meta['total']:,}" + ("" if meta["total_exact"] else "+")
+    shown, first = len(d["steps"]), meta["offset"] + 1
+    line = f"run {d['run_id']}: " + (
+        f"steps {first:,}-{first + shown - 1:,} of {total}" if shown else f"no step past {meta['offset']:,} of {total}"
+    )
+    if shown == meta["limit"] and (meta["offset"] + shown < meta["total"] or not meta["total_exact"]):
+        line += f" (next: --offset {meta['offset'] + meta['limit']})"
+    return line
+
+
+def _human(d: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
-        f"run {d['run_id']}: {len(d['steps'])} step{'s' * (len(d['steps']) != 1)}",
+        _pages(d, meta),
         table(
             [{**s, "delivered": (s.get("delivery") or {}).get("state", "-")} for s in d["steps"]],
             [

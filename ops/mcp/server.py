@@ -44,7 +44,7 @@ KEY_SOURCE = "the MCP server's environment (EVQ_API_KEY)"
 INSTRUCTIONS = """evq records email sends decided by agents: each is sent at most once and leaves evidence.
 Send with evq_steps_enqueue (a repeat of the same run_id/step_id returns the same step); follow it with
 evq_steps_wait (it answers when the step is worth acting on) or evq_steps_show (its state and evidence) or
-evq_runs_show (a whole run); evq_providers_list says whether a
+evq_runs_show (a run, a page of its steps at a time: meta.total, offset); evq_providers_list says whether a
 provider is down; evq_events_list tells you of every
 send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `held`
 waits for a person's approval: do not send it again, wait (evq_steps_cancel withdraws it). A step whose status is `unknown`
@@ -214,7 +214,9 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
 
     async def run(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(run_schema(), args)
-        return await service.show_run(store, caller(), a["run_id"], unresolvable=policy.unresolvable)
+        return await service.show_run(
+            store, caller(), a["run_id"], limit=a["limit"], offset=a["offset"], unresolvable=policy.unresolvable
+        )
 
     async def show_policy(args: Mapping[str, Any]) -> service.Reply:
         check_arguments(policy_schema(), args)

@@ -49,6 +49,7 @@ def operation(path: str, route: int = 0, **openapi_extra: Any) -> dict[str, Any]
 
 
 _REFUSALS = command("refusals.list")
+_RUN = command("runs.show")
 _EVENTS = command("events.list")
 _DELIVERIES = command("deliveries.list")
 
@@ -284,10 +285,17 @@ async def show_step(
     **operation("runs.show"),
 )
 async def show_run(
-    request: Request, run_id: str = Path(min_length=1, max_length=200), who: Caller = Depends(caller)
+    request: Request,
+    run_id: str = Path(min_length=1, max_length=200),
+    who: Caller = Depends(caller),
+    limit: int = query("limit", of=_RUN),
+    # At most a 32-bit offset over HTTP, as `GET /v1/steps`.
+    offset: int = query("offset", of=_RUN, le=2**31 - 1),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
-    reply = await service.show_run(state.store, who, run_id, unresolvable=state.policy.unresolvable)
+    reply = await service.show_run(
+        state.store, who, run_id, limit=limit, offset=offset, unresolvable=state.policy.unresolvable
+    )
     return _answer(reply, request.state.timer)
 
 

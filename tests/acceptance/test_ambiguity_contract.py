@@ -111,3 +111,68 @@ def test_http_wait_returns_early_when_the_worker_finishes(evq, db_url, smtp):
     # wait's meta: steps wait's schema too.
     contract.check(("steps", "wait"), body)
     assert len(smtp.messages) == 1
+
+
+def test_a_step_an_operator_closed_as_rejected_says_none_and_not_safe_everywhere(db_url):
+    """Issue 29: a step closed `rejected` by an operator's verdict (from unknown) still said
+    `ask_operator`; an operator closed it already, and the README says a closed step reads `none`.
+    It may have been delivered, so a resend is never called safe. Read in child processes."""
+    [lost] = with_store(db_url, lambda store: unknown_steps(store, run_id="r-closed", step_id="a"))
+    reader = Evq(db_url, process=True)
+    before = reader.json("steps", "show", str(lost.id))["data"]["step"]
+    assert (before["status"], before["next_action"], before["safe_to_retry"]) == ("unknown", "ask_operator", False)
+
+    alice = Evq(db_url, api_key=make_key(db_url, "alice", "operator"), process=True)
+    closed = alice.json(
+        "steps", "resolve", str(lost.id), "--as", "rejected", "--note", "the provider's log is gone; giving up"
+    )["data"]
+    assert closed["succeeded"] == 1 and closed["results"][0]["to_status"] == "rejected"
+
+    shown = reader.json("steps", "show", str(lost.id))["data"]["step"]
+    assert (shown["status"], shown["reason"], shown["maybe_delivered"]) == ("rejected", "operator", True)
+    assert (shown["next_action"], shown["safe_to_retry"]) == ("none", False)
+    [listed] = reader.json("steps", "list", "--run-id", "r-closed")["data"]
+    assert (listed["next_action"], listed["safe_to_retry"]) == ("none", False)
+    [in_run] = reader.json("runs", "show", "r-closed")["data"]["steps"]
+    assert (in_run["next_action"], in_run["safe_to_retry"]) == ("none", False)
+    waited = reader.json("steps", "wait", str(lost.id), "--timeout", "20s")
+    assert waited["meta"]["timed_out"] is False and waited["data"]["step"]["next_action"] == "none"
+    human = reader.run("steps", "show", str(lost.id))
+    assert "next action     nothing to do" in human.stdout, human.stdout
+
+
+def test_a_refusal_that_answers_a_rescued_attempt_late_is_safe_to_fix_and_resend(db_url):
+    """The other closed path that kept "may have been delivered": the rescuer marked the attempt
+    so when its lease ran out, then the provider's answer came, a definite refusal
+    (step_record_late closes the step `rejected`, reason `late_answer`). Nothing was sent."""
+    from datetime import UTC, datetime, timedelta
+
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Rejected
+    from evq.worker.transitions import decide
+    from tests.support import valid
+
+    async def late_refusal(store):
+        at = datetime.now(UTC) - timedelta(hours=1)
+        made = await store.enqueue(valid(run_id="r-late", step_id="a"), now=at)
+        [claimed] = await store.claim(
+            owner="w-zombie", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=at
+        )
+        later = at + timedelta(seconds=61)
+        rescued = await store.rescue(limit=10, lease_seconds=60, default_max_attempts=3, actor="r", now=later)
+        assert rescued.unknown == 1
+        answer = decide(
+            claimed,
+            Rejected("550 no such user"),
+            default_max_attempts=3,
+            backoff=Backoff(1, 1),
+            dedupe_window_open=False,
+        )
+        [late] = await store.record([answer], actor="w-zombie", now=later)
+        assert late.settled
+        return made
+
+    made = with_store(db_url, late_refusal)
+    shown = Evq(db_url, process=True).json("steps", "show", str(made.id))["data"]["step"]
+    assert (shown["status"], shown["reason"]) == ("rejected", "late_answer")
+    assert (shown["next_action"], shown["safe_to_retry"]) == ("fix_and_resend", True)

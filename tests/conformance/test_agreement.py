@@ -117,7 +117,7 @@ def normal(value: Any) -> Any:
 async def snapshot(store: Any) -> dict[str, Any]:
     runs = {}
     for run_id in RUNS:
-        run = await store.get_run(run_id)
+        run = await store.get_run(run_id, limit=1000)
         # Each step's evidence in its order. Ids are left out: they come from a sequence, which
         # a conflict (ON CONFLICT DO NOTHING) also advances, and the order of rows one statement
         # writes for several steps is PostgreSQL's scan order, which nothing relies on.

@@ -208,20 +208,39 @@ async def test_list_steps_orders_unknown_oldest_first_and_counts_past_the_page(a
 
 
 async def test_get_run_and_get_step_read_steps_decisions_and_evidence(any_store):
-    a = await any_store.enqueue(valid(run_id="run-r"), now=T0)
-    b = await any_store.enqueue(valid(run_id="run-r"), now=at(1))
+    a = await any_store.enqueue(valid(run_id="run-r", step_id="a"), now=T0)
+    b = await any_store.enqueue(valid(run_id="run-r", step_id="b"), now=at(1))
     await claim(any_store, now=at(2))
-    run = await any_store.get_run("run-r")
-    assert [s["id"] for s in run.steps] == [a.id, b.id]
+    run = await any_store.get_run("run-r", limit=50)
+    assert [s["id"] for s in run.steps] == [a.id, b.id] and run.total == 2
     assert [d["step_id"] for d in run.decisions] == [a.step_id, b.step_id]
     assert [(e["step_id"], e["kind"]) for e in run.evidence] == [(a.id, "attempt_started"), (b.id, "attempt_started")]
     detail = await any_store.get_step(a.id)
     assert detail.decision["model"] == "m-1" and detail.decision["intent"] == "tell the user"
     assert detail.step["payload"]["subject"].startswith("Subject")
     with pytest.raises(NotFound):
-        await any_store.get_run("nobody")
+        await any_store.get_run("nobody", limit=50)
     with pytest.raises(NotFound):
         await any_store.get_step(9999)
+
+
+async def test_get_run_reads_a_page_of_the_runs_steps_in_step_id_order_with_only_their_history(any_store):
+    """runs show's read: a page of the run's steps by step_id (its unique key), their decisions
+    and evidence and nothing of the other steps, and the run's total; past the end, nothing."""
+    made = {}
+    for name in ("c", "a", "e", "b", "d"):  # enqueued out of step_id order
+        made[name] = await any_store.enqueue(valid(run_id="run-p", step_id=name), now=T0)
+    await any_store.enqueue(valid(run_id="run-other", step_id="a"), now=T0)
+    await claim(any_store, now=at(1))
+    page = await any_store.get_run("run-p", limit=2, offset=1)
+    assert [s["step_id"] for s in page.steps] == ["b", "c"] and page.total == 5
+    assert sorted(d["step_id"] for d in page.decisions) == ["b", "c"]
+    assert all(d["run_id"] == "run-p" for d in page.decisions)
+    assert sorted(e["step_id"] for e in page.evidence) == sorted([made["b"].id, made["c"].id])
+    last = await any_store.get_run("run-p", limit=2, offset=4)
+    assert [s["step_id"] for s in last.steps] == ["e"] and [e["step_id"] for e in last.evidence] == [made["e"].id]
+    past = await any_store.get_run("run-p", limit=2, offset=5)
+    assert (past.steps, past.decisions, past.evidence, past.total) == ([], [], [], 5)
 
 
 async def test_get_steps_reads_each_as_get_step_does_in_the_ids_order(any_store):

@@ -282,3 +282,56 @@ async def test_a_claim_lost_while_a_rescuer_pass_hands_back_an_older_one_is_stil
     assert await asyncio.wait_for(worker.run(drain=True, install_signals=False), 30) == 0
     assert racing.blocked and second_lost.is_set()
     assert {mem.steps[i]["status"] for i in ids} == {"accepted"} and set(provider.sent.values()) == {1}
+
+
+async def test_a_drain_does_not_end_while_a_rescuer_pass_is_handing_back_a_lost_claim(mem):
+    """The rescuer pass takes a lost claim from the loop's list and clears the loop's "check
+    for orphans" before its hand-back commits; the loop, finding the flag clear, claimed
+    nothing (the rows were still in flight under the lost claim), asked whether anything was
+    claimable (no), and the drain ended; the hand-back then made the rows pending, unsent, for
+    whoever relies on `--drain` (seen in tests/faults/test_store_faults.py: "ended pending").
+    Ordered here: the rescuer's hand-back waits until the loop has looked for work itself."""
+    ids = await enqueue(mem, 2)
+    provider = ScriptedProvider()
+    rescuer_has_it, loop_looked = asyncio.Event(), asyncio.Event()
+    hand_backs: list[str] = []  # which task asked to hand back the lost claim, in order
+
+    class Racing:
+        lost: str | None = None
+
+        def __getattr__(self, name):
+            return getattr(mem, name)
+
+        async def claim(self, **kw):
+            got = await mem.claim(**kw)
+            if got and self.lost is None:
+                self.lost = kw["claim_id"]
+                raise DatabaseUnavailable("the connection dropped as the claim committed")
+            return got
+
+        async def release_orphans(self, **kw):
+            if self.lost in kw["claims"]:
+                task = asyncio.current_task()
+                name = task.get_name() if task is not None else ""
+                hand_backs.append(name)
+                if name == "evq-rescuer" and not rescuer_has_it.is_set():
+                    rescuer_has_it.set()
+                    await loop_looked.wait()
+                else:
+                    loop_looked.set()
+            return await mem.release_orphans(**kw)
+
+        async def claimable_exists(self, **kw):
+            answer = await mem.claimable_exists(**kw)
+            if rescuer_has_it.is_set():
+                loop_looked.set()  # the loop has its answer: now the rescuer's hand-back commits
+            return answer
+
+    racing = Racing()
+    # Rescuer passes far more often than the loop's reconnect delay (0.2 s at least): the pass
+    # after the loss comes first, as asyncio runs timers in the order they are due.
+    worker = Worker(racing, {"smtp": provider}, replace(SETTINGS, rescue_interval=0.01))
+    assert await asyncio.wait_for(worker.run(drain=True, install_signals=False), 30) == 0
+    assert racing.lost is not None and hand_backs[0] == "evq-rescuer", hand_backs
+    assert {mem.steps[i]["status"] for i in ids} == {"accepted"}, [mem.steps[i]["status"] for i in ids]
+    assert set(provider.sent.values()) == {1} and len(provider.sent) == 2

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from evq.adapters.postgres.store import PostgresStore
 from evq.worker.backoff import Backoff
@@ -350,37 +351,86 @@ def _seq_scans(plan) -> list[str]:
     return found
 
 
-def test_run_evidence_reads_through_the_runs_steps(db_url):
-    """evidence has no run_id index (migration 0005): a run's evidence is found through
-    its steps' unique (run_id, step_id) index and evidence's primary key (step_id, id), never a
-    table scan."""
-    with psycopg.connect(db_url) as conn:
+def _nodes(plan) -> list[dict]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    nodes, found = [plan[0]["Plan"]], []
+    while nodes:
+        node = nodes.pop()
+        found.append(node)
+        nodes.extend(node.get("Plans", []))
+    return found
+
+
+def _rows_read(plan, relation: str) -> int:
+    """How many rows the scans of ``relation`` (or its index) returned, over all their loops."""
+    return sum(
+        n["Actual Rows"] * n["Actual Loops"]
+        for n in _nodes(plan)
+        if n.get("Relation Name") == relation or n.get("Index Name", "").startswith(relation)
+    )
+
+
+def test_a_page_of_a_big_run_reads_only_that_pages_steps_and_their_history(db_url):
+    """runs show on a run of 20,000 steps (issue 29: the whole run was read and sent, 10 MB for
+    5,000 steps): the page's steps are picked from the run's unique (run_id, step_id) index, only
+    the page's rows are read from the table, their decisions and evidence by the page's ids
+    (evidence through its primary key (step_id, id): it has no run_id index, migration 0005), and
+    the total is counted from the index up to its cap. Never a table scan."""
+    from evq.adapters.postgres.queries import Q
+    from evq.worker.ports import COUNT_CAP
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(
             """
-            INSERT INTO decisions (id, run_id, step_id) SELECT g, 'r' || (g % 2000), 's' || g
-            FROM generate_series(1, 20000) g;
+            INSERT INTO decisions (id, run_id, step_id)
+            SELECT g, CASE WHEN g <= 20000 THEN 'big' ELSE 'r' || (g % 500) END, 's' || g
+            FROM generate_series(1, 25000) g;
             INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
                                      payload_sha256, status, closed_at, attempts, first_attempt_at)
-            SELECT 'r' || (g % 2000), 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64),
+            SELECT d.run_id, d.step_id, d.id, 'k' || d.id, '<m' || d.id || '@x>', 'smtp', '{}', repeat('a', 64),
                    'accepted', now(), 1, now()
-            FROM generate_series(1, 20000) g;
+            FROM decisions d;
             INSERT INTO evidence (step_id, run_id, attempt, kind, actor, lease_token)
             SELECT s.id, s.run_id, 1, k.kind, 'w', gen_random_uuid()
             FROM email_steps s, (VALUES ('attempt_started'), ('provider_response')) AS k(kind);
-            ANALYZE email_steps; ANALYZE evidence;
             """
         )
-        from evq.adapters.postgres.queries import Q
+        conn.execute("VACUUM ANALYZE email_steps")
+        conn.execute("VACUUM ANALYZE evidence")
+        conn.execute("VACUUM ANALYZE decisions")
 
-        plan = conn.execute("EXPLAIN (FORMAT JSON) " + Q["run_evidence"], {"run_id": "r7"}).fetchone()[0]
-        got = conn.execute(Q["run_evidence"], {"run_id": "r7"}).fetchall()
-        conn.rollback()
-    # The partition holding the rows (0022) is read through its primary key (step_id, id);
-    # the empty partitions ahead may show a scan of nothing, which run-time pruning skips.
-    assert "uq_email_steps_run_id_step_id" in str(plan) and "evidence_steps_0_pkey" in str(plan)
-    scanned = set(_seq_scans(plan))
-    assert scanned and not scanned & {"email_steps", "evidence_steps_0"}, scanned
-    assert len(got) == 20 and all(row[2] == "r7" for row in got)
+        def explain(name: str, params: dict) -> list:
+            return conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q[name], params).fetchone()[0]
+
+        page = {"run_id": "big", "limit": 50, "offset": 12_000}
+        steps = conn.cursor(row_factory=dict_row).execute(Q["run_steps"], page).fetchall()
+        plan = explain("run_steps", page)
+        ids = [r["id"] for r in steps]
+        decision_ids = sorted({r["decision_id"] for r in steps})
+        evidence_plan = explain("evidence_for_steps", {"ids": ids})
+        decisions_plan = explain("decisions_get", {"ids": decision_ids})
+        counted = conn.execute(Q["run_step_count"], {"run_id": "big", "count_cap": COUNT_CAP}).fetchone()[0]
+        count_plan = explain("run_step_count", {"run_id": "big", "count_cap": COUNT_CAP})
+    # The page is the 50 step ids after the first 12,000 in step_id order (text order: s10000...).
+    expected = sorted(f"s{g}" for g in range(1, 20001))[12_000:12_050]
+    assert [r["step_id"] for r in steps] == expected
+    # The skipped 12,000 are index entries only; the table gives the page's 50 rows.
+    assert "uq_email_steps_run_id_step_id" in str(plan) and not _seq_scans(plan)
+    assert plan[0]["Plan"]["Actual Rows"] == 50
+    index_only = [n for n in _nodes(plan) if n["Node Type"] == "Index Only Scan"]
+    assert index_only and index_only[0]["Heap Fetches"] == 0, index_only
+    table_reads = [
+        n for n in _nodes(plan) if n.get("Relation Name") == "email_steps" and n["Node Type"] != "Index Only Scan"
+    ]
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in table_reads) == 50, table_reads
+    # The page's history: its 100 evidence rows through the partition's primary key, its 50 decisions.
+    assert "evidence_steps_0_pkey" in str(evidence_plan)
+    assert "evidence_steps_0" not in _seq_scans(evidence_plan)
+    assert evidence_plan[0]["Plan"]["Actual Rows"] == 100 and _rows_read(evidence_plan, "evidence_steps_0") == 100
+    assert decisions_plan[0]["Plan"]["Actual Rows"] == 50 and not _seq_scans(decisions_plan)
+    # The total: counted from the index, up to the cap.
+    assert counted == COUNT_CAP + 1 and not _seq_scans(count_plan)
+    assert _rows_read(count_plan, "uq_email_steps_run_id_step_id") == COUNT_CAP + 1
 
 
 async def rows_exec(url: str, sql: str, params) -> None:

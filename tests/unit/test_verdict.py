@@ -17,16 +17,87 @@ from evq.worker.verdict import NEXT_ACTIONS, verdict
 SCHEMAS = Path(__file__).resolve().parents[2] / "ops" / "app" / "cli-schema"
 REASONS = [None, *Reason]
 
-# What each rejected reason asks of an agent, spelt out (not derived from verdict.py's sets):
-# stopped on purpose -> none; ran out of time or attempts -> resend; the message refused -> fix it.
-REJECTED = {
-    Reason.DENIED: "none",
-    Reason.CANCELLED: "none",
-    Reason.OPERATOR: "none",
-    Reason.ATTEMPTS_EXHAUSTED: "resend",
-    Reason.RETRY_BUDGET_EXHAUSTED: "resend",
-    Reason.APPROVAL_EXPIRED: "resend",
-}
+R = Reason
+# Every (status, reason, maybe_delivered) a step can hold, with the statement that leaves it so,
+# and what it tells an agent (safe_to_retry, next_action), spelt out (not derived from
+# verdict.py). `unknown` is shown through a provider that can settle it within the hour; the
+# rule for the rest is test_an_unknown_step_its_provider_has_not_settled_within_the_hour...
+EXISTING = [
+    # held: step_enqueue under a hold rule
+    ("held", R.APPROVAL_REQUIRED, False, False, "wait_for_approval"),
+    # pending: step_enqueue, step_approve, step_release of a first attempt
+    ("pending", None, False, False, "wait"),
+    ("pending", R.APPROVED, False, False, "wait"),
+    ("pending", R.RELEASED, False, False, "wait"),
+    # in flight: step_claim keeps the reason it found
+    ("in_flight", None, False, False, "wait"),
+    ("in_flight", R.PROVIDER_TEMPORARY, False, False, "wait"),
+    ("in_flight", R.AMBIGUOUS_DEDUPED, True, False, "wait"),
+    # retryable: step_record, step_rescue inside a dedupe window, step_release of a later
+    # attempt, an operator's retry or requeue (step_resolve clears the flag)
+    ("retryable", R.PROVIDER_TEMPORARY, False, False, "wait"),
+    ("retryable", R.PROVIDER_MISCONFIGURED, False, False, "wait"),
+    ("retryable", R.AMBIGUOUS_DEDUPED, True, False, "wait"),
+    ("retryable", R.LEASE_EXPIRED, True, False, "wait"),
+    ("retryable", R.RELEASED, False, False, "wait"),
+    ("retryable", R.RELEASED, True, False, "wait"),
+    ("retryable", R.OPERATOR, False, False, "wait"),
+    # unknown: step_record (an ambiguous answer; a refusal or exhaustion after an attempt that
+    # may have been delivered), step_rescue, step_close_windows
+    ("unknown", R.AMBIGUOUS_RESPONSE, True, False, "wait"),
+    ("unknown", R.LEASE_EXPIRED, True, False, "wait"),
+    ("unknown", R.DEDUPE_WINDOW_CLOSED, True, False, "wait"),
+    ("unknown", R.PROVIDER_REJECTED, True, False, "wait"),
+    ("unknown", R.POLICY_REFUSED, True, False, "wait"),
+    ("unknown", R.ATTEMPTS_EXHAUSTED, True, False, "wait"),
+    ("unknown", R.RETRY_BUDGET_EXHAUSTED, True, False, "wait"),
+    # accepted: step_record, an operator's verdict, the reconciler, a webhook, a late answer
+    ("accepted", R.PROVIDER_ACCEPTED, False, False, "none"),
+    ("accepted", R.PROVIDER_ACCEPTED, True, False, "none"),
+    ("accepted", R.PARTIALLY_REFUSED, False, False, "none"),
+    ("accepted", R.PARTIALLY_REFUSED, True, False, "none"),
+    ("accepted", R.OPERATOR, True, False, "none"),
+    ("accepted", R.RECONCILED, True, False, "none"),
+    ("accepted", R.WEBHOOK, True, False, "none"),
+    ("accepted", R.LATE_ANSWER, True, False, "none"),
+    ("accepted", R.LATE_ANSWER, False, False, "none"),
+    # rejected by the provider or the policy (step_record; never when an earlier attempt may
+    # have been delivered: that ends unknown)
+    ("rejected", R.PROVIDER_REJECTED, False, True, "fix_and_resend"),
+    ("rejected", R.POLICY_REFUSED, False, True, "fix_and_resend"),
+    # rejected for time or attempts (step_record, steps_expire_held): requeue-able, or resend
+    ("rejected", R.ATTEMPTS_EXHAUSTED, False, True, "resend"),
+    ("rejected", R.RETRY_BUDGET_EXHAUSTED, False, True, "resend"),
+    ("rejected", R.APPROVAL_EXPIRED, False, True, "resend"),
+    # stopped on purpose (step_deny, step_cancel: never a step that may have been delivered)
+    ("rejected", R.DENIED, False, True, "none"),
+    ("rejected", R.CANCELLED, False, True, "none"),
+    # closed by an operator's verdict (step_resolve from unknown keeps the flag): finished, and
+    # never safe to send again while it may have been delivered
+    ("rejected", R.OPERATOR, True, False, "none"),
+    ("rejected", R.OPERATOR, False, True, "none"),
+    # the provider's definite refusal arriving after the rescue (step_record_late): the flag is
+    # the rescue's, for the very attempt the provider refused (after an operator's retry: cleared)
+    ("rejected", R.LATE_ANSWER, True, True, "fix_and_resend"),
+    ("rejected", R.LATE_ANSWER, False, True, "fix_and_resend"),
+]
+
+
+@pytest.mark.parametrize(("status", "reason", "maybe_delivered", "safe", "action"), EXISTING)
+def test_every_state_a_step_can_be_in_says_what_to_do(status, reason, maybe_delivered, safe, action):
+    v = verdict(status, reason, maybe_delivered=maybe_delivered, resolvable=True, unknown_for=60)
+    assert (v.safe_to_retry, v.next_action) == (safe, action)
+    assert v.to_dict() == {"safe_to_retry": safe, "next_action": action}
+
+
+def test_a_closed_step_never_asks_for_an_operator_or_to_wait():
+    """Nothing reopens a closed step but an operator's requeue of one that was never sent: "ask an
+    operator" (an operator closed it already) or "wait" would leave an agent waiting for nothing."""
+    closed = [row for row in EXISTING if row[0] in ("accepted", "rejected")]
+    assert {row[0] for row in closed} == {"accepted", "rejected"}
+    for status, reason, maybe_delivered, *_ in closed:
+        v = verdict(status, reason, maybe_delivered=maybe_delivered, resolvable=False, unknown_for=10**6)
+        assert v.next_action not in ("ask_operator", "wait", "wait_for_approval"), (status, reason, maybe_delivered)
 
 
 @pytest.mark.parametrize("reason", REASONS)
@@ -34,6 +105,7 @@ REJECTED = {
 @pytest.mark.parametrize("maybe_delivered", [False, True])
 @pytest.mark.parametrize("resolvable", [False, True])
 def test_every_status_and_reason(status, reason, maybe_delivered, resolvable):
+    """Every combination, those no statement writes included: an impossible one fails closed."""
     v = verdict(str(status), reason, maybe_delivered=maybe_delivered, resolvable=resolvable)
     expected = {
         Status.HELD: (False, "wait_for_approval"),
@@ -44,14 +116,13 @@ def test_every_status_and_reason(status, reason, maybe_delivered, resolvable):
         Status.ACCEPTED: (False, "none"),
     }.get(status)
     if expected is None:  # rejected
-        if maybe_delivered:
-            # Never so unless an operator said it (invariant 4); should it be, fail closed.
-            expected = (False, "ask_operator")
-        else:
-            expected = (True, REJECTED.get(reason, "fix_and_resend"))
+        known = {(r[1], r[2]): (r[3], r[4]) for r in EXISTING if r[0] == "rejected"}
+        # A rejection no statement writes while it may have been delivered (invariant 4): fail closed.
+        expected = known.get((reason, maybe_delivered), (False, "ask_operator") if maybe_delivered else None)
+        if expected is None:  # any other refusal of the message itself
+            expected = (True, "fix_and_resend")
     assert (v.safe_to_retry, v.next_action) == expected
     assert v.next_action in NEXT_ACTIONS
-    assert v.to_dict() == {"safe_to_retry": expected[0], "next_action": expected[1]}
 
 
 def test_safe_to_retry_only_when_nothing_was_sent():
@@ -61,7 +132,11 @@ def test_safe_to_retry_only_when_nothing_was_sent():
                 for resolvable in (False, True):
                     v = verdict(str(status), reason, maybe_delivered=maybe, resolvable=resolvable)
                     if v.safe_to_retry:
-                        assert status is Status.REJECTED and not maybe, (status, reason)
+                        # The flag a late refusal leaves is that very attempt's, answered "refused".
+                        assert status is Status.REJECTED and (not maybe or reason is Reason.LATE_ANSWER), (
+                            status,
+                            reason,
+                        )
 
 
 def test_every_next_action_is_reachable_labelled_and_in_the_schema():

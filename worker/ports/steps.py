@@ -103,7 +103,11 @@ class StepReader(Protocol):
         ops page's tabs. Every state is a key, 0 included."""
         ...
 
-    async def get_run(self, run_id: str) -> RunDetail: ...
+    async def get_run(self, run_id: str, *, limit: int, offset: int = 0) -> RunDetail:
+        """A page of ``limit`` of the run's steps after ``offset``, in step_id order (the run's
+        unique key: a page is read from its index, never the whole run), with their decisions
+        and evidence, read from one snapshot; NotFound when the run has no step."""
+        ...
 
     async def list_facts(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """What a list shows of each step beyond its summary, by step id (ids that do not exist

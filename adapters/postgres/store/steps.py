@@ -139,15 +139,19 @@ class PostgresSteps(PostgresBase):
             if i in steps
         ]
 
-    async def get_run(self, run_id: str) -> RunDetail:
-        """One run's steps, decisions and evidence, read from one snapshot."""
+    async def get_run(self, run_id: str, *, limit: int, offset: int = 0) -> RunDetail:
+        """A page of one run's steps with their decisions and evidence, read from one snapshot."""
         async with self._snapshot("get_run") as conn:
-            steps = await fetch_all(conn, Q["run_steps"], {"run_id": run_id})
-            if not steps:
+            [counted] = await fetch_all(conn, Q["run_step_count"], {"run_id": run_id, "count_cap": COUNT_CAP})
+            if not counted["n"]:
                 raise NotFound(f"no steps in run {run_id!r}", hint="`evq steps list` shows the run ids")
-            decisions = await fetch_all(conn, Q["run_decisions"], {"run_id": run_id})
-            evidence = await fetch_all(conn, Q["run_evidence"], {"run_id": run_id})
-        return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence)
+            page = {"run_id": run_id, "limit": limit, "offset": offset}
+            steps = await fetch_all(conn, Q["run_steps"], page)
+            ids = [s["id"] for s in steps]
+            decision_ids = sorted({s["decision_id"] for s in steps})
+            decisions = await fetch_all(conn, Q["decisions_get"], {"ids": decision_ids}) if ids else []
+            evidence = await fetch_all(conn, Q["evidence_for_steps"], {"ids": ids}) if ids else []
+        return RunDetail(run_id=run_id, steps=steps, decisions=decisions, evidence=evidence, total=counted["n"])
 
     async def last_answers(self, step_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """The latest provider answer of each step that has one, by step id."""

@@ -13,10 +13,12 @@ from evq.ops.app.service import Selection
 from evq.ops.web.page.common import (
     CANCELLABLE,
     DONE,
+    PAGE_SIZE,
     Redirect,
     app_state,
     caller_of,
     filters_of,
+    int_param,
     posted,
     query_string,
     refusal,
@@ -118,8 +120,20 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
     session = await signed_in(request)
     who = caller_of(session)
     state = app_state(request)
-    reply = await service.show_run(state.store, who, run_id[:200], unresolvable=state.policy.unresolvable)
-    return render(request, "trace.html", session, d=reply.data, events=trace_rows(reply.data["events"]))
+    # A page of the run's steps at a time, as the lists (PAGE_SIZE, Previous and Next).
+    offset = int_param(request.query_params.get("offset"), 0)
+    reply = await service.show_run(
+        state.store, who, run_id[:200], limit=PAGE_SIZE, offset=offset, unresolvable=state.policy.unresolvable
+    )
+    return render(
+        request,
+        "trace.html",
+        session,
+        d=reply.data,
+        events=trace_rows(reply.data["events"]),
+        page=reply.meta,
+        page_size=PAGE_SIZE,
+    )
 
 
 @router.post("/steps/{step_id}/close", response_class=HTMLResponse)
