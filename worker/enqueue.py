@@ -159,6 +159,9 @@ def existing_or_conflict(row: Mapping[str, Any], request: ValidRequest) -> Enque
     )
     where = f"idempotency key {request.idempotency_key!r} (run {request.run_id!r}, step {request.step_id!r})"
     context = {"existing_id": row["id"], "idempotency_key": request.idempotency_key}
+    if row.get("pruned"):
+        # The key ledger's answer (invariant 12): the step is gone, its key is not.
+        context["pruned"] = True
     if row["provider"] != request.provider and row["idempotency_key"] == request.idempotency_key:
         raise IdempotencyConflict(
             f"this key was enqueued through {row['provider']}; {where} cannot be sent through {request.provider}"
@@ -190,6 +193,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         reason=row.get("reason"),
         maybe_delivered=bool(row.get("maybe_delivered")),
         hold=row.get("hold"),
+        pruned=bool(row.get("pruned")),
     )
 
 
