@@ -442,7 +442,14 @@ class MemoryStore:
         evidence = len(self.evidence)
         try:
             if not gated(approval, requests):
-                return [self._enqueue(r, at) for r in requests]
+                results = []
+                for r in requests:
+                    drawn = self._step_ids
+                    results.append(self._enqueue(r, at))
+                    if self._step_ids == drawn:  # step_enqueue_many draws both ids for every request
+                        self._decision_ids += 1
+                        self._step_ids += 1
+                return results
             # gated_many_op locks every counter the batch may charge first (budget_lock).
             self._touch_budgets(batch_counters(approval, requests, now=at), at, made_only=True)
             results = []
@@ -462,8 +469,9 @@ class MemoryStore:
     def _gated(self, request: ValidRequest, at: datetime, approval: ApprovalPolicy) -> EnqueueResult:
         """gated_op (adapters/postgres/enqueue.py): a new step judged by the policy; a repeat
         of a stored key answered as its row is, charging nothing."""
-        if self._holder(request) is not None:
-            return self._enqueue(request, at)
+        holder = self._holder(request)
+        if holder is not None:
+            return existing_or_conflict({**holder, "created": False}, request)
         holds, charges, given_back = self._judge(request, at, approval, refuse=True)
         self._touch_budgets([(b, s, w) for b, s, w, _a, _c in given_back], at, made_only=False)
         hold = {"rules": holds} if holds else None
@@ -575,10 +583,6 @@ class MemoryStore:
             ),
             None,
         )
-        # Both ids are drawn before the insert meets its conflict (nextval() and the id
-        # column's default), so a repeated enqueue leaves a gap, as in PostgreSQL.
-        self._decision_ids += 1
-        self._step_ids += 1
         if taken is not None:
             # step_enqueue's ON CONFLICT DO NOTHING, then the row holding the key (or the
             # run_id/step_id, step_get_by_key): the same request gets it back, another is refused.
@@ -586,6 +590,10 @@ class MemoryStore:
             held = next((s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key), None)
             held = held or self.pruned_keys.get(request.idempotency_key) or taken
             return existing_or_conflict({**held, "created": False}, request)
+        # Both ids are drawn once the key ledger's insert is tried (step_enqueue skips it when a
+        # step holds the key or the ids), so a repeat of a pruned key leaves a gap, as in PostgreSQL.
+        self._decision_ids += 1
+        self._step_ids += 1
         if request.idempotency_key in self.pruned_keys:  # the key ledger: a pruned step's key
             return existing_or_conflict({**self.pruned_keys[request.idempotency_key], "created": False}, request)
         d = request.decision

@@ -15,10 +15,10 @@
 -- goes in with it) or, but for a concurrent enqueue of the same ids under another key, its
 -- ids: that one meets uq_email_steps_run_id_step_id here and is refused (IdempotencyConflict).
 -- The decision is written only if the step was, so a repeated enqueue leaves no orphan
--- decision. The decision id is taken from the sequence up front; the foreign key is checked at
--- the end of the statement. The sequences are named (the columns' defaults since 0001), not
--- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the batch
--- statement on every row.
+-- decision. Both ids are drawn from their sequences when the ledger's insert is tried (a repeat
+-- its snapshot answers draws none, a pruned key's both); the foreign key is checked at the end of
+-- the statement. The sequences are named (the columns' defaults since 0001), not looked up:
+-- pg_get_serial_sequence() reads pg_depend on every call, and in the batch statement on every row.
 -- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
 -- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
 -- step_held_evidence, in the same transaction. `send_at` starts next_attempt_at and the retry
@@ -26,12 +26,12 @@
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
-    SELECT nextval('decisions_id_seq'::regclass) AS decision_id
+    SELECT nextval('decisions_id_seq'::regclass) AS decision_id, nextval('email_steps_id_seq'::regclass) AS id
 ), k AS (
     INSERT INTO step_keys (idempotency_key, id, run_id, step_id, message_id, provider, payload_sha256, created_at)
-    SELECT %(idempotency_key)s, nextval('email_steps_id_seq'::regclass), %(run_id)s, %(step_id)s, %(message_id)s,
-           %(provider)s, decode(%(payload_sha256)s, 'hex'), t.now
-    FROM t
+    SELECT %(idempotency_key)s, ids.id, %(run_id)s, %(step_id)s, %(message_id)s, %(provider)s,
+           decode(%(payload_sha256)s, 'hex'), t.now
+    FROM ids, t
     WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = %(idempotency_key)s)
       AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s)
     ON CONFLICT DO NOTHING

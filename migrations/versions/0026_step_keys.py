@@ -19,10 +19,11 @@ a repeat outlives prune.
   enqueue wrote or what a prune recorded.
 - The race is closed by construction: the ledger's primary key is where every enqueue of a key
   meets every other and the prune. A key's row exists from its first enqueue's commit, so an
-  enqueue racing the prune of that key meets the row (waiting for the prune's transaction if it
-  holds it) and writes no step; the prune's write is an upsert on the same key, so a step with
+  enqueue racing the prune of that key is answered by the step its snapshot still shows, or meets
+  the row (waiting for the prune's transaction if it holds it), and writes no step; the prune's
+  write is an upsert on the same key, so a step with
   no ledger row (written before this revision by a process still running the old code, or by
-  hand) is recorded when it goes, and an enqueue of its key meanwhile waits for that insert.
+  hand) is recorded when it goes.
 - Existing steps are copied in (their keys, as the enqueue writes them). Keys whose steps were
   pruned before this revision are gone with them: nothing is left to copy them from.
 - ``evq_grant_runtime`` gives the runtime role SELECT and INSERT of the enqueue's columns only:
