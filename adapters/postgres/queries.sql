@@ -862,7 +862,8 @@ ORDER BY s.id;
 -- event's type), so a transition recorded twice (a commit retried after its acknowledgement was
 -- lost), or a second event of a kind whose notice was pruned since, meets the ledger and writes
 -- nothing. Never an error: it runs in the transaction of the transition it is about, which must
--- commit (a conflict on the step's own constraints leaves the notice unwritten, as before).
+-- commit, so the step keeps its ON CONFLICT DO NOTHING (a notice whose derived run and step ids
+-- some other step held would be left unwritten, its key kept by the ledger, as it was left before).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), n AS (

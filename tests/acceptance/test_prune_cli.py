@@ -238,6 +238,8 @@ def test_a_send_retried_after_prune_is_answered_as_it_ended_and_never_sent_again
     assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
     assert (again["id"], again["message_id"], again["created"]) == (first["id"], first["message_id"], False)
     assert (again["status"], again["pruned"], again["next_action"]) == ("accepted", True, "none")
+    told = evq.run("steps", "enqueue", "--file", "-", input=asked)  # the people's output says so too
+    assert told.returncode == 0 and "already enqueued" in told.stdout and "removed by evq prune" in told.stdout
 
     # The same key with another request is refused, as for a stored step; nothing is written.
     changed = json.dumps({**json.loads(asked), "subject": "something else"})
