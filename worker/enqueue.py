@@ -3,7 +3,8 @@ the step's Message-ID, and what a repeated key means.
 
 A step's identity is its key, its run and step ids, its payload (``payload_sha256``) and its
 provider: a request that differs in any of them is a different send (:func:`existing_or_conflict`,
-the one place every path compares a stored row). EVQ_REFUSE_UNRESOLVABLE refuses only what would
+the one place every path compares a stored row, a step's or, for a key whose step evq prune
+removed, the key ledger's: ``pruned``, invariant 12). EVQ_REFUSE_UNRESOLVABLE refuses only what would
 be created: a request it concerns is looked up first (:func:`must_look_up`) and never inserted;
 one a stored row holds is answered as that row is (:func:`answer_held`).
 
