@@ -216,3 +216,38 @@ def test_a_key_pruned_under_one_run_and_step_is_refused_under_others(db_url):
         enqueue_own(db_url, {**req, "step_id": "other"}, policy=POLICY)
     fresh = enqueue_own(db_url, {**req, "idempotency_key": "order-43"}, policy=POLICY)
     assert fresh.created and [s["idempotency_key"] for s in steps(db_url)] == ["order-43"]
+
+
+def test_two_keys_racing_for_one_run_and_step_leave_one_step_and_no_key_without_a_step(db_url):
+    """Two connections enqueue the same run and step ids under different keys, the first holding
+    its transaction open: the second's ledger row goes in (its key is free) and its step waits on
+    the first's run and step ids; when the first commits the second is refused whole
+    (IdempotencyConflict), so the ledger never names a key whose step does not exist."""
+    first, second = request(run_id="ids", step_id="s", idempotency_key="k-1"), request(run_id="ids", step_id="s")
+    second["idempotency_key"] = "k-2"
+    holder = psycopg.connect(db_url)
+    try:
+        made = enqueue(holder, first, policy=POLICY)  # written, not committed
+        answers: list = []
+
+        def race() -> None:
+            try:
+                answers.append(enqueue_own(db_url, second, policy=POLICY))
+            except Exception as exc:
+                answers.append(exc)
+
+        other = threading.Thread(target=race)
+        other.start()
+        waiting = (
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+            "AND %s = ANY(pg_blocking_pids(pid))"
+        )
+        wait_until(lambda: answers or rows(db_url, waiting, (holder.info.backend_pid,))[0]["n"], what="the race")
+        holder.commit()
+        other.join(30)
+    finally:
+        holder.close()
+    [answer] = answers
+    assert isinstance(answer, IdempotencyConflict), answer
+    assert [s["idempotency_key"] for s in steps(db_url)] == ["k-1"]
+    assert rows(db_url, "SELECT idempotency_key, id FROM step_keys") == [{"idempotency_key": "k-1", "id": made.id}]
