@@ -26,8 +26,9 @@ Where it does not (cannot honestly) match PostgreSQL:
   (the tests' superuser) bypasses it. Every evq statement passes it either way.
 - API keys: creating one, looking it up and rehashing it (worker/keys.py's port), not the
   revoke, list and sign-out of the ops tools. Retention follows evq_prune_batch (migration
-  0009), its prune_log included, without the owner-only switch; content retention follows
-  evq_redact_batch (0013), its cutoff on this store's clock.
+  0009), its prune_log included, without the owner-only switch; the key ledger (step_keys,
+  0026) is kept only for the keys of pruned steps (``pruned_keys``: a live step's key is its
+  step's); content retention follows evq_redact_batch (0013), its cutoff on this store's clock.
 - Not implemented: queue statistics, the LISTEN wakeup, the enqueue inside a caller's
   transaction, ``transaction()``. A row with the same lease token twice in one ``record``
   batch (the recorder never makes one) is not modelled.
@@ -82,6 +83,7 @@ from evq.worker.keys import NewKey, Role, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
 from evq.worker.ports import COUNT_CAP, Decided, DeliveryRecorded, Edit, StatusCount, StepFilter
+from evq.worker.pruner import step_not_found
 from evq.worker.records import (
     BudgetKey,
     BudgetPrune,
@@ -293,6 +295,7 @@ class MemoryStore:
         self.keys: dict[str, dict[str, Any]] = {}  # by name, in creation order
         self.pepper = os.urandom(32)  # api_key_pepper: made by the migration, never changed
         self.prune_log: list[Mapping[str, Any]] = []
+        self.pruned_keys: dict[str, dict[str, Any]] = {}  # step_keys (0026) of pruned steps: key -> its end
         self.refusals: list[dict[str, Any]] = []  # enqueue_refusals, by id
         self.refusal_counts: dict[tuple[str, str], int] = {}  # enqueue_refusal_counts: never pruned
         self.calls: list[str] = []  # operation names, in order (what PostgresStore would time)
@@ -439,7 +442,14 @@ class MemoryStore:
         evidence = len(self.evidence)
         try:
             if not gated(approval, requests):
-                return [self._enqueue(r, at) for r in requests]
+                results = []
+                for r in requests:
+                    drawn = self._step_ids
+                    results.append(self._enqueue(r, at))
+                    if self._step_ids == drawn:  # step_enqueue_many draws both ids for every request
+                        self._decision_ids += 1
+                        self._step_ids += 1
+                return results
             # gated_many_op locks every counter the batch may charge first (budget_lock).
             self._touch_budgets(batch_counters(approval, requests, now=at), at, made_only=True)
             results = []
@@ -459,8 +469,9 @@ class MemoryStore:
     def _gated(self, request: ValidRequest, at: datetime, approval: ApprovalPolicy) -> EnqueueResult:
         """gated_op (adapters/postgres/enqueue.py): a new step judged by the policy; a repeat
         of a stored key answered as its row is, charging nothing."""
-        if self._holder(request) is not None:
-            return self._enqueue(request, at)
+        holder = self._holder(request)
+        if holder is not None:
+            return existing_or_conflict({**holder, "created": False}, request)
         holds, charges, given_back = self._judge(request, at, approval, refuse=True)
         self._touch_budgets([(b, s, w) for b, s, w, _a, _c in given_back], at, made_only=False)
         hold = {"rules": holds} if holds else None
@@ -533,10 +544,11 @@ class MemoryStore:
         return self._judge(request, at, approval, refuse=False)[0]  # reads only
 
     def _holder(self, request: ValidRequest) -> dict[str, Any] | None:
-        """step_get_by_key: the row holding the key, else the run and step ids."""
+        """step_get_by_key: the row holding the key, else the pruned step's, else the run and step ids."""
         by_key = [s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key]
+        pruned = [p for p in [self.pruned_keys.get(request.idempotency_key)] if p is not None]
         by_ids = [s for s in self.steps.values() if (s["run_id"], s["step_id"]) == (request.run_id, request.step_id)]
-        return (by_key or by_ids or [None])[0]
+        return (by_key or pruned or by_ids or [None])[0]
 
     async def budget_usage(self, *, now: datetime | None = None, limit: int = 20) -> list[dict[str, Any]]:
         at = (await self._op("budget_usage", now)).astimezone(UTC)
@@ -571,15 +583,19 @@ class MemoryStore:
             ),
             None,
         )
-        # Both ids are drawn before the insert meets its conflict (nextval() and the id
-        # column's default), so a repeated enqueue leaves a gap, as in PostgreSQL.
-        self._decision_ids += 1
-        self._step_ids += 1
         if taken is not None:
             # step_enqueue's ON CONFLICT DO NOTHING, then the row holding the key (or the
             # run_id/step_id, step_get_by_key): the same request gets it back, another is refused.
-            held = next((s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key), taken)
+            # A pruned step's key is answered from the key ledger before the run_id/step_id's holder.
+            held = next((s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key), None)
+            held = held or self.pruned_keys.get(request.idempotency_key) or taken
             return existing_or_conflict({**held, "created": False}, request)
+        # Both ids are drawn once the key ledger's insert is tried (step_enqueue skips it when a
+        # step holds the key or the ids), so a repeat of a pruned key leaves a gap, as in PostgreSQL.
+        self._decision_ids += 1
+        self._step_ids += 1
+        if request.idempotency_key in self.pruned_keys:  # the key ledger: a pruned step's key
+            return existing_or_conflict({**self.pruned_keys[request.idempotency_key], "created": False}, request)
         d = request.decision
         row = {
             "id": self._step_ids,
@@ -654,9 +670,7 @@ class MemoryStore:
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
         await self._op("find_by_key", None)
-        by_key = [s for s in self.steps.values() if s["idempotency_key"] == request.idempotency_key]
-        by_ids = [s for s in self.steps.values() if (s["run_id"], s["step_id"]) == (request.run_id, request.step_id)]
-        found = (by_key or by_ids or [None])[0]
+        found = self._holder(request)
         if found is None:
             return None
         keys = (
@@ -674,7 +688,7 @@ class MemoryStore:
             "hold",
             "requested_sha256",
         )
-        return {**{k: found[k] for k in keys}, "created": False}
+        return {**{k: found[k] for k in keys}, "created": False, "pruned": bool(found.get("pruned"))}
 
     # -- the worker's transitions ---------------------------------------------------
 
@@ -1088,7 +1102,7 @@ class MemoryStore:
             except InvalidRequest as exc:
                 log.error("notice_not_built", step=step_id, error=exc.message, fields=exc.errors)
                 continue
-            if any(
+            if notice.idempotency_key in self.pruned_keys or any(
                 n["idempotency_key"] == notice.idempotency_key
                 or (n["run_id"], n["step_id"]) == (notice.run_id, notice.step_id)
                 for n in self.steps.values()
@@ -1524,7 +1538,7 @@ class MemoryStore:
         except InvalidRequest as exc:
             log.error("notice_not_built", step=step_id, error=exc.message, fields=exc.errors)
             return 0
-        if any(
+        if notice.idempotency_key in self.pruned_keys or any(
             n["idempotency_key"] == notice.idempotency_key
             or (n["run_id"], n["step_id"]) == (notice.run_id, notice.step_id)
             for n in self.steps.values()
@@ -1584,7 +1598,7 @@ class MemoryStore:
         at = await self._op("get_step", None)
         s = self.steps.get(step_id)
         if s is None:
-            raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+            raise step_not_found(step_id, next((p for p in self.pruned_keys.values() if p["id"] == step_id), None))
         decision = self.decisions.get(s["decision_id"])
         return StepDetail(
             step={**copy.deepcopy(s), "age_seconds": _epoch(at - s["created_at"])},
@@ -2162,7 +2176,17 @@ class MemoryStore:
         self.evidence = [e for e in self.evidence if e["step_id"] not in ids]
         decisions = {d["decision_id"] for d in doomed}
         for i in ids:
-            del self.steps[i]
+            # evq_prune_batch's upsert into the key ledger: what answers a repeat of the key.
+            s = self.steps.pop(i)
+            self.pruned_keys[s["idempotency_key"]] = {
+                **{k: s[k] for k in ("id", "run_id", "step_id", "idempotency_key", "message_id", "provider")},
+                **{k: s[k] for k in ("payload_sha256", "requested_sha256", "status", "reason", "closed_at")},
+                "maybe_delivered": s["maybe_delivered"],
+                "hold": None,
+                "pruned": True,
+                "created_at": s["created_at"],
+                "pruned_at": at,
+            }
         for d in decisions:
             del self.decisions[d]
         counts = PruneCounts(steps=len(ids), evidence=gone, decisions=len(decisions), batches=1)

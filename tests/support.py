@@ -215,6 +215,29 @@ async def unknown_steps(store: Any, n: int = 1, *, now: Any = None, **overrides:
     return made
 
 
+async def accepted_step(store: Any, req: dict[str, Any], *, now: Any) -> Any:
+    """``req`` enqueued, sent and accepted at ``now`` (the worker's claim and recorded answer); its EnqueueResult."""
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Accepted
+    from evq.worker.transitions import decide
+
+    made = await store.enqueue(valid(**req), now=now)
+    [claimed] = await store.claim(
+        owner="w-test", providers=[made.provider or "smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=now
+    )
+    assert claimed.id == made.id
+    answer = decide(claimed, Accepted("pm"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+    await store.record([answer], actor="w-test", now=now)
+    return made
+
+
+def prune_closed(url: str) -> int:
+    """evq_prune_batch with the database's now() as the cutoff, committed: the steps it removed."""
+    with psycopg.connect(url) as conn:
+        [(n,)] = conn.execute("SELECT pruned_steps FROM evq_prune_batch(now(), 1000, 'test', gen_random_uuid(), 1)")
+        return int(n)
+
+
 def wait_for_lock_waiters(url: str, n: int, timeout: float = 20) -> None:
     """Block until ``n`` evq sessions wait on a row or advisory lock (a deterministic point in a race)."""
     query = (

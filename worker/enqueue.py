@@ -3,7 +3,8 @@ the step's Message-ID, and what a repeated key means.
 
 A step's identity is its key, its run and step ids, its payload (``payload_sha256``) and its
 provider: a request that differs in any of them is a different send (:func:`existing_or_conflict`,
-the one place every path compares a stored row). EVQ_REFUSE_UNRESOLVABLE refuses only what would
+the one place every path compares a stored row, a step's or, for a key whose step evq prune
+removed, the key ledger's: ``pruned``, invariant 12). EVQ_REFUSE_UNRESOLVABLE refuses only what would
 be created: a request it concerns is looked up first (:func:`must_look_up`) and never inserted;
 one a stored row holds is answered as that row is (:func:`answer_held`).
 
@@ -159,6 +160,9 @@ def existing_or_conflict(row: Mapping[str, Any], request: ValidRequest) -> Enque
     )
     where = f"idempotency key {request.idempotency_key!r} (run {request.run_id!r}, step {request.step_id!r})"
     context = {"existing_id": row["id"], "idempotency_key": request.idempotency_key}
+    if row.get("pruned"):
+        # The key ledger's answer (invariant 12): the step is gone, its key is not.
+        context["pruned"] = True
     if row["provider"] != request.provider and row["idempotency_key"] == request.idempotency_key:
         raise IdempotencyConflict(
             f"this key was enqueued through {row['provider']}; {where} cannot be sent through {request.provider}"
@@ -190,6 +194,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         reason=row.get("reason"),
         maybe_delivered=bool(row.get("maybe_delivered")),
         hold=row.get("hold"),
+        pruned=bool(row.get("pruned")),
     )
 
 

@@ -21,6 +21,8 @@ blast-radius counters (send_budgets) whose window closed before the cutoff: an h
 a day's once over, a run's once the run has no step left (at 100 million sends a day a
 per-domain hourly budget alone writes a counter per domain and hour). The first-contact
 memory (known_recipients) is kept: forgetting it would hold mail to known recipients again.
+So is the key ledger (step_keys, invariant 12): each key's row gets its step's end in the batch
+that deletes the step, and a repeat of that key is answered from it, never sent again.
 
 Evidence is partitioned by its step's id (PostgreSQL, migration 0022). Before the batches,
 each partition whose steps all closed before the cutoff is sealed (it refuses new rows),
@@ -37,11 +39,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
-from evq.worker.errors import ConfigError, InvalidRequest
+from evq.worker.errors import ConfigError, InvalidRequest, NotFound
 from evq.worker.ports import PruneStore
 from evq.worker.records import BudgetKey, PruneCounts
 
@@ -199,3 +202,28 @@ class Pruner:
                 self.stopped = True
                 return closed
             after = part.last
+
+
+def step_not_found(step_id: int, pruned: Mapping[str, Any] | None) -> NotFound:
+    """E_NOT_FOUND for a step id no step has; when evq prune removed it, saying so, with what the
+    key ledger kept (step_pruned in queries.sql): how it ended, when it went, its key and
+    Message-ID. A repeat of its key is answered as it ended (invariant 12)."""
+    if pruned is None:
+        return NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+    at = pruned["pruned_at"]
+    return NotFound(
+        f"step {step_id} was pruned on {at:%Y-%m-%d %H:%M:%S %Z}: it ended {pruned['status']}; its history is gone",
+        hint="evq prune removed its evidence and decision; a repeat of its key is answered as it ended, never sent again",
+        context={
+            "pruned": True,
+            "pruned_at": at.isoformat(),
+            "status": pruned["status"],
+            "reason": pruned["reason"],
+            "closed_at": pruned["closed_at"].isoformat(),
+            "run_id": pruned["run_id"],
+            "step_id": pruned["step_id"],
+            "idempotency_key": pruned["idempotency_key"],
+            "message_id": pruned["message_id"],
+            "provider": pruned["provider"],
+        },
+    )

@@ -31,6 +31,9 @@ class EnqueueResult:
     maybe_delivered: bool = False
     # Why a held step waits for a person ({"rules": [...]}, email_steps.hold); None: not held.
     hold: dict[str, Any] | None = None
+    # A repeat of a key whose step evq prune removed, answered from the key ledger (step_keys,
+    # invariant 12) as the step ended: its status, Message-ID and id; nothing was sent again.
+    pruned: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +47,7 @@ class EnqueueResult:
             "ambiguity": self.ambiguity,
             "ambiguity_hint": AMBIGUITY_HINTS.get(self.ambiguity) if self.ambiguity else None,
             "hold": self.hold,
+            "pruned": self.pruned,
         }
 
 

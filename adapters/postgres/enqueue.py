@@ -6,8 +6,8 @@
             ...  # the caller's own writes
             step = enqueue(conn, {"run_id": ..., "step_id": ..., ...})
 
-Decision and step are written by one statement, so they commit or roll back with
-the caller's transaction; on an autocommit connection that one statement is a
+The key's ledger row (step_keys), decision and step are written by one statement, so they
+commit or roll back with the caller's transaction; on an autocommit connection that one statement is a
 transaction of its own (one round trip, as the store's pool does it). The operation is written once as a generator of
 (statement, params) that receives rows; :func:`run_sync` and :func:`run_async`
 drive it, so sync and async callers share every line of logic.
@@ -442,7 +442,8 @@ def enqueue(
 
     Raises InvalidRequest before anything is written, IdempotencyConflict when the
     key is taken by a different request (another payload or another provider). Commit is
-    the caller's.
+    the caller's. A repeat of a key whose step evq prune removed is answered from the key
+    ledger as the step ended (``pruned`` true, ``created`` false): nothing is written or sent.
 
     A ``policy`` from the settings (``Settings.load().policy()``) names the providers that
     could never settle a lost answer (docs/design.md, "Provider profiles"): the result's

@@ -6,13 +6,19 @@
 
 
 -- name: step_enqueue
--- Decision and step in one statement. The step goes first (ON CONFLICT DO NOTHING
--- on any of its unique keys) and the decision is written only if the step was,
--- so a repeated enqueue leaves no orphan decision. The decision id is taken from
--- the sequence up front; the foreign key is checked at the end of the statement.
--- The sequence is named (decisions_id_seq, the column's default since 0001), not
--- looked up: pg_get_serial_sequence() reads pg_depend on every call, and in the
--- batch statement on every row.
+-- The key ledger, decision and step in one statement. The ledger first (step_keys, 0026): its
+-- primary key is where every enqueue of a key meets every other and evq prune (invariant 12), so
+-- a key it holds, a step's or a pruned step's, never gets a step again. It is skipped when a step
+-- already holds the key or the run and step ids (as this statement's snapshot sees them: the
+-- same request is then answered as its row is, a different one refused); the step is written
+-- only when the ledger row was, and then nothing else can hold its key (a step's ledger row
+-- goes in with it) or, but for a concurrent enqueue of the same ids under another key, its
+-- ids: that one meets uq_email_steps_run_id_step_id here and is refused (IdempotencyConflict).
+-- The decision is written only if the step was, so a repeated enqueue leaves no orphan
+-- decision. Both ids are drawn from their sequences when the ledger's insert is tried (a repeat
+-- its snapshot answers draws none, a pruned key's both); the foreign key is checked at the end of
+-- the statement. The sequences are named (the columns' defaults since 0001), not looked up:
+-- pg_get_serial_sequence() reads pg_depend on every call, and in the batch statement on every row.
 -- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
 -- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
 -- step_held_evidence, in the same transaction. `send_at` starts next_attempt_at and the retry
@@ -20,14 +26,23 @@
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), ids AS (
-    SELECT nextval('decisions_id_seq'::regclass) AS decision_id
+    SELECT nextval('decisions_id_seq'::regclass) AS decision_id, nextval('email_steps_id_seq'::regclass) AS id
+), k AS (
+    INSERT INTO step_keys (idempotency_key, id, run_id, step_id, message_id, provider, payload_sha256, created_at)
+    SELECT %(idempotency_key)s, ids.id, %(run_id)s, %(step_id)s, %(message_id)s, %(provider)s,
+           decode(%(payload_sha256)s, 'hex'), t.now
+    FROM ids, t
+    WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = %(idempotency_key)s)
+      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s)
+    ON CONFLICT DO NOTHING
+    RETURNING id
 ), step AS (
     INSERT INTO email_steps (
-        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+        id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
         payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at,
         status, reason, held_since, hold_expires_at, hold, priority, send_at, retry_from
     )
-    SELECT %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
+    SELECT k.id, %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
            %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s,
            greatest(t.now, coalesce(%(send_at)s::timestamptz, t.now)), t.now, t.now,
            CASE WHEN %(held)s::bool THEN 'held' ELSE 'pending' END,
@@ -36,8 +51,7 @@ WITH t AS (
            CASE WHEN %(held)s::bool THEN t.now + make_interval(secs => %(hold_expires_seconds)s::float8) END,
            %(hold)s::jsonb, %(priority)s, %(send_at)s::timestamptz,
            CASE WHEN %(send_at)s::timestamptz > t.now THEN %(send_at)s::timestamptz END
-    FROM ids, t
-    ON CONFLICT DO NOTHING
+    FROM k, ids, t
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
               created_at, hold, requested_sha256
 ), decision AS (
@@ -53,26 +67,36 @@ WITH t AS (
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
        step.payload_sha256, step.provider, step.created_at, step.hold, true AS created, step.requested_sha256,
-       NULL::text AS reason, false AS maybe_delivered
+       NULL::text AS reason, false AS maybe_delivered, false AS pruned
 FROM step
 LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
 -- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
 -- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered
+       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, false
 FROM email_steps s
-WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
+WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step)
+UNION ALL
+-- A pruned step's key: answered as the step ended (step_get_by_key's second part).
+SELECT p.id, p.run_id, p.step_id, p.idempotency_key, p.message_id, p.status,
+       encode(coalesce(p.corrected_sha256, p.payload_sha256), 'hex'), p.provider, p.created_at, NULL::jsonb, false,
+       CASE WHEN p.corrected_sha256 IS NOT NULL THEN encode(p.payload_sha256, 'hex') END, p.reason,
+       coalesce(p.maybe_delivered, false), true
+FROM step_keys p
+WHERE p.idempotency_key = %(idempotency_key)s AND p.pruned_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM step);
 
 
 -- name: step_enqueue_many
--- Many decisions and steps in one statement (batch enqueue), the same rules as
--- step_enqueue: steps first with ON CONFLICT DO NOTHING, a decision only for each
--- step written, one notification per provider. The join to email_steps reads the
--- statement's snapshot, so it finds rows that held a key before this statement; a request
--- that neither inserted nor found its key (a duplicate inside the batch, a taken
--- run_id/step_id, a concurrent insert) comes back with both ids NULL and the
--- caller settles it with step_enqueue, which sees everything the transaction wrote.
+-- Many ledger rows, decisions and steps in one statement (batch enqueue), the same rules as
+-- step_enqueue: the key ledger first (ON CONFLICT DO NOTHING: a key it holds gets no step), one
+-- request per run and step ids (the first; a second under another key would meet
+-- uq_email_steps_run_id_step_id), then a step for each ledger row written and a decision for
+-- each step, one notification per provider. The reads of email_steps see the statement's
+-- snapshot, so they find rows that held a key before this statement; a request that neither
+-- wrote nor found its key (a duplicate inside the batch, taken run_id/step_id, a concurrent
+-- insert) comes back with both ids NULL and the caller settles it with step_enqueue, which
+-- sees everything the transaction wrote.
 -- Rows come back unordered, named by `ord`; a created row returns only its id
 -- (the caller holds everything else it wrote).
 WITH t AS (
@@ -82,27 +106,42 @@ WITH t AS (
     -- the canonical JSON the caller already has: one document to encode and parse,
     -- without nineteen typed arrays (whose per-element encoding cost more than the
     -- inserts) or a key name repeated in every row. `->>` on a JSON null is NULL.
+    -- Step ids are drawn here, in request order, so the claim (next_attempt_at, id) takes a
+    -- batch first in, first out.
     SELECT e.ord, e.v->>0 AS run_id, e.v->>1 AS step_id, e.v->>2 AS idempotency_key, e.v->>3 AS message_id,
            e.v->>4 AS provider, e.v->>5 AS payload_sha256, (e.v->>6)::int AS max_attempts, e.v->>7 AS notify,
            e.v->>8 AS intent, e.v->>9 AS instruction_version, e.v->>10 AS prompt_version, e.v->>11 AS model,
            e.v->>12 AS tool, nullif(e.v->13, 'null'::jsonb) AS rationale, (e.v->>14)::timestamptz AS decided_at,
            e.v->>15 AS actor, e.v->>16 AS actor_key_id, e.v->>17 AS interface,
            (e.v->>18)::smallint AS priority, (e.v->>19)::timestamptz AS send_at,
-           e.v->20 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id
+           e.v->20 AS payload, nextval('decisions_id_seq'::regclass) AS decision_id,
+           nextval('email_steps_id_seq'::regclass) AS id
     FROM jsonb_array_elements(%(requests)s::jsonb) WITH ORDINALITY AS e(v, ord)
+), fresh AS (
+    SELECT DISTINCT ON (r.run_id, r.step_id) r.*
+    FROM r
+    WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = r.idempotency_key)
+      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = r.run_id AND s.step_id = r.step_id)
+    ORDER BY r.run_id, r.step_id, r.ord
+), k AS (
+    INSERT INTO step_keys (idempotency_key, id, run_id, step_id, message_id, provider, payload_sha256, created_at)
+    SELECT f.idempotency_key, f.id, f.run_id, f.step_id, f.message_id, f.provider, decode(f.payload_sha256, 'hex'),
+           t.now
+    FROM fresh f, t
+    -- In request order: of two requests with one key, the first is written.
+    ORDER BY f.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id
 ), step AS (
     INSERT INTO email_steps (
-        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
+        id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
         payload_sha256, max_attempts, notify, next_attempt_at, created_at, updated_at, priority, send_at,
         retry_from
     )
-    SELECT r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
+    SELECT r.id, r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
            r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, coalesce(r.send_at, t.now)), t.now, t.now,
            r.priority, r.send_at, CASE WHEN r.send_at > t.now THEN r.send_at END
-    FROM r, t
-    -- Ids in request order, so the claim (next_attempt_at, id) takes a batch first in, first out.
-    ORDER BY r.ord
-    ON CONFLICT DO NOTHING
+    FROM r JOIN k ON k.id = r.id, t
     RETURNING id, decision_id, provider
 ), decision AS (
     INSERT INTO decisions (
@@ -116,24 +155,52 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256,
+       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256, s.pruned,
        (SELECT count(*) FROM wake) AS woke
 FROM r
-LEFT JOIN step ON step.decision_id = r.decision_id
+LEFT JOIN step ON step.id = r.id
 -- Lateral with LIMIT (which keeps the planner from flattening it), so `step.id IS
--- NULL` is a one-time filter in front of the index probe: a created row costs no lookup.
+-- NULL` is a one-time filter in front of the index probes: a created row costs no lookup.
+-- The step holding the key, else the ledger's pruned one (as step_get_by_key).
 LEFT JOIN LATERAL (
-    SELECT s.* FROM email_steps s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key LIMIT 1
+    SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.reason, s.maybe_delivered,
+           s.payload_sha256, s.provider, s.hold, s.requested_sha256, false AS pruned
+    FROM email_steps s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key
+    UNION ALL
+    SELECT p.id, p.run_id, p.step_id, p.idempotency_key, p.message_id, p.status, p.reason,
+           coalesce(p.maybe_delivered, false), encode(coalesce(p.corrected_sha256, p.payload_sha256), 'hex'),
+           p.provider, NULL::jsonb, CASE WHEN p.corrected_sha256 IS NOT NULL THEN encode(p.payload_sha256, 'hex') END,
+           true
+    FROM step_keys p WHERE step.id IS NULL AND p.idempotency_key = r.idempotency_key AND p.pruned_at IS NOT NULL
+    LIMIT 1
 ) s ON true;
 
 
 -- name: step_get_by_key
-SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
-       provider, created_at, hold, false AS created, requested_sha256
-FROM email_steps
-WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
-ORDER BY (idempotency_key = %(idempotency_key)s) DESC
+-- The row holding the request's key, else its run and step ids; a key whose step evq prune
+-- removed is answered from the key ledger (step_keys, 0026) as the step ended (`pruned`): the
+-- digest it was sent with (corrected_sha256, when an approver corrected it) and the agent's own.
+SELECT * FROM (
+    SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
+           provider, created_at, hold, false AS created, requested_sha256, false AS pruned
+    FROM email_steps
+    WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
+    UNION ALL
+    SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, coalesce(maybe_delivered, false),
+           encode(coalesce(corrected_sha256, payload_sha256), 'hex'), provider, created_at, NULL::jsonb, false,
+           CASE WHEN corrected_sha256 IS NOT NULL THEN encode(payload_sha256, 'hex') END, true
+    FROM step_keys
+    WHERE idempotency_key = %(idempotency_key)s AND pruned_at IS NOT NULL
+) AS held
+ORDER BY (held.idempotency_key = %(idempotency_key)s) DESC
 LIMIT 1;
+
+
+-- name: step_pruned
+-- What the key ledger keeps of a step evq prune removed, by its id (`evq steps show`).
+SELECT id, run_id, step_id, idempotency_key, message_id, provider, status, reason, closed_at, pruned_at
+FROM step_keys
+WHERE id = %(id)s AND pruned_at IS NOT NULL;
 
 
 -- name: approval_context
@@ -798,28 +865,41 @@ ORDER BY s.id;
 
 
 -- name: notice_enqueue
--- The notices as email steps, each with its decision, and notice_enqueued evidence
--- on the step it tells about, in one statement. A notice's key is derived from its
--- step's, so a transition recorded twice (a commit retried after its acknowledgement
--- was lost) meets ON CONFLICT and writes nothing the second time.
+-- The notices as email steps, each with its decision and its key in the key ledger (as
+-- step_enqueue writes them), and notice_enqueued evidence on the step it tells about, in one
+-- statement. A notice's key is derived from its step's (and, for a bounce or complaint, the
+-- event's type), so a transition recorded twice (a commit retried after its acknowledgement was
+-- lost), or a second event of a kind whose notice was pruned since, meets the ledger and writes
+-- nothing. Never an error: it runs in the transaction of the transition it is about, which must
+-- commit, so the step keeps its ON CONFLICT DO NOTHING (a notice whose derived run and step ids
+-- some other step held would be left unwritten, its key kept by the ledger, as it was left before).
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), n AS (
-    SELECT n.*, nextval('decisions_id_seq'::regclass) AS decision_id
+    SELECT n.*, nextval('decisions_id_seq'::regclass) AS decision_id, nextval('email_steps_id_seq'::regclass) AS id
     FROM unnest(
         %(notice_of)s::bigint[], %(kinds)s::text[], %(run_ids)s::text[], %(step_ids)s::text[], %(keys)s::text[],
         %(message_ids)s::text[], %(providers)s::text[], %(payloads)s::jsonb[], %(digests)s::text[],
         %(intents)s::text[], %(rationales)s::jsonb[]
     ) AS n(notice_of, kind, run_id, step_id, idempotency_key, message_id, provider, payload, payload_sha256,
            intent, rationale)
+), k AS (
+    INSERT INTO step_keys (idempotency_key, id, run_id, step_id, message_id, provider, payload_sha256, created_at)
+    SELECT n.idempotency_key, n.id, n.run_id, n.step_id, n.message_id, n.provider, decode(n.payload_sha256, 'hex'),
+           t.now
+    FROM n, t
+    WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = n.idempotency_key)
+      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = n.run_id AND s.step_id = n.step_id)
+    ON CONFLICT DO NOTHING
+    RETURNING id
 ), step AS (
     INSERT INTO email_steps (
-        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
+        id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
         notice_of, next_attempt_at, created_at, updated_at
     )
-    SELECT n.run_id, n.step_id, n.decision_id, n.idempotency_key, n.message_id, n.provider, n.payload,
+    SELECT n.id, n.run_id, n.step_id, n.decision_id, n.idempotency_key, n.message_id, n.provider, n.payload,
            n.payload_sha256, n.notice_of, t.now, t.now, t.now
-    FROM n, t
+    FROM n JOIN k ON k.id = n.id, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload
 ), decision AS (

@@ -675,3 +675,39 @@ send_rollup_watermark = Table(
     Column("upto", TZ, nullable=False),
     CheckConstraint("id", name="one_row"),
 )
+
+# The key ledger (0026, invariant 12): what answers a repeat of every idempotency key ever
+# used, written with the step by the enqueue statement (insert-once; the runtime role may
+# insert only the columns an enqueue writes) and never deleted. evq_prune_batch writes the
+# step's end (status, reason, closed_at, pruned_at) in the transaction that deletes it, so a
+# repeat of a pruned key is answered as the step ended, never sent again. Its primary key is
+# where every enqueue of a key meets every other and the prune. Digests as 32 raw bytes, not
+# hex: the table is kept for ever (docs/scaling.md, "The key ledger").
+step_keys = Table(
+    "step_keys",
+    metadata,
+    Column("idempotency_key", Text, primary_key=True),
+    Column("id", BigInteger, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("step_id", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    # The agent's own request (an approver's correction is corrected_sha256, written at prune).
+    Column("payload_sha256", BYTEA, nullable=False),
+    Column("created_at", TZ, nullable=False),
+    Column("status", Text),
+    Column("reason", Text),
+    Column("maybe_delivered", Boolean),
+    Column("corrected_sha256", BYTEA),
+    Column("closed_at", TZ),
+    Column("pruned_at", TZ),
+    CheckConstraint("length(payload_sha256) = 32", name="payload_sha256_bytes"),
+    CheckConstraint("corrected_sha256 IS NULL OR length(corrected_sha256) = 32", name="corrected_sha256_bytes"),
+    CheckConstraint("status IS NULL OR status IN ('accepted', 'rejected')", name="status"),
+    CheckConstraint(
+        "(pruned_at IS NULL) = (status IS NULL) AND (pruned_at IS NULL) = (closed_at IS NULL)",
+        name="pruned_with_its_end",
+    ),
+)
+# `evq steps show` of a pruned step's id (step_pruned in queries.sql): the one read by id.
+Index(None, step_keys.c.id)

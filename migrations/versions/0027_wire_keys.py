@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0027_wire_keys"
-down_revision: str | Sequence[str] | None = "0025_partition_drop_lock"
+down_revision: str | Sequence[str] | None = "0026_step_keys"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

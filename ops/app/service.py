@@ -359,6 +359,8 @@ async def _plan(store: AppStore, request: ValidRequest, policy: Policy) -> dict[
         "request": request.payload,
         "ambiguity": flag,
         "ambiguity_hint": AMBIGUITY_HINTS.get(flag) if flag else None,
+        # The existing step is one evq prune removed: answered from the key ledger as it ended.
+        "pruned": bool(row and row.get("pruned")),
     }
     if row is None:
         # The policy's verdict on it as a new step, read as the counters stand now: the real

@@ -103,6 +103,7 @@ def _human_plan(d: dict[str, Any]) -> str:
     lines = [
         f"{p['run_id']}/{p['step_id']} (key {p['idempotency_key']}): {words[p['action']]}"
         + (f" {p['existing_id']}" if p["existing_id"] else "")
+        + (" (pruned)" if p["pruned"] else "")
         + (f" [{p['provider']}: {p['ambiguity']}]" if p["ambiguity"] else "")
         for p in d["plan"]
     ]
@@ -112,12 +113,21 @@ def _human_plan(d: dict[str, Any]) -> str:
 def _human_one(d: dict[str, Any]) -> str:
     verb = "enqueued" if d["created"] else "already enqueued"
     line = f"{verb}: step {d['id']} ({d['status']}) run={d['run_id']} step={d['step_id']} message-id={d['message_id']}"
-    return "\n".join([line, *_held([d]), *_warning([d])])
+    return "\n".join([line, *_pruned([d]), *_held([d]), *_warning([d])])
 
 
 def _human_many(data: list[dict[str, Any]], created: int) -> str:
     line = f"{len(data)} requests: {created} created, {len(data) - created} already present"
-    return "\n".join([line, *_held(data), *_warning(data)])
+    return "\n".join([line, *_pruned(data), *_held(data), *_warning(data)])
+
+
+def _pruned(items: list[dict[str, Any]]) -> list[str]:
+    """Repeats of keys whose step evq prune removed: answered from the key ledger, never sent again."""
+    pruned = [i for i in items if i.get("pruned")]
+    if not pruned:
+        return []
+    what = "its step was" if len(items) == 1 else f"{len(pruned)} of {len(items)} were steps"
+    return [f"pruned: {what} removed by evq prune; answered as it ended, nothing is sent again"]
 
 
 def _held(items: list[dict[str, Any]]) -> list[str]:

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from tests import contract
-from tests.acceptance.conftest import Evq, make_key
-from tests.support import request, rows
+from tests.acceptance.conftest import Evq, make_key, smtp_env
+from tests.support import request, rows, wait_until
 
 
 def test_prune_dry_run_then_prune(evq: Evq, db_url, tmp_path):
@@ -208,3 +208,46 @@ def test_the_first_interrupt_commits_the_batch_in_progress_and_answers_e_aborted
     assert 0 < done["steps"] < 20000 and left == 20000 - done["steps"]
     assert logged == {"batches": done["batches"], "steps": done["steps"]}
     assert done["decisions"] == done["steps"] and done["dry_run"] is False
+
+
+def test_a_send_retried_after_prune_is_answered_as_it_ended_and_never_sent_again(db_url, admin_key, smtp):
+    """The issue's case, every command a real `evq` child process and a real SMTP server counting
+    what arrives: an agent's send is accepted, `evq steps prune --older-than 1s` removes it, the
+    agent retries the same request. The retry is answered as the step ended (its id, its
+    Message-ID, accepted, pruned, nothing to do), the next drain sends nothing, and the recipient
+    has exactly one message."""
+    evq = Evq(db_url, api_key=admin_key, process=True)
+    asked = json.dumps(request(run_id="run-9", step_id="welcome", provider="smtp"))
+    first = evq.json("steps", "enqueue", "--file", "-", input=asked)["data"]
+    assert first["created"] is True
+    done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert smtp.by_message_id() == {first["message_id"]: 1}
+    # Closed more than a second ago on the database's clock (the prune's cutoff is its now() - 1s).
+    wait_until(
+        lambda: rows(db_url, "SELECT closed_at < now() - interval '1.1 seconds' AS old FROM email_steps")[0]["old"],
+        what="the step to be closed more than a second ago",
+    )
+    pruned = evq.json("steps", "prune", "--older-than", "1s")["data"]
+    assert pruned["steps"] == 1 and rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+
+    again = evq.json("steps", "enqueue", "--file", "-", input=asked)["data"]
+    done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(smtp.messages) == 1 and smtp.by_message_id() == {first["message_id"]: 1}
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert (again["id"], again["message_id"], again["created"]) == (first["id"], first["message_id"], False)
+    assert (again["status"], again["pruned"], again["next_action"]) == ("accepted", True, "none")
+    told = evq.run("steps", "enqueue", "--file", "-", input=asked)  # the people's output says so too
+    assert told.returncode == 0 and "already enqueued" in told.stdout and "removed by evq prune" in told.stdout
+
+    # The same key with another request is refused, as for a stored step; nothing is written.
+    changed = json.dumps({**json.loads(asked), "subject": "something else"})
+    refused = evq.json("steps", "enqueue", "--file", "-", input=changed, expect=3)["error"]
+    assert refused["code"] == "E_CONFLICT" and refused["context"]["pruned"] is True
+    # The step's id says it was pruned, and how it ended.
+    gone = evq.json("steps", "show", str(first["id"]), expect=1)["error"]
+    assert gone["code"] == "E_NOT_FOUND" and "pruned" in gone["message"]
+    assert (gone["context"]["pruned"], gone["context"]["status"]) == (True, "accepted")
+    assert gone["context"]["message_id"] == first["message_id"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0 and len(smtp.messages) == 1

@@ -102,6 +102,18 @@ BYPASSES = [
     ["DROP TRIGGER evidence_no_truncate ON evidence_steps_0"],
     ["CREATE TABLE evidence_forged PARTITION OF evidence FOR VALUES FROM (900000000) TO (900000010)"],
     ["DELETE FROM email_steps"],
+    # The key ledger (0026): insert-once by an enqueue, its end written only by evq_prune_batch,
+    # never deleted; the runtime role may insert no end of its own.
+    ["UPDATE step_keys SET status = 'rejected', closed_at = now(), pruned_at = now()"],
+    ["UPDATE step_keys SET message_id = '<forged@example.com>'"],
+    ["DELETE FROM step_keys"],
+    ["TRUNCATE step_keys"],
+    ["ALTER TABLE step_keys DISABLE TRIGGER ALL"],
+    [
+        "INSERT INTO step_keys (idempotency_key, id, run_id, step_id, message_id, provider, payload_sha256, "
+        "created_at, status, closed_at, pruned_at) VALUES ('forged', 1, 'r', 's', '<f@x>', 'smtp', sha256('x'), "
+        "now(), 'accepted', now(), now())"
+    ],
     [
         "INSERT INTO prune_log (run, batch, actor, cutoff, steps, evidence, decisions) "
         "VALUES (gen_random_uuid(), 1, 'forged', now(), 0, 0, 0)"
@@ -148,7 +160,8 @@ def history_state(url: str) -> dict:
                (SELECT md5(prosrc) FROM pg_proc WHERE proname = 'evq_append_only') AS append_only,
                (SELECT string_agg(tablename || ':' || tableowner, ',' ORDER BY tablename) FROM pg_tables
                  WHERE schemaname = 'public') AS tables,
-               (SELECT md5(string_agg(e::text, ',' ORDER BY e.id)) FROM evidence e) AS evidence_digest
+               (SELECT md5(string_agg(e::text, ',' ORDER BY e.id)) FROM evidence e) AS evidence_digest,
+               (SELECT md5(string_agg(k::text, ',' ORDER BY k.idempotency_key)) FROM step_keys k) AS ledger
         """,
     )[0]
 
@@ -224,6 +237,36 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         {"app": r.app},
     )
     assert refusals == {"insert": True, "prune": True, "rewrite": False, "count": True, "uncount": False}
+    # The key ledger (0026): an enqueue's columns only, and the prune (the owner's function) wrote
+    # the end of each step it removed as the runtime role ran it.
+    [ledger] = rows(
+        r.admin_url,
+        """
+        SELECT has_any_column_privilege(%(app)s, 'step_keys', 'INSERT') AS enqueue,
+               has_column_privilege(%(app)s, 'step_keys', 'idempotency_key', 'INSERT') AS key,
+               has_column_privilege(%(app)s, 'step_keys', 'status', 'INSERT') AS own_end,
+               has_column_privilege(%(app)s, 'step_keys', 'pruned_at', 'INSERT') AS own_prune,
+               has_any_column_privilege(%(app)s, 'step_keys', 'UPDATE') AS rewrite,
+               has_table_privilege(%(app)s, 'step_keys', 'DELETE') AS forget
+        """,
+        {"app": r.app},
+    )
+    assert ledger == {
+        "enqueue": True,
+        "key": True,
+        "own_end": False,
+        "own_prune": False,
+        "rewrite": False,
+        "forget": False,
+    }
+    ends = rows(r.admin_url, "SELECT step_id, status FROM step_keys WHERE pruned_at IS NOT NULL ORDER BY step_id")
+    assert ends == [{"step_id": f"ok-{i}", "status": "accepted"} for i in range(3)]
+    # A retry of a pruned request, as the runtime role: answered as it ended, nothing sent again.
+    again = Evq(r.app_url, api_key=ran["admin"]).json(
+        "steps", "enqueue", "--file", "-", input=json.dumps(ran["requests"]["ok-0"])
+    )["data"]
+    assert (again["created"], again["pruned"], again["status"]) == (False, True, "accepted")
+    assert rows(r.admin_url, "SELECT count(*) AS n FROM email_steps WHERE step_id = 'ok-0'") == [{"n": 0}]
     # UPDATE is granted for the increment; a count that goes down is refused by 0013's trigger.
     with psycopg.connect(r.app_url) as conn:
         conn.execute(
@@ -241,7 +284,8 @@ def run_as_runtime_role(r: Roles) -> dict:
     admin = make_key(r.app_url, "admin", "admin", created_by=None)
     evq = Evq(r.app_url, api_key=admin)
     with DevSmtpServer() as smtp:
-        path_lines = [json.dumps(request(run_id="roles", step_id=f"ok-{i}")) for i in range(3)]
+        asked = {f"ok-{i}": request(run_id="roles", step_id=f"ok-{i}") for i in range(3)}
+        path_lines = [json.dumps(r) for r in asked.values()]
         path_lines.append(json.dumps(request(run_id="roles", step_id="lost", to=["lose-reply@example.com"])))
         sent = evq.json("enqueue", "--file", "-", input="\n".join(path_lines))
         assert sent["status"] == "success", sent
@@ -279,7 +323,7 @@ def run_as_runtime_role(r: Roles) -> dict:
     pruned = evq.json("prune", "--older-than", "90d")["data"]
     assert (pruned["steps"], pruned["evidence"]) == (dry["steps"], dry["evidence"]) and pruned["steps"] == 3
     assert rows(r.admin_url, "SELECT actor, steps FROM prune_log") == [{"actor": "admin", "steps": 3}]
-    return {"accepted": 4, "received": received}
+    return {"accepted": 4, "received": received, "admin": admin, "requests": asked}
 
 
 def serve_as_runtime_role(r: Roles, admin: str, step_id: int) -> None:

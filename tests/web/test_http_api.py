@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.acceptance.conftest import make_key
-from tests.support import request, rows, step_row, unknown_steps, with_store
+from tests.support import accepted_step, prune_closed, request, rows, step_row, unknown_steps, with_store
 from tests.web.support import Served, checked, serving
 
 
@@ -461,3 +461,33 @@ def test_a_refused_enqueue_is_recorded_with_its_key_counted_and_shown(db_url, ke
             assert signed.status_code == 303
             overview = web.get("/ops").text
         assert f'id="refusal-{row["id"]}"' in overview and "decision.model" in overview
+
+
+def test_a_key_pruned_since_is_answered_over_http_as_its_step_ended(api, keys, db_url):
+    """After evq prune, the agent's retry over HTTP (and its dry run) gets the step as it ended,
+    marked pruned, and nothing new; its id answers 404 saying it was pruned."""
+    sent = request(run_id="run-http", step_id="pruned")
+    a_month_ago = datetime.now(UTC) - timedelta(days=30)
+    first = with_store(db_url, lambda store: accepted_step(store, sent, now=a_month_ago))
+    assert prune_closed(db_url) == 1
+    agent = api.client(keys["agent"])
+
+    again = agent.post("/v1/steps", json=sent)
+    assert again.status_code == 200 and rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    data = checked(again)["data"]
+    assert (data["id"], data["message_id"], data["created"]) == (first.id, first.message_id, False)
+    assert (data["status"], data["pruned"], data["next_action"]) == ("accepted", True, "none")
+    [plan] = checked(agent.post("/v1/steps", params={"dry_run": "true"}, json=sent))["data"]["plan"]
+    assert (plan["action"], plan["existing_id"], plan["pruned"], plan["next_action"]) == (
+        "return_existing",
+        first.id,
+        True,
+        "none",
+    )
+    changed = agent.post("/v1/steps", json={**sent, "subject": "something else"})
+    assert changed.status_code == 409 and checked(changed)["error"]["context"]["pruned"] is True
+    gone = agent.get(f"/v1/steps/{first.id}")
+    assert gone.status_code == 404
+    error = checked(gone)["error"]
+    assert (error["code"], error["context"]["pruned"], error["context"]["status"]) == ("E_NOT_FOUND", True, "accepted")
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from evq.ops.mcp.server import build_server
 from evq.ops.settings import Settings
 from tests import contract
 from tests.acceptance.conftest import make_key
-from tests.support import execute, request, rows, step_row, unknown_steps
+from tests.support import accepted_step, execute, prune_closed, request, rows, step_row, unknown_steps
 
 
 async def key(db_url: str, name: str, role: str, *, created_by: str | None) -> str:
@@ -296,3 +297,18 @@ async def test_a_refused_send_is_recorded_with_the_servers_key_and_required_prov
     assert row["asked"][0]["run_id"] == "run-mcp-refused" and sent["text"] not in str(row)
     [count] = await asyncio.to_thread(rows, db_url, "SELECT * FROM enqueue_refusal_counts")
     assert count == {"interface": "mcp", "field": "decision", "total": 1}
+
+
+async def test_an_agent_over_mcp_is_answered_as_its_pruned_step_ended(db_url, store):
+    sent = request(run_id="run-mcp", step_id="pruned")
+    a_month_ago = datetime.now(UTC) - timedelta(days=30)
+    first = await accepted_step(store, sent, now=a_month_ago)
+    assert prune_closed(db_url) == 1
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    async with client(db_url, agent) as c:
+        again = (await call(c, "evq_steps_enqueue", sent, "steps.enqueue"))["data"]
+        gone = (await call(c, "evq_steps_show", {"step_id": first.id}, "steps.show"))["error"]
+    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert (again["id"], again["message_id"], again["created"]) == (first.id, first.message_id, False)
+    assert (again["status"], again["pruned"], again["next_action"]) == ("accepted", True, "none")
+    assert (gone["code"], gone["context"]["pruned"]) == ("E_NOT_FOUND", True)

@@ -16,6 +16,7 @@ from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
 from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
+from evq.worker.pruner import step_not_found
 from evq.worker.records import (
     EnqueueResult,
     Resolved,
@@ -116,7 +117,8 @@ class PostgresSteps(PostgresBase):
         async with self._snapshot("get_step") as conn:
             rows = await fetch_all(conn, Q["step_get"], {"id": step_id})
             if not rows:
-                raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
+                pruned = await fetch_all(conn, Q["step_pruned"], {"id": step_id})
+                raise step_not_found(step_id, pruned[0] if pruned else None)
             step = rows[0]
             decision = await fetch_all(conn, Q["decision_get"], {"id": step["decision_id"]})
             evidence = await fetch_all(conn, Q["evidence_for_step"], {"id": step_id})
