@@ -170,7 +170,7 @@ async def test_a_corrected_send_is_answered_after_prune_for_the_agents_request_a
     made = await store.enqueue(valid(**asked), now=OLD)
     held = (await store.get_step(made.id)).step
     edit = edited(held["payload"], "smtp", {"subject": "Hello"}, POLICY, from_sha256=held["payload_sha256"])
-    await store.approve(made.id, actor="ada", note="typo", edit=edit, now=OLD)
+    await store.approve(made.id, actor="ada", actor_key_id="k-ada", note="typo", edit=edit, now=OLD)
     [claimed] = await store.claim(owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=OLD)
     transition = decide(
         claimed, Accepted("pm"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False
