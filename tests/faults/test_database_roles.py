@@ -39,14 +39,14 @@ def test_db_upgrade_refuses_a_role_that_does_not_own_the_schema(roles):
     migrated(r)
     # Nothing pending: the runtime role may check, and changes nothing...
     assert upgrade(r.app_url)["data"]["changed"] is False
-    # ...but granting, or migrating a schema behind head, is the owner's.
+    # ...but granting, or migrating a schema behind head (here 0.2.0's), is the owner's.
     error = upgrade(r.app_url, "--runtime-role", r.app, expect=4)["error"]
     assert r.owner in error["message"] and "does not own" in error["message"], error
     with psycopg.connect(r.owner_url) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '0005_lean_indexes'")
+        conn.execute("UPDATE alembic_version SET version_num = '0012_step_guard'")
     error = upgrade(r.app_url, expect=4)["error"]
     assert "does not own" in error["message"], error
-    assert rows(r.admin_url, "SELECT version_num FROM alembic_version") == [{"version_num": "0005_lean_indexes"}]
+    assert rows(r.admin_url, "SELECT version_num FROM alembic_version") == [{"version_num": "0012_step_guard"}]
     # A role that could act as the owner is refused as the runtime role.
     with psycopg.connect(r.owner_url) as conn:
         conn.execute("UPDATE alembic_version SET version_num = %s", (head_revision(),))
