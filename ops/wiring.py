@@ -140,7 +140,7 @@ def build_providers(
 ) -> dict[str, Provider]:
     """The providers EVQ_ADAPTER names; ``pepper``: the server's (PostgresKeys.server_pepper),
     required when :func:`needs_pepper`; ``wire_keys_from``: the first step id whose HTTP
-    idempotency key is keyed by it (PostgresKeys.wire_keys_from, migration 0027), required
+    idempotency key is keyed by it (PostgresKeys.wire_keys_from), required
     with the HTTP adapter."""
     providers: dict[str, Provider] = {}
     profiles = provider_profiles(settings)
