@@ -289,16 +289,17 @@ CONTENT_KEY = Param(
 )
 
 
-def _page(rows: str) -> tuple[Param, ...]:
-    """A page by limit and offset, as `steps list` and `runs show` share it: the same default,
-    the same maximum, meta.total counting every row."""
+def _page(rows: str, *, default: int = 50, maximum: int = LIST_LIMIT_MAX) -> tuple[Param, ...]:
+    """A page by limit and offset, as every list shares it (the contract's meta: count, total,
+    limit, offset): meta.total counting every row that matches (a cursor's lists: from the cursor
+    on), --offset skipping that many of them."""
     return (
         Param(
             "limit",
             type="integer",
             minimum=1,
-            maximum=LIST_LIMIT_MAX,
-            default=50,
+            maximum=maximum,
+            default=default,
             show_default=True,
             help=f"{rows} per page.",
         ),
@@ -655,15 +656,6 @@ _TABLE: tuple[Command, ...] = (
             ),
             Param("provider", metavar="P", help="Only events from this provider's webhook (resend, sendgrid, ...)."),
             Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=LIST_LIMIT_MAX,
-                default=50,
-                show_default=True,
-                help="Events per page.",
-            ),
-            Param(
                 "since",
                 type="integer",
                 minimum=1,
@@ -671,6 +663,7 @@ _TABLE: tuple[Command, ...] = (
                 metavar="CURSOR",
                 help="The next page: events older than this one (the last page's meta.next_cursor).",
             ),
+            *_page("Events"),
             OUTPUT,
             DATABASE_URL,
         ),
@@ -701,15 +694,7 @@ _TABLE: tuple[Command, ...] = (
                 metavar="CURSOR",
                 help="Only events after this one (the last call's meta.next_cursor).",
             ),
-            Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=EVENTS_LIMIT_MAX,
-                default=100,
-                show_default=True,
-                help="Events per call.",
-            ),
+            *_page("Events", default=100, maximum=EVENTS_LIMIT_MAX),
             Param("key", metavar="NAME", help="Another key's feed, by its name (operator or admin)."),
             Param(
                 "all_keys", Kind.FLAG, help="Every key's feed, and steps enqueued without a key (operator or admin)."
@@ -929,15 +914,7 @@ _TABLE: tuple[Command, ...] = (
                 maximum=MAX_ID,
                 help="Only refusals with an id at most this (the next page: meta.next_before_id).",
             ),
-            Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=LIST_LIMIT_MAX,
-                default=50,
-                show_default=True,
-                help="Refusals per page.",
-            ),
+            *_page("Refusals"),
             OUTPUT,
             DATABASE_URL,
         ),

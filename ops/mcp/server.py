@@ -229,7 +229,13 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
     async def events(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(events_schema(), args)
         return await service.list_events(
-            store, caller(), since=a["since"], limit=a["limit"], key=a["key"], all_keys=a["all_keys"]
+            store,
+            caller(),
+            since=a["since"],
+            limit=a["limit"],
+            offset=a["offset"],
+            key=a["key"],
+            all_keys=a["all_keys"],
         )
 
     async def deliveries(args: Mapping[str, Any]) -> service.Reply:
@@ -242,6 +248,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             provider=a["provider"],
             since=a["since"],
             limit=a["limit"],
+            offset=a["offset"],
         )
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
