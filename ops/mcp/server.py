@@ -26,6 +26,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from evq import __version__
 from evq.ops.app import approvals, service
 from evq.ops.app.commands import Effect, Risk, command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
@@ -420,4 +421,5 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
                 resolve,
             )
         )
-    return MCPServer("evq", instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")
+    # serverInfo: the client learns which evq it talks to (the version `evq --version` prints).
+    return MCPServer("evq", version=__version__, instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")
