@@ -464,6 +464,55 @@ GROUPS: dict[str, str] = {
     "prune old ones.",
     "worker": "Run the worker that sends queued email.",
 }
+# When an agent should pick each group and when another (`evq schema`'s products: the schema
+# contract's routing, as each command's use_when / avoid_when is for its tools).
+GROUP_WHEN: dict[str, tuple[str, str]] = {
+    "admin": (
+        "setting up or looking after an installation: its health first, the database schema, the servers",
+        "working with sends: `steps` has them",
+    ),
+    "deliveries": (
+        "what a provider's webhook said became of a message after it was accepted: delivered, bounced, complained",
+        "whether evq sent a message: `steps show` has the step's own state",
+    ),
+    "events": (
+        "an agent catching up on every send of its own that was rejected, became unknown or got a verdict",
+        "waiting on one send: `steps wait` answers when it is worth acting on",
+    ),
+    "keys": (
+        "an administrator giving a holder its own API key, revoking one, or pointing a key's failures somewhere",
+        "an agent's run: keys are managed where the database is, never over HTTP or MCP",
+    ),
+    "policy": (
+        "before a batch: which sends will wait for a person, and how much of each budget is left",
+        "why one send is held: `steps show` has its hold",
+    ),
+    "providers": (
+        "sends are not going out, or before a batch: is a provider down, and can it settle a lost answer?",
+        "one send's state: `steps show`",
+    ),
+    "refusals": (
+        "finding out what an agent asked for and why evq refused it",
+        "sends that were accepted and then failed: `steps list` and `events list` have those",
+    ),
+    "runs": (
+        "auditing an agent run: every step it decided and what became of each",
+        "following one send: `steps show` is shorter",
+    ),
+    "schema": (
+        "before calling a command: what it takes, what it prints, what it may change",
+        "doing the work itself: the other products' tools do it",
+    ),
+    "steps": (
+        "an agent sending an email and following it, or an operator approving, denying or closing sends",
+        "sending again a step that is held or unknown: wait, or ask an operator",
+    ),
+    "worker": (
+        "running the installation: workers are what send queued email",
+        "with a real provider configured on a test database: it sends what is queued",
+    ),
+}
+assert set(GROUP_WHEN) == set(GROUPS), "every group says when to use it and when not"
 
 NOTIFY_EMAIL_HELP = (
     "The key's default notification target: told of every rejected send the key enqueued "
@@ -986,18 +1035,27 @@ _TABLE: tuple[Command, ...] = (
     Command(
         "schema.show",
         "Describe evq's commands for scripts and agents, a level at a time.",
-        "Describe evq's commands for scripts and agents: the groups (`evq schema`, or "
-        "`evq schema list`), a group's tools (`evq schema steps`), one tool's parameters and "
-        "the JSON Schema of its output (`evq schema steps.resolve`, an alias such as "
-        "`evq schema enqueue` too), or everything (`evq schema --all`).",
+        "Describe evq's commands for scripts and agents: the products, evq's command groups "
+        "(`evq schema`, or `evq schema list`), a product's tools (`evq schema steps`), one tool's "
+        "parameters and the JSON Schema of its output (`evq schema steps.resolve`, `evq schema steps "
+        'resolve`, `evq schema --cli-path "steps resolve"`, an alias such as `evq schema enqueue` '
+        "too), or everything (`evq schema --all`). The overview's agent_metadata.surface_hash changes "
+        "whenever anything described changes: an agent caches what it read under it.",
         Effect.READ,
         (
             Param("name", Kind.ARGUMENT, repeatable=True, example="steps.resolve"),
             Param(
+                "cli_path",
+                metavar="WORDS",
+                example="steps resolve",
+                help="One tool by its command line after `evq`, as typed (`steps resolve`, or an alias such as "
+                "`enqueue`): the same answer as NAME, which it replaces.",
+            ),
+            Param(
                 "everything",
                 Kind.FLAG,
                 flags=("--all",),
-                help="Every group with every tool, its parameters and output schema.",
+                help="Every product with every tool, its parameters and output schema.",
             ),
             OUTPUT,
         ),
@@ -1005,6 +1063,7 @@ _TABLE: tuple[Command, ...] = (
             "evq schema -o json",
             "evq schema steps -o json",
             "evq schema steps.resolve -o json      (or: evq schema steps resolve)",
+            'evq schema --cli-path "steps resolve" -o json',
         ),
         # `evq schema steps` takes the name as an argument, so `schema` cannot be a group of its own.
         cli="schema",

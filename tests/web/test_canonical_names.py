@@ -20,7 +20,7 @@ from tests.web.test_mcp import call, client
 
 def catalogue() -> list[dict[str, Any]]:
     done = CliRunner().invoke(cli, ["schema", "--all", "-o", "json"], catch_exceptions=False)
-    tools = [t for g in json.loads(done.output)["data"]["groups"] for t in g["tools"]]
+    tools = [t for g in json.loads(done.output)["data"]["products"] for t in g["tools"]]
     return sorted(tools, key=lambda t: t["canonical_path"] != "steps.enqueue")  # a step to read back first
 
 
