@@ -23,9 +23,10 @@ makes it unnecessary, e.g. `steps resolve`'s STEP_ID unless ``statuses``, `steps
 test that builds every call from `evq schema` alone, tests/acceptance/test_schema_calls.py).
 
 Adding a command: a :class:`Command` entry in ``_TABLE`` (name it ``group.action``; a new group
-gets a line in ``GROUPS``), its body in ops/cli/ decorated ``@from_table("group.action", group)``,
-its output schema ops/app/cli-schema/group-action.schema.json, and, when it has them, its route
-in ops/web/api.py (``**operation("group.action")``) and its tool in ops/mcp/server.py.
+gets a line in ``GROUPS`` and one in ``GROUP_WHEN``), its body in ops/cli/ decorated
+``@from_table("group.action", group)``, its output schema ops/app/cli-schema/group-action.schema.json,
+and, when it has them, its route in ops/web/api.py (``**operation("group.action")``) and its tool in
+ops/mcp/server.py; then regenerate docs/schema-surface.json (CONTRIBUTING.md says how).
 What each command does stays in its interface (ops/cli/*.py, ops/web/api.py,
 ops/mcp/server.py), and what it prints in its output schema (ops/app/cli-schema/).
 
