@@ -1555,18 +1555,19 @@ class MemoryStore:
         provider: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
         await self._op("delivery_events", None)
-        rows = [
+        matched = [
             d
             for d in reversed(self.deliveries)
             if (step is None or d["step_id"] == step)
             and (not unmatched or d["step_id"] is None)
             and (provider is None or d["provider"] == provider)
             and (before_id is None or d["id"] < before_id)
-        ][:limit]
+        ]
         out = []
-        for d in rows:
+        for d in matched[offset : offset + limit]:
             s = self.steps.get(d["step_id"]) if d["step_id"] is not None else None
             out.append(
                 {
@@ -1576,7 +1577,7 @@ class MemoryStore:
                     "step_id": s["step_id"] if s else None,
                 }
             )
-        return out
+        return out, min(len(matched), COUNT_CAP + 1)
 
     async def delivery_states(self, step_ids: Sequence[int]) -> Mapping[int, Mapping[str, Any]]:
         await self._op("delivery_states", None)
@@ -2101,17 +2102,25 @@ class MemoryStore:
         return {k: v for k, v in self.keys[name].items() if k not in ("secret_hash", "session_generation")}
 
     async def key_events(
-        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
-    ) -> list[dict[str, Any]]:
+        self,
+        *,
+        since: int,
+        limit: int,
+        offset: int = 0,
+        key_id: str | None = None,
+        key_name: str | None = None,
+        every: bool = False,
+    ) -> tuple[list[dict[str, Any]], int]:
         await self._op("key_events", None)
         if not every and key_id is None:
             key_id = self.keys[key_name]["key_id"] if key_name in self.keys else None
         names = {k["key_id"]: name for name, k in self.keys.items()}
-        return [
+        matched = [
             {**e, "key_name": names.get(e["key_id"])}
             for e in self.feed
             if e["id"] > since and (every or (key_id is not None and e["key_id"] == key_id))
-        ][:limit]
+        ]
+        return matched[offset : offset + limit], min(len(matched), COUNT_CAP + 1)
 
     async def key_by_id(self, key_id: str) -> dict[str, Any] | None:
         await self._op("key_by_id", None)
@@ -2285,7 +2294,8 @@ class MemoryStore:
         interface: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
         await self._op("list_refusals", None)
         rows = [
             r
@@ -2294,7 +2304,7 @@ class MemoryStore:
             and (interface is None or r["interface"] == interface)
             and (before_id is None or r["id"] <= before_id)
         ]
-        return [_plain(r) for r in rows[:limit]]
+        return [_plain(r) for r in rows[offset : offset + limit]], min(len(rows), COUNT_CAP + 1)
 
     async def prune_partition(
         self, *, cutoff: datetime, actor: str, run: Any, batch: int, after: int | None

@@ -1109,8 +1109,8 @@ WHERE s.id = %(id)s
 
 
 -- name: delivery_list
--- Delivery events newest first; a NULL (or false) filter is off. The matched step's
--- run and step ids beside it.
+-- A page of delivery events newest first (OFFSET, LIMIT); a NULL (or false) filter is off. The
+-- matched step's run and step ids beside it. delivery_count, in the same snapshot, is its total.
 SELECT d.id, d.provider, d.event_id, d.type, d.occurred_at, d.received_at, d.step_id AS step,
        s.run_id, s.step_id, d.key_digest, d.message_id, d.provider_message_id, d.recipient, d.detail
 FROM delivery_events d
@@ -1120,7 +1120,20 @@ WHERE (%(step)s::bigint IS NULL OR d.step_id = %(step)s::bigint)
   AND (%(provider)s::text IS NULL OR d.provider = %(provider)s::text)
   AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
 ORDER BY d.id DESC
+OFFSET %(offset)s
 LIMIT %(limit)s;
+
+
+-- name: delivery_count
+-- How many events delivery_list's filters match, counted up to %(count_cap)s + 1 (as step_list's
+-- totals): on the index delivery_list reads (a step's, the unmatched ones', or the ids).
+SELECT count(*)::int AS n
+FROM (SELECT 1 FROM delivery_events d
+      WHERE (%(step)s::bigint IS NULL OR d.step_id = %(step)s::bigint)
+        AND (NOT %(unmatched)s::boolean OR d.step_id IS NULL)
+        AND (%(provider)s::text IS NULL OR d.provider = %(provider)s::text)
+        AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
+      LIMIT %(count_cap)s::int + 1) AS c;
 
 
 -- name: delivery_states
@@ -1884,25 +1897,44 @@ SELECT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NUL
 
 
 -- name: key_events_of_key
--- One key's feed after a cursor, by its id or its name: the (key_id, id) index walks
--- exactly that key's events from the cursor on.
+-- A page of one key's feed after a cursor (OFFSET, LIMIT), by its id or its name: the
+-- (key_id, id) index walks exactly that key's events from the cursor on. key_events_count_of_key,
+-- in the same snapshot, is its total.
 SELECT e.*, k.name AS key_name
 FROM key_events e
 LEFT JOIN api_keys k ON k.key_id = e.key_id
 WHERE e.key_id = coalesce(%(key_id)s, (SELECT key_id FROM api_keys WHERE name = %(key_name)s))
   AND e.id > %(since)s
 ORDER BY e.id
+OFFSET %(offset)s
 LIMIT %(limit)s;
 
 
+-- name: key_events_count_of_key
+-- How many events one key's feed has after the cursor, counted up to %(count_cap)s + 1 on the
+-- (key_id, id) index.
+SELECT count(*)::int AS n
+FROM (SELECT 1 FROM key_events e
+      WHERE e.key_id = coalesce(%(key_id)s, (SELECT key_id FROM api_keys WHERE name = %(key_name)s))
+        AND e.id > %(since)s
+      LIMIT %(count_cap)s::int + 1) AS c;
+
+
 -- name: key_events_all
--- Every key's feed (and steps enqueued without a key), for an operator.
+-- A page of every key's feed (and of steps enqueued without a key), for an operator.
 SELECT e.*, k.name AS key_name
 FROM key_events e
 LEFT JOIN api_keys k ON k.key_id = e.key_id
 WHERE e.id > %(since)s
 ORDER BY e.id
+OFFSET %(offset)s
 LIMIT %(limit)s;
+
+
+-- name: key_events_count_all
+-- How many events every key's feed has after the cursor, counted up to %(count_cap)s + 1.
+SELECT count(*)::int AS n
+FROM (SELECT 1 FROM key_events e WHERE e.id > %(since)s LIMIT %(count_cap)s::int + 1) AS c;
 
 
 -- name: api_key_set_notify
@@ -2059,8 +2091,9 @@ SELECT id, created_at FROM refusal;
 
 
 -- name: refusal_list
--- Refused enqueues, newest first, optionally one key's or one interface's, and only
--- those at most %(before_id)s (paging: the last id seen less one).
+-- A page of refused enqueues newest first (OFFSET, LIMIT), optionally one key's or one
+-- interface's, and only those at most %(before_id)s (paging: the last id seen less one).
+-- refusal_count, in the same snapshot, is its total.
 SELECT r.id, r.created_at, r.interface, r.key_name, r.dry_run, r.requests, r.request_bytes, r.request_sha256,
        r.errors, r.error_count, r.reasons, r.asked
 FROM enqueue_refusals r
@@ -2068,7 +2101,18 @@ WHERE (%(key_name)s::text IS NULL OR r.key_name = %(key_name)s)
   AND (%(interface)s::text IS NULL OR r.interface = %(interface)s)
   AND (%(before_id)s::bigint IS NULL OR r.id <= %(before_id)s)
 ORDER BY r.id DESC
+OFFSET %(offset)s
 LIMIT %(limit)s;
+
+
+-- name: refusal_count
+-- How many refusals refusal_list's filters match, counted up to %(count_cap)s + 1.
+SELECT count(*)::int AS n
+FROM (SELECT 1 FROM enqueue_refusals r
+      WHERE (%(key_name)s::text IS NULL OR r.key_name = %(key_name)s)
+        AND (%(interface)s::text IS NULL OR r.interface = %(interface)s)
+        AND (%(before_id)s::bigint IS NULL OR r.id <= %(before_id)s)
+      LIMIT %(count_cap)s::int + 1) AS c;
 
 
 -- name: schema_revision

@@ -23,9 +23,10 @@ makes it unnecessary, e.g. `steps resolve`'s STEP_ID unless ``statuses``, `steps
 test that builds every call from `evq schema` alone, tests/acceptance/test_schema_calls.py).
 
 Adding a command: a :class:`Command` entry in ``_TABLE`` (name it ``group.action``; a new group
-gets a line in ``GROUPS``), its body in ops/cli/ decorated ``@from_table("group.action", group)``,
-its output schema ops/app/cli-schema/group-action.schema.json, and, when it has them, its route
-in ops/web/api.py (``**operation("group.action")``) and its tool in ops/mcp/server.py.
+gets a line in ``GROUPS`` and one in ``GROUP_WHEN``), its body in ops/cli/ decorated
+``@from_table("group.action", group)``, its output schema ops/app/cli-schema/group-action.schema.json,
+and, when it has them, its route in ops/web/api.py (``**operation("group.action")``) and its tool in
+ops/mcp/server.py; then regenerate docs/schema-surface.json (CONTRIBUTING.md says how).
 What each command does stays in its interface (ops/cli/*.py, ops/web/api.py,
 ops/mcp/server.py), and what it prints in its output schema (ops/app/cli-schema/).
 
@@ -289,16 +290,17 @@ CONTENT_KEY = Param(
 )
 
 
-def _page(rows: str) -> tuple[Param, ...]:
-    """A page by limit and offset, as `steps list` and `runs show` share it: the same default,
-    the same maximum, meta.total counting every row."""
+def _page(rows: str, *, default: int = 50, maximum: int = LIST_LIMIT_MAX) -> tuple[Param, ...]:
+    """A page by limit and offset, as every list shares it (the contract's meta: count, total,
+    limit, offset): meta.total counting every row that matches (a cursor's lists: from the cursor
+    on), --offset skipping that many of them."""
     return (
         Param(
             "limit",
             type="integer",
             minimum=1,
-            maximum=LIST_LIMIT_MAX,
-            default=50,
+            maximum=maximum,
+            default=default,
             show_default=True,
             help=f"{rows} per page.",
         ),
@@ -463,6 +465,55 @@ GROUPS: dict[str, str] = {
     "prune old ones.",
     "worker": "Run the worker that sends queued email.",
 }
+# When an agent should pick each group and when another (`evq schema`'s products: the schema
+# contract's routing, as each command's use_when / avoid_when is for its tools).
+GROUP_WHEN: dict[str, tuple[str, str]] = {
+    "admin": (
+        "setting up or looking after an installation: its health first, the database schema, the servers",
+        "working with sends: `steps` has them",
+    ),
+    "deliveries": (
+        "what a provider's webhook said became of a message after it was accepted: delivered, bounced, complained",
+        "whether evq sent a message: `steps show` has the step's own state",
+    ),
+    "events": (
+        "an agent catching up on every send of its own that was rejected, became unknown or got a verdict",
+        "waiting on one send: `steps wait` answers when it is worth acting on",
+    ),
+    "keys": (
+        "an administrator giving a holder its own API key, revoking one, or pointing a key's failures somewhere",
+        "an agent's run: keys are managed where the database is, never over HTTP or MCP",
+    ),
+    "policy": (
+        "before a batch: which sends will wait for a person, and how much of each budget is left",
+        "why one send is held: `steps show` has its hold",
+    ),
+    "providers": (
+        "sends are not going out, or before a batch: is a provider down, and can it settle a lost answer?",
+        "one send's state: `steps show`",
+    ),
+    "refusals": (
+        "finding out what an agent asked for and why evq refused it",
+        "sends that were accepted and then failed: `steps list` and `events list` have those",
+    ),
+    "runs": (
+        "auditing an agent run: every step it decided and what became of each",
+        "following one send: `steps show` is shorter",
+    ),
+    "schema": (
+        "before calling a command: what it takes, what it prints, what it may change",
+        "doing the work itself: the other products' tools do it",
+    ),
+    "steps": (
+        "an agent sending an email and following it, or an operator approving, denying or closing sends",
+        "sending again a step that is held or unknown: wait, or ask an operator",
+    ),
+    "worker": (
+        "running the installation: workers are what send queued email",
+        "with a real provider configured on a test database: it sends what is queued",
+    ),
+}
+assert set(GROUP_WHEN) == set(GROUPS), "every group says when to use it and when not"
 
 NOTIFY_EMAIL_HELP = (
     "The key's default notification target: told of every rejected send the key enqueued "
@@ -655,15 +706,6 @@ _TABLE: tuple[Command, ...] = (
             ),
             Param("provider", metavar="P", help="Only events from this provider's webhook (resend, sendgrid, ...)."),
             Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=LIST_LIMIT_MAX,
-                default=50,
-                show_default=True,
-                help="Events per page.",
-            ),
-            Param(
                 "since",
                 type="integer",
                 minimum=1,
@@ -671,6 +713,7 @@ _TABLE: tuple[Command, ...] = (
                 metavar="CURSOR",
                 help="The next page: events older than this one (the last page's meta.next_cursor).",
             ),
+            *_page("Events"),
             OUTPUT,
             DATABASE_URL,
         ),
@@ -701,15 +744,7 @@ _TABLE: tuple[Command, ...] = (
                 metavar="CURSOR",
                 help="Only events after this one (the last call's meta.next_cursor).",
             ),
-            Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=EVENTS_LIMIT_MAX,
-                default=100,
-                show_default=True,
-                help="Events per call.",
-            ),
+            *_page("Events", default=100, maximum=EVENTS_LIMIT_MAX),
             Param("key", metavar="NAME", help="Another key's feed, by its name (operator or admin)."),
             Param(
                 "all_keys", Kind.FLAG, help="Every key's feed, and steps enqueued without a key (operator or admin)."
@@ -929,15 +964,7 @@ _TABLE: tuple[Command, ...] = (
                 maximum=MAX_ID,
                 help="Only refusals with an id at most this (the next page: meta.next_before_id).",
             ),
-            Param(
-                "limit",
-                type="integer",
-                minimum=1,
-                maximum=LIST_LIMIT_MAX,
-                default=50,
-                show_default=True,
-                help="Refusals per page.",
-            ),
+            *_page("Refusals"),
             OUTPUT,
             DATABASE_URL,
         ),
@@ -1009,18 +1036,27 @@ _TABLE: tuple[Command, ...] = (
     Command(
         "schema.show",
         "Describe evq's commands for scripts and agents, a level at a time.",
-        "Describe evq's commands for scripts and agents: the groups (`evq schema`, or "
-        "`evq schema list`), a group's tools (`evq schema steps`), one tool's parameters and "
-        "the JSON Schema of its output (`evq schema steps.resolve`, an alias such as "
-        "`evq schema enqueue` too), or everything (`evq schema --all`).",
+        "Describe evq's commands for scripts and agents: the products, evq's command groups "
+        "(`evq schema`, or `evq schema list`), a product's tools (`evq schema steps`), one tool's "
+        "parameters and the JSON Schema of its output (`evq schema steps.resolve`, `evq schema steps "
+        'resolve`, `evq schema --cli-path "steps resolve"`, an alias such as `evq schema enqueue` '
+        "too), or everything (`evq schema --all`). The overview's agent_metadata.surface_hash changes "
+        "whenever anything described changes: an agent caches what it read under it.",
         Effect.READ,
         (
             Param("name", Kind.ARGUMENT, repeatable=True, example="steps.resolve"),
             Param(
+                "cli_path",
+                metavar="WORDS",
+                example="steps resolve",
+                help="One tool by its command line after `evq`, as typed (`steps resolve`, or an alias such as "
+                "`enqueue`): the same answer as NAME, which it replaces.",
+            ),
+            Param(
                 "everything",
                 Kind.FLAG,
                 flags=("--all",),
-                help="Every group with every tool, its parameters and output schema.",
+                help="Every product with every tool, its parameters and output schema.",
             ),
             OUTPUT,
         ),
@@ -1028,6 +1064,7 @@ _TABLE: tuple[Command, ...] = (
             "evq schema -o json",
             "evq schema steps -o json",
             "evq schema steps.resolve -o json      (or: evq schema steps resolve)",
+            'evq schema --cli-path "steps resolve" -o json',
         ),
         # `evq schema steps` takes the name as an argument, so `schema` cannot be a group of its own.
         cli="schema",

@@ -1,6 +1,6 @@
 """The JSON contract every interface prints or answers with (CLI ``-o json``, HTTP, MCP):
 
-    {"status": "success" | "error" | "partial_failure", "schema_version": 3,
+    {"status": "success" | "error" | "partial_failure", "schema_version": 4,
      "data" | "error": ..., "meta": {"duration_ms": ..., ...}}
 
 Times are ISO 8601 with a zone, numbers are numbers: integers (durations in whole milliseconds,
@@ -22,7 +22,7 @@ from typing import Any
 
 from evq.worker.errors import EvqError
 
-SCHEMA_VERSION = 3  # 3: evidence kind delivery_event; 2: `evq schema` output by tool (canonical_path, parameters by flag); see CHANGELOG
+SCHEMA_VERSION = 4  # 4: `evq schema` by product (the schema contract's names); 3: evidence kind delivery_event; 2: `evq schema` output by tool (canonical_path, parameters by flag); see CHANGELOG
 
 # Fixed from now on; documented in ops/app/cli-schema/error-codes.md.
 EXIT_CODES: dict[str, int] = {

@@ -453,6 +453,12 @@ def total_meta(total: int) -> dict[str, Any]:
     return {"total": min(total, COUNT_CAP), "total_exact": total <= COUNT_CAP}
 
 
+def page_meta(rows: Sequence[Any], total: int, *, limit: int | None, offset: int) -> dict[str, Any]:
+    """What every list's meta says of its page (cli-schema's list_meta): the rows shown, all
+    that match (counted up to COUNT_CAP), the page's size and how many were skipped before it."""
+    return {"count": len(rows), **total_meta(total), "limit": limit, "offset": offset}
+
+
 def verdict_view(
     status: str,
     reason: str | None,
@@ -529,7 +535,7 @@ async def list_steps(
     rows, total = await store.list_steps(where, now=now)
     states = await store.delivery_states([r.id for r in rows])
     data = [summary(r, states.get(r.id), unresolvable=unresolvable) for r in rows]
-    return Reply(data, {"count": len(data), **total_meta(total), "limit": limit, "offset": offset})
+    return Reply(data, page_meta(data, total, limit=limit, offset=offset))
 
 
 async def count_by_status(
@@ -575,7 +581,7 @@ async def show_step(
     await caller.identify(store, Permission.READ)
     detail = await store.get_step(step_id)
     refusal = await caller.content_refusal(store)
-    deliveries = await store.delivery_events(step=step_id, limit=DELIVERIES_SHOWN)
+    deliveries, _ = await store.delivery_events(step=step_id, limit=DELIVERIES_SHOWN)
     states = await store.delivery_states([step_id])
     data = {
         **_step_detail(detail, refusal, states.get(step_id), unresolvable),
@@ -727,7 +733,7 @@ async def show_run(
         ],
         "events": [public_evidence(e) for e in run_events(detail.steps, detail.decisions, detail.evidence)],
     }
-    meta = {"count": len(data["steps"]), **total_meta(detail.total), "limit": limit, "offset": offset}
+    meta = page_meta(data["steps"], detail.total, limit=limit, offset=offset)
     return Reply(data, {**meta, "events": len(data["events"])})
 
 
@@ -770,8 +776,10 @@ async def list_refusals(
     interface: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
+    offset: int = 0,
 ) -> Reply:
-    """Refused enqueues, newest first: what was asked (identifiers only), by which key, every failing field."""
+    """Refused enqueues, newest first: what was asked (identifiers only), by which key, every failing field;
+    ``offset`` of them skipped (meta.total counts every one the filters match)."""
     if interface is not None and interface not in INTERFACES:
         raise InvalidRequest(
             [{"field": "--interface", "message": f"one of {', '.join(INTERFACES)}, got {interface[:40]!r}"}]
@@ -782,9 +790,11 @@ async def list_refusals(
         if key_name is not None and key_name != who.name:
             raise _only_its_own(who, "refusals", hint="leave out --key to read this key's refusals")
         key_name = who.name
-    rows = await store.list_refusals(key_name=key_name, interface=interface, before_id=before_id, limit=limit)
+    rows, total = await store.list_refusals(
+        key_name=key_name, interface=interface, before_id=before_id, limit=limit, offset=offset
+    )
     data = [{k: r[k] for k in REFUSAL_FIELDS} for r in rows]
-    meta: dict[str, Any] = {"count": len(data), "limit": limit}
+    meta = page_meta(data, total, limit=limit, offset=offset)
     if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page starts below this one
         meta["next_before_id"] = data[-1]["id"] - 1
     return Reply(data, meta)
@@ -816,13 +826,15 @@ async def list_events(
     *,
     since: int = 0,
     limit: int = 100,
+    offset: int = 0,
     key: str | None = None,
     all_keys: bool = False,
 ) -> Reply:
     """The caller's key's events after cursor ``since`` (every rejection, unknown and operator
     verdict on a step it enqueued), oldest first; ``meta.next_cursor`` is the ``since`` of the
-    next call. ``key`` (a key's name) or ``all_keys``: another key's feed, or every key's, for
-    an operator or admin key (or the command line without a key, which reads every row anyway)."""
+    next call; ``offset`` of them skipped (meta.total counts every one after the cursor). ``key``
+    (a key's name) or ``all_keys``: another key's feed, or every key's, for an operator or admin
+    key (or the command line without a key, which reads every row anyway)."""
     holder = await caller.key_holder(store)
     if key is not None and all_keys:
         raise InvalidRequest([{"field": "--key", "message": "give --key NAME or --all-keys, not both"}])
@@ -836,12 +848,14 @@ async def list_events(
             hint="give the key whose events to read (--api-key or EVQ_API_KEY), or --key NAME / --all-keys",
         )
     if holder is not None and key is None and not all_keys:
-        rows = await store.key_events(since=since, limit=limit, key_id=holder.key_id, key_name=holder.name)
+        rows, total = await store.key_events(
+            since=since, limit=limit, offset=offset, key_id=holder.key_id, key_name=holder.name
+        )
     else:
-        rows = await store.key_events(since=since, limit=limit, key_name=key, every=all_keys)
+        rows, total = await store.key_events(since=since, limit=limit, offset=offset, key_name=key, every=all_keys)
     data = [with_labels({k: r.get(k) for k in EVENT_FIELDS}) for r in rows]
     cursor = data[-1]["id"] if data else since
-    return Reply(data, {"count": len(data), "limit": limit, "since": since, "next_cursor": cursor})
+    return Reply(data, {**page_meta(data, total, limit=limit, offset=offset), "since": since, "next_cursor": cursor})
 
 
 # -- delivery events (worker/delivery.py) ---------------------------------------------
@@ -946,9 +960,11 @@ async def list_deliveries(
     provider: str | None = None,
     since: int | None = None,
     limit: int = 50,
+    offset: int = 0,
 ) -> Reply:
     """Delivery events newest first: of one step, of one provider, or those that matched no step.
-    ``since``: the next page, events older than this cursor (the last page's meta.next_cursor)."""
+    ``since``: the next page, events older than this cursor (the last page's meta.next_cursor);
+    ``offset`` of them skipped (meta.total counts every one that matches)."""
     if unmatched and step is not None:
         raise InvalidRequest([{"field": "--step", "message": "give --step ID or --unmatched, not both"}])
     who = await caller.identify(store, Permission.READ)
@@ -958,11 +974,11 @@ async def list_deliveries(
         mine = step is not None and not unmatched and await _enqueued_by(store, step, who)
         if not mine:
             raise _only_its_own(who, "steps' delivery events", hint="give --step ID of a step this key enqueued")
-    rows = await store.delivery_events(
-        step=step, unmatched=unmatched, provider=provider, before_id=since or None, limit=limit
+    rows, total = await store.delivery_events(
+        step=step, unmatched=unmatched, provider=provider, before_id=since or None, limit=limit, offset=offset
     )
     data = public_deliveries(rows)
-    meta: dict[str, Any] = {"count": len(data), "limit": limit}
+    meta = page_meta(data, total, limit=limit, offset=offset)
     if len(data) == limit and data[-1]["id"] > 1:  # maybe more: the next page is older than this one
         meta["next_cursor"] = data[-1]["id"]
     return Reply(data, meta)
@@ -1038,7 +1054,8 @@ async def list_providers(store: AppStore, caller: Caller, settings: Settings) ->
         for name in names
     ]
     meta = {
-        "count": len(data),
+        # Every provider in one answer (a handful: the adapters and any a circuit row names), not paged.
+        **page_meta(data, len(data), limit=None, offset=0),
         "held": sum(1 for d in data if not d["sending"]),
         "unresolvable": sum(1 for d in data if d["profile"] is not None and not d["profile"]["resolvable"]),
     }

@@ -21,8 +21,9 @@ def deliveries_list(
     unmatched: bool,
     step: int | None,
     provider: str | None,
-    limit: int,
     since: int | None,
+    limit: int,
+    offset: int,
     database_url: str | None,
 ) -> None:
     settings = load_settings(database_url=database_url)
@@ -37,6 +38,7 @@ def deliveries_list(
                 provider=provider,
                 since=since,
                 limit=limit,
+                offset=offset,
             )
 
     out.reply(run(fetch()), human=_human)

@@ -9,6 +9,13 @@ real flag name without ``--`` (an argument by its metavar, ``STEP_ID``), each wi
 ``property`` an HTTP body or MCP arguments name it by, ``required`` (always) and
 ``required_when`` (a condition a caller can evaluate: unless one of ``unless_any`` is given,
 or ``unless_env`` is set).
+
+Beside them, the schema contract's identity and provenance: ``path`` (the canonical path again, as
+that contract names it), ``product_id`` (evq's command group: the contract's products are evq's
+groups), ``source`` (``mcp:<product>`` for a tool `evq admin mcp` serves; ``hardcoded:<product>``
+for a command-line helper, the contract's name for a visible local tool), and in the detail
+``effect_source`` and ``agent_source_refs``: where the effect and the rest of the agent metadata
+were declared (the command table entry, the output schema, the help).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from evq.ops.app.commands import CREDENTIAL, Command, Kind, Param
-from evq.ops.app.schemas import output_schema
+from evq.ops.app.schemas import output_schema, schema_file
 from evq.ops.cli.table import help_text
 
 
@@ -31,12 +38,35 @@ def usage(entry: Command) -> str:
     return " ".join(pieces)
 
 
+# Where every tool's effect is declared: the command table, reviewed with the command (the
+# contract's effect_source; evq never infers an effect from a command's name).
+EFFECT_SOURCE = "command_table"
+
+
+def source(entry: Command) -> str:
+    """The contract's ``source``: served by `evq admin mcp` (``mcp:<product>``), or a visible
+    command-line helper (``hardcoded:<product>``; ``interfaces.local_only`` says why)."""
+    return f"{'mcp' if entry.mcp else 'hardcoded'}:{entry.group}"
+
+
+def agent_source_refs(entry: Command) -> list[str]:
+    """Where a tool's agent metadata comes from, as paths in evq's source tree and the help."""
+    return [
+        f"ops/app/commands.py#{entry.path}",
+        f"ops/app/cli-schema/{schema_file(entry.path)}",
+        f"cli:evq {entry.words} --help",
+    ]
+
+
 def summarize(entry: Command, *, through: str | None = None) -> dict[str, Any]:
-    """A tool as a group lists it; ``through``: the alias it was looked up by."""
+    """A tool as a product lists it; ``through``: the alias it was looked up by."""
     params = parameters(entry)
     return {
         "name": entry.action,
         "canonical_path": entry.path,
+        "path": entry.path,
+        "product_id": entry.group,
+        "source": source(entry),
         "cli_path": through or entry.words,
         "primary_cli_path": entry.words,
         "aliases": list(entry.aliases),
@@ -59,10 +89,11 @@ def describe_command(entry: Command, *, through: str | None = None) -> dict[str,
     params = parameters(entry)
     return {
         **summarize(entry, through=through),
-        "group": entry.group,
         "usage": usage(entry),
         "help": help_text(entry),
         "examples": list(entry.examples),
+        "effect_source": EFFECT_SOURCE,
+        "agent_source_refs": agent_source_refs(entry),
         "writes": entry.permission is not None,
         "api_key": None
         if key is None

@@ -20,6 +20,7 @@ def events_list(
     out: Output,
     since: int,
     limit: int,
+    offset: int,
     key: str | None,
     all_keys: bool,
     credential: Credential,
@@ -30,7 +31,7 @@ def events_list(
     async def fetch() -> service.Reply:
         async with wiring.open_store(settings, max_size=1) as store:
             return await service.list_events(
-                store, credential.caller, since=since, limit=limit, key=key, all_keys=all_keys
+                store, credential.caller, since=since, limit=limit, offset=offset, key=key, all_keys=all_keys
             )
 
     reply = run(fetch())

@@ -22,6 +22,7 @@ def refusals_list(
     interface: str | None,
     before_id: int | None,
     limit: int,
+    offset: int,
     database_url: str | None,
 ) -> None:
     settings = load_settings(database_url=database_url)
@@ -35,6 +36,7 @@ def refusals_list(
                 interface=interface,
                 before_id=before_id,
                 limit=limit,
+                offset=offset,
             )
 
     out.reply(run(fetch()), human=_human)

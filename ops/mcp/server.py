@@ -26,6 +26,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from evq import __version__
 from evq.ops.app import approvals, service
 from evq.ops.app.commands import Effect, Risk, command
 from evq.ops.app.contract import Timer, failure, plain, success, to_json
@@ -229,7 +230,13 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
     async def events(args: Mapping[str, Any]) -> service.Reply:
         a = check_arguments(events_schema(), args)
         return await service.list_events(
-            store, caller(), since=a["since"], limit=a["limit"], key=a["key"], all_keys=a["all_keys"]
+            store,
+            caller(),
+            since=a["since"],
+            limit=a["limit"],
+            offset=a["offset"],
+            key=a["key"],
+            all_keys=a["all_keys"],
         )
 
     async def deliveries(args: Mapping[str, Any]) -> service.Reply:
@@ -242,6 +249,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
             provider=a["provider"],
             since=a["since"],
             limit=a["limit"],
+            offset=a["offset"],
         )
 
     async def resolve(args: Mapping[str, Any]) -> service.Reply:
@@ -413,4 +421,5 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
                 resolve,
             )
         )
-    return MCPServer("evq", instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")
+    # serverInfo: the client learns which evq it talks to (the version `evq --version` prints).
+    return MCPServer("evq", version=__version__, instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")

@@ -314,10 +314,12 @@ async def list_refusals(
     interface: Literal["cli", "http", "mcp", "python"] | None = query("interface", of=_REFUSALS),
     before_id: int | None = query("before_id", of=_REFUSALS),
     limit: int = query("limit", of=_REFUSALS),
+    # At most a 32-bit offset over HTTP, as `GET /v1/steps`.
+    offset: int = query("offset", of=_REFUSALS, le=2**31 - 1),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     reply = await service.list_refusals(
-        state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit
+        state.store, who, key_name=key, interface=interface, before_id=before_id, limit=limit, offset=offset
     )
     return _answer(reply, request.state.timer)
 
@@ -335,11 +337,14 @@ async def list_events(
     who: Caller = Depends(caller),
     since: int = query("since", of=_EVENTS),
     limit: int = query("limit", of=_EVENTS),
+    offset: int = query("offset", of=_EVENTS, le=2**31 - 1),
     key: str | None = query("key", of=_EVENTS, max_length=64),
     all_keys: bool = Query(False, description=_EVENTS.param("all_keys").help),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
-    reply = await service.list_events(state.store, who, since=since, limit=limit, key=key, all_keys=all_keys)
+    reply = await service.list_events(
+        state.store, who, since=since, limit=limit, offset=offset, key=key, all_keys=all_keys
+    )
     return _answer(reply, request.state.timer)
 
 
@@ -357,12 +362,13 @@ async def list_deliveries(
     unmatched: bool = Query(False, description=_DELIVERIES.param("unmatched").help),
     step: int | None = query("step", of=_DELIVERIES),
     provider: str | None = query("provider", of=_DELIVERIES, max_length=64),
-    limit: int = query("limit", of=_DELIVERIES),
     since: int | None = query("since", of=_DELIVERIES),
+    limit: int = query("limit", of=_DELIVERIES),
+    offset: int = query("offset", of=_DELIVERIES, le=2**31 - 1),
 ) -> JSONResponse:
     state: AppState = request.app.state.evq
     reply = await service.list_deliveries(
-        state.store, who, unmatched=unmatched, step=step, provider=provider, since=since, limit=limit
+        state.store, who, unmatched=unmatched, step=step, provider=provider, since=since, limit=limit, offset=offset
     )
     return _answer(reply, request.state.timer)
 

@@ -262,10 +262,11 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     evq = Evq(db_url)
     root = evq.json("schema")["data"]
     assert evq.json("schema", "list")["data"] == root
-    assert root["level"] == "groups" and [g["name"] for g in root["groups"]] == sorted(GROUPS)
-    assert all("tools" not in g for g in root["groups"])  # the overview embeds no tool arrays
+    assert root["level"] == "products" and [g["name"] for g in root["products"]] == sorted(GROUPS)
+    assert all("tools" not in g for g in root["products"])  # the overview embeds no tool arrays
     assert root["exit_codes"] == {**EXIT_CODES, "interrupted": 130}
     group = evq.json("schema", "steps")["data"]
+    assert group["level"] == "product" and group["product_id"] == "steps"
     assert [t["canonical_path"] for t in group["tools"]] == [
         "steps.approve",
         "steps.cancel",
@@ -280,6 +281,7 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert group["tool_count"] == 9 and "parameters" not in group["tools"][0]
     one = evq.json("schema", "steps.resolve")["data"]
     assert evq.json("schema", "steps resolve")["data"] == one == evq.json("schema", "steps", "resolve")["data"]
+    assert evq.json("schema", "--cli-path", "steps resolve")["data"] == one
     assert one["level"] == "tool" and one["canonical_path"] == "steps.resolve" and one["is_alias"] is False
     assert one["cli_path"] == one["primary_cli_path"] == "steps resolve" and one["aliases"] == []
     assert one["api_key"]["roles"] == ["operator", "admin"] and one["writes"] is True
@@ -318,7 +320,7 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
     assert primary["parameters"]["model"]["property"] == "decision.model"
     assert evq.json("schema", "db", "status")["data"]["canonical_path"] == "admin.db-version"
     everything = evq.json("schema", "--all")["data"]
-    assert [t["canonical_path"] for g in everything["groups"] for t in g["tools"]] == list(LEAVES)
+    assert [t["canonical_path"] for g in everything["products"] for t in g["tools"]] == list(LEAVES)
     human = evq.run("schema", "steps.resolve")
     assert human.returncode == 0 and "provider-message-id" in human.stdout
     assert "is an alias of `evq steps enqueue`" in evq.run("schema", "enqueue").stdout

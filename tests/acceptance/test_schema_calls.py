@@ -125,7 +125,7 @@ def refused_for_parameters(code: int | None, body: dict[str, Any] | None) -> boo
 @pytest.fixture
 def catalogue(db_url: str) -> list[dict[str, Any]]:
     data = Evq(db_url).json("schema", "--all")["data"]
-    tools = [t for g in data["groups"] for t in g["tools"]]
+    tools = [t for g in data["products"] for t in g["tools"]]
     # A send first, so the commands that read or close one have something to find.
     return sorted(tools, key=lambda t: t["canonical_path"] != "steps.enqueue")
 

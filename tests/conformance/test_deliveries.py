@@ -53,7 +53,7 @@ async def test_an_event_settles_an_unknown_step_accepted_with_its_evidence(any_s
     assert last["actor"] == "webhook:resend" and last["provider_message_id"] == "re_123"
     assert last["detail"]["delivery_event"] == done.id and last["detail"]["raw_type"] == "email.delivered"
     assert last["detail"]["type"] == "delivered" and last["detail"]["recipient"] == "ada@example.com"
-    [stored] = await any_store.delivery_events(step=s["id"])
+    [stored], _ = await any_store.delivery_events(step=s["id"])
     assert (stored["id"], stored["provider"], stored["event_id"], stored["type"]) == (
         done.id,
         "resend",
@@ -72,7 +72,7 @@ async def test_a_duplicate_event_changes_nothing_and_says_so(any_store):
     again = await any_store.delivery_record(e, step_providers=RELAYED, actor="webhook:resend", now=at(2))
     assert (again.id, again.step, again.duplicate, again.closed) == (first.id, s["id"], True, False)
     assert await evidence(any_store, s["id"]) == evidence_before
-    assert len(await any_store.delivery_events(step=s["id"])) == 1
+    assert len((await any_store.delivery_events(step=s["id"]))[0]) == 1
     # The same event id from another provider is another event.
     other = await any_store.delivery_record(
         event("ev-dup", "deferred", provider="postmark"), step_providers=RELAYED, actor="w", now=at(3)
@@ -111,14 +111,18 @@ async def test_an_event_matching_no_step_is_kept_for_an_operator(any_store):
         event("ev-mine", message_id=s["message_id"]), step_providers=RELAYED, actor="w", now=at(3)
     )
     assert (lost.step, lost.duplicate, lost.closed) == (None, False, False) and junk.step is None
-    unmatched = await any_store.delivery_events(unmatched=True)
-    assert [d["id"] for d in unmatched] == [junk.id, lost.id]  # newest first
+    unmatched, total = await any_store.delivery_events(unmatched=True)
+    assert [d["id"] for d in unmatched] == [junk.id, lost.id] and total == 2  # newest first
     assert unmatched[1]["step"] is None and unmatched[1]["recipient"] == "x@y.z"
     assert unmatched[1]["message_id"] == "<nobody@example.org>"
-    assert [d["id"] for d in await any_store.delivery_events()] == [mine.id, junk.id, lost.id]
-    # Paged: below an id, at most limit.
-    assert [d["id"] for d in await any_store.delivery_events(before_id=mine.id, limit=1)] == [junk.id]
-    assert await any_store.delivery_events(provider="sendgrid") == []
+    every, total = await any_store.delivery_events()
+    assert [d["id"] for d in every] == [mine.id, junk.id, lost.id] and total == 3
+    # Paged: below an id, at most limit; an offset skips, and the total counts every match.
+    older, total = await any_store.delivery_events(before_id=mine.id, limit=1)
+    assert [d["id"] for d in older] == [junk.id] and total == 2
+    skipped, total = await any_store.delivery_events(limit=1, offset=1)
+    assert [d["id"] for d in skipped] == [junk.id] and total == 3
+    assert await any_store.delivery_events(provider="sendgrid") == ([], 0)
 
 
 async def test_closed_steps_only_gain_delivery_state(any_store):
@@ -221,7 +225,7 @@ async def test_an_event_never_matches_a_step_of_a_provider_its_webhook_cannot_re
         assert after["status"] == "unknown" and [e["kind"] for e in await evidence(any_store, step["id"])][-1] != (
             "delivery_event"
         )
-    kept = {d["event_id"]: d for d in await any_store.delivery_events(unmatched=True)}
+    kept = {d["event_id"]: d for d in (await any_store.delivery_events(unmatched=True))[0]}
     assert kept["ev-f1"]["detail"]["not_matched"]["step"] == s["id"]
     assert kept["ev-f1"]["detail"]["not_matched"]["step_provider"] == "smtp"
     assert kept["ev-f2"]["detail"]["not_matched"] == {

@@ -37,8 +37,8 @@ async def test_rejections_unknowns_and_verdicts_land_in_the_enqueuing_keys_feed(
         unknown.id, Resolution.parse("rejected", "not in the provider's log"), actor="ada", default_max_attempts=3
     )
 
-    mine = await any_store.key_events(since=0, limit=100, key_id=AGENT.key_id)
-    assert [(e["step"], e["kind"], e["status"]) for e in mine] == [
+    mine, total = await any_store.key_events(since=0, limit=100, key_id=AGENT.key_id)
+    assert total == 3 and [(e["step"], e["kind"], e["status"]) for e in mine] == [
         (rejected.id, "rejected", "rejected"),
         (unknown.id, "unknown", "unknown"),
         (unknown.id, "verdict", "rejected"),
@@ -47,13 +47,15 @@ async def test_rejections_unknowns_and_verdicts_land_in_the_enqueuing_keys_feed(
     assert mine[2]["detail"] == "not in the provider's log"
     assert all(e["key_id"] == AGENT.key_id and e["evidence_id"] for e in mine)
     # The cursor: only what came after it.
-    assert [e["id"] for e in await any_store.key_events(since=mine[0]["id"], limit=100, key_id=AGENT.key_id)] == [
-        e["id"] for e in mine[1:]
-    ]
-    assert len(await any_store.key_events(since=0, limit=1, key_id=AGENT.key_id)) == 1
+    after, total = await any_store.key_events(since=mine[0]["id"], limit=100, key_id=AGENT.key_id)
+    assert [e["id"] for e in after] == [e["id"] for e in mine[1:]] and total == 2
+    # A page: offset skips, limit bounds, the total counts every event after the cursor.
+    page, total = await any_store.key_events(since=0, limit=1, offset=1, key_id=AGENT.key_id)
+    assert [e["id"] for e in page] == [mine[1]["id"]] and total == 3
+    assert await any_store.key_events(since=0, limit=1, offset=3, key_id=AGENT.key_id) == ([], 3)
     # Another key's events are not in this key's feed; every key's (and keyless) are in the whole feed.
-    theirs = await any_store.key_events(since=0, limit=100, key_id=OTHER.key_id)
+    theirs, _ = await any_store.key_events(since=0, limit=100, key_id=OTHER.key_id)
     assert [e["step"] for e in theirs] == [others.id]
-    every = await any_store.key_events(since=0, limit=100, every=True)
-    assert {e["step"] for e in every} == {rejected.id, unknown.id, others.id, keyless.id}
+    every, total = await any_store.key_events(since=0, limit=100, every=True)
+    assert total == len(every) == 5 and {e["step"] for e in every} == {rejected.id, unknown.id, others.id, keyless.id}
     assert [e["key_id"] for e in every if e["step"] == keyless.id] == [None]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from evq import __version__
+from evq.ops.cli.schema import surface_hash
 from tests.support import free_port, spawn, stop, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +129,10 @@ def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empt
 
     schema = json.loads(run([evq, "schema", "admin.demo", "-o", "json"], cwd=elsewhere, env=env).stdout)
     assert schema["data"]["output_schema"]["title"] == "evq admin demo -o json"  # read from package data
-    groups = json.loads(run([evq, "schema", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]["groups"]
-    assert {"admin", "steps", "schema"} <= {g["name"] for g in groups}
+    root = json.loads(run([evq, "schema", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]
+    assert {"admin", "steps", "schema"} <= {g["name"] for g in root["products"]}
+    # The surface's digest is the checkout's: the same evq, installed elsewhere, describes the same thing.
+    assert root["agent_metadata"]["surface_hash"] == surface_hash()
 
     # A migration from the installed revisions onto an empty database.
     upgraded = json.loads(run([evq, "db", "upgrade", "-o", "json"], cwd=elsewhere, env=env).stdout)["data"]

@@ -274,6 +274,20 @@ async def test_evq_mcp_over_stdio(db_url):
     assert shown["data"]["step"]["run_id"] == "run-stdio"
 
 
+async def test_the_mcp_server_says_which_evq_it_is_over_stdio(db_url):
+    """serverInfo names evq and its version (the one `evq --version` prints), over the real
+    protocol from a real `evq mcp` child, so an agent platform can tell what it talks to."""
+    from evq import __version__
+
+    env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json"}
+    env.pop("EVQ_API_KEY", None)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
+    async with Client(params) as c:
+        info = c.server_info
+        assert (info.name, info.version) == ("evq", __version__) and __version__
+        assert "evq_admin_health" in {t.name for t in (await c.list_tools()).tools}
+
+
 async def test_a_revoked_key_stops_working_at_the_next_call(db_url, store):
     """The server remembers a verified key, yet reads its row on every call: a revoke applies at once."""
     agent = await key(db_url, "bot", "agent", created_by=None)

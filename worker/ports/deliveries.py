@@ -48,12 +48,14 @@ class DeliveryStore(Protocol):
         provider: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        """Events newest first (by id), at most ``limit``: of one step, or those that matched
-        none (``unmatched``), of one provider, with an id below ``before_id`` (the next page).
-        Each row: id, provider, event_id, type, occurred_at, received_at, step (None when
-        unmatched), run_id and step_id of that step, key_digest, message_id,
-        provider_message_id, recipient, detail."""
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Events newest first (by id), ``offset`` of them skipped, at most ``limit``: of one
+        step, or those that matched none (``unmatched``), of one provider, with an id below
+        ``before_id`` (the next page); and how many match, counted up to COUNT_CAP + 1, of the
+        same snapshot as the page. Each row: id, provider, event_id, type, occurred_at,
+        received_at, step (None when unmatched), run_id and step_id of that step, key_digest,
+        message_id, provider_message_id, recipient, detail."""
         ...
 
     async def delivery_states(self, step_ids: Sequence[int]) -> Mapping[int, Mapping[str, Any]]:

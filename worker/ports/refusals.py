@@ -20,6 +20,8 @@ class RefusalStore(Protocol):
         interface: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        """Refusals newest first, each as stored (worker/refusals.py)."""
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Refusals newest first, ``offset`` of them skipped, each as stored (worker/refusals.py);
+        and how many match, counted up to COUNT_CAP + 1, of the same snapshot as the page."""
         ...

@@ -30,6 +30,7 @@ from evq.adapters.postgres.database import connect_kwargs, misconfigured, transl
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
 from evq.worker.notices import NoticeConfig
+from evq.worker.ports import COUNT_CAP
 
 # The connection of the store transaction the current task is inside, if any.
 _PINNED: ContextVar[tuple[PostgresBase, psycopg.AsyncConnection] | None] = ContextVar("evq_pinned", default=None)
@@ -131,6 +132,18 @@ class PostgresBase:
     async def _fetch(self, name: str, query: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         async with self._op(name) as conn:
             return await fetch_all(conn, query, params)
+
+    async def _page(
+        self, name: str, page: str, count: str, params: Mapping[str, Any]
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A list's page and its total (counted up to COUNT_CAP + 1) read from one snapshot, so
+        the two agree. Two statements, not one: each keeps the plan it has alone (one statement
+        doing both weighs more in the plan cache's choice, and its generic plan walked every key's
+        feed for one key's page)."""
+        async with self._snapshot(name) as conn:
+            rows = await fetch_all(conn, page, params)
+            [counted] = await fetch_all(conn, count, {**params, "count_cap": COUNT_CAP})
+        return rows, counted["n"]
 
     @asynccontextmanager
     async def _snapshot(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:

@@ -89,11 +89,11 @@ class PostgresDeliveries(PostgresBase):
         provider: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        return await self._fetch(
-            "delivery_events",
-            Q["delivery_list"],
-            {"step": step, "unmatched": unmatched, "provider": provider, "before_id": before_id, "limit": limit},
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        params = {"step": step, "unmatched": unmatched, "provider": provider, "before_id": before_id}
+        return await self._page(
+            "delivery_events", Q["delivery_list"], Q["delivery_count"], {**params, "limit": limit, "offset": offset}
         )
 
     async def delivery_states(self, step_ids: Sequence[int]) -> Mapping[int, Mapping[str, Any]]:

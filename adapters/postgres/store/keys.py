@@ -120,13 +120,20 @@ class PostgresKeys(PostgresBase):
         return await self._fetch("list_keys", Q["api_key_list"], {})
 
     async def key_events(
-        self, *, since: int, limit: int, key_id: str | None = None, key_name: str | None = None, every: bool = False
-    ) -> list[dict[str, Any]]:
-        """A key's event feed after the cursor ``since`` (worker/ports/events.py)."""
-        params = {"since": since, "limit": limit, "key_id": key_id, "key_name": key_name}
+        self,
+        *,
+        since: int,
+        limit: int,
+        offset: int = 0,
+        key_id: str | None = None,
+        key_name: str | None = None,
+        every: bool = False,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of a key's event feed after the cursor ``since``, and its total (worker/ports/events.py)."""
+        params = {"since": since, "limit": limit, "offset": offset, "key_id": key_id, "key_name": key_name}
         if every:
-            return await self._fetch("key_events", Q["key_events_all"], params)
-        return await self._fetch("key_events", Q["key_events_of_key"], params)
+            return await self._page("key_events", Q["key_events_all"], Q["key_events_count_all"], params)
+        return await self._page("key_events", Q["key_events_of_key"], Q["key_events_count_of_key"], params)
 
     async def set_key_url(self, name: str, *, notify_url: str | None, rotate: bool) -> dict[str, Any]:
         """Change the key's callback URL (None: none); ``rotate``: a new signing secret."""

@@ -36,9 +36,12 @@ class PostgresRefusals(PostgresBase):
         interface: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        params = {"key_name": key_name, "interface": interface, "before_id": before_id, "limit": limit}
-        return await self._fetch("list_refusals", Q["refusal_list"], params)
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        params = {"key_name": key_name, "interface": interface, "before_id": before_id}
+        return await self._page(
+            "list_refusals", Q["refusal_list"], Q["refusal_count"], {**params, "limit": limit, "offset": offset}
+        )
 
     async def prune_refusals(self, *, cutoff: datetime, limit: int, dry_run: bool = False) -> int:
         if dry_run:
