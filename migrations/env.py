@@ -15,7 +15,7 @@ url = config.get_main_option("sqlalchemy.url")
 
 def _include_object(obj, name, type_, reflected, compare_to) -> bool:
     # Evidence's partitions are made at run time by evq_evidence_partitions_ahead
-    # (migration 0022), a range of step ids each: the model has the parent alone.
+    # (migrations/baseline/partitions.sql), a range of step ids each: the model has the parent alone.
     if type_ == "table" and reflected and compare_to is None and name is not None:
         return not (name.startswith("evidence_steps_") or name == "evidence_overflow")
     return True

@@ -22,6 +22,7 @@ from evq.worker.logs import configure, get_logger, register_secrets
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from evq.adapters.postgres.database import Migrated
     from evq.adapters.postgres.store import PostgresStore
     from evq.adapters.smtp.journal import ImapJournal
     from evq.adapters.smtp.witness import WitnessTags
@@ -139,7 +140,7 @@ def build_providers(
 ) -> dict[str, Provider]:
     """The providers EVQ_ADAPTER names; ``pepper``: the server's (PostgresKeys.server_pepper),
     required when :func:`needs_pepper`; ``wire_keys_from``: the first step id whose HTTP
-    idempotency key is keyed by it (PostgresKeys.wire_keys_from, migration 0027), required
+    idempotency key is keyed by it (PostgresKeys.wire_keys_from), required
     with the HTTP adapter."""
     providers: dict[str, Provider] = {}
     profiles = provider_profiles(settings)
@@ -539,8 +540,9 @@ def pending_revisions(url: str) -> list[str]:
     return pending(url)
 
 
-def migrate(url: str, *, runtime_role: str | None) -> tuple[str | None, str, list[str]]:
-    """`evq db upgrade`: (revision before, revision after, roles granted the runtime privileges)."""
+def migrate(url: str, *, runtime_role: str | None) -> Migrated:
+    """`evq db upgrade`: the revision before and after, the roles granted the runtime privileges,
+    and what the one-time upgrade of a 0.2.0 database copied."""
     from evq.adapters.postgres.database import migrate as upgrade
 
     return upgrade(url, runtime_role=runtime_role)

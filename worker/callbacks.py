@@ -1,6 +1,6 @@
 """Signed callbacks: each event of a key's feed POSTed as JSON to the key's callback URL.
 
-The delivery row is written with the event (the trigger of migration 0015), so a POST is
+The delivery row is written with the event (the trigger evidence_key_events), so a POST is
 owed durably before it is tried; :class:`CallbackSender`, a worker service, claims due
 rows, POSTs them and records the answer: a 2xx is delivered, anything else is tried again
 with backoff until ``max_attempts``. A worker that dies mid-POST leaves the row to be

@@ -170,9 +170,9 @@ RECONCILE_OPTIONS: tuple[Option, ...] = (
 
 # Content retention (worker/redactor.py).
 KEEP_CONTENT_DEFAULT = 30 * 86400.0
-# Evidence partitions (worker/partitions.py; migration 0022).
+# Evidence partitions (worker/partitions.py).
 EVIDENCE_PARTITION_STEPS_DEFAULT = 1_000_000
-EVIDENCE_PARTITION_STEPS_MOST = 1_000_000_000  # the database refuses more (migration 0025)
+EVIDENCE_PARTITION_STEPS_MOST = 1_000_000_000  # the database refuses more (evq_evidence_partitions_ahead)
 RETENTION_OPTIONS: tuple[Option, ...] = (
     Option(
         "keep_content",

@@ -6,8 +6,8 @@ HMAC-SHA256 under a server-side secret (the *pepper*, table ``api_key_pepper``) 
 compared in constant time. The secrets are 256 random bits, so a keyed fast hash
 guards a stolen table as well as a slow one, and a check costs microseconds: a flood
 of wrong keys costs the server next to nothing (scrypt, before, cost tens of
-milliseconds and 16 MiB each). Keys hashed with scrypt before that (migration
-0010_key_hmac) still work; their check runs in a worker thread, never on an event
+milliseconds and 16 MiB each). Keys hashed with scrypt before that (by evq
+0.1) still work; their check runs in a worker thread, never on an event
 loop, and the first success rehashes them. The key's *name* is the actor written
 into evidence; its *role* says what it may do.
 
@@ -76,7 +76,7 @@ _KEY = re.compile(r"^evq_([0-9a-f]{12})_([A-Za-z0-9_-]{32,128})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 
 HMAC_SCHEME = "hmac-sha256"
-# The scheme of keys made before migration 0010_key_hmac: about 16 MiB and tens of
+# The scheme of keys evq 0.1 made: about 16 MiB and tens of
 # milliseconds per check, which is why it never runs on an event loop.
 SCRYPT_SCHEME = "scrypt"
 _N, _R, _P, _DKLEN = 2**14, 8, 1, 32
@@ -149,7 +149,7 @@ def _mac(secret: str, pepper: bytes) -> str:
 
 
 def scrypt_hash(secret: str, salt: bytes | None = None) -> str:
-    """``scrypt$N$r$p$salt$hash``, as keys were stored before 0010_key_hmac (kept to check them)."""
+    """``scrypt$N$r$p$salt$hash``, as evq 0.1 stored keys (kept to check them)."""
     salt = salt if salt is not None else secrets.token_bytes(16)
     digest = hashlib.scrypt(secret.encode(), salt=salt, n=_N, r=_R, p=_P, dklen=_DKLEN)
     return f"{SCRYPT_SCHEME}${_N}${_R}${_P}${salt.hex()}${digest.hex()}"

@@ -1,6 +1,6 @@
 """The partition keeper: evidence partitions made ahead of the steps that will need them.
 
-Evidence is partitioned by its step's id (migration 0022), each partition a range of
+Evidence is partitioned by its step's id (migrations/baseline/partitions.sql), each partition a range of
 ``EVQ_EVIDENCE_PARTITION_STEPS`` ids. Once a minute every worker asks the store to keep
 four partitions beyond the newest step; the first to ask makes them, the others find
 nothing to do. Falling behind loses nothing: evidence no partition covers lands in the

@@ -8,7 +8,7 @@ and the rest untouched. Rows that are not terminal (in flight, retryable,
 unknown) are never touched, however old, and neither is a step a failure notice
 that must stay still points at (it goes later, in the same batch as its notice).
 The database enforces the same: the deletes happen inside ``evq_prune_batch``, a
-function owned by the tables' owner (migration 0009_runtime_role), and the
+function owned by the tables' owner (migrations/baseline/prune.sql), and the
 append-only trigger refuses any DELETE of evidence made elsewhere, and inside it
 refuses evidence of a step that is not terminal.
 
@@ -24,7 +24,7 @@ memory (known_recipients) is kept: forgetting it would hold mail to known recipi
 So is the key ledger (step_keys, invariant 12): each key's row gets its step's end in the batch
 that deletes the step, and a repeat of that key is answered from it, never sent again.
 
-Evidence is partitioned by its step's id (PostgreSQL, migration 0022). Before the batches,
+Evidence is partitioned by its step's id (PostgreSQL, migrations/baseline/partitions.sql). Before the batches,
 each partition whose steps all closed before the cutoff is sealed (it refuses new rows),
 checked again, and dropped whole, with a prune_log row naming it: seconds for millions of
 rows, where the batches would delete each row through the append-only trigger. Its steps

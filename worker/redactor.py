@@ -9,7 +9,7 @@ recipients, subject, Message-ID, key, ``payload_sha256`` and every evidence row,
 a ``content_redacted`` row of its own.
 
 Safety is the database's, not this loop's: the work happens inside
-``evq_redact_batch`` (migration 0013_content_retention), which takes only closed
+``evq_redact_batch`` (migrations/baseline/prune.sql), which takes only closed
 steps past the cutoff on the database's clock, each once (``content_redacted_at``),
 with SKIP LOCKED so every worker can run a redactor. Each batch is one statement, so
 a crash leaves whole batches done and the rest untouched, and the next pass goes on.

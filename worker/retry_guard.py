@@ -49,7 +49,7 @@ def retry_after_acceptance(step_id: int, evidence_id: int, status: str) -> State
 def retry_after_redaction(step_id: int, redacted_at: datetime) -> StateConflict:
     """A dead-letter requeue of a step whose body content retention removed: what would go
     out is no longer what the agent asked for, so it is refused (and the database's
-    trigger refuses it too, migration 0013)."""
+    trigger evq_content_guard refuses it too)."""
     return StateConflict(
         f"step {step_id}: its message content was removed by retention at {redacted_at.isoformat()} "
         "(EVQ_KEEP_CONTENT); it cannot be sent again",

@@ -34,7 +34,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.ACCEPTED: frozenset(),
     # The one way out of `rejected`: an operator's dead-letter requeue of a step refused only for
     # running out of attempts or retry time (worker/resolution.py REQUEUE_REASONS; the
-    # database's step guard, migration 0012, lets nothing else reopen a closed step).
+    # database's step guard, evq_step_guard, lets nothing else reopen a closed step).
     Status.REJECTED: frozenset({Status.RETRYABLE}),
 }
 

@@ -34,8 +34,8 @@ characters, within Resend's 256, the same on every attempt of a step. Keys are t
 choose, so sending one as it is let an agent take another step's key at the provider first (a
 literal ``sha256:<digest of the victim's key>``: the victim's send met "same key, different
 body" and was lost), and two installations sharing a provider account collided on every key
-both used; no caller can choose this one, and each installation's differs. Steps enqueued
-before migration 0027 keep the form they may already have been sent under
+both used; no caller can choose this one, and each installation's differs. Steps evq 0.2.0
+enqueued keep the form they may already have been sent under
 (:func:`legacy_wire_key`: the key itself when it is printable ASCII of at most 256 characters,
 else ``sha256:`` and its digest): a new key inside the provider's window would be a second send.
 
@@ -98,7 +98,7 @@ def tag_value(idempotency_key: str) -> str:
 
 
 def legacy_wire_key(idempotency_key: str) -> str:
-    """The ``Idempotency-Key`` of a step enqueued before migration 0027: the key itself, or its
+    """The ``Idempotency-Key`` of a step evq 0.2.0 enqueued: the key itself, or its
     digest. A caller can choose it, so it is only ever sent for those steps."""
     if len(idempotency_key) <= MAX_KEY and _PRINTABLE_ASCII.match(idempotency_key):
         return idempotency_key

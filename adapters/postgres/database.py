@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -85,47 +86,67 @@ def head_revision() -> str:
 
 
 def known_revision(url: str) -> str | None:
-    """The database's revision, refused (SchemaMismatch) when this evq has no such revision:
-    a newer evq migrated it, and neither this evq's code nor its migrations fit it."""
+    """The database's revision, refused (SchemaMismatch) when this evq cannot migrate it: a newer
+    evq migrated it (neither this evq's code nor its migrations fit it), or a development
+    version between 0.2.0 and 1.0 did (migrations/from_0_2.py upgrades only 0.2.0's revision)."""
     from alembic.script import ScriptDirectory
+
+    from evq.migrations import from_0_2
 
     current = current_revision(url)
     known = {r.revision for r in ScriptDirectory.from_config(alembic_config(url)).walk_revisions()}
-    if current is not None and current not in known:
-        raise SchemaMismatch(
-            f"the database is at revision {current}, which this evq does not know; this evq needs {head_revision()}",
-            hint=NEWER_HINT,
-            context={"current": current, "expected": head_revision()},
-        )
-    return current
+    if current is None or current in known or current == from_0_2.RELEASED:
+        return current
+    context = {"current": current, "expected": head_revision()}
+    if from_0_2.development(current):
+        refused = from_0_2.refusal(current)
+        raise SchemaMismatch(str(refused), hint=refused.hint, context=context)
+    raise SchemaMismatch(
+        f"the database is at revision {current}, which this evq does not know; this evq needs {head_revision()}",
+        hint=NEWER_HINT,
+        context=context,
+    )
 
 
 def pending_revisions(url: str) -> list[str]:
     """The revisions `upgrade` would apply, oldest first."""
     from alembic.script import ScriptDirectory
 
+    from evq.migrations import from_0_2
+
     script = ScriptDirectory.from_config(alembic_config(url))
     current = known_revision(url)
-    pending = [r.revision for r in script.iterate_revisions("heads", current)]
+    # A 0.2.0 database gets the whole chain, its rows copied into the baseline first.
+    since = None if current == from_0_2.RELEASED else current
+    pending = [r.revision for r in script.iterate_revisions("heads", since)]
     return list(reversed(pending))
 
 
 def upgrade(url: str, revision: str = "head", *, runtime_role: str | None = None) -> tuple[str | None, str]:
     """Migrate; return (revision before, revision after)."""
-    before, after, _ = migrate(url, revision, runtime_role=runtime_role)
-    return before, after
+    done = migrate(url, revision, runtime_role=runtime_role)
+    return done.before, done.after
 
 
-def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None) -> tuple[str | None, str, list[str]]:
+@dataclass(frozen=True)
+class Migrated:
+    before: str | None
+    after: str
+    granted: list[str]  # the roles granted the runtime privileges
+    from_0_2: dict[str, Any] | None = None  # what the one-time upgrade of a 0.2.0 database copied
+
+
+def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None) -> Migrated:
     """Migrate as the owner of evq's tables, then grant the runtime privileges again
-    (to every role granted them before, and to ``runtime_role``).
+    (to every role granted them before, and to ``runtime_role``). A 0.2.0 database is first
+    upgraded to the baseline by the one-time copy (migrations/from_0_2.py).
 
-    Return (revision before, revision after, runtime roles granted). A role that does
-    not own the schema is refused before anything runs (Forbidden); with nothing to
-    migrate and no role named, it only reads."""
+    A role that does not own the schema is refused before anything runs (Forbidden); with
+    nothing to migrate and no role named, it only reads."""
     from alembic import command
 
     from evq.adapters.postgres.roles import grant_runtime, migrator, refuse_unless_owner
+    from evq.migrations import from_0_2
 
     before = known_revision(url)
     with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
@@ -133,19 +154,40 @@ def migrate(url: str, revision: str = "head", *, runtime_role: str | None = None
     if not who["may_migrate"] and (runtime_role or pending_revisions(url)):
         refuse_unless_owner(who)
     if not who["may_migrate"]:
-        return before, before or "", []
+        return Migrated(before, before or "", [])
+    copied = None
     with translated(url):
+        if before == from_0_2.RELEASED:
+            copied = _upgrade_from_0_2(url)
         command.upgrade(alembic_config(url), revision)
     granted: list[str] = []
     with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
         if migrator(conn)["can_grant"]:
             granted = grant_runtime(conn, runtime_role)
         elif runtime_role:
-            raise SchemaMismatch(
-                f"revision {revision} has no runtime role grants (they start at 0009_runtime_role)",
-                hint="upgrade to head to use --runtime-role",
-            )
-    return before, current_revision(url) or "", granted
+            raise SchemaMismatch("the database has no evq schema to grant on", hint="upgrade to head first")
+    return Migrated(before, current_revision(url) or "", granted, copied)
+
+
+def _upgrade_from_0_2(url: str) -> dict[str, Any]:
+    """migrations/from_0_2.py on a connection of its own, in one transaction, creating the
+    baseline on that connection."""
+    from alembic import command
+    from sqlalchemy import create_engine, pool
+
+    from evq.migrations import from_0_2
+
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = connection
+            try:
+                return from_0_2.upgrade(connection, lambda: command.upgrade(cfg, from_0_2.BASELINE))
+            except from_0_2.Refused as exc:
+                raise SchemaMismatch(str(exc), hint=exc.hint) from None
+    finally:
+        engine.dispose()
 
 
 def current_revision(url: str) -> str | None:

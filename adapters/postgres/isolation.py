@@ -3,7 +3,7 @@ makes at start, and `evq admin health` reports.
 
 evq's statements are written for READ COMMITTED, each seeing what committed before it: a claim
 re-reads a row another worker just changed instead of failing, and retention's seal and drop
-(migration 0025) see a give-back committed while they waited for a partition. Under REPEATABLE
+(migrations/baseline/partitions.sql) see a give-back committed while they waited for a partition. Under REPEATABLE
 READ or SERIALIZABLE (``default_transaction_isolation`` set in postgresql.conf, on the database,
 on the role or in the connection's options) they would not; the database functions that depend
 on it refuse to run so, and this says so, with the remedy for where the setting came from,

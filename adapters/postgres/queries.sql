@@ -6,7 +6,7 @@
 
 
 -- name: step_enqueue
--- The key ledger, decision and step in one statement. The ledger first (step_keys, 0026): its
+-- The key ledger, decision and step in one statement. The ledger first (step_keys): its
 -- primary key is where every enqueue of a key meets every other and evq prune (invariant 12), so
 -- a key it holds, a step's or a pruned step's, never gets a step again. It is skipped when a step
 -- already holds the key or the run and step ids (as this statement's snapshot sees them: the
@@ -17,7 +17,7 @@
 -- The decision is written only if the step was, so a repeated enqueue leaves no orphan
 -- decision. Both ids are drawn from their sequences when the ledger's insert is tried (a repeat
 -- its snapshot answers draws none, a pruned key's both); the foreign key is checked at the end of
--- the statement. The sequences are named (the columns' defaults since 0001), not looked up:
+-- the statement. The sequences are named (the columns' defaults), not looked up:
 -- pg_get_serial_sequence() reads pg_depend on every call, and in the batch statement on every row.
 -- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
 -- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
@@ -71,7 +71,7 @@ SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id
 FROM step
 LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
--- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
+-- requested_sha256: the agent's own hash of a step an approver corrected, which a
 -- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
        s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, false
@@ -178,7 +178,7 @@ LEFT JOIN LATERAL (
 
 -- name: step_get_by_key
 -- The row holding the request's key, else its run and step ids; a key whose step evq prune
--- removed is answered from the key ledger (step_keys, 0026) as the step ended (`pruned`): the
+-- removed is answered from the key ledger (step_keys) as the step ended (`pruned`): the
 -- digest it was sent with (corrected_sha256, when an approver corrected it) and the agent's own.
 SELECT * FROM (
     SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
@@ -263,8 +263,7 @@ LIMIT %(limit)s;
 
 -- name: step_held_evidence
 -- The `held` evidence of a step written held: who enqueued it and why it waits. No to_status:
--- ck_evidence_to_status (0001's status list) does not name `held`, and the step was never in
--- another state (an enqueue's evidence has no transition).
+-- the step was never in another state (an enqueue's evidence has no transition).
 INSERT INTO evidence (step_id, run_id, kind, actor, reason, detail, created_at)
 VALUES (%(id)s, %(run_id)s, 'held', %(actor)s, 'approval_required', %(detail)s::jsonb,
         coalesce(%(now)s::timestamptz, now()));
@@ -300,7 +299,7 @@ WITH t AS (
       AND (%(probe)s::bool OR NOT EXISTS (
           SELECT 1 FROM provider_circuits c WHERE c.provider = s.provider AND c.state <> 'closed'))
     -- Higher priority first (a verification code is not queued behind a newsletter), then
-    -- oldest due: ix_email_steps_claimable's order (0018).
+    -- oldest due: ix_email_steps_claimable's order.
     ORDER BY s.priority DESC, s.next_attempt_at, s.id
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -852,7 +851,7 @@ SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s
            LIMIT 1) END AS refused
 FROM email_steps s
 JOIN decisions d ON d.id = s.decision_id
--- The key that enqueued the step: its default target when the request named none (0015).
+-- The key that enqueued the step: its default target when the request named none.
 LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
@@ -1007,7 +1006,7 @@ SELECT count(*)::int AS n FROM checked;
 -- One verified webhook event (worker/delivery.py), in one statement: stored unless the
 -- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
 -- the first and then writes nothing); matched to its step by key digest (the SHA-256 of the
--- key's bytes: exactly the expression of the hash index ix_email_steps_key_sha256, 0017), else
+-- key's bytes: exactly the expression of the hash index ix_email_steps_key_sha256), else
 -- by Message-ID; the step, if still unknown and the
 -- type proves the provider had it, closed accepted (reason webhook) exactly as
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
@@ -1378,7 +1377,7 @@ ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since
 -- branch per state, so each count reads that state's index (ix_email_steps_status_created_at,
 -- or the in-flight, unknown or held partial index) and stops at the cap.
 -- A search never reads all its hits here (step_list reads them for its page): the key-name
--- arm (`keyed`) is an index-only read (ix_decisions_actor, ix_email_steps_decision_id with its INCLUDE columns, 0021);
+-- arm (`keyed`) is an index-only read (ix_decisions_actor, ix_email_steps_decision_id with its INCLUDE columns);
 -- the other arms are read twice, as a BitmapAnd of the search's indexes with every state's
 -- index but accepted's (those states' hits only: each counted, however many), and as
 -- accepted's hits up to the cap (accepted is where nearly every step ends up: the one state
@@ -1579,7 +1578,7 @@ LEFT JOIN ev ON true;
 -- hashes) in one statement guarded by status = 'held' (FOR UPDATE: a second approver, or
 -- the expiry pass, waits and then finds it no longer held: E_CONFLICT). With a correction
 -- (%(payload)s, validated by the caller as at enqueue) the payload and its hash change and
--- requested_sha256 keeps the agent's own hash (the step guard allows exactly this, 0018);
+-- requested_sha256 keeps the agent's own hash (the step guard allows exactly this);
 -- the guard on %(from_sha256)s refuses a correction of a payload changed since it was read.
 -- It is due at once, or at send_at when that is later, and its retry budget (EVQ_RETRY_FOR)
 -- starts then, as an operator's requeue restarts it (step_resolve): the days it waited for a
@@ -1656,7 +1655,7 @@ LEFT JOIN ev ON true;
 -- A person's denial of a held send: held -> rejected, reason denied, closed, with its
 -- `denied` evidence, in one statement guarded by status = 'held'. The caller enqueues
 -- the notice to `notify` in the same transaction (notice_candidates); the key_events
--- trigger (0015) puts the rejection in the enqueuing key's feed.
+-- trigger puts the rejection in the enqueuing key's feed.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
@@ -1788,7 +1787,7 @@ FROM (SELECT 1 FROM email_steps s WHERE s.run_id = %(run_id)s LIMIT %(count_cap)
 -- (one enqueue_many gives every step one created_at). The page's step ids are picked first,
 -- so a skipped step's row is not read. Its decisions and evidence are read by the page's
 -- ids (decisions_get, evidence_for_steps): evidence keeps no index on run_id (every row would
--- pay for it; migration 0005).
+-- pay for it).
 SELECT s.*
 FROM (SELECT p.step_id
       FROM email_steps p
@@ -1872,7 +1871,7 @@ SELECT pepper FROM api_key_pepper WHERE id = 1;
 
 -- name: wire_keys_from
 -- The first step id whose HTTP idempotency key is keyed by a secret derived from the pepper
--- (0027, adapters/http/provider.py::WireKeys); the steps before keep the key they may
+-- (adapters/http/provider.py::WireKeys); the steps before keep the key they may
 -- already have been sent under.
 SELECT wire_keys_from FROM api_key_pepper WHERE id = 1;
 
@@ -1959,8 +1958,8 @@ SELECT now() - %(older_than)s::interval AS cutoff;
 
 
 -- name: steps_prune
--- One batch of retention, in the caller's transaction: evq_prune_batch (migration
--- 0009_runtime_role) runs as the tables' owner, so the runtime role, which may not
+-- One batch of retention, in the caller's transaction: evq_prune_batch
+-- (migrations/baseline/prune.sql) runs as the tables' owner, so the runtime role, which may not
 -- delete history itself, can prune through it. It deletes terminal steps created
 -- and closed before the cutoff with their evidence, decisions and failure notices,
 -- never a step a notice that must stay points at, and writes the prune_log row.
@@ -1969,7 +1968,7 @@ FROM evq_prune_batch(%(cutoff)s, %(limit)s, %(actor)s, %(run)s, %(batch)s);
 
 
 -- name: evidence_seal
--- Retention's first step for a whole evidence partition (migration 0022): the oldest one
+-- Retention's first step for a whole evidence partition (migrations/baseline/partitions.sql): the oldest one
 -- starting above %(after)s whose steps all look closed before the cutoff, sealed (a
 -- trigger refuses every new row) and committed. None when no partition is left to try.
 SELECT partition_name AS name, range_lo AS lo, range_hi AS hi
@@ -2003,8 +2002,8 @@ FROM evq_prune_count(%(cutoff)s);
 
 
 -- name: steps_redact
--- One batch of content retention (worker/redactor.py): evq_redact_batch (migration
--- 0013_content_retention) runs as the tables' owner, so the runtime role, which may
+-- One batch of content retention (worker/redactor.py): evq_redact_batch
+-- (migrations/baseline/prune.sql) runs as the tables' owner, so the runtime role, which may
 -- not change a payload itself, can redact through it. It replaces the text and html of
 -- closed steps closed more than `keep` ago (the database's clock) with their sizes
 -- and SHA-256, keeps everything else, and writes a content_redacted evidence row each.
@@ -2225,7 +2224,7 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'held') AS held,
        -- Refused enqueues ever recorded, by interface and field (enqueue_refusal_counts: a row per pair).
        (SELECT coalesce(jsonb_agg(jsonb_build_array(r.interface, r.field, r.total)), '[]'::jsonb)
         FROM enqueue_refusal_counts r) AS refusals,
-       -- Evidence partitions (0022) starting above the newest step id handed out: the keeper keeps
+       -- Evidence partitions starting above the newest step id handed out: the keeper keeps
        -- four. Read from the catalog by their names (evidence_steps_<lo>, as the keeper names
        -- them), so no partition is opened or locked however many there are.
        (SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -2255,7 +2254,7 @@ WHERE run_id NOT LIKE 'demo-%';
 -- name: schema_migrator
 -- Whether the role running `evq db upgrade` may migrate: it must own evq's tables (or
 -- be a member of their owner), or, on a database without them, may create in the
--- current schema. A runtime role may do neither (migration 0009_runtime_role).
+-- current schema. A runtime role may do neither (migrations/baseline/roles.sql).
 WITH t AS (
     SELECT (SELECT c.relowner FROM pg_class c WHERE c.oid = to_regclass('email_steps')) AS owner
 )
@@ -2282,7 +2281,7 @@ ORDER BY r.rolname;
 
 
 -- name: runtime_grant
--- The runtime role's privileges, exactly (evq_grant_runtime, migration 0009_runtime_role).
+-- The runtime role's privileges, exactly (evq_grant_runtime, migrations/baseline/roles.sql).
 SELECT evq_grant_runtime(%(role)s) AS granted;
 
 
@@ -2350,7 +2349,7 @@ RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.
 
 
 -- name: heartbeat_beat
--- A running worker says so (migration 0016_worker_heartbeats); rows of workers gone
+-- A running worker says so (table worker_heartbeats); rows of workers gone
 -- for a day without a goodbye (killed) go in the same statement, so the table stays
 -- the size of the fleet.
 WITH gone AS (
@@ -2474,8 +2473,8 @@ SELECT pg_try_advisory_xact_lock(hashtext('evq.send_rollups')) AS got;
 
 -- name: send_rollup
 -- Roll up every complete minute not rolled up yet: from the watermark (or 24 h back on the
--- first run) to the minute that ended at least 2 minutes ago (why 2 is enough: migration
--- 0020's docstring), per minute x provider x outcome ('attempt' for attempt_started). The
+-- first run) to the minute that ended at least 2 minutes ago (why 2 is enough:
+-- docs/design.md, "The operators' page"), per minute x provider x outcome ('attempt' for attempt_started). The
 -- watermark moves over empty minutes too, so they are never re-read; rollups older than
 -- %(keep_seconds)s are deleted and the watermark's since moves with them.
 WITH b AS (

@@ -2,7 +2,7 @@
 
 ``evq db upgrade`` runs as the role that owns evq's tables; workers, ``evq serve``
 and ``evq mcp`` connect as a runtime role granted exactly what they need by
-``evq_grant_runtime`` (migration 0009_runtime_role): no ownership, no DDL, no DELETE
+``evq_grant_runtime`` (migrations/baseline/roles.sql): no ownership, no DDL, no DELETE
 of steps and no UPDATE or DELETE of history outside ``evq_prune_batch``. Every
 upgrade grants again every role granted before, so a table a later revision adds
 reaches them; a migration run by a role that does not own the schema is refused

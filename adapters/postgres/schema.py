@@ -1,5 +1,8 @@
-"""The tables as SQLAlchemy Core metadata: the model that `alembic check` compares
-the migrations against, so the two cannot drift. Runtime SQL lives in queries.sql.
+"""The tables as SQLAlchemy Core metadata: the one source of evq's tables, constraints and
+indexes. The baseline revision runs them rendered (migrations/baseline/tables.sql, written by
+`python -m evq.migrations.render`); `alembic check` and tests/integration/test_migrations.py
+compare what the migrations build with this, so the two cannot drift. Runtime SQL lives in
+queries.sql.
 
 Invariants are CHECK constraints here, not code paths: a bug in any writer (or a
 hand-written UPDATE) cannot produce a closed row without closed_at, an in-flight
@@ -82,7 +85,7 @@ decisions = Table(
     Column("rationale", JSONB),
     Column("decided_at", TZ),
     Column("created_at", TZ, nullable=False, server_default=NOW),
-    # Who asked (0015): the API key's name and public id (never its secret), and the
+    # Who asked: the API key's name and public id (never its secret), and the
     # interface the enqueue came through. A Python API enqueue has no key id.
     Column("actor", Text),
     Column("actor_key_id", Text),
@@ -150,19 +153,19 @@ email_steps = Table(
     CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
     CheckConstraint("notice_of IS NULL OR notify IS NULL", name="notice_never_notifies"),
     CheckConstraint("reconcile_checks >= 0", name="reconcile_checks_nonnegative"),
-    # Attempts not charged to the message (0011): those that hit a provider-level fault
+    # Attempts not charged to the message: those that hit a provider-level fault
     # (worker/circuit.py), and those an operator's requeue forgave.
     Column("uncharged_attempts", Integer, nullable=False, server_default="0"),
-    # When the retry budget (EVQ_RETRY_FOR) started counting; NULL: at created_at (0011).
+    # When the retry budget (EVQ_RETRY_FOR) started counting; NULL: at created_at.
     Column("retry_from", TZ),
     CheckConstraint("uncharged_attempts >= 0 AND uncharged_attempts <= attempts", name="uncharged_within_attempts"),
-    # When content retention (EVQ_KEEP_CONTENT) removed the body; NULL: all there (0013).
+    # When content retention (EVQ_KEEP_CONTENT) removed the body; NULL: all there.
     # Set only by evq_redact_batch; a redacted step is closed and stays closed.
     Column("content_redacted_at", TZ),
     CheckConstraint(
         "content_redacted_at IS NULL OR status IN ('accepted', 'rejected')", name="redacted_only_when_closed"
     ),
-    # Approvals, scheduling and priority (0018; docs/design.md, "Approvals and budgets").
+    # Approvals, scheduling and priority (docs/design.md, "Approvals and budgets").
     Column("priority", SmallInteger, nullable=False, server_default="0"),  # high 1, normal 0, low -1
     Column("send_at", TZ),  # not before this time (next_attempt_at starts there)
     Column("held_since", TZ),  # set exactly while held
@@ -190,7 +193,7 @@ Index(
     email_steps.c.lease_expires_at,
     postgresql_where=text("status = 'in_flight'"),
 )
-# The approval queue (0018): held rows, oldest first.
+# The approval queue: held rows, oldest first.
 Index(
     "ix_email_steps_held",
     email_steps.c.held_since,
@@ -205,7 +208,7 @@ Index(
     postgresql_where=text("status = 'unknown'"),
 )
 # The foreign key's reverse lookup: prune deletes decisions, and each delete checks
-# that no step still points at it. Covering (0021): the search by key name reads a key's
+# that no step still points at it. Covering: the search by key name reads a key's
 # steps' ids, states and times from the index alone (step_list's `hits`).
 Index(
     "ix_email_steps_decision_id",
@@ -213,9 +216,9 @@ Index(
     postgresql_include=["status", "created_at", "unknown_since", "held_since", "id"],
 )
 # A failure notice's reverse lookup: prune asks whether a notice still points at a
-# step, and the notice_of foreign key asks the same for every step deleted (0009).
+# step, and the notice_of foreign key asks the same for every step deleted.
 Index("ix_email_steps_notice_of", email_steps.c.notice_of, postgresql_where=text("notice_of IS NOT NULL"))
-# Content retention's work list (0013): closed steps still holding their body, by close
+# Content retention's work list: closed steps still holding their body, by close
 # time; a redacted step leaves it, so a pass reads only what is due.
 Index(
     "ix_email_steps_content_due",
@@ -223,8 +226,8 @@ Index(
     email_steps.c.id,
     postgresql_where=text("status IN ('accepted', 'rejected') AND content_redacted_at IS NULL"),
 )
-# A webhook's event matched by the key digest it echoes (0017): the SHA-256 of the key's
-# bytes (UTF-8: the migration refuses another encoding), built-ins only, so the enqueue
+# A webhook's event matched by the key digest it echoes: the SHA-256 of the key's
+# bytes (UTF-8: the baseline refuses another encoding), built-ins only, so the enqueue
 # statement writes nothing more and the digest can never disagree with the key. Hash:
 # equality is all it is asked (queries.sql's delivery_record uses the same expression).
 Index(
@@ -237,10 +240,10 @@ Index(
     ),
     postgresql_using="hash",
 )
-# The search box (0019): every recipient address and its "@domain", through the immutable
-# SQL function the migration creates (queries.sql's step_list matches with the same expression).
+# The search box: every recipient address and its "@domain", through the immutable function
+# migrations/baseline/search.sql creates (queries.sql's step_list matches with the same expression).
 Index("ix_email_steps_recipient_keys", func.evq_recipient_keys(email_steps.c.payload), postgresql_using="gin")
-# The provider's message id leads to its step (0019); most rows have none until accepted.
+# The provider's message id leads to its step; most rows have none until accepted.
 Index(
     "ix_email_steps_provider_message_id",
     email_steps.c.provider_message_id,
@@ -248,7 +251,7 @@ Index(
 )
 # Counts by status (the collector), listings, and prune's range of terminal rows.
 # In-flight rows are left out: nothing reads them through it, and the claim then
-# rewrites a row without adding an entry here (migration 0005).
+# rewrites a row without adding an entry here.
 Index(
     "ix_email_steps_status_created_at",
     email_steps.c.status,
@@ -256,7 +259,7 @@ Index(
     postgresql_where=text("status <> 'in_flight'"),
 )
 
-# Partitioned by its step's id (0022): a step's whole history lies in one partition, so
+# Partitioned by its step's id: a step's whole history lies in one partition, so
 # retention drops partitions of closed steps rather than deleting row by row. The
 # partitions (evidence_steps_<lo>, and evidence_overflow for a range none covers yet) are
 # created by evq_evidence_partitions_ahead, not by this model (migrations/env.py leaves
@@ -292,7 +295,7 @@ evidence = Table(
         name="attempt_rows_carry_lease",
     ),
     # A run's evidence is read through its steps (evidence_for_steps), so run_id needs no
-    # index of its own: each evidence row costs one entry less (migration 0005).
+    # index of its own: each evidence row costs one entry less.
     postgresql_partition_by="RANGE (step_id)",
 )
 
@@ -329,10 +332,10 @@ api_keys = Table(
     # Bumped when the key's holder signs out of the ops page: sessions made under an
     # older generation are refused (ops/web/session.py).
     Column("session_generation", Integer, nullable=False, server_default=text("0")),
-    # The key's default notification target (0015): told of a failure of a step it
+    # The key's default notification target: told of a failure of a step it
     # enqueued when the request named no notify address.
     Column("notify_email", Text),
-    # ...and the URL evq POSTs a signed JSON event to (0015). The signing secret is derived
+    # ...and the URL evq POSTs a signed JSON event to. The signing secret is derived
     # from the pepper and this generation (worker/callbacks.py), never stored.
     Column("notify_url", Text),
     Column("callback_generation", Integer, nullable=False, server_default=text("0")),
@@ -340,14 +343,14 @@ api_keys = Table(
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
     CheckConstraint("key_id ~ '^[0-9a-f]{12}$'", name="key_id_format"),
-    # hmac-sha256: HMAC of the secret under api_key_pepper; scrypt: a key made before
-    # 0010_key_hmac, rehashed to HMAC at its first successful use.
+    # hmac-sha256: HMAC of the secret under api_key_pepper; scrypt: a key evq 0.1 made,
+    # rehashed to HMAC at its first successful use.
     CheckConstraint("secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'", name="secret_hash_scheme"),
     CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
 )
 
 # The server-side secret of API key hashes (worker/keys.py): one row, made by the
-# migration; the runtime role may only read it.
+# baseline (0.2.0's kept by its upgrade); the runtime role may only read it.
 api_key_pepper = Table(
     "api_key_pepper",
     metadata,
@@ -355,8 +358,8 @@ api_key_pepper = Table(
     Column("pepper", BYTEA, nullable=False),
     Column("created_at", TZ, nullable=False, server_default=NOW),
     # The first step id whose provider idempotency key is keyed by a secret derived from the
-    # pepper (0027, adapters/http/provider.py::WireKeys); steps below it keep the form they may
-    # already have been sent under.
+    # pepper (adapters/http/provider.py::WireKeys); steps below it (evq 0.2.0's) keep the form they
+    # may already have been sent under.
     Column("wire_keys_from", BigInteger, nullable=False),
     CheckConstraint("id = 1", name="one_row"),
     CheckConstraint("octet_length(pepper) >= 32", name="long_enough"),
@@ -374,19 +377,19 @@ prune_log = Table(
     Column("actor", Text, nullable=False),
     Column("cutoff", TZ, nullable=False),
     Column("steps", Integer, nullable=False),
-    Column("evidence", BigInteger, nullable=False),  # a dropped partition's rows can pass 2**31 (0022)
+    Column("evidence", BigInteger, nullable=False),  # a dropped partition's rows can pass 2**31
     Column("decisions", Integer, nullable=False),
     Column("first_step_id", BigInteger),
     Column("last_step_id", BigInteger),
-    # Set when the row logs a dropped evidence partition (0022): its name; first_step_id and
+    # Set when the row logs a dropped evidence partition: its name; first_step_id and
     # last_step_id are then its whole range, and the steps follow in later batches.
     Column("evidence_partition", Text),
     Column("created_at", TZ, nullable=False, server_default=NOW),
     UniqueConstraint("run", "batch"),
     CheckConstraint("steps >= 0 AND evidence >= 0 AND decisions >= 0", name="counts_nonnegative"),
 )
-# The overflow partition's guard (0022) asks, for each row it takes, whether a dropped
-# partition held that step id: only the dropped partitions' rows, out of a row per batch (0024).
+# The overflow partition's guard asks, for each row it takes, whether a dropped
+# partition held that step id: only the dropped partitions' rows, out of a row per batch.
 Index(
     "ix_prune_log_dropped_ranges",
     prune_log.c.first_step_id,
@@ -441,7 +444,7 @@ provider_circuits = Table(
     CheckConstraint("probes >= 0", name="probes_nonnegative"),
 )
 
-# Every change of a circuit: append-only like evidence (the same trigger, 0011).
+# Every change of a circuit: append-only like evidence (the same trigger).
 provider_circuit_events = Table(
     "provider_circuit_events",
     metadata,
@@ -504,7 +507,7 @@ enqueue_refusal_counts = Table(
     CheckConstraint("total >= 0", name="total_nonnegative"),
 )
 
-# What became of each key's sends (0015): every rejection, unknown and operator verdict
+# What became of each key's sends: every rejection, unknown and operator verdict
 # on a step the key enqueued, append-only, written by a trigger on evidence (so every
 # path that closes a step writes it). The id is the feed's cursor. key_id NULL: a step
 # enqueued without a key (the Python API). No foreign key: prune keeps the feed.
@@ -529,7 +532,7 @@ key_events = Table(
     Index(None, "key_id", "id"),
 )
 
-# The events owed to a key's callback URL (0015): written with the event by the same
+# The events owed to a key's callback URL: written with the event by the same
 # trigger, so a POST is durable before it is tried; retried with backoff until delivered
 # or given up (worker/callbacks.py). Queue state: nothing secret (the URL stays on the key).
 CALLBACK_STATUSES = ("pending", "delivered", "failed")
@@ -560,7 +563,7 @@ Index(
     postgresql_where=text("status = 'pending'"),
 )
 
-# One row per running worker (0016): upserted every few seconds, deleted when it stops;
+# One row per running worker: upserted every few seconds, deleted when it stops;
 # what `evq admin health` reads to say whether workers run.
 worker_heartbeats = Table(
     "worker_heartbeats",
@@ -571,7 +574,7 @@ worker_heartbeats = Table(
     Column("seen_at", TZ, nullable=False, server_default=NOW),
 )
 
-# What providers' webhooks say became of each message (0017; worker/delivery.py):
+# What providers' webhooks say became of each message (worker/delivery.py):
 # append-only, deduplicated by the provider's event id, matched to a step by key digest
 # or Message-ID (step_id NULL: matched none, kept for an operator). No foreign key:
 # pruning a step keeps what its provider said, as key_events does.
@@ -599,7 +602,7 @@ delivery_events = Table(
 # The operators' list of events that matched no step, newest first.
 Index("ix_delivery_events_unmatched", delivery_events.c.id, postgresql_where=text("step_id IS NULL"))
 
-# Blast-radius budgets (0018; worker/approval.py): one counter per (budget, scope, window),
+# Blast-radius budgets (worker/approval.py): one counter per (budget, scope, window),
 # incremented under the row's lock in the enqueue's own transaction, so concurrent enqueues
 # cannot together pass a cap. ``scope`` is the run, key or recipient domain the cap is about;
 # ``window_start`` the fixed hour or day it counts (a run's budget has one window).
@@ -614,7 +617,7 @@ send_budgets = Table(
     CheckConstraint("used >= 0", name="used_nonnegative"),
 )
 
-# The first-contact rule's memory (0018): who each sender was allowed to mail, an address or
+# The first-contact rule's memory: who each sender was allowed to mail, an address or
 # ``@domain``; written when a send to them was enqueued without a hold or approved.
 known_recipients = Table(
     "known_recipients",
@@ -625,10 +628,10 @@ known_recipients = Table(
     Column("created_at", TZ, nullable=False, server_default=NOW),
 )
 
-# The enqueuing API key's name, for the search box (0019); with the id (0021), so the search
+# The enqueuing API key's name, for the search box; with the id, so the search
 # by key name reads its decisions' ids from the index alone.
 Index("ix_decisions_actor", decisions.c.actor, decisions.c.id, postgresql_where=text("actor IS NOT NULL"))
-# The charts' read of recent evidence by time (0019): append-only rows in time order, so BRIN.
+# The charts' read of recent evidence by time: append-only rows in time order, so BRIN.
 Index(
     "ix_evidence_created_at_brin",
     evidence.c.created_at,
@@ -636,7 +639,7 @@ Index(
     postgresql_with={"autosummarize": "on"},
 )
 
-# The queue's figures once a minute (0019): what the ops page's charts draw "better or worse?"
+# The queue's figures once a minute: what the ops page's charts draw "better or worse?"
 # from, one row per minute (the first writer's), deleted after the kept window.
 queue_samples = Table(
     "queue_samples",
@@ -654,7 +657,7 @@ queue_samples = Table(
     CheckConstraint("at = date_trunc('minute', at)", name="at_minute"),
 )
 
-# The sends the charts count, per minute x provider x outcome (0020): written by the sampler
+# The sends the charts count, per minute x provider x outcome: written by the sampler
 # for complete minutes only, so a chart reads minutes instead of every evidence row.
 send_rollups = Table(
     "send_rollups",
@@ -666,7 +669,7 @@ send_rollups = Table(
     CheckConstraint("minute = date_trunc('minute', minute)", name="minute"),
 )
 
-# Which minutes send_rollups holds (0020): every minute in [since, upto), empty ones too.
+# Which minutes send_rollups holds: every minute in [since, upto), empty ones too.
 send_rollup_watermark = Table(
     "send_rollup_watermark",
     metadata,
@@ -676,7 +679,7 @@ send_rollup_watermark = Table(
     CheckConstraint("id", name="one_row"),
 )
 
-# The key ledger (0026, invariant 12): what answers a repeat of every idempotency key ever
+# The key ledger (invariant 12): what answers a repeat of every idempotency key ever
 # used, written with the step by the enqueue statement (insert-once; the runtime role may
 # insert only the columns an enqueue writes) and never deleted. evq_prune_batch writes the
 # step's end (status, reason, closed_at, pruned_at) in the transaction that deletes it, so a

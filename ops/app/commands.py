@@ -637,7 +637,9 @@ _TABLE: tuple[Command, ...] = (
         "not an API key (it runs before any key can exist), and must connect as the role "
         "that owns evq's tables: a role that does not is refused (E_AUTH_FAILED) before "
         "anything runs. Roles that were granted the runtime privileges get them again, "
-        "so a table a new revision adds reaches them.",
+        "so a table a new revision adds reaches them. A database evq 0.2.0 made is copied once "
+        "into this schema, in one transaction (stop its workers first); one a development "
+        "version between 0.2.0 and 1.0 made is refused unchanged (E_SCHEMA_MISMATCH).",
         Effect.WRITE,
         (
             Param(

@@ -642,7 +642,7 @@ BODY_PARTS = ("text", "html")
 
 
 def _digest(value: str | None) -> dict[str, Any] | None:
-    # As evq_redact_batch computes it (migration 0013): the UTF-8 bytes' length and SHA-256.
+    # As evq_redact_batch computes it (migrations/baseline/prune.sql): the UTF-8 bytes' length and SHA-256.
     if value is None:
         return None
     raw = value.encode()

@@ -6,7 +6,7 @@ with ``retention_rows`` evidence rows, 3 a step: steps accepted (a few rejected)
 100-200 days ago, a few unknown ones in one old partition (kept: not closed), and the newest 1%
 closed a day ago (kept: after the cutoff). Before the fill the step sequence is set past the
 steps to come and ``evq_evidence_partitions_ahead`` makes partitions of ``steps / PARTS`` ids
-(migration 0022's function, never DDL of ours), so the fill spans about PARTS partitions.
+(the baseline's function, never DDL of ours), so the fill spans about PARTS partitions.
 
 Then, alternately with a fresh database holding only the migration's partitions: the drain of
 ``--steps`` pending steps by one `evq worker` process through the null adapter (as the drain

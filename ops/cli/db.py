@@ -24,22 +24,35 @@ def db_upgrade(out: Output, runtime_role: str | None, dry_run: bool, database_ur
             ),
         )
         return
-    before, after, granted = wiring.migrate(url, runtime_role=runtime_role)
+    done = wiring.migrate(url, runtime_role=runtime_role)
     data = {
         "dry_run": False,
-        "revision_before": before,
-        "revision": after,
-        "changed": before != after,
-        "runtime_roles": granted,
+        "revision_before": done.before,
+        "revision": done.after,
+        "changed": done.before != done.after,
+        "runtime_roles": done.granted,
     }
-    out.success(
-        data,
-        human=lambda d: (
-            f"database at revision {d['revision']}"
-            + (f" (migrated from {d['revision_before'] or 'empty'})" if d["changed"] else " (already current)")
-            + (f"; runtime privileges granted to {', '.join(d['runtime_roles'])}" if d["runtime_roles"] else "")
-        ),
+    if done.from_0_2 is not None:
+        data["from_0_2"] = done.from_0_2
+    out.success(data, human=_upgraded)
+
+
+def _upgraded(d: dict) -> str:
+    line = f"database at revision {d['revision']}" + (
+        f" (migrated from {d['revision_before'] or 'empty'})" if d["changed"] else " (already current)"
     )
+    if d["runtime_roles"]:
+        line += f"; runtime privileges granted to {', '.join(d['runtime_roles'])}"
+    if "from_0_2" in d:
+        copied = d["from_0_2"]["copied"]
+        line += "\nupgraded from evq 0.2.0, once: " + ", ".join(f"{n} {table}" for table, n in copied.items())
+        lost = d["from_0_2"]["pruned_steps_without_keys"]
+        if lost:
+            line += (
+                f"\n{lost} steps pruned under 0.2 left no key behind (0.2 kept no key ledger): "
+                "a retry of one of their keys is a new send"
+            )
+    return line
 
 
 @from_table("admin.db-version", admin)

@@ -371,15 +371,14 @@ def test_steps_list_filters_by_provider_age_and_recipient_domain(db_url):
     assert page["meta"] == {**page["meta"], "count": 1, "total": 3, "limit": 1, "offset": 1}
 
 
-def test_worker_refuses_a_database_one_revision_behind(db_url):
-    from alembic import command
+def test_worker_refuses_a_database_behind_this_evq(empty_db_url):
+    """A database 0.2.0 made (revision 0012_step_guard): refused until `evq db upgrade`."""
+    from evq.adapters.postgres.database import head_revision
+    from tests.v0_2 import REVISION, database_0_2
 
-    from evq.adapters.postgres.database import alembic_config, current_revision, head_revision
-
-    command.downgrade(alembic_config(db_url), "-1")
-    behind = current_revision(db_url)
-    assert behind is not None and behind != head_revision()
-    evq = Evq(db_url)
+    database_0_2(empty_db_url)
+    behind = REVISION
+    evq = Evq(empty_db_url)
     out = evq.json("worker", "run", "--drain", "--adapter", "null", expect=5)
     assert out["error"]["code"] == "E_SCHEMA_MISMATCH" and "evq db upgrade" in out["error"]["hint"]
     assert out["error"]["context"] == {"current": behind, "expected": head_revision()}

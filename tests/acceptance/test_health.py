@@ -13,7 +13,6 @@ import psycopg
 import pytest
 from mcp import Client
 
-from evq.adapters.postgres.database import upgrade
 from evq.adapters.postgres.health import PostgresHealth
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.mcp.server import build_server
@@ -22,6 +21,7 @@ from tests import contract
 from tests.acceptance.conftest import Evq, make_key
 from tests.faults.cluster import ThrowawayCluster
 from tests.support import rows, valid, wait_until, with_store
+from tests.v0_2 import database_0_2
 from tests.web.support import checked, serving
 
 NAMES = ["database", "schema", "workers", "collector", "providers"]
@@ -88,7 +88,7 @@ def test_no_worker_seen(evq: Evq):
 
 
 def test_the_schema_behind_exits_5(empty_db_url):
-    upgrade(empty_db_url, "0012_step_guard")
+    database_0_2(empty_db_url)  # 0.2.0's schema, revision 0012_step_guard
     out = Evq(empty_db_url).json("admin", "health", expect=5)
     assert checks(out) == {"database": True, "schema": False, "workers": False, "collector": False, "providers": False}
     assert (

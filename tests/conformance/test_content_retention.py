@@ -1,4 +1,4 @@
-"""Content retention (evq_redact_batch, migration 0013) against both stores: closed steps past
+"""Content retention (evq_redact_batch) against both stores: closed steps past
 the cutoff lose their text and html, keep everything that proves the send, once each;
 open steps and recent ones are never touched, and a redacted step is never sent again."""
 

@@ -1,4 +1,4 @@
-"""Refused enqueues (worker/refusals.py, migration 0014) against both stores: recorded as
+"""Refused enqueues (worker/refusals.py) against both stores: recorded as
 described, listed newest first with filters and paging, pruned by the cutoff a batch at a time."""
 
 from __future__ import annotations

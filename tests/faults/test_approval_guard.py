@@ -1,4 +1,4 @@
-"""The step guard's approval exception, for real (migration 0018): the runtime role may
+"""The step guard's approval exception, for real (evq_step_guard): the runtime role may
 change a step's payload only as a held step is approved with the agent's hash kept in
 requested_sha256, never put a step back to held, and the store's own approve (with a
 correction) passes the guard as the runtime role."""

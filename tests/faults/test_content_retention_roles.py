@@ -1,4 +1,4 @@
-"""Content retention under the runtime role (migration 0013): the worker's redactor works through
+"""Content retention under the runtime role: the worker's redactor works through
 evq_redact_batch, which redacts closed steps past the cutoff and nothing else; the role itself
 cannot change a payload, mark a step redacted, unmark one, or reopen a redacted step."""
 

@@ -39,14 +39,14 @@ def test_db_upgrade_refuses_a_role_that_does_not_own_the_schema(roles):
     migrated(r)
     # Nothing pending: the runtime role may check, and changes nothing...
     assert upgrade(r.app_url)["data"]["changed"] is False
-    # ...but granting, or migrating a schema behind head, is the owner's.
+    # ...but granting, or migrating a schema behind head (here 0.2.0's), is the owner's.
     error = upgrade(r.app_url, "--runtime-role", r.app, expect=4)["error"]
     assert r.owner in error["message"] and "does not own" in error["message"], error
     with psycopg.connect(r.owner_url) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '0005_lean_indexes'")
+        conn.execute("UPDATE alembic_version SET version_num = '0012_step_guard'")
     error = upgrade(r.app_url, expect=4)["error"]
     assert "does not own" in error["message"], error
-    assert rows(r.admin_url, "SELECT version_num FROM alembic_version") == [{"version_num": "0005_lean_indexes"}]
+    assert rows(r.admin_url, "SELECT version_num FROM alembic_version") == [{"version_num": "0012_step_guard"}]
     # A role that could act as the owner is refused as the runtime role.
     with psycopg.connect(r.owner_url) as conn:
         conn.execute("UPDATE alembic_version SET version_num = %s", (head_revision(),))
@@ -76,20 +76,20 @@ BYPASSES = [
     ["DELETE FROM evidence"],
     ["DELETE FROM decisions"],
     ["DELETE FROM prune_log"],
-    # A provider circuit's history (0011): appended with each change, never rewritten.
+    # A provider circuit's history: appended with each change, never rewritten.
     ["UPDATE provider_circuit_events SET reason = 'rewritten'"],
     ["DELETE FROM provider_circuit_events"],
     ["TRUNCATE provider_circuit_events"],
-    # Refused enqueues (0014): what an agent tried stays as recorded; the counter never goes down.
+    # Refused enqueues: what an agent tried stays as recorded; the counter never goes down.
     ["UPDATE enqueue_refusals SET key_name = 'someone else'"],
     ["DELETE FROM enqueue_refusal_counts"],
     ["TRUNCATE enqueue_refusals"],
-    # Each key's event feed (0015): appended by the evidence trigger, never rewritten.
+    # Each key's event feed: appended by the evidence trigger, never rewritten.
     ["UPDATE key_events SET reason = 'rewritten'"],
     ["DELETE FROM key_events"],
     ["TRUNCATE key_events CASCADE"],
     ["ALTER TABLE evidence DISABLE TRIGGER evidence_key_events"],
-    # Evidence partitions (0022): the runtime role reads and writes them only through
+    # Evidence partitions: the runtime role reads and writes them only through
     # evidence, and removes one only through evq_evidence_drop's checks.
     ["SELECT count(*) FROM evidence_steps_0"],
     ["INSERT INTO evidence_overflow (step_id, run_id, kind, actor) SELECT id, run_id, 'held', 'x' FROM email_steps"],
@@ -102,7 +102,7 @@ BYPASSES = [
     ["DROP TRIGGER evidence_no_truncate ON evidence_steps_0"],
     ["CREATE TABLE evidence_forged PARTITION OF evidence FOR VALUES FROM (900000000) TO (900000010)"],
     ["DELETE FROM email_steps"],
-    # The key ledger (0026): insert-once by an enqueue, its end written only by evq_prune_batch,
+    # The key ledger: insert-once by an enqueue, its end written only by evq_prune_batch,
     # never deleted; the runtime role may insert no end of its own.
     ["UPDATE step_keys SET status = 'rejected', closed_at = now(), pruned_at = now()"],
     ["UPDATE step_keys SET message_id = '<forged@example.com>'"],
@@ -186,7 +186,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
             went_through.append(statements)
     assert went_through == [], went_through
     # The runtime role updates steps (every transition is an UPDATE), but cannot rewrite what a
-    # step is, nor reopen a closed one so that it is sent again (migration 0012's trigger).
+    # step is, nor reopen a closed one so that it is sent again (evq_step_guard).
     reopened = []
     for sql in STEP_REWRITES:
         with psycopg.connect(r.app_url) as conn:
@@ -212,7 +212,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
     # It pruned the real table (the resolved step, closed before now()), not the empty temporary one.
     assert counts[0] == 1, counts
     assert history_state(r.admin_url) == before
-    # A provider circuit (0011): its state is the runtime's to change, its history only to append.
+    # A provider circuit: its state is the runtime's to change, its history only to append.
     [granted] = rows(
         r.admin_url,
         """
@@ -224,7 +224,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         {"app": r.app},
     )
     assert granted == {"circuit_update": True, "events_insert": True, "events_update": False, "events_delete": False}
-    # Refused enqueues (0014): recorded and pruned, never rewritten; their counter only grows.
+    # Refused enqueues: recorded and pruned, never rewritten; their counter only grows.
     [refusals] = rows(
         r.admin_url,
         """
@@ -237,7 +237,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         {"app": r.app},
     )
     assert refusals == {"insert": True, "prune": True, "rewrite": False, "count": True, "uncount": False}
-    # The key ledger (0026): an enqueue's columns only, and the prune (the owner's function) wrote
+    # The key ledger: an enqueue's columns only, and the prune (the owner's function) wrote
     # the end of each step it removed as the runtime role ran it.
     [ledger] = rows(
         r.admin_url,
@@ -267,7 +267,7 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
     )["data"]
     assert (again["created"], again["pruned"], again["status"]) == (False, True, "accepted")
     assert rows(r.admin_url, "SELECT count(*) AS n FROM email_steps WHERE step_id = 'ok-0'") == [{"n": 0}]
-    # UPDATE is granted for the increment; a count that goes down is refused by 0013's trigger.
+    # UPDATE is granted for the increment; a count that goes down is refused by its trigger.
     with psycopg.connect(r.app_url) as conn:
         conn.execute(
             "INSERT INTO enqueue_refusal_counts (interface, field, total) VALUES ('cli', 'to', 3) ON CONFLICT DO NOTHING"

@@ -1,4 +1,4 @@
-"""The step guards' WHEN conditions (migration 0024), for real as the runtime role: a claim and
+"""The step guards' WHEN conditions (migrations/baseline/guards.sql), for real as the runtime role: a claim and
 a recorded answer update their steps without calling either guard function (the saving), and
 every kind of update a guard refuses still calls it and is refused (the guarantee)."""
 
@@ -22,7 +22,7 @@ from tests.support import execute, rows, valid
 
 GUARDS = ("evq_step_guard", "evq_content_guard")
 
-# One per refusal the two functions make (0012, 0013, 0018), each an update the WHEN
+# One per refusal the two functions make, each an update the WHEN
 # conditions must hand to the function.
 REFUSED = (
     "UPDATE email_steps SET message_id = '<forged@example.com>' WHERE id = {accepted}",
@@ -185,9 +185,9 @@ def test_every_refusal_of_either_guard_still_reaches_it(roles):
 
 
 def test_a_temporary_key_events_does_not_swallow_the_sessions_events(roles):
-    """evq_key_event (0015) wrote to an unqualified ``key_events``: a runtime-role session with a
+    """evq_key_event once wrote to an unqualified ``key_events``: a runtime-role session with a
     temporary table of that name would have had its rejections recorded there, out of every
-    agent's sight (``evq events list``, callbacks). With 0024's search path the real table gets it."""
+    agent's sight (``evq events list``, callbacks). With its own search path the real table gets it."""
     r = roles
     migrated(r)
 

@@ -1,4 +1,4 @@
-"""Evidence partitioned by its step's id (migration 0022) against a real database: retention
+"""Evidence partitioned by its step's id (migrations/baseline/partitions.sql) against a real database: retention
 drops a partition whole only when every step of its range closed before the cutoff, a
 sealed partition refuses new history, the overflow keeps what no partition covers, and
 nothing open, recent or unknown loses a row.
@@ -282,7 +282,7 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
     role calling evq_evidence_unseal), a step reopened there loses its history. Here a
     session holding the partition pauses the drop before its checks; meanwhile the seal goes
     and a step of the range is requeued with its evidence. The drop says "not dropped"
-    (0022's failed on removing the seal that was gone)."""
+    (an earlier version failed on removing the seal that was gone)."""
     first, part = await _first_sealed(store, db_url, Rejected("550 no"))
 
     def reopen(holder: psycopg.Connection) -> None:
@@ -307,7 +307,7 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
 async def test_history_added_after_a_give_back_the_drop_waited_through_is_kept(store, db_url):
     """The same wait, but no step reopens: the seal goes and a closed step gets one more row
     of history (a late delivery event). Every step is still closed before the cutoff, so only
-    the seal, read after the drop holds the partition, tells the drop to leave it (0022's read
+    the seal, read after the drop holds the partition, tells the drop to leave it (an earlier version read
     it before waiting, saw it sealed, and dropped the partition with that row)."""
     first, part = await _first_sealed(store, db_url, Accepted("pm"))
 
@@ -345,7 +345,7 @@ async def test_two_drops_of_one_partition_drop_it_once_and_the_second_says_not_d
 
 async def test_a_drop_after_another_run_dropped_the_partition_says_not_dropped(store, db_url):
     """A run that read the partition's name before another run dropped it: "not dropped",
-    not an error that stops evq prune (0025's first version checked the name against the
+    not an error that stops evq prune (an earlier version checked the name against the
     catalog before its lock, and raised 'not an evidence partition')."""
     _, part = await _first_sealed(store, db_url, Accepted("pm"))
     assert rows(db_url, DROP, (part,))[0]["dropped"] is True
@@ -394,7 +394,7 @@ async def test_a_late_row_whose_writer_committed_while_the_seal_waited_is_kept(s
     partition's writers. A late delivery event still uncommitted at the look is not seen, and
     is sealed in when its writer commits. The drop counts the partition under its lock with
     its newest row's time, finds that row and gives the partition back, as the seal's own rule
-    says (0025's first version dropped the partition, that row with it). Its steps then go by
+    says (an earlier version dropped the partition, that row with it). Its steps then go by
     the batches, each by the steps' rule."""
     small_partitions(db_url)
     first = await fill(store, db_url, Accepted("pm"), at=OLD, count=9)

@@ -247,7 +247,7 @@ async def test_the_wire_key_is_keyed_by_the_installation_and_no_caller_can_choos
 
 
 def test_a_step_enqueued_before_the_keyed_form_keeps_the_key_it_may_have_been_sent_under() -> None:
-    """Steps below ``keyed_from`` (api_key_pepper.wire_keys_from, migration 0027) keep the old
+    """Steps below ``keyed_from`` (api_key_pepper.wire_keys_from: evq 0.2.0's steps) keep the old
     form on every attempt: a new key inside the provider's window would be a second send."""
     keys = WireKeys.from_pepper(b"p" * 32, keyed_from=8)
     long_key = "k" * 300

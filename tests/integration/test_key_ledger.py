@@ -32,8 +32,8 @@ def steps(db_url: str) -> list[dict]:
 
 
 def a_step_as_an_older_evq_wrote_it(db_url: str, req: dict) -> int:
-    """An accepted step with no ledger row: enqueued by a process still running the code before
-    migration 0026 (the statement wrote the step and its decision only)."""
+    """An accepted step with no ledger row: enqueued by a process running code that predates the
+    ledger (the statement wrote the step and its decision only)."""
     v = valid(**req)
     with psycopg.connect(db_url) as conn:
         [step_id] = conn.execute(
@@ -62,8 +62,8 @@ async def test_an_enqueue_racing_the_prune_of_its_key_makes_no_second_step(store
     """Two connections: evq prune deletes the step and records its end in the ledger, and its
     transaction is held open right there; meanwhile the agent's retry of the same request
     enqueues. Whatever the retry sees (the step, or the prune waited for), no second step is
-    made, once the prune commits or ever after. A step with no ledger row yet (written before
-    0026) is recorded by the prune's upsert on the same key."""
+    made, once the prune commits or ever after. A step with no ledger row yet (written by code that
+    predates the ledger) is recorded by the prune's upsert on the same key."""
     req = request(run_id="race", step_id="welcome")
     if written_by == "this evq":
         first = await accepted_step(store, req, now=OLD)

@@ -374,7 +374,7 @@ def test_a_page_of_a_big_run_reads_only_that_pages_steps_and_their_history(db_ur
     """runs show on a run of 20,000 steps (issue 29: the whole run was read and sent, 10 MB for
     5,000 steps): the page's steps are picked from the run's unique (run_id, step_id) index, only
     the page's rows are read from the table, their decisions and evidence by the page's ids
-    (evidence through its primary key (step_id, id): it has no run_id index, migration 0005), and
+    (evidence through its primary key (step_id, id): it has no run_id index), and
     the total is counted from the index up to its cap. Never a table scan."""
     from evq.adapters.postgres.queries import Q
     from evq.worker.ports import COUNT_CAP

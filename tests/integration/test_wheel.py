@@ -34,11 +34,15 @@ NOT_SOURCE = shutil.ignore_patterns(
 )
 
 # Runtime data each command reads from inside the package: the store's SQL, the migration
-# template, the output schemas `evq schema` prints, the page's templates and stylesheet, py.typed.
+# template, the baseline's SQL and the 0.2 upgrade's copy, the output schemas `evq schema`
+# prints, the page's templates and stylesheet, py.typed.
 PACKAGE_DATA = [
     "evq/py.typed",
     "evq/adapters/postgres/queries.sql",
     "evq/migrations/script.py.mako",
+    "evq/migrations/baseline/tables.sql",
+    "evq/migrations/baseline/roles.sql",
+    "evq/migrations/from_0_2.sql",
     "evq/ops/app/cli-schema/_common.schema.json",
     "evq/ops/app/cli-schema/admin-demo.schema.json",
     "evq/ops/app/cli-schema/error-codes.md",
@@ -89,7 +93,7 @@ def test_the_wheel_holds_evq_only_with_its_data(wheel: Path):
     assert {n.split("/")[0] for n in names} == {"evq", f"evq-{__version__}.dist-info"}
     missing = [n for n in PACKAGE_DATA if n not in names]
     assert missing == []
-    assert any(n.startswith("evq/migrations/versions/0001") and n.endswith(".py") for n in names)
+    assert "evq/migrations/versions/1000_baseline.py" in names
     assert len([n for n in names if n.startswith("evq/ops/app/cli-schema/") and n.endswith(".schema.json")]) > 10
     assert [n for n in names if "/tests/" in n or n.split("/")[-1].startswith("test_")] == []
     assert f"evq-{__version__}.dist-info/licenses/LICENSE" in names

@@ -9,8 +9,8 @@ Resend does: the same key with another body is 409 and the second send is lost.
 - Two installations (two databases, each migrated on its own, so each has its own pepper) share
   one provider account and send the same key: both are delivered, and one's lookup does not
   take the other's message for its own.
-- A step sent before migration 0027 whose answer was lost is retried after it under the key it
-  was sent with, so the provider replays it: one message, not two.
+- A step evq 0.2.0 sent whose answer was lost is retried after the upgrade to 1.0 under the key
+  it was sent with, so the provider replays it: one message, not two.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from alembic import command
-from alembic.script import ScriptDirectory
 
 from evq.adapters.http import HttpProvider, WireKeys, legacy_wire_key
-from evq.adapters.postgres.database import alembic_config, upgrade
+from evq.adapters.postgres.database import upgrade
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.dev.http import DevHttpServer
-from evq.ops.settings import Settings
-from evq.worker.runner import Worker
+from evq.worker.ports import SendRequest
+from tests import v0_2
 from tests.database_roles import migrated
 from tests.integration.test_rate_limit import API_KEY, finish, workers
 from tests.support import WIRE_KEYS, rows, step_row, valid
@@ -116,62 +114,51 @@ async def _lookup(api: DevHttpServer, key: str, message_id: str):  # type: ignor
         await provider.close()
 
 
-# The worker of the release before 0027, as far as the wire is concerned: every key in its old form.
+# The worker of evq 0.2.0, as far as the wire is concerned: every key in its old form.
 BEFORE = WireKeys.from_pepper(b"x" * 32, keyed_from=2**62)
-FIRST_ATTEMPT = Settings(
-    adapter=("http",),
-    http_api_key=API_KEY,
-    http_timeout=1,
-    concurrency=1,
-    batch_size=1,
-    lease_seconds=30,
-    poll_interval=0.05,
-    retry_base=3600,  # the retry is not due until after the upgrade
-    retry_max=3600,
-    rescue_interval=5,
-    shutdown_grace=5,
-    reconcile_checks=0,
-)
 
 
 def test_a_step_sent_before_the_upgrade_is_retried_under_the_key_it_was_sent_with(empty_db_url, api):
+    """A 0.2.0 database with a step whose first attempt reached the provider under the key in
+    its old form and whose answer was lost: after the upgrade its retry goes under that key, so
+    the provider replays its answer; a step enqueued after the upgrade takes the keyed form."""
     url = empty_db_url
-    script = ScriptDirectory.from_config(alembic_config(url))
-    before = script.get_revision("0027_wire_keys").down_revision
-    assert isinstance(before, str)
-    command.upgrade(alembic_config(url), before)
-    old = enqueue(url, step_id="report", to=["ann@example.com"])
+    v0_2.database_0_2(url)
+    with psycopg.connect(url) as conn:
+        old = v0_2.step(conn, 7, "report", "retryable", provider="http", reason="ambiguous_deduped", maybe_delivered=True,
+                   attempts=1, first_attempt_at=v0_2.EARLIER, dedupe_until="now() + interval '1 hour'",
+                   next_attempt_at="now() + interval '1 hour'")  # fmt: skip
+        conn.execute("SELECT setval('email_steps_id_seq', 7)")
+        [(payload,)] = conn.execute("SELECT payload FROM email_steps WHERE id = 7").fetchall()
 
-    async def first_attempt() -> None:
-        store = await PostgresStore.open(url, max_size=2)
+    async def first_attempt() -> None:  # what 0.2.0's worker sent
         provider = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=3600, wire_keys=BEFORE)
         try:
-            worker = Worker(store, {"http": provider}, FIRST_ATTEMPT.worker_config())
-            assert await worker.run(drain=True, install_signals=False) == 0
+            sent = SendRequest(step_id=7, run_id="from-0.2", idempotency_key=old["key"],
+                               message_id=old["message_id"], attempt=1, payload=payload)  # fmt: skip
+            assert (await provider.send(sent)).kind == "unknown"  # 0.2 recorded it as retryable: deduped
         finally:
             await provider.close()
-            await store.close()
 
     api.queue_fault("reset")  # the provider takes it; the answer is lost
     asyncio.run(first_attempt())
-    s = step_row(url, old)
-    assert (s["status"], s["reason"], s["maybe_delivered"]) == ("retryable", "ambiguous_deduped", True), s
-    assert len(delivered(api, url, old)) == 1
+    assert len(delivered(api, url, 7)) == 1
 
     upgrade(url)
     [basis] = rows(url, "SELECT wire_keys_from FROM api_key_pepper")
-    assert basis["wire_keys_from"] == old + 1
+    assert basis["wire_keys_from"] == 8
     new = enqueue(url, step_id="later", to=["bob@example.com"])
-    rows(url, "UPDATE email_steps SET next_attempt_at = %s WHERE id = %s RETURNING id", (datetime.now(UTC), old))
+    rows(url, "UPDATE email_steps SET next_attempt_at = %s WHERE id = 7 RETURNING id", (datetime.now(UTC),))
     drain(url, api)
 
-    s = step_row(url, old)
+    s = step_row(url, 7)
     assert (s["status"], s["attempts"]) == ("accepted", 2), s
-    [message] = delivered(api, url, old)  # the provider replayed its first answer: sent once
+    [message] = delivered(api, url, 7)  # the provider replayed its first answer: sent once
     assert s["provider_message_id"] == message["id"]
-    assert [p["idempotency_key"] for p in api.posts()][:2] == ["run-1:report", "run-1:report"]
+    keys = [p["idempotency_key"] for p in api.posts()]
+    assert keys.count(old["key"]) == 2  # its first attempt (0.2's) and its retry (1.0's)
     assert step_row(url, new)["status"] == "accepted"
-    [later] = [p["idempotency_key"] for p in api.posts()][2:]
+    [later] = [k for k in keys if k != old["key"]]
     assert later.startswith("evq1-")
     assert all(n == 1 for n in api.by_message_id().values())
 

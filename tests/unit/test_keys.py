@@ -28,7 +28,7 @@ def test_a_key_splits_into_its_id_and_secret_and_only_the_secret_is_hashed():
     assert key.secret not in stored and stored.startswith("hmac-sha256$") and verify_secret(key.secret, stored, PEPPER)
     assert not verify_secret(key.secret + "x", stored, PEPPER)
     assert not verify_secret(key.secret, stored, b"q" * 32)  # another server's pepper matches nothing
-    legacy = scrypt_hash(key.secret)  # keys made before 0010_key_hmac
+    legacy = scrypt_hash(key.secret)  # keys evq 0.1 made
     assert verify_secret(key.secret, legacy, PEPPER) and not verify_secret(key.secret + "x", legacy, PEPPER)
     assert scrypt_hash(key.secret) != legacy  # a fresh salt every time
 

@@ -227,16 +227,18 @@ def test_behind_a_tls_proxy_the_session_cookie_stays_secure(db_url):
 
 
 def test_a_key_hashed_with_scrypt_before_the_upgrade_works_and_is_rehashed_at_first_use(empty_db_url):
-    """A database with a key made by an evq before 0010_key_hmac (a scrypt hash), upgraded:
-    the key still works over HTTP, its row now holds an HMAC, and it keeps working."""
+    """A 0.2.0 database holding a key made by an evq before keys were HMACs (a scrypt hash, as
+    0.1 stored them and 0.2 kept them until their first use), upgraded to 1.0: the key still
+    works over HTTP, its row now holds an HMAC, and it keeps working."""
     from evq.adapters.postgres.database import upgrade
     from evq.worker.keys import generate
+    from tests.v0_2 import database_0_2
 
-    upgrade(empty_db_url, "0009_runtime_role")
+    database_0_2(empty_db_url)
     key = generate()
     salt = os.urandom(16)
     digest = hashlib.scrypt(key.secret.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
-    legacy = f"scrypt${2**14}$8$1${salt.hex()}${digest.hex()}"  # as evq stored keys before 0010_key_hmac
+    legacy = f"scrypt${2**14}$8$1${salt.hex()}${digest.hex()}"  # as evq 0.1 stored keys
     execute(
         empty_db_url,
         "INSERT INTO api_keys (name, role, key_id, secret_hash) VALUES ('old', 'operator', %s, %s)",

@@ -1,4 +1,4 @@
-"""Worker heartbeats (migration 0016_worker_heartbeats): the trace `evq admin health` reads."""
+"""Worker heartbeats (table worker_heartbeats): the trace `evq admin health` reads."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ class PostgresKeys(PostgresBase):
         return bytes(row["pepper"])
 
     async def wire_keys_from(self) -> int:
-        """The first step id whose HTTP idempotency key is keyed by the pepper (migration 0027,
-        adapters/http/provider.py::WireKeys); the steps before keep the key they were sent under."""
+        """The first step id whose HTTP idempotency key is keyed by the pepper
+        (adapters/http/provider.py::WireKeys); the steps before keep the key they were sent under."""
         [row] = await self._fetch("wire_keys_from", Q["wire_keys_from"], {})
         return int(row["wire_keys_from"])
 

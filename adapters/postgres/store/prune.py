@@ -37,7 +37,7 @@ class PostgresPrune(PostgresBase):
     async def prune_partition(
         self, *, cutoff: datetime, actor: str, run: Any, batch: int, after: int | None
     ) -> PartitionPrune | None:
-        """Seal, then drop: two transactions (migration 0022). Sealed and committed, the
+        """Seal, then drop: two transactions (migrations/baseline/partitions.sql). Sealed and committed, the
         partition refuses every new row, so the drop's check of its steps cannot be overtaken
         by a step changing under it."""
         sealed = await self._fetch("prune_seal", Q["evidence_seal"], {"cutoff": cutoff, "after": after})
