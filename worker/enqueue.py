@@ -190,6 +190,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         reason=row.get("reason"),
         maybe_delivered=bool(row.get("maybe_delivered")),
         hold=row.get("hold"),
+        hold_expires_at=row.get("hold_expires_at"),
     )
 
 

@@ -31,6 +31,9 @@ class EnqueueResult:
     maybe_delivered: bool = False
     # Why a held step waits for a person ({"rules": [...]}, email_steps.hold); None: not held.
     hold: dict[str, Any] | None = None
+    # When a held step is rejected unless a person decides (approval_expired); None: not held,
+    # or held sends never expire. In the answer's ``approval``, not in to_dict.
+    hold_expires_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

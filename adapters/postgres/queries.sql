@@ -39,7 +39,7 @@ WITH t AS (
     FROM ids, t
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at, hold, requested_sha256
+              created_at, hold, requested_sha256, hold_expires_at
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -53,14 +53,14 @@ WITH t AS (
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
        step.payload_sha256, step.provider, step.created_at, step.hold, true AS created, step.requested_sha256,
-       NULL::text AS reason, false AS maybe_delivered
+       NULL::text AS reason, false AS maybe_delivered, step.hold_expires_at
 FROM step
 LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
 -- requested_sha256: the agent's own hash of a step an approver corrected (0018), which a
 -- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered
+       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, s.hold_expires_at
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step);
 
@@ -129,7 +129,7 @@ LEFT JOIN LATERAL (
 
 -- name: step_get_by_key
 SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
-       provider, created_at, hold, false AS created, requested_sha256
+       provider, created_at, hold, false AS created, requested_sha256, hold_expires_at
 FROM email_steps
 WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
 ORDER BY (idempotency_key = %(idempotency_key)s) DESC
@@ -772,7 +772,8 @@ ORDER BY c.provider;
 -- told only if the send's sender is known to be allowed to mail that very address
 -- (known_recipients), never on the request's word alone: a stranger there (a first contact
 -- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
--- unheld and uncharged (issue 29). The key's own address (an admin set it) is not the
+-- unheld and uncharged (issue 29). A held send cancelled (its hold is kept on the row) is the
+-- same: nobody approved its request's word. The key's own address (an admin set it) is not the
 -- request's word; the key's feed (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
@@ -791,7 +792,8 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
-  AND (s.notify IS NULL OR s.reason NOT IN ('denied', 'approval_expired')
+  AND (s.notify IS NULL
+       OR NOT (s.reason IN ('denied', 'approval_expired') OR (s.reason = 'cancelled' AND s.hold IS NOT NULL))
        OR EXISTS (SELECT 1 FROM known_recipients kr
                   WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
@@ -1722,12 +1724,13 @@ WITH t AS (
     SELECT NOT %(bootstrap)s
            OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
 ), created AS (
-    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url)
-    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url, approval)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s,
+           %(approval)s
     FROM guard, t
     WHERE guard.allowed
     ON CONFLICT DO NOTHING
-    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url
+    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url, approval
 )
 SELECT guard.allowed, created.*
 FROM guard LEFT JOIN created ON true;
@@ -1741,7 +1744,7 @@ WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), target AS (
     SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
-           k.notify_url
+           k.notify_url, k.approval
     FROM api_keys k
     WHERE k.name = %(name)s
 ), other_admins AS (
@@ -1755,7 +1758,7 @@ WITH t AS (
     RETURNING k.revoked_at, k.revoked_by
 )
 SELECT target.name, target.role, target.key_id, target.created_at, target.created_by, target.notify_email,
-       target.notify_url,
+       target.notify_url, target.approval,
        coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
        coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
        revoked.revoked_at IS NOT NULL AS changed,
@@ -1766,8 +1769,9 @@ FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
 
 -- name: api_key_by_id
 -- The key and the server's pepper in one round trip; the pepper's row is always there,
--- so a known and an unknown id cost the same statement.
-SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, p.pepper
+-- so a known and an unknown id cost the same statement. The approval goes with the
+-- identity to what the key enqueues (worker/approval.py): read at every call, never cached.
+SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, k.approval, p.pepper
 FROM api_key_pepper p
 LEFT JOIN api_keys k ON k.key_id = %(key_id)s
 WHERE p.id = 1;
@@ -1831,11 +1835,20 @@ LIMIT %(limit)s;
 UPDATE api_keys
 SET notify_email = %(notify_email)s
 WHERE name = %(name)s
-RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url;
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval;
+
+
+-- name: api_key_set_approval
+-- Whether a key's sends wait for a person (0030): always, policy or never. Read with the key
+-- at its next call, so it applies from the next enqueue on; what it held stays held.
+UPDATE api_keys
+SET approval = %(approval)s
+WHERE name = %(name)s
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval;
 
 
 -- name: api_key_list
-SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval
 FROM api_keys
 ORDER BY created_at, id;
 
@@ -2222,7 +2235,7 @@ SET notify_url = %(notify_url)s,
 FROM api_key_pepper p
 WHERE k.name = %(name)s AND p.id = 1
 RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
-          k.notify_url, k.callback_generation, p.pepper;
+          k.notify_url, k.approval, k.callback_generation, p.pepper;
 
 
 -- name: heartbeat_beat

@@ -22,8 +22,11 @@ def _notice(smtp, to: str) -> email.message.EmailMessage:
 
 
 def test_a_rejected_send_without_notify_reaches_the_key_that_enqueued_it(evq, db_url, smtp):
-    made = evq.json("keys", "create", "--name", "agent-7", "--role", "agent", "--notify-email", INBOX)["data"]
-    assert made["notify_email"] == INBOX
+    made = evq.json(
+        "keys", "create", "--name", "agent-7", "--role", "agent", "--approval", "policy", "--notify-email", INBOX
+    )["data"]
+    assert made["notify_email"] == INBOX and made["approval"] == "policy"
+    assert made["failures"]["notify_email"] == INBOX and made["failures"]["feed_only"] is False
     agent = Evq(db_url, api_key=made["key"])
     step = agent.json("enqueue", "--file", "-", input=json.dumps(request(run_id="told", to=["reject@example.com"])))
     done = agent.run("worker", "run", "--drain", **smtp_env(smtp))
@@ -94,7 +97,9 @@ def test_a_callback_url_prints_its_signing_secret_once_and_rotates(evq, db_url):
 
 
 def test_a_drained_worker_posts_the_signed_callback_of_a_rejection(evq, db_url, smtp, receiver):
-    made = evq.json("keys", "create", "--name", "agent-10", "--role", "agent", "--notify-url", receiver.url)["data"]
+    made = evq.json(
+        "keys", "create", "--name", "agent-10", "--role", "agent", "--approval", "policy", "--notify-url", receiver.url
+    )["data"]
     receiver.use(made["callback_secret"])
     agent = Evq(db_url, api_key=made["key"])
     step = agent.json("enqueue", "--file", "-", input=json.dumps(request(run_id="hook", to=["reject@example.com"])))
