@@ -94,3 +94,35 @@ def test_0025_edits_the_partition_functions_and_its_downgrade_gives_back_what_00
     assert _definitions(db_url) == _definitions(empty_db_url)
     command.upgrade(alembic_config(db_url), "head")
     assert _definitions(db_url) == at_head
+
+
+def test_0030_makes_every_agent_key_wait_for_a_person_and_the_others_keep_the_policy(db_url):
+    """Keys made before 0030 had no approval: an agent key becomes always (fail closed: an agent's
+    send waits for a person), an operator's or admin's policy (what every send had). A key made
+    after it must say (no default), and nothing but the three values is stored."""
+    import psycopg
+    import pytest
+
+    command.downgrade(alembic_config(db_url), "0027_wire_keys")
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO api_keys (name, role, key_id, secret_hash)
+            SELECT r || '-key', r, lpad(to_hex(n), 12, '0'), 'hmac-sha256$x'
+            FROM unnest(ARRAY['agent', 'operator', 'admin']) WITH ORDINALITY AS t(r, n)
+            """
+        )
+    upgrade(db_url)
+    with psycopg.connect(db_url) as conn:
+        kept = dict(conn.execute("SELECT name, approval FROM api_keys ORDER BY id").fetchall())
+        assert kept == {"agent-key": "always", "operator-key": "policy", "admin-key": "policy"}
+        with pytest.raises(psycopg.errors.NotNullViolation):
+            conn.execute(
+                "INSERT INTO api_keys (name, role, key_id, secret_hash) VALUES ('x', 'agent', 'aaaaaaaaaaaa', 'x')"
+            )
+        conn.rollback()
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO api_keys (name, role, key_id, secret_hash, approval) "
+                "VALUES ('x', 'agent', 'aaaaaaaaaaaa', 'hmac-sha256$x', 'sometimes')"
+            )
