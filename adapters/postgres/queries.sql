@@ -772,8 +772,8 @@ ORDER BY c.provider;
 -- told only if the send's sender is known to be allowed to mail that very address
 -- (known_recipients), never on the request's word alone: a stranger there (a first contact
 -- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
--- unheld and uncharged (issue 29). A held send cancelled (its hold is kept on the row) is the
--- same: nobody approved its request's word. The key's own address (an admin set it) is not the
+-- unheld and uncharged (issue 29). A send cancelled after a hold (its hold is kept on the row,
+-- and an approval vouches for the recipients, not for notify) is the same. The key's own address (an admin set it) is not the
 -- request's word; the key's feed (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
