@@ -143,6 +143,9 @@ def test_an_admin_changes_a_keys_approval_and_every_listing_shows_it(db_url):
     agent = Evq(db_url, api_key=made["default"])
     first = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u")))["data"]
     assert first["status"] == "held" and first["approval"]["approver_roles"] == ["operator", "admin"]
+    human = agent.run("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u", step_id="text")))
+    assert "never the key that enqueued it" in human.stdout
+    assert "wait for the decision: evq steps wait " in human.stdout and "it expires at" in human.stdout
     changed = evq.json("keys", "update", "bot-default", "--approval", "never")["data"]
     assert (changed["approval"], changed["changed"]) == ("never", True)
     assert evq.json("keys", "update", "bot-default", "--approval", "never")["data"]["changed"] is False
