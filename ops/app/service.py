@@ -245,9 +245,9 @@ async def enqueue(
             await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
         raise
     if dry_run:
-        who = await caller.identify(store, Permission.READ)
         # The key budgets count per key, and its approval holds or not: a dry run's verdict is
-        # for the key that asked.
+        # for the key that asked (the command line reads without one, so its key, if valid, too).
+        who = await caller.identify(store, Permission.READ) or await caller.verified(store)
         actor = actor_of(caller, who) if who else None
         plan = [await _plan(store, replace(v, actor=actor) if actor else v, policy) for v in valid]
         # The refusal the real run would answer (a new step through an unresolvable provider).

@@ -143,6 +143,10 @@ def test_an_admin_changes_a_keys_approval_and_every_listing_shows_it(db_url):
     agent = Evq(db_url, api_key=made["default"])
     first = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u")))["data"]
     assert first["status"] == "held" and first["approval"]["approver_roles"] == ["operator", "admin"]
+    # The dry run says the same of a new send: the key's hold, wait_for_approval.
+    plan = agent.json("steps", "enqueue", "--dry-run", "--file", "-", input=json.dumps(request(run_id="r-u")))
+    [item] = plan["data"]["plan"]
+    assert (item["hold"]["rules"][0]["key"], item["next_action"]) == ("bot-default", "wait_for_approval")
     human = agent.run("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u", step_id="text")))
     assert "never the key that enqueued it" in human.stdout
     assert "wait for the decision: evq steps wait " in human.stdout and "it expires at" in human.stdout
