@@ -356,7 +356,13 @@ def approval_options() -> tuple[Any, ...]:
     from evq.worker.options import Option, boolean
 
     return (
-        Option("approval_always", boolean, False, "Hold every send for a person's approval (`evq steps approve`)."),
+        Option(
+            "approval_always",
+            boolean,
+            False,
+            "Hold every send for a person's approval (`evq steps approve`), the Python API's without a key too; "
+            "a key whose approval is never is not held by it (an agent key holds every send by default).",
+        ),
         Option(
             "approval_first_contact",
             _lower,
