@@ -116,7 +116,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256,
+       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256, s.hold_expires_at,
        (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.decision_id = r.decision_id

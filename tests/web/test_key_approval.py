@@ -141,7 +141,8 @@ def test_never_drops_the_rules_that_ask_a_person_but_a_budget_still_caps_it(db_u
 def test_an_admin_changes_a_keys_approval_and_every_listing_shows_it(db_url):
     evq, made = keys(db_url)
     agent = Evq(db_url, api_key=made["default"])
-    first = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u")))["data"]
+    asked = request(run_id="r-u")
+    first = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(asked))["data"]
     assert first["status"] == "held" and first["approval"]["approver_roles"] == ["operator", "admin"]
     # The dry run says the same of a new send: the key's hold, wait_for_approval.
     plan = agent.json("steps", "enqueue", "--dry-run", "--file", "-", input=json.dumps(request(run_id="r-u")))
@@ -158,6 +159,15 @@ def test_an_admin_changes_a_keys_approval_and_every_listing_shows_it(db_url):
     second = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(request(run_id="r-u")))["data"]
     assert (second["status"], second["approval"]) == ("pending", None)
     assert step_row(db_url, first["id"])["status"] == "held"
+    # A repeat of the held request is answered as its row is, with the same next steps, alone
+    # (step_enqueue) or in a batch (step_enqueue_many: no rule, a key at never, so no gated path).
+    again = agent.json("steps", "enqueue", "--file", "-", input=json.dumps(asked))["data"]
+    lines = "\n".join(json.dumps(r) for r in (asked, request(run_id="r-u")))
+    batch = agent.json("steps", "enqueue", "--file", "-", input=lines)["data"]
+    for repeat in (again, batch[0]):
+        assert (repeat["id"], repeat["created"], repeat["status"]) == (first["id"], False, "held")
+        assert repeat["approval"] == first["approval"]
+    assert batch[1]["status"] == "pending"
 
     listed = {k["name"]: k["approval"] for k in evq.json("keys", "list")["data"]}
     assert listed == {"admin": "policy", "bot-default": "never", "bot-always": "always"} | {
