@@ -84,9 +84,12 @@ ALTER TABLE evidence ENABLE TRIGGER evidence_key_events;
 -- name: api_keys
 -- Their HMACs (and any scrypt hash made before 0.2, rehashed at first use) are checked against
 -- 0.2's pepper, kept below: every key authenticates as before.
+-- 0.2 had no per-key approval: an agent key's sends now wait for a person (fail closed: the agent
+-- harness rule), an operator's or admin's keep the installation's policy, as every send had.
 INSERT INTO api_keys (id, name, role, key_id, secret_hash, created_at, created_by, revoked_at, revoked_by,
-                      session_generation)
-SELECT id, name, role, key_id, secret_hash, created_at, created_by, revoked_at, revoked_by, session_generation
+                      session_generation, approval)
+SELECT id, name, role, key_id, secret_hash, created_at, created_by, revoked_at, revoked_by, session_generation,
+       CASE WHEN role = 'agent' THEN 'always' ELSE 'policy' END
 FROM evq_0_2.api_keys;
 
 -- name: api_key_pepper

@@ -60,7 +60,9 @@ from evq.worker.approval import (
     PRIORITIES,
     WINDOW_SECONDS,
     ApprovalPolicy,
+    KeyApproval,
     OverBudget,
+    applied,
     batch_counters,
     budget_charges,
     budget_hold,
@@ -79,7 +81,7 @@ from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
 from evq.worker.enqueue import existing_or_conflict, new_message_id
 from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidRequest, NotFound, StateConflict
-from evq.worker.keys import NewKey, Role, hash_secret
+from evq.worker.keys import NewKey, Role, default_approval, hash_secret
 from evq.worker.logs import get_logger
 from evq.worker.notices import NoticeConfig, build_delivery_notice, build_notice
 from evq.worker.ports import COUNT_CAP, Decided, DeliveryRecorded, Edit, StatusCount, StepFilter
@@ -503,6 +505,7 @@ class MemoryStore:
     ]:
         """The holds the policy gives a new step, the budget charges it would make (none when held),
         and, held by a budget, the charges before the one over its cap (made and given back)."""
+        approval = applied(approval, request)
         sender = sender_of(request.payload)
         keys = contact_keys(approval, contacts(request.recipients, request.notify))
         known = [k for k in keys if (sender, k) in self.known_recipients]
@@ -666,6 +669,7 @@ class MemoryStore:
             created=True,
             provider=request.provider,
             hold=hold,
+            hold_expires_at=row["hold_expires_at"],
         )
 
     async def find_by_key(self, request: ValidRequest) -> dict[str, Any] | None:
@@ -1089,7 +1093,7 @@ class MemoryStore:
                 continue
             if (
                 s["notify"] is not None
-                and s["reason"] in ("denied", "approval_expired")
+                and (s["reason"] in ("denied", "approval_expired") or (s["reason"] == "cancelled" and s["hold"]))
                 and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
             ):
                 continue  # notice_candidates: a stranger is never told on an unapproved request's word
@@ -2025,6 +2029,7 @@ class MemoryStore:
             s, kind="cancelled", reason="cancelled", actor=actor, detail={"note": note, "previous": previous}, at=at
         )
         s["detail"] = note
+        self._enqueue_notices([step_id], actor=actor, at=at)
         metrics.labelled(metrics.APPROVALS, "cancelled").inc()
         return self._decided(s, from_status, evidence_id, at)
 
@@ -2058,6 +2063,7 @@ class MemoryStore:
         created_by: str | None,
         notify_email: str | None = None,
         notify_url: str | None = None,
+        approval: KeyApproval | None = None,
         now: datetime | None = None,
     ) -> dict[str, Any]:
         """As PostgresStore.create_key: a bootstrap (``created_by=None``) only while no active
@@ -2088,10 +2094,11 @@ class MemoryStore:
             "session_generation": 0,
             "notify_email": notify_email,
             "notify_url": notify_url,
+            "approval": str(approval or default_approval(role)),
         }
         return {
             k: self.keys[name][k]
-            for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email", "notify_url")
+            for k in ("name", "role", "key_id", "created_at", "created_by", "notify_email", "notify_url", "approval")
         }
 
     async def set_key_notify(self, name: str, *, notify_email: str | None) -> dict[str, Any]:
@@ -2126,9 +2133,14 @@ class MemoryStore:
         await self._op("key_by_id", None)
         for k in self.keys.values():
             if k["key_id"] == key_id:
-                fields = ("name", "role", "secret_hash", "revoked_at", "session_generation")
+                fields = ("name", "role", "secret_hash", "revoked_at", "session_generation", "approval")
                 return {**{f: k[f] for f in fields}, "pepper": self.pepper}
         return None
+
+    async def list_keys(self) -> list[dict[str, Any]]:
+        await self._op("list_keys", None)
+        hidden = ("secret_hash", "session_generation")
+        return [{f: v for f, v in k.items() if f not in hidden} for k in self.keys.values()]
 
     async def rehash_key(self, key_id: str, *, old: str, new: str) -> None:
         await self._op("rehash_key", None)

@@ -13,7 +13,7 @@ written ``held`` with the reasons as evidence, before anything could claim it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from enum import StrEnum
 from typing import Any
@@ -23,13 +23,36 @@ from zoneinfo import ZoneInfo
 class HoldRule(StrEnum):
     """Why a send was held (``email_steps.hold`` and the ``held`` evidence name these)."""
 
-    ALWAYS = "always"  # EVQ_APPROVAL_ALWAYS: every send waits for a person
+    ALWAYS = "always"  # every send waits for a person: EVQ_APPROVAL_ALWAYS, or the key's approval (``key``)
     REQUESTED = "requested"  # the agent asked for it (request field require_approval)
     FIRST_CONTACT = "first_contact"  # a recipient this sender was never allowed to mail
     FIRST_CONTACT_DOMAIN = "first_contact_domain"  # a recipient domain this sender never mailed
     TOO_MANY_RECIPIENTS = "too_many_recipients"  # more than EVQ_APPROVAL_MAX_RECIPIENTS
     OUTSIDE_HOURS = "outside_hours"  # outside EVQ_APPROVAL_HOURS in EVQ_APPROVAL_TIMEZONE
     BUDGET = "budget"  # over a blast-radius budget (which one: the hold's ``budgets``)
+
+
+class KeyApproval(StrEnum):
+    """Whether an API key's sends wait for a person (``api_keys.approval``, migration 0030): the
+    admin's word per key, read with the key at every call, so it holds on every interface that
+    enqueues with a key (CLI, HTTP, MCP, the Python API given ``api_key=``)."""
+
+    ALWAYS = "always"  # every send by the key is held (an agent key's default)
+    POLICY = "policy"  # the installation's rules (EVQ_APPROVAL_*, EVQ_BUDGET_*): operator and admin keys' default
+    # No rule asks for a person (EVQ_APPROVAL_*: always, first contact, recipients, hours). Two
+    # things still hold: the agent's own require_approval (it asked for a person), and the
+    # budgets, which cap the blast radius rather than review a send (over one: held or refused,
+    # as EVQ_BUDGET_ACTION says). Unattended means unreviewed, not unlimited.
+    NEVER = "never"
+
+
+def key_approval(actor: Any) -> KeyApproval:
+    """The approval of the key behind ``actor`` (worker/request.py's Actor). No actor, or one
+    without a key (the Python API without ``api_key=``): ``policy``, the installation's rules.
+    A key whose approval nobody read (an actor stamped without it) fails closed: ``always``."""
+    if actor is None or actor.key_id is None:
+        return KeyApproval.POLICY
+    return KeyApproval(actor.approval) if actor.approval else KeyApproval.ALWAYS
 
 
 class FirstContact(StrEnum):
@@ -95,6 +118,9 @@ class ApprovalPolicy:
     expires_after: timedelta | None = timedelta(days=3)  # a held send's lifetime (None: never)
     budgets: tuple[tuple[Budget, int], ...] = ()  # (budget, cap in recipients)
     over_budget: OverBudget = OverBudget.HOLD
+    # Set only in the policy one send is judged by (:func:`applied`): the name of the API key
+    # whose approval is ``always`` (holds every send of it). Never part of the settings.
+    key_always: str | None = None
 
     @property
     def active(self) -> bool:
@@ -102,6 +128,7 @@ class ApprovalPolicy:
         ``require_approval`` on a request holds it whatever the policy)."""
         return bool(
             self.always
+            or self.key_always is not None
             or self.first_contact is not FirstContact.OFF
             or self.max_recipients is not None
             or self.hours is not None
@@ -128,9 +155,35 @@ class ApprovalPolicy:
         }
 
 
+def applied(policy: ApprovalPolicy, request: Any) -> ApprovalPolicy:
+    """The policy one request (ValidRequest) is judged by: the installation's, as its API key's
+    approval (:func:`key_approval`) bends it. ``always`` adds a hold of every send; ``never``
+    turns off every rule that asks a person to look, keeping the budgets (and the request's own
+    require_approval, which static_holds reads from the request); ``policy`` is the installation's.
+    Every enqueue path (gated_op, preview_op, the memory store) judges through this one rule."""
+    actor = request.actor
+    match key_approval(actor):
+        case KeyApproval.ALWAYS:
+            return replace(policy, key_always=actor.name or actor.key_id)
+        case KeyApproval.NEVER:
+            return replace(policy, always=False, first_contact=FirstContact.OFF, max_recipients=None, hours=None)
+    return policy
+
+
 def static_holds(policy: ApprovalPolicy, *, recipients: int, now: datetime, requested: bool) -> list[dict[str, Any]]:
     """The rules that need no database, each as ``{"rule": ..., "why": ...}``, in a fixed order."""
     holds: list[dict[str, Any]] = []
+    if policy.key_always is not None:
+        # The rule "always" (every send waits), from the key rather than the settings: ``key``
+        # says which (an added field, so the hold's enumeration of rules is unchanged).
+        holds.append(
+            {
+                "rule": HoldRule.ALWAYS.value,
+                "key": policy.key_always,
+                "why": f"every send by API key {policy.key_always!r} waits for a person (the key's approval is "
+                f"always; an admin changes it with `evq keys update {policy.key_always} --approval policy|never`)",
+            }
+        )
     if policy.always:
         holds.append({"rule": HoldRule.ALWAYS.value, "why": "every send waits for approval (EVQ_APPROVAL_ALWAYS)"})
     if requested:
@@ -303,7 +356,13 @@ def approval_options() -> tuple[Any, ...]:
     from evq.worker.options import Option, boolean
 
     return (
-        Option("approval_always", boolean, False, "Hold every send for a person's approval (`evq steps approve`)."),
+        Option(
+            "approval_always",
+            boolean,
+            False,
+            "Hold every send for a person's approval (`evq steps approve`), the Python API's without a key too; "
+            "a key whose approval is never is not held by it (an agent key holds every send by default).",
+        ),
         Option(
             "approval_first_contact",
             _lower,
@@ -445,9 +504,10 @@ def contact_holds(policy: ApprovalPolicy, keys: Sequence[str], known: Sequence[s
 
 
 def gated(policy: ApprovalPolicy, requests: Sequence[Any]) -> bool:
-    """Whether the policy must look at these requests (ValidRequests): its rules are on, or one
-    asks for a person. Otherwise an enqueue is the one statement it always was."""
-    return policy.active or any(r.require_approval for r in requests)
+    """Whether the policy must look at these requests (ValidRequests): its rules are on, one
+    asks for a person, or one's key holds every send. Otherwise an enqueue is the one statement
+    it always was (a key at ``policy`` or ``never`` under no rule costs nothing more)."""
+    return policy.active or any(r.require_approval or key_approval(r.actor) is KeyApproval.ALWAYS for r in requests)
 
 
 def budget_refusal(over: dict[str, Any]) -> Exception:

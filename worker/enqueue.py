@@ -195,6 +195,7 @@ def result_from_row(row: Mapping[str, Any]) -> EnqueueResult:
         maybe_delivered=bool(row.get("maybe_delivered")),
         hold=row.get("hold"),
         pruned=bool(row.get("pruned")),
+        hold_expires_at=row.get("hold_expires_at"),
     )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from evq.worker.approval import KeyApproval
 from evq.worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.ports import KeyLookup
@@ -92,6 +93,9 @@ class Identity:
     name: str
     role: Role
     key_id: str
+    # Whether the key's sends wait for a person (worker/approval.py), as its row says at this
+    # call; carried to what it enqueues (worker/request.py's Actor). Made without a row: always.
+    approval: KeyApproval = KeyApproval.ALWAYS
 
     def may(self, permission: Permission) -> bool:
         return self.role in ALLOWED[permission]
@@ -110,7 +114,9 @@ def identity_of(key_id: str, row: Mapping[str, Any], *, context: Mapping[str, An
     The caller has proved it holds the key first: :func:`authenticate` by its secret, the ops
     page by a session cookie signed at sign-in (ops/web/session.py), which carries the key id
     and not the role or the name, so a session acts as the key is now."""
-    identity = Identity(name=row["name"], role=Role(row["role"]), key_id=key_id)
+    # A row without an approval (a store that does not keep one) fails closed: always.
+    approval = KeyApproval(row.get("approval") or KeyApproval.ALWAYS)
+    identity = Identity(name=row["name"], role=Role(row["role"]), key_id=key_id, approval=approval)
     if row["revoked_at"] is not None:
         raise BadKey(
             f"the API key {identity.name!r} was revoked",
@@ -118,6 +124,14 @@ def identity_of(key_id: str, row: Mapping[str, Any], *, context: Mapping[str, An
             context={**(context or {}), "name": identity.name},
         )
     return identity
+
+
+def default_approval(role: Role) -> KeyApproval:
+    """What a new key's sends get when its creator says nothing (`evq keys create` without
+    --approval): an agent's always wait for a person (the agent harness rule: a send always
+    waits for a person, no exceptions; an admin who wants otherwise says so, per key); an
+    operator's or admin's follow the installation's policy, as every send did before."""
+    return KeyApproval.ALWAYS if role is Role.AGENT else KeyApproval.POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +228,30 @@ async def authenticate(
     Every refusal is the same error code; the message says what to fix without
     ever repeating the key. ``source`` names where the caller puts a key.
     """
+    parts = split_key(presented) if presented else None
+    row = await lookup.key_by_id(parts[0]) if parts else None
+    ok = None
+    if parts and row is not None and is_legacy(row["secret_hash"]):
+        # scrypt blocks for tens of milliseconds: never on the event loop.
+        ok = await asyncio.to_thread(verify_secret, parts[1], row["secret_hash"], bytes(row["pepper"]))
+        if ok:
+            await _rehash(lookup, parts[0], parts[1], row)
+    return check_key(presented, row, permission, source=source, ok=ok)
+
+
+def check_key(
+    presented: str | None,
+    row: Mapping[str, Any] | None,
+    permission: Permission,
+    *,
+    source: str = CLI_KEY_SOURCE,
+    ok: bool | None = None,
+) -> Identity:
+    """:func:`authenticate`'s check once the key's row was read (``row``: ``KeyLookup.key_by_id``
+    of the presented key's id, None when there is none), without I/O: the Python API reads the
+    row on the caller's own connection and checks it here. ``ok``: the secret's check when the
+    caller made it already (authenticate runs a legacy hash in a thread); made here otherwise (a
+    legacy hash then costs its tens of milliseconds in the calling thread)."""
     roles = [str(r) for r in ALLOWED[permission]]
     context = {"permission": str(permission), "roles": roles}
     if not presented:
@@ -224,21 +262,14 @@ async def authenticate(
             context=context,
         )
     parts = split_key(presented)
-    row = await lookup.key_by_id(parts[0]) if parts else None
     secret = parts[1] if parts else presented
-    if row is None:
+    if row is None or parts is None:
         verify_secret(secret, _DECOY, _DECOY_PEPPER)  # the same work as a wrong secret, then refused
         ok = False
-    elif is_legacy(row["secret_hash"]):
-        # scrypt blocks for tens of milliseconds: never on the event loop.
-        ok = await asyncio.to_thread(verify_secret, secret, row["secret_hash"], bytes(row["pepper"]))
-    else:
+    elif ok is None:
         ok = verify_secret(secret, row["secret_hash"], bytes(row["pepper"]))
-    if row is None or not ok:
+    if not ok or row is None or parts is None:
         raise BadKey("the API key is not valid", hint=f"check the key in {source}", context=context)
-    assert parts is not None  # a row is only looked up for a well-formed key
-    if is_legacy(row["secret_hash"]):
-        await _rehash(lookup, parts[0], secret, row)
     return authorize(identity_of(parts[0], row, context=context), permission)
 
 

@@ -34,6 +34,9 @@ class EnqueueResult:
     # A repeat of a key whose step evq prune removed, answered from the key ledger (step_keys,
     # invariant 12) as the step ended: its status, Message-ID and id; nothing was sent again.
     pruned: bool = False
+    # When a held step is rejected unless a person decides (approval_expired); None: not held,
+    # or held sends never expire. In the answer's ``approval``, not in to_dict.
+    hold_expires_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -145,12 +145,15 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class Actor:
     """Who asked for a send: the API key's name and public id (never its secret), and
-    the interface it came through. The Python API has no key: ``key_id`` is None and
-    ``name`` is what the caller passed as ``actor=`` (maybe None)."""
+    the interface it came through. The Python API without ``api_key=`` has no key: ``key_id``
+    is None and ``name`` is what the caller passed as ``actor=`` (maybe None). ``approval`` is
+    the key's approval as read with the key for this call (worker/approval.py, KeyApproval);
+    a key without one is judged ``always`` (key_approval fails closed)."""
 
     interface: str  # cli, http, mcp, python
     key_id: str | None = None
     name: str | None = None
+    approval: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"key_id": self.key_id, "name": self.name, "interface": self.interface}

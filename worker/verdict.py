@@ -18,7 +18,9 @@ from evq.worker.states import Reason, Status
 NEXT_ACTIONS = {
     "wait": "evq is still working on it (queued, sending, retrying or settling a lost answer); "
     "wait for it (`evq steps wait`, GET /v1/steps/{id}?wait=30s), never resend",
-    "wait_for_approval": "held for a person's approval; wait, never resend",
+    "wait_for_approval": "held for a person's approval (an operator or admin, never the key that enqueued it); "
+    "wait for the decision (`evq steps wait` answers once a person approved and it was sent, or denied it; "
+    "the step's approval says until when), never resend",
     "ask_operator": "nobody can tell whether it was sent and nothing will settle it on its own; "
     "an operator must close it (`evq steps resolve`); never resend",
     "none": "finished: sent, or deliberately stopped (denied, cancelled, closed by an operator); do nothing",

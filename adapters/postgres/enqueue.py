@@ -31,6 +31,7 @@ from evq.worker.approval import (
     PRIORITIES,
     ApprovalPolicy,
     OverBudget,
+    applied,
     batch_counters,
     budget_charges,
     budget_hold,
@@ -56,6 +57,7 @@ from evq.worker.enqueue import (
     validate_many,
 )
 from evq.worker.errors import BudgetExceeded, Conflict, InvalidRequest
+from evq.worker.keys import Permission, check_key, split_key
 from evq.worker.logs import get_logger
 from evq.worker.records import EnqueueResult
 from evq.worker.refusals import describe
@@ -185,10 +187,14 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     gives back what this send charged before it, and the send is held (EVQ_BUDGET_ACTION=hold)
     or refused (E_BUDGET, nothing written). A held send charges nothing: if a person approves
     it, that is their decision, not the agent's budget. A send not held charges its budgets
-    and makes its recipients (and their domains) known to its sender."""
+    and makes its recipients (and their domains) known to its sender.
+
+    The policy is the installation's as the request's API key bends it (worker/approval.py,
+    ``applied``: ``always`` holds every send, ``never`` drops the rules that ask a person)."""
     rows = yield Q["step_get_by_key"], key_params(request)
     if rows:
         return existing_or_conflict(rows[0], request)
+    approval = applied(approval, request)
     sender = sender_of(request.payload)
     at, holds = yield from _rule_holds(request, approval, sender, now)
     charged: list[dict[str, Any]] = []
@@ -249,6 +255,7 @@ def preview_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | 
     """What :func:`gated_op` would hold a new step for, read without writing or locking (a
     dry run): the same rules, the budgets as they stand. A concurrent enqueue may change
     the answer; the real enqueue decides."""
+    approval = applied(approval, request)
     at, holds = yield from _rule_holds(request, approval, sender_of(request.payload), now)
     if not holds:
         name = request.actor.name if request.actor else None
@@ -437,6 +444,7 @@ def enqueue(
     policy: Policy = Policy(),
     now: datetime | None = None,
     actor: str | None = None,
+    api_key: str | None = None,
 ) -> EnqueueResult:
     """Enqueue one send inside ``conn``'s current transaction (psycopg or SQLAlchemy, sync).
 
@@ -451,9 +459,16 @@ def enqueue(
     EVQ_REFUSE_UNRESOLVABLE such a request is refused (Unresolvable, E_UNRESOLVABLE) before
     anything is written, unless a step already holds its key: that one is answered as it is
     (``created`` false). The default ``Policy()`` knows no profiles and flags nothing.
+
+    ``api_key`` (``evq_...``, a key that may enqueue): the send is the key's, as if it came
+    through the CLI with that key: checked on ``conn`` (AuthFailed when it is not valid or its
+    role may not enqueue), recorded as its actor, and judged by its approval (always, policy or
+    never; docs/design.md, "Approvals and budgets"). Without one, the send is nobody's key's and
+    the installation's rules (``policy.approval``) decide, as they always did.
     """
-    valid = _as_python(validate(request, policy), actor)
-    [result] = _run_checked(_driver_connection(conn), [valid], policy, checked_op([valid], policy, now, many=False))
+    conn = _driver_connection(conn)
+    valid = _stamped(validate(request, policy), actor, api_key, lambda op: run_sync(conn, op))
+    [result] = _run_checked(conn, [valid], policy, checked_op([valid], policy, now, many=False))
     return result
 
 
@@ -464,12 +479,15 @@ async def enqueue_async(
     policy: Policy = Policy(),
     now: datetime | None = None,
     actor: str | None = None,
+    api_key: str | None = None,
 ) -> EnqueueResult:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = _as_python(validate(request, policy), actor)
+    valid = validate(request, policy)
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()  # sqlalchemy.ext.asyncio.AsyncConnection
         conn = raw.driver_connection
+    key = None if api_key is None else await run_async(conn, key_actor_op(api_key))
+    valid = _stamped(valid, actor, api_key, lambda op: key)
     [result] = await _run_checked_async(conn, [valid], policy, checked_op([valid], policy, now, many=False))
     return result
 
@@ -481,14 +499,19 @@ def enqueue_many(
     policy: Policy = Policy(),
     now: datetime | None = None,
     actor: str | None = None,
+    api_key: str | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue several sends inside ``conn``'s current transaction, in one round trip.
 
     Every request is validated first: one bad request raises InvalidRequest naming it
-    (``[index].field``) and nothing is written. Commit is the caller's.
+    (``[index].field``) and nothing is written. Commit is the caller's. ``api_key``: as
+    :func:`enqueue`'s.
     """
-    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
-    return list(_run_checked(_driver_connection(conn), valid, policy, checked_op(valid, policy, now, many=True)))
+    conn = _driver_connection(conn)
+    checked = validate_many(list(requests), policy)
+    key = None if api_key is None else run_sync(conn, key_actor_op(api_key))
+    valid = [_stamped(v, actor, api_key, lambda op: key) for v in checked]
+    return list(_run_checked(conn, valid, policy, checked_op(valid, policy, now, many=True)))
 
 
 async def enqueue_many_async(
@@ -498,12 +521,15 @@ async def enqueue_many_async(
     policy: Policy = Policy(),
     now: datetime | None = None,
     actor: str | None = None,
+    api_key: str | None = None,
 ) -> list[EnqueueResult]:
     """The same for a psycopg AsyncConnection or a SQLAlchemy AsyncConnection."""
-    valid = [_as_python(v, actor) for v in validate_many(list(requests), policy)]
+    checked = validate_many(list(requests), policy)
     if not isinstance(conn, psycopg.AsyncConnection):
         raw = await conn.get_raw_connection()
         conn = raw.driver_connection
+    key = None if api_key is None else await run_async(conn, key_actor_op(api_key))
+    valid = [_stamped(v, actor, api_key, lambda op: key) for v in checked]
     return list(await _run_checked_async(conn, valid, policy, checked_op(valid, policy, now, many=True)))
 
 
@@ -514,6 +540,7 @@ def enqueue_own(
     policy: Policy = Policy(),
     record_refusals: bool = True,
     actor: str | None = None,
+    api_key: str | None = None,
 ) -> EnqueueResult:
     """Enqueue in a transaction of its own (opens and closes one connection).
 
@@ -526,13 +553,14 @@ def enqueue_own(
     other calls inside the caller's transaction record nothing: a row written there would
     go with the caller's rollback, and one written on another connection would need a
     connection this API was not given. Their refusals are counted by this process's
-    ``evq_validation_errors_total`` only.
+    ``evq_validation_errors_total`` only. ``api_key``: as :func:`enqueue`'s.
     """
     from evq.adapters.postgres.database import connect_kwargs
 
     try:
-        valid = _as_python(validate(request, policy), actor)
+        checked = validate(request, policy)
         with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+            valid = _stamped(checked, actor, api_key, lambda op: run_sync(conn, op))
             [result] = _run_checked(conn, [valid], policy, checked_op([valid], policy, many=False))
             return result
     except InvalidRequest as exc:  # its fields, or E_UNRESOLVABLE for a step it would create
@@ -552,6 +580,33 @@ def _record_refusal(url: str, request: Any, exc: InvalidRequest) -> None:
             conn.execute(Q["refusal_record"], params)
     except Exception as failure:
         log.warning("refusal_not_recorded", interface="python", error_class=type(failure).__name__)
+
+
+# Where the Python API's caller gives a key (the words of an AuthFailed's hint).
+PYTHON_KEY_SOURCE = "the api_key= argument"
+
+
+def key_actor_op(presented: str) -> Op:
+    """The Python API's ``api_key=``: the key's row read on the caller's connection and checked
+    as every interface checks a key (worker/keys.py, check_key; it must may enqueue), and the
+    actor it makes: its name, public id and approval, interface ``python``."""
+    parts = split_key(presented)
+    rows = yield Q["api_key_by_id"], {"key_id": parts[0] if parts else ""}
+    row = rows[0] if rows and rows[0]["name"] is not None else None
+    who = check_key(presented, row, Permission.ENQUEUE, source=PYTHON_KEY_SOURCE)
+    return Actor(interface="python", key_id=who.key_id, name=who.name, approval=str(who.approval))
+
+
+def _stamped(request: ValidRequest, actor: str | None, api_key: str | None, run: Any) -> ValidRequest:
+    """The request with the Python API's actor: the key's (``run`` drives key_actor_op on the
+    caller's connection) or, without a key, whatever ``actor=`` named."""
+    if api_key is None:
+        return _as_python(request, actor)
+    if actor is not None:
+        raise TypeError("give actor= or api_key=, not both: a key's name is its actor")
+    if request.actor is not None:
+        return request
+    return replace(request, actor=run(key_actor_op(api_key)))
 
 
 def _as_python(request: ValidRequest, actor: str | None) -> ValidRequest:

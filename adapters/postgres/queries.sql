@@ -53,7 +53,7 @@ WITH t AS (
            CASE WHEN %(send_at)s::timestamptz > t.now THEN %(send_at)s::timestamptz END
     FROM k, ids, t
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at, hold, requested_sha256
+              created_at, hold, requested_sha256, hold_expires_at
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -67,14 +67,14 @@ WITH t AS (
 )
 SELECT step.id, step.run_id, step.step_id, step.idempotency_key, step.message_id, step.status,
        step.payload_sha256, step.provider, step.created_at, step.hold, true AS created, step.requested_sha256,
-       NULL::text AS reason, false AS maybe_delivered, false AS pruned
+       NULL::text AS reason, false AS maybe_delivered, false AS pruned, step.hold_expires_at
 FROM step
 LEFT JOIN LATERAL (SELECT pg_notify('evq_steps', step.provider) WHERE step.status <> 'held') AS wake ON true
 UNION ALL
 -- requested_sha256: the agent's own hash of a step an approver corrected, which a
 -- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
-       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, false
+       s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, false, s.hold_expires_at
 FROM email_steps s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step)
 UNION ALL
@@ -155,7 +155,7 @@ WITH t AS (
     SELECT pg_notify('evq_steps', p.provider) FROM (SELECT DISTINCT provider FROM step) AS p
 )
 SELECT r.ord, step.id, s.id AS existing_id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status,
-       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256, s.pruned,
+       s.reason, s.maybe_delivered, s.payload_sha256, s.provider, s.hold, s.requested_sha256, s.pruned, s.hold_expires_at,
        (SELECT count(*) FROM wake) AS woke
 FROM r
 LEFT JOIN step ON step.id = r.id
@@ -164,13 +164,13 @@ LEFT JOIN step ON step.id = r.id
 -- The step holding the key, else the ledger's pruned one (as step_get_by_key).
 LEFT JOIN LATERAL (
     SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.reason, s.maybe_delivered,
-           s.payload_sha256, s.provider, s.hold, s.requested_sha256, false AS pruned
+           s.payload_sha256, s.provider, s.hold, s.requested_sha256, false AS pruned, s.hold_expires_at
     FROM email_steps s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key
     UNION ALL
     SELECT p.id, p.run_id, p.step_id, p.idempotency_key, p.message_id, p.status, p.reason,
            coalesce(p.maybe_delivered, false), encode(coalesce(p.corrected_sha256, p.payload_sha256), 'hex'),
            p.provider, NULL::jsonb, CASE WHEN p.corrected_sha256 IS NOT NULL THEN encode(p.payload_sha256, 'hex') END,
-           true
+           true, NULL::timestamptz
     FROM step_keys p WHERE step.id IS NULL AND p.idempotency_key = r.idempotency_key AND p.pruned_at IS NOT NULL
     LIMIT 1
 ) s ON true;
@@ -182,13 +182,13 @@ LEFT JOIN LATERAL (
 -- digest it was sent with (corrected_sha256, when an approver corrected it) and the agent's own.
 SELECT * FROM (
     SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
-           provider, created_at, hold, false AS created, requested_sha256, false AS pruned
+           provider, created_at, hold, false AS created, requested_sha256, false AS pruned, hold_expires_at
     FROM email_steps
     WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
     UNION ALL
     SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, coalesce(maybe_delivered, false),
            encode(coalesce(corrected_sha256, payload_sha256), 'hex'), provider, created_at, NULL::jsonb, false,
-           CASE WHEN corrected_sha256 IS NOT NULL THEN encode(payload_sha256, 'hex') END, true
+           CASE WHEN corrected_sha256 IS NOT NULL THEN encode(payload_sha256, 'hex') END, true, NULL::timestamptz
     FROM step_keys
     WHERE idempotency_key = %(idempotency_key)s AND pruned_at IS NOT NULL
 ) AS held
@@ -838,7 +838,8 @@ ORDER BY c.provider;
 -- told only if the send's sender is known to be allowed to mail that very address
 -- (known_recipients), never on the request's word alone: a stranger there (a first contact
 -- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
--- unheld and uncharged (issue 29). The key's own address (an admin set it) is not the
+-- unheld and uncharged (issue 29). A send cancelled after a hold (its hold is kept on the row,
+-- and an approval vouches for the recipients, not for notify) is the same. The key's own address (an admin set it) is not the
 -- request's word; the key's feed (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
@@ -857,7 +858,8 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND (s.status = ANY(%(statuses)s::text[]) OR (s.status = 'accepted' AND s.reason = 'partially_refused'))
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
-  AND (s.notify IS NULL OR s.reason NOT IN ('denied', 'approval_expired')
+  AND (s.notify IS NULL
+       OR NOT (s.reason IN ('denied', 'approval_expired') OR (s.reason = 'cancelled' AND s.hold IS NOT NULL))
        OR EXISTS (SELECT 1 FROM known_recipients kr
                   WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
@@ -1814,12 +1816,13 @@ WITH t AS (
     SELECT NOT %(bootstrap)s
            OR NOT EXISTS (SELECT 1 FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL) AS allowed
 ), created AS (
-    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url)
-    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s
+    INSERT INTO api_keys (name, role, key_id, secret_hash, created_at, created_by, notify_email, notify_url, approval)
+    SELECT %(name)s, %(role)s, %(key_id)s, %(secret_hash)s, t.now, %(created_by)s, %(notify_email)s, %(notify_url)s,
+           %(approval)s
     FROM guard, t
     WHERE guard.allowed
     ON CONFLICT DO NOTHING
-    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url
+    RETURNING name, role, key_id, created_at, created_by, notify_email, notify_url, approval
 )
 SELECT guard.allowed, created.*
 FROM guard LEFT JOIN created ON true;
@@ -1833,7 +1836,7 @@ WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), target AS (
     SELECT k.id, k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
-           k.notify_url
+           k.notify_url, k.approval
     FROM api_keys k
     WHERE k.name = %(name)s
 ), other_admins AS (
@@ -1847,7 +1850,7 @@ WITH t AS (
     RETURNING k.revoked_at, k.revoked_by
 )
 SELECT target.name, target.role, target.key_id, target.created_at, target.created_by, target.notify_email,
-       target.notify_url,
+       target.notify_url, target.approval,
        coalesce(revoked.revoked_at, target.revoked_at) AS revoked_at,
        coalesce(revoked.revoked_by, target.revoked_by) AS revoked_by,
        revoked.revoked_at IS NOT NULL AS changed,
@@ -1858,8 +1861,9 @@ FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
 
 -- name: api_key_by_id
 -- The key and the server's pepper in one round trip; the pepper's row is always there,
--- so a known and an unknown id cost the same statement.
-SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, p.pepper
+-- so a known and an unknown id cost the same statement. The approval goes with the
+-- identity to what the key enqueues (worker/approval.py): read at every call, never cached.
+SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, k.approval, p.pepper
 FROM api_key_pepper p
 LEFT JOIN api_keys k ON k.key_id = %(key_id)s
 WHERE p.id = 1;
@@ -1942,11 +1946,20 @@ FROM (SELECT 1 FROM key_events e WHERE e.id > %(since)s LIMIT %(count_cap)s::int
 UPDATE api_keys
 SET notify_email = %(notify_email)s
 WHERE name = %(name)s
-RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url;
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval;
+
+
+-- name: api_key_set_approval
+-- Whether a key's sends wait for a person (0030): always, policy or never. Read with the key
+-- at its next call, so it applies from the next enqueue on; what it held stays held.
+UPDATE api_keys
+SET approval = %(approval)s
+WHERE name = %(name)s
+RETURNING name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval;
 
 
 -- name: api_key_list
-SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url
+SELECT name, role, key_id, created_at, created_by, revoked_at, revoked_by, notify_email, notify_url, approval
 FROM api_keys
 ORDER BY created_at, id;
 
@@ -2345,7 +2358,7 @@ SET notify_url = %(notify_url)s,
 FROM api_key_pepper p
 WHERE k.name = %(name)s AND p.id = 1
 RETURNING k.name, k.role, k.key_id, k.created_at, k.created_by, k.revoked_at, k.revoked_by, k.notify_email,
-          k.notify_url, k.callback_generation, p.pepper;
+          k.notify_url, k.approval, k.callback_generation, p.pepper;
 
 
 -- name: heartbeat_beat

@@ -314,6 +314,7 @@ Index(
 # API keys (worker/keys.py). A name is never reused, so an actor in evidence names
 # exactly one key for ever; rotating means a new name, then revoking the old one.
 ROLES = ("agent", "operator", "admin")
+KEY_APPROVALS = ("always", "policy", "never")
 
 api_keys = Table(
     "api_keys",
@@ -339,6 +340,9 @@ api_keys = Table(
     # from the pepper and this generation (worker/callbacks.py), never stored.
     Column("notify_url", Text),
     Column("callback_generation", Integer, nullable=False, server_default=text("0")),
+    # Whether the key's sends wait for a person (0030, worker/approval.py KeyApproval): always,
+    # policy (the installation's rules) or never. No default: every writer states it.
+    Column("approval", Text, nullable=False),
     UniqueConstraint("name"),
     UniqueConstraint("key_id"),
     CheckConstraint(_in("role", ROLES), name="role"),
@@ -347,6 +351,7 @@ api_keys = Table(
     # rehashed to HMAC at its first successful use.
     CheckConstraint("secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'", name="secret_hash_scheme"),
     CheckConstraint("revoked_by IS NULL OR revoked_at IS NOT NULL", name="revoked_by_when_revoked"),
+    CheckConstraint(_in("approval", KEY_APPROVALS), name="approval"),
 )
 
 # The server-side secret of API key hashes (worker/keys.py): one row, made by the

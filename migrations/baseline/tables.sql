@@ -28,13 +28,15 @@ CREATE TABLE api_keys (
     notify_email TEXT,
     notify_url TEXT,
     callback_generation INTEGER DEFAULT 0 NOT NULL,
+    approval TEXT NOT NULL,
     CONSTRAINT pk_api_keys PRIMARY KEY (id),
     CONSTRAINT uq_api_keys_name UNIQUE (name),
     CONSTRAINT uq_api_keys_key_id UNIQUE (key_id),
     CONSTRAINT ck_api_keys_role CHECK (role IN ('agent', 'operator', 'admin')),
     CONSTRAINT ck_api_keys_key_id_format CHECK (key_id ~ '^[0-9a-f]{12}$'),
     CONSTRAINT ck_api_keys_secret_hash_scheme CHECK (secret_hash LIKE 'scrypt$%' OR secret_hash LIKE 'hmac-sha256$%'),
-    CONSTRAINT ck_api_keys_revoked_by_when_revoked CHECK (revoked_by IS NULL OR revoked_at IS NOT NULL)
+    CONSTRAINT ck_api_keys_revoked_by_when_revoked CHECK (revoked_by IS NULL OR revoked_at IS NOT NULL),
+    CONSTRAINT ck_api_keys_approval CHECK (approval IN ('always', 'policy', 'never'))
 );
 
 CREATE TABLE decisions (

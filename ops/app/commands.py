@@ -56,7 +56,7 @@ from evq.ops.app.service import (
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.app.waiting import WAIT_DEFAULT
 from evq.ops.settings import OPTIONS, Option
-from evq.worker.approval import PRIORITIES
+from evq.worker.approval import PRIORITIES, KeyApproval
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission, Role
 from evq.worker.pruner import RETENTION_HELP
@@ -524,6 +524,11 @@ NOTIFY_URL_HELP = (
     "the Standard Webhooks way (webhook-id, webhook-timestamp, webhook-signature); the secret is printed once."
 )
 ROLE_HELP = "agent: may enqueue; operator: may resolve unknown steps; admin: both, and manage keys."
+APPROVAL_HELP = (
+    "Whether the key's sends wait for a person: always (every send is held until an operator or admin "
+    "approves it), policy (the installation's rules: EVQ_APPROVAL_*, the budgets) or never (no rule asks "
+    "a person; the budgets still cap it). Default: always for an agent key, policy for the others."
+)
 # ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages", "retention")
@@ -778,7 +783,10 @@ _TABLE: tuple[Command, ...] = (
         "Create an API key and print it once (only its hash is stored).",
         "Create an API key and print it once (only its hash is stored).\n\n"
         "The first key of a fresh install is an admin key and needs no key itself: "
-        "`evq keys create --name NAME --role admin`. Every later one needs an admin key.",
+        "`evq keys create --name NAME --role admin`. Every later one needs an admin key.\n\n"
+        "An agent key's sends wait for a person unless --approval says otherwise. Its failures "
+        "always reach its event feed (`evq events list`); give --notify-email or --notify-url for "
+        "them to reach an inbox or a callback too (the answer says where they go).",
         Effect.WRITE,
         (
             Param(
@@ -788,6 +796,7 @@ _TABLE: tuple[Command, ...] = (
                 help="Who holds the key; recorded as the actor in evidence. Never reused.",
             ),
             Param("role", required=True, enum=tuple(r.value for r in Role), help=ROLE_HELP),
+            Param("approval", enum=tuple(a.value for a in KeyApproval), help=APPROVAL_HELP),
             Param("notify_email", metavar="ADDR", help=NOTIFY_EMAIL_HELP),
             Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
             DRY_RUN,
@@ -800,7 +809,10 @@ _TABLE: tuple[Command, ...] = (
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
-        examples=("evq keys create --name agent-7 --role agent --notify-email agent-7-inbox@example.org",),
+        examples=(
+            "evq keys create --name agent-7 --role agent --notify-email agent-7-inbox@example.org",
+            "evq keys create --name mailer --role agent --approval never --notify-url https://hooks.example.org/evq",
+        ),
         use_when="giving an agent, an operator or a service its own key (one per holder: evidence names it)",
         avoid_when="sharing one key between holders: revoke and create instead",
         risk=Risk.MEDIUM,
@@ -808,8 +820,9 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "keys.list",
-        "List API keys (names, roles, prefixes; never the keys), oldest first.",
-        "List API keys (names, roles, prefixes; never the keys), oldest first.",
+        "List API keys (names, roles, prefixes, approval; never the keys), oldest first.",
+        "List API keys (names, roles, prefixes; never the keys), oldest first, each with whether its "
+        "sends wait for a person (approval: always, policy or never) and where its failures go.",
         Effect.READ,
         (
             Param(
@@ -851,10 +864,11 @@ _TABLE: tuple[Command, ...] = (
     ),
     Command(
         "keys.update",
-        "Change a key's default notification targets: its email address and its callback URL.",
-        "Change a key's default notification targets: the address told of a failure of a "
-        "send the key enqueued when the request named no notify address, and the URL evq "
-        "POSTs each of its events to, signed (the secret is printed when a URL is set). The "
+        "Change whether a key's sends wait for a person, and its default notification targets.",
+        "Change whether the key's sends wait for a person (--approval: always, policy or never; "
+        "from its next enqueue on), and its default notification targets: the address told of a "
+        "failure of a send the key enqueued when the request named no notify address, and the URL "
+        "evq POSTs each of its events to, signed (the secret is printed when a URL is set). The "
         "key itself is unchanged. Its event feed (`evq events list`) gets every event either way.",
         Effect.WRITE,
         (
@@ -865,9 +879,9 @@ _TABLE: tuple[Command, ...] = (
                 help=NOTIFY_EMAIL_HELP,
                 example="agent-inbox@example.org",
                 # Something must change: this, or one of the other changes.
-                unless=("clear_notify_email", "notify_url", "clear_notify_url", "rotate_callback_secret"),
+                unless=("clear_notify_email", "notify_url", "clear_notify_url", "rotate_callback_secret", "approval"),
                 required_text="one change is needed: this, --clear-notify-email, --notify-url, "
-                "--clear-notify-url or --rotate-callback-secret",
+                "--clear-notify-url, --rotate-callback-secret or --approval",
             ),
             Param("clear_notify_email", Kind.FLAG, help="Remove the key's default notification address."),
             Param("notify_url", metavar="URL", help=NOTIFY_URL_HELP),
@@ -877,14 +891,19 @@ _TABLE: tuple[Command, ...] = (
                 Kind.FLAG,
                 help="A new signing secret for the callbacks (printed once); the old one stops verifying.",
             ),
+            Param("approval", enum=tuple(a.value for a in KeyApproval), help=APPROVAL_HELP.split(" Default:")[0]),
             DRY_RUN,
             api_key(Permission.MANAGE_KEYS),
             OUTPUT,
             DATABASE_URL,
         ),
         permission=Permission.MANAGE_KEYS,
-        examples=("evq keys update agent-7 --notify-email agent-7-inbox@example.org",),
-        use_when="pointing a key's failures at an inbox or a callback URL, or rotating the callback's secret",
+        examples=(
+            "evq keys update agent-7 --notify-email agent-7-inbox@example.org",
+            "evq keys update mailer --approval never",
+        ),
+        use_when="letting a key send without a person (or making it wait for one), pointing a key's failures "
+        "at an inbox or a callback URL, or rotating the callback's secret",
         avoid_when="changing what a key may do: revoke it and create another",
         risk=Risk.MEDIUM,
         local_only="keys are managed where the database is, by an administrator; no request can change a key",
@@ -917,7 +936,9 @@ _TABLE: tuple[Command, ...] = (
         "Show the approval policy this installation enqueues under (EVQ_APPROVAL_*, EVQ_BUDGET_*): "
         "whether every send is held, the first-contact rule (off, address or domain), the recipient "
         "cap, the allowed hours and weekdays in their time zone, how long a held send waits before it "
-        "expires, each budget's cap and what a send over one gets (hold or refuse); and the budgets' "
+        "expires, each budget's cap and what a send over one gets (hold or refuse); each key that may "
+        "enqueue with its approval (always: every send waits for a person; policy: these rules; never: "
+        "no rule asks a person, the budgets still apply; an agent key sees its own); and the budgets' "
         "counters in their current windows (a run's over its life, a key's this hour and this UTC day, "
         "a domain's this hour), most used first. A request's require_approval holds it whatever the policy.",
         Effect.READ,
@@ -1390,8 +1411,9 @@ _TABLE: tuple[Command, ...] = (
         "steps.wait",
         "Wait until a step is worth acting on, then show it (at most a minute).",
         "Wait until a step is worth acting on, then show it as `steps show` does: as soon as its "
-        "next_action is not `wait` (sent, rejected, held for approval, or an operator is needed), or at "
-        "--timeout with meta.timed_out true. next_action is one of: "
+        "next_action is neither `wait` nor `wait_for_approval` (sent, rejected, denied, or an operator is "
+        "needed; a held step until a person decides, and an approved one until it is sent), or at "
+        "--timeout with meta.timed_out true (call again). next_action is one of: "
         + "; ".join(f"{name}: {meaning}" for name, meaning in NEXT_ACTIONS.items())
         + ".\n\nOver HTTP it is `GET /v1/steps/{step_id}?wait=30s` (steps show's route).",
         Effect.READ,

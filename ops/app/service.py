@@ -245,9 +245,10 @@ async def enqueue(
             await record_refusal(store, caller, interface, requests, exc, dry_run=dry_run)
         raise
     if dry_run:
-        who = await caller.identify(store, Permission.READ)
-        # The key budgets count per key: a dry run's verdict is for the key that asked.
-        actor = Actor(interface=caller.interface, key_id=who.key_id, name=who.name) if who else None
+        # The key budgets count per key, and its approval holds or not: a dry run's verdict is
+        # for the key that asked (the command line reads without one, so its key, if valid, too).
+        who = await caller.identify(store, Permission.READ) or await caller.verified(store)
+        actor = actor_of(caller, who) if who else None
         plan = [await _plan(store, replace(v, actor=actor) if actor else v, policy) for v in valid]
         # The refusal the real run would answer (a new step through an unresolvable provider).
         held = {i for i in must_look_up(valid, policy) if plan[i]["existing_id"] is not None}
@@ -261,8 +262,7 @@ async def enqueue(
     rows = {i: await store.find_by_key(valid[i]) for i in must_look_up(valid, policy)}
     answer = lambda: answer_held(valid, rows, policy, indexed=len(valid) > 1)  # noqa: E731
     answered = await _recorded(store, caller, interface, requests, answer, dry_run=False)
-    # Who asked goes with the decision: the key's name and public id, never its secret.
-    actor = Actor(interface=caller.interface, key_id=identity.key_id, name=identity.name)
+    actor = actor_of(caller, identity)
     rest = [replace(v, actor=actor) for i, v in enumerate(valid) if i not in answered]
     try:
         if not rest:
@@ -284,9 +284,19 @@ async def enqueue(
     return Reply(data, {"count": len(results), "created": created}, created=created > 0)
 
 
+def actor_of(caller: Caller, identity: Identity) -> Actor:
+    """Who asks, as the enqueue records and judges it: the key's name and public id (never its
+    secret), the interface, and the key's approval as read with the key for this call
+    (worker/approval.py decides what it holds, the same for every interface)."""
+    return Actor(
+        interface=caller.interface, key_id=identity.key_id, name=identity.name, approval=str(identity.approval)
+    )
+
+
 def enqueued_view(result: EnqueueResult, policy: Policy) -> dict[str, Any]:
     """An enqueue's answer as every interface shows it: the result, labelled, with the step's
-    verdict (a repeat is answered as its row is: a rejected one may say resend)."""
+    verdict (a repeat is answered as its row is: a rejected one may say resend) and, held, what
+    happens next (:func:`approval_view`)."""
     return with_labels(
         {
             **result.to_dict(),
@@ -297,8 +307,40 @@ def enqueued_view(result: EnqueueResult, policy: Policy) -> dict[str, Any]:
                 provider=result.provider,
                 unresolvable=policy.unresolvable,
             ),
+            "approval": approval_view(result.id, str(result.status), result.hold_expires_at),
         }
     )
+
+
+# How long one wait may last (ops/app/waiting.py): longer holds a request, and a proxy's idle timer, open too long.
+WAIT_MAX = 60.0
+
+
+def approval_view(step_id: int, status: str, expires_at: datetime | None) -> dict[str, Any] | None:
+    """A held step's next steps, for the agent that reads it (the enqueue's answer, `steps
+    show`, `steps wait`): who may decide (the roles that approve, never the key that enqueued
+    it), until when (then it is rejected, approval_expired), and how to wait for the decision
+    on each interface. None: the step is not held."""
+    if status != Status.HELD:
+        return None
+    seconds = f"{WAIT_MAX:g}s"
+    return {
+        "approver_roles": [str(r) for r in ALLOWED[Permission.APPROVE]],
+        "not_approver": "the API key that enqueued it: a second person decides",
+        "expires_at": expires_at,
+        "on_expiry": "rejected, reason approval_expired: nothing is sent (next_action resend)"
+        if expires_at is not None
+        else "it never expires (EVQ_APPROVAL_EXPIRES=never)",
+        "wait": {
+            "cli": f"evq steps wait {step_id} --timeout {seconds}",
+            "http": f"GET /v1/steps/{step_id}?wait={seconds}",
+            "mcp": {"tool": "evq_steps_wait", "arguments": {"step_id": step_id, "timeout": seconds}},
+            "max_seconds": int(WAIT_MAX),
+            "returns": "once a person decided: approved, when it is sent (or fails); denied or expired, "
+            "rejected. A wait lasts at most max_seconds: meta.timed_out true means nobody decided yet, "
+            "call again",
+        },
+    }
 
 
 async def _recorded(
@@ -604,6 +646,7 @@ def _step_detail(
         "content": content_view(detail.step, refusal),
         "delivery": delivery_view(delivery),
         **step_verdict(detail.step, unresolvable),
+        "approval": approval_view(detail.step["id"], str(detail.step["status"]), detail.step.get("hold_expires_at")),
     }
     if refusal is not None:
         step["payload"] = {**step["payload"], **dict.fromkeys(BODY_PARTS)}
@@ -1070,7 +1113,7 @@ POLICY_USAGE_LIMIT = 20
 async def show_policy(store: AppStore, caller: Caller, settings: Settings) -> Reply:
     """The approval policy (ApprovalPolicy.describe()) and the budget counters of the current
     windows, most used first (at most POLICY_USAGE_LIMIT: meta.usage_shown says how many)."""
-    await caller.identify(store, Permission.READ)
+    who = await caller.identify(store, Permission.READ)
     policy = settings.approval_policy()
     caps = {b.value: cap for b, cap in policy.budgets}
     usage = [
@@ -1083,8 +1126,19 @@ async def show_policy(store: AppStore, caller: Caller, settings: Settings) -> Re
         }
         for r in await store.budget_usage(limit=POLICY_USAGE_LIMIT)
     ]
-    data = {**policy.describe(), "active": policy.active, "usage": usage}
+    data = {**policy.describe(), "active": policy.active, "keys": await key_approvals(store, who), "usage": usage}
     return Reply(data, {"usage_shown": len(usage), "usage_limit": POLICY_USAGE_LIMIT})
+
+
+async def key_approvals(store: AppStore, who: Identity | None) -> list[dict[str, Any]]:
+    """Whose sends wait for a person: each active key that may enqueue, with its approval
+    (always, policy: the rules above, never), oldest first. An agent key sees its own only
+    (other keys' names are not its business); an operator, an admin and the command line see all."""
+    may_enqueue = ALLOWED[Permission.ENQUEUE]
+    keys = [k for k in await store.list_keys() if k["revoked_at"] is None and Role(k["role"]) in may_enqueue]
+    if who is not None and who.role is Role.AGENT:
+        keys = [k for k in keys if k["key_id"] == who.key_id]
+    return [{"name": k["name"], "role": k["role"], "approval": k["approval"]} for k in keys]
 
 
 # -- operators ----------------------------------------------------------------

@@ -1,9 +1,12 @@
 """`evq steps wait`, `GET /v1/steps/{id}?wait=30s` and `evq_steps_wait`: one step's view as
 soon as it is worth acting on, so an agent does not poll (docs/design.md, "The ambiguity contract").
 
-Worth acting on: any ``next_action`` but ``wait`` (a held step, ``wait_for_approval``, returns at
-once: waiting for a person can take days, and the agent should know that now). At the timeout
-the view is answered as it is, with ``meta.timed_out: true``.
+Worth acting on: any ``next_action`` but ``wait`` and ``wait_for_approval``. A held step is waited
+on too (issue 30: every agent send may be held, and the agent's wait must end when a person
+decides): approved, it keeps waiting through the send until the step is sent or fails; denied or
+expired, it answers ``rejected``. The agent knows it is held from the enqueue's answer already
+(``next_action`` and ``approval``). At the timeout the view is answered as it is, with
+``meta.timed_out: true``: nobody decided yet, or it is still being sent; the caller calls again.
 
 The wait polls the store with a backoff (0.1 s growing to 1 s): each poll is one short read of
 the step's row (``list_steps`` by id) on a pooled connection taken for that read only, so a
@@ -21,12 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 
+from evq.ops.app.service import WAIT_MAX as WAIT_MAX  # the bound, stated in every held step's answer
 from evq.ops.app.service import Caller, Reply, show_step, verdict_view
 from evq.worker.errors import InvalidRequest, NotFound
 from evq.worker.ports import AppStore, StepFilter
 
-WAIT_MAX = 60.0  # seconds: longer holds a request (and a proxy's idle timer) open for too long
 WAIT_DEFAULT = "30s"
+# The next_actions a wait waits through: evq still working on it, or a person still to decide.
+WAITING = ("wait", "wait_for_approval")
 FIRST_POLL = 0.1
 LAST_POLL = 1.0
 _WAIT = re.compile(r"^(\d{1,5}(?:\.\d{1,3})?)\s*(ms|s|m)?$")
@@ -100,7 +105,8 @@ async def wait_step(
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     slots: WaitSlots | None = None,
 ) -> Reply:
-    """The step's `steps show` view once its ``next_action`` is not ``wait``, or at ``timeout``
+    """The step's `steps show` view once its ``next_action`` is neither ``wait`` nor
+    ``wait_for_approval`` (:data:`WAITING`), or at ``timeout``
     seconds (``meta.timed_out``); ``meta.waited_ms`` says how long it waited. The first read is
     the whole view (it checks the key and that the step exists); the polls read the row only."""
     if slots is not None:
@@ -115,7 +121,7 @@ async def wait_step(
     action = first.data["step"]["next_action"]
     delay = FIRST_POLL
     polled = False
-    while action == "wait":
+    while action in WAITING:
         left = deadline - clock()
         if left <= 0:
             break
@@ -125,6 +131,6 @@ async def wait_step(
         polled = True
     reply = await show_step(store, caller, step_id, unresolvable=unresolvable) if polled else first
     # The answer is the view read last: its own next_action decides whether the wait ended early.
-    timed_out = reply.data["step"]["next_action"] == "wait"
+    timed_out = reply.data["step"]["next_action"] in WAITING
     meta = {**reply.meta, "timed_out": timed_out, "waited_ms": round((clock() - started) * 1000)}
     return Reply(reply.data, meta, reply.status)

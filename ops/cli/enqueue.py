@@ -135,9 +135,17 @@ def _held(items: list[dict[str, Any]]) -> list[str]:
     held = [i for i in items if i.get("hold")]
     if not held:
         return []
-    lines = [f"held for approval: {len(held)} of {len(items)} (nothing is sent until an operator approves)"]
+    lines = [
+        f"held for approval: {len(held)} of {len(items)} (nothing is sent until an operator or admin approves; "
+        "never the key that enqueued it)"
+    ]
     for i in held[:10]:
         lines += [f"  step {i['id']}: {r['rule']}: {r['why']}" for r in i["hold"]["rules"]]
+    # What to do next (the answer's ``approval``): wait for the decision, once per held step.
+    approval = held[0].get("approval")
+    if approval:
+        until = f"; it expires at {approval['expires_at']}" if approval["expires_at"] else ""
+        lines.append(f"wait for the decision: {approval['wait']['cli']}{until}")
     return lines
 
 

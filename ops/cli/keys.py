@@ -1,4 +1,4 @@
-"""evq keys create | list | revoke
+"""evq keys create | list | update | revoke
 
 Bootstrap: while no active admin key exists, `evq keys create --role admin`
 needs no key (whoever can reach the database could write the table anyway).
@@ -15,9 +15,10 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
+from evq.worker.approval import KeyApproval
 from evq.worker.callbacks import check_url
 from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound
-from evq.worker.keys import PREFIX, Role, check_name, generate
+from evq.worker.keys import PREFIX, Role, check_name, default_approval, generate
 from evq.worker.logs import register_secrets
 from evq.worker.request import notify_address
 
@@ -30,6 +31,7 @@ def keys_create(
     out: Output,
     name: str,
     role: str,
+    approval: str | None,
     notify_email: str | None,
     notify_url: str | None,
     dry_run: bool,
@@ -37,6 +39,8 @@ def keys_create(
     database_url: str | None,
 ) -> None:
     check_name(name)
+    # Not given: the role's default (an agent's sends wait for a person), said in the answer.
+    chosen = KeyApproval(approval) if approval is not None else default_approval(Role(role))
     settings = load_settings(database_url=database_url)
     if notify_email is not None:
         notify_email = notify_address(notify_email, settings.policy(), "--notify-email")
@@ -54,9 +58,11 @@ def keys_create(
                     "dry_run": True,
                     "name": name,
                     "role": role,
+                    "approval": str(chosen),
                     "bootstrap": bootstrap,
                     "notify_email": notify_email,
                     "notify_url": notify_url,
+                    "failures": failures_view(notify_email, notify_url),
                 }
             if bootstrap and role != Role.ADMIN:
                 raise AuthFailed(
@@ -73,6 +79,7 @@ def keys_create(
                 created_by=created_by,
                 notify_email=notify_email,
                 notify_url=notify_url,
+                approval=chosen,
             )
             register_secrets([row.get("callback_secret")])
             return {
@@ -81,6 +88,7 @@ def keys_create(
                 "key": key.text,
                 "bootstrap": bootstrap,
                 "callback_secret": row.get("callback_secret"),
+                "failures": failures_view(row.get("notify_email"), row.get("notify_url")),
             }
 
     data = run(work())
@@ -99,13 +107,45 @@ def key_view(row: dict[str, Any]) -> dict[str, Any]:
         "revoked_by": row.get("revoked_by"),
         "notify_email": row.get("notify_email"),
         "notify_url": row.get("notify_url"),
+        "approval": row["approval"],
     }
 
 
+# What each approval means, in the words `evq keys create|update` print.
+APPROVAL_WORDS = {
+    KeyApproval.ALWAYS: "every send it enqueues waits for a person (an operator or admin approves it)",
+    KeyApproval.POLICY: "its sends follow the installation's approval policy (`evq policy show`)",
+    KeyApproval.NEVER: "its sends go out without a person (the budgets still cap them)",
+}
+
+
+def failures_view(notify_email: str | None, notify_url: str | None) -> dict[str, Any]:
+    """Where the failures of the key's sends go (docs/design.md, "Failure notices"): always its
+    event feed; and its default address and callback URL when it has them. ``feed_only`` says
+    plainly when the feed is all there is, so whoever made the key knows to poll it."""
+    feed_only = notify_email is None and notify_url is None
+    places = ["its event feed (`evq events list` with the key)"]
+    places += [f"a notice to {notify_email}"] if notify_email else []
+    places += [f"a signed callback to {notify_url}"] if notify_url else []
+    note = (
+        "failures of this key's sends will only be in its event feed (`evq events list` with the key): "
+        "no --notify-email or --notify-url was given (`evq keys update` adds one)"
+        if feed_only
+        else "failures of this key's sends reach " + ", ".join(places)
+    )
+    return {"feed": True, "notify_email": notify_email, "notify_url": notify_url, "feed_only": feed_only, "note": note}
+
+
 def _human_created(d: dict[str, Any]) -> str:
+    told = [
+        f"Approval: {d['approval']}: {APPROVAL_WORDS[KeyApproval(d['approval'])]}.",
+        f"Failures: {d['failures']['note']}.",
+    ]
     if d["dry_run"]:
         how = " (bootstrap: no admin key exists yet, so none is needed)" if d["bootstrap"] else ""
-        return f"dry run: would create key {d['name']!r} with role {d['role']}{how}; nothing was changed"
+        return "\n".join(
+            [f"dry run: would create key {d['name']!r} with role {d['role']}{how}; nothing was changed", *told]
+        )
     return "\n".join(
         [
             f"created key {d['name']!r} (role {d['role']}). It is shown only now; keep it in a secret store:",
@@ -113,6 +153,8 @@ def _human_created(d: dict[str, Any]) -> str:
             f"    {d['key']}",
             "",
             "Use it with: export EVQ_API_KEY=<the key>",
+            "",
+            *told,
             *(
                 [
                     "",
@@ -147,6 +189,7 @@ def keys_list(out: Output, limit: int, offset: int, database_url: str | None) ->
                 ("role", "role"),
                 ("state", "state"),
                 ("key_prefix", "key"),
+                ("approval", "approval"),
                 ("created_at", "created"),
                 ("created_by", "by"),
                 ("revoked_at", "revoked"),
@@ -166,6 +209,7 @@ def keys_update(
     notify_url: str | None,
     clear_notify_url: bool,
     rotate_callback_secret: bool,
+    approval: str | None,
     dry_run: bool,
     credential: Credential,
     database_url: str | None,
@@ -178,13 +222,13 @@ def keys_update(
             )
     email_change = notify_email is not None or clear_notify_email
     url_change = notify_url is not None or clear_notify_url or rotate_callback_secret
-    if not email_change and not url_change:
+    if not email_change and not url_change and approval is None:
         raise InvalidRequest(
             [
                 {
                     "field": "--notify-email",
                     "message": "nothing to change: give --notify-email/--clear-notify-email, "
-                    "--notify-url/--clear-notify-url or --rotate-callback-secret",
+                    "--notify-url/--clear-notify-url, --rotate-callback-secret or --approval",
                 }
             ]
         )
@@ -202,11 +246,14 @@ def keys_update(
             after = {
                 "notify_email": email if email_change else before["notify_email"],
                 "notify_url": url if (notify_url is not None or clear_notify_url) else before["notify_url"],
+                "approval": approval or before["approval"],
             }
             changed = any(after[k] != before[k] for k in after) or rotate_callback_secret
             if dry_run:
                 return {"dry_run": True, **key_view({**before, **after}), "changed": changed, "callback_secret": None}
             row = before
+            if after["approval"] != before["approval"]:
+                row = await store.set_key_approval(name, approval=KeyApproval(after["approval"]))
             if email_change:
                 row = await store.set_key_notify(name, notify_email=after["notify_email"])
             secret = None
@@ -227,7 +274,8 @@ def keys_update(
         verb = "would tell" if d["dry_run"] else "tells"
         lines = [
             f"key {d['name']!r} {verb} {d['notify_email'] or 'no address'} by email"
-            f" and {d['notify_url'] or 'no URL'} by callback of its failed sends (and its event feed)"
+            f" and {d['notify_url'] or 'no URL'} by callback of its failed sends (and its event feed)",
+            f"approval: {d['approval']}: {APPROVAL_WORDS[KeyApproval(d['approval'])]}",
         ]
         if d.get("callback_secret"):
             lines += ["", "Callbacks are signed with (shown only now):", "", f"    {d['callback_secret']}"]

@@ -44,6 +44,9 @@ def _human(data: dict[str, Any]) -> str:
         + (", ".join(f"{b['budget']} {b['cap']}" for b in data["budgets"]) or "none")
         + f" (over one: {data['over_budget']})",
     ]
+    if data["keys"]:
+        lines += ["", "keys that enqueue, and whether their sends wait for a person:"]
+        lines += [f"  {k['name']} ({k['role']}): {k['approval']}" for k in data["keys"]]
     if data["usage"]:
         lines += [
             "",

@@ -48,7 +48,8 @@ evq_steps_wait (it answers when the step is worth acting on) or evq_steps_show (
 evq_runs_show (a run, a page of its steps at a time: meta.total, offset); evq_providers_list says whether a
 provider is down; evq_events_list tells you of every
 send of yours that was rejected, became unknown or got an operator's verdict. A step whose status is `held`
-waits for a person's approval: do not send it again, wait (evq_steps_cancel withdraws it). A step whose status is `unknown`
+waits for a person's approval (an agent key's sends are held by default: its `approval` says who may decide
+and until when): do not send it again, call evq_steps_wait until a person decided (evq_steps_cancel withdraws it). A step whose status is `unknown`
 may or may not have been delivered: never send it again under a new step_id; an operator decides. Every view
 of a step says so itself: safe_to_retry (true only when evq knows nothing was sent) and next_action (wait,
 wait_for_approval, ask_operator, none, fix_and_resend, resend).
@@ -321,8 +322,9 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         _tool(
             "steps.wait",
             "Wait (at most 60s, `timeout`) until a step is worth acting on, then answer as evq_steps_show: when "
-            "its next_action is not `wait` (sent, refused, held for approval, or needs an operator), or at the "
-            "timeout with meta.timed_out true. Call it after evq_steps_enqueue instead of polling. next_action: "
+            "its next_action is neither `wait` nor `wait_for_approval` (sent, refused, denied, or needs an "
+            "operator; a held step until a person decides, an approved one until it is sent), or at the timeout "
+            "with meta.timed_out true (call again). Call it after evq_steps_enqueue instead of polling. next_action: "
             + "; ".join(f"{name}: {meaning}" for name, meaning in NEXT_ACTIONS.items()),
             command_input("steps.wait"),
             wait,

@@ -249,7 +249,8 @@ async def list_steps(
     "/steps/{step_id}",
     summary="One step: the decision behind it, the request, every evidence row",
     description="With `wait` (`30s`, at most 60s), the answer waits until the step is worth acting on "
-    "(its next_action is not `wait`) or the time is up (`meta.timed_out`: true): `evq steps wait`.",
+    "(its next_action is neither `wait` nor `wait_for_approval`: a held step until a person decides, an "
+    "approved one until it is sent) or the time is up (`meta.timed_out`: true, call again): `evq steps wait`.",
     responses=_responses("steps.show", 200, s404="no such step (E_NOT_FOUND)"),
     **operation("steps.show"),
 )

@@ -57,12 +57,23 @@ class Evq:
         )
 
 
-def make_key(db_url: str, name: str, role: str, *, created_by: str | None = "test-admin") -> str:
-    """A real API key in the test database (``created_by=None``: the bootstrap admin key)."""
+def make_key(
+    db_url: str, name: str, role: str, *, created_by: str | None = "test-admin", approval: str | None = "policy"
+) -> str:
+    """A real API key in the test database (``created_by=None``: the bootstrap admin key).
+
+    Its ``approval`` is ``policy`` unless asked (the installation's rules, what every key had
+    before issue 30): most tests are about what becomes of a send that goes out. None: the
+    role's default, as `evq keys create` gives it (an agent's sends always wait for a person)."""
+    from evq.worker.approval import KeyApproval
     from evq.worker.keys import Role, generate
 
     key = generate()
-    with_store(db_url, lambda store: store.create_key(name=name, role=Role(role), key=key, created_by=created_by))
+    chosen = None if approval is None else KeyApproval(approval)
+    with_store(
+        db_url,
+        lambda store: store.create_key(name=name, role=Role(role), key=key, created_by=created_by, approval=chosen),
+    )
     return key.text
 
 

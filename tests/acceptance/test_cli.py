@@ -71,8 +71,10 @@ def test_enqueue_send_and_read_back_the_whole_story(evq: Evq, smtp, db_url):
         "next_action_label",
         "hold",
         "pruned",
+        "approval",
     }
-    assert first["hold"] is None and first["pruned"] is False  # no approval policy: it goes out on its own
+    # No approval policy, and an admin key (its approval: policy): it goes out on its own.
+    assert first["hold"] is None and first["pruned"] is False and first["approval"] is None
     assert (first["safe_to_retry"], first["next_action"]) == (False, "wait")  # queued: never resend it
     # Plain SMTP can settle no lost answer (docs/design.md, "Provider profiles"): the answer says so.
     assert first["ambiguity"] == "unresolvable" and "EVQ_REFUSE_UNRESOLVABLE" in first["ambiguity_hint"]

@@ -13,8 +13,8 @@ from evq.worker.resolution import Resolution
 from tests.conformance.helpers import claim, settle
 from tests.support import valid
 
-AGENT = Actor(interface="http", key_id="0123456789ab", name="agent-7")
-OTHER = Actor(interface="mcp", key_id="0123456789cd", name="agent-8")
+AGENT = Actor(interface="http", key_id="0123456789ab", name="agent-7", approval="policy")
+OTHER = Actor(interface="mcp", key_id="0123456789cd", name="agent-8", approval="policy")
 
 
 async def test_rejections_unknowns_and_verdicts_land_in_the_enqueuing_keys_feed(any_store):

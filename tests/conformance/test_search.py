@@ -25,7 +25,7 @@ async def three_steps(store):
     """a: Bob at example.net, enqueued by key "ops-agent" and accepted by the provider as pm-77;
     b: Carol at bücher.example in cc, run "run-b"; c: someone at example.org, an own key."""
     a = await store.enqueue(
-        replace(valid(to=["Bob.Smith@Example.NET"]), actor=Actor("http", "k-1", "ops-agent")), now=T0
+        replace(valid(to=["Bob.Smith@Example.NET"]), actor=Actor("http", "k-1", "ops-agent", "policy")), now=T0
     )
     [step] = await claim(store, now=at(1))
     await store.record([settle(step, Accepted("pm-77"))], actor="w1", now=at(2))

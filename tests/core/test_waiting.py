@@ -104,3 +104,43 @@ async def test_a_caller_past_its_waits_at_once_is_answered_at_once_and_others_st
     for task in (*held, third):
         assert (await task).data["step"]["status"] == "accepted"
     assert slots.by_caller == {}  # every slot given back
+
+
+async def test_a_held_step_is_waited_on_until_a_person_decides_then_until_it_is_sent(mem):
+    """Issue 30: every agent send may be held, so a wait waits through the hold. Nobody deciding:
+    it runs to its timeout (timed_out, wait_for_approval: call again). Approved during the wait:
+    it keeps waiting while the step is pending and answers once it is sent. Denied: it answers
+    rejected at once."""
+    from tests.support import held_steps
+
+    [held] = await held_steps(mem)
+    clock = Clock()
+    nobody = await wait_step(mem, READER, held.id, timeout=5, unresolvable=(), clock=clock, sleep=clock.sleep)
+    assert nobody.meta["timed_out"] is True and nobody.meta["waited_ms"] == 5000
+    assert (nobody.data["step"]["status"], nobody.data["step"]["next_action"]) == ("held", "wait_for_approval")
+    assert nobody.data["step"]["approval"]["wait"]["max_seconds"] == 60
+
+    async def approve() -> None:
+        await mem.approve(held.id, actor="alice", actor_key_id="0123456789ab", note="fine")
+
+    async def approve_then_send() -> None:
+        clock.then = lambda: _send(mem)  # a worker sends it three polls later
+        clock.at = len(clock.sleeps) + 3
+        await approve()
+
+    clock = Clock(approve_then_send, at=2)
+    sent = await wait_step(mem, READER, held.id, timeout=30, unresolvable=(), clock=clock, sleep=clock.sleep)
+    assert sent.meta["timed_out"] is False
+    assert (sent.data["step"]["status"], sent.data["step"]["next_action"]) == ("accepted", "none")
+    assert sent.data["step"]["approval"] is None
+    assert len(clock.sleeps) == 5  # two polls held, three pending, answered at the poll that saw it sent
+
+    [denied] = await held_steps(mem)
+
+    async def deny() -> None:
+        await mem.deny(denied.id, actor="alice", note="no")
+
+    clock = Clock(deny, at=1)
+    refused = await wait_step(mem, READER, denied.id, timeout=30, unresolvable=(), clock=clock, sleep=clock.sleep)
+    assert refused.meta["timed_out"] is False and len(clock.sleeps) == 1
+    assert (refused.data["step"]["status"], refused.data["step"]["reason"]) == ("rejected", "denied")

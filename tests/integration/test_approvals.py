@@ -17,7 +17,7 @@ from evq.ops.app import approvals, service
 from evq.ops.app.service import Caller
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
-from evq.worker.approval import ApprovalPolicy, FirstContact
+from evq.worker.approval import ApprovalPolicy, FirstContact, KeyApproval
 from evq.worker.approvals import ExpirerConfig, HoldExpirer
 from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
 from evq.worker.keys import Role, generate
@@ -41,8 +41,9 @@ STRANGER = "stranger@victim.example"
 
 
 async def make_key(store, name: str, role: Role):
+    """A key at ``policy`` (the installation's rules, which these tests set): not its role's default."""
     key = generate()
-    await store.create_key(name=name, role=role, key=key, created_by=None)
+    await store.create_key(name=name, role=role, key=key, created_by=None, approval=KeyApproval.POLICY)
     return key
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from evq.adapters.http.callback import CallbackPoster
 from evq.ops.app import service
 from evq.ops.app.service import Caller
+from evq.worker.approval import KeyApproval
 from evq.worker.callbacks import CallbackConfig, CallbackSender
 from evq.worker.keys import Role, generate
 from evq.worker.outcomes import Rejected
@@ -25,7 +26,9 @@ async def rejected_send(store, key_text: str, run_id: str) -> int:
 async def agent_with_url(store, url: str):
     await store.create_key(name="admin", role=Role.ADMIN, key=generate(), created_by=None)
     key = generate()
-    made = await store.create_key(name="agent-7", role=Role.AGENT, key=key, created_by="admin", notify_url=url)
+    made = await store.create_key(
+        name="agent-7", role=Role.AGENT, key=key, created_by="admin", notify_url=url, approval=KeyApproval.POLICY
+    )
     return key, made["callback_secret"]
 
 
@@ -101,7 +104,7 @@ async def test_a_receiver_that_never_answers_2xx_is_given_up_and_the_feed_keeps_
 async def test_a_key_without_a_url_is_owed_no_delivery(store, db_url):
     await store.create_key(name="admin", role=Role.ADMIN, key=generate(), created_by=None)
     key = generate()
-    await store.create_key(name="agent-9", role=Role.AGENT, key=key, created_by="admin")
+    await store.create_key(name="agent-9", role=Role.AGENT, key=key, created_by="admin", approval=KeyApproval.POLICY)
     await rejected_send(store, key.text, "r-none")
     assert rows(db_url, "SELECT * FROM callback_deliveries") == []
     assert len(rows(db_url, "SELECT * FROM key_events")) == 1

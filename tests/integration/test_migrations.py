@@ -90,3 +90,23 @@ def test_the_migrations_build_what_the_model_describes(db_url, empty_db_url):
     migrated = _definitions(db_url, everything=False)
     assert {r["table"] for r in migrated} == set(metadata.tables)
     assert migrated == _definitions(empty_db_url, everything=False)
+
+
+def test_a_key_says_its_approval_and_nothing_but_the_three_values_is_stored(db_url):
+    """An API key's approval has no default (every writer says whether its sends wait for a
+    person) and only always, policy and never are stored. Keys of a 0.2 database get theirs
+    from their role: tests/integration/test_upgrade_from_0_2.py."""
+    import psycopg
+    import pytest
+
+    with psycopg.connect(db_url) as conn:
+        with pytest.raises(psycopg.errors.NotNullViolation):
+            conn.execute(
+                "INSERT INTO api_keys (name, role, key_id, secret_hash) VALUES ('x', 'agent', 'aaaaaaaaaaaa', 'x')"
+            )
+        conn.rollback()
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO api_keys (name, role, key_id, secret_hash, approval) "
+                "VALUES ('x', 'agent', 'aaaaaaaaaaaa', 'hmac-sha256$x', 'sometimes')"
+            )

@@ -154,16 +154,17 @@ def _snapshot(url: str, columns: dict[str, list[str]]) -> dict[str, list[dict[st
 
 
 def _keys(url: str) -> dict[str, str]:
-    """Three keys a 0.2 admin made: HMACs under the pepper, one of them revoked, and one
-    still in the scrypt form a key made before 0.2's HMACs kept until its first use."""
+    """Four keys a 0.2 admin made: HMACs under the pepper, one of them revoked, one still in the
+    scrypt form a key made before 0.2's HMACs kept until its first use, and an agent's."""
     from evq.worker.keys import generate, scrypt_hash
 
-    made = {name: generate() for name in ("alice", "bob", "carol")}
+    made = {name: generate() for name in ("alice", "bob", "carol", "dave")}
     with psycopg.connect(url) as conn:
         for name, role, stored, revoked in (
             ("alice", "admin", key_hash(made["alice"].secret), False),
             ("bob", "operator", key_hash(made["bob"].secret), True),
             ("carol", "operator", scrypt_hash(made["carol"].secret), False),
+            ("dave", "agent", key_hash(made["dave"].secret), False),
         ):
             conn.execute(
                 "INSERT INTO api_keys (name, role, key_id, secret_hash, created_by, revoked_at, revoked_by, "
@@ -192,7 +193,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert done["runtime_roles"] == [r.app] and done["from_0_2"]["runtime_roles"] == [r.app]
     copied = done["from_0_2"]["copied"]
     assert copied == {
-        "decisions": 15, "email_steps": 15, "key_ledger": 15, "evidence": len(before["evidence"]), "api_keys": 3,
+        "decisions": 15, "email_steps": 15, "key_ledger": 15, "evidence": len(before["evidence"]), "api_keys": 4,
         "api_key_pepper": 1, "prune_log": 1, "provider_rate_limits": 1, "provider_circuits": 1,
         "provider_circuit_events": 1,
     }  # fmt: skip
@@ -285,6 +286,14 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert resolved["data"]["succeeded"] == 1, resolved
     assert rows(r.admin_url, "SELECT secret_hash LIKE 'hmac-sha256$%%' AS hmac FROM api_keys WHERE name = 'carol'") == [
         {"hmac": True}
+    ]
+    # 0.2 had no per-key approval: the agent's key now waits for a person, the others keep the policy.
+    approvals = rows(r.admin_url, "SELECT name, approval FROM api_keys ORDER BY name")
+    assert approvals == [
+        {"name": "alice", "approval": "policy"},
+        {"name": "bob", "approval": "policy"},
+        {"name": "carol", "approval": "policy"},
+        {"name": "dave", "approval": "always"},
     ]
 
 

@@ -204,7 +204,7 @@ async def make_steps(store: Any, world: World) -> None:
             require_approval=row.state == "held",
             max_attempts=1 if row.state == "rejected" else None,
         )
-        asked = replace(asked, actor=Actor("http", world.key_ids[owner], owner))
+        asked = replace(asked, actor=Actor("http", world.key_ids[owner], owner, approval="policy"))
         step = (await store.enqueue(asked)).id
         world.steps[(row.id, name)] = step
         world.runs[step] = run

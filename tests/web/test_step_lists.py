@@ -379,3 +379,52 @@ def test_the_header_search_by_address_finds_rows_across_states_and_an_empty_one_
         none = web.get("/ops/steps", params={"q": "nobody@nowhere.example", "status": "held"}).text
         assert listed(none) == [] and "nobody@nowhere.example" in none
         assert "The search box matches a step id, a recipient address or @domain" in none
+
+
+def test_in_chromium_the_held_queue_approves_a_hundred_and_twenty_at_once_but_never_the_approvers_own(
+    server, browser, db_url
+):
+    """Issue 30: when every agent send is held, the held queue must clear many at once. From
+    /ops/held itself, an admin previews a bulk approve of every held send (more than a page of
+    the queue), confirms, and each row goes through the one-row approval: the agent's 120 are
+    approved, the two the admin's own key enqueued are refused (a second person decides)."""
+    from selenium.webdriver.common.by import By
+
+    from evq.ops.app import service
+    from evq.ops.app.service import Caller
+    from tests.support import POLICY, request
+
+    agent = make_key(db_url, "bot", "agent", approval=None)  # the default: every send waits
+    ada = make_key(db_url, "ada", "admin", approval="always")
+
+    async def enqueue_all(store: Any) -> tuple[list[int], list[int]]:
+        asked = [request(run_id="run-many", step_id=f"s-{i}") for i in range(120)]
+        many = await service.enqueue(store, Caller(agent, interface="http"), asked, POLICY, many=True)
+        own = [request(run_id="run-own", step_id=f"s-{i}") for i in range(2)]
+        mine = await service.enqueue(store, Caller(ada, interface="http"), own, POLICY, many=True)
+        return [d["id"] for d in many.data], [d["id"] for d in mine.data]
+
+    theirs, mine = with_store(db_url, enqueue_all)
+    assert {step_row(db_url, i)["status"] for i in theirs + mine} == {"held"}
+    sign_in(browser, server, ada)
+    browser.get(server + "/ops/held")
+    assert "122 sends wait for a person" in browser.find_element(By.ID, "held-total").text
+    details = browser.find_element(By.ID, "bulk")
+    details.find_element(By.TAG_NAME, "summary").click()
+    form = browser.find_element(By.ID, "bulk-form")
+    form.find_element(By.CSS_SELECTOR, "input[value=approve]").click()
+    form.find_element(By.NAME, "note").send_keys("the onboarding batch, checked")
+    click_and_load(browser, browser.find_element(By.ID, "bulk-preview"))
+    shot(browser, "23-held-bulk-preview")
+    assert "122 rows would be approved" in browser.find_element(By.ID, "preview-count").text
+    assert {step_row(db_url, i)["status"] for i in theirs + mine} == {"held"}  # a preview changes nothing
+    click_and_load(browser, browser.find_element(By.ID, "bulk-confirm"))
+    shot(browser, "24-held-bulk-done")
+    assert "Bulk approve: 120 done, 2 not done" in browser.find_element(By.ID, "bulk-summary").text
+    for i in mine:
+        refused = browser.find_element(By.CSS_SELECTOR, f'#bulk-results tr[data-step="{i}"]').text
+        assert "E_AUTH_FAILED" in refused and "held" in refused
+    assert {step_row(db_url, i)["status"] for i in theirs} == {"pending"}
+    assert {step_row(db_url, i)["status"] for i in mine} == {"held"}
+    approved = rows(db_url, "SELECT DISTINCT actor FROM evidence WHERE kind = 'approved'")
+    assert approved == [{"actor": "ada"}]

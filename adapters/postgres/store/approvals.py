@@ -97,6 +97,10 @@ class PostgresApprovals(PostgresBase):
     async def cancel(self, step_id: int, *, actor: str, note: str | None, now: datetime | None = None) -> Decided:
         async with self._op("cancel") as conn, conn.transaction():
             rows = await fetch_all(conn, Q["step_cancel"], {"now": now, "id": step_id, "actor": actor, "note": note})
+            if rows and rows[0]["changed"]:
+                # A cancelled send is a failed one: its sender is told, as of any rejection
+                # (docs/design.md, "Failure notices"), in the transaction of the cancel.
+                await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
         row = rows[0]

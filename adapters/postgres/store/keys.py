@@ -7,9 +7,10 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
+from evq.worker.approval import KeyApproval
 from evq.worker.callbacks import secret_text, signing_secret
 from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
-from evq.worker.keys import NewKey, Role, hash_secret
+from evq.worker.keys import NewKey, Role, default_approval, hash_secret
 
 
 class PostgresKeys(PostgresBase):
@@ -51,15 +52,19 @@ class PostgresKeys(PostgresBase):
         created_by: str | None,
         notify_email: str | None = None,
         notify_url: str | None = None,
+        approval: KeyApproval | None = None,
         now: datetime | None = None,
     ) -> dict[str, Any]:
         """Store a new key (hashed). ``created_by=None`` is the bootstrap: allowed
         only while no active admin key exists. ``notify_email``: the key's default
-        notification target (told of a failure when a request names no notify)."""
+        notification target (told of a failure when a request names no notify).
+        ``approval``: whether its sends wait for a person; None: its role's default
+        (worker/keys.py, default_approval: an agent's always)."""
         params = {
             "now": now,
             "notify_email": notify_email,
             "notify_url": notify_url,
+            "approval": str(approval or default_approval(role)),
             "name": name,
             "role": str(role),
             "key_id": key.key_id,
@@ -111,6 +116,15 @@ class PostgresKeys(PostgresBase):
         """Change the key's default notification target (None: none)."""
         rows = await self._fetch(
             "set_key_notify", Q["api_key_set_notify"], {"name": name, "notify_email": notify_email}
+        )
+        if not rows:
+            raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")
+        return rows[0]
+
+    async def set_key_approval(self, name: str, *, approval: KeyApproval) -> dict[str, Any]:
+        """Change whether the key's sends wait for a person, from its next enqueue on."""
+        rows = await self._fetch(
+            "set_key_approval", Q["api_key_set_approval"], {"name": name, "approval": str(approval)}
         )
         if not rows:
             raise NotFound(f"no key named {name!r}", hint="`evq keys list` shows the names")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app import service
 from evq.ops.web.page.common import (
+    BULK_ACTIONS,
     HELD_PAGE_SIZE,
     PAGE_SIZE,
     app_state,
@@ -89,6 +92,8 @@ async def held(request: Request) -> HTMLResponse:
     # show_step of the whole page in one read, as the step page shows one: the message's text
     # only for roles that see content; a step pruned between the two reads is left out.
     shown = (await service.show_steps(state.store, who, [row["id"] for row in reply.data])).data
+    # Whose sends land here (issue 30): the rules, and each key that enqueues with its approval.
+    policy = (await service.show_policy(state.store, who, state.settings)).data
     return render(
         request,
         "held.html",
@@ -97,4 +102,28 @@ async def held(request: Request) -> HTMLResponse:
         total=reply.meta["total"],
         offset=offset,
         page_size=HELD_PAGE_SIZE,
+        policy=policy,
+        held_by=rules_in_words(policy),
+        # The step list's bulk form for held rows (approve, deny, cancel: each row as its own
+        # command checks it, so the key that enqueued a send never approves it).
+        actions=[a for a, states in BULK_ACTIONS.items() if str(Status.HELD) in states] if reply.data else [],
+        tab=str(Status.HELD),
+        filters={},
     )
+
+
+def rules_in_words(policy: dict[str, Any]) -> str:
+    """The installation's hold rules (`evq policy show`'s data) in a line for the held queue."""
+    if policy["always"]:
+        return "every send"
+    rules = []
+    if policy["first_contact"] != "off":
+        rules.append(f"a first contact ({policy['first_contact']})")
+    if policy["max_recipients"] is not None:
+        rules.append(f"more than {policy['max_recipients']} recipients")
+    if policy["hours"] is not None:
+        hours = policy["hours"]
+        rules.append(f"outside {hours['start']}-{hours['end']} {hours['timezone']}")
+    if policy["budgets"]:
+        rules.append(f"over a budget ({policy['over_budget']})")
+    return ", ".join(rules) or "none"
