@@ -82,7 +82,7 @@ UNION ALL
 SELECT p.id, p.run_id, p.step_id, p.idempotency_key, p.message_id, p.status,
        encode(coalesce(p.corrected_sha256, p.payload_sha256), 'hex'), p.provider, p.created_at, NULL::jsonb, false,
        CASE WHEN p.corrected_sha256 IS NOT NULL THEN encode(p.payload_sha256, 'hex') END, p.reason,
-       coalesce(p.maybe_delivered, false), true
+       coalesce(p.maybe_delivered, false), true, NULL::timestamptz
 FROM step_keys p
 WHERE p.idempotency_key = %(idempotency_key)s AND p.pruned_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM step);
 
