@@ -15,11 +15,13 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import httpx
-
 from evq.worker.callbacks import CallbackRefused
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_ANSWER = 64 * 1024
 
@@ -28,9 +30,22 @@ class CallbackPoster:
     def __init__(self, *, timeout: float = 5.0, allow_private: bool = False):
         self.timeout = timeout
         self.allow_private = allow_private
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False, headers={"user-agent": "evq"}
-        )
+        # Made at the first callback, not at start-up: most workers have no API key with a
+        # notify URL, and the client's import and its TLS context (the CA bundle read and
+        # parsed) were a large share of a worker's spawn to first claim.
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout),
+                follow_redirects=False,
+                trust_env=False,
+                headers={"user-agent": "evq"},
+            )
+        return self._client
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
         parts = urlsplit(url)
@@ -38,9 +53,11 @@ class CallbackPoster:
             raise CallbackRefused("not an http(s) URL")
         if not self.allow_private:
             await self._check_public(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        import httpx
+
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._client.stream("POST", url, content=body, headers=dict(headers)) as answer:
+                async with self._http().stream("POST", url, content=body, headers=dict(headers)) as answer:
                     read = 0
                     async for chunk in answer.aiter_bytes():
                         read += len(chunk)
@@ -66,7 +83,8 @@ class CallbackPoster:
                 )
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
 
 # IPv6 ranges that carry an IPv4 address a gateway or the host may translate to (NAT64, 6to4,

@@ -192,11 +192,56 @@ def _upgrade_from_0_2(url: str) -> dict[str, Any]:
 
 def current_revision(url: str) -> str | None:
     with translated(url), psycopg.connect(url, **connect_kwargs()) as conn:
-        try:
-            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except pgerr.UndefinedTable:
+        return _revision(conn)
+
+
+def _revision(conn: psycopg.Connection[Any]) -> str | None:
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except pgerr.UndefinedTable:
+        return None
+    return row[0] if row else None
+
+
+# A revision file's own lines (migrations/versions/*.py): `revision: str = "..."` and
+# `down_revision: ... = "..." | ("...", ...) | None`.
+_REVISION_LINE = re.compile(r"^revision\b[^=\n]*=\s*['\"]([^'\"]+)['\"]\s*$", re.MULTILINE)
+_DOWN_LINE = re.compile(r"^down_revision\b[^=\n]*=(.*)$", re.MULTILINE)
+_QUOTED = re.compile(r"['\"]([^'\"]+)['\"]")
+
+
+def plain_head() -> str | None:
+    """The head revision as the revision files say it in their own lines, read without Alembic
+    (importing it and walking its script directory is most of a worker's start-up check); None
+    when any file does not say it plainly, or the files name no single head: Alembic answers then."""
+    revisions: set[str] = set()
+    downs: set[str] = set()
+    for entry in (resources.files("evq.migrations") / "versions").iterdir():
+        if not entry.name.endswith(".py") or entry.name.startswith("_"):
+            continue
+        text = entry.read_text()
+        revision, down = _REVISION_LINE.findall(text), _DOWN_LINE.findall(text)
+        if len(revision) != 1 or len(down) != 1:
             return None
-        return row[0] if row else None
+        revisions.add(revision[0])
+        downs.update(_QUOTED.findall(down[0]))
+    heads = revisions - downs
+    return heads.pop() if len(heads) == 1 else None
+
+
+def check_at_start(url: str) -> None:
+    """:func:`check_at_head` and the isolation check (adapters/postgres/isolation.py) of a starting
+    process, on one connection, and without Alembic when the database is at the head the revision
+    files name (:func:`plain_head`). Anything else goes the long way, which says what is wrong."""
+    from evq.adapters.postgres import isolation
+
+    head = plain_head()
+    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        if head is not None and _revision(conn) == head:
+            isolation.check_on(conn)
+            return
+    check_at_head(url)
+    isolation.check(url)
 
 
 def check_at_head(url: str) -> str:
