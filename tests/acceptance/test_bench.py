@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from evq.ops.bench.modes import DEFAULT_MODES
+from bench.modes import DEFAULT_MODES
 from tests import contract
 from tests.acceptance.conftest import Evq
 

@@ -1,5 +1,5 @@
 """The parent's side of the benchmark's worker processes: start them, wait until every one is
-ready, tell them all to go at once, and collect each one's JSON line (ops/bench/child.py is the
+ready, tell them all to go at once, and collect each one's JSON line (bench/child.py is the
 other side). Start-up is never timed; a child that hangs is killed, not waited for."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Child:
         self.log = tempfile.NamedTemporaryFile(prefix="evq-bench-", suffix=".log", delete=False)
         cwd, env = child_environment()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "evq.ops.bench.child", json.dumps(spec)],
+            [sys.executable, "-m", "bench.child", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,

@@ -1,9 +1,9 @@
-"""One benchmark worker process: ``python -m evq.ops.bench.child SPEC-JSON``.
+"""One benchmark worker process: ``python -m bench.child SPEC-JSON``.
 
 It wires an evq worker (or a peer: a pgqueuer consumer, with or without evidence rows, or a DBOS
 process) from the spec, prints ``ready``, waits for ``go`` on stdin, drains, and prints one JSON
 line: when it started and finished (wall clock), its peak RSS and what it did.
-ops/bench/children.py is the parent's side.
+bench/children.py is the parent's side.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
     from pgqueuer import PgQueuer
     from pgqueuer.types import QueueExecutionMode
 
-    from evq.ops.bench.evidence_peer import Writer
-    from evq.ops.bench.peer import connect
+    from bench.evidence_peer import Writer
+    from bench.peer import connect
 
     pgq = PgQueuer(await connect(spec["url"], spec["driver"]))
     jobs = 0
-    # "pgqueuer with evidence" (ops/bench/evidence_peer.py): an attempt row committed before the
+    # "pgqueuer with evidence" (bench/evidence_peer.py): an attempt row committed before the
     # send, an outcome row after it, each its own transaction.
     writer = await Writer.open(spec["url"], spec["driver"]) if spec.get("evidence") else None
 
@@ -110,7 +110,7 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
 def child_main(argv: Sequence[str]) -> None:
     spec = json.loads(argv[0])
     if spec["kind"] == "dbos":
-        from evq.ops.bench.dbos_peer import run_child
+        from bench.dbos_peer import run_child
 
         result = run_child(spec, _wait_go_sync, _rss_mb)
     else:

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from evq.ops.bench.children import evq_worker_spec, run_children, span
-from evq.ops.bench.config import Figure
+from bench.children import evq_worker_spec, run_children, span
+from bench.config import Figure
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def drain_once(bench: Bench, processes: int, *, url: str | None = None, run_id: str = "bench") -> tuple[float, float]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evq.ops.bench.config import Figure, ImpossibleFigure
+from bench.config import Figure, ImpossibleFigure
 
 
 def find(figures: Sequence[Figure], mode: str, prefix: str) -> Figure | None:
