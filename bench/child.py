@@ -80,20 +80,24 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
 
     pgq = PgQueuer(await connect(spec["url"], spec["driver"]))
     jobs = 0
+    first_job_at: float | None = None
     # "pgqueuer with evidence" (bench/evidence_peer.py): an attempt row committed before the
     # send, an outcome row after it, each its own transaction.
     writer = await Writer.open(spec["url"], spec["driver"]) if spec.get("evidence") else None
 
     @pgq.entrypoint("bench")
     async def handler(job: Any) -> None:
-        nonlocal jobs
+        nonlocal jobs, first_job_at
+        if first_job_at is None:
+            first_job_at = time.time()
         if writer is not None:
             await writer.write(job.id, "attempt")
             # the send: a no-op, as in every other drain of the benchmark
             await writer.write(job.id, "outcome")
         jobs += 1
 
-    started = await _wait_go()
+    # A spawn measurement (bench/spawn.py) times the start-up too: no ready/go.
+    started = time.time() if spec.get("spawn") else await _wait_go()
     try:
         await pgq.run(
             batch_size=spec["batch_size"],
@@ -104,7 +108,8 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if writer is not None:
             await writer.close()
-    return {"started": started, "finished": finished, "rss_mb": _rss_mb(), "detail": {"jobs": jobs}}
+    detail = {"jobs": jobs, "first_job_at": first_job_at}
+    return {"started": started, "finished": finished, "rss_mb": _rss_mb(), "detail": detail}
 
 
 def child_main(argv: Sequence[str]) -> None:

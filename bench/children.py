@@ -41,9 +41,10 @@ def child_environment() -> tuple[str, dict[str, str]]:
 class Child:
     """A worker process that prepares, says ready, runs on 'go', and reports one JSON line."""
 
-    def __init__(self, spec: dict[str, Any]):
+    def __init__(self, spec: dict[str, Any], *, env: dict[str, str] | None = None):
         self.log = tempfile.NamedTemporaryFile(prefix="evq-bench-", suffix=".log", delete=False)
-        cwd, env = child_environment()
+        cwd, default_env = child_environment()
+        env = default_env if env is None else env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.child", json.dumps(spec)],
             stdin=subprocess.PIPE,

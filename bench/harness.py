@@ -83,6 +83,8 @@ class Bench:
         self.dbos_version: str | None = None  # DBOS Transact, measured by the peer mode when installed
         # The drain mode's batch enqueues: the enqueue mode reports them instead of timing its own.
         self.batch_enqueue_seconds: list[float] = []
+        # The drain mode's per-step database figures (bench/footprint.py), by process count.
+        self.footprints: dict[int, list[dict[str, float]]] = {}
         # The ops-pages mode's table (bench/pages.py), when it ran.
         self.pages: dict[str, Any] | None = None
 

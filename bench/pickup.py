@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 
 def mode_pickup(bench: Bench) -> None:
+    from bench import spawn
+
     c = bench.config
+    spawn.measure(bench)
     for listen, label in (("on", "LISTEN/NOTIFY"), ("off", f"polling every {c.poll_interval:g}s")):
         p50s, p99s, rss = [], [], None
         for _ in range(c.runs):
