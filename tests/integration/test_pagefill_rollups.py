@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import psycopg
 
-from evq.adapters.postgres.store import PostgresStore
 from bench import pagefill
+from evq.adapters.postgres.store import PostgresStore
 
 # The rollup's classification of an evidence row (queries.sql send_rollup).
 OUTCOME = """CASE e.kind WHEN 'attempt_started' THEN 'attempt' WHEN 'provider_response' THEN e.outcome
