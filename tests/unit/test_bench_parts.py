@@ -272,3 +272,29 @@ def test_dbos_gets_the_bench_servers_address_as_a_url():
     )
     assert system_url("host=db user=u password='p@ss w' dbname=x") == "postgresql://u:p%40ss%20w@db/x"
     assert system_url("host=/var/run/postgresql user=u dbname=x") == "postgresql://u@/x?host=%2Fvar%2Frun%2Fpostgresql"
+
+
+def test_the_drains_cost_per_step_counts_index_entries_for_inserts_and_non_hot_updates_only():
+    from bench.footprint import Snapshot, per_step
+
+    # steps: 10 inserted earlier, 10 updates (4 HOT) now, 3 indexes; evidence: 20 inserts, 2 indexes.
+    before = Snapshot(wal=1_000, tables={"steps": (10, 0, 0, 0, 3), "evidence": (0, 0, 0, 0, 2)})
+    after = Snapshot(
+        wal=21_000, tables={"steps": (10, 10, 4, 0, 3), "evidence": (20, 0, 0, 0, 2), "new": (5, 0, 0, 5, 1)}
+    )
+    cost = per_step(before, after, steps=10)
+    assert cost == {"wal_bytes": 2_000.0, "rows": 4.0, "index_entries": (6 * 3 + 20 * 2 + 5 * 1) / 10, "hot_share": 0.4}
+
+
+def test_the_spawn_and_wal_targets_read_their_figures():
+    from bench.config import Figure
+
+    spawn = Figure("pickup", "evq spawn to first claim", "s", [0.5])
+    spawn.ratios["pgqueuer_spawn"] = 1.25
+    wal = Figure("drain", "evq drain, 2 processes: WAL per step", "bytes", [4_800.0])
+    by = {t["target"]: t for t in report.targets([spawn, wal])}
+    assert by["spawn to first claim / pgqueuer's <= 1.3"]["met"] is True
+    assert (
+        by["WAL per step, 2-process drain <= 2048 bytes"]["value"],
+        by["WAL per step, 2-process drain <= 2048 bytes"]["met"],
+    ) == (4800.0, False)
