@@ -100,8 +100,11 @@ class Child:
             timer.cancel()
 
     def _failed(self, what: str) -> EvqError:
-        self.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+        self.kill()
         return EvqError(f"benchmark worker process {what}", context={"log_tail": tail})
 
     def _cleanup(self) -> None:

@@ -73,7 +73,7 @@ def pgqueuer_spawn_once(bench: Bench) -> float:
             "url": url,
             "driver": bench.peer_driver,
             "batch_size": 10,
-            "max_concurrent_tasks": 10,
+            "max_concurrent_tasks": 20,  # pgqueuer wants at least twice the batch
             "expected": 1,
             "evidence": False,
             "spawn": True,
