@@ -18,6 +18,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass, replace
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -139,6 +140,11 @@ def _flat_text(value: Any, out: list[str]) -> bool:
     return False
 
 
+@lru_cache(maxsize=64)
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(kind))
+
+
 def scrub_record(record: Any) -> Any:
     """A frozen dataclass (an outcome, a lookup result) with its text fields scrubbed. Every
     outcome passes here: when one search of all its texts joined finds no secret, the record
@@ -147,7 +153,7 @@ def scrub_record(record: Any) -> Any:
     if pattern is None or not is_dataclass(record) or isinstance(record, type):
         return record
     texts: list[str] = []
-    if all(_flat_text(getattr(record, f.name), texts) for f in fields(record)) and (
+    if all(_flat_text(getattr(record, name), texts) for name in _field_names(type(record))) and (
         pattern.search("\n".join(texts)) is None
     ):
         return record
