@@ -71,7 +71,13 @@ def mode_drain(bench: Bench) -> None:
 
 # Per step of a drain, from PostgreSQL's counters (bench/footprint.py): name, unit, key, scale.
 FOOTPRINT = (
-    ("WAL per step", "bytes", "wal_bytes", 1.0, "the server's WAL position: other sessions on the server count too"),
+    (
+        "WAL per step",
+        "bytes",
+        "wal_bytes",
+        1.0,
+        "this database's WAL records (pg_walinspect), full-page images included",
+    ),
     ("rows written per step", "rows", "rows", 1.0, "inserts, updates and deletes, every table (pg_stat_user_tables)"),
     (
         "index entries written per step",
@@ -88,6 +94,8 @@ def add_footprint(bench: Bench, label: str, runs: list[dict[str, float]]) -> Non
     if not runs:
         return
     for name, unit, key, scale, note in FOOTPRINT:
+        if key == "wal_bytes" and any(r["wal_whose"] == "server" for r in runs):
+            note = "the server's WAL position (no pg_walinspect): other sessions' writes count too"
         bench.add(Figure("drain", f"{label}: {name}", unit, [r[key] * scale for r in runs], note=note))
 
 

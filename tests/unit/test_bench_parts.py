@@ -283,7 +283,14 @@ def test_the_drains_cost_per_step_counts_index_entries_for_inserts_and_non_hot_u
         wal=21_000, tables={"steps": (10, 10, 4, 0, 3), "evidence": (20, 0, 0, 0, 2), "new": (5, 0, 0, 5, 1)}
     )
     cost = per_step(before, after, steps=10)
-    assert cost == {"wal_bytes": 2_000.0, "rows": 4.0, "index_entries": (6 * 3 + 20 * 2 + 5 * 1) / 10, "hot_share": 0.4}
+    assert cost == {
+        "wal_bytes": 2_000.0,
+        "wal_whose": "server",
+        "rows": 4.0,
+        "index_entries": (6 * 3 + 20 * 2 + 5 * 1) / 10,
+        "hot_share": 0.4,
+    }
+    assert per_step(before, after, steps=10, wal=5_000.0)["wal_bytes"] == 500.0
 
 
 def test_the_spawn_and_wal_targets_read_their_figures():
