@@ -310,7 +310,7 @@ def test_every_request_field_has_a_flag_and_the_flags_make_the_same_request(evq:
 
 
 def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_stand(evq: Evq, db_url):
-    """What "the same request" compares (README, "Enqueue"): the message (addresses, subject,
+    """What "the same request" compares (docs/how-a-send-moves.md, "Enqueue"): the message (addresses, subject,
     bodies, headers) under the key, and the provider (another provider is another send:
     tests/acceptance/test_provider_profiles.py). A repeat's notify, max_attempts and decision are
     not compared: the first enqueue's stand, and the repeat writes nothing."""
