@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
+from pathlib import Path
 
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import rows
@@ -207,7 +208,14 @@ def test_help_explains(evq: Evq):
     for args in (("--help",), ("steps", "enqueue", "--help"), ("enqueue", "--help"), ("worker", "run", "--help")):
         done = evq.run(*args)
         assert done.returncode == 0 and "Usage:" in done.stdout
-    assert "EVQ_LEASE_SECONDS" in evq.run("worker", "run", "--help").stdout
+    # worker run's help fits a screen: its everyday settings with their variables, and where every
+    # other one is (EVQ_LEASE_SECONDS among them, a flag all the same: tests/unit/test_cli_help.py).
+    worker_help = " ".join(evq.run("worker", "run", "--help").stdout.split())
+    assert "EVQ_CONCURRENCY" in worker_help and "more settings are flags too (docs/settings.md)" in worker_help
+    assert (
+        "`EVQ_LEASE_SECONDS` | `--lease-seconds`"
+        in (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    )
     # The old spellings run the same commands, named as aliases, and stay out of the listing.
     assert "Alias of `evq steps enqueue`" in evq.run("enqueue", "--help").stdout
     listed = {
