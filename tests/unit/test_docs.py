@@ -210,3 +210,17 @@ def test_the_core_imports_no_adapter_and_no_ops():
                 # a bare `adapters` or `ops` is no module at all once installed.
                 top = module.removeprefix("evq.").split(".")[0]
                 assert top not in ("adapters", "ops"), f"{path.relative_to(ROOT)} imports {module}"
+
+
+def test_the_readme_draws_every_state_as_how_a_send_moves_does():
+    """The README's state diagram is the one docs/how-a-send-moves.md opens with, and it names every
+    state the core knows (worker/states.py): a state added without its place in the picture fails."""
+    from evq.worker.states import Status
+
+    def diagram(text: str) -> str:
+        section = text[text.index("How a send moves") :]
+        return section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+
+    drawn = diagram(README)
+    assert drawn == diagram((DOCS / "how-a-send-moves.md").read_text())
+    assert {str(s) for s in Status} <= set(re.findall(r"[a-z_]+", drawn))
