@@ -78,7 +78,15 @@ from evq.worker.approval import (
 )
 from evq.worker.approvals import not_cancellable, not_held, self_approval
 from evq.worker.deadline import DEADLINE_SHARE
-from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
+from evq.worker.delivery import (
+    DELIVERY_TYPES,
+    PROVES_ACCEPTED,
+    TELLS_NOTIFY,
+    DeliveryEvent,
+    key_digest,
+    message_tag,
+    split_tag,
+)
 from evq.worker.enqueue import existing_or_conflict, new_message_id
 from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, default_approval, hash_secret
@@ -1441,10 +1449,19 @@ class MemoryStore:
             return DeliveryRecorded(id=first["id"], step=first["step_id"], duplicate=True, closed=False)
         if event.type not in DELIVERY_TYPES:
             raise InvariantViolated(f"delivery event violates ck_delivery_events_type: {event.type!r}")
-        digest = (event.key_digest or "").lower()
+        # As delivery_record: the key's digest and the Message-ID's part of the tag (a bare
+        # digest names only a step evq 0.2.0 made, and this store has none).
+        tag = split_tag(event.key_digest)
         by_key = (
-            next((s for s in self.steps.values() if key_digest(s["idempotency_key"]) == digest), None)
-            if _SHA256.match(digest)
+            next(
+                (
+                    s
+                    for s in self.steps.values()
+                    if key_digest(s["idempotency_key"]) == tag[0] and message_tag(s["message_id"]) == tag[1]
+                ),
+                None,
+            )
+            if tag is not None and tag[1] is not None
             else None
         )
         by_id = next((s for s in self.steps.values() if s["message_id"] == event.message_id), None)

@@ -1007,9 +1007,12 @@ SELECT count(*)::int AS n FROM checked;
 -- name: delivery_record
 -- One verified webhook event (worker/delivery.py), in one statement: stored unless the
 -- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
--- the first and then writes nothing); matched to its step by key digest (the SHA-256 of the
--- key's bytes: exactly the expression of the hash index ix_email_steps_key_sha256), else
--- by Message-ID; the step, if still unknown and the
+-- the first and then writes nothing); matched to its step by the evq_key tag (worker/delivery.py,
+-- key_tag): the key's digest (the SHA-256 of the key's bytes: exactly the expression of the
+-- hash index ix_email_steps_key_sha256) and the part of the Message-ID's digest, which another
+-- installation's step with the same key does not share (a bare digest, as evq 0.2.0 sent it,
+-- names only a step 0.2.0 made: below wire_keys_from); else by Message-ID; the step, if still
+-- unknown and the
 -- type proves the provider had it, closed accepted (reason webhook) exactly as
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
 -- row on the matched step, which carries the close when there was one. The key_events
@@ -1023,6 +1026,9 @@ WITH t AS (
     SELECT 1 AS probe, s.id, s.provider FROM email_steps s
     WHERE %(digest)s::bytea IS NOT NULL
       AND sha256(decode(replace(s.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
+      AND CASE WHEN %(message_tag)s::text IS NULL
+               THEN s.id < (SELECT p.wire_keys_from FROM api_key_pepper p WHERE p.id = 1)
+               ELSE left(encode(sha256(convert_to(s.message_id, 'UTF8')), 'hex'), 12) = %(message_tag)s::text END
     UNION ALL
     SELECT 2, s.id, s.provider FROM email_steps s WHERE s.message_id = %(message_id)s
 ), m AS (
