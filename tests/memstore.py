@@ -1099,12 +1099,8 @@ class MemoryStore:
             partial = s["status"] == "accepted" and s["reason"] == "partially_refused"
             if s["status"] not in statuses and not partial:
                 continue
-            if (
-                s["notify"] is not None
-                and (s["reason"] in ("denied", "approval_expired") or (s["reason"] == "cancelled" and s["hold"]))
-                and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
-            ):
-                continue  # notice_candidates: a stranger is never told on an unapproved request's word
+            if self._unvouched_notify(s):
+                continue  # notice_candidates: a stranger is never told on a held request's word
             answers = [e for e in self._evidence_of(step_id) if e["outcome"] == "accepted" and e["kind"] in ANSWERS]
             refused = answers[-1]["detail"].get("refused") if partial and answers else None
             try:
@@ -1543,6 +1539,14 @@ class MemoryStore:
         metrics.observe_delivery(event.provider, event.type, matched=s is not None, settled=closed)
         return DeliveryRecorded(id=row["id"], step=row["step_id"], duplicate=False, closed=closed, notices=notices)
 
+    def _unvouched_notify(self, s: Mapping[str, Any]) -> bool:
+        """A held send's own notify address that its sender is not known to mail (notice_candidates)."""
+        return (
+            s["notify"] is not None
+            and bool(s["hold"])
+            and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
+        )
+
     def _enqueue_delivery_notice(self, step_id: int, event: Mapping[str, Any], *, actor: str, at: datetime) -> int:
         """delivery_notice_candidates + notice_enqueue: one notice per step and event type."""
         s = self.steps[step_id]
@@ -1551,7 +1555,7 @@ class MemoryStore:
         key_id = self.decisions[s["decision_id"]]["actor_key_id"]
         key = next((k for k in self.keys.values() if key_id is not None and k["key_id"] == key_id), None)
         notify = s["notify"] or (key or {}).get("notify_email")
-        if notify is None:
+        if notify is None or self._unvouched_notify(s):
             return 0
         notify_key = key["name"] if key is not None and s["notify"] is None else None
         try:

@@ -834,13 +834,15 @@ ORDER BY c.provider;
 -- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
--- A held send denied or expired was never approved: its request's own notify address is
--- told only if the send's sender is known to be allowed to mail that very address
--- (known_recipients), never on the request's word alone: a stranger there (a first contact
--- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
--- unheld and uncharged (issue 29). A send cancelled after a hold (its hold is kept on the row,
--- and an approval vouches for the recipients, not for notify) is the same. The key's own address (an admin set it) is not the
--- request's word; the key's feed (key_events) has the rejection either way.
+-- A send that was held (its hold is kept on the row) waited for a person, who vouched, by
+-- approving it, for its recipients (learnt into known_recipients), never for its notify address
+-- (the held page does not even show it): whatever became of it (denied, expired, cancelled, or
+-- approved and then refused by the provider), its request's own notify address is told only if
+-- the send's sender is known to be allowed to mail that very address (known_recipients), never
+-- on the request's word alone: a stranger there would get "[delivery failed] <the agent's
+-- subject>" from evq, unheld and uncharged (issue 29; its review found the approved-then-refused
+-- case). The key's own address (an admin set it) is not the request's word; the key's feed
+-- (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
@@ -859,7 +861,7 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
   AND (s.notify IS NULL
-       OR NOT (s.reason IN ('denied', 'approval_expired') OR (s.reason = 'cancelled' AND s.hold IS NOT NULL))
+       OR s.hold IS NULL
        OR EXISTS (SELECT 1 FROM known_recipients kr
                   WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
@@ -1103,7 +1105,8 @@ SELECT id, step_id FROM delivery_events WHERE provider = %(provider)s AND event_
 -- name: delivery_notice_candidates
 -- The step an event that tells notify (a hard bounce, a complaint) matched, if it is
 -- accepted and someone is to be told: its notify address, or its key's default one
--- (as notice_candidates). A notice never owes a notice.
+-- (as notice_candidates, and as there a held send's notify address only if its sender is known
+-- to mail it). A notice never owes a notice.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key
@@ -1113,7 +1116,11 @@ LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = %(id)s
   AND s.status = 'accepted'
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
-  AND s.notice_of IS NULL;
+  AND s.notice_of IS NULL
+  AND (s.notify IS NULL
+       OR s.hold IS NULL
+       OR EXISTS (SELECT 1 FROM known_recipients kr
+                  WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)));
 
 
 -- name: delivery_list
