@@ -411,8 +411,9 @@ class HttpProvider:
         listed = 0
         # The step's own tag; then the bare digest a step evq 0.2.0 made was sent with (the
         # lookup is not told the step's id), which other installations' messages of the same
-        # key carry too: those name another Message-ID in their headers.
+        # key carry too: such a message counts only if its headers show our Message-ID.
         for value in (key_tag(idempotency_key, message_id), tag_value(idempotency_key)):
+            bare = value == tag_value(idempotency_key)
             query = f"{TAG_NAME}:{value}"
             answer = await self._get("/emails", params={"tag": query})
             data = answer.get("data")
@@ -423,7 +424,11 @@ class HttpProvider:
                 if not isinstance(item, dict) or not isinstance(item.get("id"), str):
                     continue
                 record = item if "tags" in item else await self._get(f"/emails/{item['id']}")
-                if _carries_tag(record, value) and not _names_another_message(record, message_id):
+                if (
+                    _carries_tag(record, value)
+                    and not _names_another_message(record, message_id)
+                    and (not bare or _shown_message_id(record) == message_id)
+                ):
                     return LookupResult(
                         found=True,
                         provider_message_id=item["id"],
@@ -475,13 +480,18 @@ def _carries_tag(record: Mapping[str, Any], value: str) -> bool:
     )
 
 
+def _shown_message_id(record: Mapping[str, Any]) -> Any:
+    """Our Message-ID header as the record's headers show it, or None (not shown)."""
+    headers = record.get("headers")
+    if not isinstance(headers, Mapping):
+        return None
+    return next((v for k, v in headers.items() if str(k).lower() == MESSAGE_ID_HEADER.lower()), None)
+
+
 def _names_another_message(record: Mapping[str, Any], message_id: str) -> bool:
     """Whether the record's headers (when the provider shows them) carry our Message-ID header
     with another value."""
-    headers = record.get("headers")
-    if not isinstance(headers, Mapping):
-        return False
-    shown = next((v for k, v in headers.items() if str(k).lower() == MESSAGE_ID_HEADER.lower()), None)
+    shown = _shown_message_id(record)
     return shown is not None and shown != message_id
 
 

@@ -221,3 +221,30 @@ def test_a_webhook_event_about_another_installations_message_never_settles_ours(
         assert served.client().post("/v1/webhooks/resend", content=body, headers=headers).status_code == 200
     matched = rows(db_url, "SELECT step_id FROM delivery_events WHERE step_id IS NOT NULL")
     assert [r["step_id"] for r in matched] == [mine]
+
+
+def test_a_lookup_never_takes_another_installations_message_of_the_same_key_for_ours(api):
+    """Two installations share a provider account that shows no headers of a message: one (evq
+    0.2.0, whose tag is the key's bare digest) sent ``run-1:welcome``; our step with that key
+    lost its answer before the provider had it. Our lookup finds nothing, under our tag or the
+    bare digest (a bare-digest message counts only if it shows our Message-ID), so our step
+    stays ``unknown``; once ours is sent, our lookup finds ours."""
+
+    async def go() -> None:
+        theirs = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, wire_keys=BEFORE)
+        ours = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, wire_keys=WIRE_KEYS)
+        payload = valid(provider="http", step_id="welcome").payload
+        try:
+            sent = await theirs.send(SendRequest(3, "run-1", "run-1:welcome", "<evq.theirs@example.org>", 1, payload))
+            assert sent.response["sent"] is True
+            api.lookup_fault = "no-headers"
+            lost = await ours.lookup("run-1:welcome", "<evq.ours@example.org>")
+            assert not lost.found, lost.raw
+            mine = await ours.send(SendRequest(9, "run-1", "run-1:welcome", "<evq.ours@example.org>", 1, payload))
+            found = await ours.lookup("run-1:welcome", "<evq.ours@example.org>")
+            assert found.found and found.provider_message_id == mine.provider_message_id
+        finally:
+            await theirs.close()
+            await ours.close()
+
+    asyncio.run(go())
