@@ -19,6 +19,9 @@ class Flaky:
     def __init__(self, store, now: datetime):
         self.store, self.now, self.down = store, now, False
 
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
     async def sample_queue(self, sampled_by, *, keep_seconds, now=None):
         if self.down:
             raise DatabaseUnavailable("connection refused")
