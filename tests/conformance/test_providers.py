@@ -76,9 +76,7 @@ async def test_an_open_circuit_holds_its_providers_steps_until_a_probe_is_due(st
     )
     # Due: claimable again (for the probe), and one worker takes it.
     assert await store.claimable_exists(providers=["smtp"], lease_seconds=LEASE, now=at(10))
-    assert await store.circuit_probe_take(
-        provider="smtp", owner="w1", hold_seconds=30, lease_seconds=LEASE, now=at(10)
-    )
+    assert await store.circuit_probe_take(provider="smtp", owner="w1", hold_seconds=30, lease_seconds=LEASE, now=at(10))
     assert not await store.circuit_probe_take(
         provider="smtp", owner="w2", hold_seconds=30, lease_seconds=LEASE, now=at(11)
     )
@@ -106,9 +104,7 @@ async def test_probe_idle_and_a_failed_probe_reopen_with_backoff_and_a_success_c
     # A half-open probe whose holder let the hold lapse is taken by another worker.
     assert await store.circuit_probe_take(owner="w3", **take, now=at(68))
     assert await store.circuit_probe_take(owner="w4", **take, now=at(99))
-    assert await store.circuit_close(
-        provider="smtp", reason="probe_succeeded", detail="ok", actor="w4", now=at(100)
-    )
+    assert await store.circuit_close(provider="smtp", reason="probe_succeeded", detail="ok", actor="w4", now=at(100))
     assert not await store.circuit_close(provider="smtp", reason="x", detail="y", actor="w4", now=at(101))
     c = await circuit(store, at(101))
     assert (c["state"], c["opened_at"], c["probes"], c["probe_at"], c["open_for"], c["openings"]) == (

@@ -340,9 +340,7 @@ async def test_the_rows_the_verdict_is_read_from_carry_reason_and_maybe_delivere
     [claimed] = await claim(store)
     await store.record([settle(claimed, Unknown("connection lost after the final dot"))], actor="w1", now=at(1))
     await store.enqueue(valid(run_id="r-v", step_id="new"), now=at(2))
-    listed = {
-        r.step_id: (r.status, r.maybe_delivered) for r in (await store.list_steps(StepFilter(run_id="r-v")))[0]
-    }
+    listed = {r.step_id: (r.status, r.maybe_delivered) for r in (await store.list_steps(StepFilter(run_id="r-v")))[0]}
     assert listed == {"lost": (Status.UNKNOWN, True), "new": (Status.PENDING, False)}
     again = await store.enqueue(req, now=at(3))
     assert (again.created, again.status, again.reason, again.maybe_delivered) == (
