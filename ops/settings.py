@@ -58,7 +58,14 @@ if TYPE_CHECKING:
     C = TypeVar("C", bound=DataclassInstance)
 
 DATABASE_OPTIONS: tuple[Option, ...] = (
-    Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
+    Option(
+        "database_url",
+        str,
+        None,
+        "PostgreSQL URL, or `embedded`: a PostgreSQL of evq's own in EVQ_DATA_DIR (the `embedded` extra). "
+        "Unset: every command but `evq admin demo` refuses to start and says how to set it.",
+        secret=True,
+    ),
     Option(
         "data_dir",
         str,

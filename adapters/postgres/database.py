@@ -1,6 +1,6 @@
 """Where the database is, whether its schema is current, and how its errors read.
 
-- :func:`resolve_url`: EVQ_DATABASE_URL, or an embedded PostgreSQL in the data dir.
+- :func:`resolve_url`: EVQ_DATABASE_URL, or (``embedded``) a PostgreSQL of evq's own in the data dir.
 - :func:`upgrade` / :func:`check_at_head`: Alembic, configured in code so an
   installed evq needs no alembic.ini.
 - :func:`translate`: driver exceptions become evq errors at this boundary, by
@@ -23,6 +23,7 @@ from psycopg import errors as pgerr
 
 from evq.adapters.postgres.conninfo import normalise
 from evq.worker.errors import (
+    ConfigError,
     DatabaseUnavailable,
     EvqError,
     IdempotencyConflict,
@@ -36,13 +37,43 @@ NEWER_HINT = (
 )
 
 
-def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
-    """The configured URL, or the URL of an embedded server started on demand."""
-    if database_url:
+# EVQ_DATABASE_URL=embedded (or --database-url embedded): evq's own PostgreSQL in the data dir.
+EMBEDDED = "embedded"
+
+NO_DATABASE_HINT = (
+    "export EVQ_DATABASE_URL=postgresql://USER@HOST:5432/DBNAME (your PostgreSQL 13+), or "
+    "EVQ_DATABASE_URL=embedded for a local one of evq's own (pip install 'evq[embedded]'); "
+    "`evq admin demo` starts one by itself"
+)
+
+
+def resolve_url(database_url: str | None, data_dir: str | None = None, *, embedded_default: bool = False) -> str:
+    """The configured URL, or the URL of the embedded server (started on demand) when it is
+    asked for by name (``embedded``) or, for the demo alone, when none is set
+    (``embedded_default``). No database is never silently a new one: E_INVALID_ARG that says
+    how to set one."""
+    if database_url and database_url.strip() != EMBEDDED:
         return normalise(database_url)
+    if not database_url and not embedded_default:
+        raise ConfigError("no database: EVQ_DATABASE_URL is not set", hint=NO_DATABASE_HINT, field="EVQ_DATABASE_URL")
     from evq.adapters.postgres.embedded import embedded_url
 
     return embedded_url(data_dir)
+
+
+def describe(url: str) -> dict[str, str | int | None]:
+    """Which database ``url`` names, without its password: host (or socket folder), port, name;
+    what `-o json` meta and `evq admin health` say so nobody is unsure which one they talked to."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url.replace("postgresql+psycopg://", "postgresql://", 1))
+    except psycopg.ProgrammingError:
+        return {"host": None, "port": None, "database": None}
+    port = str(params.get("port") or "5432").split(",")[0]
+    return {
+        "host": str(params.get("host") or params.get("hostaddr") or "localhost"),
+        "port": int(port) if port.isdigit() else None,
+        "database": str(params.get("dbname") or params.get("user") or ""),
+    }
 
 
 def sqlalchemy_url(url: str) -> str:

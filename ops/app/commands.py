@@ -255,7 +255,7 @@ DATABASE_URL = Param(
     setting=True,
     local=True,
     metavar="URL",
-    help="PostgreSQL URL [env: EVQ_DATABASE_URL; unset: the embedded server].",
+    help="PostgreSQL URL, or `embedded` for evq's own [env: EVQ_DATABASE_URL].",
 )
 DRY_RUN = Param("dry_run", Kind.FLAG, help="Print exactly what would change, change nothing; needs no API key.")
 
@@ -669,7 +669,7 @@ _TABLE: tuple[Command, ...] = (
         "admin.demo",
         "Show evq end to end on this machine, on its own database and loopback servers.",
         "Show evq end to end on this machine: starts the database (embedded unless "
-        "EVQ_DATABASE_URL is set), an SMTP server and a Resend-style HTTP API on loopback, "
+        "EVQ_DATABASE_URL names one), an SMTP server and a Resend-style HTTP API on loopback, "
         "enqueues six sends — two whose reply is lost (one per provider), one the server "
         "refuses — runs the worker until the queue is drained, and explains what happened: "
         "the reconciler settles the lost HTTP reply, the SMTP one waits for an operator, "

@@ -57,7 +57,8 @@ def cli() -> None:
     `evq serve`...) still work as aliases (`evq schema` lists them).
 
     Configuration is EVQ_* environment variables (see `evq worker run --help`);
-    EVQ_DATABASE_URL unset means an embedded PostgreSQL in your user data folder.
+    EVQ_DATABASE_URL names the database (`embedded`: evq's own, in your user data folder);
+    only `evq admin demo` starts one when it is unset.
     Commands that change rows need an API key (EVQ_API_KEY or --api-key).
     """
 

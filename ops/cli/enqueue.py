@@ -79,9 +79,9 @@ def _record_refusal(
     settings: Settings, credential: Credential, requests: list[Any], exc: InvalidRequest, *, dry_run: bool
 ) -> None:
     """The refusal recorded in the configured database (ops/app/service.py: best effort, one
-    short statement). Without EVQ_DATABASE_URL nothing is recorded: an embedded server is not
-    started only to say that nothing was enqueued."""
-    if not settings.database_url:
+    short statement). Without a server's EVQ_DATABASE_URL nothing is recorded: an embedded server
+    is not started only to say that nothing was enqueued."""
+    if not settings.database_url or settings.database_url.strip() == "embedded":
         return
 
     async def work() -> None:
