@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -107,12 +108,33 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
+# A revision file's own `revision: str = "..."` and `down_revision ... = "..." | None` lines.
+_REVISION = re.compile(r"^revision(?:: *str)? *= *[\"']([^\"']+)[\"']", re.M)
+_DOWN = re.compile(r"^down_revision(?:: *[^=]+)? *= *(?:[\"']([^\"']+)[\"']|None)", re.M)
 
-    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
-    head = script.get_current_head()
-    assert head is not None
+
+@functools.cache
+def revision_graph() -> dict[str, str | None]:
+    """Each revision of migrations/versions/ and the one before it, read from the files' text:
+    the schema checks every command and `evq admin health` make need no Alembic (whose import
+    is most of a short command's start-up). A file that does not read as a revision here is an
+    error, not a silent gap (tests/integration compares this with Alembic's own walk)."""
+    graph: dict[str, str | None] = {}
+    for entry in (resources.files("evq.migrations") / "versions").iterdir():
+        if not entry.name.endswith(".py") or entry.name.startswith("_"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(text), _DOWN.search(text)
+        if revision is None or down is None:
+            raise RuntimeError(f"migrations/versions/{entry.name} names no revision and down_revision")
+        graph[revision.group(1)] = down.group(1)
+    return graph
+
+
+def head_revision() -> str:
+    """The revision no other revision follows (there is one head)."""
+    graph = revision_graph()
+    (head,) = set(graph) - set(graph.values())
     return head
 
 
@@ -120,12 +142,10 @@ def known_revision(url: str) -> str | None:
     """The database's revision, refused (SchemaMismatch) when this evq cannot migrate it: a newer
     evq migrated it (neither this evq's code nor its migrations fit it), or a development
     version between 0.2.0 and 1.0 did (migrations/from_0_2.py upgrades only 0.2.0's revision)."""
-    from alembic.script import ScriptDirectory
-
     from evq.migrations import from_0_2
 
     current = current_revision(url)
-    known = {r.revision for r in ScriptDirectory.from_config(alembic_config(url)).walk_revisions()}
+    known = set(revision_graph())
     if current is None or current in known or current == from_0_2.RELEASED:
         return current
     context = {"current": current, "expected": head_revision()}
