@@ -289,7 +289,7 @@ class SesProvider:
             self._client = session.client("sesv2", endpoint_url=endpoint_url or None, config=config)
         except NoRegionError:
             raise ConfigError(
-                "the SES adapter needs a region: set EVQ_SES_REGION (or AWS_REGION)", field="EVQ_SES_REGION"
+                "the SES adapter needs a region: set AWS_REGION (or a profile's region)", field="AWS_REGION"
             ) from None
         self.region = self._client.meta.region_name
         self._client.meta.events.register("before-send.sesv2.SendEmail", self._exchange)

@@ -679,9 +679,7 @@ _TABLE: tuple[Command, ...] = (
         (
             Param(
                 "data_dir",
-                env="EVQ_DATA_DIR",
-                setting=True,
-                help="Folder for the embedded PostgreSQL [env: EVQ_DATA_DIR].",
+                help="Folder for the embedded PostgreSQL (default: the user data folder, e.g. ~/.local/share/evq).",
             ),
             OUTPUT,
             DATABASE_URL,
