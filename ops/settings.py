@@ -760,6 +760,10 @@ def constants_table() -> str:
     """docs/settings.md's table of the documented constants: no variable sets them."""
     lines = ["| constant | value | meaning |", "|---|---|---|"]
     for o in CONSTANT_OPTIONS:
-        value = f"{DERIVED[o.name][0]} (`{_shown(o.default)}` by default)" if o.name in DERIVED else f"`{_shown(o.default)}`"
+        value = (
+            f"{DERIVED[o.name][0]} (`{_shown(o.default)}` by default)"
+            if o.name in DERIVED
+            else f"`{_shown(o.default)}`"
+        )
         lines.append(f"| `{o.name}` | {value} | {o.help} |")
     return "\n".join(lines)

@@ -63,6 +63,12 @@ def database_used() -> dict[str, Any] | None:
     return _used
 
 
+def forget_database() -> None:
+    """A new command begins (tests run several in one process): it names only what it resolves."""
+    global _used
+    _used = None
+
+
 def check_database(url: str) -> None:
     """E_SCHEMA_MISMATCH unless the database is at this evq's head revision; E_INVALID_ARG
     unless its transactions start READ COMMITTED (adapters/postgres/isolation.py)."""

@@ -56,7 +56,9 @@ async def check_health(
         try:
             await caller.identify(lookup, Permission.READ)
         except DatabaseUnavailable:
-            return _reply([_check("database", False, "the database does not answer" + where)], "the database does not answer")
+            return _reply(
+                [_check("database", False, "the database does not answer" + where)], "the database does not answer"
+            )
         except SchemaMismatch:
             checks = [_check("database", True, "reachable" + where), _check("schema", False, "not this evq's schema")]
             return _reply(checks, "the schema is not this evq's")
