@@ -541,7 +541,7 @@ def require_serve(settings: Settings) -> None:
 def require_mcp() -> None:
     """MissingExtra unless `evq mcp`'s libraries are installed (the `mcp` extra)."""
     with needs("mcp", "evq admin mcp"):
-        import evq.ops.mcp.server  # noqa: F401
+        import evq.ops.mcp.server
         import evq.ops.mcp.stdio  # noqa: F401
 
 

@@ -28,9 +28,7 @@ def given(env: Mapping[str, str]) -> dict[str, object]:
 @contextlib.contextmanager
 def constants(env: Mapping[str, str]) -> Iterator[None]:
     """``Settings.load`` with the constants ``env`` names, for as long as the block runs."""
-    from evq.ops.settings import Settings
-
-    from evq.ops.settings import CONSTANT_OPTIONS
+    from evq.ops.settings import CONSTANT_OPTIONS, Settings
 
     if not any(env.get(o.env) for o in CONSTANT_OPTIONS):
         yield

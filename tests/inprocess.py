@@ -41,8 +41,8 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     from click.testing import CliRunner
 
     from evq.ops.cli import main
-    from tests.child import constants
     from evq.worker import scrub
+    from tests.child import constants
 
     # Exactly ``env``, as a child would get it: variables it lacks are unset for the call.
     overrides: dict[str, str | None] = {k: None for k in os.environ if k not in env}

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
+from evq.ops import wiring
 from evq.ops.cli.output import EXIT_INTERRUPTED, Output
 from evq.ops.settings import Settings
-from evq.ops import wiring
 from evq.ops.wiring import setup_logging
 from evq.worker.errors import EvqError
 from evq.worker.logs import get_logger
