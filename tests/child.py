@@ -14,6 +14,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evq.ops.settings import Settings
 
 
 def given(env: Mapping[str, str]) -> dict[str, object]:
@@ -57,3 +61,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def settings_from(env: Mapping[str, str]) -> Settings:
+    """``Settings.load(env)`` as a test's child would read ``env``: its settings, and the documented
+    constants it names (:func:`given`)."""
+    from evq.ops.settings import Settings
+
+    return Settings.load(env, **given(env))  # type: ignore[arg-type]
