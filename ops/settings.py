@@ -326,7 +326,8 @@ CONSTANTS: frozenset[str] = frozenset(
         # Bounded by other settings or by the protocol.
         "journal_imap_timeout",
         "http_callback_timeout",
-        # The client key lives in EVQ_SMTP_CLIENT_CERT's file, after the certificate.
+        # A client certificate for an SMTP server that demands one (rare): a Python caller's.
+        "smtp_client_cert",
         "smtp_client_key",
         # Amazon SES: the AWS SDK's own chain (AWS_REGION, AWS_ENDPOINT_URL_SES,
         # AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role) says where and who.
@@ -336,10 +337,9 @@ CONSTANTS: frozenset[str] = frozenset(
         "ses_secret_access_key",
         # The embedded PostgreSQL lives in the user data folder (`evq admin demo --data-dir` moves it).
         "data_dir",
-        # What nobody running evq needs to turn: logs are console on a terminal and JSON
-        # elsewhere; the reconciler's patience; hourly caps beside the per-key daily one and the
-        # run's; the largest message (1 MiB: providers' own limits are near it).
-        "log_format",
+        # What nobody running evq needs to turn: the idle poll (LISTEN/NOTIFY wakes a worker);
+        # the reconciler's patience; hourly caps beside the per-key daily one and the run's; the
+        # largest message (1 MiB: providers' own limits are near it).
         "poll_interval",
         "reconcile_checks",
         "notice_on_unknown",
@@ -757,13 +757,15 @@ def markdown_table() -> str:
 
 
 def constants_table() -> str:
-    """docs/settings.md's table of the documented constants: no variable sets them."""
-    lines = ["| constant | value | meaning |", "|---|---|---|"]
+    """docs/settings.md's table of the documented constants: no variable sets them (the name is
+    the variable that set each before 1.0, as messages still name the bound; the field is
+    ``Settings``'s)."""
+    lines = ["| constant (not read) | `Settings` field | value | meaning |", "|---|---|---|---|"]
     for o in CONSTANT_OPTIONS:
         value = (
             f"{DERIVED[o.name][0]} (`{_shown(o.default)}` by default)"
             if o.name in DERIVED
             else f"`{_shown(o.default)}`"
         )
-        lines.append(f"| `{o.name}` | {value} | {o.help} |")
+        lines.append(f"| `{o.env}` | `{o.name}` | {value} | {o.help} |")
     return "\n".join(lines)

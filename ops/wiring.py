@@ -285,7 +285,7 @@ async def resolve_pooler(settings: Settings, url: str) -> Settings:
         "pooler_detected",
         shares_backends=found.shares_backends,
         note="a connection pooler answers for PostgreSQL (the backend key it gave is not the server's): "
-        "behaving as EVQ_POOLER=transaction: no prepared statements, no LISTEN (polling every EVQ_POLL_INTERVAL); "
+        "behaving as EVQ_POOLER=transaction: no prepared statements, no LISTEN (polling every second); "
         "set EVQ_POOLER=transaction to say so and skip this probe",
     )
     return replace(settings, pooler="transaction")
@@ -430,7 +430,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         log.warning(
             "listen_disabled",
             note="EVQ_POOLER=transaction: LISTEN/NOTIFY does not work through a transaction-mode pooler; "
-            "polling every EVQ_POLL_INTERVAL instead",
+            "polling every second instead",
         )
     elif settings.listen != "off":
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)

@@ -912,13 +912,13 @@ _TABLE: tuple[Command, ...] = (
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_admin_health (call it first), evq_steps_enqueue, evq_steps_show, "
         "evq_steps_list, evq_runs_show, evq_providers_list, evq_policy_show, evq_events_list, evq_deliveries_list, "
-        "evq_steps_wait, evq_steps_cancel, evq_steps_approve and evq_steps_deny with EVQ_MCP_APPROVE=true (operator or "
-        "admin keys only, never the key that enqueued the send), and evq_steps_resolve with EVQ_MCP_RESOLVE=true "
+        "evq_steps_wait, evq_steps_cancel, evq_steps_approve and evq_steps_deny with EVQ_MCP_TOOLS=approve (operator or "
+        "admin keys only, never the key that enqueued the send), and evq_steps_resolve with EVQ_MCP_TOOLS=resolve "
         "(these dry-run unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
         "the protocol's: logs go to stderr, and -o json prints only an error at startup.",
-        # Its tools enqueue (and, with EVQ_MCP_RESOLVE, resolve); the worker sends.
+        # Its tools enqueue (and, with EVQ_MCP_TOOLS=resolve, resolve); the worker sends.
         Effect.WRITE,
         (OUTPUT, DATABASE_URL),
         examples=("EVQ_API_KEY=evq_... evq admin mcp",),

@@ -147,7 +147,7 @@ def _refuse_a_shared_database(url: str) -> None:
             f"this database holds {n} step(s) that are not the demo's (run {example!r}, ...): the demo's worker "
             "would send them to its loopback servers, and this database's workers would send the demo's",
             hint="run the demo on the embedded database (unset EVQ_DATABASE_URL or set it to `embedded`, "
-            "with EVQ_DATA_DIR a new folder) or on a database of its own",
+            "with --data-dir a new folder) or on a database of its own",
             context={"foreign_steps": n},
         )
 

@@ -345,7 +345,7 @@ def test_an_untrusted_certificate_is_a_failed_lookup(dovecot: Dovecot) -> None:
     del env["EVQ_JOURNAL_IMAP_CA_FILE"]
     journal = build_journal(settings_from(env), pepper=PEPPER)
     assert journal is not None
-    assert "EVQ_JOURNAL_IMAP_CA_FILE" in failure(journal)
+    assert "EVQ_SMTP_CA_FILE" in failure(journal)
 
 
 def test_nothing_listening_is_a_failed_lookup(dovecot: Dovecot) -> None:

@@ -182,7 +182,7 @@ def test_smtp_settings_are_validated(tmp_path):
     with pytest.raises(ConfigError, match=r"EVQ_SMTP_CA_FILE.*cannot be loaded"):
         Settings.load({**base, "EVQ_SMTP_CA_FILE": str(tmp_path / "junk.pem")})
     with pytest.raises(ConfigError, match="EVQ_SMTP_CLIENT_CERT"):
-        Settings.load({**base, "EVQ_SMTP_CLIENT_CERT": str(tmp_path / "junk.pem")})
+        Settings.load(base, smtp_client_cert=str(tmp_path / "junk.pem"))  # a documented constant
     with pytest.raises(ConfigError, match=r"EVQ_SMTP_CLIENT_KEY.*needs EVQ_SMTP_CLIENT_CERT"):
         Settings.load(base, smtp_client_key=str(tmp_path / "junk.pem"))
     plain = {"EVQ_SMTP_USERNAME": "u", "EVQ_SMTP_PASSWORD": "p"}
