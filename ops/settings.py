@@ -304,12 +304,13 @@ CONSTANTS: frozenset[str] = frozenset(
         "listen",
         "startup_wait",
         "max_input_bytes",
-        "evidence_partition_steps",
         "reconcile_interval",
         "reconcile_rate",
         "null_delay",
         "max_recipients",
         "max_message_bytes",
+        # `evq admin serve --port` says where it listens (8080 by default).
+        "serve_port",
         # `evq serve`'s protection against slow, large and guessing clients.
         "serve_max_body",
         "serve_auth_failures",

@@ -126,11 +126,10 @@ def test_keep_content_is_a_duration_zero_or_forever():
 def test_an_evidence_partition_size_is_bounded_as_the_database_bounds_it():
     """The migration refuses a partition of more than a billion step ids: one covering every
     future step would never be dropped. The setting says so before a worker starts."""
-    # A documented constant now (docs/settings.md): a Python caller's to pass, bounded all the same.
-    assert Settings.load(env={}, evidence_partition_steps="1000000000").evidence_partition_steps == 10**9
+    assert Settings.load(env={"EVQ_EVIDENCE_PARTITION_STEPS": "1000000000"}).evidence_partition_steps == 10**9
     for value, said in (("1000000001", "at most 1000000000"), ("999", "at least 1000")):
         with pytest.raises(ConfigError) as refused:
-            Settings.load(env={}, evidence_partition_steps=value)
+            Settings.load(env={"EVQ_EVIDENCE_PARTITION_STEPS": value})
         assert (
             refused.value.message
             == f"EVQ_EVIDENCE_PARTITION_STEPS (--evidence-partition-steps) must be {said}, got {value}"
