@@ -155,7 +155,10 @@ def _refuse_a_shared_database(url: str) -> None:
 def run_demo(settings: Settings) -> DemoResult:
     import asyncio
 
+    embedded = settings.database_url in (None, "", "embedded")
     url = wiring.database_url(settings, embedded_default=True)
+    # The worker and every reader below use this database (not a second resolution of an unset URL).
+    settings = replace(settings, database_url=url)
     upgrade(url)
     _refuse_a_shared_database(url)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
@@ -184,7 +187,7 @@ def run_demo(settings: Settings) -> DemoResult:
         code, steps = asyncio.run(_run(settings, url, run_id))
         delivered = {**sink.by_message_id(), **api.by_message_id()}
     return DemoResult(
-        database="embedded" if settings.database_url in (None, "", "embedded") else "EVQ_DATABASE_URL",
+        database="embedded" if embedded else "EVQ_DATABASE_URL",
         run_id=run_id,
         steps=steps,
         delivered=delivered,

@@ -77,7 +77,7 @@ def _steps_script(run: Script) -> None:
     step = run(admin, "enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
     run(admin, "enqueue", "--file", "-", "--dry-run", input=json.dumps(REQUEST))
     run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
-    run(admin, "worker", "run", "--drain", "--adapter", "null", "--listen", "off")
+    run(admin, "worker", "run", "--drain", "--adapter", "null")
     run(admin, "worker", "run", "--drain", "--concurrency", "0", expect=2)
     # Through smtp, which the null worker above does not send: still pending at the timeout.
     waited = run(anyone, "steps", "wait", str(step["id"]), "--timeout", "1s")
