@@ -307,7 +307,7 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
         "default": 10,
         "env": "EVQ_CONCURRENCY",
     }
-    assert worker["listen"]["enum"] == ["auto", "on", "off"]
+    assert worker["pooler"]["enum"] == ["auto", "none", "transaction"]
     assert "default" not in worker["smtp-password"]
     # An alias is the same tool, said to be one.
     alias = evq.json("schema", "enqueue")["data"]
