@@ -62,7 +62,7 @@ DATABASE_OPTIONS: tuple[Option, ...] = (
         "database_url",
         str,
         None,
-        "PostgreSQL URL, or `embedded`: a PostgreSQL of evq's own in EVQ_DATA_DIR (the `embedded` extra). "
+        "PostgreSQL URL, or `embedded`: a PostgreSQL of evq's own in the user data folder (the `embedded` extra). "
         "Unset: every command but `evq admin demo` refuses to start and says how to set it.",
         secret=True,
     ),
