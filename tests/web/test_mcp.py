@@ -69,7 +69,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_events_list",
         "evq_deliveries_list",
         "evq_steps_cancel",
-    }  # approve and deny only with EVQ_MCP_APPROVE (test_an_agent_over_mcp_never_approves...)
+    }  # approve and deny only with EVQ_MCP_TOOLS=approve (test_an_agent_over_mcp_never_approves...)
     assert tools["evq_events_list"].input_schema == command_input("events.list")
     assert tools["evq_deliveries_list"].input_schema == command_input("deliveries.list")
     send = tools["evq_steps_enqueue"].input_schema
