@@ -370,7 +370,10 @@ DERIVED: dict[str, tuple[str, Any]] = {
     "retry_max": ("180 x EVQ_RETRY_BASE", lambda s: s.retry_base * 180),
     "circuit_probe_max": ("60 x EVQ_CIRCUIT_PROBE_BASE", lambda s: s.circuit_probe_base * 60),
     # The journal mailbox is usually on the mail server: the same private CA, if any.
-    "journal_imap_ca_file": ("EVQ_SMTP_CA_FILE", lambda s: s.smtp_ca_file),
+    "journal_imap_ca_file": (
+        "EVQ_SMTP_CA_FILE, with EVQ_JOURNAL_IMAP_URL",
+        lambda s: s.smtp_ca_file if s.journal_imap_url else None,
+    ),
     # One bound for every provider API evq speaks HTTP to.
     "ses_timeout": ("EVQ_HTTP_TIMEOUT", lambda s: s.http_timeout),
     # A worker's /metrics listens where `evq serve` would.
