@@ -78,7 +78,15 @@ from evq.worker.approval import (
 )
 from evq.worker.approvals import not_cancellable, not_held, self_approval
 from evq.worker.deadline import DEADLINE_SHARE
-from evq.worker.delivery import DELIVERY_TYPES, PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, key_digest
+from evq.worker.delivery import (
+    DELIVERY_TYPES,
+    PROVES_ACCEPTED,
+    TELLS_NOTIFY,
+    DeliveryEvent,
+    key_digest,
+    message_tag,
+    split_tag,
+)
 from evq.worker.enqueue import existing_or_conflict, new_message_id
 from evq.worker.errors import AuthFailed, BudgetExceeded, Conflict, InvalidRequest, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, default_approval, hash_secret
@@ -1091,12 +1099,8 @@ class MemoryStore:
             partial = s["status"] == "accepted" and s["reason"] == "partially_refused"
             if s["status"] not in statuses and not partial:
                 continue
-            if (
-                s["notify"] is not None
-                and (s["reason"] in ("denied", "approval_expired") or (s["reason"] == "cancelled" and s["hold"]))
-                and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
-            ):
-                continue  # notice_candidates: a stranger is never told on an unapproved request's word
+            if self._unvouched_notify(s):
+                continue  # notice_candidates: a stranger is never told on a held request's word
             answers = [e for e in self._evidence_of(step_id) if e["outcome"] == "accepted" and e["kind"] in ANSWERS]
             refused = answers[-1]["detail"].get("refused") if partial and answers else None
             try:
@@ -1441,10 +1445,19 @@ class MemoryStore:
             return DeliveryRecorded(id=first["id"], step=first["step_id"], duplicate=True, closed=False)
         if event.type not in DELIVERY_TYPES:
             raise InvariantViolated(f"delivery event violates ck_delivery_events_type: {event.type!r}")
-        digest = (event.key_digest or "").lower()
+        # As delivery_record: the key's digest and the Message-ID's part of the tag (a bare
+        # digest names only a step evq 0.2.0 made, and this store has none).
+        tag = split_tag(event.key_digest)
         by_key = (
-            next((s for s in self.steps.values() if key_digest(s["idempotency_key"]) == digest), None)
-            if _SHA256.match(digest)
+            next(
+                (
+                    s
+                    for s in self.steps.values()
+                    if key_digest(s["idempotency_key"]) == tag[0] and message_tag(s["message_id"]) == tag[1]
+                ),
+                None,
+            )
+            if tag is not None and tag[1] is not None
             else None
         )
         by_id = next((s for s in self.steps.values() if s["message_id"] == event.message_id), None)
@@ -1526,6 +1539,14 @@ class MemoryStore:
         metrics.observe_delivery(event.provider, event.type, matched=s is not None, settled=closed)
         return DeliveryRecorded(id=row["id"], step=row["step_id"], duplicate=False, closed=closed, notices=notices)
 
+    def _unvouched_notify(self, s: Mapping[str, Any]) -> bool:
+        """A held send's own notify address that its sender is not known to mail (notice_candidates)."""
+        return (
+            s["notify"] is not None
+            and bool(s["hold"])
+            and (sender_of(s["payload"]), s["notify"].lower()) not in self.known_recipients
+        )
+
     def _enqueue_delivery_notice(self, step_id: int, event: Mapping[str, Any], *, actor: str, at: datetime) -> int:
         """delivery_notice_candidates + notice_enqueue: one notice per step and event type."""
         s = self.steps[step_id]
@@ -1534,7 +1555,7 @@ class MemoryStore:
         key_id = self.decisions[s["decision_id"]]["actor_key_id"]
         key = next((k for k in self.keys.values() if key_id is not None and k["key_id"] == key_id), None)
         notify = s["notify"] or (key or {}).get("notify_email")
-        if notify is None:
+        if notify is None or self._unvouched_notify(s):
             return 0
         notify_key = key["name"] if key is not None and s["notify"] is None else None
         try:

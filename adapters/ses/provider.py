@@ -1,9 +1,9 @@
-"""Amazon SES adapter: SES API v2 ``SendEmail`` through boto3, with the key's digest as a tag.
+"""Amazon SES adapter: SES API v2 ``SendEmail`` through boto3, with the step's evq_key tag.
 
 What is sent: ``Content.Raw``, the RFC 5322 bytes adapters/smtp/message.py renders (the
 same rendering, checks and Message-ID as an SMTP send), with ``Destination`` the envelope
 (To/Cc from the rendered headers, Bcc only there), ``EmailTags`` ``evq_key`` =
-:func:`worker.delivery.key_digest` (nothing else of evq's, nothing secret) and
+:func:`worker.delivery.key_tag` (nothing else of evq's, nothing secret) and
 ``ConfigurationSetName`` from ``EVQ_SES_CONFIGURATION_SET`` (its event destination
 publishes delivery events to SNS). Raw rather than Simple content because the message is
 then exactly the one evq rendered and verified (header-injection checks, display names,
@@ -71,7 +71,7 @@ from botocore.exceptions import (
 from evq.adapters import answers
 from evq.adapters.smtp.message import BuildError, Envelope, build_message
 from evq.worker import deadline as limits
-from evq.worker.delivery import KEY_TAG, key_digest
+from evq.worker.delivery import KEY_TAG, key_tag
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
@@ -334,7 +334,7 @@ class SesProvider:
             "FromEmailAddress": envelope.sender,
             "Destination": destination(envelope),
             "Content": {"Raw": {"Data": envelope.data}},
-            "EmailTags": [{"Name": KEY_TAG, "Value": key_digest(request.idempotency_key)}],
+            "EmailTags": [{"Name": KEY_TAG, "Value": key_tag(request.idempotency_key, request.message_id)}],
         }
         if self.configuration_set:
             message["ConfigurationSetName"] = self.configuration_set

@@ -5,7 +5,7 @@ events kept, and a hard bounce or complaint telling notify once per step and typ
 
 from __future__ import annotations
 
-from evq.worker.delivery import DeliveryEvent, key_digest
+from evq.worker.delivery import DeliveryEvent, key_digest, key_tag
 from evq.worker.outcomes import Accepted, Rejected, Unknown
 from tests.conformance.helpers import T0, at, claim, evidence, row, settle
 from tests.support import valid
@@ -31,7 +31,7 @@ async def test_an_event_settles_an_unknown_step_accepted_with_its_evidence(any_s
     e = event(
         "ev-1",
         "delivered",
-        key_digest=key_digest(s["idempotency_key"]),
+        key_digest=key_tag(s["idempotency_key"], s["message_id"]),
         provider_message_id="re_123",
         recipient="ada@example.com",
         occurred_at=at(5),
@@ -84,7 +84,7 @@ async def test_the_key_digest_wins_over_the_message_id(any_store):
     a = await step_in(any_store, Accepted("q1"))
     b = await step_in(any_store, Accepted("q2"))
     done = await any_store.delivery_record(
-        event("ev-both", key_digest=key_digest(a["idempotency_key"]).upper(), message_id=b["message_id"]),
+        event("ev-both", key_digest=key_tag(a["idempotency_key"], a["message_id"]).upper(), message_id=b["message_id"]),
         step_providers=RELAYED,
         actor="w",
         now=at(1),
@@ -94,6 +94,26 @@ async def test_the_key_digest_wins_over_the_message_id(any_store):
         event("ev-mid", message_id=b["message_id"]), step_providers=RELAYED, actor="w", now=at(1)
     )
     assert by_id.step == b["id"]
+
+
+async def test_an_event_names_a_step_by_its_key_and_its_message_id_never_by_the_key_alone(any_store):
+    """Another installation's message with the same key (a provider account shared, whose
+    webhooks report every message) carries the same key digest: only the tag's Message-ID
+    part makes it ours. A bare digest names only a step evq 0.2.0 made (none here)."""
+    s = await step_in(any_store, Unknown("reply lost after DATA"))
+    key = s["idempotency_key"]
+    theirs = key_tag(key, "<evq.theirs-0123@example.org>")
+    assert theirs.split("-")[0] == key_tag(key, s["message_id"]).split("-")[0]
+    for n, tag in enumerate((theirs, key_digest(key))):
+        done = await any_store.delivery_record(
+            event(f"ev-not-ours-{n}", key_digest=tag), step_providers=RELAYED, actor="w", now=at(1)
+        )
+        assert (done.step, done.closed) == (None, False)
+    assert (await row(any_store, s["id"]))["status"] == "unknown"
+    ours = await any_store.delivery_record(
+        event("ev-ours", key_digest=key_tag(key, s["message_id"])), step_providers=RELAYED, actor="w", now=at(2)
+    )
+    assert (ours.step, ours.closed) == (s["id"], True)
 
 
 async def test_an_event_matching_no_step_is_kept_for_an_operator(any_store):
@@ -214,7 +234,7 @@ async def test_an_event_never_matches_a_step_of_a_provider_its_webhook_cannot_re
     step's Message-ID is stored unmatched, says why, and closes nothing."""
     s = await step_in(any_store, Unknown("reply lost after DATA"))
     h = await step_in(any_store, Unknown("reply lost"), provider="http")
-    by_key = event("ev-f1", provider="mailgun", key_digest=key_digest(s["idempotency_key"]))
+    by_key = event("ev-f1", provider="mailgun", key_digest=key_tag(s["idempotency_key"], s["message_id"]))
     done = await any_store.delivery_record(by_key, step_providers=(), actor="webhook:mailgun", now=at(1))
     assert (done.step, done.closed) == (None, False)
     by_mid = event("ev-f2", provider="mailgun", message_id=h["message_id"])
@@ -235,6 +255,9 @@ async def test_an_event_never_matches_a_step_of_a_provider_its_webhook_cannot_re
     }
     # The same key from the webhook that can report the step closes it.
     mine = await any_store.delivery_record(
-        event("ev-f3", key_digest=key_digest(h["idempotency_key"])), step_providers=("http",), actor="w", now=at(3)
+        event("ev-f3", key_digest=key_tag(h["idempotency_key"], h["message_id"])),
+        step_providers=("http",),
+        actor="w",
+        now=at(3),
     )
     assert (mine.step, mine.closed) == (h["id"], True)

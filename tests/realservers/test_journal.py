@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from evq.adapters.smtp import SmtpProvider, build_message
+from evq.adapters.smtp.journal import MAX_HITS
 from evq.adapters.smtp.witness import WitnessTags
 from evq.ops.wiring import build_journal, build_providers
 from evq.worker.errors import ConfigError
@@ -293,6 +294,32 @@ def test_the_relays_copy_is_found_beside_forged_ones_and_only_under_this_install
     # Another installation (another pepper) sharing the journal sees no proof of it.
     other = look(witness(dovecot, pepper=os.urandom(32)), req.message_id)
     assert not other.found and other.raw["untagged_copies"] == 2
+
+
+def test_a_flood_of_outsider_copies_cannot_push_the_relays_copy_out_of_the_search(
+    postfix: Postfix, dovecot: Dovecot
+) -> None:
+    """An outsider who learnt a held step's Message-ID (every key reads it) mails the journal
+    more copies of it than a lookup reads before the relay's copy arrives: the lookup still
+    finds the relay's tagged copy (it asks the server for the tag, not only the Message-ID),
+    and before the relay's copy arrives it finds nothing, never a proof."""
+    req = send_request([f"journal-f@{DOMAIN}"])
+    flood = MAX_HITS + 5
+    for _ in range(flood):
+        outsider_sends(postfix, req.message_id)
+    assert len(postfix.journaled(req.message_id, expect=flood)) == flood
+    # Looked up once before the send: Dovecot numbers the flood first, so the relay's copy
+    # comes after every one of them.
+    before = look(witness(dovecot), req.message_id)
+    assert not before.found and before.raw["search_hits"] == flood
+    assert isinstance(send(provider(postfix, EVQ_SMTP_JOURNAL=JOURNAL), req), Accepted)
+    assert len(postfix.journaled(req.message_id, expect=flood + 1)) == flood + 1
+
+    found = look(witness(dovecot), req.message_id)
+    assert found.found, found.raw
+    assert found.raw["copies"] == 1 and found.raw["search_hits"] == flood + 1
+    assert found.raw["untagged_copies"] == flood
+    assert TAGS.tag(req.message_id) not in json.dumps(found.raw) and JOURNAL not in json.dumps(found.raw)
 
 
 def test_a_message_id_not_in_the_journal_is_not_found(dovecot: Dovecot) -> None:
