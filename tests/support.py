@@ -368,7 +368,7 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
     try:
         with os.fdopen(fd, "w") as stderr:
             proc = spawn(
-                [sys.executable, "-m", "evq.ops.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "tests.child", "serve", "--port", str(port)],
                 env=environ,
                 stdout=stderr,
                 stderr=subprocess.STDOUT,
