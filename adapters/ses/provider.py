@@ -289,7 +289,7 @@ class SesProvider:
             self._client = session.client("sesv2", endpoint_url=endpoint_url or None, config=config)
         except NoRegionError:
             raise ConfigError(
-                "the SES adapter needs a region: set EVQ_SES_REGION (or AWS_REGION)", field="EVQ_SES_REGION"
+                "the SES adapter needs a region: set AWS_REGION (or a profile's region)", field="AWS_REGION"
             ) from None
         self.region = self._client.meta.region_name
         self._client.meta.events.register("before-send.sesv2.SendEmail", self._exchange)
@@ -418,7 +418,7 @@ class SesProvider:
         except (NoCredentialsError, PartialCredentialsError) as exc:
             return Retryable(
                 f"{type(exc).__name__}: no AWS credentials were found for SES; nothing was sent "
-                "(set EVQ_SES_ACCESS_KEY_ID and EVQ_SES_SECRET_ACCESS_KEY, or the AWS chain)",
+                "(set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile or a role: the AWS chain)",
                 response=answers.evidence("request", error_class=type(exc).__name__),
                 misconfigured=True,
                 fault="auth_failed",
@@ -515,7 +515,7 @@ class SesProvider:
             )
         if code in _BAD_CREDENTIALS or (status in (401, 403) and not parsed):
             return Retryable(
-                f"{what} (check the AWS credentials: EVQ_SES_ACCESS_KEY_ID or the AWS chain)",
+                f"{what} (check the AWS credentials: AWS_ACCESS_KEY_ID, a profile or a role)",
                 response=evidence,
                 misconfigured=True,
                 fault="auth_failed",

@@ -343,7 +343,7 @@ class _Session:
         if self.cut:
             return f"the journal lookup at {at} was cut off at {self.step}: its time ({self.j.timeout:g}s) was up"
         if isinstance(exc, ssl.SSLCertVerificationError):
-            return f"tls failed at {self.step} with the journal at {at}: {exc.verify_message} (a private CA? set EVQ_JOURNAL_IMAP_CA_FILE)"
+            return f"tls failed at {self.step} with the journal at {at}: {exc.verify_message} (a private CA? set EVQ_SMTP_CA_FILE, which the journal trusts too)"
         if isinstance(exc, ssl.SSLError):
             return f"tls failed at {self.step} with the journal at {at}: {name}"
         if isinstance(exc, ConnectionRefusedError):

@@ -35,9 +35,3 @@ def test_the_queries_are_sent_without_their_comments_and_keep_their_text():
     assert all(
         len(Q[name].encode()) < 4096 for name in ("step_claim", "step_record", "step_enqueue", "step_enqueue_many")
     )
-
-
-def test_the_start_up_check_reads_the_head_alembic_would():
-    from evq.adapters.postgres.database import head_revision, plain_head
-
-    assert plain_head() == head_revision()
