@@ -24,7 +24,7 @@ def test_readme_opens_with_the_venv_line_then_the_two_commands():
     # The venv line comes first: it is what rescues the run command on Debian's python3 (PEP 668).
     venv, run, test = _commands()
     assert venv == "python3 -m venv .venv && . .venv/bin/activate"
-    assert run == "python3 -m pip install -e . && evq admin demo"
+    assert run == "python3 -m pip install -e '.[embedded,dev]' && evq admin demo"
     assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest"
 
 
