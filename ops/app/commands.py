@@ -56,7 +56,7 @@ from evq.ops.app.service import (
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
 from evq.ops.app.waiting import WAIT_DEFAULT
 from evq.ops.settings import OPTIONS, Option
-from evq.worker.approval import PRIORITIES, KeyApproval
+from evq.worker.approval_policy import PRIORITIES, KeyApproval
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission, Role
 from evq.worker.pruner import RETENTION_HELP

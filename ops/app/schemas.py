@@ -32,7 +32,7 @@ from evq.ops.app.service import (
     REQUIRE_APPROVAL_HELP,
     SEND_AT_HELP,
 )
-from evq.worker.approval import PRIORITIES
+from evq.worker.approval_policy import PRIORITIES
 from evq.worker.errors import InvalidRequest
 from evq.worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
 

@@ -21,7 +21,7 @@ from evq.ops.app.labels import NEXT_ACTION_LABELS, REASON_LABELS, STATE_LABELS, 
 from evq.ops.app.longwork import Tally, each
 from evq.ops.settings import ADAPTERS, Settings
 from evq.worker import metrics
-from evq.worker.approval import gated
+from evq.worker.approval_policy import gated
 from evq.worker.delivery import DELIVERY_TYPES, DeliveryEvent
 from evq.worker.enqueue import (
     ambiguity,
@@ -287,7 +287,7 @@ async def enqueue(
 def actor_of(caller: Caller, identity: Identity) -> Actor:
     """Who asks, as the enqueue records and judges it: the key's name and public id (never its
     secret), the interface, and the key's approval as read with the key for this call
-    (worker/approval.py decides what it holds, the same for every interface)."""
+    (worker/approval_policy.py decides what it holds, the same for every interface)."""
     return Actor(
         interface=caller.interface, key_id=identity.key_id, name=identity.name, approval=str(identity.approval)
     )
@@ -680,7 +680,7 @@ def step_verdict(step: Mapping[str, Any], unresolvable: Collection[str] | None) 
     )
 
 
-# The parts of a payload that are the message's content (worker/redactor.py removes them).
+# The parts of a payload that are the message's content (worker/content_retention.py removes them).
 BODY_PARTS = ("text", "html")
 
 
@@ -1105,7 +1105,7 @@ async def list_providers(store: AppStore, caller: Caller, settings: Settings) ->
     return Reply(data, meta)
 
 
-# -- the approval policy (worker/approval.py) ----------------------------------
+# -- the approval policy (worker/approval_policy.py) ----------------------------------
 
 POLICY_USAGE_LIMIT = 20
 

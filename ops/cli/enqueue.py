@@ -131,7 +131,7 @@ def _pruned(items: list[dict[str, Any]]) -> list[str]:
 
 
 def _held(items: list[dict[str, Any]]) -> list[str]:
-    """Why each held send waits for a person (the approval policy, worker/approval.py)."""
+    """Why each held send waits for a person (the approval policy, worker/approval_policy.py)."""
     held = [i for i in items if i.get("hold")]
     if not held:
         return []
