@@ -1,4 +1,4 @@
-"""What the application layer (ops/app/service.py) asks of the store: enqueue, read back, resolve."""
+"""What the application layer (ops/app/service/) asks of the store: enqueue, read back, resolve."""
 
 from __future__ import annotations
 
