@@ -20,6 +20,7 @@ from evq.ops.web.page.common import (
     app_state,
     caller_of,
     check_preview_seal,
+    chosen_verdict,
     cli_equivalent,
     list_filters,
     posted,
@@ -180,6 +181,8 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     try:
         await may_act(request, session)
         action = action_of(values)
+        if action == "close":
+            chosen_verdict(values)
         note_of(values)
         rows, matching = await preview_rows(request, session, action, tab, values, filters)
     except EvqError as exc:
@@ -274,6 +277,8 @@ async def bulk_apply(request: Request) -> HTMLResponse:
     try:
         await may_act(request, session)
         action = action_of(values)
+        if action == "close":
+            chosen_verdict(values)
         note = note_of(values)
         seen = previewed(values)
         within_action(action, values, seen)
