@@ -132,3 +132,19 @@ def test_a_bad_list_parameter_is_a_400_with_the_reason_never_ignored(server, db_
             assert 'data-step="' not in answer.text, path  # no rows shown as if they matched
         for fine in ("/ops/unknown?run_id=run-params&expand=1&offset=0", "/ops/steps?status=unknown&q=run-params"):
             assert web.get(fine).status_code == 200, fine
+
+
+def test_the_overview_banner_speaks_of_provider_faults_and_unconfigured_providers_are_not_sending(server, db_url):
+    """Unknown rows (lost replies: messages the provider may have judged) raise no "may be down"
+    banner; a provider this installation does not configure is not shown as sending."""
+    import re
+
+    unknown(db_url, 3, run_id="run-lost")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops").text
+    assert "may be down" not in html and 'class="error circuit"' not in html
+    states = dict(re.findall(r'<tr id="provider-([a-z]+)">.*?<td class="circuit-state">([^<]*)</td>', html, flags=re.S))
+    assert states["smtp"] == "sending", states
+    others = {p: s for p, s in states.items() if p != "smtp"}
+    assert others and all(s.startswith("not configured here") for s in others.values()), states
