@@ -148,3 +148,163 @@ def test_the_overview_banner_speaks_of_provider_faults_and_unconfigured_provider
     assert states["smtp"] == "sending", states
     others = {p: s for p, s in states.items() if p != "smtp"}
     assert others and all(s.startswith("not configured here") for s in others.values()), states
+
+
+def test_an_operator_picks_20_of_50_unknown_rows_and_closes_exactly_those(server, browser, db_url):
+    """The desk's first job: 50 rows whose replies were lost (taken to unknown as the worker
+    takes them); the operator ticks 20 boxes, previews, closes them as rejected with a note. The
+    other 30 stay unknown; each closed row's evidence names the operator and the note."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from tests.web.test_ops_page import click_and_load
+
+    ids = unknown(db_url, 50, run_id="run-desk")
+    sign_in(browser, server, make_key(db_url, "alice", "operator"))
+    browser.get(server + "/ops/unknown?run_id=run-desk")
+    table = browser.find_element(By.ID, "unknown-rows")
+    listed = [int(r.get_attribute("data-step")) for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    assert sorted(listed) == sorted(ids)
+    # One line a row: its Message-ID, and the age as a <time> with the exact instant.
+    first = table.find_element(By.CSS_SELECTOR, f'tr[data-step="{ids[0]}"]')
+    assert first.find_element(By.CSS_SELECTOR, "td.message-id").text.startswith("<")
+    age = first.find_element(By.CSS_SELECTOR, "td.age time")
+    assert age.get_attribute("datetime") and "UTC" in age.get_attribute("title")
+    heights = {r.size["height"] for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert max(heights) < 2 * min(heights), heights  # no row wraps to three lines
+    axe_clean(browser, "unknown-list")
+    shot(browser, "unknown-list")
+
+    # The header box ticks every row on the page at once (and clears them again).
+    header = browser.find_element(By.ID, "pick-all")
+    header.click()
+    assert all(b.is_selected() for b in browser.find_elements(By.CSS_SELECTOR, "input.pick"))
+    header.click()
+    assert not any(b.is_selected() for b in browser.find_elements(By.CSS_SELECTOR, "input.pick"))
+
+    chosen = listed[5:25]
+    for step in chosen:
+        browser.find_element(By.CSS_SELECTOR, f'input.pick[value="{step}"]').click()
+    form = browser.find_element(By.ID, "bulk-form")
+    Select(form.find_element(By.NAME, "verdict")).select_by_value("rejected")
+    form.find_element(By.NAME, "note").send_keys("bounced per the relay log, 20 checked by hand")
+    click_and_load(browser, browser.find_element(By.ID, "bulk-preview-picked"))
+    assert browser.find_element(By.ID, "preview-count").text.startswith("20 unknown rows would become rejected")
+    previewed = [int(td.text) for td in browser.find_elements(By.CSS_SELECTOR, "#preview-rows tbody tr td:first-child")]
+    assert sorted(previewed) == sorted(chosen)
+    assert {step_row(db_url, i)["status"] for i in ids} == {"unknown"}  # a preview changes nothing
+    axe_clean(browser, "unknown-preview")
+    shot(browser, "unknown-preview")
+    click_and_load(browser, browser.find_element(By.ID, "bulk-confirm"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Bulk close: 20 closed, 0 failed"
+    axe_clean(browser, "unknown-closed")
+    shot(browser, "unknown-closed")
+
+    status = {i: step_row(db_url, i)["status"] for i in ids}
+    assert {i for i, s in status.items() if s == "rejected"} == set(chosen)
+    assert [i for i, s in status.items() if s == "unknown"] == [i for i in ids if i not in chosen]
+    evidence = operator_resolved(db_url)
+    assert sorted(e["step_id"] for e in evidence) == sorted(chosen)
+    assert {e["actor"] for e in evidence} == {"alice"}
+    assert {e["detail"]["note"] for e in evidence} == {"bounced per the relay log, 20 checked by hand"}
+
+
+def test_picking_works_without_javascript_and_picking_nothing_is_refused(server, db_url):
+    """The same close over plain HTTP (no script): the "tick every row" link renders every box
+    ticked; a preview of picked rows with none picked is a 400, not every row."""
+    import re
+
+    ids = unknown(db_url, 3, run_id="run-nojs")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        page = web.get("/ops/unknown?run_id=run-nojs&pick=page").text
+        ticked = re.findall(r'name="pick" value="(\d+)" form="bulk-form" class="pick" aria-label="[^"]*" checked', page)
+        assert sorted(map(int, ticked)) == sorted(ids)
+        token = _csrf(page)
+        form = {"csrf": token, "verdict": "rejected", "note": "n", "run_id": "run-nojs", "scope": "picked"}
+        none = web.post("/ops/unknown/preview", data=form)
+        assert none.status_code == 400 and "<code>pick</code>" in none.text
+        two = web.post("/ops/unknown/preview", data={**form, "pick": [str(ids[0]), str(ids[2])]})
+        assert two.status_code == 200 and "<strong>2</strong> unknown rows would become" in two.text
+    assert {step_row(db_url, i)["status"] for i in ids} == {"unknown"}
+
+
+def test_the_unknown_list_and_the_overview_update_while_open(server, browser, db_url):
+    """A new unknown row appears on the open list without a reload, ticked boxes stay ticked,
+    and the page says what changed since it was opened; the overview's counts follow too."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    first = unknown(db_url, 2, run_id="run-live")
+    sign_in(browser, server, make_key(db_url, "alice", "operator"))
+    browser.get(server + "/ops/unknown?run_id=run-live")
+    browser.find_element(By.CSS_SELECTOR, f'input.pick[value="{first[0]}"]').click()
+    marker = browser.execute_script("window.__not_reloaded = true; return window.__not_reloaded")
+    assert marker is True
+    [arrived] = unknown(db_url, 1, run_id="run-live")
+
+    def listed(driver: Any) -> list[int]:
+        return [
+            int(r.get_attribute("data-step")) for r in driver.find_elements(By.CSS_SELECTOR, "#unknown-rows tbody tr")
+        ]
+
+    WebDriverWait(browser, 60).until(lambda d: arrived in listed(d))
+    assert browser.execute_script("return window.__not_reloaded") is True  # the same page, not a reload
+    assert browser.find_element(By.CSS_SELECTOR, f'input.pick[value="{first[0]}"]').is_selected()
+    assert "1 new row since you opened this page" in browser.find_element(By.ID, "live-status").text
+    assert "3 unknown rows match" in browser.find_element(By.ID, "total").text
+    axe_clean(browser, "unknown-live")
+    shot(browser, "unknown-live")
+
+    browser.get(server + "/ops")
+    before = int(browser.find_element(By.CSS_SELECTOR, 'td[data-count="unknown"]').text)
+    browser.execute_script("window.__not_reloaded = true")
+    unknown(db_url, 1, run_id="run-live")
+    WebDriverWait(browser, 90).until(
+        lambda d: int(d.find_element(By.CSS_SELECTOR, 'td[data-count="unknown"]').text) == before + 1
+    )
+    assert browser.execute_script("return window.__not_reloaded") is True
+    assert "unknown +1 since you opened this page" in browser.find_element(By.ID, "live-status").text
+    axe_clean(browser, "overview")
+    shot(browser, "overview")
+
+
+def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(server, browser, db_url):
+    """The held queue as an inbox: each send's HTML rendered in a sandboxed frame, a box each; the
+    approver picks two of three, previews, approves exactly those. The pages an operator works
+    through (step, run trace, search) are axe-clean too, and each is saved as a screenshot."""
+    from selenium.webdriver.common.by import By
+
+    from tests.web.test_ops_page import click_and_load
+    from tests.web.test_step_lists import held
+
+    ids = held(db_url, 3, run_id="run-inbox", html="<p>Hello <b>there</b></p>")
+    sign_in(browser, server, make_key(db_url, "alice", "operator"))
+    browser.get(server + "/ops/held")
+    frame = browser.find_element(By.ID, f"html-part-{ids[0]}")
+    assert frame.get_attribute("sandbox") == ""  # rendered, and nothing in it may run
+    axe_clean(browser, "held-inbox")
+    shot(browser, "held-inbox")
+    for step in ids[:2]:
+        browser.find_element(By.CSS_SELECTOR, f'input.pick[value="{step}"]').click()
+    browser.find_element(By.CSS_SELECTOR, "#bulk summary").click()
+    form = browser.find_element(By.ID, "bulk-form")
+    form.find_element(By.CSS_SELECTOR, "input[value=approve]").click()
+    form.find_element(By.NAME, "note").send_keys("both checked against the campaign brief")
+    click_and_load(browser, browser.find_element(By.ID, "bulk-preview-picked"))
+    assert "2 rows would be approved" in browser.find_element(By.ID, "preview-count").text
+    axe_clean(browser, "held-preview")
+    click_and_load(browser, browser.find_element(By.ID, "bulk-confirm"))
+    assert "Bulk approve: 2 done, 0 not done" in browser.find_element(By.ID, "bulk-summary").text
+    assert [step_row(db_url, i)["status"] for i in ids] == ["pending", "pending", "held"]
+    approved = rows(db_url, "SELECT step_id, actor FROM evidence WHERE kind = 'approved' ORDER BY step_id")
+    assert [(r["step_id"], r["actor"]) for r in approved] == [(ids[0], "alice"), (ids[1], "alice")]
+
+    for name, path in (
+        ("step", f"/ops/steps/{ids[2]}"),
+        ("run-timeline", "/ops/runs/run-inbox"),
+        ("search", "/ops/steps?q=run-inbox"),
+    ):
+        browser.get(server + path)
+        axe_clean(browser, name)
+        shot(browser, name)

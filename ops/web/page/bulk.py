@@ -14,6 +14,7 @@ from evq.ops.web.page.common import (
     check_preview_seal,
     chosen_verdict,
     filters_of,
+    picked_ids,
     posted,
     preview_seal,
     query_string,
@@ -54,7 +55,11 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     try:
         await may_act(request, session)  # a preview too: bulk is an operator's or admin's tool
         chosen_verdict(values)
-        selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
+        # The rows the list's boxes picked, or (only when asked for by name) every row the filter matches.
+        if values.get("scope") == "picked":
+            selection = Selection(statuses=(str(Status.UNKNOWN),), ids=picked_ids(values), limit=BULK_MAX)
+        else:
+            selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
         reply = await resolve(request, session, values, selection, dry_run=True)
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = refusal(exc)

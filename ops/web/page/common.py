@@ -363,6 +363,9 @@ async def form(request: Request, session: Session) -> dict[str, str]:
     except Exception:
         raise InvalidRequest([{"field": "$body", "message": "not a form"}]) from None
     values = {k: v for k, v in data.items() if isinstance(v, str)}
+    # The rows a list's boxes picked: one "pick" field each, kept as "id,id,..." (picked_ids reads it).
+    if "pick" in data:
+        values["pick"] = ",".join(v for v in data.getlist("pick") if isinstance(v, str))
     if not session.csrf_ok(values.get("csrf")):
         raise PageError(
             AuthFailed("the form is stale or not from this page (CSRF token)", hint="reload the page and try again"),
@@ -460,6 +463,34 @@ def chosen_verdict(values: dict[str, str]) -> str:
             hint="pick the verdict you found in the provider's log; nothing was closed",
         )
     return verdict
+
+
+def picked_ids(values: dict[str, str]) -> tuple[int, ...]:
+    """The step ids a list's boxes picked (form(): "pick" as "id,id,..."); at least one, at most
+    BULK_MAX, each a step id: anything else is refused (400), never read as "every row"."""
+    try:
+        ids = tuple(dict.fromkeys(int(i) for i in (values.get("pick") or "").split(",") if i.strip()))
+        if not ids or len(ids) > BULK_MAX or not all(1 <= i <= 2**63 - 1 for i in ids):
+            raise ValueError
+    except ValueError:
+        raise BadRequest(
+            [{"field": "pick", "message": f"tick 1 to {BULK_MAX} rows of the list to preview the picked rows"}],
+            hint="or preview every row the filter matches",
+        ) from None
+    return ids
+
+
+def answer_words(a: Any) -> str:
+    """A provider's last answer in a few words for a one-line row: the outcome and its reason
+    code, or what kind of answer it was ("no answer: lost"); the whole answer is the cell's title."""
+    if not a:
+        return "-"
+    outcome = a.get("outcome") or "no answer"
+    reason = a.get("reason")
+    return f"{outcome} ({reason})" if reason else str(outcome)
+
+
+env.filters["answer_words"] = answer_words
 
 
 def resolution_of(values: dict[str, str]) -> Resolution:

@@ -44,7 +44,7 @@ SEARCHED = (
 
 
 # What the step list's address may carry: the tab, the search box, the filters and a page.
-STEPS_PARAMS = ("status", "q", *FILTER_KEYS, "offset")
+STEPS_PARAMS = ("status", "q", *FILTER_KEYS, "offset", "pick")
 
 
 def statuses_of(tab: str) -> list[str]:
@@ -77,10 +77,13 @@ async def steps(request: Request) -> HTMLResponse:
         "query": query_string(filters),
         "searched": SEARCHED,
         "verdicts": list(Verdict),
+        "pick_page": params.get("pick") == "page",
     }
     try:
         list_params(params, STEPS_PARAMS)
-        offset = offset_param(params)
+        page["offset"] = offset = offset_param(params)
+        if params.get("pick", "page") != "page":
+            raise BadRequest([{"field": "pick", "message": f"page or absent, got {params['pick'][:40]!r}"}])
         if tab not in TABS:
             raise BadRequest([{"field": "status", "message": f"one of {', '.join(TABS)}, got {tab[:40]!r}"}])
         # The page and the tabs' counts are two reads of their own (each its own snapshot, as
