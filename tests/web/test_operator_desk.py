@@ -308,3 +308,27 @@ def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(ser
         browser.get(server + path)
         axe_clean(browser, name)
         shot(browser, name)
+
+
+def test_a_runs_timeline_groups_events_by_step_on_one_axis_and_collapses_the_earlier_ones(server, db_url):
+    """Each step of the run is a group: its events placed on the run's time axis (0 to 100), the
+    latest three listed, the earlier ones inside a closed <details>; the flat timeline stays."""
+    import re
+
+    ids = unknown(db_url, 2, run_id="run-groups")
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "bot", "agent"))
+        html = web.get("/ops/runs/run-groups").text
+    assert 'id="trace"' in html  # the flat timeline is still there
+    for step in ids:
+        group = re.search(rf'<section class="step-group" id="group-{step}".*?</section>', html, flags=re.S)
+        assert group, step
+        body = group[0]
+        recent = re.search(r'<ol class="events recent">(.*?)</ol>', body, flags=re.S)[1]
+        assert recent.count("<li") == 3
+        earlier = re.search(
+            r'<details class="earlier"><summary>(\d+) earlier events?</summary>(.*?)</details>', body, flags=re.S
+        )
+        assert earlier and int(earlier[1]) == earlier[2].count("<li") >= 1
+        xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', body)]
+        assert xs and all(0 <= x <= 100 for x in xs) and len(xs) == 3 + int(earlier[1])

@@ -28,7 +28,7 @@ from evq.ops.web.page.common import (
     router,
     signed_in,
 )
-from evq.ops.web.page.timeline import trace_rows
+from evq.ops.web.page.timeline import by_step, trace_rows
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
 from evq.worker.resolution import Verdict, requeueable
@@ -131,7 +131,8 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
         "trace.html",
         session,
         d=reply.data,
-        events=trace_rows(reply.data["events"]),
+        events=(events := trace_rows(reply.data["events"])),
+        groups=by_step(events),
         page=reply.meta,
         page_size=PAGE_SIZE,
     )

@@ -27,7 +27,7 @@
   const counts = (root) => Object.fromEntries(Array.from(root.querySelectorAll("[data-count]"), (c) => [c.getAttribute("data-count"), parseInt(c.textContent, 10) || 0]));
   const opened = { rows: rows(document), counts: counts(document) };
 
-  function said(now) {
+  function changes(now) {
     const parts = [];
     const added = [...now.rows].filter((id) => !opened.rows.has(id)).length;
     const gone = [...opened.rows].filter((id) => !now.rows.has(id)).length;
@@ -47,12 +47,15 @@
       if (!answer.ok) return;
       const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
       const ticked = new Set(boxes().filter((b) => b.checked).map((b) => b.value));
+      // A part is swapped only when what it says changed (ages ticking on do not count): the rows
+      // under the operator's pointer stay the same elements while nothing new arrived.
+      const said = (html) => html.replace(/<time[^>]*>[^<]*<\/time>/g, "");
       document.querySelectorAll("[data-live-part]").forEach((part) => {
         const next = part.id && fresh.getElementById(part.id);
-        if (next) part.innerHTML = next.innerHTML;
+        if (next && said(next.innerHTML) !== said(part.innerHTML)) part.innerHTML = next.innerHTML;
       });
       boxes().forEach((b) => { b.checked = ticked.has(b.value); });
-      status.textContent = said({ rows: rows(document), counts: counts(document) });
+      status.textContent = changes({ rows: rows(document), counts: counts(document) });
     } catch (e) {
       status.textContent = "live updates paused: " + e;
     }
