@@ -1023,12 +1023,12 @@ WITH t AS (
     -- Through the key ledger (insert-once, where both indexes live), to the step it still holds.
     SELECT 1 AS probe, s.id, s.provider
     FROM step_keys k JOIN email_steps s ON s.id = k.id
-    WHERE %(digest)s::bytea IS NOT NULL
+    WHERE %(digest)s::bytea IS NOT NULL AND k.pruned_at IS NULL
       AND sha256(decode(replace(k.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
     UNION ALL
     SELECT 2, s.id, s.provider
     FROM step_keys k JOIN email_steps s ON s.id = k.id
-    WHERE k.message_id = %(message_id)s
+    WHERE k.message_id = %(message_id)s AND k.pruned_at IS NULL
 ), m AS (
     SELECT (SELECT n.id FROM named n WHERE n.provider = ANY(%(step_providers)s::text[])
             ORDER BY n.probe LIMIT 1) AS step_id,
@@ -1253,7 +1253,8 @@ WITH t AS (
       AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
            OR (%(search_recipient)s::text IS NOT NULL
                AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-           OR b.id = (SELECT k.id FROM step_keys k WHERE k.message_id = %(search_message_id)s::text)
+           OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
            OR b.provider_message_id = %(search)s::text
            OR b.idempotency_key = %(search)s::text
            OR b.run_id = %(search)s::text)
@@ -1415,7 +1416,8 @@ WITH base AS NOT MATERIALIZED (
             AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
                OR (%(search_recipient)s::text IS NOT NULL
                    AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-               OR b.id = (SELECT k.id FROM step_keys k WHERE k.message_id = %(search_message_id)s::text)
+               OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
                OR b.provider_message_id = %(search)s::text
                OR b.idempotency_key = %(search)s::text
                OR b.run_id = %(search)s::text)
@@ -1431,7 +1433,8 @@ WITH base AS NOT MATERIALIZED (
              AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
                OR (%(search_recipient)s::text IS NOT NULL
                    AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-               OR b.id = (SELECT k.id FROM step_keys k WHERE k.message_id = %(search_message_id)s::text)
+               OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
                OR b.provider_message_id = %(search)s::text
                OR b.idempotency_key = %(search)s::text
                OR b.run_id = %(search)s::text)

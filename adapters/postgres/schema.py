@@ -707,16 +707,23 @@ step_keys = Table(
 )
 # `evq steps show` of a pruned step's id (step_pruned in queries.sql): the one read by id.
 Index(None, step_keys.c.id)
-# A Message-ID names one step for ever (a webhook's event matched by it, delivery_record; the
-# search box's Message-ID, step_list and step_count_by_status). On the ledger, written once
-# at enqueue, not on email_steps, whose every transition would write it again. Message-IDs
-# begin with their enqueue time (worker/enqueue.py, new_message_id), so inserts land at the
-# index's right edge.
-UniqueConstraint(step_keys.c.message_id)
+# A Message-ID names one step (a webhook's event matched by it, delivery_record; the search
+# box's Message-ID, step_list and step_count_by_status). On the ledger, written once at
+# enqueue, not on email_steps, whose every transition would write it again. Partial: only
+# the keys of steps still kept, as on email_steps before; the prune's update of the row leaves
+# it and VACUUM takes its entry, so the two indexes do not grow with the ledger for ever.
+# Message-IDs begin with their enqueue time (worker/enqueue.py, new_message_id), so inserts
+# land at the index's right edge.
+Index(
+    "uq_step_keys_message_id",
+    step_keys.c.message_id,
+    unique=True,
+    postgresql_where=text("pruned_at IS NULL"),
+)
 # A webhook's event matched by the key digest it echoes (delivery_record): the SHA-256 of the
 # key's bytes (UTF-8: the baseline refuses another encoding), built-ins only, so the enqueue
 # statement writes nothing more and the digest can never disagree with the key. Hash:
-# equality is all it is asked. On the ledger, insert-once, for the reason above.
+# equality is all it is asked. On the ledger and partial, for the reasons above.
 Index(
     "ix_step_keys_key_sha256",
     func.sha256(
@@ -726,4 +733,5 @@ Index(
         )
     ),
     postgresql_using="hash",
+    postgresql_where=text("pruned_at IS NULL"),
 )

@@ -258,11 +258,11 @@ CREATE TABLE step_keys (
     CONSTRAINT ck_step_keys_payload_sha256_bytes CHECK (length(payload_sha256) = 32),
     CONSTRAINT ck_step_keys_corrected_sha256_bytes CHECK (corrected_sha256 IS NULL OR length(corrected_sha256) = 32),
     CONSTRAINT ck_step_keys_status CHECK (status IS NULL OR status IN ('accepted', 'rejected')),
-    CONSTRAINT ck_step_keys_pruned_with_its_end CHECK ((pruned_at IS NULL) = (status IS NULL) AND (pruned_at IS NULL) = (closed_at IS NULL)),
-    CONSTRAINT uq_step_keys_message_id UNIQUE (message_id)
+    CONSTRAINT ck_step_keys_pruned_with_its_end CHECK ((pruned_at IS NULL) = (status IS NULL) AND (pruned_at IS NULL) = (closed_at IS NULL))
 );
 CREATE INDEX ix_step_keys_id ON step_keys (id);
-CREATE INDEX ix_step_keys_key_sha256 ON step_keys USING hash (sha256(decode(replace(idempotency_key, '\', '\\'), 'escape')));
+CREATE INDEX ix_step_keys_key_sha256 ON step_keys USING hash (sha256(decode(replace(idempotency_key, '\', '\\'), 'escape'))) WHERE pruned_at IS NULL;
+CREATE UNIQUE INDEX uq_step_keys_message_id ON step_keys (message_id) WHERE pruned_at IS NULL;
 
 CREATE TABLE worker_heartbeats (
     owner TEXT NOT NULL,
