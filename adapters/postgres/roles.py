@@ -22,7 +22,7 @@ from evq.worker.errors import Forbidden, InvalidRequest
 
 OWNER_HINT = (
     "run `evq db upgrade` with the owner role's EVQ_DATABASE_URL; workers, `evq serve` and `evq mcp` keep "
-    'the runtime role\'s (README, "Database roles")'
+    "the runtime role's (docs/guides/database-roles.md)"
 )
 
 

@@ -52,7 +52,7 @@ _REQUIRED = ("run_id", "step_id", "to", "subject")
 
 
 def request_schema() -> dict[str, Any]:
-    """The send request every interface takes (README, "The request")."""
+    """The send request every interface takes (docs/reference/request.md)."""
     properties: dict[str, Any] = {}
     for name, multiple, help_text in REQUEST_FIELDS:
         if multiple:

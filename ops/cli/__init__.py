@@ -37,28 +37,20 @@ def cli() -> None:
     for an operator instead of being sent twice.
 
     \b
-    Start here:   evq admin demo
-    Check:        evq admin health   (database, schema, workers, collector, providers; exit 0 = healthy)
-    Set up:       evq admin db-upgrade ; evq keys create --name NAME --role admin
-    Send:         evq steps enqueue --run-id R --step-id S --to a@example.com --from me@example.org --subject Hi --text Hello
-    Work:         evq worker run
-    Serve:        evq admin serve   (HTTP API, operators' page at /ops, /metrics) ; evq admin mcp   (MCP, stdio)
-    Look:         evq steps list --status unknown ; evq steps show ID ; evq runs show RUN
-    Told:         evq events list --since CURSOR   (your key's rejections, unknowns, verdicts)
-    Providers:    evq providers list   (what settles a lost answer, rate limits, circuits: which is down and why)
-    Approvals:    evq policy show   (which sends wait for a person, and how much budget is used)
-    Refusals:     evq refusals list   (enqueues evq refused: what was asked, by which key, and why)
-    Deliveries:   evq deliveries list [--unmatched]   (what providers' webhooks said: delivered, bounced...)
-    Close:        evq steps resolve ID --as accepted|rejected|retry --note "..."
-    Approve:      evq steps list --status held ; evq steps approve|deny ID --note "..." ; evq steps cancel ID
-    Describe:     evq schema   (every command's parameters and JSON output, for agents)
+    Start here:  evq admin demo
+    Set up:      evq admin db-upgrade ; evq keys create --name NAME --role admin
+    Send:        evq steps enqueue --file request.json   (or --run-id, --to...)
+    Work:        evq worker run ; evq admin serve (HTTP API, /ops, /metrics)
+    Agents:      evq admin mcp (MCP, stdio) ; evq schema (every command, in JSON)
+    Look:        evq steps list --status unknown ; evq steps show ID
+    Close:       evq steps resolve ID --as accepted|rejected|retry --note "..."
+    Approve:     evq steps list --status held ; evq steps approve|deny ID
+    Check:       evq admin health ; evq providers list ; evq events list
 
-    Every command is `evq <noun> <verb>`; the older spellings (`evq enqueue`, `evq db upgrade`,
-    `evq serve`...) still work as aliases (`evq schema` lists them).
-
-    Configuration is EVQ_* environment variables (see `evq worker run --help`);
-    EVQ_DATABASE_URL unset means an embedded PostgreSQL in your user data folder.
-    Commands that change rows need an API key (EVQ_API_KEY or --api-key).
+    Older spellings (`evq enqueue`, `evq serve`...) still work (`evq schema` lists
+    them). Settings are EVQ_* variables (docs/settings.md); EVQ_DATABASE_URL unset
+    means an embedded PostgreSQL in your user data folder. Commands that change
+    rows need an API key (EVQ_API_KEY or --api-key).
     """
 
 

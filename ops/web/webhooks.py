@@ -63,13 +63,16 @@ class WebhookError(EvqError):
             context["fields"] = [{"field": "$body", "message": refusal.message}]
         super().__init__(
             f"webhook refused: {refusal.message}",
-            hint=_HINTS.get(refusal.reason, "check the provider's webhook settings against the README"),
+            hint=_HINTS.get(
+                refusal.reason,
+                "check the provider's webhook settings against docs/guides/webhooks-and-reconciliation.md",
+            ),
             context=context,
         )
 
 
 _HINTS = {
-    "not_configured": "set this provider's EVQ_WEBHOOK_* settings (README, 'Delivery webhooks')",
+    "not_configured": "set this provider's EVQ_WEBHOOK_* settings (docs/guides/webhooks-and-reconciliation.md, 'Delivery webhooks')",
     "unknown_provider": "the providers are " + ", ".join(PROVIDERS),
     "too_large": "EVQ_WEBHOOK_MAX_BODY bounds a webhook's body",
     "replayed": "a webhook is believed only near the time it was signed (EVQ_WEBHOOK_TOLERANCE)",
@@ -147,7 +150,7 @@ def _error(description: str) -> dict[str, Any]:
 @router.post(
     "/v1/webhooks/{provider}",
     summary="Receive a provider's delivery webhook (delivered, deferred, bounced, complained, opened, clicked)",
-    description="Configure this URL at the provider (README, 'Delivery webhooks'). No API key: the request's "
+    description="Configure this URL at the provider (docs/guides/webhooks-and-reconciliation.md, 'Delivery webhooks'). No API key: the request's "
     "signature is its authentication (Resend: Svix; SendGrid: the Signed Event Webhook; Mailgun: the HMAC in the "
     "body; SES: the SNS message signature; Postmark: basic auth or ?token= in the URL). Verified events are stored "
     "once each (by the provider's event id), matched to their step by the evq_key tag and the Message-ID; an "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from email import message_from_bytes
+from pathlib import Path
 
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import rows
@@ -207,7 +208,14 @@ def test_help_explains(evq: Evq):
     for args in (("--help",), ("steps", "enqueue", "--help"), ("enqueue", "--help"), ("worker", "run", "--help")):
         done = evq.run(*args)
         assert done.returncode == 0 and "Usage:" in done.stdout
-    assert "EVQ_LEASE_SECONDS" in evq.run("worker", "run", "--help").stdout
+    # worker run's help fits a screen: its everyday settings with their variables, and where every
+    # other one is (EVQ_LEASE_SECONDS among them, a flag all the same: tests/unit/test_cli_help.py).
+    worker_help = " ".join(evq.run("worker", "run", "--help").stdout.split())
+    assert "EVQ_CONCURRENCY" in worker_help and "more settings are flags too (docs/settings.md)" in worker_help
+    assert (
+        "`EVQ_LEASE_SECONDS` | `--lease-seconds`"
+        in (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    )
     # The old spellings run the same commands, named as aliases, and stay out of the listing.
     assert "Alias of `evq steps enqueue`" in evq.run("enqueue", "--help").stdout
     listed = {
@@ -310,7 +318,7 @@ def test_every_request_field_has_a_flag_and_the_flags_make_the_same_request(evq:
 
 
 def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_stand(evq: Evq, db_url):
-    """What "the same request" compares (README, "Enqueue"): the message (addresses, subject,
+    """What "the same request" compares (docs/how-a-send-moves.md, "Enqueue"): the message (addresses, subject,
     bodies, headers) under the key, and the provider (another provider is another send:
     tests/acceptance/test_provider_profiles.py). A repeat's notify, max_attempts and decision are
     not compared: the first enqueue's stand, and the repeat writes nothing."""

@@ -1,10 +1,10 @@
-"""Issue 18's done-when: a newcomer following only the README reaches a delivered send on their own
-PostgreSQL. The "Your own PostgreSQL" section's shell blocks are read FROM the README and run for
-real, in order, in one bash (set -euo pipefail) in a temp dir: a fresh database on the test's
-server, the real dev sink, the real worker with --drain. Only what the README says is the
-reader's to choose is replaced (the database's name, the sink's port), and the server's address
-when the test's server is not the README's 127.0.0.1:5432. The install block is the one not run:
-this evq is installed already. A README edit that breaks the quickstart fails here."""
+"""Issue 18's done-when: a newcomer following only the getting-started page the README links reaches a
+delivered send on their own PostgreSQL. The shell blocks of docs/getting-started/your-own-postgresql.md
+are read FROM the page and run for real, in order, in one bash (set -euo pipefail) in a temp dir: a
+fresh database on the test's server, the real dev sink, the real worker with --drain. Only what the
+page says is the reader's to choose is replaced (the database's name, the sink's port), and the
+server's address when the test's server is not the page's 127.0.0.1:5432. The install block is the
+one not run: this evq is installed already. An edit that breaks the quickstart fails here."""
 
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ import pytest
 from tests.support import free_port, spawn, stop
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Your own PostgreSQL"
+PAGE = ROOT / "docs" / "getting-started" / "your-own-postgresql.md"
 
 
-def quickstart_blocks(readme: str) -> list[str]:
-    start = readme.index(SECTION + "\n")
-    end = readme.index("\n## ", start + len(SECTION))
-    return re.findall(r"```sh\n(.*?)\n```", readme[start:end], flags=re.S)
+def quickstart_blocks(page: str) -> list[str]:
+    """Every shell block of the page, in order (the README links the page from its "Run it")."""
+    return re.findall(r"```sh\n(.*?)\n```", page, flags=re.S)
 
 
 def _replace_once(script: str, old: str, new: str) -> str:
@@ -36,8 +35,8 @@ def _replace_once(script: str, old: str, new: str) -> str:
     return script.replace(old, new)
 
 
-def quickstart_script(readme: str, *, database: str, sink_port: int, server: dict[str, Any]) -> str:
-    blocks = quickstart_blocks(readme)
+def quickstart_script(page: str, *, database: str, sink_port: int, server: dict[str, Any]) -> str:
+    blocks = quickstart_blocks(page)
     installs = [b for b in blocks if "pip install" in b]
     assert len(installs) == 1 and "python3 -m venv .venv" in installs[0], installs
     script = "\n".join(b for b in blocks if b not in installs)
@@ -46,7 +45,7 @@ def quickstart_script(readme: str, *, database: str, sink_port: int, server: dic
     host, port, user = server.get("host") or "127.0.0.1", server.get("port") or "5432", server.get("user") or "postgres"
     script = _replace_once(script, "-h 127.0.0.1 -U postgres", f"-h {host} -p {port} -U {user}")
     script = _replace_once(script, "postgresql://postgres@127.0.0.1:5432/", f"postgresql://{user}@{host}:{port}/")
-    # The trap is the test's, not the README's: a block that fails leaves the background sink
+    # The trap is the test's, not the page's: a block that fails leaves the background sink
     # running, holding the output pipes open.
     return "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + script + "\n"
 
@@ -93,20 +92,20 @@ class _suppress:
 
 @pytest.fixture
 def fresh_name(pg_server: str):
-    name = f"evq_e_quick_{os.getpid()}_{free_port()}"  # not created: the README's createdb does that
+    name = f"evq_e_quick_{os.getpid()}_{free_port()}"  # not created: the page's createdb does that
     yield name
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_the_readme_quickstart_delivers_one_send_on_your_own_postgresql(pg_server, fresh_name, tmp_path):
+def test_the_quickstart_delivers_one_send_on_your_own_postgresql(pg_server, fresh_name, tmp_path):
     server = psycopg.conninfo.conninfo_to_dict(pg_server)
-    readme = (ROOT / "README.md").read_text()
-    script = quickstart_script(readme, database=fresh_name, sink_port=free_port(), server=server)
+    page = PAGE.read_text()
+    script = quickstart_script(page, database=fresh_name, sink_port=free_port(), server=server)
     done = _run(script, tmp_path, server)
     assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
 
-    # The request the README shows, in full, is the one that was sent.
+    # The request the page shows, in full, is the one that was sent.
     request = json.loads((tmp_path / "request.json").read_text())
     received = [line for line in (tmp_path / "sink.log").read_text().splitlines() if line.startswith("received ")]
     assert len(received) == 1, received
@@ -129,11 +128,19 @@ def test_without_the_workers_sink_settings_the_quickstart_fails_and_says_which_t
     """The test above is a proof only if a broken quickstart fails it: the same script without the
     line that points the worker at the sink stops at the worker, exit 6, naming the settings."""
     server = psycopg.conninfo.conninfo_to_dict(pg_server)
-    readme = (ROOT / "README.md").read_text()
-    script = quickstart_script(readme, database=fresh_name, sink_port=free_port(), server=server)
+    page = PAGE.read_text()
+    script = quickstart_script(page, database=fresh_name, sink_port=free_port(), server=server)
     script = _replace_once(script, "export EVQ_SMTP_HOST=127.0.0.1 EVQ_SMTP_PORT=$SINK_PORT\n", "")
     # Where nothing listens, whatever this machine has on port 25.
     script = script.replace("evq worker run --drain", f"EVQ_SMTP_PORT={free_port()} evq worker run --drain")
     done = _run(script, tmp_path, server)
     assert done.returncode == 6, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
     assert "every attempt failed" in done.stdout and "set EVQ_SMTP_HOST/EVQ_SMTP_PORT" in done.stdout
+
+
+def test_the_readme_sends_a_newcomer_to_this_quickstart():
+    """The page the tests above run is the one the README's "Run it" links, from the repository root."""
+    readme = (ROOT / "README.md").read_text()
+    run_it = readme[readme.index("## Run it\n") : readme.index("\n## ", readme.index("## Run it\n") + 1)]
+    assert "](docs/getting-started/your-own-postgresql.md)" in run_it
+    assert len(quickstart_blocks(PAGE.read_text())) >= 5

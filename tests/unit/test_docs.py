@@ -1,5 +1,6 @@
-"""The README and the reference pages it links stay true: its commands, the settings table
-(docs/settings.md), the metrics (docs/metrics.md), the error codes."""
+"""The README and the reference pages it links stay true: its commands, its length, the pages it
+links, the settings table (docs/settings.md), the metrics (docs/metrics.md), the error codes
+(docs/reference/cli.md)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,36 @@ from evq.ops.settings import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+CLI_REFERENCE = (DOCS / "reference" / "cli.md").read_text()
 
 
 def _commands() -> list[str]:
-    return re.findall(r"```sh\n(.+?)\n```", README)[:2]
+    return re.findall(r"```sh\n(.+?)\n```", README)[:3]
 
 
-def test_readme_opens_with_the_two_commands():
-    run, test = _commands()
+def test_readme_opens_with_the_venv_line_then_the_two_commands():
+    # The venv line comes first: it is what rescues the run command on Debian's python3 (PEP 668).
+    venv, run, test = _commands()
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate"
     assert run == "python3 -m pip install -e . && evq admin demo"
     assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest"
 
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert _commands()[1] in ci.splitlines()
+    assert _commands()[2] in ci.splitlines()
 
 
-DOCS = ROOT / "docs"
+def test_the_readme_fits_in_250_lines_and_every_docs_link_it_has_exists():
+    """Issue 33: the README says what evq is, how to run and test it, one enqueue and the states, and
+    links the rest; every link into docs/ (and every relative link) names a file that exists."""
+    assert len(README.splitlines()) <= 250, len(README.splitlines())
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if "://" not in link]
+    assert len(local) > 20
+    for link in local:
+        assert (ROOT / link).exists(), f"README links {link}, which does not exist"
 
 
 def test_settings_table_is_current_and_the_readme_links_it():
@@ -70,9 +83,9 @@ def _code_table(text: str) -> dict[str, int]:
 
 
 def test_every_error_code_is_documented_with_its_exit_code():
-    assert _code_table(README) == EXIT_CODES
+    assert _code_table(CLI_REFERENCE) == EXIT_CODES
     assert _code_table(ERROR_CODES) == EXIT_CODES
-    assert "130" in README and "130" in ERROR_CODES
+    assert "130" in CLI_REFERENCE and "130" in ERROR_CODES
 
 
 def _matrix_references(text: str) -> list[tuple[str, str | None]]:
@@ -197,3 +210,17 @@ def test_the_core_imports_no_adapter_and_no_ops():
                 # a bare `adapters` or `ops` is no module at all once installed.
                 top = module.removeprefix("evq.").split(".")[0]
                 assert top not in ("adapters", "ops"), f"{path.relative_to(ROOT)} imports {module}"
+
+
+def test_the_readme_draws_every_state_as_how_a_send_moves_does():
+    """The README's state diagram is the one docs/how-a-send-moves.md opens with, and it names every
+    state the core knows (worker/states.py): a state added without its place in the picture fails."""
+    from evq.worker.states import Status
+
+    def diagram(text: str) -> str:
+        section = text[text.index("How a send moves") :]
+        return section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+
+    drawn = diagram(README)
+    assert drawn == diagram((DOCS / "how-a-send-moves.md").read_text())
+    assert {str(s) for s in Status} <= set(re.findall(r"[a-z_]+", drawn))

@@ -98,8 +98,11 @@ def test_ci_installs_prometheus_without_leaving_a_daemon():
     assert "policy-rc.d" in ci and "have promtool" in ci
 
 
-def test_the_readme_names_the_metric_for_unknown_ages_and_the_alerts_that_page():
-    readme = (ROOT / "README.md").read_text()
+MONITORING = ROOT / "docs" / "guides" / "monitoring.md"
+
+
+def test_the_monitoring_guide_names_the_metric_for_unknown_ages_and_the_alerts_that_page():
+    readme = MONITORING.read_text()
     section = readme[
         readme.index("**How long have unknown rows aged?**") : readme.index("**Which process exports what.**")
     ]
@@ -111,8 +114,8 @@ def test_the_readme_names_the_metric_for_unknown_ages_and_the_alerts_that_page()
     assert "evq_unknown_oldest_age_seconds" in unknown_alert["expr"]
 
 
-def test_the_readme_lists_every_alert_the_rules_file_holds():
-    readme = (ROOT / "README.md").read_text()
+def test_the_monitoring_guide_lists_every_alert_the_rules_file_holds():
+    readme = MONITORING.read_text()
     listing = readme[readme.index("`rules/alerts.yml` (") :]
     listing = listing[: listing.index(")")]
     named = set(re.findall(r"`(Evq\w+)`", listing))
