@@ -30,10 +30,10 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()  # MTH of no leaves (RFC 9162 §2.1.1)
@@ -173,9 +173,16 @@ class Verifier:
         self.name, self.key_hash = name, int(hash16, 16)
         self.id = f"{name}+{self.key_hash:08x}"
         self.vkey = f"{self.id}+{key64}"
-        self._key = Ed25519PublicKey.from_public_bytes(key[1:])
+        try:
+            # Imported here: `pip install evq` has no cryptography (the `evidence` extra brings it).
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+        except ImportError:
+            raise VerifyError("checking a signature needs the cryptography package: pip install cryptography") from None
+        self._key: Ed25519PublicKey = Ed25519PublicKey.from_public_bytes(key[1:])
 
     def verify(self, message: bytes, signature: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         try:
             self._key.verify(signature, message)
         except InvalidSignature:

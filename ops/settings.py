@@ -18,7 +18,7 @@ import functools
 import math
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -58,7 +58,14 @@ if TYPE_CHECKING:
     C = TypeVar("C", bound=DataclassInstance)
 
 DATABASE_OPTIONS: tuple[Option, ...] = (
-    Option("database_url", str, None, "PostgreSQL URL. Unset: an embedded PostgreSQL in EVQ_DATA_DIR.", secret=True),
+    Option(
+        "database_url",
+        str,
+        None,
+        "PostgreSQL URL, or `embedded`: a PostgreSQL of evq's own in the user data folder (the `embedded` extra). "
+        "Unset: every command but `evq admin demo` refuses to start and says how to set it.",
+        secret=True,
+    ),
     Option(
         "data_dir",
         str,
@@ -237,6 +244,14 @@ APPROVAL_OPTIONS: tuple[Option, ...] = approval_options()
 
 MCP_OPTIONS: tuple[Option, ...] = (
     Option(
+        "mcp_tools",
+        lowercase_list,
+        (),
+        "Tools `evq mcp` offers beyond an agent's, comma-separated: resolve (evq_steps_resolve, which dry-runs "
+        "unless told dry_run: false), approve (evq_steps_approve and evq_steps_deny, which need an operator or "
+        "admin key). Empty: an agent's MCP server holds no tool that could approve the agent's own sends.",
+    ),
+    Option(
         "mcp_resolve",
         boolean,
         False,
@@ -253,7 +268,7 @@ MCP_OPTIONS: tuple[Option, ...] = (
 
 # In the order `evq worker run --help` and README's table have always listed them: the
 # core's tables are interleaved with the others where that order interleaved them.
-OPTIONS: tuple[Option, ...] = (
+_ALL: tuple[Option, ...] = (
     *DATABASE_OPTIONS,
     *ADAPTER_OPTIONS,
     *WORKER_OPTIONS,
@@ -276,7 +291,105 @@ OPTIONS: tuple[Option, ...] = (
     *MCP_OPTIONS,
 )
 
-OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+# Documented constants: options every config still has (a Python caller may pass them to
+# Settings), but no EVQ_* variable or flag sets, because nobody running evq needs to turn them
+# (docs/settings.md lists each with its value). Each is fixed, or follows a setting (DERIVED).
+CONSTANTS: frozenset[str] = frozenset(
+    {
+        # The worker's inner workings.
+        "batch_size",
+        "max_attempts",
+        "circuit_faults",
+        "circuit_failures",
+        "listen",
+        "startup_wait",
+        "max_input_bytes",
+        "reconcile_interval",
+        "reconcile_rate",
+        "null_delay",
+        "max_recipients",
+        "max_message_bytes",
+        # `evq admin serve --port` says where it listens (8080 by default).
+        "serve_port",
+        # `evq serve`'s protection against slow, large and guessing clients.
+        "serve_max_body",
+        "serve_auth_failures",
+        "serve_auth_window",
+        "serve_header_timeout",
+        "serve_body_timeout",
+        "serve_max_connections",
+        # Provider webhooks: sizes, clock skew and the SNS certificate hosts are the providers' facts.
+        "webhook_max_body",
+        "webhook_tolerance",
+        "webhook_sns_cert_hosts",
+        "webhook_sns_ca_file",
+        "webhook_sns_tolerance",
+        # Bounded by other settings or by the protocol.
+        "journal_imap_timeout",
+        "http_callback_timeout",
+        # A client certificate for an SMTP server that demands one (rare): a Python caller's.
+        "smtp_client_cert",
+        "smtp_client_key",
+        # Amazon SES: the AWS SDK's own chain (AWS_REGION, AWS_ENDPOINT_URL_SES,
+        # AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role) says where and who.
+        "ses_region",
+        "ses_endpoint_url",
+        "ses_access_key_id",
+        "ses_secret_access_key",
+        # The embedded PostgreSQL lives in the user data folder (`evq admin demo --data-dir` moves it).
+        "data_dir",
+        # What nobody running evq needs to turn: the idle poll (LISTEN/NOTIFY wakes a worker);
+        # the reconciler's patience; hourly caps beside the per-key daily one and the run's; the
+        # largest message (1 MiB: providers' own limits are near it).
+        "poll_interval",
+        "reconcile_checks",
+        "notice_on_unknown",
+        "budget_key_hourly",
+        "budget_domain_hourly",
+        # Postmark's webhook URL carries EVQ_WEBHOOK_POSTMARK_TOKEN (basic auth: a Python caller's).
+        "webhook_postmark_user",
+        "webhook_postmark_password",
+        # Followed from another setting (DERIVED below).
+        "mcp_resolve",
+        "mcp_approve",
+        "rescue_interval",
+        "retry_max",
+        "circuit_probe_max",
+        "journal_imap_ca_file",
+        "ses_timeout",
+        "metrics_host",
+        "ops_timezone",
+    }
+)
+
+# The constants that follow a setting: each is worked out from the settings after they are read
+# (the defaults are these rules' values at the settings' defaults).
+DERIVED: dict[str, tuple[str, Any]] = {
+    # A rescuer pass every eighth of a lease: an expired claim waits at most that long.
+    "rescue_interval": ("EVQ_LEASE_SECONDS / 8", lambda s: s.lease_seconds / 8),
+    "retry_max": ("180 x EVQ_RETRY_BASE", lambda s: s.retry_base * 180),
+    "circuit_probe_max": ("60 x EVQ_CIRCUIT_PROBE_BASE", lambda s: s.circuit_probe_base * 60),
+    # The journal mailbox is usually on the mail server: the same private CA, if any.
+    "journal_imap_ca_file": (
+        "EVQ_SMTP_CA_FILE, with EVQ_JOURNAL_IMAP_URL",
+        lambda s: s.smtp_ca_file if s.journal_imap_url else None,
+    ),
+    # One bound for every provider API evq speaks HTTP to.
+    "ses_timeout": ("EVQ_HTTP_TIMEOUT", lambda s: s.http_timeout),
+    # A worker's /metrics listens where `evq serve` would.
+    "metrics_host": ("EVQ_SERVE_HOST", lambda s: s.serve_host),
+    # The ops page shows times in the zone the approval hours are in.
+    "ops_timezone": ("EVQ_APPROVAL_TIMEZONE", lambda s: s.approval_timezone),
+    "mcp_resolve": ("`resolve` in EVQ_MCP_TOOLS", lambda s: "resolve" in s.mcp_tools),
+    "mcp_approve": ("`approve` in EVQ_MCP_TOOLS", lambda s: "approve" in s.mcp_tools),
+}
+
+# The settings: every EVQ_* variable (and flag of `evq worker run`), at most 60
+# (tests/unit/test_docs.py counts docs/settings.md's table).
+OPTIONS: tuple[Option, ...] = tuple(o for o in _ALL if o.name not in CONSTANTS)
+CONSTANT_OPTIONS: tuple[Option, ...] = tuple(o for o in _ALL if o.name in CONSTANTS)
+
+OPTION_BY_NAME = {o.name: o for o in _ALL}
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +504,7 @@ class Settings:
     webhook_sns_cert_hosts: str = webhooks.SNS_HOSTS
     webhook_sns_ca_file: str | None = None
     webhook_sns_tolerance: float = 3600.0
+    mcp_tools: tuple[str, ...] = ()
     mcp_resolve: bool = False
     mcp_approve: bool = False
 
@@ -409,11 +523,14 @@ class Settings:
             option = OPTION_BY_NAME[name]
             values[name] = parse(option, value, source=option.flag) if isinstance(value, str) else value
         settings = cls(**values)
+        # The constants that follow a setting, unless a caller passed one.
+        derived = {name: rule(settings) for name, (_, rule) in DERIVED.items() if name not in values}
+        settings = replace(settings, **derived)
         settings.validate()
         return settings
 
     def validate(self) -> None:
-        for option in OPTIONS:
+        for option in _ALL:
             value = getattr(self, option.name)
             if isinstance(value, float) and not math.isfinite(value):
                 # float() reads "nan", "inf" and "1e999"; NaN passes every minimum (all its
@@ -483,6 +600,9 @@ class Settings:
                     OPTION_BY_NAME["lease_seconds"],
                     f"must exceed 3 x EVQ_SES_TIMEOUT ({self.ses_timeout * 3:g}s) so a live send is never rescued",
                 )
+        for tool in self.mcp_tools:
+            if tool not in MCP_TOOLS:
+                raise bad(OPTION_BY_NAME["mcp_tools"], f"unknown tool {tool!r}; known: {', '.join(MCP_TOOLS)}")
         unknown = [name for name in self.require_provenance if name not in DECISION_FIELDS]
         if unknown:
             raise bad(
@@ -591,7 +711,7 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log line, an evidence row or an error."""
-        out = [getattr(self, o.name) for o in OPTIONS if o.secret and getattr(self, o.name)]
+        out = [getattr(self, o.name) for o in _ALL if o.secret and getattr(self, o.name)]
         if self.database_url:
             try:
                 password = urlsplit(self.database_url).password
@@ -610,6 +730,9 @@ class Settings:
         }
 
 
+# The tools EVQ_MCP_TOOLS may add to `evq mcp`'s.
+MCP_TOOLS = ("resolve", "approve")
+
 # The provider names a step may name. Which of them a given worker sends through is EVQ_ADAPTER.
 ADAPTERS = ("smtp", "http", "ses", "null")
 
@@ -619,16 +742,34 @@ def _section(config: type[C], settings: Settings, prefix: str = "") -> C:
     return config(**{f.name: getattr(settings, prefix + f.name) for f in fields(config)})
 
 
+def _shown(default: Any) -> str:
+    if isinstance(default, frozenset):
+        default = "all" if default == frozenset(FAULTS) else ",".join(sorted(default)) or "none"
+    elif isinstance(default, tuple):
+        default = ",".join(map(str, default)) or "(none)"
+    elif isinstance(default, bool):
+        default = str(default).lower()
+    return "(unset)" if default is None else str(default)
+
+
 def markdown_table() -> str:
-    """The README's settings table (a test keeps the README equal to this)."""
+    """docs/settings.md's settings table (a test keeps the page equal to this, and counts it)."""
     lines = ["| variable | flag of `evq worker run` | default | meaning |", "|---|---|---|---|"]
     for o in OPTIONS:
-        default = o.default
-        if isinstance(default, frozenset):
-            default = "all" if default == frozenset(FAULTS) else ",".join(sorted(default)) or "none"
-        elif isinstance(default, tuple):
-            default = ",".join(map(str, default)) or "(none)"
-        elif isinstance(default, bool):
-            default = str(default).lower()
-        lines.append(f"| `{o.env}` | `{o.flag}` | `{'(unset)' if default is None else default}` | {o.help} |")
+        lines.append(f"| `{o.env}` | `{o.flag}` | `{_shown(o.default)}` | {o.help} |")
+    return "\n".join(lines)
+
+
+def constants_table() -> str:
+    """docs/settings.md's table of the documented constants: no variable sets them (the name is
+    the variable that set each before 1.0, as messages still name the bound; the field is
+    ``Settings``'s)."""
+    lines = ["| constant (not read) | `Settings` field | value | meaning |", "|---|---|---|---|"]
+    for o in CONSTANT_OPTIONS:
+        value = (
+            f"{DERIVED[o.name][0]} (`{_shown(o.default)}` by default)"
+            if o.name in DERIVED
+            else f"`{_shown(o.default)}`"
+        )
+        lines.append(f"| `{o.env}` | `{o.name}` | {value} | {o.help} |")
     return "\n".join(lines)

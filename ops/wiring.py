@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from evq.adapters.postgres.conninfo import passwords
 from evq.ops.settings import OPTION_BY_NAME, Settings
 from evq.worker.errors import ConfigError, DatabaseUnavailable, EvqError
+from evq.worker.extras import needs
 from evq.worker.logs import configure, get_logger, register_secrets
 
 # Every `evq` command imports this module, most only to set up logging: the database, the store,
@@ -41,20 +42,39 @@ def setup_logging(settings: Settings) -> None:
     configure(settings.log_format, settings.log_level)
 
 
-def database_url(settings: Settings) -> str:
-    from evq.adapters.postgres.database import resolve_url
+# The database this process resolved (host, port, name; never a password): every command's
+# `-o json` meta names it (ops/cli/output.py), so nobody is unsure which one they talked to.
+_used: dict[str, Any] | None = None
 
-    return resolve_url(settings.database_url, settings.data_dir)
+
+def database_url(settings: Settings, *, embedded_default: bool = False) -> str:
+    """EVQ_DATABASE_URL, or the embedded server's when it says ``embedded`` (``embedded_default``:
+    also when it is unset, for the demo alone); unset otherwise: E_INVALID_ARG saying how to set one."""
+    global _used
+    from evq.adapters.postgres.database import describe, resolve_url
+
+    url = resolve_url(settings.database_url, settings.data_dir, embedded_default=embedded_default)
+    _used = describe(url)
+    return url
+
+
+def database_used() -> dict[str, Any] | None:
+    """The database :func:`database_url` last resolved in this process, as meta names it."""
+    return _used
+
+
+def forget_database() -> None:
+    """A new command begins (tests run several in one process): it names only what it resolves."""
+    global _used
+    _used = None
 
 
 def check_database(url: str) -> None:
     """E_SCHEMA_MISMATCH unless the database is at this evq's head revision; E_INVALID_ARG
     unless its transactions start READ COMMITTED (adapters/postgres/isolation.py)."""
-    from evq.adapters.postgres import isolation
-    from evq.adapters.postgres.database import check_at_head as at_head
+    from evq.adapters.postgres.database import check_at_start
 
-    at_head(url)
-    isolation.check(url)
+    check_at_start(url)
 
 
 # The backoff of a starting process waiting for its database: short at first (a restart takes
@@ -169,7 +189,8 @@ def build_providers(
                 profile=profiles[name],
             )
         elif name == "http":
-            from evq.adapters.http import HttpProvider, WireKeys
+            with needs("http", "EVQ_ADAPTER=http"):
+                from evq.adapters.http import HttpProvider, WireKeys
 
             http = settings.http_config()
             assert http.api_key  # HttpConfig.validate insists
@@ -189,14 +210,8 @@ def build_providers(
                 wire_keys=WireKeys.from_pepper(pepper, wire_keys_from),
             )
         elif name == "ses":
-            try:
+            with needs("ses", "EVQ_ADAPTER=ses"):
                 from evq.adapters.ses.provider import SesProvider
-            except ImportError as exc:
-                raise ConfigError(
-                    f"EVQ_ADAPTER=ses needs boto3 ({exc.name} is not installed)",
-                    hint="pip install 'evq[ses]'",
-                    field="EVQ_ADAPTER",
-                ) from None
 
             ses = settings.ses_config()
             providers[name] = SesProvider(
@@ -268,7 +283,7 @@ async def resolve_pooler(settings: Settings, url: str) -> Settings:
         "pooler_detected",
         shares_backends=found.shares_backends,
         note="a connection pooler answers for PostgreSQL (the backend key it gave is not the server's): "
-        "behaving as EVQ_POOLER=transaction: no prepared statements, no LISTEN (polling every EVQ_POLL_INTERVAL); "
+        "behaving as EVQ_POOLER=transaction: no prepared statements, no LISTEN (polling every second); "
         "set EVQ_POOLER=transaction to say so and skip this probe",
     )
     return replace(settings, pooler="transaction")
@@ -413,7 +428,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
         log.warning(
             "listen_disabled",
             note="EVQ_POOLER=transaction: LISTEN/NOTIFY does not work through a transaction-mode pooler; "
-            "polling every EVQ_POLL_INTERVAL instead",
+            "polling every second instead",
         )
     elif settings.listen != "off":
         wakeup = await PostgresWakeup.start(url, mode=settings.listen)
@@ -507,6 +522,25 @@ def health_reader(settings: Settings, *, url: str | None = None) -> Any:
 # -- the commands that start an interface or manage the schema -------------------
 # The command line reaches the web app, the MCP server and the migrations only through
 # these, so it imports no other interface and no adapter (docs/design.md, "Layout and dependency direction").
+
+
+def require_serve(settings: Settings) -> None:
+    """MissingExtra unless `evq serve`'s libraries are installed (the `serve` extra, and the
+    `webhooks` extra when a provider's webhook is configured): said before anything starts."""
+    with needs("serve", "evq admin serve"):
+        import evq.ops.web.app  # noqa: F401
+    if settings.webhooks_configured():
+        from evq.adapters.webhooks import libraries
+
+        with needs("webhooks", "a provider webhook (EVQ_WEBHOOK_*)"):
+            libraries(settings.webhook_config())
+
+
+def require_mcp() -> None:
+    """MissingExtra unless `evq mcp`'s libraries are installed (the `mcp` extra)."""
+    with needs("mcp", "evq admin mcp"):
+        import evq.ops.mcp.server
+        import evq.ops.mcp.stdio  # noqa: F401
 
 
 def serve(settings: Settings, sock: Any, *, url: str) -> bool:

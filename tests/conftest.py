@@ -9,9 +9,10 @@ A run with no database fails; it never skips. Isolation is chosen on purpose:
 every test that touches the database gets its own database cloned from a
 template migrated once per session, so tests can commit, use several
 connections and kill processes without seeing each other. The clones are made
-ahead and dropped behind the tests on a thread (tests/clones.py), so a test
-does not wait for either. Under pytest-xdist (pyproject's addopts) each worker
-is a session of its own: its own template, clones and cleanup.
+ahead on a thread and dropped behind the tests in batches on another (tests/clones.py),
+so a test does not wait for either. Under pytest-xdist (the whole suite or a directory:
+pytest_cmdline_main below) each worker is a session of its own: its own template,
+clones and cleanup.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests.clones import ClonePool
+from tests.clones import ClonePool, Dropper
 
 if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting tests does not load the store
     from evq.adapters.postgres.store import PostgresStore
@@ -53,6 +54,30 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 _counter = itertools.count()
+
+
+# Workers for a run of the whole suite or of a directory: most tests wait on PostgreSQL, child
+# processes and sockets, not the CPU, so 4 keep 2 cores busy. EVQ_TEST_WORKERS or `-n` overrides it.
+WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Parallel where it pays: the whole suite (`python3 -m pytest`, what CI runs) and any run
+    naming a directory get pytest-xdist's workers; a run of files or single tests stays in one
+    process, as fast as the tests themselves (each worker starts its own interpreter, template
+    database and servers: 20 s and more before a short file's first test). `-n N` (`-n 0`:
+    one process) decides instead, whatever was named."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.has_plugin("xdist"):
+        return
+    option = config.option
+    if option.numprocesses is not None or option.collectonly or option.usepdb or option.dist != "no":
+        return
+    whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS
+    if whole or any(Path(arg.split("::")[0]).is_dir() for arg in config.args):
+        option.numprocesses = int(os.environ.get("EVQ_TEST_WORKERS", WORKERS))
+        # loadgroup keeps tests/realservers on one worker (one Postfix per run, not one per worker).
+        option.dist = "loadgroup"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -139,7 +164,17 @@ def _with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def template_db(pg_server: str) -> Iterator[str]:
+def _dropper(pg_server: str) -> Iterator[Dropper]:
+    """Drops the session's databases in batches behind the tests; the last batch at the end."""
+    dropper = Dropper(pg_server)
+    try:
+        yield dropper
+    finally:
+        dropper.close()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str, _dropper: Dropper) -> Iterator[str]:
     """A database migrated to head once per session, cloned by each test, dropped when the
     session ends (passed or failed). The name is this run's own, so concurrent sessions on one
     server (other checkouts, other migrations) never share, lock or drop each other's template;
@@ -155,13 +190,12 @@ def template_db(pg_server: str) -> Iterator[str]:
         upgrade(_with_database(pg_server, name))
         yield name
     finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _dropper.give_back(name)  # after every clone of it: _clones ends first
 
 
 @pytest.fixture(scope="session")
-def _clones(pg_server: str, template_db: str) -> Iterator[ClonePool]:
-    pool = ClonePool(pg_server, template_db, prefix=f"evq_t_{os.getpid()}")
+def _clones(pg_server: str, template_db: str, _dropper: Dropper) -> Iterator[ClonePool]:
+    pool = ClonePool(pg_server, template_db, prefix=f"evq_t_{os.getpid()}", dropper=_dropper)
     try:
         yield pool
     finally:
@@ -179,14 +213,15 @@ def db_url(pg_server: str, _clones: ClonePool) -> Iterator[str]:
 
 
 @pytest.fixture
-def empty_db_url(pg_server: str) -> Iterator[str]:
-    """A fresh database with no schema at all."""
+def empty_db_url(pg_server: str, _dropper: Dropper) -> Iterator[str]:
+    """A fresh database with no schema at all (dropped behind the test, with the next batch)."""
     name = f"evq_e_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield _with_database(pg_server, name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield _with_database(pg_server, name)
+    finally:
+        _dropper.give_back(name)
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
 
     from evq.ops.cli import main
     from evq.worker import scrub
+    from tests.child import constants
 
     # Exactly ``env``, as a child would get it: variables it lacks are unset for the call.
     overrides: dict[str, str | None] = {k: None for k in os.environ if k not in env}
@@ -50,7 +51,8 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     saved = (structlog.get_config(), list(root.handlers), root.level, set(scrub._secrets), scrub._pattern)
     code: int
     try:
-        with CliRunner().isolation(input=input, env=overrides) as (out, err, _):
+        # A documented constant the env names is handed to the settings as tests/child.py does.
+        with CliRunner().isolation(input=input, env=overrides) as (out, err, _), constants(env):
             try:
                 main(list(args))
                 code = 0

@@ -368,7 +368,7 @@ def serve_process(db_url: str, *, nofile: int | None = None, timeout: float = 30
     try:
         with os.fdopen(fd, "w") as stderr:
             proc = spawn(
-                [sys.executable, "-m", "evq.ops.cli", "serve", "--port", str(port)],
+                [sys.executable, "-m", "tests.child", "serve", "--port", str(port)],
                 env=environ,
                 stdout=stderr,
                 stderr=subprocess.STDOUT,
@@ -409,7 +409,7 @@ async def held_steps(
     """``n`` steps held for approval: enqueued, then (as the owner role, which the step guard lets
     through) made ``held`` as the enqueue of an approval policy writes them, with ``held`` evidence.
     Until the enqueue itself holds (issue 17, helper A), tests make held rows with this.
-    ``store_or_url``: a MemoryStore, a PostgresStore, or a database URL."""
+    ``store_or_url``: a PostgresStore or a database URL."""
     import json
     from datetime import UTC, datetime
 
@@ -422,23 +422,6 @@ async def held_steps(
     store = store_or_url
     made = [await store.enqueue(valid(**overrides), now=now) for _ in range(n)]
     at = now or datetime.now(UTC)
-    if hasattr(store, "steps") and hasattr(store, "_insert_evidence"):  # tests/memstore.py
-        for m in made:
-            s = store.steps[m.id]
-            s.update(status="held", reason="approval_required", held_since=at, hold_expires_at=expires_at, hold=hold)
-            store._insert_evidence(
-                step_id=m.id,
-                run_id=s["run_id"],
-                attempt=0,
-                kind="held",
-                actor="enqueue",
-                from_status=None,
-                to_status="held",
-                reason="approval_required",
-                detail=hold,
-                created_at=at,
-            )
-        return made
     async with store.pool.connection() as conn:
         for m in made:
             await conn.execute(

@@ -25,9 +25,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typing import TYPE_CHECKING, Any
 
 from evq.verify import (
     ALG_ED25519,
@@ -43,6 +41,9 @@ from evq.verify import (
     node_hash,
     valid_key_name,
 )
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 # node(level, index): the hash of the complete subtree of leaves [index << level, (index + 1) << level).
 NodeHash = Callable[[int, int], bytes]
@@ -194,6 +195,16 @@ class MemoryTree:
 # --- Keys, notes and checkpoints -----------------------------------------------------------
 
 
+def _ed25519() -> type[Ed25519PrivateKey]:
+    """Ed25519 from ``cryptography`` (the `evidence` extra), imported by the code that signs."""
+    from evq.worker.extras import needs
+
+    with needs("evidence", "signing the evidence log"):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey
+
+
 class Signer:
     """A note signer key, ``PRIVATE+KEY+name+hexhash+base64(0x01 || 32-byte Ed25519 seed)``,
     where hexhash is the public key's hash. ``vkey`` is the matching verifier key."""
@@ -212,7 +223,7 @@ class Signer:
             raise ValueError("not a signer key: want PRIVATE+KEY+name+hexhash+base64key")
         if len(seed) != 33 or seed[0] != ALG_ED25519:
             raise ValueError("not an Ed25519 signer key (type byte 0x01 and a 32-byte seed)")
-        self._private = Ed25519PrivateKey.from_private_bytes(seed[1:])
+        self._private: Ed25519PrivateKey = _ed25519().from_private_bytes(seed[1:])
         public = bytes([ALG_ED25519]) + self._private.public_key().public_bytes_raw()
         self.name, self.key_hash = name, key_hash(name, public)
         if int(hash16, 16) != self.key_hash:
@@ -230,7 +241,7 @@ def generate_key(name: str) -> tuple[str, str]:
     """A new key pair: (signer key, verifier key). Keep the first secret; publish the second."""
     if not valid_key_name(name):
         raise ValueError("a key name is non-empty, with no space, control character or '+'")
-    private = Ed25519PrivateKey.generate()
+    private = _ed25519().generate()
     public = bytes([ALG_ED25519]) + private.public_key().public_bytes_raw()
     prefix = f"{name}+{key_hash(name, public):08x}"
     return (

@@ -1,7 +1,7 @@
 """Step states and the transitions between them (docs/design.md, "States and transitions").
 
 The database enforces the same rules with CHECK constraints and guarded UPDATEs;
-this module is the vocabulary both the core and the in-memory store share.
+this module is the vocabulary both the core and the store share.
 """
 
 from __future__ import annotations

@@ -7,17 +7,21 @@ the same network); redirects are never followed (a public URL could redirect inw
 the whole request is bounded by EVQ_HTTP_CALLBACK_TIMEOUT and at most 64 KiB of the
 answer is read. What remains: a name that resolves differently between the check and
 the connection (DNS rebinding) is not pinned.
+
+The standard library's http.client, in a thread: every worker posts callbacks, and a worker
+that sends through SMTP alone needs no HTTP client library (`pip install evq` has none).
+No proxy from the environment, no redirect followed (http.client follows none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import ipaddress
 import socket
+import ssl
 from collections.abc import Mapping
-from urllib.parse import urlsplit
-
-import httpx
+from urllib.parse import SplitResult, urlsplit
 
 from evq.worker.callbacks import CallbackRefused
 
@@ -28,9 +32,10 @@ class CallbackPoster:
     def __init__(self, *, timeout: float = 5.0, allow_private: bool = False):
         self.timeout = timeout
         self.allow_private = allow_private
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False, headers={"user-agent": "evq"}
-        )
+        # Made at the first https callback, not at start-up: most workers have no API key with
+        # a notify URL, and reading and parsing the CA bundle was a real share of a worker's
+        # spawn to first claim.
+        self._tls: ssl.SSLContext | None = None
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
         parts = urlsplit(url)
@@ -40,18 +45,31 @@ class CallbackPoster:
             await self._check_public(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._client.stream("POST", url, content=body, headers=dict(headers)) as answer:
-                    read = 0
-                    async for chunk in answer.aiter_bytes():
-                        read += len(chunk)
-                        if read >= MAX_ANSWER:
-                            break
-                    return answer.status_code
-        except httpx.TimeoutException:
+                return await asyncio.to_thread(self._post, parts, body, headers)
+        except TimeoutError:
             raise TimeoutError("no answer in time") from None
-        except httpx.HTTPError as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             # The error's text may quote the URL (which may carry the receiver's token): its class only.
             raise OSError(type(exc).__name__) from None
+
+    def _post(self, parts: SplitResult, body: bytes, headers: Mapping[str, str]) -> int:
+        """One POST, blocking (in a thread); every socket operation bounded by the timeout."""
+        host, port = parts.hostname or "", parts.port
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=self._tls)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        try:
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("POST", path, body=body, headers={"user-agent": "evq", **headers})
+            answer = conn.getresponse()
+            answer.read(MAX_ANSWER)
+            return answer.status
+        finally:
+            conn.close()
 
     async def _check_public(self, host: str, port: int) -> None:
         # Every address the name resolves to must be public (see public()).
@@ -66,7 +84,7 @@ class CallbackPoster:
                 )
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Nothing held between posts: each one opens and closes its own connection."""
 
 
 # IPv6 ranges that carry an IPv4 address a gateway or the host may translate to (NAT64, 6to4,

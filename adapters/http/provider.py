@@ -39,10 +39,13 @@ enqueued keep the form they may already have been sent under
 (:func:`legacy_wire_key`: the key itself when it is printable ASCII of at most 256 characters,
 else ``sha256:`` and its digest): a new key inside the provider's window would be a second send.
 
-The tag ``evq_key`` carries the key's SHA-256 hex digest (tag values may only hold letters,
-digits, ``_`` and ``-``), which webhooks match the step by (worker/delivery.py). It is no
-secret, so another installation's message with the same key carries the same tag: a listed
-message whose headers name another Message-ID is not ours (:meth:`HttpProvider.lookup`).
+The tag ``evq_key`` carries :func:`worker.delivery.key_tag` (the key's SHA-256 hex digest and
+part of the Message-ID's: tag values may only hold letters, digits, ``_`` and ``-``), which
+webhooks match the step by (worker/delivery.py): another installation's message with the same
+key carries another. A step evq 0.2.0 made keeps the bare digest it may have been sent with
+(the body must be the same bytes on every attempt); its lookup, as every lookup after the tag's
+own finds nothing, asks for that form too, and a listed message whose headers name another
+Message-ID is not ours (:meth:`HttpProvider.lookup`).
 The API key is never logged, never in evidence.
 """
 
@@ -66,6 +69,7 @@ from evq.adapters import answers
 from evq.adapters.http.config import HttpConfig, shown_url, url_secrets
 from evq.adapters.http.config import profile as http_profile
 from evq.worker import deadline as limits
+from evq.worker.delivery import key_tag
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from evq.worker.ports import LookupFailed, LookupResult, ProviderProfile, SendRequest
@@ -94,6 +98,7 @@ class _LeaseTooShort(Exception):
 
 
 def tag_value(idempotency_key: str) -> str:
+    """The bare digest evq 0.2.0 sent as the tag (worker/delivery.py, key_digest)."""
     return hashlib.sha256(idempotency_key.encode()).hexdigest()
 
 
@@ -135,10 +140,10 @@ class WireKeys:
         return WIRE_KEY_PREFIX + hmac.new(self.secret, idempotency_key.encode(), hashlib.sha256).hexdigest()
 
 
-def wire_body(request: SendRequest) -> bytes:
+def wire_body(request: SendRequest, *, legacy_tag: bool = False) -> bytes:
     """The JSON body for a step: the same bytes on every attempt, as the provider's
     idempotency check compares bodies (nothing per attempt, no Date)."""
-    return _encode(wire_message(request))
+    return _encode(wire_message(request, legacy_tag=legacy_tag))
 
 
 def _encode(body: Mapping[str, Any]) -> bytes:
@@ -162,8 +167,9 @@ def wire_refusal(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def wire_message(request: SendRequest) -> dict[str, Any]:
-    """The body as a mapping, before it is encoded."""
+def wire_message(request: SendRequest, *, legacy_tag: bool = False) -> dict[str, Any]:
+    """The body as a mapping, before it is encoded. ``legacy_tag``: a step evq 0.2.0 made,
+    whose body carried the key's bare digest as its tag."""
     p = request.payload
     headers = {
         ALLOWED_HEADERS[k.lower()]: v for k, v in (p.get("headers") or {}).items() if k.lower() in ALLOWED_HEADERS
@@ -178,7 +184,14 @@ def wire_message(request: SendRequest) -> dict[str, Any]:
         "bcc": [_address(a) for a in p.get("bcc") or ()],
         "subject": p["subject"],
         "headers": headers,
-        "tags": [{"name": TAG_NAME, "value": tag_value(request.idempotency_key)}],
+        "tags": [
+            {
+                "name": TAG_NAME,
+                "value": tag_value(request.idempotency_key)
+                if legacy_tag
+                else key_tag(request.idempotency_key, request.message_id),
+            }
+        ],
     }
     if p.get("reply_to"):
         body["reply_to"] = [_address(a) for a in p["reply_to"]]
@@ -309,7 +322,7 @@ class HttpProvider:
             response = await asyncio.wait_for(
                 self._client.post(
                     "/emails",
-                    content=wire_body(request),
+                    content=wire_body(request, legacy_tag=request.step_id < self.wire_keys.keyed_from),
                     headers={
                         "Idempotency-Key": self.wire_keys.key(request.step_id, request.idempotency_key),
                         "Content-Type": "application/json",
@@ -395,23 +408,33 @@ class HttpProvider:
         tags): a provider that ignored the filter must not settle a row. One whose headers
         name another Message-ID is another installation's send of the same key (the tag is
         the key's plain digest, the same in both), and does not settle ours either."""
-        value = tag_value(idempotency_key)
-        query = f"{TAG_NAME}:{value}"
-        listed = await self._get("/emails", params={"tag": query})
-        data = listed.get("data")
-        if not isinstance(data, list):
-            raise LookupFailed("the provider's list answer has no data array")
-        for item in data[:LOOKUP_LIMIT]:
-            if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                continue
-            record = item if "tags" in item else await self._get(f"/emails/{item['id']}")
-            if _carries_tag(record, value) and not _names_another_message(record, message_id):
-                return LookupResult(
-                    found=True,
-                    provider_message_id=item["id"],
-                    raw={"query": query, "listed": len(data), "email": _summary(record)},
-                )
-        return LookupResult(found=False, raw={"query": query, "listed": len(data)})
+        listed = 0
+        # The step's own tag; then the bare digest a step evq 0.2.0 made was sent with (the
+        # lookup is not told the step's id), which other installations' messages of the same
+        # key carry too: such a message counts only if its headers show our Message-ID.
+        for value in (key_tag(idempotency_key, message_id), tag_value(idempotency_key)):
+            bare = value == tag_value(idempotency_key)
+            query = f"{TAG_NAME}:{value}"
+            answer = await self._get("/emails", params={"tag": query})
+            data = answer.get("data")
+            if not isinstance(data, list):
+                raise LookupFailed("the provider's list answer has no data array")
+            listed += len(data)
+            for item in data[:LOOKUP_LIMIT]:
+                if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                    continue
+                record = item if "tags" in item else await self._get(f"/emails/{item['id']}")
+                if (
+                    _carries_tag(record, value)
+                    and not _names_another_message(record, message_id)
+                    and (not bare or _shown_message_id(record) == message_id)
+                ):
+                    return LookupResult(
+                        found=True,
+                        provider_message_id=item["id"],
+                        raw={"query": query, "listed": listed, "email": _summary(record)},
+                    )
+        return LookupResult(found=False, raw={"query": query, "listed": listed})
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         try:
@@ -457,13 +480,18 @@ def _carries_tag(record: Mapping[str, Any], value: str) -> bool:
     )
 
 
+def _shown_message_id(record: Mapping[str, Any]) -> Any:
+    """Our Message-ID header as the record's headers show it, or None (not shown)."""
+    headers = record.get("headers")
+    if not isinstance(headers, Mapping):
+        return None
+    return next((v for k, v in headers.items() if str(k).lower() == MESSAGE_ID_HEADER.lower()), None)
+
+
 def _names_another_message(record: Mapping[str, Any], message_id: str) -> bool:
     """Whether the record's headers (when the provider shows them) carry our Message-ID header
     with another value."""
-    headers = record.get("headers")
-    if not isinstance(headers, Mapping):
-        return False
-    shown = next((v for k, v in headers.items() if str(k).lower() == MESSAGE_ID_HEADER.lower()), None)
+    shown = _shown_message_id(record)
     return shown is not None and shown != message_id
 
 

@@ -1,6 +1,6 @@
 """Where the database is, whether its schema is current, and how its errors read.
 
-- :func:`resolve_url`: EVQ_DATABASE_URL, or an embedded PostgreSQL in the data dir.
+- :func:`resolve_url`: EVQ_DATABASE_URL, or (``embedded``) a PostgreSQL of evq's own in the data dir.
 - :func:`upgrade` / :func:`check_at_head`: Alembic, configured in code so an
   installed evq needs no alembic.ini.
 - :func:`translate`: driver exceptions become evq errors at this boundary, by
@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from psycopg import errors as pgerr
 
 from evq.adapters.postgres.conninfo import normalise
 from evq.worker.errors import (
+    ConfigError,
     DatabaseUnavailable,
     EvqError,
     IdempotencyConflict,
@@ -36,13 +38,43 @@ NEWER_HINT = (
 )
 
 
-def resolve_url(database_url: str | None, data_dir: str | None = None) -> str:
-    """The configured URL, or the URL of an embedded server started on demand."""
-    if database_url:
+# EVQ_DATABASE_URL=embedded (or --database-url embedded): evq's own PostgreSQL in the data dir.
+EMBEDDED = "embedded"
+
+NO_DATABASE_HINT = (
+    "export EVQ_DATABASE_URL=postgresql://USER@HOST:5432/DBNAME (your PostgreSQL 13+), or "
+    "EVQ_DATABASE_URL=embedded for a local one of evq's own (pip install 'evq[embedded]'); "
+    "`evq admin demo` starts one by itself"
+)
+
+
+def resolve_url(database_url: str | None, data_dir: str | None = None, *, embedded_default: bool = False) -> str:
+    """The configured URL, or the URL of the embedded server (started on demand) when it is
+    asked for by name (``embedded``) or, for the demo alone, when none is set
+    (``embedded_default``). No database is never silently a new one: E_INVALID_ARG that says
+    how to set one."""
+    if database_url and database_url.strip() != EMBEDDED:
         return normalise(database_url)
+    if not database_url and not embedded_default:
+        raise ConfigError("no database: EVQ_DATABASE_URL is not set", hint=NO_DATABASE_HINT, field="EVQ_DATABASE_URL")
     from evq.adapters.postgres.embedded import embedded_url
 
     return embedded_url(data_dir)
+
+
+def describe(url: str) -> dict[str, str | int | None]:
+    """Which database ``url`` names, without its password: host (or socket folder), port, name;
+    what `-o json` meta and `evq admin health` say so nobody is unsure which one they talked to."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url.replace("postgresql+psycopg://", "postgresql://", 1))
+    except psycopg.ProgrammingError:
+        return {"host": None, "port": None, "database": None}
+    port = str(params.get("port") or "5432").split(",")[0]
+    return {
+        "host": str(params.get("host") or params.get("hostaddr") or "localhost"),
+        "port": int(port) if port.isdigit() else None,
+        "database": str(params.get("dbname") or params.get("user") or ""),
+    }
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -76,12 +108,33 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
+# A revision file's own `revision: str = "..."` and `down_revision ... = "..." | None` lines.
+_REVISION = re.compile(r"^revision(?:: *str)? *= *[\"']([^\"']+)[\"']", re.M)
+_DOWN = re.compile(r"^down_revision(?:: *[^=]+)? *= *(?:[\"']([^\"']+)[\"']|None)", re.M)
 
-    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
-    head = script.get_current_head()
-    assert head is not None
+
+@functools.cache
+def revision_graph() -> dict[str, str | None]:
+    """Each revision of migrations/versions/ and the one before it, read from the files' text:
+    the schema checks every command and `evq admin health` make need no Alembic (whose import
+    is most of a short command's start-up). A file that does not read as a revision here is an
+    error, not a silent gap (tests/integration compares this with Alembic's own walk)."""
+    graph: dict[str, str | None] = {}
+    for entry in (resources.files("evq.migrations") / "versions").iterdir():
+        if not entry.name.endswith(".py") or entry.name.startswith("_"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(text), _DOWN.search(text)
+        if revision is None or down is None:
+            raise RuntimeError(f"migrations/versions/{entry.name} names no revision and down_revision")
+        graph[revision.group(1)] = down.group(1)
+    return graph
+
+
+def head_revision() -> str:
+    """The revision no other revision follows (there is one head)."""
+    graph = revision_graph()
+    (head,) = set(graph) - set(graph.values())
     return head
 
 
@@ -89,12 +142,10 @@ def known_revision(url: str) -> str | None:
     """The database's revision, refused (SchemaMismatch) when this evq cannot migrate it: a newer
     evq migrated it (neither this evq's code nor its migrations fit it), or a development
     version between 0.2.0 and 1.0 did (migrations/from_0_2.py upgrades only 0.2.0's revision)."""
-    from alembic.script import ScriptDirectory
-
     from evq.migrations import from_0_2
 
     current = current_revision(url)
-    known = {r.revision for r in ScriptDirectory.from_config(alembic_config(url)).walk_revisions()}
+    known = set(revision_graph())
     if current is None or current in known or current == from_0_2.RELEASED:
         return current
     context = {"current": current, "expected": head_revision()}
@@ -192,11 +243,30 @@ def _upgrade_from_0_2(url: str) -> dict[str, Any]:
 
 def current_revision(url: str) -> str | None:
     with translated(url), psycopg.connect(url, **connect_kwargs()) as conn:
-        try:
-            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except pgerr.UndefinedTable:
-            return None
-        return row[0] if row else None
+        return _revision(conn)
+
+
+def _revision(conn: psycopg.Connection[Any]) -> str | None:
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except pgerr.UndefinedTable:
+        return None
+    return row[0] if row else None
+
+
+def check_at_start(url: str) -> None:
+    """:func:`check_at_head` and the isolation check (adapters/postgres/isolation.py) of a starting
+    process on one connection (they were two), when the database is at head; anything else goes
+    the long way, which says what is wrong."""
+    from evq.adapters.postgres import isolation
+
+    head = head_revision()
+    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        if _revision(conn) == head:
+            isolation.check_on(conn)
+            return
+    check_at_head(url)
+    isolation.check(url)
 
 
 def check_at_head(url: str) -> str:

@@ -49,7 +49,7 @@ class PostgresWakeup:
         log.warning(
             "listen_unavailable",
             note="LISTEN/NOTIFY does not work through this connection (PgBouncer transaction pooling?); "
-            "polling every EVQ_POLL_INTERVAL instead",
+            "polling every second instead",
         )
         return None
 

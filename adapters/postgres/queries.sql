@@ -834,13 +834,15 @@ ORDER BY c.provider;
 -- to tell, or whose API key has a default one (api_keys.notify_email). Run in the transaction of the transition itself, on rows it has just
 -- changed (so already locked). A notice never owes a notice: it has notice_of set
 -- and no notify. `refused` is what the accepting answer's evidence says was refused.
--- A held send denied or expired was never approved: its request's own notify address is
--- told only if the send's sender is known to be allowed to mail that very address
--- (known_recipients), never on the request's word alone: a stranger there (a first contact
--- the hold was waiting on) would get "[delivery failed] <the agent's subject>" from evq,
--- unheld and uncharged (issue 29). A send cancelled after a hold (its hold is kept on the row,
--- and an approval vouches for the recipients, not for notify) is the same. The key's own address (an admin set it) is not the
--- request's word; the key's feed (key_events) has the rejection either way.
+-- A send that was held (its hold is kept on the row) waited for a person, who vouched, by
+-- approving it, for its recipients (learnt into known_recipients), never for its notify address
+-- (the held page does not even show it): whatever became of it (denied, expired, cancelled, or
+-- approved and then refused by the provider), its request's own notify address is told only if
+-- the send's sender is known to be allowed to mail that very address (known_recipients), never
+-- on the request's word alone: a stranger there would get "[delivery failed] <the agent's
+-- subject>" from evq, unheld and uncharged (issue 29; its review found the approved-then-refused
+-- case). The key's own address (an admin set it) is not the request's word; the key's feed
+-- (key_events) has the rejection either way.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key,
@@ -859,7 +861,7 @@ WHERE s.id = ANY(%(ids)s::bigint[])
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
   AND s.notice_of IS NULL
   AND (s.notify IS NULL
-       OR NOT (s.reason IN ('denied', 'approval_expired') OR (s.reason = 'cancelled' AND s.hold IS NOT NULL))
+       OR s.hold IS NULL
        OR EXISTS (SELECT 1 FROM known_recipients kr
                   WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)))
 ORDER BY s.id;
@@ -1007,9 +1009,12 @@ SELECT count(*)::int AS n FROM checked;
 -- name: delivery_record
 -- One verified webhook event (worker/delivery.py), in one statement: stored unless the
 -- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
--- the first and then writes nothing); matched to its step by key digest (the SHA-256 of the
--- key's bytes: exactly the expression of the hash index ix_step_keys_key_sha256), else
--- by Message-ID (uq_step_keys_message_id); the step, if still unknown and the
+-- the first and then writes nothing); matched to its step by the evq_key tag (worker/delivery.py,
+-- key_tag): the key's digest (the SHA-256 of the key's bytes: exactly the expression of the
+-- hash index ix_step_keys_key_sha256, on the key ledger) and the part of the Message-ID's digest,
+-- which another installation's step with the same key does not share (a bare digest, as evq 0.2.0
+-- sent it, names only a step 0.2.0 made: below wire_keys_from); else by Message-ID
+-- (uq_step_keys_message_id); the step, if still unknown and the
 -- type proves the provider had it, closed accepted (reason webhook) exactly as
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
 -- row on the matched step, which carries the close when there was one. The key_events
@@ -1025,6 +1030,9 @@ WITH t AS (
     FROM step_keys k JOIN email_steps s ON s.id = k.id
     WHERE %(digest)s::bytea IS NOT NULL AND k.pruned_at IS NULL
       AND sha256(decode(replace(k.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
+      AND CASE WHEN %(message_tag)s::text IS NULL
+               THEN s.id < (SELECT p.wire_keys_from FROM api_key_pepper p WHERE p.id = 1)
+               ELSE left(encode(sha256(convert_to(k.message_id, 'UTF8')), 'hex'), 12) = %(message_tag)s::text END
     UNION ALL
     SELECT 2, s.id, s.provider
     FROM step_keys k JOIN email_steps s ON s.id = k.id
@@ -1101,7 +1109,8 @@ SELECT id, step_id FROM delivery_events WHERE provider = %(provider)s AND event_
 -- name: delivery_notice_candidates
 -- The step an event that tells notify (a hard bounce, a complaint) matched, if it is
 -- accepted and someone is to be told: its notify address, or its key's default one
--- (as notice_candidates). A notice never owes a notice.
+-- (as notice_candidates, and as there a held send's notify address only if its sender is known
+-- to mail it). A notice never owes a notice.
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload, s.status,
        s.reason, s.detail, s.attempts, coalesce(s.notify, k.notify_email) AS notify,
        CASE WHEN s.notify IS NULL THEN k.name END AS notify_key
@@ -1111,7 +1120,11 @@ LEFT JOIN api_keys k ON k.key_id = d.actor_key_id
 WHERE s.id = %(id)s
   AND s.status = 'accepted'
   AND coalesce(s.notify, k.notify_email) IS NOT NULL
-  AND s.notice_of IS NULL;
+  AND s.notice_of IS NULL
+  AND (s.notify IS NULL
+       OR s.hold IS NULL
+       OR EXISTS (SELECT 1 FROM known_recipients kr
+                  WHERE kr.sender = lower(s.payload -> 'from' ->> 'email') AND kr.recipient = lower(s.notify)));
 
 
 -- name: delivery_list

@@ -1,9 +1,9 @@
-"""Amazon SES adapter: SES API v2 ``SendEmail`` through boto3, with the key's digest as a tag.
+"""Amazon SES adapter: SES API v2 ``SendEmail`` through boto3, with the step's evq_key tag.
 
 What is sent: ``Content.Raw``, the RFC 5322 bytes adapters/smtp/message.py renders (the
 same rendering, checks and Message-ID as an SMTP send), with ``Destination`` the envelope
 (To/Cc from the rendered headers, Bcc only there), ``EmailTags`` ``evq_key`` =
-:func:`worker.delivery.key_digest` (nothing else of evq's, nothing secret) and
+:func:`worker.delivery.key_tag` (nothing else of evq's, nothing secret) and
 ``ConfigurationSetName`` from ``EVQ_SES_CONFIGURATION_SET`` (its event destination
 publishes delivery events to SNS). Raw rather than Simple content because the message is
 then exactly the one evq rendered and verified (header-injection checks, display names,
@@ -71,7 +71,7 @@ from botocore.exceptions import (
 from evq.adapters import answers
 from evq.adapters.smtp.message import BuildError, Envelope, build_message
 from evq.worker import deadline as limits
-from evq.worker.delivery import KEY_TAG, key_digest
+from evq.worker.delivery import KEY_TAG, key_tag
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
@@ -289,7 +289,7 @@ class SesProvider:
             self._client = session.client("sesv2", endpoint_url=endpoint_url or None, config=config)
         except NoRegionError:
             raise ConfigError(
-                "the SES adapter needs a region: set EVQ_SES_REGION (or AWS_REGION)", field="EVQ_SES_REGION"
+                "the SES adapter needs a region: set AWS_REGION (or a profile's region)", field="AWS_REGION"
             ) from None
         self.region = self._client.meta.region_name
         self._client.meta.events.register("before-send.sesv2.SendEmail", self._exchange)
@@ -334,7 +334,7 @@ class SesProvider:
             "FromEmailAddress": envelope.sender,
             "Destination": destination(envelope),
             "Content": {"Raw": {"Data": envelope.data}},
-            "EmailTags": [{"Name": KEY_TAG, "Value": key_digest(request.idempotency_key)}],
+            "EmailTags": [{"Name": KEY_TAG, "Value": key_tag(request.idempotency_key, request.message_id)}],
         }
         if self.configuration_set:
             message["ConfigurationSetName"] = self.configuration_set
@@ -418,7 +418,7 @@ class SesProvider:
         except (NoCredentialsError, PartialCredentialsError) as exc:
             return Retryable(
                 f"{type(exc).__name__}: no AWS credentials were found for SES; nothing was sent "
-                "(set EVQ_SES_ACCESS_KEY_ID and EVQ_SES_SECRET_ACCESS_KEY, or the AWS chain)",
+                "(set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile or a role: the AWS chain)",
                 response=answers.evidence("request", error_class=type(exc).__name__),
                 misconfigured=True,
                 fault="auth_failed",
@@ -515,7 +515,7 @@ class SesProvider:
             )
         if code in _BAD_CREDENTIALS or (status in (401, 403) and not parsed):
             return Retryable(
-                f"{what} (check the AWS credentials: EVQ_SES_ACCESS_KEY_ID or the AWS chain)",
+                f"{what} (check the AWS credentials: AWS_ACCESS_KEY_ID, a profile or a role)",
                 response=evidence,
                 misconfigured=True,
                 fault="auth_failed",

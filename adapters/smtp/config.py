@@ -96,7 +96,7 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "none",
         "The SMTP server is this provider's relay: sendgrid, mailgun, postmark or ses (none: a plain server). "
-        "Each message then carries the relay's metadata header with the key's digest (evq_key), which its "
+        "Each message then carries the relay's metadata header with the step's evq_key tag (the key's digest and part of the Message-ID's), which its "
         "webhooks echo: X-SMTPAPI, X-Mailgun-Variables, X-PM-Metadata-evq_key or X-SES-MESSAGE-TAGS.",
         choices=RELAYS,
     ),

@@ -240,21 +240,26 @@ class _Session:
         exists = _int(data[0] if data else None)
         uidvalidity = _int((imap.response("UIDVALIDITY")[1] or [None])[-1])
         self.step = "search"
-        typ, data = imap.uid("SEARCH", "HEADER", "Message-ID", quoted(self.message_id))
-        if typ != "OK":
-            raise LookupFailed(f"the journal's search failed: {self.j._scrub(_text(data))}")
-        uids = [u for u in (data[0] or b"").split() if u.isdigit()] if data else []
+        uids = self._search(imap, "HEADER", "Message-ID", quoted(self.message_id))
+        # The hits whose delivery trace may carry this step's tag, asked of the server by the tag
+        # itself: anyone can mail the journal any number of copies with the step's Message-ID,
+        # and read in arrival order the first MAX_HITS of them would hide the relay's copy. Only
+        # the relay's delivery can write the tag (nobody else knows it), so these hits are the
+        # relay's copies, or a sender's that the trace check below still refuses.
+        tag = quoted(f"+{self.j._tags.tag(self.message_id)}@")
+        candidates = self._search(
+            imap, "HEADER", "Message-ID", quoted(self.message_id), "OR", "HEADER", "Delivered-To", tag,
+            "HEADER", "X-Original-To", tag,
+        )  # fmt: skip
         self.step = "fetch"
         copies: list[dict[str, Any]] = []
-        untagged = 0
-        for uid in uids[:MAX_HITS]:
+        for uid in candidates[:MAX_HITS]:
             copy = self._copy(imap, uid)
-            if copy is None:
-                continue
-            if self._tagged(imap, uid):
+            if copy is not None and self._tagged(imap, uid):
                 copies.append(copy)
-            else:
-                untagged += 1
+        # Every other hit lacks the tag (a hit whose Message-ID merely contains ours, as a search
+        # matches substrings, counts here too: it is no copy of this step either way).
+        untagged = len(uids) - len(copies)
         self.step = "logout"
         base: dict[str, Any] = {
             "witness": "imap_journal",
@@ -263,6 +268,7 @@ class _Session:
             "uidvalidity": uidvalidity,
             "message_id": self.message_id,
             "messages": exists,
+            "search_hits": len(uids),
         }
         if untagged:
             base["untagged_copies"] = untagged
@@ -274,13 +280,22 @@ class _Session:
             )
         if not copies:
             # Hits whose Message-ID is not exactly ours (a search matches substrings) do not count.
-            return LookupResult(found=False, raw={**base, "search_hits": len(uids)})
+            return LookupResult(found=False, raw=base)
         first = copies[0]
         return LookupResult(
             found=True,
             provider_message_id=None,
             raw={**base, "uid": first["uid"], "internaldate": first["internaldate"], "copies": len(copies)},
         )
+
+    def _search(self, imap: imaplib.IMAP4, *criteria: str) -> list[bytes]:
+        typ, data = imap.uid("SEARCH", *criteria)
+        if typ != "OK":
+            # A server may echo the criteria: the step's tag (which forges its proof) never
+            # leaves in an error.
+            said = _text(data).replace(self.j._tags.tag(self.message_id), "***")
+            raise LookupFailed(f"the journal's search failed: {self.j._scrub(said)}")
+        return [u for u in (data[0] or b"").split() if u.isdigit()] if data else []
 
     def _tagged(self, imap: imaplib.IMAP4, uid: bytes) -> bool:
         """Whether the hit was delivered to this step's tagged journal address (adapters/smtp/witness.py)."""
@@ -328,7 +343,7 @@ class _Session:
         if self.cut:
             return f"the journal lookup at {at} was cut off at {self.step}: its time ({self.j.timeout:g}s) was up"
         if isinstance(exc, ssl.SSLCertVerificationError):
-            return f"tls failed at {self.step} with the journal at {at}: {exc.verify_message} (a private CA? set EVQ_JOURNAL_IMAP_CA_FILE)"
+            return f"tls failed at {self.step} with the journal at {at}: {exc.verify_message} (a private CA? set EVQ_SMTP_CA_FILE, which the journal trusts too)"
         if isinstance(exc, ssl.SSLError):
             return f"tls failed at {self.step} with the journal at {at}: {name}"
         if isinstance(exc, ConnectionRefusedError):

@@ -22,7 +22,7 @@ from typing import Any
 
 from email_validator import EmailNotValidError
 
-from evq.worker.delivery import KEY_TAG, key_digest
+from evq.worker.delivery import KEY_TAG, key_tag
 from evq.worker.ports import SendRequest
 from evq.worker.request import ALLOWED_HEADERS, validate_address
 
@@ -46,12 +46,13 @@ RELAY_HEADERS: dict[str, str] = {
 }
 
 
-def relay_header(relay: str, idempotency_key: str) -> tuple[str, str] | None:
-    """The relay's metadata header carrying ``evq_key`` = the key's digest (worker/delivery.py),
-    as (name, value); None for ``none``. Derived from the key alone: the same on every attempt."""
+def relay_header(relay: str, idempotency_key: str, message_id: str) -> tuple[str, str] | None:
+    """The relay's metadata header carrying ``evq_key`` = the step's tag (worker/delivery.py,
+    ``key_tag``), as (name, value); None for ``none``. Derived from the key and the Message-ID:
+    the same on every attempt, another for another installation's step with the same key."""
     if relay == "none":
         return None
-    digest = key_digest(idempotency_key)
+    digest = key_tag(idempotency_key, message_id)
     if relay == "sendgrid":
         value = json.dumps({"unique_args": {KEY_TAG: digest}}, separators=(", ", ": "))
     elif relay == "mailgun":
@@ -126,8 +127,9 @@ def build_message(
     duplicate, and an operator can find the message by it. Nothing else of evq's goes
     into the message: the idempotency key (``run_id:step_id`` by default) names the
     caller's internal ids, which are none of the recipients' business. Through a relay
-    (``relay``, EVQ_SMTP_RELAY) the relay's metadata header carries the key's SHA-256
-    digest (:func:`relay_header`), which the relay's webhooks echo.
+    (``relay``, EVQ_SMTP_RELAY) the relay's metadata header carries the step's tag (the key's
+    SHA-256 digest and part of the Message-ID's: :func:`relay_header`), which the relay's
+    webhooks echo.
 
     The header block is rendered here, not by ``email.message``: its folding drops
     the quotes around a long display name (``"Doe, John" <a@b>`` becomes two
@@ -151,7 +153,7 @@ def build_message(
     headers.append(("Subject", _unstructured("Subject", payload.get("subject") or "")))
     headers.append(("Date", format_datetime(now or datetime.now(UTC))))
     headers.append(("Message-ID", request.message_id))
-    metadata = relay_header(relay, request.idempotency_key)
+    metadata = relay_header(relay, request.idempotency_key, request.message_id)
     if metadata is not None:
         headers.append(metadata)
     ours = {name.lower() for name, _ in headers}
@@ -168,7 +170,7 @@ def build_message(
         raise BuildError("a header would need SMTPUTF8 although no address does") from exc
     _verify_rendered(data, smtputf8, [name for name, _ in headers] + list(body.keys()), groups, sender)
     if metadata is not None:
-        _verify_relay_header(data, smtputf8, relay, key_digest(request.idempotency_key))
+        _verify_relay_header(data, smtputf8, relay, key_tag(request.idempotency_key, request.message_id))
 
     recipients: list[str] = []
     seen: set[str] = set()

@@ -22,7 +22,24 @@ from evq.adapters.webhooks.config import PROVIDERS, WebhookConfig
 from evq.worker.delivery import DeliveryEvent
 from evq.worker.ports.webhooks import Receiver
 
-__all__ = ["PROVIDERS", "WebhookConfig", "receivers"]
+__all__ = ["PROVIDERS", "WebhookConfig", "libraries", "receivers"]
+
+# The libraries each provider's check imports when an event arrives (the `webhooks` extra).
+LIBRARIES = {
+    "resend": ("svix.webhooks",),
+    "sendgrid": ("cryptography.hazmat.primitives.asymmetric.ec",),
+    "ses": ("cryptography.x509", "httpx"),
+}
+
+
+def libraries(config: WebhookConfig) -> None:
+    """Import what the configured providers' checks need, so a missing one is said at start-up
+    (ModuleNotFoundError), not as a 500 on the provider's first event."""
+    import importlib
+
+    for name in config.configured():
+        for module in LIBRARIES.get(name, ()):
+            importlib.import_module(module)
 
 
 def _call(

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from evq.worker.delivery import MESSAGE_TAG_HEX
 from evq.worker.ports.webhooks import WebhookRefused
 from evq.worker.scrub import scrub
 
 MAX_DEPTH = 32
 MAX_EVENTS = 1000  # a SendGrid batch is at most a few hundred
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST = re.compile(rf"^[0-9a-f]{{64}}(-[0-9a-f]{{{MESSAGE_TAG_HEX}}})?$")
 _TEXT_LIMIT = 500
 _DETAIL_KEYS = 40
 
@@ -129,7 +130,8 @@ def message_id(value: Any) -> str | None:
 
 
 def digest(value: Any) -> str | None:
-    """An ``evq_key`` value: the 64-hex SHA-256 digest of a key, or None (anything else is not ours)."""
+    """An ``evq_key`` value (worker/delivery.py, ``key_tag``; a bare 64-hex digest from evq
+    0.2.0's sends), or None (anything else is not ours)."""
     if isinstance(value, list) and len(value) == 1:  # SES tags are lists of values
         value = value[0]
     if isinstance(value, str) and _DIGEST.match(value.strip().lower()):

@@ -255,7 +255,7 @@ DATABASE_URL = Param(
     setting=True,
     local=True,
     metavar="URL",
-    help="PostgreSQL URL [env: EVQ_DATABASE_URL; unset: the embedded server].",
+    help="PostgreSQL URL, or `embedded` for evq's own [env: EVQ_DATABASE_URL].",
 )
 DRY_RUN = Param("dry_run", Kind.FLAG, help="Print exactly what would change, change nothing; needs no API key.")
 
@@ -529,7 +529,7 @@ APPROVAL_HELP = (
     "approves it), policy (the installation's rules: EVQ_APPROVAL_*, the budgets) or never (no rule asks "
     "a person; the budgets still cap it). Default: always for an agent key, policy for the others."
 )
-# ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
+# bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages", "retention")
 
@@ -669,7 +669,7 @@ _TABLE: tuple[Command, ...] = (
         "admin.demo",
         "Show evq end to end on this machine, on its own database and loopback servers.",
         "Show evq end to end on this machine: starts the database (embedded unless "
-        "EVQ_DATABASE_URL is set), an SMTP server and a Resend-style HTTP API on loopback, "
+        "EVQ_DATABASE_URL names one), an SMTP server and a Resend-style HTTP API on loopback, "
         "enqueues six sends — two whose reply is lost (one per provider), one the server "
         "refuses — runs the worker until the queue is drained, and explains what happened: "
         "the reconciler settles the lost HTTP reply, the SMTP one waits for an operator, "
@@ -679,9 +679,7 @@ _TABLE: tuple[Command, ...] = (
         (
             Param(
                 "data_dir",
-                env="EVQ_DATA_DIR",
-                setting=True,
-                help="Folder for the embedded PostgreSQL [env: EVQ_DATA_DIR].",
+                help="Folder for the embedded PostgreSQL (default: the user data folder, e.g. ~/.local/share/evq).",
             ),
             OUTPUT,
             DATABASE_URL,
@@ -914,13 +912,13 @@ _TABLE: tuple[Command, ...] = (
         "Serve evq's commands as MCP tools over stdio (for an agent's MCP client), one tool per "
         "command, named evq_<group>_<action> after it: evq_admin_health (call it first), evq_steps_enqueue, evq_steps_show, "
         "evq_steps_list, evq_runs_show, evq_providers_list, evq_policy_show, evq_events_list, evq_deliveries_list, "
-        "evq_steps_wait, evq_steps_cancel, evq_steps_approve and evq_steps_deny with EVQ_MCP_APPROVE=true (operator or "
-        "admin keys only, never the key that enqueued the send), and evq_steps_resolve with EVQ_MCP_RESOLVE=true "
+        "evq_steps_wait, evq_steps_cancel, evq_steps_approve and evq_steps_deny with EVQ_MCP_TOOLS=approve (operator or "
+        "admin keys only, never the key that enqueued the send), and evq_steps_resolve with EVQ_MCP_TOOLS=resolve "
         "(these dry-run unless told not to).\n\n"
         "The API key comes from EVQ_API_KEY in the server's environment, never from a "
         "tool's arguments; every call is checked with it (reads: any role). stdout is "
         "the protocol's: logs go to stderr, and -o json prints only an error at startup.",
-        # Its tools enqueue (and, with EVQ_MCP_RESOLVE, resolve); the worker sends.
+        # Its tools enqueue (and, with EVQ_MCP_TOOLS=resolve, resolve); the worker sends.
         Effect.WRITE,
         (OUTPUT, DATABASE_URL),
         examples=("EVQ_API_KEY=evq_... evq admin mcp",),
@@ -1120,11 +1118,10 @@ _TABLE: tuple[Command, ...] = (
                 type="integer",
                 minimum=0,
                 maximum=65535,
-                env="EVQ_SERVE_PORT",
                 default=8080,
                 setting=True,
                 example=0,
-                help="Port to listen on; 0: any free one [env: EVQ_SERVE_PORT; default: 8080].",
+                help="Port to listen on; 0: any free one [default: 8080].",
             ),
             OUTPUT,
             DATABASE_URL,

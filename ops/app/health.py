@@ -41,35 +41,42 @@ def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "ok": ok, "detail": detail}
 
 
-async def check_health(reader: HealthReader, caller: Caller, lookup: KeyLookup | None = None) -> Reply:
+async def check_health(
+    reader: HealthReader, caller: Caller, lookup: KeyLookup | None = None, *, database: str | None = None
+) -> Reply:
     """Every check, in order. ``caller`` needs a key of any role, checked first (the command
     line is a trusted reader and needs none). While the database cannot verify a key, the
-    answer is only that: the database (or its schema) is not usable, nothing else."""
+    answer is only that: the database (or its schema) is not usable, nothing else.
+    ``database`` (host:port/name, no password; the command line's) is named in the database
+    check's detail, so whoever reads it knows which database answered."""
+    where = f" ({database})" if database else ""
     if not caller.trusted_reader:
         if lookup is None:
             raise ValueError("a caller with a key needs a key lookup")
         try:
             await caller.identify(lookup, Permission.READ)
         except DatabaseUnavailable:
-            return _reply([_check("database", False, "the database does not answer")], "the database does not answer")
+            return _reply(
+                [_check("database", False, "the database does not answer" + where)], "the database does not answer"
+            )
         except SchemaMismatch:
-            checks = [_check("database", True, "reachable"), _check("schema", False, "not this evq's schema")]
+            checks = [_check("database", True, "reachable" + where), _check("schema", False, "not this evq's schema")]
             return _reply(checks, "the schema is not this evq's")
     checks: list[dict[str, Any]] = []
     try:
         current, expected = await reader.schema_revision()
         refused = await reader.isolation()
     except DatabaseUnavailable as exc:
-        checks.append(_check("database", False, exc.message))
+        checks.append(_check("database", False, exc.message + where))
         return _reply(checks, "the database does not answer")
     except SchemaMismatch as exc:
-        checks += [_check("database", True, "reachable"), _check("schema", False, exc.message)]
+        checks += [_check("database", True, "reachable" + where), _check("schema", False, exc.message)]
         return _reply(checks, "the schema is not this evq's")
     if refused is not None:
         # Every worker and `evq serve` refuses to start on it: say so, and how to fix it.
-        checks.append(_check("database", False, f"reachable, but {refused.message}: {refused.hint}"))
+        checks.append(_check("database", False, f"reachable{where}, but {refused.message}: {refused.hint}"))
         return _reply(checks, "evq does not run on this database as it is configured")
-    checks.append(_check("database", True, "reachable"))
+    checks.append(_check("database", True, "reachable" + where))
     if current != expected:
         state = f"is at revision {current}" if current else "has no evq schema"
         checks.append(_check("schema", False, f"the database {state}; this evq needs {expected}: run `evq db upgrade`"))

@@ -88,7 +88,7 @@ DECISION_FIELDS: tuple[tuple[str, str], ...] = (
     ("decided_at", "When the agent decided (ISO 8601 with zone)."),
 )
 HEADERS_HELP = "Allowed header (In-Reply-To, References, ...); repeatable."
-MAX_ATTEMPTS_HELP = "Attempts for this step (default: EVQ_MAX_ATTEMPTS)."
+MAX_ATTEMPTS_HELP = "Attempts for this step (default: 1000, a backstop: EVQ_RETRY_FOR decides first)."
 REQUIRE_APPROVAL_HELP = (
     "Hold this send until a person approves it (status held; `evq steps approve`), whatever the policy."
 )

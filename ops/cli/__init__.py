@@ -47,9 +47,9 @@ def cli() -> None:
     Approve:     evq steps list --status held ; evq steps approve|deny ID
     Check:       evq admin health ; evq providers list ; evq events list
 
-    Older spellings (`evq enqueue`, `evq serve`...) still work (`evq schema` lists
-    them). Settings are EVQ_* variables (docs/settings.md); EVQ_DATABASE_URL unset
-    means an embedded PostgreSQL in your user data folder. Commands that change
+    Older spellings (`evq enqueue`, `evq serve`...) still work. Settings are EVQ_*
+    variables (docs/settings.md); EVQ_DATABASE_URL names the database (`embedded`:
+    evq's own; only `evq admin demo` starts one unasked). Commands that change
     rows need an API key (EVQ_API_KEY or --api-key).
     """
 

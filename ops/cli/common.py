@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from evq.ops import wiring
 from evq.ops.cli.output import EXIT_INTERRUPTED, Output
 from evq.ops.settings import Settings
 from evq.ops.wiring import setup_logging
@@ -34,6 +35,7 @@ def command(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, output: str = "table", **kwargs: Any) -> None:
         out = Output(output)
+        wiring.forget_database()  # this command's meta names the database it resolves, or none
         ctx = click.get_current_context()
         try:
             code = fn(out, *args, **kwargs)

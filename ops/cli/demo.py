@@ -13,7 +13,11 @@ from evq.ops.cli.table import from_table
 @from_table("admin.demo", admin)
 @command
 def demo(out: Output, data_dir: str | None, database_url: str | None) -> int:
-    from evq.ops.dev.demo import run_demo
+    from evq.worker.extras import needs
+
+    # The demo's loopback SMTP server (aiosmtpd) and its HTTP step (the HTTP adapter's httpx).
+    with needs("dev", "evq admin demo"):
+        from evq.ops.dev.demo import run_demo
 
     settings = load_settings(database_url=database_url, data_dir=data_dir, log_level="warning")
     result = run_demo(settings)

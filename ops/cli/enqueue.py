@@ -79,9 +79,9 @@ def _record_refusal(
     settings: Settings, credential: Credential, requests: list[Any], exc: InvalidRequest, *, dry_run: bool
 ) -> None:
     """The refusal recorded in the configured database (ops/app/service.py: best effort, one
-    short statement). Without EVQ_DATABASE_URL nothing is recorded: an embedded server is not
-    started only to say that nothing was enqueued."""
-    if not settings.database_url:
+    short statement). Without a server's EVQ_DATABASE_URL nothing is recorded: an embedded server
+    is not started only to say that nothing was enqueued."""
+    if not settings.database_url or settings.database_url.strip() == "embedded":
         return
 
     async def work() -> None:
@@ -149,12 +149,22 @@ def _held(items: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# The ambiguities this process has explained already: the warning is one short line, said once
+# (its whole hint is in the -o json answer, and docs/adapters.md explains it and what to do).
+_said: set[str] = set()
+
+
 def _warning(items: list[dict[str, Any]]) -> list[str]:
-    """The ambiguity warning (docs/design.md, "Provider profiles"), once for all the items it applies to."""
+    """The ambiguity warning (docs/design.md, "Provider profiles"), once for all the items it
+    applies to, and once per process."""
     flagged = [i for i in items if i.get("ambiguity")]
-    if not flagged:
+    if not flagged or flagged[0]["ambiguity"] in _said:
         return []
-    return [f"warning: {len(flagged)} of {len(items)} {flagged[0]['ambiguity']}: {flagged[0]['ambiguity_hint']}"]
+    _said.add(flagged[0]["ambiguity"])
+    return [
+        f"warning: {len(flagged)} of {len(items)} {flagged[0]['ambiguity']}: if the provider's answer is lost, "
+        "the step waits for an operator (docs/adapters.md, 'Unresolvable sends'; `evq providers list`)"
+    ]
 
 
 def _request_from_flags(flags: dict[str, Any]) -> dict[str, Any]:

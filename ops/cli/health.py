@@ -18,7 +18,10 @@ from evq.ops.cli.table import from_table
 def admin_health(out: Output, database_url: str | None) -> int:
     settings = load_settings(database_url=database_url)
     # The command line reads without a key, as every read of it does (whoever runs it reaches the database).
-    reply = run(check_health(wiring.health_reader(settings), Caller(None, trusted_reader=True)))
+    reader = wiring.health_reader(settings)
+    used = wiring.database_used() or {}
+    where = f"{used.get('host')}:{used.get('port')}/{used.get('database')}" if used else None
+    reply = run(check_health(reader, Caller(None, trusted_reader=True), database=where))
     out.reply(reply, human=_human)
     return exit_code(reply.data)
 

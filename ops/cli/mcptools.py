@@ -18,6 +18,7 @@ def mcp(out: Output, database_url: str | None) -> int:
     key = os.environ.get("EVQ_API_KEY") or None
     register_secrets([key])
     settings = load_settings(database_url=database_url)
+    wiring.require_mcp()  # a missing extra is said before the database is opened
     url = wiring.database_url(settings)
     wiring.check_database(url)
 

@@ -34,7 +34,14 @@ class Output:
         return self.fmt == "json"
 
     def meta(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return self.timer.meta(extra)
+        from evq.ops import wiring
+
+        meta = self.timer.meta(extra)
+        used = wiring.database_used()
+        if used is not None:
+            # Which database the command used (never its password): no one wonders which one it was.
+            meta["database"] = used
+        return meta
 
     def success(
         self,

@@ -20,6 +20,7 @@ log = get_logger("evq.serve")
 @command
 def serve(out: Output, host: str | None, port: int | None, database_url: str | None) -> int:
     settings = load_settings(database_url=database_url, serve_host=host, serve_port=port)
+    wiring.require_serve(settings)  # a missing extra is said before the database is opened
     url = wiring.database_url(settings)
     wiring.check_database(url)  # a clear E_SCHEMA_MISMATCH or E_INVALID_ARG before anything listens
     sock = _listen(settings.serve_host, settings.serve_port)

@@ -17,6 +17,9 @@ from typing import Any
 
 import psycopg
 
+# The HTTP step sends through the HTTP adapter: imported here so a missing httpx is said (as the
+# `dev` extra, which brings it) before anything starts.
+import evq.adapters.http  # noqa: F401
 from evq.adapters.postgres.database import connect_kwargs, translated, upgrade
 from evq.adapters.postgres.enqueue import enqueue_own
 from evq.adapters.postgres.queries import Q
@@ -143,8 +146,8 @@ def _refuse_a_shared_database(url: str) -> None:
         raise StateConflict(
             f"this database holds {n} step(s) that are not the demo's (run {example!r}, ...): the demo's worker "
             "would send them to its loopback servers, and this database's workers would send the demo's",
-            hint="run the demo on the embedded database (unset EVQ_DATABASE_URL, or set EVQ_DATA_DIR to a new "
-            "folder) or on a database of its own",
+            hint="run the demo on the embedded database (unset EVQ_DATABASE_URL or set it to `embedded`, "
+            "with --data-dir a new folder) or on a database of its own",
             context={"foreign_steps": n},
         )
 
@@ -152,7 +155,10 @@ def _refuse_a_shared_database(url: str) -> None:
 def run_demo(settings: Settings) -> DemoResult:
     import asyncio
 
-    url = wiring.database_url(settings)
+    embedded = settings.database_url in (None, "", "embedded")
+    url = wiring.database_url(settings, embedded_default=True)
+    # The worker and every reader below use this database (not a second resolution of an unset URL).
+    settings = replace(settings, database_url=url)
     upgrade(url)
     _refuse_a_shared_database(url)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
@@ -181,7 +187,7 @@ def run_demo(settings: Settings) -> DemoResult:
         code, steps = asyncio.run(_run(settings, url, run_id))
         delivered = {**sink.by_message_id(), **api.by_message_id()}
     return DemoResult(
-        database="embedded" if not settings.database_url else "EVQ_DATABASE_URL",
+        database="embedded" if embedded else "EVQ_DATABASE_URL",
         run_id=run_id,
         steps=steps,
         delivered=delivered,

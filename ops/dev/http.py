@@ -18,7 +18,8 @@ Faults, for ``POST /emails``, are injected two ways:
 "reset", "slow" and "502" store the message (and its key) *before* the answer is
 lost, because that is the case evq exists for: the provider took it, the client
 never heard. ``server.lookup_fault`` changes how lookups answer ("500", "no-tags":
-the list omits tags, "ignore-filter": the list ignores the tag filter).
+the list omits tags, "ignore-filter": the list ignores the tag filter, "no-headers": neither the
+list nor a message shows its headers, as a provider may not).
 
 Rate limiting, as a provider does it: with ``rate_limit=N`` (``--rate-limit N``) a
 ``POST /emails`` beyond N in the last ``rate_window`` seconds (default 1) gets 429
@@ -59,7 +60,7 @@ FAULTS: dict[str, str] = {
     "400": "400 validation error",
     "422": "422 validation error",
 }
-LOOKUP_FAULTS = ("500", "no-tags", "ignore-filter")
+LOOKUP_FAULTS = ("500", "no-tags", "ignore-filter", "no-headers")
 _BY_ADDRESS = {"lose-reply": "reset", "slow": "slow", "reject": "422", "tempfail": "500"}
 MAX_KEY = 256
 
@@ -293,7 +294,12 @@ class DevHttpServer(devserver.FaultInjection):
             found = next((m for m in self._messages if m["id"] == email_id), None)
         if found is None:
             return 404, _error(404, "not_found", "email not found")
-        return 200, _public(found)
+        return 200, self._shown(_public(found))
+
+    def _shown(self, item: dict[str, Any]) -> dict[str, Any]:
+        if self.lookup_fault == "no-headers":
+            return {k: v for k, v in item.items() if k != "headers"}
+        return item
 
     def _list(self, tag: str | None) -> tuple[int, dict[str, Any]]:
         if self.lookup_fault == "500":
@@ -305,7 +311,7 @@ class DevHttpServer(devserver.FaultInjection):
             messages = [
                 m for m in messages if any(t.get("name") == name and t.get("value") == value for t in m["tags"])
             ]
-        items = [_public(m) for m in messages]
+        items = [self._shown(_public(m)) for m in messages]
         if self.lookup_fault == "no-tags":
             items = [{k: v for k, v in item.items() if k != "tags"} for item in items]
         return 200, {"object": "list", "data": items}

@@ -9,7 +9,7 @@ wrapper JSON.
   by worker/request.py); output schemas are the commands' ops/app/cli-schema files.
 - The API key comes from the server's environment (EVQ_API_KEY), never from a tool's
   arguments; every call is authenticated with it (reads: any role).
-- ``evq_steps_resolve`` exists only with EVQ_MCP_RESOLVE=true, and dry-runs unless
+- ``evq_steps_resolve`` exists only with EVQ_MCP_TOOLS=resolve, and dry-runs unless
   the call says ``dry_run: false``.
 - A refused call is a tool result with ``isError`` and the contract's error (its
   ``E_*`` code), never a protocol error, so an agent reads it like any answer.
@@ -392,7 +392,7 @@ def build_server(store: Any, settings: Settings, api_key: str | None, *, health:
         ),
     )
     # Approving and denying need an operator or admin key (an agent key is refused), and are
-    # offered only when asked for (EVQ_MCP_APPROVE): an agent's MCP server holds no tool that
+    # offered only when asked for (EVQ_MCP_TOOLS=approve): an agent's MCP server holds no tool that
     # could approve its own send even if it were handed a stronger key.
     if settings.mcp_approve:
         tools += [

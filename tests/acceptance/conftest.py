@@ -18,7 +18,7 @@ from tests.support import spawn, with_store
 
 
 class Evq:
-    """Runs `evq` (as `python -m evq.ops.cli`) against one test database, with ``api_key`` if given.
+    """Runs `evq` (as `python -m tests.child`: evq, whose EVQ_* may name a documented constant) against one test database, with ``api_key`` if given.
 
     Commands that only read, write rows and print run in this process (tests/inprocess.py
     says which); ``process=True`` runs every command as a child.
@@ -33,7 +33,7 @@ class Evq:
             self.env["EVQ_API_KEY"] = api_key
 
     def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "evq.ops.cli", *args]
+        return [sys.executable, "-m", "tests.child", *args]
 
     def run(self, *args: str, input: str | None = None, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
         if not self.process and inprocess.can_run(args):

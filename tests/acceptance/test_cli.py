@@ -171,7 +171,7 @@ def test_lost_reply_4yz_and_5yz_over_real_smtp(evq: Evq, smtp, db_url):
         ids[step] = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, "step_id": step, "to": [rcpt]}))[
             "data"
         ]
-    done = evq.run("worker", "run", "--drain", "--max-attempts", "2", **smtp_env(smtp))
+    done = evq.run("worker", "run", "--drain", **smtp_env(smtp, EVQ_MAX_ATTEMPTS="2"))
     assert done.returncode == 0, done.stderr[-2000:]
     status = {name: evq.json("steps", "show", str(s["id"]))["data"]["step"] for name, s in ids.items()}
     assert status["lost"]["status"] == "unknown" and status["lost"]["reason"] == "ambiguous_response"

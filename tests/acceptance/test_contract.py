@@ -77,7 +77,7 @@ def _steps_script(run: Script) -> None:
     step = run(admin, "enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
     run(admin, "enqueue", "--file", "-", "--dry-run", input=json.dumps(REQUEST))
     run(admin, "enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
-    run(admin, "worker", "run", "--drain", "--adapter", "null", "--listen", "off")
+    run(admin, "worker", "run", "--drain", "--adapter", "null")
     run(admin, "worker", "run", "--drain", "--concurrency", "0", expect=2)
     # Through smtp, which the null worker above does not send: still pending at the timeout.
     waited = run(anyone, "steps", "wait", str(step["id"]), "--timeout", "1s")
@@ -307,7 +307,7 @@ def test_schema_discloses_the_surface_a_level_at_a_time(db_url):
         "default": 10,
         "env": "EVQ_CONCURRENCY",
     }
-    assert worker["listen"]["enum"] == ["auto", "on", "off"]
+    assert worker["pooler"]["enum"] == ["auto", "none", "transaction"]
     assert "default" not in worker["smtp-password"]
     # An alias is the same tool, said to be one.
     alias = evq.json("schema", "enqueue")["data"]

@@ -38,7 +38,7 @@ def test_demo_on_a_database_url(evq: Evq):
 
 
 def test_demo_on_the_embedded_database(tmp_path):
-    """No EVQ_DATABASE_URL: a machine with only Python gets an embedded PostgreSQL."""
+    """No EVQ_DATABASE_URL: a machine with only Python gets an embedded PostgreSQL for the demo."""
     evq = Evq("")
     evq.env.pop("EVQ_DATABASE_URL")
     evq.env["EVQ_DATA_DIR"] = str(tmp_path / "evq-data")
@@ -46,9 +46,14 @@ def test_demo_on_the_embedded_database(tmp_path):
     check(out)
     assert out["data"]["database"] == "embedded"
     assert os.path.isdir(tmp_path / "evq-data" / "pgdata")
-    # The same default database serves the next command: the operator can look at the demo's rows.
-    listed = evq.json("steps", "list", "--status", "unknown")
+    # The same embedded database serves the next command that names it: the operator can look at
+    # the demo's rows.
+    listed = evq.json("steps", "list", "--status", "unknown", EVQ_DATABASE_URL="embedded")
     assert [s["step_id"] for s in listed["data"]] == ["report"]
+    assert listed["meta"]["database"]["host"] == str(tmp_path / "evq-data" / "pgdata")
+    # A command that names no database opens none (only the demo does): it says how to name one.
+    refused = evq.json("steps", "list", expect=2)
+    assert refused["error"]["context"]["fields"][0]["field"] == "EVQ_DATABASE_URL"
 
 
 def test_demo_refuses_a_database_that_holds_other_steps(evq: Evq, db_url):

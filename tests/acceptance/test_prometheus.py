@@ -67,8 +67,11 @@ def worker_metrics(evq, db_url, tmp_path) -> Iterator[str]:
     """A running `evq worker run` with /metrics on a free loopback port; its address."""
     address = f"127.0.0.1:{free_port()}"
     host, port = address.split(":")
-    argv = evq.cmd("worker", "run", "--adapter", "null", "--metrics-port", port, "--metrics-host", host)
-    with _running(argv, env=evq.env, log=tmp_path / "worker.log", ready=f"http://{address}/healthz") as process:
+    argv = evq.cmd("worker", "run", "--adapter", "null", "--metrics-port", port)
+    # /metrics listens on EVQ_SERVE_HOST's address.
+    with _running(
+        argv, env={**evq.env, "EVQ_SERVE_HOST": host}, log=tmp_path / "worker.log", ready=f"http://{address}/healthz"
+    ) as process:
         yield address
     assert process.returncode == 0, (tmp_path / "worker.log").read_text()[-3000:]
 
@@ -144,7 +147,7 @@ def test_worker_refuses_a_busy_metrics_port_with_a_clear_error(evq):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        out = evq.json("worker", "run", "--metrics-port", port, "--metrics-host", "127.0.0.1", expect=2)
+        out = evq.json("worker", "run", "--metrics-port", port, expect=2, EVQ_SERVE_HOST="127.0.0.1")
     assert out["error"]["code"] == "E_INVALID_ARG"
     assert "EVQ_METRICS_PORT" in out["error"]["message"] and port in out["error"]["message"]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from evq.worker.delivery import KEY_TAG, key_digest
+from evq.worker.delivery import KEY_TAG, key_tag
 from tests.acceptance.conftest import Evq
 from tests.sesserver import ACCESS_KEY, REGION, SECRET_KEY, LostReplyProxy, MotoSes
 from tests.support import request, rows
@@ -65,7 +65,7 @@ def test_enqueue_then_a_draining_worker_sends_through_ses_and_the_step_is_accept
     assert (row["status"], row["attempts"], row["provider_message_id"]) == ("accepted", 1, message["id"])
     assert answers(db_url) == [("accepted", "accepted")]
     [sent] = moto.sends()
-    assert sent["EmailTags"] == [{"Name": KEY_TAG, "Value": key_digest("ses:hello")}]
+    assert sent["EmailTags"] == [{"Name": KEY_TAG, "Value": key_tag("ses:hello", row["message_id"])}]
     assert f"Message-ID: {row['message_id']}" in message["raw_data"]
     # The worker logged its sends; no credential in any line.
     assert "ses_send_finished" in done.stderr

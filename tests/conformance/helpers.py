@@ -1,5 +1,5 @@
 """What the conformance tests share: a fixed clock, and reading rows back through the port only,
-so one assertion holds for both stores."""
+so an assertion holds whatever the schema."""
 
 from __future__ import annotations
 

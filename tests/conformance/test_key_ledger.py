@@ -1,4 +1,4 @@
-"""The key ledger (invariant 12) against both stores: a key whose step evq prune removed is
+"""The key ledger (invariant 12) against the PostgreSQL store: a key whose step evq prune removed is
 answered as the step ended, never enqueued again; another request under it is a conflict; its
 id says it was pruned; and a failure notice pruned while its step was requeued is not made twice."""
 
@@ -33,15 +33,15 @@ async def all_steps(store) -> list:
     return (await store.list_steps(StepFilter(limit=None)))[0]
 
 
-async def test_a_pruned_key_is_answered_as_its_step_ended_and_never_enqueued_again(any_store):
+async def test_a_pruned_key_is_answered_as_its_step_ended_and_never_enqueued_again(store):
     sent = valid(run_id="r", step_id="welcome")
-    first = await any_store.enqueue(sent, now=at(0))
-    [step] = await claim(any_store, now=at(0))
-    await any_store.record([settle(step, Accepted("pm-1"))], actor="w", now=at(0))
-    assert await prune(any_store, at(1)) == 1 and await all_steps(any_store) == []
+    first = await store.enqueue(sent, now=at(0))
+    [step] = await claim(store, now=at(0))
+    await store.record([settle(step, Accepted("pm-1"))], actor="w", now=at(0))
+    assert await prune(store, at(1)) == 1 and await all_steps(store) == []
 
-    again = await any_store.enqueue(sent, now=at(2))
-    assert await all_steps(any_store) == []  # nothing was enqueued
+    again = await store.enqueue(sent, now=at(2))
+    assert await all_steps(store) == []  # nothing was enqueued
     assert (again.id, again.message_id, again.status, again.created) == (
         first.id,
         first.message_id,
@@ -49,46 +49,46 @@ async def test_a_pruned_key_is_answered_as_its_step_ended_and_never_enqueued_aga
         False,
     )
     assert again.pruned is True
-    assert (await any_store.find_by_key(sent))["pruned"] is True
-    [batch_again] = await any_store.enqueue_many([sent], now=at(2))
+    assert (await store.find_by_key(sent))["pruned"] is True
+    [batch_again] = await store.enqueue_many([sent], now=at(2))
     assert (batch_again.id, batch_again.created, batch_again.pruned) == (first.id, False, True)
-    assert await all_steps(any_store) == []
+    assert await all_steps(store) == []
 
     # The same key (or its run and step ids under it) with another request: refused, as for a stored step.
     with pytest.raises(IdempotencyConflict) as refused:
-        await any_store.enqueue(valid(run_id="r", step_id="welcome", subject="something else"), now=at(2))
+        await store.enqueue(valid(run_id="r", step_id="welcome", subject="something else"), now=at(2))
     assert refused.value.context == {"existing_id": first.id, "idempotency_key": "r:welcome", "pruned": True}
     with pytest.raises(IdempotencyConflict):
-        await any_store.enqueue(valid(run_id="r", step_id="welcome", provider="null"), now=at(2))
-    assert await all_steps(any_store) == []
+        await store.enqueue(valid(run_id="r", step_id="welcome", provider="null"), now=at(2))
+    assert await all_steps(store) == []
 
     with pytest.raises(NotFound) as gone:
-        await any_store.get_step(first.id)
+        await store.get_step(first.id)
     context = gone.value.context
     assert (context["pruned"], context["status"], context["message_id"]) == (True, "accepted", first.message_id)
     assert "pruned" in gone.value.message
     with pytest.raises(NotFound) as never:
-        await any_store.get_step(first.id + 1000)
+        await store.get_step(first.id + 1000)
     assert never.value.context == {}
 
 
-async def test_a_notice_pruned_while_its_step_was_requeued_is_not_made_again(any_store):
+async def test_a_notice_pruned_while_its_step_was_requeued_is_not_made_again(store):
     """A dead letter (attempts spent) tells its notify address once; an operator requeues it, the
     notice (sent, closed) is pruned on its own, the step fails again: the same notice's key comes
     back, and the ledger still holds it. One notice per step and kind, pruned or not."""
-    any_store.notices = NoticeConfig()
-    e = await any_store.enqueue(valid(max_attempts=1, notify="owner@example.com"), now=at(0))
-    [step] = await claim(any_store, now=at(0))
-    await any_store.record([settle(step, Retryable("451 later"))], actor="w", now=at(0))
-    [notice] = [s for s in await all_steps(any_store) if s.id != e.id]
-    [sent] = [c for c in await claim(any_store, now=at(1)) if c.id == notice.id]
-    await any_store.record([settle(sent, Accepted("pm-notice"))], actor="w", now=at(1))
-    await any_store.resolve(
+    store.notices = NoticeConfig()
+    e = await store.enqueue(valid(max_attempts=1, notify="owner@example.com"), now=at(0))
+    [step] = await claim(store, now=at(0))
+    await store.record([settle(step, Retryable("451 later"))], actor="w", now=at(0))
+    [notice] = [s for s in await all_steps(store) if s.id != e.id]
+    [sent] = [c for c in await claim(store, now=at(1)) if c.id == notice.id]
+    await store.record([settle(sent, Accepted("pm-notice"))], actor="w", now=at(1))
+    await store.resolve(
         e.id, Resolution.parse("retry", "requeue it"), actor="operator:ada", default_max_attempts=1, now=at(2)
     )
-    assert await prune(any_store, at(3)) == 1  # the notice alone: its step is open again
-    [step] = await claim(any_store, now=at(4))
-    await any_store.record([settle(step, Retryable("451 later"))], actor="w", now=at(4))
+    assert await prune(store, at(3)) == 1  # the notice alone: its step is open again
+    [step] = await claim(store, now=at(4))
+    await store.record([settle(step, Retryable("451 later"))], actor="w", now=at(4))
 
-    assert [s.id for s in await all_steps(any_store)] == [e.id]
-    assert (await kinds(any_store, e.id)).count("notice_enqueued") == 1
+    assert [s.id for s in await all_steps(store)] == [e.id]
+    assert (await kinds(store, e.id)).count("notice_enqueued") == 1

@@ -12,6 +12,7 @@ from evq.worker.outcomes import Accepted, Retryable
 from evq.worker.runner import Worker
 from evq.worker.streaks import WARN_AFTER, FailureStreaks
 from tests.core.test_worker import SETTINGS, enqueue
+from tests.storeview import step
 
 
 class Refusing:
@@ -39,10 +40,10 @@ def _run_logs():
     return structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars, merge_step])
 
 
-async def test_sends_that_all_fail_the_same_way_are_said_once_with_the_setting_to_change(mem):
-    ids = await enqueue(mem, 3)
+async def test_sends_that_all_fail_the_same_way_are_said_once_with_the_setting_to_change(store):
+    ids = await enqueue(store, 3)
     provider = Refusing(fault=None)  # an ordinary temporary failure: no circuit opens on it
-    worker = Worker(mem, {"smtp": provider}, replace(SETTINGS, max_attempts=2))
+    worker = Worker(store, {"smtp": provider}, replace(SETTINGS, max_attempts=2))
     with _run_logs() as logs:
         assert await worker.run(drain=True, install_signals=False) == 0
     assert provider.calls == 2 * len(ids)
@@ -56,9 +57,9 @@ async def test_sends_that_all_fail_the_same_way_are_said_once_with_the_setting_t
     assert [(f["provider"], f["attempts"]) for f in summary["failing"]] == [("smtp", 2 * len(ids))]
 
 
-async def test_a_provider_fault_is_said_at_its_first_failure_and_names_the_fix(mem):
-    await enqueue(mem, 1)
-    worker = Worker(mem, {"smtp": Refusing()}, SETTINGS)
+async def test_a_provider_fault_is_said_at_its_first_failure_and_names_the_fix(store):
+    await enqueue(store, 1)
+    worker = Worker(store, {"smtp": Refusing()}, SETTINGS)
     with _run_logs() as logs:
         await worker.run(drain=True, install_signals=False)
     [warning] = [e for e in logs if e["event"] == "sends_failing"]
@@ -66,19 +67,19 @@ async def test_a_provider_fault_is_said_at_its_first_failure_and_names_the_fix(m
     assert warning["hint"] == "set EVQ_SMTP_HOST/EVQ_SMTP_PORT" and warning["message"].endswith(warning["hint"])
 
 
-async def test_an_accepted_send_is_one_info_line_with_its_domain_never_its_address_or_subject(mem):
-    [i] = await enqueue(mem, 1)
-    worker = Worker(mem, {"smtp": _accepting()}, SETTINGS)
+async def test_an_accepted_send_is_one_info_line_with_its_domain_never_its_address_or_subject(store):
+    [i] = await enqueue(store, 1)
+    worker = Worker(store, {"smtp": _accepting()}, SETTINGS)
     with _run_logs() as logs:
         await worker.run(drain=True, install_signals=False)
     [line] = [e for e in logs if e["event"] == "send_accepted"]
+    payload = (await step(store, i))["payload"]
     assert line["log_level"] == "info" and line["step"] == i and line["provider"] == "smtp"
     assert (
-        line["provider_message_id"] == "queued-1"
-        and line["to_domain"] == mem.steps[i]["payload"]["to"][0]["email"].rsplit("@", 1)[1]
+        line["provider_message_id"] == "queued-1" and line["to_domain"] == payload["to"][0]["email"].rsplit("@", 1)[1]
     )
     flat = repr(logs)
-    assert mem.steps[i]["payload"]["to"][0]["email"] not in flat and mem.steps[i]["payload"]["subject"] not in flat
+    assert payload["to"][0]["email"] not in flat and payload["subject"] not in flat
     assert not worker.summary()["all_failed"] and worker.summary()["failing"] == []
 
 

@@ -51,8 +51,8 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     def start() -> subprocess.Popen:
         # Output to a file: a pipe nobody reads would fill up and stall the worker.
         return spawn(
-            evq.cmd("worker", "run", "--concurrency", "8", "--batch-size", "8"),
-            env={**evq.env, **env},
+            evq.cmd("worker", "run", "--concurrency", "8"),
+            env={**evq.env, **env, "EVQ_BATCH_SIZE": "8"},  # a documented constant (tests/child.py)
             stdout=subprocess.DEVNULL,
             stderr=log,
         )

@@ -207,7 +207,7 @@ def test_read_only_database(evq: Evq, db_url, smtp):
     read_only(db_url, True)
     refused = evq.json("enqueue", "--file", "-", input=request("during", "ok@example.com"), expect=9)
     assert refused["error"]["code"] == "E_DB_UNAVAILABLE" and "read-only" in refused["error"]["message"]
-    worker = evq.popen("worker", "run", "--listen", "off", **smtp_env(smtp))
+    worker = evq.popen("worker", "run", **smtp_env(smtp, EVQ_LISTEN="off"))
     err = Lines(worker.stderr)
     try:
         # Until the worker has been refused twice (a fixed sleep raced a worker slow to start

@@ -356,7 +356,7 @@ def mcp_as_runtime_role(r: Roles, admin: str) -> None:
     env = {**os.environ, "EVQ_DATABASE_URL": r.app_url, "EVQ_API_KEY": admin, "EVQ_LOG_FORMAT": "json"}
 
     async def go() -> dict:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
+        params = StdioServerParameters(command=sys.executable, args=["-m", "tests.child", "mcp"], env=env)
         async with Client(params) as c:
             sent = await c.call_tool("evq_steps_enqueue", request(run_id="roles-mcp", step_id="mcp"))
             assert sent.structured_content["status"] == "success", sent.structured_content

@@ -89,7 +89,7 @@ def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: st
     )
     assert evq.run("enqueue", "--file", "-", input=lines).returncode == 0
     workers = [
-        evq.popen("worker", "run", "--drain", "--concurrency", "5", "--batch-size", "3", **smtp_env(smtp))
+        evq.popen("worker", "run", "--drain", "--concurrency", "5", **smtp_env(smtp, EVQ_BATCH_SIZE="3"))
         for _ in range(2)
     ]
     try:
@@ -145,7 +145,7 @@ def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_on
     env = smtp_env(smtp, EVQ_LOG_LEVEL="warning")
     env.pop("EVQ_POOLER", None)
     workers = [
-        evq.popen("worker", "run", "--drain", "--concurrency", "8", "--batch-size", "10", **env) for _ in range(2)
+        evq.popen("worker", "run", "--drain", "--concurrency", "8", **env, EVQ_BATCH_SIZE="10") for _ in range(2)
     ]
     try:
         codes = [w.wait(75) for w in workers]  # about 15 s on a loaded 2-core machine
@@ -210,5 +210,5 @@ async def test_the_probe_tells_a_pooler_from_postgresql_itself(pgbouncer: str, d
 
 
 def test_listen_on_behind_a_pooler_is_refused_with_a_clear_error(pgbouncer: str):
-    out = Evq(pgbouncer).json("worker", "run", "--drain", "--listen", "on", expect=2)
+    out = Evq(pgbouncer).json("worker", "run", "--drain", expect=2, EVQ_LISTEN="on")
     assert out["error"]["code"] == "E_INVALID_ARG" and "pooler" in out["error"]["message"]

@@ -31,6 +31,7 @@ from evq.adapters.smtp import SmtpProvider
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
 from evq.worker.runner import Worker
+from tests.clones import Dropper
 from tests.support import rows, valid
 
 MESSAGES = 4
@@ -117,19 +118,18 @@ class Case:
 
 
 @asynccontextmanager
-async def fresh_database(pg_server: str, template: str, name: str) -> AsyncIterator[str]:
+async def fresh_database(pg_server: str, template: str, name: str, dropper: Dropper) -> AsyncIterator[str]:
+    """A clone of the template for one case, dropped with the session's next batch (a drop waits
+    for a checkpoint; the sweep's drops together share one, as tests/clones.py does)."""
     async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as conn:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        # FILE_COPY (PostgreSQL 15+) clones a small template several times faster (as tests/conftest.py).
-        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"{strategy}')
+        # The default strategy (WAL_LOG), as tests/clones.py: FILE_COPY costs two checkpoints.
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     info = psycopg.conninfo.conninfo_to_dict(pg_server)
     info["dbname"] = name
     try:
         yield psycopg.conninfo.make_conninfo(**info)
     finally:
-        async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as conn:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        dropper.give_back(name)
 
 
 async def run_case(url: str, sink: DevSmtpServer, case: Case) -> None:
@@ -190,13 +190,15 @@ def plans(calls: int) -> Iterator[list[Fault]]:
         yield [Fault(n, next(errors), after=False), Fault(n + 1, psycopg.OperationalError, after=True, method="claim")]
 
 
-async def sweep(pg_server: str, template: str, sink: DevSmtpServer, calls: int) -> tuple[int, list[str]]:
+async def sweep(
+    pg_server: str, template: str, sink: DevSmtpServer, calls: int, dropper: Dropper
+) -> tuple[int, list[str]]:
     cases = [Case(faults) for faults in plans(calls)]
     # A few cases side by side (each its own database and worker): they mostly wait.
     gate = asyncio.Semaphore(3)
 
     async def one(i: int, case: Case) -> None:
-        async with gate, fresh_database(pg_server, template, f"evq_sf_{os.getpid()}_{i}") as url:
+        async with gate, fresh_database(pg_server, template, f"evq_sf_{os.getpid()}_{i}", dropper) as url:
             await run_case(url, sink, case)
 
     await asyncio.gather(*(one(i, case) for i, case in enumerate(cases)))
@@ -205,14 +207,14 @@ async def sweep(pg_server: str, template: str, sink: DevSmtpServer, calls: int) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-async def test_a_store_error_of_any_class_at_any_call_never_sends_twice_or_lies(pg_server, template_db):
+async def test_a_store_error_of_any_class_at_any_call_never_sends_twice_or_lies(pg_server, template_db, _dropper):
     with DevSmtpServer() as sink:
-        async with fresh_database(pg_server, template_db, f"evq_sf_{os.getpid()}_clean") as url:
+        async with fresh_database(pg_server, template_db, f"evq_sf_{os.getpid()}_clean", _dropper) as url:
             clean = Case([])
             await run_case(url, sink, clean)
         assert clean.violations == [], clean.violations
         # Faults add calls (retries, the orphan check): sweep a little past a clean run.
-        cases, failed = await sweep(pg_server, template_db, sink, clean.calls + 2)
+        cases, failed = await sweep(pg_server, template_db, sink, clean.calls + 2, _dropper)
     assert cases >= 3 * clean.calls
     assert failed == [], f"{len(failed)} of {cases} runs broke a promise:\n" + "\n".join(failed)
 

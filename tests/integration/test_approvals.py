@@ -259,3 +259,35 @@ async def test_held_sends_expire_rejected(store, db_url):
     assert (s["status"], s["reason"]) == ("rejected", "approval_expired")
     assert evidence_kinds(db_url, late.id) == ["held", "hold_expired"]
     assert step_row(db_url, later.id)["status"] == "held"
+
+
+async def test_an_approved_send_that_fails_never_mails_a_notify_address_nobody_approved(store, db_url, keys):
+    """Review of issue 29: an agent's key holds every send (approval ``always``), so its request
+    names a recipient the relay refuses and, as ``notify``, a stranger. The approver sees the
+    recipients and the subject (the held page shows no notify address) and approves; the relay
+    refuses the recipient (550): the send is ``rejected``, and its failure notice,
+    "[delivery failed] <the agent's subject>", must not go to the stranger, whom no person let
+    evq mail. The key's feed still has the rejection."""
+    key = generate()
+    await store.create_key(name="agent-always", role=Role.AGENT, key=key, created_by=None, approval=KeyApproval.ALWAYS)
+    agent = Caller(key.text, interface="mcp")
+    made = (
+        await service.enqueue(
+            store,
+            agent,
+            [request(run_id="r-lure", to=["reject@example.com"], notify=STRANGER, subject="You won a prize")],
+            POLICY,
+        )
+    ).data
+    assert step_row(db_url, made["id"])["status"] == "held"
+    await approvals.approve(store, Caller(keys["operator"].text), made["id"], note="looks fine")
+    with DevSmtpServer() as sink:
+        await drain(store, sink)
+        await drain(store, sink)  # any notice the first drain enqueued
+        messages = sink.messages
+    s = step_row(db_url, made["id"])
+    assert (s["status"], s["reason"]) == ("rejected", "provider_rejected"), s
+    assert not [m for m in messages if STRANGER in m["rcpt_tos"]], [m["rcpt_tos"] for m in messages]
+    assert "notice_enqueued" not in evidence_kinds(db_url, made["id"])
+    [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (made["id"],))
+    assert feed["reason"] == "provider_rejected"

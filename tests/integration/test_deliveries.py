@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app import service
 from evq.ops.app.service import Caller
-from evq.worker.delivery import DeliveryEvent, key_digest
+from evq.worker.delivery import DeliveryEvent, key_tag
 from evq.worker.outcomes import Accepted, Rejected
 from tests.conformance.helpers import claim, settle
 from tests.database_roles import migrated
@@ -42,8 +42,9 @@ async def test_a_webhook_settles_a_lost_reply_and_runs_show_has_the_chain(store,
         counted("evq_delivery_events_unmatched_total", provider="resend"),
     )
     [lost] = await unknown_steps(store, run_id="run-lost")
-    key = step_row(db_url, lost.id)["idempotency_key"]
-    event = delivered("evt-1", key_digest=key_digest(key), provider_message_id="re_9", occurred_at=WHEN)
+    row = step_row(db_url, lost.id)
+    tag = key_tag(row["idempotency_key"], row["message_id"])
+    event = delivered("evt-1", key_digest=tag, provider_message_id="re_9", occurred_at=WHEN)
     reply = await service.receive_deliveries(store, "resend", [event], RELAYED)
     assert reply.data == [
         {"event_id": "evt-1", "type": "delivered", "matched": True, "step": lost.id, "duplicate": False, "closed": True}
@@ -152,7 +153,7 @@ async def test_the_key_digest_matches_any_key_text_through_its_index(store, db_u
     made = [await store.enqueue(valid(idempotency_key=k)) for k in keys]
     for m, k in zip(made, keys, strict=True):
         done = await store.delivery_record(
-            delivered(f"k-{m.id}", key_digest=key_digest(k)), step_providers=RELAYED, actor="w"
+            delivered(f"k-{m.id}", key_digest=key_tag(k, m.message_id)), step_providers=RELAYED, actor="w"
         )
         assert done.step == m.id
     with psycopg.connect(db_url) as conn:
@@ -170,9 +171,11 @@ async def test_the_runtime_role_records_and_reads_delivery_events(roles):
     app = await PostgresStore.open(roles.app_url, max_size=2)
     try:
         [lost] = await unknown_steps(app)
-        row = rows(roles.admin_url, "SELECT idempotency_key FROM email_steps WHERE id = %s", (lost.id,))[0]
+        row = rows(roles.admin_url, "SELECT idempotency_key, message_id FROM email_steps WHERE id = %s", (lost.id,))[0]
         done = await app.delivery_record(
-            delivered("rt-1", key_digest=key_digest(row["idempotency_key"])), step_providers=RELAYED, actor="w"
+            delivered("rt-1", key_digest=key_tag(row["idempotency_key"], row["message_id"])),
+            step_providers=RELAYED,
+            actor="w",
         )
         assert done.closed and (await app.delivery_states([lost.id]))[lost.id]["state"] == "delivered"
         assert [d["event_id"] for d in (await app.delivery_events(step=lost.id))[0]] == ["rt-1"]

@@ -18,6 +18,7 @@ import structlog
 
 from evq.adapters.http import TAG_NAME, HttpProvider, WireKeys, legacy_wire_key, tag_value
 from evq.ops.dev.http import DevHttpServer
+from evq.worker.delivery import key_tag
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.ports import Lookup, LookupFailed, Provider, SendRequest
 from evq.worker.request import Policy, parse
@@ -95,7 +96,7 @@ async def test_2xx_is_accepted_with_the_providers_id(provider, server) -> None:
     # The request as the provider saw it: key in the header and in a tag, Message-ID kept.
     [post] = server.posts()
     assert post["idempotency_key"] == WIRE_KEYS.key(7, "run-1:hello")
-    assert message["tags"] == [{"name": TAG_NAME, "value": tag_value("run-1:hello")}]
+    assert message["tags"] == [{"name": TAG_NAME, "value": key_tag("run-1:hello", "<evq.hello@example.org>")}]
     assert message["headers"]["X-Evq-Message-Id"] == "<evq.hello@example.org>"
     assert message["from"] == '"Evq Sender" <sender@example.org>' and message["to"] == ["ok@example.com"]
 
@@ -301,7 +302,7 @@ async def test_a_provider_that_ignores_the_filter_settles_nothing(provider, serv
     await provider.send(make_request(step_id="someone-else"))
     server.lookup_fault = "ignore-filter"
     result = await provider.lookup("run-1:hello", "<evq.hello@example.org>")
-    assert not result.found and result.raw["listed"] == 1
+    assert not result.found and result.raw["listed"] == 2  # listed once per form of the tag asked for
 
 
 async def test_a_lookup_that_cannot_be_answered_raises(provider, server) -> None:

@@ -88,7 +88,7 @@ def workers(db_url: str, api: DevHttpServer, count: int, **env: str) -> list[sub
         EVQ_LOG_LEVEL="warning",
         **env,
     )
-    cmd = [sys.executable, "-m", "evq.ops.cli", "worker", "run", "--drain"]
+    cmd = [sys.executable, "-m", "tests.child", "worker", "run", "--drain"]
     return [
         spawn(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         for _ in range(count)

@@ -26,7 +26,7 @@ import structlog
 
 from evq.adapters.ses import SesProvider, destination
 from evq.adapters.smtp.message import build_message
-from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_digest
+from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_tag
 from evq.worker.outcomes import Accepted, Rejected, Retryable, Unknown
 from evq.worker.ports import Lookup, Provider, ProviderProfile, SendRequest, profile_of
 from evq.worker.request import Policy, parse
@@ -119,11 +119,11 @@ async def test_a_send_is_accepted_with_the_message_id_ses_gave(provider, moto) -
     assert outcome.response["code"] == 200 and outcome.response["sent"] is True
 
 
-async def test_the_key_digest_tag_and_the_configuration_set_reach_ses_and_the_key_does_not(provider, moto) -> None:
+async def test_the_key_tag_and_the_configuration_set_reach_ses_and_the_key_does_not(provider, moto) -> None:
     request = make_request(step_id="tagged")
     assert isinstance(await provider.send(request), Accepted)
     [sent] = moto.sends()
-    assert sent["EmailTags"] == [{"Name": KEY_TAG, "Value": key_digest("run-1:tagged")}]
+    assert sent["EmailTags"] == [{"Name": KEY_TAG, "Value": key_tag("run-1:tagged", request.message_id)}]
     assert sent["ConfigurationSetName"] == CONFIGURATION_SET
     # The caller's run and step ids are nobody's business at SES or in the recipients' copy.
     raw = moto.messages()[0]["raw_data"]

@@ -16,7 +16,7 @@ from evq.adapters.smtp.message import RELAY_HEADERS, relay_key_digest
 from evq.ops import wiring
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
-from evq.worker.delivery import key_digest
+from evq.worker.delivery import key_tag
 from evq.worker.outcomes import Accepted
 from evq.worker.ports import SendRequest
 from evq.worker.request import parse
@@ -49,7 +49,7 @@ async def _send(provider: SmtpProvider, *requests: SendRequest) -> list:
 
 
 @pytest.mark.parametrize("relay", sorted(RELAY_HEADERS))
-def test_every_attempt_through_a_relay_carries_its_header_with_the_key_digest(server, relay):
+def test_every_attempt_through_a_relay_carries_its_header_with_the_key_tag(server, relay):
     provider = SmtpProvider(host="127.0.0.1", port=server.port, timeout=5.0, relay=relay)
     outcomes = asyncio.run(_send(provider, _request(1), _request(2)))
     assert all(isinstance(o, Accepted) for o in outcomes), outcomes
@@ -57,7 +57,7 @@ def test_every_attempt_through_a_relay_carries_its_header_with_the_key_digest(se
     assert len(received) == 2
     values = [m.get_all(RELAY_HEADERS[relay]) for m in received]
     assert values[0] == values[1] and len(values[0]) == 1  # one header, the same on both attempts
-    assert relay_key_digest(relay, str(values[0][0])) == key_digest("run-relay:relay-1")
+    assert relay_key_digest(relay, str(values[0][0])) == key_tag("run-relay:relay-1", "<evq.relay-1@example.org>")
     assert b"run-relay:relay-1" not in server.messages[0]["data"]  # the digest, never the key
 
 
@@ -71,7 +71,7 @@ def test_the_worker_wiring_sends_the_relay_header_the_setting_names(server):
     assert isinstance(outcome, Accepted), outcome
     [message] = server.messages
     parsed = BytesParser(policy=email_policy.default).parsebytes(message["data"])
-    assert parsed["X-PM-Metadata-evq_key"] == key_digest("run-relay:relay-2")
+    assert parsed["X-PM-Metadata-evq_key"] == key_tag("run-relay:relay-2", "<evq.relay-2@example.org>")
     assert all(parsed.get(h) is None for r, h in RELAY_HEADERS.items() if r != "postmark")
 
 

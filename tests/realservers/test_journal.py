@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from evq.adapters.smtp import SmtpProvider, build_message
+from evq.adapters.smtp.journal import MAX_HITS
 from evq.adapters.smtp.witness import WitnessTags
-from evq.ops.settings import Settings
 from evq.ops.wiring import build_journal, build_providers
 from evq.worker.errors import ConfigError
 from evq.worker.executor import attempt
@@ -32,6 +32,7 @@ from evq.worker.outcomes import Accepted, Outcome, Rejected, Unknown
 from evq.worker.ports import Lookup, LookupFailed, LookupResult, SendRequest, profile_of
 from evq.worker.request import Policy, parse
 from tests.acceptance.conftest import Evq, make_key
+from tests.child import settings_from
 from tests.realservers.cutproxy import CutProxy
 from tests.realservers.dovecot import PASSWORD as IMAP_PASSWORD
 from tests.realservers.dovecot import Dovecot
@@ -91,7 +92,7 @@ def imap_env(dovecot: Dovecot, port: str = "imaps", **env: str) -> dict[str, str
 
 
 def provider(postfix: Postfix, port: int | None = None, **env: str) -> SmtpProvider:
-    built = build_providers(Settings.load(smtp_env(postfix, port, **env)), pepper=PEPPER)["smtp"]
+    built = build_providers(settings_from(smtp_env(postfix, port, **env)), pepper=PEPPER)["smtp"]
     assert isinstance(built, SmtpProvider)
     return built
 
@@ -108,7 +109,7 @@ def send(smtp: SmtpProvider, req: SendRequest) -> Outcome:
 
 
 def witness(dovecot: Dovecot, port: str = "imaps", *, pepper: bytes = PEPPER, **env: str) -> Lookup:
-    journal = build_journal(Settings.load(imap_env(dovecot, port, **env)), pepper=pepper)
+    journal = build_journal(settings_from(imap_env(dovecot, port, **env)), pepper=pepper)
     assert journal is not None
     return journal
 
@@ -179,19 +180,19 @@ def test_a_send_every_recipient_refuses_stays_rejected_and_is_not_journaled(post
 
 def test_the_journal_setting_is_checked() -> None:
     with pytest.raises(ConfigError, match="EVQ_SMTP_JOURNAL"):
-        Settings.load({"EVQ_SMTP_JOURNAL": "Journal <journal@example.org>"})
+        settings_from({"EVQ_SMTP_JOURNAL": "Journal <journal@example.org>"})
     for url, named in (
         ("imaps://journal:pw@127.0.0.1/INBOX", "must not carry the password"),
         ("http://journal@127.0.0.1/INBOX", "imaps://"),
         ("imaps://127.0.0.1/INBOX", "name the user"),
     ):
         with pytest.raises(ConfigError, match="EVQ_JOURNAL_IMAP_URL") as refused:
-            Settings.load({"EVQ_JOURNAL_IMAP_URL": url, "EVQ_JOURNAL_IMAP_PASSWORD": "pw-1234"})
+            settings_from({"EVQ_JOURNAL_IMAP_URL": url, "EVQ_JOURNAL_IMAP_PASSWORD": "pw-1234"})
         assert named in refused.value.message and ":pw@" not in refused.value.message
     with pytest.raises(ConfigError, match="EVQ_JOURNAL_IMAP_PASSWORD"):
-        Settings.load({"EVQ_JOURNAL_IMAP_URL": "imaps://journal@127.0.0.1/INBOX"})
+        settings_from({"EVQ_JOURNAL_IMAP_URL": "imaps://journal@127.0.0.1/INBOX"})
     with pytest.raises(ConfigError, match="EVQ_JOURNAL_IMAP_TIMEOUT"):
-        Settings.load(
+        settings_from(
             {
                 "EVQ_JOURNAL_IMAP_URL": "imaps://journal@127.0.0.1/INBOX",
                 "EVQ_JOURNAL_IMAP_PASSWORD": "pw-1234",
@@ -295,6 +296,32 @@ def test_the_relays_copy_is_found_beside_forged_ones_and_only_under_this_install
     assert not other.found and other.raw["untagged_copies"] == 2
 
 
+def test_a_flood_of_outsider_copies_cannot_push_the_relays_copy_out_of_the_search(
+    postfix: Postfix, dovecot: Dovecot
+) -> None:
+    """An outsider who learnt a held step's Message-ID (every key reads it) mails the journal
+    more copies of it than a lookup reads before the relay's copy arrives: the lookup still
+    finds the relay's tagged copy (it asks the server for the tag, not only the Message-ID),
+    and before the relay's copy arrives it finds nothing, never a proof."""
+    req = send_request([f"journal-f@{DOMAIN}"])
+    flood = MAX_HITS + 5
+    for _ in range(flood):
+        outsider_sends(postfix, req.message_id)
+    assert len(postfix.journaled(req.message_id, expect=flood)) == flood
+    # Looked up once before the send: Dovecot numbers the flood first, so the relay's copy
+    # comes after every one of them.
+    before = look(witness(dovecot), req.message_id)
+    assert not before.found and before.raw["search_hits"] == flood
+    assert isinstance(send(provider(postfix, EVQ_SMTP_JOURNAL=JOURNAL), req), Accepted)
+    assert len(postfix.journaled(req.message_id, expect=flood + 1)) == flood + 1
+
+    found = look(witness(dovecot), req.message_id)
+    assert found.found, found.raw
+    assert found.raw["copies"] == 1 and found.raw["search_hits"] == flood + 1
+    assert found.raw["untagged_copies"] == flood
+    assert TAGS.tag(req.message_id) not in json.dumps(found.raw) and JOURNAL not in json.dumps(found.raw)
+
+
 def test_a_message_id_not_in_the_journal_is_not_found(dovecot: Dovecot) -> None:
     absent = look(witness(dovecot), f"<evq.never-sent.{os.urandom(6).hex()}@example.org>")
     assert not absent.found and absent.raw["search_hits"] == 0
@@ -343,9 +370,9 @@ def test_a_wrong_password_is_a_failed_lookup_that_names_the_setting_not_the_pass
 def test_an_untrusted_certificate_is_a_failed_lookup(dovecot: Dovecot) -> None:
     env = imap_env(dovecot)
     del env["EVQ_JOURNAL_IMAP_CA_FILE"]
-    journal = build_journal(Settings.load(env), pepper=PEPPER)
+    journal = build_journal(settings_from(env), pepper=PEPPER)
     assert journal is not None
-    assert "EVQ_JOURNAL_IMAP_CA_FILE" in failure(journal)
+    assert "EVQ_SMTP_CA_FILE" in failure(journal)
 
 
 def test_nothing_listening_is_a_failed_lookup(dovecot: Dovecot) -> None:

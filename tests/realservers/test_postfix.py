@@ -31,6 +31,7 @@ from evq.worker.records import ClaimedStep, Transition
 from evq.worker.request import Policy, parse
 from evq.worker.states import Reason, Status
 from evq.worker.transitions import decide
+from tests.child import settings_from
 from tests.realservers.postfix import DOMAIN, PASSWORD, RECIPIENT_LIMIT, USERNAME, Postfix
 
 INTERNAL = Policy(internal_domains=(DOMAIN,))
@@ -62,7 +63,7 @@ def request(to: list[str], **fields: Any) -> SendRequest:
 
 
 def settings(postfix: Postfix, port: str = "plain", **env: str) -> Settings:
-    return Settings.load(
+    return settings_from(
         {
             "EVQ_SMTP_HOST": "127.0.0.1",
             "EVQ_SMTP_PORT": str(postfix.ports[port]),

@@ -54,7 +54,7 @@ def test_the_settings_build_the_policy():
         ("EVQ_APPROVAL_EXPIRES", "0", "positive"),
         ("EVQ_APPROVAL_FIRST_CONTACT", "yes", "off, address, domain"),
         ("EVQ_APPROVAL_MAX_RECIPIENTS", "0", "at least 1"),
-        ("EVQ_BUDGET_DOMAIN_HOURLY", "-3", "at least 1"),
+        ("EVQ_BUDGET_KEY_DAILY", "-3", "at least 1"),
         ("EVQ_BUDGET_ACTION", "drop", "hold, refuse"),
     ],
 )

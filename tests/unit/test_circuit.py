@@ -98,17 +98,20 @@ def test_settings():
     for bad in ("", "5w", "nan", "inf"):
         with pytest.raises(ValueError):
             duration(bad)
-    s = Settings.load({"EVQ_RETRY_FOR": "12h", "EVQ_CIRCUIT_FAULTS": "auth_failed", "EVQ_CIRCUIT_FAILURES": "0"})
+    # EVQ_CIRCUIT_FAULTS and _FAILURES are constants now (docs/settings.md): a Python caller's to pass.
+    s = Settings.load({"EVQ_RETRY_FOR": "12h"}, circuit_faults="auth_failed", circuit_failures=0)
     assert (
         s.retry_for == 43200
         and s.worker_config().circuit().faults == {"auth_failed"}
         and s.worker_config().circuit().failures == 0
     )
     assert Settings.load({}).retry_for == 5 * 86400 and Settings.load({}).max_attempts == 1000
+    # The longest wait between probes follows the first (60 x): never shorter than it.
+    assert Settings.load({"EVQ_CIRCUIT_PROBE_BASE": "60"}).circuit_probe_max == 3600
     with pytest.raises(ConfigError, match="EVQ_CIRCUIT_PROBE_MAX"):
-        Settings.load({"EVQ_CIRCUIT_PROBE_BASE": "60", "EVQ_CIRCUIT_PROBE_MAX": "30"})
-    with pytest.raises(ConfigError, match="EVQ_CIRCUIT_FAULTS"):
-        Settings.load({"EVQ_CIRCUIT_FAULTS": "everything"})
+        Settings.load({}, circuit_probe_base=60, circuit_probe_max=30)
+    with pytest.raises(ConfigError, match="unknown fault everything"):
+        Settings.load({}, circuit_faults="everything")
 
 
 def step(attempt=1, uncharged=0, budget_age=0.0, max_attempts=None, maybe_delivered=False) -> ClaimedStep:

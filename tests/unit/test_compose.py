@@ -58,7 +58,7 @@ def test_compose_prometheus_scrapes_the_workers_and_loads_the_rules():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     worker_env = services["worker"]["environment"]
-    assert worker_env["EVQ_METRICS_HOST"] == "0.0.0.0"  # scraped from another container
+    assert worker_env["EVQ_SERVE_HOST"] == "0.0.0.0"  # /metrics listens there: scraped from another container
     prometheus = services["prometheus"]
     assert "./ops/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]

@@ -16,7 +16,7 @@ from evq.adapters.http import config as http
 from evq.adapters.ses import config as ses
 from evq.adapters.smtp import config as smtp
 from evq.adapters.webhooks import config as webhooks
-from evq.ops.settings import OPTION_BY_NAME, OPTIONS, Settings
+from evq.ops.settings import CONSTANT_OPTIONS, OPTION_BY_NAME, OPTIONS, Settings
 from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
 from evq.worker.errors import ConfigError
 
@@ -26,8 +26,9 @@ def _defaults(config: type) -> dict[str, object]:
 
 
 def test_every_option_is_one_settings_field_with_its_default():
-    assert len(OPTION_BY_NAME) == len(OPTIONS)
-    assert _defaults(Settings) == {o.name: o.default for o in OPTIONS}
+    # The settings (EVQ_*) and the documented constants: one field each, with its default.
+    assert len(OPTION_BY_NAME) == len(OPTIONS) + len(CONSTANT_OPTIONS)
+    assert _defaults(Settings) == {o.name: o.default for o in (*OPTIONS, *CONSTANT_OPTIONS)}
 
 
 @pytest.mark.parametrize(
@@ -60,13 +61,16 @@ def test_the_configs_are_built_from_the_loaded_settings():
     )
     assert s.smtp_config() == smtp.SmtpConfig(host="mx.example.org")
     assert s.http_config() == http.HttpConfig(api_key="k-1", timeout=4.0)
-    assert s.worker_config() == WorkerConfig(lease_seconds=200.0)
+    # The rescuer's interval follows the lease (an eighth of it).
+    assert s.worker_config() == WorkerConfig(lease_seconds=200.0, rescue_interval=25.0)
 
 
 def test_the_ses_settings_are_checked_and_its_secrets_registered():
     s = Settings.load(
-        env={"EVQ_SES_REGION": "eu-west-1", "EVQ_SES_CONFIGURATION_SET": "evq-events", "EVQ_SES_TIMEOUT": "5"},
+        # Region and credentials are the AWS chain's (docs/settings.md): a Python caller may pass them.
+        env={"EVQ_SES_CONFIGURATION_SET": "evq-events", "EVQ_HTTP_TIMEOUT": "5"},
         adapter="ses",
+        ses_region="eu-west-1",
         ses_access_key_id="AKIAEXAMPLE0000",
         ses_secret_access_key="the-secret-access-key",
     )
@@ -80,16 +84,20 @@ def test_the_ses_settings_are_checked_and_its_secrets_registered():
     assert {"AKIAEXAMPLE0000", "the-secret-access-key"} <= set(s.secrets())
     assert s.as_public_dict()["ses_secret_access_key"] == "***"
     refusals = [
-        ({"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}, "EVQ_SES_ACCESS_KEY_ID"),  # without its secret
-        ({"EVQ_SES_ENDPOINT_URL": "ftp://ses.example"}, "EVQ_SES_ENDPOINT_URL"),
-        ({"EVQ_SES_TIMEOUT": "60"}, "EVQ_LEASE_SECONDS"),  # 3 x 60 s is more than the lease
+        ({"ses_access_key_id": "AKIAEXAMPLE0000"}, "EVQ_SES_ACCESS_KEY_ID"),  # without its secret
+        ({"ses_endpoint_url": "ftp://ses.example"}, "EVQ_SES_ENDPOINT_URL"),
+        ({"ses_timeout": 60.0}, "EVQ_LEASE_SECONDS"),  # 3 x 60 s is more than the lease
     ]
-    for env, named in refusals:
+    for given, named in refusals:
         with pytest.raises(ConfigError) as refused:
-            Settings.load(env={"EVQ_ADAPTER": "ses", **env})
+            Settings.load(env={"EVQ_ADAPTER": "ses"}, **given)
         assert named in refused.value.message
-    # Only a worker that sends through SES checks them.
-    assert Settings.load(env={"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}).adapter == ("smtp",)
+    # The SES timeout follows EVQ_HTTP_TIMEOUT, so the lease check sees it there too.
+    with pytest.raises(ConfigError, match="EVQ_LEASE_SECONDS"):
+        Settings.load(env={"EVQ_ADAPTER": "ses", "EVQ_HTTP_TIMEOUT": "60"})
+    # Only a worker that sends through SES checks them; no variable sets them any more.
+    assert Settings.load(env={}, ses_access_key_id="AKIAEXAMPLE0000").adapter == ("smtp",)
+    assert Settings.load(env={"EVQ_SES_ACCESS_KEY_ID": "AKIAEXAMPLE0000"}).ses_access_key_id is None
 
 
 def test_a_journal_address_is_refused_with_a_relay():

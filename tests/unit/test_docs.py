@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from evq.ops.cli.output import EXIT_CODES
-from evq.ops.settings import markdown_table
+from evq.ops.settings import CONSTANTS, OPTIONS, constants_table, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -24,7 +24,7 @@ def test_readme_opens_with_the_venv_line_then_the_two_commands():
     # The venv line comes first: it is what rescues the run command on Debian's python3 (PEP 668).
     venv, run, test = _commands()
     assert venv == "python3 -m venv .venv && . .venv/bin/activate"
-    assert run == "python3 -m pip install -e . && evq admin demo"
+    assert run == "python3 -m pip install -e '.[embedded,dev]' && evq admin demo"
     assert test == "python3 -m pip install -e '.[test]' && python3 -m pytest"
 
 
@@ -48,7 +48,21 @@ def test_settings_table_is_current_and_the_readme_links_it():
     # Generated from the settings' definitions: a setting another change adds fails here until
     # docs/settings.md is regenerated (python -c 'from evq.ops.settings import markdown_table; ...').
     assert markdown_table() in (DOCS / "settings.md").read_text()
+    assert constants_table() in (DOCS / "settings.md").read_text()
     assert "](docs/settings.md)" in README
+
+
+# Issue 33: as many settings as a person running evq would turn, and no more (its peers have
+# 16 to 37); what nobody turns is a documented constant (docs/settings.md, "Constants").
+MAX_SETTINGS = 60
+
+
+def test_there_are_at_most_60_settings():
+    table = (DOCS / "settings.md").read_text().split("## Constants")[0]
+    rows = re.findall(r"^\| `(EVQ_[A-Z0-9_]+)` \|", table, flags=re.M)
+    assert len(rows) == len(OPTIONS) and len(rows) <= MAX_SETTINGS, len(rows)
+    # No variable names a constant: each one is read or it is not a setting at all.
+    assert not {f"EVQ_{name.upper()}" for name in CONSTANTS} & set(rows)
 
 
 def test_the_readme_links_its_reference_pages_and_keeps_no_long_table_of_its_own():

@@ -28,7 +28,7 @@ from evq.adapters.smtp.message import (
 )
 from evq.ops import wiring
 from evq.ops.settings import Settings
-from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_digest
+from evq.worker.delivery import DELIVERY_TYPES, KEY_TAG, key_tag
 from evq.worker.enqueue import (
     answer_held,
     existing_or_conflict,
@@ -228,6 +228,7 @@ def test_field_errors_come_first_and_a_batch_names_only_its_unresolvable_request
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 KEY = "run-relay:step-1"
+MID = "<evq.relay@example.org>"
 
 
 def _send_request(attempt: int = 1) -> SendRequest:
@@ -236,22 +237,22 @@ def _send_request(attempt: int = 1) -> SendRequest:
         step_id=3,
         run_id=valid.run_id,
         idempotency_key=valid.idempotency_key,
-        message_id="<evq.relay@example.org>",
+        message_id=MID,
         attempt=attempt,
         payload=valid.payload,
     )
 
 
 @pytest.mark.parametrize("relay", sorted(RELAY_HEADERS))
-def test_the_relay_header_carries_the_key_digest_and_parses_back_as_the_relay_reads_it(relay):
+def test_the_relay_header_carries_the_key_tag_and_parses_back_as_the_relay_reads_it(relay):
     first = build_message(_send_request(1), now=NOW, relay=relay)
     later = build_message(_send_request(2), now=NOW + timedelta(hours=3), relay=relay)
     name = RELAY_HEADERS[relay]
     message = BytesParser(policy=email_policy.default).parsebytes(first.data)
     [value] = message.get_all(name)
-    digest = key_digest(KEY)
+    digest = key_tag(KEY, MID)
     assert relay_key_digest(relay, str(value)) == digest
-    # The same line on every attempt: derived from the key alone.
+    # The same line on every attempt: derived from the key and the Message-ID.
     line = re.search(rb"^" + re.escape(name.encode()) + rb":[^\r]*\r\n", first.data, re.M | re.I)
     assert line is not None and line[0] in later.data
     # As each relay documents it.
@@ -262,7 +263,7 @@ def test_the_relay_header_carries_the_key_digest_and_parses_back_as_the_relay_re
     elif relay == "postmark":
         assert name == "X-PM-Metadata-evq_key" and str(value) == digest and len(digest) <= 80
     else:
-        assert re.fullmatch(r"evq_key=[0-9a-f]{64}", str(value))  # SES tags: letters, digits, _ and -
+        assert re.fullmatch(r"evq_key=[0-9a-f]{64}-[0-9a-f]{12}", str(value))  # SES tags: letters, digits, _ and -
     # The digest, never the key (run and step ids are none of the recipients' business).
     assert KEY.encode() not in first.data
     # The other relays' headers are not there.
@@ -273,17 +274,17 @@ def test_no_relay_no_header_and_a_header_that_would_not_carry_the_digest_sends_n
     plain = build_message(_send_request(), now=NOW)
     message = BytesParser(policy=email_policy.default).parsebytes(plain.data)
     assert all(message.get(name) is None for name in RELAY_HEADERS.values())
-    assert relay_header("none", KEY) is None
+    assert relay_header("none", KEY, MID) is None
     with pytest.raises(BuildError, match="unknown SMTP relay"):
         build_message(_send_request(), now=NOW, relay="sparkpost")
     # The check on the bytes itself: another digest, or the header twice, is refused.
     rendered = build_message(_send_request(), now=NOW, relay="mailgun")
     with pytest.raises(BuildError, match="X-Mailgun-Variables"):
-        _verify_relay_header(rendered.data, False, "mailgun", key_digest("another:key"))
+        _verify_relay_header(rendered.data, False, "mailgun", key_tag("another:key", MID))
     head, _, body = rendered.data.partition(b"\r\n\r\n")
     twice = head + b"\r\nX-Mailgun-Variables: {}\r\n\r\n" + body
     with pytest.raises(BuildError):
-        _verify_relay_header(twice, False, "mailgun", key_digest(KEY))
+        _verify_relay_header(twice, False, "mailgun", key_tag(KEY, MID))
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ def test_an_agents_send_over_mcp_waits_for_a_person_approved_in_chromium_and_arr
     assert agent["failures"]["feed_only"] is True and "only be in its event feed" in agent["failures"]["note"]
     asked = request(run_id="run-agent", step_id="welcome", to=["Ada <ada@example.com>"], subject="Welcome, Ada")
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=mcp_env(db_url, agent["key"])
+        command=sys.executable, args=["-m", "tests.child", "mcp"], env=mcp_env(db_url, agent["key"])
     )
 
     with DevSmtpServer() as sink, serve_process(db_url) as served, worker(db_url, sink, tmp_path):
@@ -174,7 +174,7 @@ def test_a_key_whose_approval_is_never_sends_over_mcp_without_a_person(db_url, t
     asked = request(run_id="run-never", step_id="welcome", to=["Bea <bea@example.com>"], subject="Welcome, Bea")
     # An installation rule that holds this send under the key's `policy`: Bea is a first contact.
     env = mcp_env(db_url, agent["key"], EVQ_APPROVAL_FIRST_CONTACT="address")
-    server = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
+    server = StdioServerParameters(command=sys.executable, args=["-m", "tests.child", "mcp"], env=env)
 
     with DevSmtpServer() as sink, worker(db_url, sink, tmp_path):
 

@@ -69,7 +69,7 @@ async def test_tools_and_their_schemas_come_from_the_cli_definitions(db_url):
         "evq_events_list",
         "evq_deliveries_list",
         "evq_steps_cancel",
-    }  # approve and deny only with EVQ_MCP_APPROVE (test_an_agent_over_mcp_never_approves...)
+    }  # approve and deny only with EVQ_MCP_TOOLS=approve (test_an_agent_over_mcp_never_approves...)
     assert tools["evq_events_list"].input_schema == command_input("events.list")
     assert tools["evq_deliveries_list"].input_schema == command_input("deliveries.list")
     send = tools["evq_steps_enqueue"].input_schema
@@ -263,7 +263,7 @@ async def test_evq_mcp_over_stdio(db_url):
     """The real command, as an MCP client starts it: stdout carries only the protocol."""
     agent = await key(db_url, "bot", "agent", created_by=None)
     env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": agent, "EVQ_LOG_FORMAT": "json"}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.child", "mcp"], env=env)
     async with Client(params) as c:
         listed = {t.name: t for t in (await c.list_tools()).tools}
         # The hints travel over the real protocol (camelCase on the wire, the SDK's fields here).
@@ -281,7 +281,7 @@ async def test_the_mcp_server_says_which_evq_it_is_over_stdio(db_url):
 
     env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_LOG_FORMAT": "json"}
     env.pop("EVQ_API_KEY", None)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.child", "mcp"], env=env)
     async with Client(params) as c:
         info = c.server_info
         assert (info.name, info.version) == ("evq", __version__) and __version__

@@ -22,7 +22,7 @@ class Wire:
     def __init__(self, db_url: str, key: str, **extra_env: str):
         env = {**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key, "EVQ_LOG_FORMAT": "json", **extra_env}
         self.proc = spawn(
-            [sys.executable, "-m", "evq.ops.cli", "mcp"],
+            [sys.executable, "-m", "tests.child", "mcp"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ interface that offers its action, each on a step of its own in the row's state:
   be drawn exactly when its action is allowed), the step list's bulk preview and apply, and
   the unknown queue's bulk close, with a session signed in by that key and its CSRF token;
 - MCP through the SDK's client (in process; the admin's over real stdio, `evq mcp`), with
-  EVQ_MCP_APPROVE and EVQ_MCP_RESOLVE on;
+  EVQ_MCP_TOOLS=approve,resolve;
 - for approve, the store's own statement (step_approve), which refuses the enqueuing key too.
 
 A refusal must change nothing; what is done must be recorded under the caller's key name, so
@@ -253,10 +253,10 @@ class McpClients:
         from evq.ops.mcp.server import build_server
         from evq.ops.settings import Settings
 
-        w, switches = self.world, {"EVQ_MCP_APPROVE": "true", "EVQ_MCP_RESOLVE": "true"}
+        w, switches = self.world, {"EVQ_MCP_TOOLS": "approve,resolve"}
         if name == CHILD:
             env = {**os.environ, "EVQ_DATABASE_URL": w.db, "EVQ_API_KEY": w.keys[name], "EVQ_LOG_FORMAT": "json"}
-            child = StdioServerParameters(command=sys.executable, args=["-m", "evq.ops.cli", "mcp"], env=env | switches)
+            child = StdioServerParameters(command=sys.executable, args=["-m", "tests.child", "mcp"], env=env | switches)
             return await stack.enter_async_context(Client(child))
         settings = Settings.load(env=switches, database_url=w.db)
         server = build_server(w.store, settings, w.keys[name], health=PostgresHealth(w.db))

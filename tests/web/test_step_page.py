@@ -63,7 +63,7 @@ def test_the_chosen_zone_changes_every_times_title_and_an_unknown_zone_is_refuse
 
 def test_an_unknown_default_zone_stops_serve_at_startup_with_a_clear_error(db_url):
     proc = subprocess.run(
-        [sys.executable, "-m", "evq.ops.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "tests.child", "serve", "--port", str(free_port())],
         env={**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_OPS_TIMEZONE": "Mars/Olympus"},
         capture_output=True,
         text=True,
@@ -229,7 +229,7 @@ def test_the_cli_line_beside_each_action_is_the_command_table_s_and_does_the_sam
     argv = shlex.split(lines["rejected"])
     assert argv[0] == "evq"
     ran = subprocess.run(
-        [sys.executable, "-m", "evq.ops.cli", *argv[1:], "-o", "json"],
+        [sys.executable, "-m", "tests.child", *argv[1:], "-o", "json"],
         env={**os.environ, "EVQ_DATABASE_URL": db_url, "EVQ_API_KEY": key},
         capture_output=True,
         text=True,

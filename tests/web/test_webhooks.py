@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from evq.ops.web.webhooks import RECEIVED
-from evq.worker.delivery import key_digest
+from evq.worker.delivery import key_tag
 from tests import providerhooks as hooks
 from tests.acceptance.conftest import make_key
 from tests.support import evidence_kinds, rows, sample, scrape, step_row, unknown_steps, wait_until, with_store
@@ -51,7 +51,11 @@ class Case:
 
 def resend_case(_sns: Any) -> Case:
     def event(step: Any) -> dict[str, Any]:
-        data = {"email_id": "re_1", "to": ["u@example.com"], "tags": {"evq_key": key_digest(step.idempotency_key)}}
+        data = {
+            "email_id": "re_1",
+            "to": ["u@example.com"],
+            "tags": {"evq_key": key_tag(step.idempotency_key, step.message_id)},
+        }
         return {"type": "email.delivered", "created_at": "2026-12-01T10:00:00Z", "data": data}
 
     def sign(step: Any, *, old: bool = False) -> Signed:
@@ -75,7 +79,7 @@ def sendgrid_case(_sns: Any) -> Case:
                 "sg_event_id": "sg-" + step.step_id,
                 "email": "u@example.com",
                 "timestamp": hooks.now_unix(),
-                "evq_key": key_digest(step.idempotency_key),
+                "evq_key": key_tag(step.idempotency_key, step.message_id),
                 "smtp-id": step.message_id,
             }
         ]
@@ -98,7 +102,7 @@ def postmark_case(_sns: Any) -> Case:
             "MessageID": "pm-" + step.step_id,
             "Recipient": "u@example.com",
             "DeliveredAt": "2026-12-01T10:00:00Z",
-            "Metadata": {"evq_key": key_digest(step.idempotency_key)},
+            "Metadata": {"evq_key": key_tag(step.idempotency_key, step.message_id)},
         }
 
     def sign(step: Any, *, old: bool = False) -> Signed:
@@ -125,7 +129,7 @@ def mailgun_case(_sns: Any) -> Case:
             "event": "delivered",
             "timestamp": hooks.now_unix(),
             "recipient": "u@example.com",
-            "user-variables": {"evq_key": key_digest(step.idempotency_key)},
+            "user-variables": {"evq_key": key_tag(step.idempotency_key, step.message_id)},
             "message": {"headers": {"message-id": step.message_id.strip("<>")}},
         }
 
@@ -257,7 +261,7 @@ def test_a_database_refusing_writes_answers_503_and_the_providers_retry_lands(db
             "id": "mg-ro",
             "event": "delivered",
             "timestamp": hooks.now_unix(),
-            "user-variables": {"evq_key": key_digest(step.idempotency_key)},
+            "user-variables": {"evq_key": key_tag(step.idempotency_key, step.message_id)},
         }
     )
     read_only(db_url, True)
@@ -365,7 +369,11 @@ def test_guessing_webhook_credentials_is_throttled_per_address(db_url):
     """Postmark's credentials are a password: wrong guesses count against the client's address
     as wrong API keys do (EVQ_SERVE_AUTH_FAILURES), then even the right one is 429 for a while."""
     step = make_unknown(db_url)
-    record = {"RecordType": "Delivery", "MessageID": "pm-t", "Metadata": {"evq_key": key_digest(step.idempotency_key)}}
+    record = {
+        "RecordType": "Delivery",
+        "MessageID": "pm-t",
+        "Metadata": {"evq_key": key_tag(step.idempotency_key, step.message_id)},
+    }
     settings = {
         "webhook_postmark_user": hooks.POSTMARK_USER,
         "webhook_postmark_password": hooks.POSTMARK_PASSWORD,

@@ -20,8 +20,8 @@ Each part of the core asks for the role it uses, so a test fake implements only 
 
 :class:`WorkerStore` is what a worker is given, :class:`AppStore` what every interface is
 given, and :class:`Store` is every store role in one: the PostgreSQL store
-(adapters/postgres/store.py) and the in-memory fake (tests/memstore.py) both satisfy it,
-and the conformance suite (tests/conformance/) runs one set of tests against both.
+(adapters/postgres/store.py) satisfies it, and the conformance suite (tests/conformance/)
+holds it to these ports.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,10 +11,8 @@ from evq.adapters.postgres.notices import delivery_notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all, json_text
 from evq.worker import metrics
-from evq.worker.delivery import PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent
+from evq.worker.delivery import PROVES_ACCEPTED, TELLS_NOTIFY, DeliveryEvent, split_tag
 from evq.worker.ports.deliveries import DeliveryRecorded
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def settled_message(event: DeliveryEvent) -> str:
@@ -26,7 +23,9 @@ def settled_message(event: DeliveryEvent) -> str:
 def delivery_params(
     event: DeliveryEvent, *, actor: str, now: datetime | None, step_providers: Collection[str] = ()
 ) -> dict[str, Any]:
-    digest = (event.key_digest or "").lower()
+    # The tag's two parts (worker/delivery.py, key_tag): the key's digest finds the step, the
+    # Message-ID's part makes it this installation's; only a well-formed tag is looked up.
+    tag = split_tag(event.key_digest)
     return {
         "now": now,
         "step_providers": sorted(step_providers),
@@ -35,7 +34,8 @@ def delivery_params(
         "type": event.type,
         "occurred_at": event.occurred_at,
         # Only a well-formed digest is looked up (anything else cannot be one evq made).
-        "digest": bytes.fromhex(digest) if _HEX64.match(digest) else None,
+        "digest": bytes.fromhex(tag[0]) if tag else None,
+        "message_tag": tag[1] if tag else None,
         "key_digest": event.key_digest,
         "message_id": event.message_id,
         "provider_message_id": event.provider_message_id,
