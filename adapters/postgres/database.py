@@ -338,7 +338,7 @@ def translate(exc: BaseException, url: str | None = None) -> EvqError | None:
         return SchemaMismatch("the database has no evq schema", hint=UPGRADE_HINT)
     if isinstance(exc, pgerr.UniqueViolation):
         constraint = getattr(exc.diag, "constraint_name", None) or ""
-        if constraint.startswith("uq_email_steps"):
+        if constraint.startswith("uq_email_steps") or constraint == "uq_step_keys_message_id":
             return IdempotencyConflict(
                 "a step with this key, Message-ID or run_id/step_id already exists", context={"constraint": constraint}
             )

@@ -52,6 +52,7 @@ PACKAGE_DATA = [
     "evq/ops/web/templates/base.html",
     "evq/ops/web/templates/login.html",
     "evq/ops/web/static/ops.css",
+    "evq/ops/web/static/desk.js",
 ]
 
 pytestmark = pytest.mark.slow
