@@ -72,11 +72,9 @@ def forget_database() -> None:
 def check_database(url: str) -> None:
     """E_SCHEMA_MISMATCH unless the database is at this evq's head revision; E_INVALID_ARG
     unless its transactions start READ COMMITTED (adapters/postgres/isolation.py)."""
-    from evq.adapters.postgres import isolation
-    from evq.adapters.postgres.database import check_at_head as at_head
+    from evq.adapters.postgres.database import check_at_start
 
-    at_head(url)
-    isolation.check(url)
+    check_at_start(url)
 
 
 # The backoff of a starting process waiting for its database: short at first (a restart takes

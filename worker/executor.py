@@ -9,7 +9,9 @@ the conservative answer that never leads to a silent second send.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+import weakref
 
 from evq.worker import metrics
 from evq.worker.logs import get_logger
@@ -30,6 +32,9 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
     """
     started = time.perf_counter()
     loop = asyncio.get_running_loop()
+    watch = _watches.get(loop)
+    if watch is None:
+        watch = _watches[loop] = _Watch(loop)
     outcome: Outcome
     try:
         async with asyncio.timeout(None) as timeout:
@@ -38,12 +43,11 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
             # deadline only arms a short grace, measured from when the loop runs again.
             # The grace is also what an adapter that enforces the deadline itself
             # (worker/deadline.py) gets to report how far a cut-off send had got.
-            grace = BACKSTOP_GRACE
-            arm = loop.call_later(deadline, lambda: timeout.reschedule(loop.time() + grace))
+            key = watch.add(loop.time() + deadline, timeout)
             try:
                 outcome = await provider.send(request)
             finally:
-                arm.cancel()
+                watch.remove(key)
     except TimeoutError as exc:
         if timeout.expired():
             outcome = Unknown(
@@ -64,6 +68,57 @@ async def attempt(provider: Provider, request: SendRequest, *, deadline: float) 
     if isinstance(outcome, Accepted) and (refused := refused_recipients(outcome.response)):
         metrics.RECIPIENTS_REFUSED.labels(provider=provider.name).inc(len(refused))
     return outcome, elapsed * 1000.0
+
+
+class _Watch:
+    """The deadlines of every attempt in flight on one event loop, behind one timer set for the
+    earliest. A timer per attempt cost a push and a pop on the loop's heap of timers, each
+    comparing handles in Python, on every send; here a send costs a dict entry, and the timer
+    moves only when an attempt's deadline comes before every other's (attempts are claimed in
+    order, so their deadlines mostly come later). When it fires, every attempt past its deadline
+    gets the grace (its timeout rescheduled), as a timer of its own would have given it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.entries: dict[int, tuple[float, asyncio.Timeout]] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.armed_at = math.inf
+        self._next = 0
+
+    def add(self, when: float, timeout: asyncio.Timeout) -> int:
+        key = self._next = self._next + 1
+        self.entries[key] = (when, timeout)
+        if when < self.armed_at:
+            self._arm(when)
+        return key
+
+    def remove(self, key: int) -> None:
+        self.entries.pop(key, None)
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(when, self._fire)
+        self.armed_at = when
+
+    def _fire(self) -> None:
+        self.timer = None
+        self.armed_at = math.inf
+        # The loop runs a timer up to its clock's resolution early: a millisecond of slack,
+        # so a deadline reached is never put off to a timer of its own.
+        now = self.loop.time()
+        later = math.inf
+        for key, (when, timeout) in list(self.entries.items()):
+            if when <= now + 0.001:
+                del self.entries[key]
+                timeout.reschedule(now + BACKSTOP_GRACE)
+            else:
+                later = min(later, when)
+        if later < math.inf:
+            self._arm(later)
+
+
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watch] = weakref.WeakKeyDictionary()
 
 
 def _raised(provider: Provider, exc: BaseException) -> Outcome:

@@ -15,7 +15,9 @@ from evq.worker.errors import ConfigError
 
 # The top-level modules each extra brings (and those they bring that evq imports by name).
 EXTRAS: dict[str, frozenset[str]] = {
-    "serve": frozenset({"fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "anyio"}),
+    "serve": frozenset(
+        {"fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "anyio", "itsdangerous"}
+    ),
     "mcp": frozenset({"mcp", "pydantic", "anyio"}),
     "http": frozenset({"httpx", "httpcore"}),
     "ses": frozenset({"boto3", "botocore", "httpx", "httpcore"}),

@@ -8,6 +8,7 @@ into an exception message still never reaches a log line (invariant 7).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterable, Mapping
@@ -66,13 +67,29 @@ class _Stderr:
         sys.stderr.flush()
 
 
+def _fallback(obj: Any) -> Any:
+    """What JSON cannot say of a value, as structlog's JSONRenderer says it: its own
+    ``__structlog__()``, else its repr."""
+    structlog_form = getattr(obj, "__structlog__", None)
+    return structlog_form() if callable(structlog_form) else repr(obj)
+
+
+# One encoder for every line: json.dumps(..., default=...) builds a new encoder per call, and
+# a worker logs a line per accepted send.
+_ENCODER = json.JSONEncoder(default=_fallback)
+
+
+def _encode(event: Any, **_: Any) -> str:
+    return _ENCODER.encode(event)
+
+
 def configure(fmt: str = "auto", level: str = "info") -> None:
     renderer: Any
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     if use_console:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     else:
-        renderer = structlog.processors.JSONRenderer()
+        renderer = structlog.processors.JSONRenderer(serializer=_encode)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -84,8 +101,10 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        # PrintLogger only writes and flushes, which _Stderr does; it is no whole TextIO (no read, fileno...).
-        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
+        # WriteLogger writes a line in one write (print() writes the text and its newline apart,
+        # two system calls on an unbuffered stderr) and flushes, which _Stderr does; it is no
+        # whole TextIO (no read, fileno...).
+        logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     _route_stdlib(renderer, level)

@@ -32,7 +32,10 @@ class CallbackPoster:
     def __init__(self, *, timeout: float = 5.0, allow_private: bool = False):
         self.timeout = timeout
         self.allow_private = allow_private
-        self._tls = ssl.create_default_context()
+        # Made at the first https callback, not at start-up: most workers have no API key with
+        # a notify URL, and reading and parsing the CA bundle was a real share of a worker's
+        # spawn to first claim.
+        self._tls: ssl.SSLContext | None = None
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
         parts = urlsplit(url)
@@ -54,6 +57,8 @@ class CallbackPoster:
         host, port = parts.hostname or "", parts.port
         conn: http.client.HTTPConnection
         if parts.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
             conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=self._tls)
         else:
             conn = http.client.HTTPConnection(host, port, timeout=self.timeout)

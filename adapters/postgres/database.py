@@ -243,11 +243,30 @@ def _upgrade_from_0_2(url: str) -> dict[str, Any]:
 
 def current_revision(url: str) -> str | None:
     with translated(url), psycopg.connect(url, **connect_kwargs()) as conn:
-        try:
-            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        except pgerr.UndefinedTable:
-            return None
-        return row[0] if row else None
+        return _revision(conn)
+
+
+def _revision(conn: psycopg.Connection[Any]) -> str | None:
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except pgerr.UndefinedTable:
+        return None
+    return row[0] if row else None
+
+
+def check_at_start(url: str) -> None:
+    """:func:`check_at_head` and the isolation check (adapters/postgres/isolation.py) of a starting
+    process on one connection (they were two), when the database is at head; anything else goes
+    the long way, which says what is wrong."""
+    from evq.adapters.postgres import isolation
+
+    head = head_revision()
+    with translated(url), psycopg.connect(url, autocommit=True, **connect_kwargs()) as conn:
+        if _revision(conn) == head:
+            isolation.check_on(conn)
+            return
+    check_at_head(url)
+    isolation.check(url)
 
 
 def check_at_head(url: str) -> str:
@@ -319,7 +338,7 @@ def translate(exc: BaseException, url: str | None = None) -> EvqError | None:
         return SchemaMismatch("the database has no evq schema", hint=UPGRADE_HINT)
     if isinstance(exc, pgerr.UniqueViolation):
         constraint = getattr(exc.diag, "constraint_name", None) or ""
-        if constraint.startswith("uq_email_steps"):
+        if constraint.startswith("uq_email_steps") or constraint == "uq_step_keys_message_id":
             return IdempotencyConflict(
                 "a step with this key, Message-ID or run_id/step_id already exists", context={"constraint": constraint}
             )

@@ -75,6 +75,11 @@ def check(url: str) -> None:
         _raise(conn.execute(Q["isolation_default"]).fetchone())
 
 
+def check_on(conn: psycopg.Connection[Any]) -> None:
+    """:func:`check` on a connection already open (a starting process's one check connection)."""
+    _raise(conn.cursor(row_factory=dict_row).execute(Q["isolation_default"]).fetchone())
+
+
 async def require(conn: psycopg.AsyncConnection) -> None:
     """:func:`check` on a connection a store's pool lent."""
     cur = await conn.cursor(row_factory=dict_row).execute(Q["isolation_default"])

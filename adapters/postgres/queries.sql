@@ -34,7 +34,7 @@ WITH t AS (
     FROM ids, t
     WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = %(idempotency_key)s)
       AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s)
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id
 ), step AS (
     INSERT INTO email_steps (
@@ -89,7 +89,7 @@ WHERE p.idempotency_key = %(idempotency_key)s AND p.pruned_at IS NOT NULL AND NO
 
 -- name: step_enqueue_many
 -- Many ledger rows, decisions and steps in one statement (batch enqueue), the same rules as
--- step_enqueue: the key ledger first (ON CONFLICT DO NOTHING: a key it holds gets no step), one
+-- step_enqueue: the key ledger first (ON CONFLICT on its key: a key it holds gets no step), one
 -- request per run and step ids (the first; a second under another key would meet
 -- uq_email_steps_run_id_step_id), then a step for each ledger row written and a decision for
 -- each step, one notification per provider. The reads of email_steps see the statement's
@@ -130,7 +130,7 @@ WITH t AS (
     FROM fresh f, t
     -- In request order: of two requests with one key, the first is written.
     ORDER BY f.ord
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id
 ), step AS (
     INSERT INTO email_steps (
@@ -893,7 +893,7 @@ WITH t AS (
     FROM n, t
     WHERE NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.idempotency_key = n.idempotency_key)
       AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.run_id = n.run_id AND s.step_id = n.step_id)
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id
 ), step AS (
     INSERT INTO email_steps (
@@ -1011,10 +1011,10 @@ SELECT count(*)::int AS n FROM checked;
 -- provider sent it before (UNIQUE (provider, event_id): a concurrent duplicate waits for
 -- the first and then writes nothing); matched to its step by the evq_key tag (worker/delivery.py,
 -- key_tag): the key's digest (the SHA-256 of the key's bytes: exactly the expression of the
--- hash index ix_email_steps_key_sha256) and the part of the Message-ID's digest, which another
--- installation's step with the same key does not share (a bare digest, as evq 0.2.0 sent it,
--- names only a step 0.2.0 made: below wire_keys_from); else by Message-ID; the step, if still
--- unknown and the
+-- hash index ix_step_keys_key_sha256, on the key ledger) and the part of the Message-ID's digest,
+-- which another installation's step with the same key does not share (a bare digest, as evq 0.2.0
+-- sent it, names only a step 0.2.0 made: below wire_keys_from); else by Message-ID
+-- (uq_step_keys_message_id); the step, if still unknown and the
 -- type proves the provider had it, closed accepted (reason webhook) exactly as
 -- step_reconcile_found closes it, guarded by the state; and one delivery_event evidence
 -- row on the matched step, which carries the close when there was one. The key_events
@@ -1025,14 +1025,18 @@ SELECT count(*)::int AS n FROM checked;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), named AS (
-    SELECT 1 AS probe, s.id, s.provider FROM email_steps s
-    WHERE %(digest)s::bytea IS NOT NULL
-      AND sha256(decode(replace(s.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
+    -- Through the key ledger (insert-once, where both indexes live), to the step it still holds.
+    SELECT 1 AS probe, s.id, s.provider
+    FROM step_keys k JOIN email_steps s ON s.id = k.id
+    WHERE %(digest)s::bytea IS NOT NULL AND k.pruned_at IS NULL
+      AND sha256(decode(replace(k.idempotency_key, '\', '\\'), 'escape')) = %(digest)s::bytea
       AND CASE WHEN %(message_tag)s::text IS NULL
                THEN s.id < (SELECT p.wire_keys_from FROM api_key_pepper p WHERE p.id = 1)
-               ELSE left(encode(sha256(convert_to(s.message_id, 'UTF8')), 'hex'), 12) = %(message_tag)s::text END
+               ELSE left(encode(sha256(convert_to(k.message_id, 'UTF8')), 'hex'), 12) = %(message_tag)s::text END
     UNION ALL
-    SELECT 2, s.id, s.provider FROM email_steps s WHERE s.message_id = %(message_id)s
+    SELECT 2, s.id, s.provider
+    FROM step_keys k JOIN email_steps s ON s.id = k.id
+    WHERE k.message_id = %(message_id)s AND k.pruned_at IS NULL
 ), m AS (
     SELECT (SELECT n.id FROM named n WHERE n.provider = ANY(%(step_providers)s::text[])
             ORDER BY n.probe LIMIT 1) AS step_id,
@@ -1262,7 +1266,8 @@ WITH t AS (
       AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
            OR (%(search_recipient)s::text IS NOT NULL
                AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-           OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+           OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
            OR b.provider_message_id = %(search)s::text
            OR b.idempotency_key = %(search)s::text
            OR b.run_id = %(search)s::text)
@@ -1424,7 +1429,8 @@ WITH base AS NOT MATERIALIZED (
             AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
                OR (%(search_recipient)s::text IS NOT NULL
                    AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-               OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+               OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
                OR b.provider_message_id = %(search)s::text
                OR b.idempotency_key = %(search)s::text
                OR b.run_id = %(search)s::text)
@@ -1440,7 +1446,8 @@ WITH base AS NOT MATERIALIZED (
              AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
                OR (%(search_recipient)s::text IS NOT NULL
                    AND evq_recipient_keys(b.payload) @> ARRAY[%(search_recipient)s::text])
-               OR (%(search_message_id)s::text IS NOT NULL AND b.message_id = %(search_message_id)s::text)
+               OR b.id = (SELECT k.id FROM step_keys k
+                       WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
                OR b.provider_message_id = %(search)s::text
                OR b.idempotency_key = %(search)s::text
                OR b.run_id = %(search)s::text)

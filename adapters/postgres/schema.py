@@ -133,7 +133,9 @@ email_steps = Table(
     Column("unknown_since", TZ),
     Column("closed_at", TZ),
     UniqueConstraint("idempotency_key"),
-    UniqueConstraint("message_id"),
+    # The Message-ID's uniqueness and the webhook matcher's key digest are the key ledger's
+    # (step_keys, below), written once at enqueue: an index here gets a new entry on every
+    # transition of the row (each one a non-HOT update), two per send.
     UniqueConstraint("run_id", "step_id"),
     CheckConstraint(_in("status", STATUSES), name="status"),
     CheckConstraint("(status IN ('accepted', 'rejected')) = (closed_at IS NOT NULL)", name="closed_iff_terminal"),
@@ -225,20 +227,6 @@ Index(
     email_steps.c.closed_at,
     email_steps.c.id,
     postgresql_where=text("status IN ('accepted', 'rejected') AND content_redacted_at IS NULL"),
-)
-# A webhook's event matched by the key digest it echoes: the SHA-256 of the key's
-# bytes (UTF-8: the baseline refuses another encoding), built-ins only, so the enqueue
-# statement writes nothing more and the digest can never disagree with the key. Hash:
-# equality is all it is asked (queries.sql's delivery_record uses the same expression).
-Index(
-    "ix_email_steps_key_sha256",
-    func.sha256(
-        func.decode(
-            func.replace(email_steps.c.idempotency_key, literal("\\"), literal("\\\\")),
-            literal("escape"),
-        )
-    ),
-    postgresql_using="hash",
 )
 # The search box: every recipient address and its "@domain", through the immutable function
 # migrations/baseline/search.sql creates (queries.sql's step_list matches with the same expression).
@@ -719,3 +707,31 @@ step_keys = Table(
 )
 # `evq steps show` of a pruned step's id (step_pruned in queries.sql): the one read by id.
 Index(None, step_keys.c.id)
+# A Message-ID names one step (a webhook's event matched by it, delivery_record; the search
+# box's Message-ID, step_list and step_count_by_status). On the ledger, written once at
+# enqueue, not on email_steps, whose every transition would write it again. Partial: only
+# the keys of steps still kept, as on email_steps before; the prune's update of the row leaves
+# it and VACUUM takes its entry, so the two indexes do not grow with the ledger for ever.
+# Message-IDs begin with their enqueue time (worker/enqueue.py, new_message_id), so inserts
+# land at the index's right edge.
+Index(
+    "uq_step_keys_message_id",
+    step_keys.c.message_id,
+    unique=True,
+    postgresql_where=text("pruned_at IS NULL"),
+)
+# A webhook's event matched by the key digest it echoes (delivery_record): the SHA-256 of the
+# key's bytes (UTF-8: the baseline refuses another encoding), built-ins only, so the enqueue
+# statement writes nothing more and the digest can never disagree with the key. Hash:
+# equality is all it is asked. On the ledger and partial, for the reasons above.
+Index(
+    "ix_step_keys_key_sha256",
+    func.sha256(
+        func.decode(
+            func.replace(step_keys.c.idempotency_key, literal("\\"), literal("\\\\")),
+            literal("escape"),
+        )
+    ),
+    postgresql_using="hash",
+    postgresql_where=text("pruned_at IS NULL"),
+)

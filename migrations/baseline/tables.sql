@@ -261,6 +261,8 @@ CREATE TABLE step_keys (
     CONSTRAINT ck_step_keys_pruned_with_its_end CHECK ((pruned_at IS NULL) = (status IS NULL) AND (pruned_at IS NULL) = (closed_at IS NULL))
 );
 CREATE INDEX ix_step_keys_id ON step_keys (id);
+CREATE INDEX ix_step_keys_key_sha256 ON step_keys USING hash (sha256(decode(replace(idempotency_key, '\', '\\'), 'escape'))) WHERE pruned_at IS NULL;
+CREATE UNIQUE INDEX uq_step_keys_message_id ON step_keys (message_id) WHERE pruned_at IS NULL;
 
 CREATE TABLE worker_heartbeats (
     owner TEXT NOT NULL,
@@ -333,7 +335,6 @@ CREATE TABLE email_steps (
     requested_sha256 TEXT,
     CONSTRAINT pk_email_steps PRIMARY KEY (id),
     CONSTRAINT uq_email_steps_idempotency_key UNIQUE (idempotency_key),
-    CONSTRAINT uq_email_steps_message_id UNIQUE (message_id),
     CONSTRAINT uq_email_steps_run_id_step_id UNIQUE (run_id, step_id),
     CONSTRAINT ck_email_steps_status CHECK (status IN ('held', 'pending', 'in_flight', 'retryable', 'unknown', 'accepted', 'rejected')),
     CONSTRAINT ck_email_steps_closed_iff_terminal CHECK ((status IN ('accepted', 'rejected')) = (closed_at IS NOT NULL)),
@@ -363,7 +364,6 @@ CREATE INDEX ix_email_steps_claimable ON email_steps (priority DESC, next_attemp
 CREATE INDEX ix_email_steps_content_due ON email_steps (closed_at, id) WHERE status IN ('accepted', 'rejected') AND content_redacted_at IS NULL;
 CREATE INDEX ix_email_steps_decision_id ON email_steps (decision_id) INCLUDE (status, created_at, unknown_since, held_since, id);
 CREATE INDEX ix_email_steps_held ON email_steps (held_since, id) WHERE status = 'held';
-CREATE INDEX ix_email_steps_key_sha256 ON email_steps USING hash (sha256(decode(replace(idempotency_key, '\', '\\'), 'escape')));
 CREATE INDEX ix_email_steps_lease_expiry ON email_steps (lease_expires_at) WHERE status = 'in_flight';
 CREATE INDEX ix_email_steps_notice_of ON email_steps (notice_of) WHERE notice_of IS NOT NULL;
 CREATE INDEX ix_email_steps_provider_message_id ON email_steps (provider_message_id) WHERE provider_message_id IS NOT NULL;

@@ -63,7 +63,7 @@ def upgrade() -> None:
     encoding = db.execute("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()")
     [(name,)] = encoding.fetchall()
     if name not in ("UTF8", "SQL_ASCII"):
-        # ix_email_steps_key_sha256 hashes a key's bytes in the database's encoding, and
+        # ix_step_keys_key_sha256 hashes a key's bytes in the database's encoding, and
         # webhooks echo the SHA-256 of its UTF-8 bytes.
         raise RuntimeError(f"evq needs a UTF8 database (this one is {name}): a key's digest is of its UTF-8 bytes")
     [(before,)] = db.execute("SELECT current_setting('search_path')").fetchall()

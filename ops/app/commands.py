@@ -529,7 +529,7 @@ APPROVAL_HELP = (
     "approves it), policy (the installation's rules: EVQ_APPROVAL_*, the budgets) or never (no rule asks "
     "a person; the budgets still cap it). Default: always for an agent key, policy for the others."
 )
-# ops/bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
+# bench/modes.py's MODES: the table may not import a tool (docs/design.md, "Layout and dependency direction");
 # tests/unit/test_commands.py checks the two agree.
 BENCH_MODES = ("drain", "latency", "enqueue", "pickup", "scale", "ceiling", "peer", "ops-pages", "retention")
 

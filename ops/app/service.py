@@ -568,11 +568,13 @@ async def list_steps(
     offset: int = 0,
     now: datetime | None = None,
     unresolvable: Collection[str] | None = None,
+    ids: tuple[int, ...] = (),
 ) -> Reply:
     """Steps, unknown ones oldest first (the operator's queue), the rest newest first; each
-    with its verdict (``unresolvable``: :func:`verdict_view`)."""
+    with its verdict (``unresolvable``: :func:`verdict_view`). ``ids``: only these (the rows a
+    list's boxes picked)."""
     now = now or datetime.now(UTC)
-    where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset)
+    where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset, ids=ids)
     await caller.identify(store, Permission.READ)
     rows, total = await store.list_steps(where, now=now)
     states = await store.delivery_states([r.id for r in rows])

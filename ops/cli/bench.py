@@ -1,4 +1,6 @@
-"""evq admin bench (formerly `evq bench`): measure evq against the raw SQL ceiling and its peers (pgqueuer, DBOS Transact) on this machine."""
+"""evq admin bench (formerly `evq bench`): measure evq against the raw SQL ceiling and its peers (pgqueuer, DBOS
+Transact) on this machine. The benchmark is a tool of the repository (bench/, `python -m bench`), not of the
+installed package: this command runs it from the checkout this evq was imported from, and says so elsewhere."""
 
 from __future__ import annotations
 
@@ -9,7 +11,24 @@ from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
 from evq.ops.cli.table import from_table
-from evq.worker.errors import InvalidRequest
+from evq.worker.errors import ConfigError, InvalidRequest
+
+
+def checkout_bench() -> None:
+    """Put the checkout holding this evq (and its bench/) first on the path, or refuse."""
+    import os
+    import sys
+
+    import evq
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(evq.__file__)))
+    if not os.path.isfile(os.path.join(root, "bench", "harness.py")):
+        raise ConfigError(
+            "the benchmark is a tool of evq's repository, not of the installed package",
+            hint="run it from a checkout: git clone evq; pip install -e '.[bench]'; python -m bench --quick",
+        )
+    if root not in sys.path:
+        sys.path.insert(0, root)
 
 
 @from_table("admin.bench", admin)
@@ -26,7 +45,8 @@ def bench_cmd(
     peer: str,
     database_url: str | None,
 ) -> None:
-    from evq.ops.bench.harness import Bench, BenchConfig, human
+    checkout_bench()
+    from bench.harness import Bench, BenchConfig, human
 
     settings = load_settings(database_url=database_url)
     url = wiring.database_url(settings)

@@ -32,8 +32,6 @@ OUTCOME_LABELS = {
     "unknown": "unknown",
     "no_answer": "no answer",
 }
-# What a failure is in the providers' flag: every answer but an acceptance, and no answer at all.
-FAILURES = ("rejected", "retryable", "unknown", "no_answer")
 # One fill pattern per series (its class in ops.css gives it a colour too).
 PATTERNS = ("solid", "hatch", "dots", "cross", "stripes")
 
@@ -371,18 +369,6 @@ def line_chart(
 
 def answers(row: Mapping[str, Any]) -> int:
     return sum(int(row[o]) for o in SEND_OUTCOMES)
-
-
-def failing(row: Mapping[str, Any], hours: int) -> str | None:
-    """The words for a provider whose answers in the window are mostly failures, else None."""
-    total = answers(row)
-    failed = sum(int(row[o]) for o in FAILURES)
-    if not total or failed * 2 <= total:
-        return None
-    return (
-        f"{failed} of {_plural(total, 'answer')} in {window_words(hours)} were failures "
-        "(rejected, retryable, unknown or no answer)"
-    )
 
 
 def provider_summary(row: Mapping[str, Any], hours: int) -> str:

@@ -213,9 +213,12 @@ def server_timing(timer: Timer) -> str:
     return ", ".join(entries)
 
 
-# No script at all: every value on the page is text, and nothing can run even if one slipped through.
+# Scripts only from evq serve's own files (ops/web/static/*.js, optional helpers): no inline
+# script, so a value that slipped through as markup still cannot run. connect-src 'self': the
+# lists' live refresh reads the page's own address.
 PAGE_CSP = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 
 

@@ -1,4 +1,5 @@
-"""The ops page's session: a signed cookie (HMAC-SHA256 with a server-side secret), HttpOnly
+"""The ops page's session: a signed cookie (itsdangerous's URL-safe serializer, HMAC with a
+server-side secret: the signed-cookie format Flask and Starlette use, not one of our own), HttpOnly
 and SameSite=Strict, holding which key signed in (its public id, never the key), the key's
 session generation at sign-in, the CSRF token every form must carry back, and the time zone
 the visitor chose for the page's times (none: the server's EVQ_OPS_TIMEZONE).
@@ -30,6 +31,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from itsdangerous import BadSignature, URLSafeSerializer
+
 from evq.worker.keys import Identity
 
 COOKIE = "evq_session"
@@ -55,7 +58,7 @@ class Sessions:
     def __init__(self, secret: str | None, *, max_age: int = MAX_AGE):
         # Unset: a secret of this process alone, so every session ends when it restarts.
         raw = secret.encode() if secret else secrets.token_bytes(32)
-        self._key = hashlib.sha256(b"evq ops-page session v1\0" + raw).digest()
+        self._cookies = URLSafeSerializer(raw, salt="evq ops-page session v1")
         # Its own key: a seal can never pass for a cookie's signature, nor the other way round.
         self._seal_key = hashlib.sha256(b"evq ops-page preview seal v1\0" + raw).digest()
         self.max_age = max_age
@@ -70,28 +73,17 @@ class Sessions:
         )
 
     def dump(self, session: Session) -> str:
-        payload = json.dumps(
-            {
-                "c": session.csrf,
-                "e": session.expires,
-                "k": session.key_id,
-                "g": session.generation,
-                "z": session.tz,
-            },
-            separators=(",", ":"),
-        ).encode()
-        body = base64.urlsafe_b64encode(payload).decode().rstrip("=")
-        return f"{body}.{self._sign(body)}"
+        return self._cookies.dumps(
+            {"c": session.csrf, "e": session.expires, "k": session.key_id, "g": session.generation, "z": session.tz}
+        )
 
     def load(self, cookie: str | None) -> Session | None:
-        """The session in ``cookie`` if its signature holds and it has not expired."""
-        if not cookie or cookie.count(".") != 1 or len(cookie) > 4096:
-            return None
-        body, signature = cookie.split(".")
-        if not hmac.compare_digest(self._sign(body).encode(), signature.encode()):
+        """The session in ``cookie`` if its signature holds and it has not expired (the expiry is
+        the sign-in's, carried in the cookie: re-signing on every answer does not extend it)."""
+        if not cookie or len(cookie) > 4096:
             return None
         try:
-            data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            data = self._cookies.loads(cookie)
             generation, zone = data.get("g"), data.get("z")
             key_id = data.get("k")
             session = Session(
@@ -101,7 +93,7 @@ class Sessions:
                 generation=generation if isinstance(generation, int) else None,
                 tz=zone if isinstance(zone, str) else None,
             )
-        except (ValueError, KeyError, TypeError):
+        except (BadSignature, ValueError, KeyError, TypeError, AttributeError):
             return None
         return session if session.expires > time.time() else None
 
@@ -123,10 +115,6 @@ class Sessions:
         if not seal or len(seal) > 100:
             return False
         return hmac.compare_digest(self.seal(session, purpose, fields).encode(), str(seal).encode())
-
-    def _sign(self, body: str) -> str:
-        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def _lines(text: str) -> str:

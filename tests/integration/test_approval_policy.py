@@ -219,3 +219,44 @@ def test_two_batches_charging_the_same_counters_in_opposite_orders_never_deadloc
     assert errors == []
     used = {r["scope"]: r["used"] for r in rows(db_url, "SELECT scope, used FROM send_budgets")}
     assert used == {"a.example": 48, "b.example": 48}
+
+
+def test_a_batch_of_a_key_at_always_writes_what_one_at_a_time_writes(db_url):
+    """held_many_op (every statement sent for the whole batch at once) against gated_op one
+    request at a time: the same held rows, holds (first contact included) and held evidence; a
+    key repeated in the batch is answered as its first step, one with another payload refused."""
+    from evq.adapters.postgres.enqueue import enqueue_many_op, gated_op, run_sync
+    from evq.worker.enqueue import validate_many
+    from evq.worker.errors import IdempotencyConflict
+    from evq.worker.request import Actor
+
+    policy = gated(first_contact=FirstContact.ADDRESS)
+    key = Actor(interface="python", key_id="k1", name="agent-always", approval="always")
+
+    def batch(run_id: str) -> list:
+        made = [request(run_id=run_id, step_id=f"s{i}", to=[f"u{i}@example.com"]) for i in range(3)]
+        return [replace(v, actor=key) for v in validate_many([*made, made[0]], policy)]
+
+    def stored(run_id: str) -> list:
+        return rows(
+            db_url,
+            "SELECT s.step_id, s.status, s.reason, s.hold, e.kind, e.actor, e.detail FROM email_steps s "
+            "JOIN evidence e ON e.step_id = s.id WHERE s.run_id = %s ORDER BY s.step_id, e.id",
+            (run_id,),
+        )
+
+    with psycopg.connect(db_url) as conn:
+        fast = run_sync(conn, enqueue_many_op(batch("fast"), NOW, policy.approval))
+        slow = [run_sync(conn, gated_op(r, policy.approval, NOW)) for r in batch("slow")]
+        conn.commit()
+    assert [(r.created, r.status) for r in fast] == [(r.created, r.status) for r in slow]
+    assert [r.created for r in fast] == [True, True, True, False] and fast[3].id == fast[0].id
+    assert {r.status for r in fast} == {Status.HELD}
+    assert stored("fast") == stored("slow") and len(stored("fast")) == 3
+    assert [r["rule"] for r in stored("fast")[0]["hold"]["rules"]] == ["always", "first_contact"]
+    assert stored("fast")[0]["kind"] == "held" and stored("fast")[0]["actor"] == "agent-always"
+    # The same key with another payload in a batch: refused, and nothing of the batch stays.
+    changed = batch("fast")
+    changed[3] = replace(changed[3], payload_sha256="0" * 64)
+    with psycopg.connect(db_url) as conn, pytest.raises(IdempotencyConflict):
+        run_sync(conn, enqueue_many_op(changed[1:], NOW, policy.approval))

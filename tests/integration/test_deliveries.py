@@ -159,11 +159,11 @@ async def test_the_key_digest_matches_any_key_text_through_its_index(store, db_u
     with psycopg.connect(db_url) as conn:
         conn.execute("SET enable_seqscan = off")
         plan = conn.execute(
-            "EXPLAIN SELECT id FROM email_steps"
-            " WHERE sha256(decode(replace(idempotency_key, '\\', '\\\\'), 'escape')) = %s",
+            "EXPLAIN SELECT id FROM step_keys"
+            " WHERE sha256(decode(replace(idempotency_key, '\\', '\\\\'), 'escape')) = %s AND pruned_at IS NULL",
             (bytes(32),),
         ).fetchall()
-    assert "ix_email_steps_key_sha256" in "\n".join(r[0] for r in plan)
+    assert "ix_step_keys_key_sha256" in "\n".join(r[0] for r in plan)
 
 
 async def test_the_runtime_role_records_and_reads_delivery_events(roles):

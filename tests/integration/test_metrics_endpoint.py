@@ -14,11 +14,11 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
+from bench import collector as collector_bench
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.queue_stats import QueueStatsReader
 from evq.adapters.postgres.store import PostgresStore
 from evq.ops.app.metrics import QueueCollector, render
-from evq.ops.bench import collector as collector_bench
 from evq.ops.settings import Settings
 from evq.ops.wiring import metrics_endpoint
 from evq.worker.errors import ConfigError, DatabaseUnavailable, StateConflict

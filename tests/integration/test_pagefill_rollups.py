@@ -1,4 +1,4 @@
-"""The ops-pages fill (ops/bench/pagefill.py) leaves the send rollups a running sampler would:
+"""The ops-pages fill (bench/pagefill.py) leaves the send rollups a running sampler would:
 the watermark a few minutes behind now, 7 days kept, and every rolled-up minute's counts the
 evidence's own, so the timed pages read what a running system's pages read (issue 18)."""
 
@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import psycopg
 
+from bench import pagefill
 from evq.adapters.postgres.store import PostgresStore
-from evq.ops.bench import pagefill
 
 # The rollup's classification of an evidence row (queries.sql send_rollup).
 OUTCOME = """CASE e.kind WHEN 'attempt_started' THEN 'attempt' WHEN 'provider_response' THEN e.outcome

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import evq
-from evq.ops.bench import report
-from evq.ops.bench.children import child_environment
-from evq.ops.bench.harness import MEASURE
-from evq.ops.bench.modes import MODES
+from bench import report
+from bench.children import child_environment
+from bench.harness import MEASURE
+from bench.modes import MODES
 
 
 def test_worker_processes_import_this_evq_and_nothing_from_inside_it(monkeypatch):
@@ -48,12 +48,12 @@ def test_the_revision_is_this_checkouts_commit():
 
 
 def test_the_ops_pages_mix_is_exact_and_spread_by_a_permutation():
-    """The fill's mix (ops/bench/pagefill.py): every share of the issue, counts that add up to the
+    """The fill's mix (bench/pagefill.py): every share of the issue, counts that add up to the
     steps, and the per-step status (the SQL's arithmetic) giving exactly those counts, closed and
     unknown steps before the open ones."""
     from collections import Counter
 
-    from evq.ops.bench.pagefill import HEAD, TAIL, Mix, multiplier
+    from bench.pagefill import HEAD, TAIL, Mix, multiplier
 
     big = Mix.of(1_000_000)
     assert big.counts == {
@@ -88,7 +88,7 @@ def test_an_impossible_page_time_fails_loudly_and_a_good_one_is_read():
     import httpx
     import pytest
 
-    from evq.ops.bench.pages import ImpossibleFigure, Measured, Page, percentile, server_ms
+    from bench.pages import ImpossibleFigure, Measured, Page, percentile, server_ms
 
     assert server_ms(httpx.Headers({"server-timing": "app;dur=12.34"}), "p") == 12.34
     assert server_ms(httpx.Headers({"server-timing": "db;dur=3, app;dur=7.5"}), "p") == 7.5
@@ -114,7 +114,7 @@ def test_a_figure_that_cannot_be_right_stops_the_run_naming_it():
 
     import pytest
 
-    from evq.ops.bench.config import Figure, ImpossibleFigure
+    from bench.config import Figure, ImpossibleFigure
     from evq.worker.errors import EvqError
 
     assert issubclass(ImpossibleFigure, EvqError)
@@ -147,7 +147,7 @@ def test_a_figure_that_cannot_be_right_stops_the_run_naming_it():
 
 def _figures(**over: float) -> list:
     """A run's figures, as the modes name them, with the values a test wants."""
-    from evq.ops.bench.config import Figure
+    from bench.config import Figure
 
     v = {
         "d1": 2000.0,
@@ -198,7 +198,7 @@ def _figures(**over: float) -> list:
 
 
 def test_the_targets_are_issue_19s_table_each_met_not_met_or_na():
-    from evq.ops.bench import report
+    from bench import report
 
     figures = _figures()
     report.add_ratios(figures)
@@ -256,7 +256,7 @@ def test_the_targets_are_issue_19s_table_each_met_not_met_or_na():
 
 
 def test_the_latency_bound_is_the_ideal_when_the_drain_is_faster():
-    from evq.ops.bench import report
+    from bench import report
 
     figures = _figures(d1=50_000.0, lat200=3600.0)
     report.add_ratios(figures)
@@ -265,10 +265,43 @@ def test_the_latency_bound_is_the_ideal_when_the_drain_is_faster():
 
 
 def test_dbos_gets_the_bench_servers_address_as_a_url():
-    from evq.ops.bench.dbos_peer import system_url
+    from bench.dbos_peer import system_url
 
     assert system_url("host=127.0.0.1 port=5432 user=postgres dbname=evq_bench_1_3") == (
         "postgresql://postgres@127.0.0.1:5432/evq_bench_1_3"
     )
     assert system_url("host=db user=u password='p@ss w' dbname=x") == "postgresql://u:p%40ss%20w@db/x"
     assert system_url("host=/var/run/postgresql user=u dbname=x") == "postgresql://u@/x?host=%2Fvar%2Frun%2Fpostgresql"
+
+
+def test_the_drains_cost_per_step_counts_index_entries_for_inserts_and_non_hot_updates_only():
+    from bench.footprint import Snapshot, per_step
+
+    # steps: 10 inserted earlier, 10 updates (4 HOT) now, 3 indexes; evidence: 20 inserts, 2 indexes.
+    before = Snapshot(wal=1_000, tables={"steps": (10, 0, 0, 0, 3), "evidence": (0, 0, 0, 0, 2)})
+    after = Snapshot(
+        wal=21_000, tables={"steps": (10, 10, 4, 0, 3), "evidence": (20, 0, 0, 0, 2), "new": (5, 0, 0, 5, 1)}
+    )
+    cost = per_step(before, after, steps=10)
+    assert cost == {
+        "wal_bytes": 2_000.0,
+        "wal_whose": "server",
+        "rows": 4.0,
+        "index_entries": (6 * 3 + 20 * 2 + 5 * 1) / 10,
+        "hot_share": 0.4,
+    }
+    assert per_step(before, after, steps=10, wal=5_000.0)["wal_bytes"] == 500.0
+
+
+def test_the_spawn_and_wal_targets_read_their_figures():
+    from bench.config import Figure
+
+    spawn = Figure("pickup", "evq spawn to first claim", "s", [0.5])
+    spawn.ratios["pgqueuer_spawn"] = 1.25
+    wal = Figure("drain", "evq drain, 2 processes: WAL per step", "bytes", [4_800.0])
+    by = {t["target"]: t for t in report.targets([spawn, wal])}
+    assert by["spawn to first claim / pgqueuer's <= 1.3"]["met"] is True
+    assert (
+        by["WAL per step, 2-process drain <= 2048 bytes"]["value"],
+        by["WAL per step, 2-process drain <= 2048 bytes"]["met"],
+    ) == (4800.0, False)

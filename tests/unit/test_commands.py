@@ -123,7 +123,7 @@ def test_the_http_and_mcp_inputs_are_the_tables():
 
 
 def test_the_bench_modes_are_the_benchmarks():
-    from evq.ops.bench.modes import MODES
+    from bench.modes import MODES
 
     assert tuple(MODES) == BENCH_MODES
 

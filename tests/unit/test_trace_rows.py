@@ -47,3 +47,25 @@ def test_span_is_precise_where_attempts_live():
         "1m",
         "2h01m",
     ]
+
+
+def test_by_step_groups_in_first_seen_order_on_one_axis_and_keeps_the_latest_three_open():
+    from evq.ops.web.page.timeline import by_step
+
+    rows = trace_rows(
+        [
+            event("decision", 0, step=1),
+            event("enqueued", 0, step=1),
+            event("decision", 10, step=2),
+            event("attempt_started", 20, step=1, attempt=1),
+            event("provider_response", 30, step=1, attempt=1),
+            event("enqueued", 40, step=2),
+        ]
+    )
+    first, second = by_step(rows)
+    assert (first["step"], second["step"]) == (1, 2)
+    assert [e["kind"] for e in first["earlier"]] == ["decision"]
+    assert [e["kind"] for e in first["recent"]] == ["enqueued", "attempt_started", "provider_response"]
+    assert second["earlier"] == [] and [e["x"] for e in second["recent"]] == [25.0, 100.0]
+    assert (first["x0"], first["x1"], first["lasted"]) == (0.0, 75.0, "30.0 s")
+    assert by_step([]) == []

@@ -351,6 +351,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
 
 # Reachable without a key on purpose: probes, and what a browser needs to sign in at all.
 OPEN = {("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/ops/login"), ("GET", "/ops/static/ops.css")}
+OPEN |= {("GET", "/ops/static/{name}.js")}  # the page's optional script (ops/web/page/assets.py)
 # The providers' webhooks carry no key: the request's signature is their authentication (tests/web/test_webhooks.py).
 OPEN |= {("POST", "/v1/webhooks/{provider}")}
 

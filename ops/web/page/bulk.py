@@ -12,7 +12,9 @@ from evq.ops.web.page.bulk_actions import changed_since, may_act, sealed_version
 from evq.ops.web.page.common import (
     BULK_MAX,
     check_preview_seal,
+    chosen_verdict,
     filters_of,
+    picked_ids,
     posted,
     preview_seal,
     query_string,
@@ -52,7 +54,12 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     page = {"filters": filters, "posted": values, "query": query_string(filters), "bulk_max": BULK_MAX}
     try:
         await may_act(request, session)  # a preview too: bulk is an operator's or admin's tool
-        selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
+        chosen_verdict(values)
+        # The rows the list's boxes picked, or (only when asked for by name) every row the filter matches.
+        if values.get("scope") == "picked":
+            selection = Selection(statuses=(str(Status.UNKNOWN),), ids=picked_ids(values), limit=BULK_MAX)
+        else:
+            selection = Selection(statuses=(str(Status.UNKNOWN),), filters=filters, limit=BULK_MAX)
         reply = await resolve(request, session, values, selection, dry_run=True)
     except (InvalidRequest, AuthFailed) as exc:
         status, shown = refusal(exc)
@@ -86,6 +93,7 @@ async def bulk_close(request: Request) -> HTMLResponse:
         raise InvalidRequest([{"field": "ids", "message": f"1 to {BULK_MAX} step ids from a preview"}]) from None
     try:
         await may_act(request, session)  # an agent's forged close is E_AUTH_FAILED, as before any seal
+        chosen_verdict(values)
         check_preview_seal(
             request, session, SEAL_PURPOSE, sealed_fields(values, values.get("ids", "")), values.get("seal")
         )

@@ -20,8 +20,10 @@ from evq.ops.web.page.common import (
     app_state,
     caller_of,
     check_preview_seal,
+    chosen_verdict,
     cli_equivalent,
     list_filters,
+    picked_ids,
     posted,
     preview_seal,
     query_string,
@@ -118,7 +120,7 @@ def cli_commands(action: str, ids: list[int], values: dict[str, str], filters: d
     extra = {"verdict": verdict[action]} if action in verdict else {}
     one = looped(COMMANDS[action], note=note, **extra)
     out = [{"label": "exactly these rows", "command": f"for id in {' '.join(map(str, ids))}; do {one}; done"}]
-    if action == "close":
+    if action == "close" and values.get("scope") != "picked":
         chosen = {k: filters.get(k) for k in FILTER_DESTS}
         same = cli_equivalent(
             "steps.resolve", statuses=["unknown"], search=filters.get("q"), **chosen, **extra, note=note
@@ -152,16 +154,21 @@ async def preview_rows(
     than one preview reads."""
     state = app_state(request)
     wanted = statuses(action, tab)
+    # The rows the list's boxes picked (only these, whatever the filter), or every row it matches.
+    picked = picked_ids(values) if values.get("scope") == "picked" else ()
     if not wanted:
         return [], "0"
     counted = await service.list_steps(
-        state.store, caller_of(session), statuses=wanted, filters=searching(filters), limit=BULK_MAX
+        state.store, caller_of(session), statuses=wanted, filters=searching(filters), limit=BULK_MAX, ids=picked
     )
     total, exact = counted.meta["total"], counted.meta["total_exact"]
     if action not in ("close", "retry"):
         return counted.data, f"{total:,}" if exact else f"more than {total:,}"
     posted_as = {**values, "verdict": "retry"} if action == "retry" else values
-    selection = Selection(statuses=wanted, filters=searching(filters), limit=BULK_MAX)
+    if picked:
+        selection = Selection(statuses=wanted, ids=picked, limit=BULK_MAX)
+    else:
+        selection = Selection(statuses=wanted, filters=searching(filters), limit=BULK_MAX)
     rows = (await resolve(request, session, posted_as, selection, dry_run=True)).data["steps"]
     if action == "close":  # every unknown row the filter matches is one a close would take
         return rows, f"{total:,}" if exact else f"more than {total:,}"
@@ -180,6 +187,8 @@ async def bulk_preview(request: Request) -> HTMLResponse:
     try:
         await may_act(request, session)
         action = action_of(values)
+        if action == "close":
+            chosen_verdict(values)
         note_of(values)
         rows, matching = await preview_rows(request, session, action, tab, values, filters)
     except EvqError as exc:
@@ -274,6 +283,8 @@ async def bulk_apply(request: Request) -> HTMLResponse:
     try:
         await may_act(request, session)
         action = action_of(values)
+        if action == "close":
+            chosen_verdict(values)
         note = note_of(values)
         seen = previewed(values)
         within_action(action, values, seen)

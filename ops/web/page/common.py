@@ -363,6 +363,9 @@ async def form(request: Request, session: Session) -> dict[str, str]:
     except Exception:
         raise InvalidRequest([{"field": "$body", "message": "not a form"}]) from None
     values = {k: v for k, v in data.items() if isinstance(v, str)}
+    # The rows a list's boxes picked: one "pick" field each, kept as "id,id,..." (picked_ids reads it).
+    if "pick" in data:
+        values["pick"] = ",".join(v for v in data.getlist("pick") if isinstance(v, str))
     if not session.csrf_ok(values.get("csrf")):
         raise PageError(
             AuthFailed("the form is stale or not from this page (CSRF token)", hint="reload the page and try again"),
@@ -396,12 +399,98 @@ def query_string(filters: dict[str, str | None], **extra: Any) -> str:
     return urlencode({**{k: v for k, v in filters.items() if v}, **{k: v for k, v in extra.items() if v}})
 
 
-def int_param(text: str | None, default: int) -> int:
+class BadRequest(InvalidRequest):
+    """A request no page of ours draws (a list's address with a parameter it does not take or a
+    value it cannot read, a close without a verdict): a 400 naming the field and why."""
+
+
+class Unchosen(BadRequest):
+    """A close posted without a verdict: no form the page draws lets one through (the select is
+    ``required`` with an empty first option: nothing is preselected)."""
+
+
+def list_params(params: Any, allowed: Iterable[str]) -> None:
+    """Refuse (400) a list's address carrying a parameter the list does not take: a mistyped
+    filter silently ignored would show every row as if it had matched."""
+    unknown = sorted(set(params.keys()) - set(allowed))
+    if unknown:
+        raise BadRequest(
+            [
+                {"field": k[:80], "message": f"not a parameter of this list (it takes {', '.join(allowed)})"}
+                for k in unknown
+            ],
+            hint="remove it or fix its name; nothing is ignored silently",
+        )
+
+
+def offset_param(params: Any) -> int:
+    """A list's ``offset``: a whole number from 0; anything else is refused (400), not read as 0."""
+    text = params.get("offset")
+    if text is None or text == "":
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > 2**31 - 1:
+        raise BadRequest([{"field": "offset", "message": f"a whole number from 0, got {text[:40]!r}"}])
+    return int(text)
+
+
+def page_offset(params: Any, allowed: Iterable[str]) -> int:
+    """The offset of a list with no filters of its own (held, a run's trace), after its address
+    is checked (list_params): a refusal is the error page, with its 400."""
     try:
-        value = int(text or default)
+        list_params(params, allowed)
+        return offset_param(params)
+    except BadRequest as exc:
+        raise PageError(exc, 400) from None
+
+
+def as_bad_request(exc: InvalidRequest) -> BadRequest:
+    """A list's filter the service refused (an unreadable --older-than, a search too long), as the
+    page's 400 naming the URL's parameter."""
+    named = service.json_field_names(exc)
+    return BadRequest(
+        [{**f, "field": "q" if f["field"] == "search" else f["field"]} for f in named.errors], hint=named.hint
+    )
+
+
+def chosen_verdict(values: dict[str, str]) -> str:
+    """The verdict a close form posted; refused (Unchosen) when none was chosen, before anything
+    is read: a close has no default verdict, so a note and one click never record a send as
+    accepted (or anything else) that nobody chose."""
+    verdict = (values.get("verdict") or "").strip()
+    if not verdict:
+        raise Unchosen(
+            [{"field": "verdict", "message": "required: choose one (accepted, rejected...); a close has no default"}],
+            hint="pick the verdict you found in the provider's log; nothing was closed",
+        )
+    return verdict
+
+
+def picked_ids(values: dict[str, str]) -> tuple[int, ...]:
+    """The step ids a list's boxes picked (form(): "pick" as "id,id,..."); at least one, at most
+    BULK_MAX, each a step id: anything else is refused (400), never read as "every row"."""
+    try:
+        ids = tuple(dict.fromkeys(int(i) for i in (values.get("pick") or "").split(",") if i.strip()))
+        if not ids or len(ids) > BULK_MAX or not all(1 <= i <= 2**63 - 1 for i in ids):
+            raise ValueError
     except ValueError:
-        return default
-    return min(max(value, 0), 2**31 - 1)
+        raise BadRequest(
+            [{"field": "pick", "message": f"tick 1 to {BULK_MAX} rows of the list to preview the picked rows"}],
+            hint="or preview every row the filter matches",
+        ) from None
+    return ids
+
+
+def answer_words(a: Any) -> str:
+    """A provider's last answer in a few words for a one-line row: the outcome and its reason
+    code, or what kind of answer it was ("no answer: lost"); the whole answer is the cell's title."""
+    if not a:
+        return "-"
+    outcome = a.get("outcome") or "no answer"
+    reason = a.get("reason")
+    return f"{outcome} ({reason})" if reason else str(outcome)
+
+
+env.filters["answer_words"] = answer_words
 
 
 def resolution_of(values: dict[str, str]) -> Resolution:
@@ -456,6 +545,8 @@ async def resolve(
 
 def refusal(exc: EvqError) -> tuple[int, EvqError]:
     """The status a refused close is shown with, and the error as the page names its fields."""
+    if isinstance(exc, BadRequest):
+        return 400, exc
     if isinstance(exc, InvalidRequest):
         return 422, service.json_field_names(exc)
     return (409 if isinstance(exc, StateConflict) else 403), exc

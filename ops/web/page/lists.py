@@ -12,12 +12,16 @@ from fastapi.responses import HTMLResponse
 from evq.ops.app import service
 from evq.ops.web.page.common import (
     BULK_ACTIONS,
+    FILTER_KEYS,
     PAGE_SIZE,
+    BadRequest,
     app_state,
+    as_bad_request,
     caller_of,
     concurrently,
-    int_param,
     list_filters,
+    list_params,
+    offset_param,
     query_string,
     render,
     router,
@@ -39,6 +43,10 @@ SEARCHED = (
 )
 
 
+# What the step list's address may carry: the tab, the search box, the filters and a page.
+STEPS_PARAMS = ("status", "q", *FILTER_KEYS, "offset", "pick")
+
+
 def statuses_of(tab: str) -> list[str]:
     return [] if tab == ALL else [tab]
 
@@ -58,7 +66,7 @@ async def steps(request: Request) -> HTMLResponse:
     params = request.query_params
     tab = params.get("status") or ALL
     filters = list_filters(params)
-    offset = int_param(params.get("offset"), 0)
+    offset = 0
     state = app_state(request)
     page: dict[str, Any] = {
         "tab": tab,
@@ -69,10 +77,15 @@ async def steps(request: Request) -> HTMLResponse:
         "query": query_string(filters),
         "searched": SEARCHED,
         "verdicts": list(Verdict),
+        "pick_page": params.get("pick") == "page",
     }
     try:
+        list_params(params, STEPS_PARAMS)
+        page["offset"] = offset = offset_param(params)
+        if params.get("pick", "page") != "page":
+            raise BadRequest([{"field": "pick", "message": f"page or absent, got {params['pick'][:40]!r}"}])
         if tab not in TABS:
-            raise InvalidRequest([{"field": "status", "message": f"one of {', '.join(TABS)}, got {tab[:40]!r}"}])
+            raise BadRequest([{"field": "status", "message": f"one of {', '.join(TABS)}, got {tab[:40]!r}"}])
         # The page and the tabs' counts are two reads of their own (each its own snapshot, as
         # before): read at once, on two connections, a big search's page takes the longer of
         # the two rather than their sum (docs/design.md, "Search").
@@ -91,7 +104,8 @@ async def steps(request: Request) -> HTMLResponse:
         reply, counts = listed, counted
     except InvalidRequest as exc:
         empty = {"rows": [], "facts": {}, "answers": {}, "total": (0, True), "counts": {}, "actions": []}
-        return render(request, "steps.html", session, status=422, error=service.json_field_names(exc), **page, **empty)
+        shown = exc if isinstance(exc, BadRequest) else as_bad_request(exc)
+        return render(request, "steps.html", session, status=400, error=shown, **page, **empty)
     ids = [r["id"] for r in reply.data]
     answers = await state.store.last_answers(ids) if tab in ANSWERED else {}
     return render(

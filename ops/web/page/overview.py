@@ -116,7 +116,6 @@ def pictures(
                 "row": row,
                 "bar": charts.provider_chart(row, hours=hours),
                 "summary": charts.provider_summary(row, hours),
-                "failing": charts.failing(row, hours),
             }
     return {
         "sends_chart": charts.sends_chart(sends, hours=hours, bucket=bucket, since=since, until=until, tz=tz),

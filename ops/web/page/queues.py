@@ -10,12 +10,19 @@ from fastapi.responses import HTMLResponse
 from evq.ops.app import service
 from evq.ops.web.page.common import (
     BULK_ACTIONS,
+    FILTER_KEYS,
     HELD_PAGE_SIZE,
     PAGE_SIZE,
+    BadRequest,
+    PageError,
     app_state,
+    as_bad_request,
     caller_of,
+    concurrently,
     filters_of,
-    int_param,
+    list_params,
+    offset_param,
+    page_offset,
     query_string,
     render,
     router,
@@ -25,6 +32,10 @@ from evq.worker.errors import InvalidRequest
 from evq.worker.resolution import Verdict
 from evq.worker.states import Status
 
+# What the unknown list's address may carry: its filters, a page, the full-recipients switch,
+# and the step a close just took off it (the notice).
+UNKNOWN_PARAMS = (*FILTER_KEYS, "expand", "offset", "closed", "pick")
+
 
 @router.get("/unknown", response_class=HTMLResponse)
 async def unknown(request: Request) -> HTMLResponse:
@@ -32,10 +43,18 @@ async def unknown(request: Request) -> HTMLResponse:
     params = request.query_params
     filters = filters_of(params)
     expand = params.get("expand") == "1"
-    offset = int_param(params.get("offset"), 0)
+    offset = 0
     state = app_state(request)
     who = caller_of(session)
     try:
+        list_params(params, UNKNOWN_PARAMS)
+        offset = offset_param(params)
+        if params.get("expand", "1") != "1":
+            raise BadRequest([{"field": "expand", "message": f"1 or absent, got {params['expand'][:40]!r}"}])
+        if params.get("pick", "page") != "page":
+            raise BadRequest([{"field": "pick", "message": f"page or absent, got {params['pick'][:40]!r}"}])
+        if not (params.get("closed") or "0").isdigit():
+            raise BadRequest([{"field": "closed", "message": "a step id"}])
         reply = await service.list_steps(
             state.store,
             who,
@@ -50,17 +69,19 @@ async def unknown(request: Request) -> HTMLResponse:
             request,
             "unknown.html",
             session,
-            status=422,
-            error=service.json_field_names(exc),
+            status=400,
+            error=exc if isinstance(exc, BadRequest) else as_bad_request(exc),
             filters=filters,
             expand=expand,
             rows=[],
             answers={},
+            facts={},
             total=0,
             offset=0,
             query=query_string(filters),
         )
-    answers = await state.store.last_answers([r["id"] for r in reply.data])
+    ids = [r["id"] for r in reply.data]
+    answers, facts = await concurrently(state.store.last_answers(ids), state.store.list_facts(ids))
     closed = params.get("closed")
     return render(
         request,
@@ -70,6 +91,8 @@ async def unknown(request: Request) -> HTMLResponse:
         expand=expand,
         rows=reply.data,
         answers=answers,
+        facts=facts,
+        pick_page=params.get("pick") == "page",
         total=reply.meta["total"],
         offset=offset,
         page_size=PAGE_SIZE,
@@ -85,7 +108,9 @@ async def held(request: Request) -> HTMLResponse:
     and its rationale, the message as it would go out, when it expires), so a person decides
     on what would be sent and not on a summary."""
     session = await signed_in(request)
-    offset = int_param(request.query_params.get("offset"), 0)
+    offset = page_offset(request.query_params, ("offset", "pick"))
+    if request.query_params.get("pick", "page") != "page":
+        raise PageError(BadRequest([{"field": "pick", "message": "page or absent"}]), 400)
     state = app_state(request)
     who = caller_of(session)
     reply = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset)
@@ -109,6 +134,7 @@ async def held(request: Request) -> HTMLResponse:
         actions=[a for a, states in BULK_ACTIONS.items() if str(Status.HELD) in states] if reply.data else [],
         tab=str(Status.HELD),
         filters={},
+        pick_page=request.query_params.get("pick") == "page",
     )
 
 

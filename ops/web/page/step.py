@@ -17,8 +17,9 @@ from evq.ops.web.page.common import (
     Redirect,
     app_state,
     caller_of,
+    chosen_verdict,
     filters_of,
-    int_param,
+    page_offset,
     posted,
     query_string,
     refusal,
@@ -27,7 +28,7 @@ from evq.ops.web.page.common import (
     router,
     signed_in,
 )
-from evq.ops.web.page.timeline import trace_rows
+from evq.ops.web.page.timeline import by_step, trace_rows
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
 from evq.worker.resolution import Verdict, requeueable
@@ -121,7 +122,7 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
     who = caller_of(session)
     state = app_state(request)
     # A page of the run's steps at a time, as the lists (PAGE_SIZE, Previous and Next).
-    offset = int_param(request.query_params.get("offset"), 0)
+    offset = page_offset(request.query_params, ("offset", "run_id"))
     reply = await service.show_run(
         state.store, who, run_id[:200], limit=PAGE_SIZE, offset=offset, unresolvable=state.policy.unresolvable
     )
@@ -130,7 +131,8 @@ async def trace(request: Request, run_id: str) -> HTMLResponse:
         "trace.html",
         session,
         d=reply.data,
-        events=trace_rows(reply.data["events"]),
+        events=(events := trace_rows(reply.data["events"])),
+        groups=by_step(events),
         page=reply.meta,
         page_size=PAGE_SIZE,
     )
@@ -141,6 +143,7 @@ async def close(request: Request, step_id: int) -> Response:
     session, values = await posted(request)
     back = filters_of(values)
     try:
+        chosen_verdict(values)
         reply = await resolve(request, session, values, Selection(step_id=step_id))
     except (InvalidRequest, StateConflict, AuthFailed) as exc:
         status, shown = refusal(exc)

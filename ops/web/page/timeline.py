@@ -103,3 +103,40 @@ def trace_rows(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         )
         previous = at
     return rows
+
+
+# How many of a step's latest events its group shows open; the earlier ones are one click away.
+SHOWN_EVENTS = 3
+
+
+def by_step(rows: Sequence[Mapping[str, Any]], keep: int = SHOWN_EVENTS) -> list[dict[str, Any]]:
+    """The trace's rows (trace_rows) grouped by step, in the order each step first appears: its
+    ``recent`` events (the last ``keep``) and the ``earlier`` ones (collapsed on the page), and
+    each event's place on the run's time axis, ``x`` in percent from the run's first event (0) to
+    its last (100), so the groups' axes line up and show when each step acted."""
+    if not rows:
+        return []
+    times = [_at(r["at"]) for r in rows]
+    start, end = min(times), max(times)
+    width = (end - start).total_seconds() or 1.0
+    groups: dict[Any, dict[str, Any]] = {}
+    for row, at in zip(rows, times, strict=True):
+        group = groups.setdefault(
+            row.get("step"), {"step": row.get("step"), "step_id": row.get("step_id"), "events": []}
+        )
+        group["events"].append({**row, "x": round((at - start).total_seconds() / width * 100, 2)})
+    out = []
+    for group in groups.values():
+        events = group["events"]
+        first, last = _at(events[0]["at"]), _at(events[-1]["at"])
+        out.append(
+            {
+                **group,
+                "recent": events[-keep:],
+                "earlier": events[:-keep] if len(events) > keep else [],
+                "x0": events[0]["x"],
+                "x1": events[-1]["x"],
+                "lasted": span((last - first).total_seconds()),
+            }
+        )
+    return out

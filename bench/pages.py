@@ -1,5 +1,5 @@
 """The ops-pages mode: every page of /ops read against a database of a million steps
-(ops/bench/pagefill.py), its server time taken from the page's own Server-Timing header.
+(bench/pagefill.py), its server time taken from the page's own Server-Timing header.
 
 The real `evq serve` runs in a process of its own (the same evq, child_environment); an
 operator signs in as in a browser (the login form's CSRF token, the session cookie), and each
@@ -27,13 +27,13 @@ from urllib.parse import quote
 import httpx
 import psycopg
 
-from evq.ops.bench import pagefill
-from evq.ops.bench.children import child_environment
-from evq.ops.bench.config import Figure, ImpossibleFigure
+from bench import pagefill
+from bench.children import child_environment
+from bench.config import Figure, ImpossibleFigure
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 TARGET_MS = 200.0
 WARMUPS = 2

@@ -1,4 +1,4 @@
-"""The benchmark's modes, in the order `evq bench` runs them: here, not in ops/bench/harness.py (whose
+"""The benchmark's modes, in the order `evq bench` runs them: here, not in bench/harness.py (whose
 MEASURE table names each mode's function), so the CLI can list them (`--mode`, `evq schema`)
 without importing the benchmark and psycopg."""
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evq.ops.bench.config import Figure, ImpossibleFigure
+from bench.config import Figure, ImpossibleFigure
 
 
 def find(figures: Sequence[Figure], mode: str, prefix: str) -> Figure | None:
@@ -124,6 +124,11 @@ def targets(figures: Sequence[Figure]) -> list[dict[str, Any]]:
     )
     collector = find("metrics collector")
     check("collector query < 50 ms", collector and collector.median, 50.0, "<")
+    # Issue 31: start-up, and the database's cost per step.
+    spawn = find("evq spawn to first claim")
+    check("spawn to first claim / pgqueuer's <= 1.3", spawn and spawn.ratios.get("pgqueuer_spawn"), 1.3, "<=")
+    wal = find("evq drain, 2 processes: WAL per step", "drain")
+    check("WAL per step, 2-process drain <= 2048 bytes", wal and wal.median, 2048.0, "<=")
     return out
 
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from evq.ops.bench.config import Figure
+from bench.config import Figure
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def mode_ceiling(bench: Bench) -> None:

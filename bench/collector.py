@@ -1,4 +1,4 @@
-"""Time the metrics collector's query on a big table: `python -m evq.ops.bench.collector`.
+"""Time the metrics collector's query on a big table: `python -m bench.collector`.
 
 By default it creates a scratch database on the server of ``--database-url``, migrates
 it, fills it with 1,000,000 terminal rows and a live backlog in every state, and prints
@@ -138,7 +138,7 @@ def scratch_database(server_url: str) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evq.ops.bench.collector", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.collector", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--database-url",
         default=os.environ.get("EVQ_DATABASE_URL") or DEFAULT_SERVER,

@@ -31,11 +31,11 @@ from urllib.parse import quote
 
 import psycopg
 
-from evq.ops.bench.children import run_children, span
+from bench.children import run_children, span
 from evq.worker.errors import ConfigError, EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 QUEUE = "bench"
 WORKER_CONCURRENCY = 100
@@ -110,7 +110,7 @@ def check(url: str, n: int) -> None:
         raise EvqError(f"DBOS drain: {done} of {n} workflows succeeded, {steps} step checkpoints")
 
 
-# The child's side (``python -m evq.ops.bench.child`` with kind "dbos"): synchronous, as DBOS's
+# The child's side (``python -m bench.child`` with kind "dbos"): synchronous, as DBOS's
 # queue API is (its register and set calls refuse to run inside an event loop).
 
 

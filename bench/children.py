@@ -1,5 +1,5 @@
 """The parent's side of the benchmark's worker processes: start them, wait until every one is
-ready, tell them all to go at once, and collect each one's JSON line (ops/bench/child.py is the
+ready, tell them all to go at once, and collect each one's JSON line (bench/child.py is the
 other side). Start-up is never timed; a child that hangs is killed, not waited for."""
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ def child_environment() -> tuple[str, dict[str, str]]:
 class Child:
     """A worker process that prepares, says ready, runs on 'go', and reports one JSON line."""
 
-    def __init__(self, spec: dict[str, Any]):
+    def __init__(self, spec: dict[str, Any], *, env: dict[str, str] | None = None):
         self.log = tempfile.NamedTemporaryFile(prefix="evq-bench-", suffix=".log", delete=False)
-        cwd, env = child_environment()
+        cwd, default_env = child_environment()
+        env = default_env if env is None else env
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "evq.ops.bench.child", json.dumps(spec)],
+            [sys.executable, "-m", "bench.child", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -99,8 +100,11 @@ class Child:
             timer.cancel()
 
     def _failed(self, what: str) -> EvqError:
-        self.kill()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+        self.kill()
         return EvqError(f"benchmark worker process {what}", context={"log_tail": tail})
 
     def _cleanup(self) -> None:

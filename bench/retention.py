@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from evq.ops.bench.config import Figure, ImpossibleFigure
-from evq.ops.bench.drain import drain_once
-from evq.ops.bench.enqueue import single_enqueues
-from evq.ops.bench.prefill import bench_requests, policy
+from bench.config import Figure, ImpossibleFigure
+from bench.drain import drain_once
+from bench.enqueue import single_enqueues
+from bench.prefill import bench_requests, policy
 from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
     from evq.worker.ports import PruneStore
 
 PARTS = 15  # the filled steps span about this many partitions

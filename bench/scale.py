@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from evq.ops.bench.config import Figure
-from evq.ops.bench.drain import drain_once
+from bench.config import Figure
+from bench.drain import drain_once
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def mode_scale(bench: Bench) -> None:

@@ -10,17 +10,20 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from evq.ops.bench.children import Child, evq_worker_spec
-from evq.ops.bench.config import Figure
-from evq.ops.bench.prefill import bench_requests, policy
+from bench.children import Child, evq_worker_spec
+from bench.config import Figure
+from bench.prefill import bench_requests, policy
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def mode_pickup(bench: Bench) -> None:
+    from bench import spawn
+
     c = bench.config
+    spawn.measure(bench)
     for listen, label in (("on", "LISTEN/NOTIFY"), ("off", f"polling every {c.poll_interval:g}s")):
         p50s, p99s, rss = [], [], None
         for _ in range(c.runs):

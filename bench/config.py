@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from evq.ops.bench.modes import DEFAULT_MODES, MODES
+from bench.modes import DEFAULT_MODES, MODES
 from evq.worker.errors import ConfigError, EvqError
 
 

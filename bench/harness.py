@@ -10,7 +10,7 @@ This module runs the modes in order and assembles the report; each job has its m
 - databases.py: the scratch databases (a migrated template, a clone per run, all dropped).
 - prefill.py: the benchmark's requests, validated once and batch-enqueued into each database.
 - children.py and child.py: the worker processes, parent's and child's side
-  (``python -m evq.ops.bench.child SPEC-JSON``): each one wires itself, says it is ready, and
+  (``python -m bench.child SPEC-JSON``): each one wires itself, says it is ready, and
   starts when told, so start-up is never timed; each reports its peak RSS.
 - the modes (README, "Benchmark"): drain.py (drain: N steps drained by 1 and 2 worker processes
   through the null adapter; latency: the null adapter answering after 50 ms, concurrency
@@ -45,17 +45,17 @@ from typing import Any
 
 import psycopg
 
-from evq.ops.bench import ceiling, dbos_peer, drain, enqueue, pages, peer, pickup, report, retention, scale
-from evq.ops.bench.config import BenchConfig, Figure
-from evq.ops.bench.databases import Databases
-from evq.ops.bench.modes import MODES
-from evq.ops.bench.prefill import Prefill
-from evq.ops.bench.report import human
+from bench import ceiling, dbos_peer, drain, enqueue, pages, peer, pickup, report, retention, scale
+from bench.config import BenchConfig, Figure
+from bench.databases import Databases
+from bench.modes import MODES
+from bench.prefill import Prefill
+from bench.report import human
 
 # What `evq bench` (ops/cli/bench.py) and the tests take from here.
 __all__ = ["MODES", "Bench", "BenchConfig", "Figure", "human"]
 
-# Each mode's measurement, by the name `--mode` takes (ops/bench/modes.py gives the order).
+# Each mode's measurement, by the name `--mode` takes (bench/modes.py gives the order).
 MEASURE: dict[str, Callable[[Bench], None]] = {
     "drain": drain.mode_drain,
     "latency": drain.mode_latency,
@@ -83,7 +83,9 @@ class Bench:
         self.dbos_version: str | None = None  # DBOS Transact, measured by the peer mode when installed
         # The drain mode's batch enqueues: the enqueue mode reports them instead of timing its own.
         self.batch_enqueue_seconds: list[float] = []
-        # The ops-pages mode's table (ops/bench/pages.py), when it ran.
+        # The drain mode's per-step database figures (bench/footprint.py), by process count.
+        self.footprints: dict[int, list[dict[str, float]]] = {}
+        # The ops-pages mode's table (bench/pages.py), when it ran.
         self.pages: dict[str, Any] | None = None
 
     def run(self) -> dict[str, Any]:

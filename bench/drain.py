@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from evq.ops.bench.children import evq_worker_spec, run_children, span
-from evq.ops.bench.config import Figure
+from bench import footprint
+from bench.children import evq_worker_spec, run_children, span
+from bench.config import Figure
 from evq.worker.errors import EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def drain_once(bench: Bench, processes: int, *, url: str | None = None, run_id: str = "bench") -> tuple[float, float]:
@@ -24,8 +25,12 @@ def drain_once(bench: Bench, processes: int, *, url: str | None = None, run_id: 
     def measure(db_url: str) -> tuple[float, float]:
         write = bench.prefill.enqueue(db_url, c.steps, run_id=run_id)
         bench.batch_enqueue_seconds.append(write)
+        before = footprint.snapshot(db_url)
         results = run_children(
             [evq_worker_spec(db_url, concurrency=c.drain_concurrency, batch_size=c.batch_size)] * processes
+        )
+        bench.footprints.setdefault(processes, []).append(
+            footprint.per_step(before, footprint.snapshot(db_url), c.steps)
         )
         check_drained(db_url, c.steps, run_id)
         return c.steps / span(results), max(r.rss_mb for r in results)
@@ -48,17 +53,50 @@ def check_drained(url: str, expected: int, run_id: str = "bench") -> None:
 def mode_drain(bench: Bench) -> None:
     bench.batch_enqueue_seconds = []
     for processes in bench.config.drain_processes:
+        bench.footprints[processes] = []
         values, rss = bench.repeat(functools.partial(drain_once, bench, processes))
+        label = f"evq drain, {processes} process{'es' if processes > 1 else ''}"
         bench.add(
             Figure(
                 "drain",
-                f"evq drain, {processes} process{'es' if processes > 1 else ''}",
+                label,
                 "steps/s",
                 values,
                 rss,
                 note=f"concurrency {bench.config.drain_concurrency}, batch {bench.config.batch_size}, null adapter",
             )
         )
+        add_footprint(bench, label, bench.footprints[processes])
+
+
+# Per step of a drain, from PostgreSQL's counters (bench/footprint.py): name, unit, key, scale.
+FOOTPRINT = (
+    (
+        "WAL per step",
+        "bytes",
+        "wal_bytes",
+        1.0,
+        "this database's WAL records (pg_walinspect), full-page images included",
+    ),
+    ("rows written per step", "rows", "rows", 1.0, "inserts, updates and deletes, every table (pg_stat_user_tables)"),
+    (
+        "index entries written per step",
+        "entries",
+        "index_entries",
+        1.0,
+        "each insert and non-HOT update, once per index of its table",
+    ),
+    ("HOT share of updates", "%", "hot_share", 100.0, "updates that wrote no index entry"),
+)
+
+
+def add_footprint(bench: Bench, label: str, runs: list[dict[str, float]]) -> None:
+    if not runs:
+        return
+    for name, unit, key, scale, note in FOOTPRINT:
+        if key == "wal_bytes" and any(r["wal_whose"] == "server" for r in runs):
+            note = "the server's WAL position (no pg_walinspect): other sessions' writes count too"
+        bench.add(Figure("drain", f"{label}: {name}", unit, [r[key] * scale for r in runs], note=note))
 
 
 def mode_latency(bench: Bench) -> None:

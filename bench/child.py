@@ -1,9 +1,9 @@
-"""One benchmark worker process: ``python -m evq.ops.bench.child SPEC-JSON``.
+"""One benchmark worker process: ``python -m bench.child SPEC-JSON``.
 
 It wires an evq worker (or a peer: a pgqueuer consumer, with or without evidence rows, or a DBOS
 process) from the spec, prints ``ready``, waits for ``go`` on stdin, drains, and prints one JSON
 line: when it started and finished (wall clock), its peak RSS and what it did.
-ops/bench/children.py is the parent's side.
+bench/children.py is the parent's side.
 """
 
 from __future__ import annotations
@@ -75,25 +75,29 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
     from pgqueuer import PgQueuer
     from pgqueuer.types import QueueExecutionMode
 
-    from evq.ops.bench.evidence_peer import Writer
-    from evq.ops.bench.peer import connect
+    from bench.evidence_peer import Writer
+    from bench.peer import connect
 
     pgq = PgQueuer(await connect(spec["url"], spec["driver"]))
     jobs = 0
-    # "pgqueuer with evidence" (ops/bench/evidence_peer.py): an attempt row committed before the
+    first_job_at: float | None = None
+    # "pgqueuer with evidence" (bench/evidence_peer.py): an attempt row committed before the
     # send, an outcome row after it, each its own transaction.
     writer = await Writer.open(spec["url"], spec["driver"]) if spec.get("evidence") else None
 
     @pgq.entrypoint("bench")
     async def handler(job: Any) -> None:
-        nonlocal jobs
+        nonlocal jobs, first_job_at
+        if first_job_at is None:
+            first_job_at = time.time()
         if writer is not None:
             await writer.write(job.id, "attempt")
             # the send: a no-op, as in every other drain of the benchmark
             await writer.write(job.id, "outcome")
         jobs += 1
 
-    started = await _wait_go()
+    # A spawn measurement (bench/spawn.py) times the start-up too: no ready/go.
+    started = time.time() if spec.get("spawn") else await _wait_go()
     try:
         await pgq.run(
             batch_size=spec["batch_size"],
@@ -104,13 +108,14 @@ async def _child_pgqueuer(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if writer is not None:
             await writer.close()
-    return {"started": started, "finished": finished, "rss_mb": _rss_mb(), "detail": {"jobs": jobs}}
+    detail = {"jobs": jobs, "first_job_at": first_job_at}
+    return {"started": started, "finished": finished, "rss_mb": _rss_mb(), "detail": detail}
 
 
 def child_main(argv: Sequence[str]) -> None:
     spec = json.loads(argv[0])
     if spec["kind"] == "dbos":
-        from evq.ops.bench.dbos_peer import run_child
+        from bench.dbos_peer import run_child
 
         result = run_child(spec, _wait_go_sync, _rss_mb)
     else:

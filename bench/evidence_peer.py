@@ -3,7 +3,7 @@
 Its handler, for each job, commits an attempt row BEFORE the (no-op) send and an outcome row
 AFTER it, each in its own transaction (one autocommit INSERT each, from a pool of 8 connections
 per process, the size of an evq worker's pool), into a plain table the bench creates. It is
-drained with the same jobs, processes and settings as the no-op pgqueuer peer (ops/bench/peer.py);
+drained with the same jobs, processes and settings as the no-op pgqueuer peer (bench/peer.py);
 the parent then checks that every job left both rows.
 """
 

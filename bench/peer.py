@@ -2,11 +2,11 @@
 ``bench`` extra: pip install 'evq[bench]').
 
 - pgqueuer draining no-op jobs: a bare queue that proves nothing;
-- pgqueuer with evidence (ops/bench/evidence_peer.py): its handler commits an attempt row before
+- pgqueuer with evidence (bench/evidence_peer.py): its handler commits an attempt row before
   the send and an outcome row after it, each in its own transaction, as a careful user would;
-- DBOS Transact (ops/bench/dbos_peer.py): a queue, one workflow per email, one step that "sends".
+- DBOS Transact (bench/dbos_peer.py): a queue, one workflow per email, one step that "sends".
 
-Each is drained with the same N as evq, in worker processes of its own (ops/bench/child.py),
+Each is drained with the same N as evq, in worker processes of its own (bench/child.py),
 in two settings: pgqueuer's default (1 process, batch 10) and its best (2 processes, batch 50,
 task cap 100; DBOS: the same processes, 100 workflows at once per process). Each round of the
 peer mode drains evq with the same number of processes first, then every peer, so each ratio
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from evq.ops.bench import dbos_peer, evidence_peer
-from evq.ops.bench.children import run_children, span
-from evq.ops.bench.config import Figure
-from evq.ops.bench.drain import drain_once
+from bench import dbos_peer, evidence_peer
+from bench.children import run_children, span
+from bench.config import Figure
+from bench.drain import drain_once
 from evq.worker.errors import ConfigError, EvqError
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def driver(bench: Bench) -> str | None:

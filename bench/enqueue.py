@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from evq.ops.bench import peer as pgqueuer_peer
-from evq.ops.bench.config import Figure
-from evq.ops.bench.prefill import bench_requests, policy
+from bench import peer as pgqueuer_peer
+from bench.config import Figure
+from bench.prefill import bench_requests, policy
 
 if TYPE_CHECKING:
-    from evq.ops.bench.harness import Bench
+    from bench.harness import Bench
 
 
 def single_enqueues(conn: psycopg.Connection[Any], requests: list[Any], validation_policy: Any) -> tuple[float, float]:
