@@ -323,9 +323,19 @@ class Worker:
                     log.error("claim_failed", unclassified=True, exc_info=exc, **fields)
                 await self._sleep(delay)
                 continue
+            now = time.monotonic()
+            if claimed and now >= limits.limits(claim_started, s.lease_seconds).send_by:
+                # Answered too late to send (the claim waited for a connection while the
+                # database restarted): by this worker's count of the lease no send may begin,
+                # and each would be cut off before connecting, an attempt spent and the
+                # provider blamed. No adapter has seen these rows: hand them back as a lost
+                # claim's (uncounted, before the next claim), and claim again.
+                self._lost(self._claiming)
+                self._claiming = []
+                log.warning("claim_answered_late", rows=len(claimed), waited=round(now - claim_started, 2))
+                continue
             # Every row of these claims is held now: none of them is an orphan.
             self._claiming = []
-            now = time.monotonic()
             # A stop asked while the claim ran: these rows go back unsent (the shutdown
             # releases every held row whose send has not begun).
             start = not self._stopping.is_set()

@@ -5,6 +5,7 @@ connections, LISTEN/NOTIFY and workers on separate connections)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -192,6 +193,43 @@ async def test_a_claim_whose_answer_is_lost_is_handed_back_never_sent(store):
     assert await Worker(lossy, {"smtp": provider}, SETTINGS).run(drain=True, install_signals=False) == 0
     assert lossy.lost == 3
     assert {await status(store, i) for i in ids} == {"accepted"} and set(provider.sent.values()) == {1}
+    for i in ids:
+        assert await kinds(store, i) == ["attempt_started", "attempt_released", "attempt_started", "provider_response"]
+
+
+async def test_a_claim_answered_past_its_send_by_limit_is_handed_back_never_sent(store):
+    """A claim that waited for a connection (the database restarting) is answered with less
+    of the lease left, by the worker's count, than a send may begin in. Its rows were once
+    each sent to the adapter anyway, cut off before connecting: an attempt spent, the
+    provider blamed, a second answer for the step. They are handed back instead, uncounted."""
+    ids = await enqueue(store, 3)
+    in_time: list[bool] = []
+
+    class Timed(ScriptedProvider):
+        async def send(self, request):
+            in_time.append(time.monotonic() < request.send_by)
+            return await super().send(request)
+
+    provider = Timed()
+    settings = replace(SETTINGS, lease_seconds=2)  # sends may begin for its first second
+
+    class SlowFirstClaim:
+        slowed = False
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        async def claim(self, **kw):
+            if not self.slowed:
+                self.slowed = True
+                await asyncio.sleep(1.2)  # waiting for a connection, before the statement is sent
+            return await store.claim(**kw)
+
+    slow = SlowFirstClaim()
+    assert await Worker(slow, {"smtp": provider}, settings).run(drain=True, install_signals=False) == 0
+    assert slow.slowed
+    assert {await status(store, i) for i in ids} == {"accepted"} and set(provider.sent.values()) == {1}
+    assert [r.attempt for r in provider.calls] == [1, 1, 1] and in_time == [True, True, True]
     for i in ids:
         assert await kinds(store, i) == ["attempt_started", "attempt_released", "attempt_started", "provider_response"]
 

@@ -79,8 +79,30 @@ def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp)
     counts = rows(private_pg.url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
     assert counts == [{"status": "accepted", "n": 150}]
     assert len(smtp.by_message_id()) == 150 and set(smtp.by_message_id().values()) == {1}
-    answers = rows(private_pg.url, "SELECT count(*)::int AS n FROM evidence WHERE kind = 'provider_response'")
-    assert answers == [{"n": 150}]
+    # One attempt and one answer per step. A claim answered past its send-by limit (it waited
+    # for a connection while the server restarted) is handed back unsent, uncounted, not sent
+    # to be cut off before connecting: that once made 8 steps take a second attempt.
+    assert rows(private_pg.url, "SELECT DISTINCT attempts FROM email_steps") == [{"attempts": 1}]
+    answers = rows(
+        private_pg.url,
+        "SELECT step_id, count(*)::int AS n FROM evidence"
+        " WHERE kind IN ('provider_response', 'late_response') GROUP BY step_id",
+    )
+    assert len(answers) == 150 and {a["n"] for a in answers} == {1}
+    # An answer whose outcome waited past its lease (the restart outlasted what was left of
+    # it) comes late: the rescuer made the step unknown, and the answer settles it, once.
+    late = rows(
+        private_pg.url,
+        "SELECT e.step_id FROM evidence e WHERE e.kind = 'late_response' AND NOT (e.to_status = 'accepted'"
+        " AND EXISTS (SELECT 1 FROM evidence x WHERE x.step_id = e.step_id AND x.kind = 'lease_expired'"
+        " AND x.lease_token = e.lease_token))",
+    )
+    assert late == []
+    # Every attempt begun ended in its answer or was handed back unsent.
+    kinds = {
+        r["kind"]: r["n"] for r in rows(private_pg.url, "SELECT kind, count(*)::int AS n FROM evidence GROUP BY kind")
+    }
+    assert kinds["attempt_started"] == 150 + kinds.get("attempt_released", 0)
 
 
 @pytest.fixture
