@@ -35,7 +35,7 @@ from evq.adapters.smtp import config as smtp
 from evq.adapters.smtp.config import JournalConfig, SmtpConfig
 from evq.adapters.webhooks import config as webhooks
 from evq.adapters.webhooks.config import WebhookConfig
-from evq.worker.approval import ApprovalPolicy, approval_options, policy_from
+from evq.worker.approval_policy import ApprovalPolicy, approval_options, policy_from
 from evq.worker.circuit import FAULTS
 from evq.worker.config import (
     NOTICE_OPTIONS,
@@ -239,7 +239,7 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-# Which sends wait for a person, and the blast-radius budgets (worker/approval.py).
+# Which sends wait for a person, and the blast-radius budgets (worker/approval_policy.py).
 APPROVAL_OPTIONS: tuple[Option, ...] = approval_options()
 
 MCP_OPTIONS: tuple[Option, ...] = (

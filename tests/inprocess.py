@@ -41,7 +41,7 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     from click.testing import CliRunner
 
     from evq.ops.cli import main
-    from evq.worker import scrub
+    from evq.worker import secret_scrub as scrub
     from tests.child import constants
 
     # Exactly ``env``, as a child would get it: variables it lacks are unset for the call.

@@ -168,7 +168,7 @@ RECONCILE_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-# Content retention (worker/redactor.py).
+# Content retention (worker/content_retention.py).
 KEEP_CONTENT_DEFAULT = 30 * 86400.0
 # Evidence partitions (worker/partitions.py).
 EVIDENCE_PARTITION_STEPS_DEFAULT = 1_000_000

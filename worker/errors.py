@@ -117,7 +117,7 @@ class MaxFailures(EvqError):
 
 
 class BudgetExceeded(InvalidRequest):
-    """A new send over a blast-radius budget (worker/approval.py) with EVQ_BUDGET_ACTION=refuse.
+    """A new send over a blast-radius budget (worker/approval_policy.py) with EVQ_BUDGET_ACTION=refuse.
     A refused enqueue like any field error (``context["fields"]`` names the budget, its scope,
     cap and what was used), with a code of its own; nothing was written or charged."""
 

@@ -17,7 +17,7 @@ from evq.worker import metrics
 from evq.worker.logs import get_logger
 from evq.worker.outcomes import Accepted, Outcome, Unknown, refused_recipients
 from evq.worker.ports import Provider, SendRequest
-from evq.worker.scrub import scrub_record
+from evq.worker.secret_scrub import scrub_record
 
 log = get_logger("evq.executor")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from evq.worker.approval import KeyApproval
+from evq.worker.approval_policy import KeyApproval
 from evq.worker.errors import AuthFailed, BadKey, EvqError, Forbidden, InvalidRequest
 from evq.worker.logs import get_logger
 from evq.worker.ports import KeyLookup
@@ -93,7 +93,7 @@ class Identity:
     name: str
     role: Role
     key_id: str
-    # Whether the key's sends wait for a person (worker/approval.py), as its row says at this
+    # Whether the key's sends wait for a person (worker/approval_policy.py), as its row says at this
     # call; carried to what it enqueues (worker/request.py's Actor). Made without a row: always.
     approval: KeyApproval = KeyApproval.ALWAYS
 

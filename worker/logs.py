@@ -18,8 +18,8 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, WrappedLogger
 
-from evq.worker import scrub as _scrub
-from evq.worker.scrub import REDACTED  # noqa: F401  (re-exported)
+from evq.worker import secret_scrub as _scrub
+from evq.worker.secret_scrub import REDACTED  # noqa: F401  (re-exported)
 
 
 def register_secrets(values: Iterable[str | None]) -> None:

@@ -28,7 +28,7 @@ RESCUED_TO = ("unknown", "retryable")
 RECONCILE_RESULTS = ("accepted", "not_found", "error")
 # An operator's verdict on an unknown row (`evq steps resolve --as`).
 RESOLUTIONS_AS = ("accepted", "rejected", "retry")
-# What became of a held send or a cancelled one (issue 17: ops/app/approvals.py, worker/approvals.py).
+# What became of a held send or a cancelled one (issue 17: ops/app/approvals.py, worker/approval_actions.py).
 HELD_DECISIONS = ("approved", "denied", "cancelled", "expired")
 # Why a claim left rows of a rate-limited provider for later (worker/ratelimit.py).
 RATE_LIMITED_REASONS = ("tokens", "paused")

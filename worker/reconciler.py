@@ -34,7 +34,7 @@ from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
 from evq.worker.ports import Lookup, LookupFailed, LookupResult, ReconcileStore, profile_of
 from evq.worker.records import ReconcileCounts, UnknownStep
-from evq.worker.scrub import scrub_record
+from evq.worker.secret_scrub import scrub_record
 
 log = get_logger("evq.reconciler")
 

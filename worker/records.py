@@ -354,7 +354,7 @@ class PartitionPrune:
 
 @dataclass(frozen=True, slots=True)
 class RedactCounts:
-    """What a content-retention batch (or a whole pass) redacted (worker/redactor.py)."""
+    """What a content-retention batch (or a whole pass) redacted (worker/content_retention.py)."""
 
     redacted: int = 0
     batches: int = 0

@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 from email_validator import EmailNotValidError, validate_email
 from email_validator.rfc_constants import CASE_INSENSITIVE_MAILBOX_NAMES, DOT_ATOM_TEXT
 
-from evq.worker.approval import PRIORITIES, ApprovalPolicy
+from evq.worker.approval_policy import PRIORITIES, ApprovalPolicy
 from evq.worker.errors import InvalidRequest
 from evq.worker.jsontext import bad_numbers
 
@@ -126,7 +126,7 @@ class Policy:
     # (E_UNRESOLVABLE) with ``refuse_unresolvable`` (EVQ_REFUSE_UNRESOLVABLE).
     unresolvable: tuple[str, ...] = ()
     refuse_unresolvable: bool = False
-    # Which sends wait for a person and the blast-radius budgets (worker/approval.py;
+    # Which sends wait for a person and the blast-radius budgets (worker/approval_policy.py;
     # EVQ_APPROVAL_*, EVQ_BUDGET_*). The default holds nothing but what a request asks for.
     approval: ApprovalPolicy = ApprovalPolicy()
 
@@ -147,7 +147,7 @@ class Actor:
     """Who asked for a send: the API key's name and public id (never its secret), and
     the interface it came through. The Python API without ``api_key=`` has no key: ``key_id``
     is None and ``name`` is what the caller passed as ``actor=`` (maybe None). ``approval`` is
-    the key's approval as read with the key for this call (worker/approval.py, KeyApproval);
+    the key's approval as read with the key for this call (worker/approval_policy.py, KeyApproval);
     a key without one is judged ``always`` (key_approval fails closed)."""
 
     interface: str  # cli, http, mcp, python
@@ -174,11 +174,11 @@ class ValidRequest:
     sender_domain: str = field(default="localhost")
     # Set by the interface after the key is checked, never by the request itself.
     actor: Actor | None = None
-    # The agent asked for a person's approval (worker/approval.py, HoldRule.REQUESTED).
+    # The agent asked for a person's approval (worker/approval_policy.py, HoldRule.REQUESTED).
     require_approval: bool = False
     # Not before this instant (next_attempt_at starts there); None: now. A past one is now.
     send_at: datetime | None = None
-    # One of worker/approval.py's PRIORITIES.
+    # One of worker/approval_policy.py's PRIORITIES.
     priority: str = "normal"
 
     @property

@@ -17,7 +17,7 @@ error. The only rows this worker ever hands back are rows whose send never began
 unstarted rows at shutdown, and rows of claims whose answer was lost (their lease
 tokens derive from the claim id, so the worker names exactly those, and they were
 never passed to an adapter). Any error while claiming counts as such a lost claim;
-any error while recording is retried (worker/recorder.py).
+any error while recording is retried (worker/outcome_writer.py).
 """
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ from typing import Any
 
 from evq.worker import deadline as limits
 from evq.worker import executor, logs, metrics, streaks
-from evq.worker.approvals import ExpirerConfig, HoldExpirer
+from evq.worker.approval_actions import ExpirerConfig, HoldExpirer
 from evq.worker.backoff import Backoff, reconnect_delay
 from evq.worker.circuit import CircuitBook, CircuitState, Verdict
 from evq.worker.config import WorkerConfig
+from evq.worker.content_retention import Redactor, RedactorConfig
 from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
 from evq.worker.logs import get_logger
+from evq.worker.outcome_writer import Recorder
 from evq.worker.ports import Lookup, Provider, SendRequest, Service, Wakeup, WorkerStore
 from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
-from evq.worker.recorder import Recorder
 from evq.worker.records import ClaimedStep
-from evq.worker.redactor import Redactor, RedactorConfig
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.service import run_periodically
 from evq.worker.states import TERMINAL

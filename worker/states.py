@@ -10,7 +10,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    # Stopped at enqueue by the approval policy (worker/approval.py): waits for a person;
+    # Stopped at enqueue by the approval policy (worker/approval_policy.py): waits for a person;
     # nothing claims it. Approved: pending, same key and Message-ID; denied or expired: rejected.
     HELD = "held"
     PENDING = "pending"
@@ -63,7 +63,7 @@ class Reason(StrEnum):
     OPERATOR = "operator"
     RECONCILED = "reconciled"  # the provider, asked by the reconciler, has the message
     RECONCILE_ABSENT = "reconcile_absent"  # evidence only: the provider says it has no such message
-    # Approvals (worker/approval.py): held at enqueue, then approved, denied or expired;
+    # Approvals (worker/approval_policy.py): held at enqueue, then approved, denied or expired;
     # cancelled by the agent that enqueued it or an operator before it was claimed.
     APPROVAL_REQUIRED = "approval_required"
     APPROVED = "approved"

@@ -74,7 +74,7 @@ from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from evq.worker.ports import LookupFailed, LookupResult, ProviderProfile, SendRequest
 from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
-from evq.worker.scrub import scrub_text
+from evq.worker.secret_scrub import scrub_text
 
 log = get_logger("evq.adapters.http")
 

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from evq.adapters.postgres.database import translated
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
-from evq.worker.approval import (
+from evq.worker.approval_policy import (
     PRIORITIES,
     ApprovalPolicy,
     KeyApproval,
@@ -203,7 +203,7 @@ def gated_op(request: ValidRequest, approval: ApprovalPolicy, now: datetime | No
     it, that is their decision, not the agent's budget. A send not held charges its budgets
     and makes its recipients (and their domains) known to its sender.
 
-    The policy is the installation's as the request's API key bends it (worker/approval.py,
+    The policy is the installation's as the request's API key bends it (worker/approval_policy.py,
     ``applied``: ``always`` holds every send, ``never`` drops the rules that ask a person)."""
     rows = yield Q["step_get_by_key"], key_params(request)
     if rows:
@@ -360,7 +360,7 @@ def held_many_op(requests: Sequence[ValidRequest], approval: ApprovalPolicy, now
             now=going_out(at, request.send_at),
             requested=request.require_approval,
         ) + contact_holds(policy, k, context["known"])
-        if not rules:  # the key's rule always holds: never, unless worker/approval.py changed that
+        if not rules:  # the key's rule always holds: never, unless worker/approval_policy.py changed that
             raise RuntimeError("a request of a key whose approval is always was not held")
         hold = {"rules": rules}
         holds.append((at, hold))

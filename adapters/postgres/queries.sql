@@ -19,7 +19,7 @@
 -- its snapshot answers draws none, a pruned key's both); the foreign key is checked at the end of
 -- the statement. The sequences are named (the columns' defaults), not looked up:
 -- pg_get_serial_sequence() reads pg_depend on every call, and in the batch statement on every row.
--- A step the approval policy holds (worker/approval.py, %(held)s) is written `held`, reason
+-- A step the approval policy holds (worker/approval_policy.py, %(held)s) is written `held`, reason
 -- approval_required, with its reasons (%(hold)s) and when it expires; its `held` evidence is
 -- step_held_evidence, in the same transaction. `send_at` starts next_attempt_at and the retry
 -- budget (retry_from) later; a past one is now. Nothing wakes a worker for a held step.
@@ -204,7 +204,7 @@ WHERE id = %(id)s AND pruned_at IS NOT NULL;
 
 
 -- name: approval_context
--- What the approval policy reads before a new step is written (worker/approval.py): the
+-- What the approval policy reads before a new step is written (worker/approval_policy.py): the
 -- enqueue's clock, and which of the recipients' contact keys this sender is known for.
 SELECT coalesce(%(now)s::timestamptz, now()) AS now,
        coalesce((SELECT array_agg(k.recipient ORDER BY k.recipient) FROM known_recipients k
@@ -1748,7 +1748,7 @@ LEFT JOIN ev ON true;
 
 
 -- name: steps_expire_held
--- The worker's expiry pass (worker/approvals.py): held sends past hold_expires_at ->
+-- The worker's expiry pass (worker/approval_actions.py): held sends past hold_expires_at ->
 -- rejected, reason approval_expired, with `hold_expired` evidence, a batch at a time;
 -- SKIP LOCKED keeps two workers (and an approver holding a row) apart. The caller
 -- enqueues their notices in the same transaction.
@@ -1882,7 +1882,7 @@ FROM target CROSS JOIN other_admins LEFT JOIN revoked ON true;
 -- name: api_key_by_id
 -- The key and the server's pepper in one round trip; the pepper's row is always there,
 -- so a known and an unknown id cost the same statement. The approval goes with the
--- identity to what the key enqueues (worker/approval.py): read at every call, never cached.
+-- identity to what the key enqueues (worker/approval_policy.py): read at every call, never cached.
 SELECT k.name, k.role, k.secret_hash, k.revoked_at, k.session_generation, k.approval, p.pepper
 FROM api_key_pepper p
 LEFT JOIN api_keys k ON k.key_id = %(key_id)s
@@ -2035,7 +2035,7 @@ FROM evq_prune_count(%(cutoff)s);
 
 
 -- name: steps_redact
--- One batch of content retention (worker/redactor.py): evq_redact_batch
+-- One batch of content retention (worker/content_retention.py): evq_redact_batch
 -- (migrations/baseline/prune.sql) runs as the tables' owner, so the runtime role, which may
 -- not change a payload itself, can redact through it. It replaces the text and html of
 -- closed steps closed more than `keep` ago (the database's clock) with their sizes
@@ -2070,7 +2070,7 @@ SELECT count(*)::int AS refusals FROM enqueue_refusals r WHERE r.created_at < %(
 -- counter anything wrote since it was read (its xmin moved: an enqueue that charged it and
 -- committed while this statement waited for its lock) is kept, whatever `now` it charged at:
 -- the check that its run has no step read a snapshot from before that commit. The windows'
--- lengths, in seconds, are worker/approval.py's WINDOW_SECONDS (`windowed`, `seconds`).
+-- lengths, in seconds, are worker/approval_policy.py's WINDOW_SECONDS (`windowed`, `seconds`).
 WITH scanned AS (
     SELECT b.budget, b.scope, b.window_start, b.updated_at, b.xmin AS version
     FROM send_budgets b

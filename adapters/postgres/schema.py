@@ -328,7 +328,7 @@ api_keys = Table(
     # from the pepper and this generation (worker/callbacks.py), never stored.
     Column("notify_url", Text),
     Column("callback_generation", Integer, nullable=False, server_default=text("0")),
-    # Whether the key's sends wait for a person (0030, worker/approval.py KeyApproval): always,
+    # Whether the key's sends wait for a person (0030, worker/approval_policy.py KeyApproval): always,
     # policy (the installation's rules) or never. No default: every writer states it.
     Column("approval", Text, nullable=False),
     UniqueConstraint("name"),
@@ -595,7 +595,7 @@ delivery_events = Table(
 # The operators' list of events that matched no step, newest first.
 Index("ix_delivery_events_unmatched", delivery_events.c.id, postgresql_where=text("step_id IS NULL"))
 
-# Blast-radius budgets (worker/approval.py): one counter per (budget, scope, window),
+# Blast-radius budgets (worker/approval_policy.py): one counter per (budget, scope, window),
 # incremented under the row's lock in the enqueue's own transaction, so concurrent enqueues
 # cannot together pass a cap. ``scope`` is the run, key or recipient domain the cap is about;
 # ``window_start`` the fixed hour or day it counts (a run's budget has one window).

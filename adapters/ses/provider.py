@@ -77,7 +77,7 @@ from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from evq.worker.ports import ProviderProfile, SendRequest
 from evq.worker.request import Policy, check_payload
-from evq.worker.scrub import scrub_text
+from evq.worker.secret_scrub import scrub_text
 
 log = get_logger("evq.adapters.ses")
 

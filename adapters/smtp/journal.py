@@ -41,7 +41,7 @@ from evq.adapters.smtp.config import JournalImap
 from evq.adapters.smtp.witness import WitnessTags
 from evq.worker.logs import register_secrets
 from evq.worker.ports import LookupFailed, LookupResult
-from evq.worker.scrub import scrub_text
+from evq.worker.secret_scrub import scrub_text
 
 # The Message-ID evq makes (adapters/smtp/message.py): printable ASCII, no space, no <>.
 _MESSAGE_ID = re.compile(r"^<[!-;=?-~]+@[!-;=?-~]+>$")

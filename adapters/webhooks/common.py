@@ -16,7 +16,7 @@ from typing import Any
 
 from evq.worker.delivery import MESSAGE_TAG_HEX
 from evq.worker.ports.webhooks import WebhookRefused
-from evq.worker.scrub import scrub
+from evq.worker.secret_scrub import scrub
 
 MAX_DEPTH = 32
 MAX_EVENTS = 1000  # a SendGrid batch is at most a few hundred

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from evq.ops.app.service import Caller, Reply
-from evq.worker.approvals import DROP_HTML, EDITABLE, edited, not_cancellable, not_held, self_approval
+from evq.worker.approval_actions import DROP_HTML, EDITABLE, edited, not_cancellable, not_held, self_approval
 from evq.worker.errors import Forbidden, InvalidRequest
 from evq.worker.keys import Identity, Permission, Role, authorize
 from evq.worker.ports import AppStore, Edit
@@ -52,7 +52,7 @@ def corrections(args: Mapping[str, Any]) -> dict[str, Any] | None:
     """An approval's corrections as every interface takes them (the command table's
     ``steps.approve``: subject, text, html, drop_html), for :func:`approve`; None: none given.
     What they may be, and the rule that a corrected text says what becomes of the HTML part,
-    is worker/approvals.py's ``edited``, for all of them alike."""
+    is worker/approval_actions.py's ``edited``, for all of them alike."""
     edits = {k: args[k] for k in EDITABLE if args.get(k) is not None}
     if args.get(DROP_HTML):
         edits[DROP_HTML] = True
@@ -136,7 +136,7 @@ async def approve(
     """A held send becomes pending (the same key and Message-ID) and the worker sends it.
     ``edits`` (:func:`corrections`: subject, text, html, drop_html) correct the message: a new
     payload, validated as at enqueue (``policy``: the installation's), a new hash; the evidence
-    shows both. A corrected text must say what becomes of an HTML part (worker/approvals.py)."""
+    shows both. A corrected text must say what becomes of an HTML part (worker/approval_actions.py)."""
     text = _note(note, required=True)
     assert text is not None
     identity = await caller.identify(store, Permission.READ if dry_run else Permission.APPROVE)

@@ -1,8 +1,8 @@
 """JSON Schemas of what the commands take and print, built from the command table
-(ops/app/commands.py) the command line is built from, so no interface describes a
+(ops/app/commands/) the command line is built from, so no interface describes a
 parameter differently:
 
-- :func:`request_schema`: the send request, from ops/app/service.py's field table (the
+- :func:`request_schema`: the send request, from ops/app/service/common.py's field table (the
   flags of `evq enqueue` come from the same table). worker/request.py stays the one
   validator of a request; the schema tells callers its shape.
 - :func:`command_input`: a command's parameters as a JSON object (the HTTP API's bodies,
@@ -32,7 +32,7 @@ from evq.ops.app.service import (
     REQUIRE_APPROVAL_HELP,
     SEND_AT_HELP,
 )
-from evq.worker.approval import PRIORITIES
+from evq.worker.approval_policy import PRIORITIES
 from evq.worker.errors import InvalidRequest
 from evq.worker.request import ALLOWED_HEADERS, MAX_IDENTIFIER
 

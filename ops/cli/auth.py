@@ -1,7 +1,7 @@
 """The API key on the command line: ``--api-key`` or ``EVQ_API_KEY``, checked against
 the keys table (worker/keys.py) by the commands that change rows.
 
-The command table (ops/app/commands.py) names the permission each command's key needs,
+The command table (ops/app/commands/) names the permission each command's key needs,
 so `evq schema` states the roles from the same declaration the command enforces.
 """
 
@@ -31,7 +31,7 @@ class Credential:
 
     @property
     def caller(self) -> Caller:
-        """The key as the application layer takes it (ops/app/service.py): the command line reads without one."""
+        """The key as the application layer takes it (ops/app/service/): the command line reads without one."""
         return Caller(self.key, trusted_reader=True)
 
 

@@ -1,5 +1,5 @@
 """What `evq schema` says about a command: its entry in the command table
-(ops/app/commands.py), from which the click command is built too (ops/cli/table.py),
+(ops/app/commands/), from which the click command is built too (ops/cli/table.py),
 and its output schema in ops/app/cli-schema/, so the description cannot drift from
 what the command accepts and prints.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evq.ops.app.commands import CREDENTIAL, Command, Kind, Param
+from evq.ops.app.commands import CREDENTIAL, SOURCES, Command, Kind, Param
 from evq.ops.app.schemas import output_schema, schema_file
 from evq.ops.cli.table import help_text
 
@@ -52,7 +52,7 @@ def source(entry: Command) -> str:
 def agent_source_refs(entry: Command) -> list[str]:
     """Where a tool's agent metadata comes from, as paths in evq's source tree and the help."""
     return [
-        f"ops/app/commands.py#{entry.path}",
+        f"{SOURCES[entry.path]}#{entry.path}",
         f"ops/app/cli-schema/{schema_file(entry.path)}",
         f"cli:evq {entry.words} --help",
     ]

@@ -22,7 +22,7 @@ from evq.worker.logs import get_logger
 
 log = get_logger("evq.cli")
 
-# The request's fields as the flags carry them (ops/app/commands.py builds the flags from the same tables).
+# The request's fields as the flags carry them (ops/app/commands/ builds the flags from the same tables).
 FIELD_FLAGS: tuple[tuple[str, bool], ...] = tuple((name, multiple) for name, multiple, _ in REQUEST_FIELDS)
 DECISION_FLAGS: tuple[str, ...] = tuple(name for name, _ in DECISION_FIELDS)
 
@@ -78,7 +78,7 @@ def enqueue_cmd(
 def _record_refusal(
     settings: Settings, credential: Credential, requests: list[Any], exc: InvalidRequest, *, dry_run: bool
 ) -> None:
-    """The refusal recorded in the configured database (ops/app/service.py: best effort, one
+    """The refusal recorded in the configured database (ops/app/service/: best effort, one
     short statement). Without a server's EVQ_DATABASE_URL nothing is recorded: an embedded server
     is not started only to say that nothing was enqueued."""
     if not settings.database_url or settings.database_url.strip() == "embedded":
@@ -131,7 +131,7 @@ def _pruned(items: list[dict[str, Any]]) -> list[str]:
 
 
 def _held(items: list[dict[str, Any]]) -> list[str]:
-    """Why each held send waits for a person (the approval policy, worker/approval.py)."""
+    """Why each held send waits for a person (the approval policy, worker/approval_policy.py)."""
     held = [i for i in items if i.get("hold")]
     if not held:
         return []

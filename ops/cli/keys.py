@@ -15,7 +15,7 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
-from evq.worker.approval import KeyApproval
+from evq.worker.approval_policy import KeyApproval
 from evq.worker.callbacks import check_url
 from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound
 from evq.worker.keys import PREFIX, Role, check_name, default_approval, generate

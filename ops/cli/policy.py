@@ -1,4 +1,4 @@
-"""evq policy show: the approval policy (worker/approval.py) and the budgets' use this window."""
+"""evq policy show: the approval policy (worker/approval_policy.py) and the budgets' use this window."""
 
 from __future__ import annotations
 

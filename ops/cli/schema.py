@@ -8,7 +8,7 @@ evq schema steps.resolve        one tool, flat: its parameters and output schema
 evq schema --cli-path "steps resolve"   the same tool, named only by its command line
 evq schema --all                every product with every tool, complete
 
-Everything is built from the command table (ops/app/commands.py) and the output schemas, never by
+Everything is built from the command table (ops/app/commands/) and the output schemas, never by
 asking a running server: what is described is this evq, whatever the environment says.
 """
 

@@ -1,4 +1,4 @@
-"""The command line built from the command table (ops/app/commands.py): every click
+"""The command line built from the command table (ops/app/commands/): every click
 option and argument, every command's help and every group's, so a flag cannot be
 described one way here and another in `evq schema`, the HTTP API or the MCP tools.
 

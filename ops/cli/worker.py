@@ -1,4 +1,4 @@
-"""evq worker run: every setting is a flag here (ops/app/commands.py) and an EVQ_* variable everywhere."""
+"""evq worker run: every setting is a flag here (ops/app/commands/) and an EVQ_* variable everywhere."""
 
 from __future__ import annotations
 

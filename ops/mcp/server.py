@@ -1,10 +1,10 @@
 """`evq admin mcp`: the commands as MCP tools (official SDK, ``MCPServer``), one per command
 whose table entry says ``mcp=True``, named after its canonical path (``steps.resolve`` ->
-``evq_steps_resolve``, ops/app/commands.py's ``mcp_name``), each answering with the contract's
+``evq_steps_resolve``, ops/app/commands/model.py's ``mcp_name``), each answering with the contract's
 wrapper JSON.
 
 - Input schemas are the command's own, from the command table the CLI is built from too
-  (ops/app/commands.py, through ops/app/schemas.py): the same properties an HTTP body names
+  (ops/app/commands/, through ops/app/schemas.py): the same properties an HTTP body names
   (`steps show`'s ``step_id``), and the tools validate against exactly those (the send request
   by worker/request.py); output schemas are the commands' ops/app/cli-schema files.
 - The API key comes from the server's environment (EVQ_API_KEY), never from a tool's

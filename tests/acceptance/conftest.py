@@ -65,7 +65,7 @@ def make_key(
     Its ``approval`` is ``policy`` unless asked (the installation's rules, what every key had
     before issue 30): most tests are about what becomes of a send that goes out. None: the
     role's default, as `evq keys create` gives it (an agent's sends always wait for a person)."""
-    from evq.worker.approval import KeyApproval
+    from evq.worker.approval_policy import KeyApproval
     from evq.worker.keys import Role, generate
 
     key = generate()

@@ -136,7 +136,7 @@ def test_every_way_a_send_fails_reaches_the_keys_feed_its_callback_and_its_addre
     budget), expired, cancelled, closed by an operator; and an unknown send, which is not a failure
     yet, reaches the feed and the callback. With a default address, each rejection sends a notice
     there (a cancel too). A real worker, SMTP server and HTTP receiver."""
-    from evq.worker.approvals import HoldExpirer
+    from evq.worker.approval_actions import HoldExpirer
     from tests.support import execute, rows, step_row, with_store
 
     made = evq.json(

@@ -8,7 +8,7 @@ from datetime import time, timedelta
 
 import pytest
 
-from evq.worker.approval import ApprovalPolicy, Budget, FirstContact, Hours, OverBudget
+from evq.worker.approval_policy import ApprovalPolicy, Budget, FirstContact, Hours, OverBudget
 from evq.worker.errors import BudgetExceeded
 from evq.worker.states import Status
 from tests.conformance.helpers import T0, claim, kinds, row

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from evq.worker.approvals import edited
+from evq.worker.approval_actions import edited
 from evq.worker.errors import StateConflict
 from evq.worker.outcomes import Unknown
 from evq.worker.states import Status

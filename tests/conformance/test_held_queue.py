@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from evq.worker.approval import ApprovalPolicy
+from evq.worker.approval_policy import ApprovalPolicy
 from evq.worker.ports import StepFilter
 from evq.worker.states import Status
 from tests.conformance.helpers import T0

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from evq.worker.approval import ApprovalPolicy, Budget
+from evq.worker.approval_policy import ApprovalPolicy, Budget
 from evq.worker.errors import AuthFailed, Conflict
 from evq.worker.keys import NewKey, Role, hash_secret, verify_secret
 from evq.worker.notices import NoticeConfig

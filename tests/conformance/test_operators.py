@@ -302,7 +302,7 @@ async def test_find_by_key_and_the_latest_answers(store):
 
 
 async def test_list_facts_gives_each_listed_step_its_held_and_provider_columns(store):
-    from evq.worker.approval import ApprovalPolicy
+    from evq.worker.approval_policy import ApprovalPolicy
 
     held = await store.enqueue(valid(step_id="h"), now=T0, approval=ApprovalPolicy(always=True))
     sent = await unknown_step(store, now=at(1))

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from evq.worker.approval import ApprovalPolicy
+from evq.worker.approval_policy import ApprovalPolicy
 from tests.conformance.helpers import LEASE, T0, at, claim
 from tests.support import valid
 

@@ -10,8 +10,8 @@ import pytest
 
 from evq.worker.backoff import Backoff
 from evq.worker.errors import DatabaseUnavailable
+from evq.worker.outcome_writer import Recorder
 from evq.worker.outcomes import Accepted
-from evq.worker.recorder import Recorder
 from evq.worker.transitions import decide
 from tests.storeview import kinds, statuses, step
 from tests.support import valid

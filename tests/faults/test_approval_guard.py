@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from evq.adapters.postgres.store import PostgresStore
-from evq.worker.approvals import edited
+from evq.worker.approval_actions import edited
 from tests.database_roles import migrated
 from tests.support import POLICY, execute, rows, valid
 

@@ -11,8 +11,8 @@ import psycopg
 
 from evq.adapters.postgres.store import PostgresStore
 from evq.worker.backoff import Backoff
+from evq.worker.content_retention import Redactor, RedactorConfig
 from evq.worker.outcomes import Accepted, Retryable
-from evq.worker.redactor import Redactor, RedactorConfig
 from evq.worker.transitions import decide
 from tests.database_roles import migrated
 from tests.support import rows, valid

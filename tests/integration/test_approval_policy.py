@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from evq.adapters.postgres.enqueue import enqueue, enqueue_many, enqueue_own
-from evq.worker.approval import ApprovalPolicy, Budget, FirstContact, Hours, OverBudget
+from evq.worker.approval_policy import ApprovalPolicy, Budget, FirstContact, Hours, OverBudget
 from evq.worker.errors import BudgetExceeded
 from evq.worker.states import Status
 from tests.conformance.helpers import claim

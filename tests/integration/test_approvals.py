@@ -17,8 +17,8 @@ from evq.ops.app import approvals, service
 from evq.ops.app.service import Caller
 from evq.ops.dev.smtp import DevSmtpServer
 from evq.ops.settings import Settings
-from evq.worker.approval import ApprovalPolicy, FirstContact, KeyApproval
-from evq.worker.approvals import ExpirerConfig, HoldExpirer
+from evq.worker.approval_actions import ExpirerConfig, HoldExpirer
+from evq.worker.approval_policy import ApprovalPolicy, FirstContact, KeyApproval
 from evq.worker.errors import AuthFailed, Forbidden, InvalidRequest, StateConflict
 from evq.worker.keys import Role, generate
 from evq.worker.runner import Worker

@@ -8,7 +8,7 @@ from __future__ import annotations
 from evq.adapters.http.callback import CallbackPoster
 from evq.ops.app import service
 from evq.ops.app.service import Caller
-from evq.worker.approval import KeyApproval
+from evq.worker.approval_policy import KeyApproval
 from evq.worker.callbacks import CallbackConfig, CallbackSender
 from evq.worker.keys import Role, generate
 from evq.worker.outcomes import Rejected

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from evq.adapters.postgres.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async, enqueue_own
-from evq.worker.approval import ApprovalPolicy, Budget
-from evq.worker.approvals import edited
+from evq.worker.approval_actions import edited
+from evq.worker.approval_policy import ApprovalPolicy, Budget
 from evq.worker.backoff import Backoff
 from evq.worker.errors import IdempotencyConflict
 from evq.worker.outcomes import Accepted

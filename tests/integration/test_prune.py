@@ -14,7 +14,7 @@ import pytest
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
-from evq.worker.approval import ApprovalPolicy, Budget
+from evq.worker.approval_policy import ApprovalPolicy, Budget
 from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Accepted, Rejected, Unknown
 from evq.worker.pruner import Pruner, PrunerConfig

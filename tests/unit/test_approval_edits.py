@@ -1,11 +1,11 @@
-"""An approver's correction (worker/approvals.py ``edited``): only the words, validated as an
+"""An approver's correction (worker/approval_actions.py ``edited``): only the words, validated as an
 enqueue is, a new hash; nothing changed is no correction."""
 
 from __future__ import annotations
 
 import pytest
 
-from evq.worker.approvals import edited
+from evq.worker.approval_actions import edited
 from evq.worker.errors import InvalidRequest
 from tests.support import POLICY, valid
 

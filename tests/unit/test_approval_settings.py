@@ -1,5 +1,5 @@
 """EVQ_APPROVAL_* and EVQ_BUDGET_*: read into Settings.policy().approval, and every bad value
-refused naming the variable (ops/settings.py, worker/approval.py)."""
+refused naming the variable (ops/settings.py, worker/approval_policy.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import time, timedelta
 import pytest
 
 from evq.ops.settings import Settings
-from evq.worker.approval import Budget, FirstContact, OverBudget
+from evq.worker.approval_policy import Budget, FirstContact, OverBudget
 from evq.worker.errors import ConfigError, InvalidRequest
 from evq.worker.request import parse
 from tests.support import POLICY, request
@@ -86,7 +86,7 @@ def test_the_request_fields_are_checked_and_kept_out_of_the_payload():
 
 @pytest.mark.parametrize("bad", ["monkey", "mondayz", "friendly", "mo"])
 def test_a_weekday_is_named_whole_or_by_its_three_letters(bad):
-    from evq.worker.approval import weekday_list
+    from evq.worker.approval_policy import weekday_list
 
     with pytest.raises(ValueError, match="expected weekdays"):
         weekday_list(bad)
@@ -94,7 +94,7 @@ def test_a_weekday_is_named_whole_or_by_its_three_letters(bad):
 
 
 def test_hours_with_an_offset_are_refused_for_the_time_zone_setting():
-    from evq.worker.approval import hours_range
+    from evq.worker.approval_policy import hours_range
 
     with pytest.raises(ValueError, match="EVQ_APPROVAL_TIMEZONE"):
         hours_range("08:00+02:00-18:00+02:00")
@@ -103,7 +103,7 @@ def test_hours_with_an_offset_are_refused_for_the_time_zone_setting():
 def test_hourly_budgets_and_hours_judge_the_hour_a_send_goes_out_in():
     from datetime import UTC, datetime, timedelta
 
-    from evq.worker.approval import ApprovalPolicy, Budget, budget_charges, going_out
+    from evq.worker.approval_policy import ApprovalPolicy, Budget, budget_charges, going_out
 
     now = datetime(2030, 1, 1, 9, 30, tzinfo=UTC)
     later = now + timedelta(hours=5)

@@ -1,4 +1,4 @@
-"""A bulk requeue of rejected rows (ops/app/service.py's Selection): only a retry, and only a
+"""A bulk requeue of rejected rows (ops/app/service/operators.py's Selection): only a retry, and only a
 preview or exactly the ids a preview showed; a filter over rejected rows is never applied as of now."""
 
 from __future__ import annotations

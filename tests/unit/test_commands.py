@@ -1,4 +1,4 @@
-"""The command table (ops/app/commands.py) is the one description of every command: the
+"""The command table (ops/app/commands/) is the one description of every command: the
 click commands, the HTTP API's inputs and the MCP tools' inputs are all the table's."""
 
 from __future__ import annotations

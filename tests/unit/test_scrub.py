@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus
 from evq.worker import executor
 from evq.worker.outcomes import Rejected
 from evq.worker.ports import SendRequest
-from evq.worker.scrub import register, scrub, scrub_event, scrub_text
+from evq.worker.secret_scrub import register, scrub, scrub_event, scrub_text
 
 SECRET = "unit-Scrub+Secret/9f2=x"
 

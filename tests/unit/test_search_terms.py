@@ -1,5 +1,5 @@
 """The search box's string read into its forms (worker/search.py), its bound, and a capped total
-as the contract says it (ops/app/service.py)."""
+as the contract says it (ops/app/service/)."""
 
 from __future__ import annotations
 

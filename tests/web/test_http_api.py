@@ -338,7 +338,7 @@ def test_healthz_and_metrics_need_no_key_the_openapi_document_does(api, keys, db
         "/v1/deliveries",
         "/v1/webhooks/{provider}",
     }
-    # Each operation is named after its command (ops/app/commands.py): `evq steps enqueue` is steps.enqueue.
+    # Each operation is named after its command (ops/app/commands/): `evq steps enqueue` is steps.enqueue.
     assert doc["paths"]["/v1/steps"]["post"]["operationId"] == "steps.enqueue"
     assert doc["paths"]["/v1/steps/resolve"]["post"]["operationId"] == "steps.resolve"
     assert doc["paths"]["/v1/steps/{step_id}/resolve"]["post"]["x-evq-command"] == "steps.resolve"

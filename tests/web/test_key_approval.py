@@ -1,7 +1,7 @@
 """Issue 30: an API key's approval (always, policy, never) decides whether its sends wait for a
 person on every interface that enqueues with a key: the CLI with EVQ_API_KEY, HTTP (a real `evq
 serve`), MCP (tests/web/test_agent_default.py) and the Python API given ``api_key=``, all judged
-by worker/approval.py::applied in the enqueue's transaction. The Python API without a key keeps
+by worker/approval_policy.py::applied in the enqueue's transaction. The Python API without a key keeps
 the installation's rules. `never` drops the rules that ask a person, never the budgets. An admin
 changes a key's approval with `evq keys update`; `keys list`, `policy show` (and GET /v1/policy,
 an agent seeing its own key only) show it."""

@@ -9,7 +9,7 @@ Each part of the core asks for the role it uses, so a test fake implements only 
   :mod:`.refusals`: refused enqueues, recorded and read;
 - :mod:`.approvals`: approve, deny, cancel held sends and expire them;
 - :mod:`.steps`: enqueue, read back and resolve steps, what the application layer
-  (ops/app/service.py) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
+  (ops/app/service/) does; :mod:`.keys`: the API keys it checks; :mod:`.events`: each
   key's event feed; :mod:`.callbacks`: the signed callbacks of that feed (the worker's
   callback service, given the store and a poster apart from the Store union);
   :mod:`.deliveries`: providers' delivery events (webhooks), stored, matched and read;
@@ -128,7 +128,7 @@ class AppStore(
     ChartReader,
     Protocol,
 ):
-    """What the interfaces need, through ops/app/service.py."""
+    """What the interfaces need, through ops/app/service/."""
 
 
 @runtime_checkable

@@ -84,7 +84,7 @@ class ApprovalStore(Protocol):
 
 
 class ExpireStore(Protocol):
-    """The worker's pass over held sends past ``hold_expires_at`` (worker/approvals.py)."""
+    """The worker's pass over held sends past ``hold_expires_at`` (worker/approval_actions.py)."""
 
     async def expire_held(self, *, limit: int, actor: str, now: datetime | None = None) -> int:
         """held -> rejected (reason approval_expired) for at most ``limit`` steps, with

@@ -1,5 +1,5 @@
 """The queue's side of the store: claim, record, hand back, rescue (worker/runner.py,
-worker/recorder.py, worker/rescuer.py).
+worker/outcome_writer.py, worker/rescuer.py).
 
 Every transition is guarded by the state (and lease) it expects; see
 adapters/postgres/queries.sql.

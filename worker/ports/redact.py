@@ -1,4 +1,4 @@
-"""Content retention (worker/redactor.py): a closed step's body removed, its proof kept."""
+"""Content retention (worker/content_retention.py): a closed step's body removed, its proof kept."""
 
 from __future__ import annotations
 

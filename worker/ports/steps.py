@@ -1,4 +1,4 @@
-"""What the application layer (ops/app/service.py) asks of the store: enqueue, read back, resolve."""
+"""What the application layer (ops/app/service/) asks of the store: enqueue, read back, resolve."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from evq.worker.approval import ApprovalPolicy
+from evq.worker.approval_policy import ApprovalPolicy
 from evq.worker.records import EnqueueResult, Resolved, RunDetail, StepDetail, StepSummary
 from evq.worker.request import ValidRequest
 from evq.worker.resolution import Resolution

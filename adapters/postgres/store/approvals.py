@@ -12,7 +12,7 @@ from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
-from evq.worker.approvals import not_cancellable, not_held, self_approval
+from evq.worker.approval_actions import not_cancellable, not_held, self_approval
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
 from evq.worker.ports.approvals import Decided, Edit

@@ -7,7 +7,7 @@ from typing import Any
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
-from evq.worker.approval import KeyApproval
+from evq.worker.approval_policy import KeyApproval
 from evq.worker.callbacks import secret_text, signing_secret
 from evq.worker.errors import AuthFailed, Conflict, NotFound, StateConflict
 from evq.worker.keys import NewKey, Role, default_approval, hash_secret

@@ -9,7 +9,7 @@ from psycopg import errors as pgerr
 
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase
-from evq.worker.approval import WINDOW_SECONDS
+from evq.worker.approval_policy import WINDOW_SECONDS
 from evq.worker.errors import DatabaseUnavailable
 from evq.worker.records import BudgetKey, BudgetPrune, PartitionPrune, PruneCounts
 

@@ -1,4 +1,4 @@
-"""Content retention (worker/redactor.py): closed steps' bodies removed through evq_redact_batch."""
+"""Content retention (worker/content_retention.py): closed steps' bodies removed through evq_redact_batch."""
 
 from __future__ import annotations
 

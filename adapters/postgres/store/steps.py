@@ -11,7 +11,7 @@ from evq.adapters.postgres.notices import notice_op
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
-from evq.worker.approval import ApprovalPolicy, gated
+from evq.worker.approval_policy import ApprovalPolicy, gated
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger

@@ -21,7 +21,7 @@ def _edits(values: dict[str, str]) -> dict[str, Any] | None:
     hash. The HTML part's field comes filled with the HTML as asked: it is a correction only if
     it differs from what the page showed (``html_shown``, its digest), and emptied it removes
     the part; "drop the HTML part" removes it whatever the field holds. ops/app/approvals.py
-    (worker/approvals.py's ``edited``) then refuses a corrected text beside an unchanged HTML
+    (worker/approval_actions.py's ``edited``) then refuses a corrected text beside an unchanged HTML
     part, as it does for every interface."""
     edits: dict[str, Any] = {k: values[k] for k in ("subject", "text") if (values.get(k) or "").strip()}
     if values.get("drop_html"):
