@@ -40,6 +40,7 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     import structlog
     from click.testing import CliRunner
 
+    from evq.ops.cli import enqueue as cli_enqueue
     from evq.ops.cli import main
     from evq.worker import secret_scrub as scrub
     from tests.child import constants
@@ -50,6 +51,8 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     root = logging.getLogger()
     saved = (structlog.get_config(), list(root.handlers), root.level, set(scrub._secrets), scrub._pattern)
     code: int
+    # The warnings a process says once: a fresh process has said none.
+    cli_enqueue._said.clear()
     try:
         # A documented constant the env names is handed to the settings as tests/child.py does.
         with CliRunner().isolation(input=input, env=overrides) as (out, err, _), constants(env):

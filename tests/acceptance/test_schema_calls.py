@@ -27,7 +27,7 @@ from tests.support import spawn, stop
 # one small benchmark mode, any free port): never a required one, and each is checked to be in the
 # catalogue, so every call is still built from it.
 SHORT = {
-    "worker.run": {"drain": True, "adapter": "null", "listen": "off"},
+    "worker.run": {"drain": True, "adapter": "null"},
     "admin.bench": {"mode": "ceiling", "steps": 100, "runs": 1, "peer": "off"},
     "admin.serve": {"port": 0},
     "steps.wait": {"timeout": "1s"},  # a pending step and no worker: the wait runs to its timeout

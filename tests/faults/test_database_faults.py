@@ -114,8 +114,20 @@ def cluster() -> Iterator[ThrowawayCluster]:
         server.close()
 
 
-# The first line of the claim statement (adapters/postgres/queries.sql), as the worker sends it.
-CLAIM_TEXT = b"-- One statement: pick claimable rows"
+def _claim_text() -> bytes:
+    """A line of the claim statement as the worker sends it (queries.sql without its comments,
+    adapters/postgres/queries.py) that no other statement has and no placeholder rewrites."""
+    from evq.adapters.postgres.queries import Q
+
+    others = [sql for name, sql in Q.items() if name != "step_claim"]
+    for line in Q["step_claim"].splitlines():
+        line = line.strip()
+        if len(line) > 20 and "%(" not in line and not any(line in sql for sql in others):
+            return line.encode()
+    raise AssertionError("the claim statement has no line of its own")
+
+
+CLAIM_TEXT = _claim_text()
 
 
 def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster, smtp):
