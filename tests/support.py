@@ -429,6 +429,8 @@ async def held_steps(
                 "hold_expires_at = %s, hold = %s::jsonb WHERE id = %s",
                 (at, expires_at, json.dumps(hold), m.id),
             )
+            # A held step is owed no send: it has no queue row until it is approved.
+            await conn.execute("DELETE FROM step_queue WHERE id = %s", (m.id,))
             await conn.execute(
                 "INSERT INTO evidence (step_id, run_id, attempt, kind, actor, to_status, reason, detail, created_at) "
                 "VALUES (%s, %s, 0, 'held', 'enqueue', 'held', 'approval_required', %s::jsonb, %s)",

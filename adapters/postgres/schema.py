@@ -43,6 +43,8 @@ NAMING = {
 metadata = MetaData(naming_convention=NAMING)
 
 STATUSES = ("held", "pending", "in_flight", "retryable", "unknown", "accepted", "rejected")
+# What email_steps.status holds: every state but in_flight, which is a lease on step_queue.
+STORED_STATUSES = tuple(s for s in STATUSES if s != "in_flight")
 OUTCOMES = ("accepted", "rejected", "retryable", "unknown")
 EVIDENCE_KINDS = (
     "attempt_started",
@@ -112,9 +114,6 @@ email_steps = Table(
     # NULL: the worker's EVQ_MAX_ATTEMPTS decides.
     Column("max_attempts", Integer),
     Column("next_attempt_at", TZ, nullable=False, server_default=NOW),
-    Column("lease_owner", Text),
-    Column("lease_token", UUID(as_uuid=True)),
-    Column("lease_expires_at", TZ),
     # Until when the provider dedupes our key (first attempt + its window); NULL: never.
     Column("dedupe_until", TZ),
     # An earlier attempt may have reached the provider (an ambiguous answer retried under dedupe).
@@ -137,14 +136,11 @@ email_steps = Table(
     # (step_keys, below), written once at enqueue: an index here gets a new entry on every
     # transition of the row (each one a non-HOT update), two per send.
     UniqueConstraint("run_id", "step_id"),
-    CheckConstraint(_in("status", STATUSES), name="status"),
+    # Never in_flight: an attempt under way is its step_queue row's lease (below), and this row
+    # keeps the state it was claimed from until the attempt's answer is written.
+    CheckConstraint(_in("status", STORED_STATUSES), name="status"),
     CheckConstraint("(status IN ('accepted', 'rejected')) = (closed_at IS NOT NULL)", name="closed_iff_terminal"),
-    CheckConstraint(
-        "(status = 'in_flight') = (lease_token IS NOT NULL AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
-        name="lease_iff_in_flight",
-    ),
     CheckConstraint("(status = 'unknown') = (unknown_since IS NOT NULL)", name="unknown_since_iff_unknown"),
-    CheckConstraint("status <> 'in_flight' OR attempts >= 1", name="in_flight_counts_attempt"),
     CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("(attempts = 0) = (first_attempt_at IS NULL)", name="first_attempt_iff_attempted"),
@@ -180,21 +176,6 @@ email_steps = Table(
     CheckConstraint("requested_sha256 IS NULL OR requested_sha256 ~ '^[0-9a-f]{64}$'", name="requested_sha256_hex"),
 )
 
-# The claim's index: its predicate and order are exactly the claim query's, so
-# terminal rows (the vast majority, eventually) never enter it.
-Index(
-    "ix_email_steps_claimable",
-    email_steps.c.priority.desc(),
-    email_steps.c.next_attempt_at,
-    email_steps.c.id,
-    postgresql_where=text("status IN ('pending', 'retryable')"),
-)
-# The rescuer's index: only in-flight rows, by lease expiry.
-Index(
-    "ix_email_steps_lease_expiry",
-    email_steps.c.lease_expires_at,
-    postgresql_where=text("status = 'in_flight'"),
-)
 # The approval queue: held rows, oldest first.
 Index(
     "ix_email_steps_held",
@@ -238,13 +219,61 @@ Index(
     postgresql_where=text("provider_message_id IS NOT NULL"),
 )
 # Counts by status (the collector), listings, and prune's range of terminal rows.
-# In-flight rows are left out: nothing reads them through it, and the claim then
-# rewrites a row without adding an entry here.
+Index("ix_email_steps_status_created_at", email_steps.c.status, email_steps.c.created_at)
+
+# The queue: one narrow row per step that is owed a send (pending or retryable, and while an
+# attempt is under way, its lease), written at enqueue (or approval, or an operator's requeue)
+# and deleted when the step leaves the queue (accepted, rejected, unknown). The claim, the
+# rescuer and the release write only this row, so a send rewrites the wide email_steps row
+# and its indexes once (its answer), not twice; the attempt's counters live here while it
+# runs and are copied to email_steps with the answer (docs/design.md, "The queue"). No
+# foreign key to email_steps: its check would lock the wide row on every write of this one;
+# the claim joins email_steps and takes only a step still pending or retryable there.
+step_queue = Table(
+    "step_queue",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("provider", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
+    Column("next_attempt_at", TZ, nullable=False, server_default=NOW),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("first_attempt_at", TZ),
+    Column("dedupe_until", TZ),
+    Column("maybe_delivered", Boolean, nullable=False, server_default=text("false")),
+    Column("lease_owner", Text),
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("lease_expires_at", TZ),
+    Column("updated_at", TZ, nullable=False, server_default=NOW),
+    CheckConstraint(
+        "(lease_token IS NULL) = (lease_owner IS NULL) AND (lease_token IS NULL) = (lease_expires_at IS NULL)",
+        name="lease_whole",
+    ),
+    CheckConstraint("lease_token IS NULL OR attempts >= 1", name="lease_counts_attempt"),
+    CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+    CheckConstraint("(attempts = 0) = (first_attempt_at IS NULL)", name="first_attempt_iff_attempted"),
+    CheckConstraint("NOT maybe_delivered OR attempts >= 1", name="maybe_delivered_after_attempt"),
+    CheckConstraint("priority BETWEEN -1 AND 1", name="priority_range"),
+)
+# The claim's index: rows not under a lease, in the claim's order (higher priority, then due).
 Index(
-    "ix_email_steps_status_created_at",
-    email_steps.c.status,
-    email_steps.c.created_at,
-    postgresql_where=text("status <> 'in_flight'"),
+    "ix_step_queue_claimable",
+    step_queue.c.priority.desc(),
+    step_queue.c.next_attempt_at,
+    step_queue.c.id,
+    postgresql_where=text("lease_token IS NULL"),
+)
+# The rescuer's index: leased rows, by lease expiry.
+Index(
+    "ix_step_queue_lease_expiry",
+    step_queue.c.lease_expires_at,
+    postgresql_where=text("lease_token IS NOT NULL"),
+)
+# The dedupe-window closer's (step_close_windows): waiting rows an earlier attempt may have
+# delivered, which only a rescue or an ambiguous answer makes; a claim writes no entry here.
+Index(
+    "ix_step_queue_maybe_delivered",
+    step_queue.c.dedupe_until,
+    postgresql_where=text("maybe_delivered AND lease_token IS NULL"),
 )
 
 # Partitioned by its step's id: a step's whole history lies in one partition, so
