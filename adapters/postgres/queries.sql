@@ -44,7 +44,7 @@ WITH t AS (
     )
     SELECT k.id, %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
            %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s,
-           greatest(t.now, coalesce(%(send_at)s::timestamptz, t.now)), t.now, t.now,
+           greatest(t.now, %(send_at)s::timestamptz), t.now, t.now,
            CASE WHEN %(held)s::bool THEN 'held' ELSE 'pending' END,
            CASE WHEN %(held)s::bool THEN 'approval_required' END,
            CASE WHEN %(held)s::bool THEN t.now END,
@@ -56,8 +56,8 @@ WITH t AS (
               created_at, hold, requested_sha256, hold_expires_at, priority, next_attempt_at
 ), queued AS (
     -- Owed a send: its queue row (a held step gets one when it is approved).
-    INSERT INTO step_queue (id, provider, priority, next_attempt_at, updated_at)
-    SELECT step.id, step.provider, step.priority, step.next_attempt_at, step.created_at
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT step.id, step.provider, step.priority, step.next_attempt_at
     FROM step
     WHERE step.status <> 'held'
 ), decision AS (
@@ -145,13 +145,13 @@ WITH t AS (
         retry_from
     )
     SELECT r.id, r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
-           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, coalesce(r.send_at, t.now)), t.now, t.now,
+           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, r.send_at), t.now, t.now,
            r.priority, r.send_at, CASE WHEN r.send_at > t.now THEN r.send_at END
     FROM r JOIN k ON k.id = r.id, t
-    RETURNING id, decision_id, provider, priority, next_attempt_at, created_at
+    RETURNING id, decision_id, provider, priority, next_attempt_at
 ), queued AS (
-    INSERT INTO step_queue (id, provider, priority, next_attempt_at, updated_at)
-    SELECT step.id, step.provider, step.priority, step.next_attempt_at, step.created_at FROM step
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT id, provider, priority, next_attempt_at FROM step
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -976,8 +976,8 @@ WITH t AS (
     ON CONFLICT DO NOTHING
     RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload, next_attempt_at
 ), queued AS (
-    INSERT INTO step_queue (id, provider, next_attempt_at, updated_at)
-    SELECT step.id, step.provider, step.next_attempt_at, step.next_attempt_at FROM step
+    INSERT INTO step_queue (id, provider, next_attempt_at)
+    SELECT step.id, step.provider, step.next_attempt_at FROM step
 ), decision AS (
     INSERT INTO decisions (id, run_id, step_id, intent, tool, rationale, decided_at, created_at)
     SELECT step.decision_id, step.run_id, step.step_id, n.intent, 'evq-notice', n.rationale, t.now, t.now
@@ -1655,9 +1655,9 @@ WITH t AS (
 ), queued AS (
     -- Back in the queue, with the counters the step has.
     INSERT INTO step_queue (id, provider, priority, next_attempt_at, attempts, first_attempt_at, dedupe_until,
-                            maybe_delivered, updated_at)
+                            maybe_delivered)
     SELECT c.id, c.provider, c.priority, c.next_attempt_at, c.attempts, c.first_attempt_at, c.dedupe_until,
-           c.maybe_delivered, c.at
+           c.maybe_delivered
     FROM closed c
     WHERE c.status = 'retryable'
 ), ev AS (
@@ -1742,8 +1742,8 @@ WITH t AS (
     RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at,
               s.priority, s.next_attempt_at
 ), queued AS (
-    INSERT INTO step_queue (id, provider, priority, next_attempt_at, updated_at)
-    SELECT d.id, d.provider, d.priority, d.next_attempt_at, d.at FROM done d
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT d.id, d.provider, d.priority, d.next_attempt_at FROM done d
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
     SELECT d.id, d.run_id, d.attempts, 'approved', %(actor)s, 'held', 'pending', 'approved',

@@ -15,7 +15,7 @@ SELECT s.id, s.run_id, s.step_id, s.decision_id, s.idempotency_key, s.message_id
        CASE WHEN q.id IS NULL THEN s.dedupe_until ELSE q.dedupe_until END AS dedupe_until,
        coalesce(q.maybe_delivered, s.maybe_delivered) AS maybe_delivered,
        s.provider_message_id, s.notify, s.notice_of, s.reconcile_after, s.reconcile_checks, s.created_at,
-       greatest(s.updated_at, q.updated_at) AS updated_at,
+       CASE WHEN q.lease_token IS NULL THEN s.updated_at ELSE q.updated_at END AS updated_at,
        CASE WHEN q.id IS NULL THEN s.first_attempt_at ELSE q.first_attempt_at END AS first_attempt_at,
        s.unknown_since, s.closed_at, s.uncharged_attempts, s.retry_from, s.content_redacted_at, s.priority,
        s.send_at, s.held_since, s.hold_expires_at, s.hold, s.requested_sha256

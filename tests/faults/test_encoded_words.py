@@ -46,7 +46,7 @@ def _hostile(n: int, overrides: dict) -> dict:
 
 
 def _nothing_written(db_url: str) -> None:
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
 
 
 def test_the_cli_refuses_every_encoded_word_naming_its_field(db_url, admin_key):
@@ -108,7 +108,7 @@ def test_a_stored_encoded_word_never_reaches_the_smtp_server_as_a_header(db_url,
     assert done.returncode == 0, done.stderr[-2000:]
     states = {
         r["step_id"]: (r["status"], r["reason"])
-        for r in rows(db_url, "SELECT step_id, status, reason FROM email_steps")
+        for r in rows(db_url, "SELECT step_id, status, reason FROM steps_now")
     }
     assert states == {
         "subject": ("rejected", "policy_refused"),

@@ -24,7 +24,7 @@ def enqueue_many_own(url: str, requests: list, *, policy=POLICY):
 
 def counts(url: str) -> tuple[int, int]:
     return (
-        rows(url, "SELECT count(*) AS n FROM email_steps")[0]["n"],
+        rows(url, "SELECT count(*) AS n FROM steps_now")[0]["n"],
         rows(url, "SELECT count(*) AS n FROM decisions")[0]["n"],
     )
 
@@ -38,7 +38,7 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     # Each step points at the decision written for it, not a neighbour's.
     mismatched = rows(
         db_url,
-        "SELECT s.id FROM email_steps s JOIN decisions d ON d.id = s.decision_id "
+        "SELECT s.id FROM steps_now s JOIN decisions d ON d.id = s.decision_id "
         "WHERE d.run_id <> s.run_id OR d.step_id <> s.step_id",
     )
     assert mismatched == []
@@ -46,7 +46,7 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     # The stored request is exactly the validated one (the digest was made from it).
     from evq.worker.request import parse
 
-    stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM email_steps")}
+    stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM steps_now")}
     assert all(stored[q["step_id"]] == parse(q, POLICY).payload for q in reqs)
 
 
@@ -181,7 +181,7 @@ async def test_the_store_enqueues_many_in_one_transaction(store, db_url):
     outs = await asyncio.gather(*(store.enqueue_many(batch) for _ in range(3)), return_exceptions=True)
     done = [o for o in outs if not isinstance(o, BaseException)]
     assert done and all(not isinstance(o, BaseException) or isinstance(o, Conflict) for o in outs)
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE run_id = 'race'")[0]["n"] == 20
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE run_id = 'race'")[0]["n"] == 20
     assert sum(r.created for o in done for r in o) == 20
 
 
@@ -201,7 +201,7 @@ def test_a_batch_writes_the_same_decision_as_a_single_enqueue(db_url):
     columns = "intent, instruction_version, prompt_version, model, tool, rationale, decided_at"
     one, many = (rows(db_url, f"SELECT {columns} FROM decisions WHERE run_id = %s", (r,))[0] for r in ("one", "many"))
     assert one == many and many["rationale"] == {"why": "asked", "score": 0.9}
-    notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM email_steps")
+    notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM steps_now")
     assert notify == [{"notify": "ops@example.org", "max_attempts": None}]
 
 

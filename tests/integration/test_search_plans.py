@@ -373,7 +373,7 @@ async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scatt
         edges = [
             r[0]
             for r in conn.execute(
-                "SELECT created_at FROM email_steps WHERE status NOT IN ('unknown', 'held')"
+                "SELECT created_at FROM steps_now WHERE status NOT IN ('unknown', 'held')"
                 " AND id IN (7, 12, 101, 2002, 4004, 9999) ORDER BY id"
             ).fetchall()
         ]

@@ -184,7 +184,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     keys = _keys(r.owner_url)
     columns = _columns(r.owner_url)
     before = _snapshot(r.owner_url, columns)
-    [(last_step_id,)] = [tuple(x.values()) for x in rows(r.owner_url, "SELECT last_value FROM email_steps_id_seq")]
+    [(last_step_id,)] = [tuple(x.values()) for x in rows(r.owner_url, "SELECT last_value FROM steps_now_id_seq")]
 
     owner = Evq(r.owner_url)
     assert owner.json("admin", "db-version", expect=5)["error"]["context"]["current"] == "0012_step_guard"
@@ -226,7 +226,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     # 0.2's pepper, and the wire keys of every step 0.2 made kept in the form 0.2 sent them.
     [pepper] = rows(r.admin_url, "SELECT pepper, wire_keys_from FROM api_key_pepper")
     assert (bytes(pepper["pepper"]), pepper["wire_keys_from"]) == (PEPPER, last_step_id + 1)
-    assert rows(r.admin_url, "SELECT last_value FROM email_steps_id_seq") == [{"last_value": last_step_id}]
+    assert rows(r.admin_url, "SELECT last_value FROM steps_now_id_seq") == [{"last_value": last_step_id}]
 
     # The runtime role 0.2 granted has 1.0's privileges, on its new tables and functions too.
     grants = rows(

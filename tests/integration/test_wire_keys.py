@@ -129,7 +129,7 @@ def test_a_step_sent_before_the_upgrade_is_retried_under_the_key_it_was_sent_wit
                    attempts=1, first_attempt_at=v0_2.EARLIER, dedupe_until="now() + interval '1 hour'",
                    next_attempt_at="now() + interval '1 hour'")  # fmt: skip
         conn.execute("SELECT setval('email_steps_id_seq', 7)")
-        [(payload,)] = conn.execute("SELECT payload FROM email_steps WHERE id = 7").fetchall()
+        [(payload,)] = conn.execute("SELECT payload FROM steps_now WHERE id = 7").fetchall()
 
     async def first_attempt() -> None:  # what 0.2.0's worker sent
         provider = HttpProvider(base_url=api.url, api_key=API_KEY, timeout=1, dedupe_window=3600, wire_keys=BEFORE)
