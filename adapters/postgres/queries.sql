@@ -337,8 +337,9 @@ WITH t AS (
                 + make_interval(secs => (%(dedupe_windows)s::jsonb ->> q.provider)::float8)
         ),
         updated_at = t.now
-    FROM picked, t, email_steps s
-    WHERE q.id = picked.id AND s.id = picked.id AND s.status IN ('pending', 'retryable')
+    FROM t, email_steps s
+    -- By the primary key, whatever the queue's size (a join with `picked` may hash the whole queue).
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND s.id = q.id AND s.status IN ('pending', 'retryable')
     RETURNING q.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload,
               q.attempts, s.max_attempts, q.lease_token, q.dedupe_until, q.maybe_delivered,
               s.created_at, s.uncharged_attempts, coalesce(s.retry_from, s.created_at) AS retry_from,
@@ -379,8 +380,9 @@ WITH t AS (
 ), dequeued AS (
     DELETE FROM step_queue q
     USING o
-    WHERE q.id = o.id AND q.lease_token = o.lease_token AND q.attempts = o.attempt
-      AND o.to_status <> 'retryable'
+    -- The ids again as an array: the rows are found by the primary key, never a scan of the queue.
+    WHERE q.id = ANY(ARRAY(SELECT o.id FROM o)) AND q.id = o.id AND q.lease_token = o.lease_token
+      AND q.attempts = o.attempt AND o.to_status <> 'retryable'
     RETURNING q.id, q.attempts, q.first_attempt_at, q.dedupe_until
 ), requeued AS (
     UPDATE step_queue q
@@ -391,8 +393,8 @@ WITH t AS (
         maybe_delivered = o.maybe_delivered,
         updated_at = t.now
     FROM o, t
-    WHERE q.id = o.id AND q.lease_token = o.lease_token AND q.attempts = o.attempt
-      AND o.to_status = 'retryable'
+    WHERE q.id = ANY(ARRAY(SELECT o.id FROM o)) AND q.id = o.id AND q.lease_token = o.lease_token
+      AND q.attempts = o.attempt AND o.to_status = 'retryable'
     RETURNING q.id, q.attempts, q.first_attempt_at, q.dedupe_until
 ), leased AS (
     SELECT * FROM dequeued UNION ALL SELECT * FROM requeued
