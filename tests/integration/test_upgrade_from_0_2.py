@@ -148,9 +148,14 @@ def _columns(url: str) -> dict[str, list[str]]:
     }
 
 
-def _snapshot(url: str, columns: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
-    """Every row of 0.2's tables, by the columns 0.2 gave them."""
-    return {t: rows(url, f"SELECT {', '.join(c)} FROM {t} ORDER BY {TABLES_0_2[t]}") for t, c in columns.items()}
+def _snapshot(url: str, columns: dict[str, list[str]], read: dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every row of 0.2's tables, by the columns 0.2 gave them; ``read``: where 1.0 shows a table's rows
+    (a step as it is now, with the attempt its queue row holds: steps_now)."""
+    read = read or {}
+    return {
+        t: rows(url, f"SELECT {', '.join(c)} FROM {read.get(t, t)} ORDER BY {TABLES_0_2[t]}")
+        for t, c in columns.items()
+    }
 
 
 def _keys(url: str) -> dict[str, str]:
@@ -184,7 +189,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     keys = _keys(r.owner_url)
     columns = _columns(r.owner_url)
     before = _snapshot(r.owner_url, columns)
-    [(last_step_id,)] = [tuple(x.values()) for x in rows(r.owner_url, "SELECT last_value FROM steps_now_id_seq")]
+    [(last_step_id,)] = [tuple(x.values()) for x in rows(r.owner_url, "SELECT last_value FROM email_steps_id_seq")]
 
     owner = Evq(r.owner_url)
     assert owner.json("admin", "db-version", expect=5)["error"]["context"]["current"] == "0012_step_guard"
@@ -193,7 +198,8 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert done["runtime_roles"] == [r.app] and done["from_0_2"]["runtime_roles"] == [r.app]
     copied = done["from_0_2"]["copied"]
     assert copied == {
-        "decisions": 15, "email_steps": 15, "key_ledger": 15, "evidence": len(before["evidence"]), "api_keys": 4,
+        "decisions": 15, "email_steps": 15, "step_queue": 4, "key_ledger": 15, "evidence": len(before["evidence"]),
+        "api_keys": 4,
         "api_key_pepper": 1, "prune_log": 1, "provider_rate_limits": 1, "provider_circuits": 1,
         "provider_circuit_events": 1,
     }  # fmt: skip
@@ -201,7 +207,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert done["from_0_2"]["pruned_steps_without_keys"] == 3
 
     # Every row where it was, every column as it was.
-    assert _snapshot(r.admin_url, columns) == before
+    assert _snapshot(r.admin_url, columns, {"email_steps": "steps_now"}) == before
     assert rows(r.admin_url, "SELECT nspname FROM pg_namespace WHERE nspname = 'evq_0_2'") == []
     # What 1.0 added to a step, as its enqueue would have left a step of 0.2's kind.
     assert rows(
@@ -226,7 +232,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     # 0.2's pepper, and the wire keys of every step 0.2 made kept in the form 0.2 sent them.
     [pepper] = rows(r.admin_url, "SELECT pepper, wire_keys_from FROM api_key_pepper")
     assert (bytes(pepper["pepper"]), pepper["wire_keys_from"]) == (PEPPER, last_step_id + 1)
-    assert rows(r.admin_url, "SELECT last_value FROM steps_now_id_seq") == [{"last_value": last_step_id}]
+    assert rows(r.admin_url, "SELECT last_value FROM email_steps_id_seq") == [{"last_value": last_step_id}]
 
     # The runtime role 0.2 granted has 1.0's privileges, on its new tables and functions too.
     grants = rows(
