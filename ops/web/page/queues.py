@@ -29,6 +29,7 @@ from evq.ops.web.page.common import (
     signed_in,
 )
 from evq.worker.errors import InvalidRequest
+from evq.worker.ports import SUBJECT_SCAN_CAP
 from evq.worker.resolution import Verdict
 from evq.worker.states import Status
 
@@ -94,6 +95,8 @@ async def unknown(request: Request) -> HTMLResponse:
         facts=facts,
         pick_page=params.get("pick") == "page",
         total=reply.meta["total"],
+        scanned=reply.meta.get("subject_scanned"),
+        scan_cap=SUBJECT_SCAN_CAP,
         offset=offset,
         page_size=PAGE_SIZE,
         query=query_string(filters),
