@@ -448,7 +448,9 @@ def test_a_refused_enqueue_is_recorded_with_its_key_counted_and_shown(db_url, ke
         stored = json.dumps(rows(db_url, "SELECT * FROM enqueue_refusals"), default=str)
         assert secret_body not in stored and sent["to"][0] not in stored and keys["agent"] not in stored
         assert checked(agent.get("/v1/refusals", params={"interface": "mcp"}))["data"] == []
-        assert agent.get("/v1/refusals", params={"interface": "smtp"}).status_code == 422
+        assert (
+            agent.get("/v1/refusals", params={"interface": "smtp"}).status_code == 400
+        )  # a value the query cannot read
 
         scraped = httpx.get(served.url + "/metrics").text
         assert 'evq_enqueue_refusals_total{field="decision",interface="http"} 1.0' in scraped

@@ -332,3 +332,92 @@ def test_a_runs_timeline_groups_events_by_step_on_one_axis_and_collapses_the_ear
         assert earlier and int(earlier[1]) == earlier[2].count("<li") >= 1
         xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', body)]
         assert xs and all(0 <= x <= 100 for x in xs) and len(xs) == 3 + int(earlier[1])
+
+
+def test_a_subject_search_finds_what_the_operator_typed_on_the_page_the_api_and_the_cli(server, db_url):
+    """Search by subject: a case-insensitive substring, on top of the other filters; the page,
+    GET /v1/steps and `evq steps list` give the same rows newest first and say how many steps
+    they read; a bulk close over the filter previews exactly those rows."""
+    import re
+
+    from tests.acceptance.conftest import Evq
+    from tests.web.support import checked
+
+    refunds = unknown(db_url, 3, run_id="run-subject", subject="Refund for order 4411")
+    welcome = unknown(db_url, 2, run_id="run-subject", subject="Welcome aboard")
+    unknown(db_url, 1, run_id="run-elsewhere", subject="refund elsewhere")
+    newest_first = sorted(refunds, reverse=True)
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        for path in (
+            "/ops/steps?subject=REFUND&run_id=run-subject",
+            "/ops/steps?status=unknown&subject=order+44&run_id=run-subject",
+            "/ops/unknown?subject=refund+FOR&run_id=run-subject",
+        ):
+            page = web.get(path)
+            assert page.status_code == 200, (path, page.text[-600:])
+            listed = [int(i) for i in re.findall(r'<tr[^>]* data-step="(\d+)"', page.text)]
+            assert listed == newest_first, (path, listed)
+            assert 'id="subject-scanned"' in page.text and "Searched all 5 steps" in page.text, (
+                path
+            )  # the run's, none cut
+        token = _csrf(web.get("/ops/unknown?subject=refund&run_id=run-subject").text)
+        preview = web.post(
+            "/ops/unknown/preview",
+            data={"csrf": token, "verdict": "rejected", "note": "n", "run_id": "run-subject", "subject": "refund"},
+        )
+        assert preview.status_code == 200 and "<strong>3</strong> unknown rows would become" in preview.text
+        too_long = web.get("/ops/steps?subject=" + "x" * 201)
+        assert too_long.status_code == 400 and "<code>subject</code>" in too_long.text
+
+        reader = make_key(db_url, "bot", "agent")
+        api = checked(
+            web.get("/v1/steps", params={"subject": "refund", "run_id": "run-subject"}, headers=bearer(reader))
+        )
+        assert [s["id"] for s in api["data"]] == newest_first
+        assert api["meta"]["total"] == 3 and api["meta"]["total_exact"] is True
+        assert api["meta"]["subject_scanned"] == 5  # every step of the run, none cut
+    cli = Evq(db_url).json("steps", "list", "--subject", "Refund", "--run-id", "run-subject")
+    assert [s["id"] for s in cli["data"]] == newest_first and cli["meta"]["subject_scanned"] == 5
+    assert {step_row(db_url, i)["status"] for i in refunds + welcome} == {"unknown"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_the_apis_lists_answer_a_bad_query_parameter_with_400_and_the_reason(server, db_url):
+    """The /v1 lists, as the page: a parameter a list does not take, or a value it cannot read,
+    is a 400 in the contract's error shape naming the field, never a list read without it.
+    A path parameter's error stays 422 (it is not a filter)."""
+    from tests.web.support import checked
+
+    unknown(db_url, 1, run_id="run-api400")
+    key = bearer(make_key(db_url, "alice", "operator"))
+    with httpx.Client(base_url=server, timeout=30) as web:
+        for path, field in (
+            ("/v1/steps?colour=red", "colour"),
+            ("/v1/steps?runid=run-api400", "runid"),
+            ("/v1/steps?status=lost", "status.0"),
+            ("/v1/steps?older_than=3x", "older_than"),
+            ("/v1/steps?limit=ten", "limit"),
+            ("/v1/steps?subject=" + "x" * 201, "subject"),
+            ("/v1/steps?q=a&search=b", "q"),
+            ("/v1/refusals?colour=red", "colour"),
+            ("/v1/refusals?limit=0", "limit"),
+            ("/v1/events?offset=x", "offset"),
+            ("/v1/deliveries?bogus=1", "bogus"),
+            ("/v1/runs/run-api400?offset=1e3", "offset"),
+            ("/v1/steps/1?wait=forever", "wait"),
+        ):
+            answer = web.get(path, headers=key)
+            assert answer.status_code == 400, (path, answer.status_code, answer.text[:400])
+            body = checked(answer)
+            assert body["status"] == "error" and body["error"]["code"] == "E_INVALID_ARG", path
+            fields = body["error"]["context"]["fields"]
+            assert fields[0]["field"] == field and fields[0]["message"], (path, fields)
+            assert field in body["error"]["message"], path
+        path_error = web.get("/v1/steps/abc", headers=key)
+        assert (
+            path_error.status_code == 422 and checked(path_error)["error"]["context"]["fields"][0]["field"] == "step_id"
+        )
