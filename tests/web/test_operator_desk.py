@@ -421,3 +421,42 @@ def test_the_apis_lists_answer_a_bad_query_parameter_with_400_and_the_reason(ser
         assert (
             path_error.status_code == 422 and checked(path_error)["error"]["context"]["fields"][0]["field"] == "step_id"
         )
+
+
+def test_a_steps_page_shows_its_events_on_a_time_axis_the_latest_five_open(server, db_url):
+    """The step page's timeline: a step tried twice (a temporary failure, then a lost answer)
+    has six events; the latest five are listed, the first folded in a closed <details>, each
+    placed on the step's own axis (0 to 100). Plain HTML: no script is needed to read it."""
+    import re
+
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Unknown
+    from evq.worker.transitions import decide
+    from tests.support import with_store
+    from tests.web.test_step_lists import after_one_try
+
+    [step] = after_one_try(db_url, 1, max_attempts=3, run_id="run-axis")
+
+    async def lose_the_second_answer(store: Any) -> None:
+        [claimed] = await store.claim(
+            owner="w-test", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=None
+        )
+        assert claimed.id == step
+        lost = decide(claimed, Unknown("lost"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+        await store.record([lost], actor="w-test", now=None)
+
+    with_store(db_url, lose_the_second_answer)
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        page = web.get(f"/ops/steps/{step}").text
+    section = re.search(r'<section class="step-timeline" id="timeline".*?</section>', page, flags=re.S)
+    assert section, page[-2000:]
+    body = section[0]
+    recent = re.search(r'<ol class="events recent">(.*?)</ol>', body, flags=re.S)[1]
+    kinds = re.findall(r'data-kind="([a-z_]+)"', recent)
+    assert kinds == ["enqueued", "attempt_started", "provider_response", "attempt_started", "provider_response"]
+    earlier = re.search(r'<details class="earlier"><summary>1 earlier event</summary>(.*?)</details>', body, flags=re.S)
+    assert earlier and re.findall(r'data-kind="([a-z_]+)"', earlier[1]) == ["decision"]
+    xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', body)]
+    assert len(xs) == 6 and all(0 <= x <= 100 for x in xs) and xs == sorted(xs)
+    assert "<script" not in body
