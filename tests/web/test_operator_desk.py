@@ -303,9 +303,16 @@ def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(ser
     for name, path in (
         ("step", f"/ops/steps/{ids[2]}"),
         ("run-timeline", "/ops/runs/run-inbox"),
-        ("search", "/ops/steps?q=run-inbox"),
+        ("search", "/ops/steps?q=run-inbox&subject=subject"),
     ):
         browser.get(server + path)
+        if name == "search":  # the subject filter found the one send still held, and says how far it read
+            assert "Searched all" in browser.find_element(By.ID, "subject-scanned").text
+            assert [
+                r.get_attribute("data-step") for r in browser.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr")
+            ] == [str(i) for i in sorted(ids, reverse=True)]
+        if name == "step":  # its timeline, readable without a click
+            assert browser.find_element(By.ID, "timeline").find_elements(By.CSS_SELECTOR, "ol.events.recent li")
         axe_clean(browser, name)
         shot(browser, name)
 
@@ -460,3 +467,71 @@ def test_a_steps_page_shows_its_events_on_a_time_axis_the_latest_five_open(serve
     xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', body)]
     assert len(xs) == 6 and all(0 <= x <= 100 for x in xs) and xs == sorted(xs)
     assert "<script" not in body
+
+
+def test_an_approver_corrects_a_held_send_from_the_inbox_without_javascript(server, db_url):
+    """The inbox's "Correct and approve": the step page's approve form on each held send (its
+    HTML rendered in a sandboxed frame under a policy that loads nothing remote), posted as a
+    browser without script posts it. A corrected subject and HTML go out instead and the inbox
+    says so; a corrected text beside the unchanged HTML is refused and the send stays held; the
+    key that enqueued a send gets no form and its post is refused (a second person decides)."""
+    import html as html_lib
+    import re
+
+    from tests.support import request
+    from tests.web.support import form_fields
+    from tests.web.test_step_lists import held
+
+    asked = "<p>Hello <b>there</b></p>"
+    fixed, kept = held(db_url, 2, run_id="run-correct", subject="Helo", html=asked)
+    admin = make_key(db_url, "root", "admin")
+    with httpx.Client(base_url=server, timeout=30) as api:
+        made = api.post(
+            "/v1/steps", json=request(run_id="run-own", require_approval=True), headers=bearer(admin)
+        ).json()
+    own = made["data"]["id"]
+    assert step_row(db_url, own)["status"] == "held"
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, make_key(db_url, "alice", "operator"))
+        inbox = web.get("/ops/held").text
+        frame = re.search(rf'<iframe class="email-html" id="html-part-{fixed}" sandbox srcdoc="([^"]*)"', inbox)
+        assert frame, inbox[-1500:]
+        srcdoc = html_lib.unescape(frame[1])
+        assert srcdoc.startswith('<meta http-equiv="Content-Security-Policy" content="default-src \'none\';')
+        assert srcdoc.endswith(asked) and "allow-scripts" not in inbox
+        assert f'id="correct-form-{fixed}"' in inbox and f'id="correct-form-{own}"' in inbox
+
+        action = f"/ops/steps/{fixed}/approve"
+        fields = form_fields(inbox, action)
+        assert fields["back"] == "held" and fields["action"] == "approve"
+        corrected = "<p>Hello <b>Sam</b></p>"
+        done = web.post(
+            action, data={**fields, "note": "typo fixed", "subject": "Hello", "text": "", "html": corrected}
+        )
+        assert done.status_code == 303 and done.headers["location"] == f"/ops/held?approved={fixed}", done.text[-800:]
+        after = web.get(done.headers["location"])
+        assert after.status_code == 200 and 'id="approved"' in after.text and "Approved" in after.text
+        assert f'id="held-{fixed}"' not in after.text  # it left the inbox
+
+        refused = web.post(
+            f"/ops/steps/{kept}/approve",
+            data={**form_fields(inbox, f"/ops/steps/{kept}/approve"), "note": "n", "text": "new text", "html": asked},
+        )
+        assert refused.status_code == 422 and "html" in refused.text, refused.text[-800:]
+        # Not approved: a hand-made address claims nothing; an unreadable one is a 400.
+        assert 'id="approved"' not in web.get(f"/ops/held?approved={kept}").text
+        assert web.get("/ops/held?approved=abc").status_code == 400
+
+    with httpx.Client(base_url=server, timeout=30) as web:
+        _signed_in(web, admin)
+        inbox = web.get("/ops/held").text
+        assert f'id="correct-form-{own}"' not in inbox and f'id="correct-form-{kept}"' in inbox
+        fields = {"csrf": _csrf(inbox), "back": "held", "action": "approve", "note": "mine", "subject": "x"}
+        assert web.post(f"/ops/steps/{own}/approve", data=fields).status_code == 403
+
+    row = step_row(db_url, fixed)
+    assert row["status"] == "pending" and row["payload"]["subject"] == "Hello" and row["payload"]["html"] == corrected
+    assert step_row(db_url, kept)["status"] == "held" and step_row(db_url, kept)["payload"]["html"] == asked
+    assert step_row(db_url, own)["status"] == "held"
+    approved = rows(db_url, "SELECT step_id, actor FROM evidence WHERE kind = 'approved'")
+    assert [(r["step_id"], r["actor"]) for r in approved] == [(fixed, "alice")]
