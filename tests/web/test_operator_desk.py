@@ -306,7 +306,7 @@ def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(ser
         ("search", "/ops/steps?q=run-inbox&subject=subject"),
     ):
         browser.get(server + path)
-        if name == "search":  # the subject filter found the one send still held, and says how far it read
+        if name == "search":  # the subject filter finds the run's three sends, newest first, and says how far it read
             assert "Searched all" in browser.find_element(By.ID, "subject-scanned").text
             assert [
                 r.get_attribute("data-step") for r in browser.find_elements(By.CSS_SELECTOR, "#step-rows tbody tr")
