@@ -537,3 +537,21 @@ def test_an_approver_corrects_a_held_send_from_the_inbox_without_javascript(serv
     assert step_row(db_url, own)["status"] == "held"
     approved = rows(db_url, "SELECT step_id, actor FROM evidence WHERE kind = 'approved'")
     assert [(r["step_id"], r["actor"]) for r in approved] == [(fixed, "alice")]
+
+
+async def test_an_agent_over_mcp_searches_by_subject_too(db_url):
+    """MCP's evq_steps_list takes the same subject filter (its schema from the command table)."""
+    import asyncio
+
+    from tests.web.test_mcp import call, client, key
+
+    found = await asyncio.to_thread(unknown, db_url, 2, run_id="run-mcp-subject", subject="Quarterly REPORT ready")
+    await asyncio.to_thread(unknown, db_url, 1, run_id="run-mcp-subject", subject="Lunch")
+    agent = await key(db_url, "bot", "agent", created_by=None)
+    async with client(db_url, agent) as c:
+        listed = await call(c, "evq_steps_list", {"subject": "report", "run_id": "run-mcp-subject"}, "steps.list")
+        refused = await call(c, "evq_steps_list", {"subject": "x" * 201}, "steps.list")
+    assert [s["id"] for s in listed["data"]] == sorted(found, reverse=True)
+    assert listed["meta"]["subject_scanned"] == 3 and listed["meta"]["total_exact"] is True
+    assert refused["error"]["code"] == "E_INVALID_ARG"
+    assert refused["error"]["context"]["fields"][0]["field"] == "subject"
