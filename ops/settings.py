@@ -35,6 +35,7 @@ from evq.adapters.smtp import config as smtp
 from evq.adapters.smtp.config import JournalConfig, SmtpConfig
 from evq.adapters.webhooks import config as webhooks
 from evq.adapters.webhooks.config import WebhookConfig
+from evq.worker.addresses import validate_address
 from evq.worker.approval_policy import ApprovalPolicy, approval_options, policy_from
 from evq.worker.circuit import FAULTS
 from evq.worker.config import (
@@ -50,7 +51,7 @@ from evq.worker.notices import NoticeConfig, reserved_sender
 from evq.worker.options import Option, bad, boolean, bound_text, duration, lowercase_list, parse
 from evq.worker.ports.providers import ProviderProfile
 from evq.worker.ratelimit import RateLimit
-from evq.worker.request import DECISION_FIELDS, Policy, validate_address
+from evq.worker.request import DECISION_FIELDS, Policy
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
