@@ -12,6 +12,7 @@ from evq.ops.app.labels import REASON_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.service.common import _DURATION, _UNITS, MAX_DURATION, Caller, Reply, page_meta, verdict_view
 from evq.ops.app.service.enqueue import approval_view
 from evq.ops.app.service.feeds import DELIVERIES_SHOWN, delivery_view, public_deliveries
+from evq.worker.domains import unicode_domain
 from evq.worker.errors import (
     InvalidRequest,
 )
@@ -19,7 +20,6 @@ from evq.worker.keys import Permission
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, StatusCount, StepFilter
 from evq.worker.records import StepDetail, StepSummary
-from evq.worker.request import unicode_domain
 from evq.worker.search import SEARCH_MAX, SUBJECT_MAX
 from evq.worker.states import Status
 from evq.worker.timeline import run_events

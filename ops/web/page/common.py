@@ -24,7 +24,7 @@ from evq.ops.app.age import age
 from evq.ops.app.commands import CREDENTIAL, Kind, command
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import time_zone
+from evq.ops.time_zones import time_zone
 from evq.ops.web.session import COOKIE, Session
 from evq.ops.web.state import AppState
 from evq.worker.errors import AuthFailed, BadKey, EvqError, InvalidRequest, StateConflict
