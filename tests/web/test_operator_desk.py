@@ -3,7 +3,9 @@ one without it, the server refuses one posted without it and closes nothing). Re
 and real PostgreSQL; the browser parts in real headless Chromium with axe-core.
 
 Screenshots land in $EVQ_TEST_ARTIFACTS/operator-desk (default: test-artifacts/operator-desk at
-the repository's root), one per page, named for the page."""
+the repository's root), one per page, named for the page: overview, unknown-list (and its
+preview, closed and live states), step, run-timeline, held-inbox (and held-correct), search;
+each page's axe-core results beside them in axe/."""
 
 from __future__ import annotations
 
@@ -271,8 +273,9 @@ def test_the_unknown_list_and_the_overview_update_while_open(server, browser, db
 
 def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(server, browser, db_url):
     """The held queue as an inbox: each send's HTML rendered in a sandboxed frame, a box each; the
-    approver picks two of three, previews, approves exactly those. The pages an operator works
-    through (step, run trace, search) are axe-clean too, and each is saved as a screenshot."""
+    approver picks two of three, previews, approves exactly those, then corrects the third's
+    subject and HTML in the inbox and approves it. The pages an operator works through (step with
+    its timeline, run trace, a subject search) are axe-clean too, and each is saved as a screenshot."""
     from selenium.webdriver.common.by import By
 
     from tests.web.test_ops_page import click_and_load
@@ -317,6 +320,24 @@ def test_an_approver_picks_held_sends_in_the_inbox_and_approves_them_at_once(ser
             browser.execute_script("arguments[0].scrollIntoView()", timeline)
         axe_clean(browser, name)
         shot(browser, name)
+
+    # The last held send, corrected and approved from the inbox in the browser (a plain form).
+    browser.get(server + "/ops/held")
+    browser.find_element(By.CSS_SELECTOR, f"#correct-{ids[2]} summary").click()
+    form = browser.find_element(By.ID, f"correct-form-{ids[2]}")
+    form.find_element(By.NAME, "note").send_keys("greeting fixed")
+    form.find_element(By.NAME, "subject").send_keys("Hello, corrected")
+    html = form.find_element(By.NAME, "html")
+    html.clear()
+    html.send_keys("<p>Hello <b>you</b></p>")
+    browser.execute_script("arguments[0].scrollIntoView()", form)
+    axe_clean(browser, "held-correct")
+    shot(browser, "held-correct")
+    click_and_load(browser, browser.find_element(By.ID, f"correct-approve-{ids[2]}"))
+    assert "Approved" in browser.find_element(By.ID, "approved").text
+    corrected = step_row(db_url, ids[2])
+    assert corrected["status"] == "pending" and corrected["payload"]["subject"] == "Hello, corrected"
+    assert corrected["payload"]["html"] == "<p>Hello <b>you</b></p>"
 
 
 def test_a_runs_timeline_groups_events_by_step_on_one_axis_and_collapses_the_earlier_ones(server, db_url):
