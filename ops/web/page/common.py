@@ -37,7 +37,7 @@ ENDED = {
     "revoked": "That key was revoked: sign in with another.",
     "signed-out": "This session was signed out: sign in again.",
 }
-FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
+FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain", "subject")
 OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
 PAGE_SIZE = 100
 HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decision), so fewer a page
