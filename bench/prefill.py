@@ -29,7 +29,7 @@ def bench_requests(n: int, *, run_id: str = "bench") -> list[dict[str, Any]]:
 
 
 def policy() -> Any:
-    from evq.ops.settings import ADAPTERS
+    from evq.ops.option_catalogue import ADAPTERS
     from evq.worker.request import Policy
 
     return Policy(providers=tuple(ADAPTERS), default_provider="null")

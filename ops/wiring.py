@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from evq.adapters.postgres.conninfo import passwords
-from evq.ops.settings import OPTION_BY_NAME, Settings
+from evq.ops.option_catalogue import OPTION_BY_NAME
+from evq.ops.settings import Settings
 from evq.worker.errors import ConfigError, DatabaseUnavailable, EvqError
 from evq.worker.extras import needs
 from evq.worker.logs import configure, get_logger, register_secrets

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def given(env: Mapping[str, str]) -> dict[str, object]:
     """The constants ``env`` names, by field name, read as their variables were (a bad value is
     the same ConfigError naming the variable)."""
-    from evq.ops.settings import CONSTANT_OPTIONS
+    from evq.ops.option_catalogue import CONSTANT_OPTIONS
     from evq.worker.options import parse
 
     return {o.name: parse(o, env[o.env], source=o.env) for o in CONSTANT_OPTIONS if env.get(o.env)}
@@ -32,7 +32,8 @@ def given(env: Mapping[str, str]) -> dict[str, object]:
 @contextlib.contextmanager
 def constants(env: Mapping[str, str]) -> Iterator[None]:
     """``Settings.load`` with the constants ``env`` names, for as long as the block runs."""
-    from evq.ops.settings import CONSTANT_OPTIONS, Settings
+    from evq.ops.option_catalogue import CONSTANT_OPTIONS
+    from evq.ops.settings import Settings
 
     if not any(env.get(o.env) for o in CONSTANT_OPTIONS):
         yield

@@ -21,9 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 from evq.worker import metrics
+from evq.worker.domains import ascii_domain
 from evq.worker.errors import IdempotencyConflict, InvalidRequest, Unresolvable
 from evq.worker.records import EnqueueResult
-from evq.worker.request import REQUEST_FIELDS, Policy, ValidRequest, ascii_domain, parse
+from evq.worker.request import REQUEST_FIELDS, Policy, ValidRequest, parse
 from evq.worker.states import Status
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from evq.worker.domains import ascii_domain
 from evq.worker.request import (
     MAX_SUBJECT,
     NOTICE_LOCAL_PART,
@@ -28,7 +29,6 @@ from evq.worker.request import (
     Decision,
     Policy,
     ValidRequest,
-    ascii_domain,
     parse,
     payload_digest,
 )

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evq.worker.request import unicode_domain
+from evq.worker.domains import unicode_domain
 
 SEARCH_MAX = 320  # an address's length limit (254) with room to spare; longer finds nothing
+# A subject filter's longest string: a subject is a line of text (RFC 5322's 998 characters, a
+# person's search is a few words of it); longer finds nothing worth the read.
+SUBJECT_MAX = 200
 MAX_ID = 2**63 - 1  # a step id is a bigint
 
 

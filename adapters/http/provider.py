@@ -70,10 +70,11 @@ from evq.adapters.http.config import HttpConfig, shown_url, url_secrets
 from evq.adapters.http.config import profile as http_profile
 from evq.worker import deadline as limits
 from evq.worker.delivery import key_tag
+from evq.worker.header_text import header_text_refusal
 from evq.worker.logs import get_logger, register_secrets
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, log_fields
 from evq.worker.ports import LookupFailed, LookupResult, ProviderProfile, SendRequest
-from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload, header_text_refusal
+from evq.worker.request import ALLOWED_HEADERS, Policy, check_payload
 from evq.worker.secret_scrub import scrub_text
 
 log = get_logger("evq.adapters.http")

@@ -1573,6 +1573,69 @@ FROM (VALUES
 ) AS c(status, n);
 
 
+-- name: step_subject_scan
+-- The subject filter (docs/design.md, "Search by subject"): the steps whose request's subject
+-- holds %(subject)s (already lower-cased) in any case, on top of step_list's other filters,
+-- its states and its search. No index answers a substring, and none is added for it (an index
+-- on email_steps, the hot table, costs every send a write): `scanned` reads the newest
+-- %(scan_cap)s steps the other filters leave (newest first by id: the primary key read
+-- backwards, or a filter's own index and a sort of its rows, whichever the planner finds
+-- cheaper) and matches the subject in those only. A scanned count of scan_cap means older
+-- steps were not searched, and the page says so ("searched the newest N steps"); the step's
+-- row is read for its subject (its payload, TOASTed when large) once per scanned step.
+-- The page is the hits newest first (every state, unknown and held too: a subject search
+-- is a look-up, not a queue); `by_status` counts the hits of each state (the tabs).
+-- The search's arms are step_list's, tested row by row here (each is cheap: the Message-ID's
+-- ledger look-up and the key name's decisions are read once, as init plans).
+-- One row always comes back: it carries the counts, and no step when the page is empty.
+WITH t AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), scanned AS MATERIALIZED (
+    SELECT s.id, s.status, strpos(lower(s.payload ->> 'subject'), %(subject)s::text) > 0 AS hit
+    FROM email_steps s
+    WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
+      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+      AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
+      AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR coalesce(s.unknown_since, s.created_at) < %(created_before)s::timestamptz)
+      AND (%(recipient_domain)s::text IS NULL
+           OR evq_recipient_keys(s.payload) @> ARRAY['@' || lower(%(recipient_domain)s::text)])
+      AND (%(search)s::text IS NULL
+           OR (%(search_id)s::bigint IS NOT NULL AND s.id = %(search_id)s::bigint)
+           OR (%(search_recipient)s::text IS NOT NULL
+               AND evq_recipient_keys(s.payload) @> ARRAY[%(search_recipient)s::text])
+           OR s.id = (SELECT k.id FROM step_keys k
+                      WHERE k.message_id = %(search_message_id)s::text AND k.pruned_at IS NULL)
+           OR s.provider_message_id = %(search)s::text
+           OR s.idempotency_key = %(search)s::text
+           OR s.run_id = %(search)s::text
+           OR s.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text)))
+    ORDER BY s.id DESC
+    LIMIT %(scan_cap)s::int
+), counted AS (
+    SELECT (SELECT count(*)::int FROM scanned) AS scanned,
+           coalesce((SELECT jsonb_object_agg(c.status, c.n)
+                     FROM (SELECT h.status, count(*)::int AS n FROM scanned h WHERE h.hit GROUP BY h.status) c),
+                    '{}'::jsonb) AS by_status
+), page AS (
+    SELECT h.id FROM scanned h WHERE h.hit ORDER BY h.id DESC LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT c.scanned, c.by_status,
+       s.id, s.run_id, s.step_id, s.status, s.reason, s.provider, s.attempts,
+       ARRAY(SELECT r ->> 'email'
+             FROM jsonb_array_elements(s.payload -> 'to') r
+             UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'cc') r
+             UNION ALL SELECT r ->> 'email' FROM jsonb_array_elements(s.payload -> 'bcc') r) AS recipients,
+       s.payload ->> 'subject' AS subject,
+       s.created_at, s.updated_at, s.unknown_since, s.closed_at, s.maybe_delivered,
+       extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
+FROM counted c
+CROSS JOIN t
+LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+ORDER BY s.id DESC;
+
+
 -- name: step_resolve
 -- An operator's verdict on an unknown row: the close and its operator_resolved
 -- evidence (who, note, reason, reference, the state it replaced) in one statement,

@@ -1,5 +1,6 @@
 """The Amazon SES adapter (SES API v2 through boto3): ``provider`` holds
-:class:`SesProvider` and its classification, ``config`` its ``EVQ_SES_*`` options and
+:class:`SesProvider`, ``exchange`` how far each send's HTTP exchange got, ``error_codes``
+SES's error codes and what each makes of a send, ``config`` its ``EVQ_SES_*`` options and
 :class:`SesConfig`.
 
 The names below are loaded on first use (PEP 562), so the settings loader, which reads

@@ -41,15 +41,16 @@ socket down and answers from how far the exchange got.
 
 Credentials (settings or the AWS chain) are registered as secrets, never logged, never in
 evidence; the answers kept as evidence are scrubbed.
+
+Beside it: adapters/ses/exchange.py follows how far each exchange got (the trace hook), and
+adapters/ses/error_codes.py holds SES's error codes and the outcome of an error answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from email import policy as email_policy
 from email.parser import BytesParser
@@ -69,6 +70,8 @@ from botocore.exceptions import (
 )
 
 from evq.adapters import answers
+from evq.adapters.ses.error_codes import classify
+from evq.adapters.ses.exchange import Attempt, Body, Cut, LeaseTooShort, TransportFailed
 from evq.adapters.smtp.message import BuildError, Envelope, build_message
 from evq.worker import deadline as limits
 from evq.worker.delivery import KEY_TAG, key_tag
@@ -83,156 +86,6 @@ log = get_logger("evq.adapters.ses")
 
 # How long a cut-off send's thread gets to report how far it got, once its socket is shut down.
 _CUT_GRACE = 0.5
-
-_THROTTLED = frozenset(
-    {
-        "TooManyRequestsException",
-        "TooManyRequests",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "LimitExceededException",
-        "LimitExceeded",
-    }
-)
-_REJECTED = frozenset(
-    {
-        "MessageRejected",
-        "BadRequestException",
-        "BadRequest",
-        "InvalidParameterValue",
-        "InvalidParameterException",
-        "InvalidParameter",
-        "ValidationException",
-        "ValidationError",
-        "MailFromDomainNotVerifiedException",
-        "MailFromDomainNotVerified",
-    }
-)
-_FORBIDDEN = frozenset(
-    {
-        "AccountSuspendedException",
-        "AccountSuspended",
-        "SendingPausedException",
-        "SendingPaused",
-        "AccessDeniedException",
-        "AccessDenied",
-        "NotFoundException",
-        "ConfigurationSetDoesNotExist",
-    }
-)
-_BAD_CREDENTIALS = frozenset(
-    {
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "InvalidSignatureException",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "IncompleteSignatureException",
-        "MissingAuthenticationToken",
-        "MissingAuthenticationTokenException",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "AuthFailure",
-    }
-)
-# SES's own word that it did not take the request, for the moment.
-_UNAVAILABLE = frozenset({"ServiceUnavailable", "ServiceUnavailableException"})
-
-# httpcore's trace events: the last moment before the first byte, and the whole request written.
-_REQUEST_STARTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
-_REQUEST_WRITTEN = ("http11.send_request_body.complete", "http2.send_request_body.complete")
-_CONNECTED = "connection.connect_tcp.complete"
-
-
-class _LeaseTooShort(Exception):
-    """Raised from the trace hook before a byte of the request is written (invariant 9)."""
-
-
-class _Cut(Exception):
-    """The send's deadline passed before the request began: it must never begin."""
-
-
-class _TransportFailed(Exception):
-    """The HTTP exchange failed; ``written`` says whether the whole request had gone out."""
-
-    def __init__(self, error: BaseException, written: bool):
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
-        self.written = written
-
-
-class _Attempt:
-    """How far one send's HTTP exchange got, shared by its thread and the event loop."""
-
-    def __init__(self, send_by: float | None, deadline: float | None):
-        self.send_by = send_by
-        self.deadline = deadline
-        self.phase = "request"  # request -> writing -> written
-        self.cut = False
-        self._tunnel = False  # the request being written is a proxy's CONNECT
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
-
-    def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event == _CONNECTED:
-            stream = info.get("return_value")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            with self._lock:
-                self._sock = sock
-                cut = self.cut
-            if cut:
-                self._shutdown()
-        elif event in _REQUEST_STARTS:
-            with self._lock:
-                if self.cut:
-                    raise _Cut
-                if not limits.may_send(self.send_by):
-                    # Connecting may have taken the lease's time, or the process was paused.
-                    raise _LeaseTooShort
-                # A proxy's CONNECT (its events come through the same hook) sends nothing to SES.
-                self._tunnel = answers.is_tunnel(info)
-                if not self._tunnel:
-                    self.phase = "writing"
-        elif event in _REQUEST_WRITTEN:
-            with self._lock:
-                if not self._tunnel:
-                    self.phase = "written"
-
-    @property
-    def written(self) -> bool:
-        with self._lock:
-            return self.phase == "written"
-
-    def cut_off(self) -> str:
-        """From the loop, at the deadline: no request may begin any more; a live one is
-        ended by shutting its socket down (a trickling peer defeats per-read timeouts).
-        Returns the phase the exchange had reached."""
-        with self._lock:
-            self.cut = True
-            phase = self.phase
-        self._shutdown()
-        return phase
-
-    def _shutdown(self) -> None:
-        with self._lock:
-            sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-class _Body:
-    """The raw answer as botocore reads it (``stream()``)."""
-
-    def __init__(self, content: bytes):
-        self._content = content
-
-    def stream(self, **_kwargs: Any) -> Any:
-        yield self._content
 
 
 class SesProvider:
@@ -303,7 +156,7 @@ class SesProvider:
         )
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="evq-ses")
         self._local = threading.local()
-        self._live: set[_Attempt] = set()
+        self._live: set[Attempt] = set()
         self._jobs: set[Future[Outcome]] = set()
         self._track = threading.Lock()
         self._closed = False
@@ -341,7 +194,7 @@ class SesProvider:
         return message
 
     async def _run(self, request: SendRequest) -> Outcome:
-        attempt = _Attempt(request.send_by, request.deadline)
+        attempt = Attempt(request.send_by, request.deadline)
         loop = asyncio.get_running_loop()
         try:
             job = self._pool.submit(self._call, attempt, request)
@@ -389,7 +242,7 @@ class SesProvider:
         with self._track:
             self._jobs.discard(job)
 
-    def _call(self, attempt: _Attempt, request: SendRequest) -> Outcome:
+    def _call(self, attempt: Attempt, request: SendRequest) -> Outcome:
         """One SendEmail in a pool thread (rendering a large message is CPU work too, so it
         happens here, off the loop); every exception becomes an outcome."""
         try:
@@ -401,20 +254,20 @@ class SesProvider:
             self._live.add(attempt)
         try:
             answer = self._client.send_email(**message)
-        except _LeaseTooShort:
+        except LeaseTooShort:
             return Retryable(
                 "not sent: the lease no longer leaves time to send and record",
                 response=answers.evidence("request", error_class="LeaseTooShort"),
             )
-        except _Cut:
+        except Cut:
             return Retryable(
                 "not sent: the send's deadline passed before the request began",
                 response=answers.evidence("request", error_class="DeadlineExceeded"),
             )
-        except _TransportFailed as exc:
+        except TransportFailed as exc:
             return self._failed(exc)
         except ClientError as exc:
-            return self._classify(exc)
+            return classify(exc, self._scrub)
         except (NoCredentialsError, PartialCredentialsError) as exc:
             return Retryable(
                 f"{type(exc).__name__}: no AWS credentials were found for SES; nothing was sent "
@@ -458,10 +311,10 @@ class SesProvider:
 
     def _exchange(self, request: Any, **_kwargs: Any) -> AWSResponse:
         """botocore's ``before-send``: the signed request, sent here, answered to botocore."""
-        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        attempt: Attempt | None = getattr(self._local, "attempt", None)
         if attempt is None:
             # Only _call sends; anything else must not reach SES through an unwatched path.
-            raise _Cut
+            raise Cut
         self._register_credentials()
         body = request.body
         if hasattr(body, "read"):
@@ -479,52 +332,14 @@ class SesProvider:
                     "timeout": {"connect": each, "read": each, "write": each, "pool": each},
                 },
             )
-        except (_LeaseTooShort, _Cut):
+        except (LeaseTooShort, Cut):
             raise
         except (httpx.HTTPError, OSError) as exc:
-            raise _TransportFailed(exc, attempt.written) from None
-        return AWSResponse(request.url, response.status_code, dict(response.headers), _Body(response.content))
+            raise TransportFailed(exc, attempt.written) from None
+        return AWSResponse(request.url, response.status_code, dict(response.headers), Body(response.content))
 
-    def _failed(self, exc: _TransportFailed) -> Outcome:
+    def _failed(self, exc: TransportFailed) -> Outcome:
         return answers.transport_failure(exc.error, written=exc.written, detail=self._scrub(str(exc.error)), who="SES")
-
-    def _classify(self, exc: ClientError) -> Outcome:
-        error = exc.response.get("Error") or {}
-        meta = exc.response.get("ResponseMetadata") or {}
-        code = str(error.get("Code") or "")
-        status = meta.get("HTTPStatusCode")
-        headers = meta.get("HTTPHeaders") or {}
-        message = self._scrub(str(error.get("Message") or ""))
-        # An answer SES wrote names its error (x-amzn-ErrorType or the body's code); a gateway's
-        # HTML or an empty body leaves botocore only the status as the "code".
-        parsed = bool(code) and not code.isdigit()
-        evidence = answers.evidence(
-            "answer", code=status, reply=message, error_name=code or None, sent=True, request_id=meta.get("RequestId")
-        )
-        what = f"ses {status} {code}" + (f": {answers.short(message)}" if message else "")
-        if code in _THROTTLED or status == 429:
-            return Retryable(what, retry_after=_retry_after(headers), response=evidence, throttled=True)
-        if code in _REJECTED:
-            return Rejected(what, response=evidence)
-        if code in _FORBIDDEN:
-            return Retryable(
-                f"{what} (the account or its settings may not send: check SES and EVQ_SES_CONFIGURATION_SET)",
-                response=evidence,
-                misconfigured=True,
-                fault="forbidden",
-            )
-        if code in _BAD_CREDENTIALS or (status in (401, 403) and not parsed):
-            return Retryable(
-                f"{what} (check the AWS credentials: AWS_ACCESS_KEY_ID, a profile or a role)",
-                response=evidence,
-                misconfigured=True,
-                fault="auth_failed",
-            )
-        if code in _UNAVAILABLE and isinstance(status, int) and status >= 500:
-            return Retryable(what, retry_after=_retry_after(headers), response=evidence)
-        if isinstance(status, int) and status >= 500 and not parsed:
-            return Unknown(f"{what} without SES's own error; SES may have accepted the message", response=evidence)
-        return Unknown(f"{what}: an answer evq does not know; SES may have accepted the message", response=evidence)
 
     def _register_credentials(self) -> None:
         if self._credentials is None:
@@ -604,8 +419,3 @@ def _closed_before_start(job: Future[Outcome]) -> bool:
     it never ran: nothing was sent), rather than the caller's task being cancelled."""
     task = asyncio.current_task()
     return job.cancelled() and (task is None or task.cancelling() == 0)
-
-
-def _retry_after(headers: Mapping[str, Any]) -> float | None:
-    value = str(headers.get("retry-after") or "").strip()
-    return float(value) if value.isdigit() else None

@@ -1,8 +1,12 @@
 """The SMTP provider adapter, by job:
 
 - ``message``: the payload rendered as RFC 5322 bytes and an envelope (no network);
-- ``conversation``: one attempt's SMTP conversation, phase by phase, its replies classified
-  (RFC 1047: docs/design.md, "Adapters"), and the client TLS context;
+- ``conversation``: one attempt's SMTP conversation, phase by phase (RFC 1047: docs/design.md,
+  "Adapters");
+- ``client``: the smtplib client it talks through (whole reply lines only), the greeting
+  name, dot-stuffing and the client TLS context;
+- ``replies``: what a server's reply means (queue ids, session faults) and what of it is
+  scrubbed before it is kept;
 - ``provider``: :class:`SmtpProvider`, the port the worker calls;
 - ``config``: its ``EVQ_SMTP_*`` options and :class:`SmtpConfig`.
 
@@ -29,18 +33,19 @@ _WHERE = {
     "BuildError": "evq.adapters.smtp.message",
     "Envelope": "evq.adapters.smtp.message",
     "build_message": "evq.adapters.smtp.message",
-    "address_literal": "evq.adapters.smtp.conversation",
-    "queue_id": "evq.adapters.smtp.conversation",
-    "tls_context": "evq.adapters.smtp.conversation",
+    "address_literal": "evq.adapters.smtp.client",
+    "queue_id": "evq.adapters.smtp.replies",
+    "tls_context": "evq.adapters.smtp.client",
     "SmtpProvider": "evq.adapters.smtp.provider",
     "SmtpConfig": "evq.adapters.smtp.config",
 }
 
 if TYPE_CHECKING:
+    from evq.adapters.smtp.client import address_literal, tls_context
     from evq.adapters.smtp.config import SmtpConfig
-    from evq.adapters.smtp.conversation import address_literal, queue_id, tls_context
     from evq.adapters.smtp.message import BuildError, Envelope, build_message
     from evq.adapters.smtp.provider import SmtpProvider
+    from evq.adapters.smtp.replies import queue_id
 
 
 def __getattr__(name: str) -> Any:

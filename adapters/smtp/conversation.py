@@ -16,22 +16,37 @@ deadline passes, which frees the thread (worker/deadline.py, invariant 9). The f
 request's ``send_by`` has not passed. The SMTP password is never put in an outcome,
 a log line or a reason: replies and error texts are scrubbed of it (and of its
 base64 forms) before they leave the worker thread.
+
+The client it talks through (whole reply lines only, the greeting name, dot-stuffing, TLS) is
+adapters/smtp/client.py; what a reply means and what of it is scrubbed, adapters/smtp/replies.py.
 """
 
 from __future__ import annotations
 
-import base64
-import re
 import select
 import smtplib
 import socket
 import ssl
 import threading
 from collections.abc import Container
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from evq.adapters.smtp.client import IncompleteReply, Smtp, SmtpSsl, address_literal, default_helo, dot_stuff
 from evq.adapters.smtp.message import Envelope
+from evq.adapters.smtp.replies import (
+    CONFIG_CODES,
+    JOURNAL_SHOWN,
+    SESSION_FAULTS,
+    TOO_MANY,
+    config_fault,
+    helo_refused,
+    is_temporary,
+    journal_forms,
+    queue_id,
+    root_class,
+    short,
+    transport_fault,
+)
 from evq.worker import deadline as limits
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown
 from evq.worker.ports import SendRequest
@@ -40,117 +55,7 @@ if TYPE_CHECKING:
     from evq.adapters.smtp.provider import SmtpProvider
 
 MAX_REPLY = 500
-# What a reply kept as evidence says in place of the journal recipient (never its address).
-JOURNAL_SHOWN = "[journal]"
-
-# Queue ids as the common MTAs phrase them: Postfix "queued as X", Exim "id=X",
-# Sendmail "X Message accepted for delivery", Amazon SES "Ok <id>".
-_QUEUE_ID = (
-    re.compile(r"queued as\s+<?([A-Za-z0-9][A-Za-z0-9._:+/=@-]{0,127})", re.I),
-    re.compile(r"\bid=<?([A-Za-z0-9][A-Za-z0-9._:+/=@-]{0,127})", re.I),
-    re.compile(r"^(?:\d\.\d{1,3}\.\d{1,3}\s+)?([A-Za-z0-9]{8,64})\s+Message accepted for delivery", re.I),
-    re.compile(r"^(?:\d\.\d{1,3}\.\d{1,3}\s+)?Ok\s+([0-9A-Za-z-]{20,128})\s*$", re.I),
-)
-# 5yz replies that mean "our configuration is wrong", not "this message is refused":
-# authentication required / encryption required. Retrying after the operator fixes
-# the settings sends the message; rejecting it would lose it.
-_CONFIG_CODES = frozenset({530, 538})
-# The circuit fault (worker/circuit.py) of a 5yz refusal while setting up the session.
-_SESSION_FAULTS = {
-    "connect": "greeting_refused",
-    "ehlo": "greeting_refused",
-    "starttls": "tls_failed",
-    "auth": "auth_failed",
-}
-# A refusal of our HELO/EHLO name. Postfix (smtpd_delay_reject = yes, its default)
-# gives it at RCPT time, for every recipient, as "504 5.5.2 <name>: Helo command
-# rejected: need fully-qualified hostname": it reads like a refused recipient, but no
-# message passes until the name is fixed (EVQ_SMTP_HELO_NAME).
-_HELO_REFUSED = re.compile(r"\b(?:helo|ehlo)\b[^\n]{0,40}\b(?:rejected|refused|denied|invalid)\b", re.I)
-# RFC 5321 §4.5.3.1.10: a server out of RCPTs for this transaction answers 452 (Postfix:
-# "452 4.5.3 Error: too many recipients"); the rest go in a further transaction.
-_TOO_MANY = re.compile(r"(?:^|\s)4\.5\.3(?:\s|$)|too many recipients", re.I)
 _2YZ = range(200, 300)
-
-
-class IncompleteReply(smtplib.SMTPServerDisconnected):
-    """A reply line that never reached its CRLF: the peer stopped mid-line, or evq's watchdog
-    cut the exchange at the send's deadline while it trickled. It is no reply at all (RFC 5321
-    §4.2: a reply line ends with CRLF); ``partial`` is what arrived of it."""
-
-    def __init__(self, partial: bytes):
-        super().__init__("the server's reply ended before its line end (CRLF)")
-        self.partial = partial
-
-
-class _Smtp(smtplib.SMTP):
-    """smtplib's reply reader, except that a line counts only once it ended with CRLF.
-
-    smtplib takes whatever ``readline`` returns: at the end of the stream that is a partial
-    line, so a reply cut at the deadline after "25" or "250 2.0.0 Ok: queued as X" would be
-    read as a whole answer (code 250, or 222 from "2", "2", "2"...), and after the final "."
-    a whole answer decides the outcome. A reply code is three digits here, never what
-    ``int()`` makes of other bytes."""
-
-    def getreply(self) -> tuple[int, bytes]:
-        lines: list[bytes] = []
-        if self.file is None:
-            assert self.sock is not None
-            self.file = self.sock.makefile("rb")
-        while True:
-            try:
-                line = self.file.readline(smtplib._MAXLINE + 1)  # type: ignore[attr-defined]
-            except OSError as exc:
-                self.close()
-                raise smtplib.SMTPServerDisconnected(f"Connection unexpectedly closed: {exc}") from exc
-            if not line:
-                self.close()
-                raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
-            if not line.endswith(b"\r\n"):
-                # The stream ended mid-line (or the line is longer than any reply may be).
-                self.close()
-                raise IncompleteReply(b"".join(lines) + line)
-            lines.append(line)
-            code = line[:3]
-            if not (len(code) == 3 and code.isdigit()):
-                # Unreadable: never a code, and no continuation line is read after it.
-                return -1, b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
-            if line[3:4] != b"-":
-                return int(code), b"\n".join(raw[4:].strip(b" \t\r\n") for raw in lines)
-
-
-class _SmtpSsl(_Smtp, smtplib.SMTP_SSL):
-    """:class:`_Smtp` over implicit TLS."""
-
-
-def queue_id(reply: str) -> str | None:
-    """The server's queue id from a 2yz reply to the final ".", if it names one."""
-    for line in reply.splitlines():
-        for pattern in _QUEUE_ID:
-            match = pattern.search(line.strip())
-            if match:
-                return match.group(1)
-    return None
-
-
-class _Secrets:
-    """The password and the encodings in which an AUTH exchange would carry it."""
-
-    def __init__(self, username: str | None, password: str | None):
-        forms: set[str] = set()
-        if password:
-            raw = password.encode()
-            user = (username or "").encode()
-            forms.add(password)
-            for blob in (raw, b"\0" + user + b"\0" + raw, user + b"\0" + raw):
-                forms.add(base64.b64encode(blob).decode())
-        # Longest first, so a base64 form is replaced whole before a substring of it.
-        self._forms = sorted((f for f in forms if len(f) >= 4), key=len, reverse=True)
-
-    def scrub(self, text: str) -> str:
-        for form in self._forms:
-            text = text.replace(form, "***")
-        return text
 
 
 class _Stop(Exception):
@@ -162,24 +67,6 @@ class _Stop(Exception):
     def __init__(self, outcome: Outcome, *, polite: bool = True):
         self.outcome = outcome
         self.polite = polite
-
-
-@cache
-def _default_helo() -> str | None:
-    """The host's FQDN when it has one; None: greet with our address literal instead.
-
-    Most containers' names have no dot, and "localhost" (smtplib's fallback) is refused
-    by any server with reject_non_fqdn_helo_hostname. RFC 5321 §4.1.4 offers the
-    address literal of the connection when there is no name. Cached: smtplib would call
-    getfqdn() (possibly a slow reverse lookup) on every connection."""
-    fqdn = socket.getfqdn().strip(".")
-    return fqdn if "." in fqdn and not fqdn.startswith("localhost.") else None
-
-
-def address_literal(sockname: Any) -> str:
-    """RFC 5321 §4.1.3 address literal of a local socket address: [192.0.2.1], [IPv6:2001:db8::1]."""
-    host = str(sockname[0]).split("%", 1)[0]
-    return f"[IPv6:{host}]" if ":" in host else f"[{host}]"
 
 
 class _Conversation:
@@ -200,7 +87,7 @@ class _Conversation:
         # its holder forge this step's proof: it, and the journal address, are scrubbed from
         # every reply kept (_text), and the address is never written in evidence.
         self.journal_rcpt = provider.journal_address(request.message_id)
-        self._journal_forms = _journal_forms(provider.journal, self.journal_rcpt)
+        self._journal_forms = journal_forms(provider.journal, self.journal_rcpt)
         self.helo = ""
         self.conn: smtplib.SMTP | None = None
         self.cut = False  # the watchdog shut the socket down at the deadline
@@ -267,7 +154,7 @@ class _Conversation:
 
     def _talk(self) -> Outcome:
         p, env = self.p, self.envelope
-        helo = p.helo_name or _default_helo()
+        helo = p.helo_name or default_helo()
         self.helo = helo or ""
         if self.cut:
             raise TimeoutError("the send's deadline passed before it began")
@@ -286,16 +173,16 @@ class _Conversation:
         timeout = limits.bounded(p.timeout, self.deadline)
         try:
             if p.tls == "ssl":
-                conn = _SmtpSsl(
+                conn = SmtpSsl(
                     p.host, p.port, local_hostname=helo or "localhost", timeout=timeout, context=p.ssl_context
                 )
             else:
-                conn = _Smtp(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
+                conn = Smtp(p.host, p.port, local_hostname=helo or "localhost", timeout=timeout)
         except smtplib.SMTPConnectError as exc:  # a greeting other than 220
             # The server refuses every session, not this message: a provider-level fault.
             raise _Stop(
                 self._retry(
-                    f"smtp {exc.smtp_code} at connect: {_short(self._text(exc.smtp_error))}",
+                    f"smtp {exc.smtp_code} at connect: {short(self._text(exc.smtp_error))}",
                     code=exc.smtp_code,
                     reply=exc.smtp_error,
                     misconfigured=500 <= exc.smtp_code < 600,
@@ -431,7 +318,7 @@ class _Conversation:
         sock = conn.sock
         assert sock is not None
         self._arm()
-        sock.sendall(_dot_stuff(env.data))
+        sock.sendall(dot_stuff(env.data))
         self._commit_or_abort(sock)
         # Once the final "." is (even partly) written the server may queue the message
         # at any moment, so from here a missing answer is Unknown, not Retryable.
@@ -444,14 +331,14 @@ class _Conversation:
             return code, reply, accepted, rest
         if 400 <= code < 500:
             raise _Stop(
-                Retryable(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+                Retryable(f"smtp {code} after the message: {short(reply)}", response=self._evidence(code, reply))
             )
         if 500 <= code < 600:
             raise _Stop(
-                Rejected(f"smtp {code} after the message: {_short(reply)}", response=self._evidence(code, reply))
+                Rejected(f"smtp {code} after the message: {short(reply)}", response=self._evidence(code, reply))
             )
         raise _Stop(
-            Unknown(f"unreadable reply after the message: {_short(reply)!r}", response=self._evidence(code, reply)),
+            Unknown(f"unreadable reply after the message: {short(reply)!r}", response=self._evidence(code, reply)),
             polite=False,
         )
 
@@ -474,7 +361,7 @@ class _Conversation:
         if isinstance(outcome, Unknown):
             return  # they may have it: the outcome says so, they are not "refused"
         for rcpt in recipients:
-            self.refused.setdefault(rcpt, {"code": code, "reply": _short(why)})
+            self.refused.setdefault(rcpt, {"code": code, "reply": short(why)})
 
     def _partial_outcome(self, outcome: Outcome) -> Outcome:
         """The outcome of a send whose first transaction(s) were accepted and a later one was not."""
@@ -522,12 +409,12 @@ class _Conversation:
                 accepted.append(rcpt)
                 continue
             reply = self._text(raw)
-            if first and rcpt.lower() not in reply.lower() and _helo_refused(code, reply, self.helo):
+            if first and rcpt.lower() not in reply.lower() and helo_refused(code, reply, self.helo):
                 _quietly(conn.rset)
                 raise _Stop(
                     self._retry(
                         f"smtp {code} at rcpt: the server refuses our HELO name {self.helo!r} "
-                        f"({_short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
+                        f"({short(reply)}); set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
                         code=code,
                         reply=reply,
                         misconfigured=True,
@@ -535,17 +422,17 @@ class _Conversation:
                         error_class="HeloRefused",
                     )
                 )
-            if code == 452 and accepted and not temporary and _TOO_MANY.search(reply):
+            if code == 452 and accepted and not temporary and TOO_MANY.search(reply):
                 # Out of RCPTs for this transaction: the rest go in the next one.
                 self.deferred_by = {"code": code, "reply": reply[:200], "deferred": len(recipients) - i}
                 return accepted, recipients[i:]
             self.refused[rcpt] = {"code": code, "reply": reply[:200]}
-            temporary = temporary or _temporary(code)
+            temporary = temporary or is_temporary(code)
         if temporary and first:
             # RSET so the recipients already accepted in this transaction get nothing;
             # the retry sends to every recipient once.
             _quietly(conn.rset)
-            bad_rcpt = next(a for a, r in self.refused.items() if _temporary(r["code"]))
+            bad_rcpt = next(a for a, r in self.refused.items() if is_temporary(r["code"]))
             bad = self.refused[bad_rcpt]
             raise _Stop(self._retry(f"smtp {bad['code']} at rcpt for {bad_rcpt}", code=bad["code"], reply=bad["reply"]))
         if not accepted:
@@ -556,7 +443,7 @@ class _Conversation:
             bad_rcpt, bad = next(iter(self.refused.items()))
             raise _Stop(
                 Rejected(
-                    f"every recipient refused, e.g. {bad_rcpt}: smtp {bad['code']} {_short(bad['reply'])}",
+                    f"every recipient refused, e.g. {bad_rcpt}: smtp {bad['code']} {short(bad['reply'])}",
                     response=self._evidence(bad["code"], bad["reply"]),
                 )
             )
@@ -584,10 +471,10 @@ class _Conversation:
         reply = self._text(raw)
         permanent = 500 <= code < 600
         message_phase = self.phase in ("mail", "data")
-        if permanent and self.phase == "mail" and not self.transactions and _helo_refused(code, reply, self.helo):
+        if permanent and self.phase == "mail" and not self.transactions and helo_refused(code, reply, self.helo):
             raise _Stop(
                 self._retry(
-                    f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({_short(reply)}); "
+                    f"smtp {code} at mail: the server refuses our HELO name {self.helo!r} ({short(reply)}); "
                     "set EVQ_SMTP_HELO_NAME to this host's fully-qualified name",
                     code=code,
                     reply=reply,
@@ -596,20 +483,20 @@ class _Conversation:
                     error_class="HeloRefused",
                 )
             )
-        if permanent and message_phase and code not in _CONFIG_CODES:
-            raise _Stop(Rejected(f"smtp {code} at {self.phase}: {_short(reply)}", response=self._evidence(code, reply)))
+        if permanent and message_phase and code not in CONFIG_CODES:
+            raise _Stop(Rejected(f"smtp {code} at {self.phase}: {short(reply)}", response=self._evidence(code, reply)))
         # 4yz anywhere, or 5yz while setting up the session (greeting, EHLO, STARTTLS,
         # AUTH): a fault of the server or of our settings, not of this message. The 5yz
         # ones (and "authentication required" anywhere) last until someone changes them,
         # and open the provider's circuit (worker/circuit.py).
-        misconfigured = permanent and (not message_phase or code in _CONFIG_CODES)
+        misconfigured = permanent and (not message_phase or code in CONFIG_CODES)
         error_class = (
             ("GreetingRefused" if self.phase in ("connect", "ehlo") else "SessionRefused") if misconfigured else None
         )
-        fault = _config_fault(code, reply) or (_SESSION_FAULTS.get(self.phase) if misconfigured else None)
+        fault = config_fault(code, reply) or (SESSION_FAULTS.get(self.phase) if misconfigured else None)
         raise _Stop(
             self._retry(
-                f"smtp {code} at {self.phase}: {_short(reply)}",
+                f"smtp {code} at {self.phase}: {short(reply)}",
                 code=code,
                 reply=reply,
                 misconfigured=misconfigured,
@@ -636,14 +523,14 @@ class _Conversation:
         )
 
     def _failed(self, exc: BaseException) -> Outcome:
-        error_class = "DeadlineExceeded" if self.cut else _root_class(exc)
+        error_class = "DeadlineExceeded" if self.cut else root_class(exc)
         detail = self._text(str(exc))
         if self.cut:
-            detail = f"cut off at the send's deadline in phase {self.phase} ({_root_class(exc)})"
+            detail = f"cut off at the send's deadline in phase {self.phase} ({root_class(exc)})"
         extra: dict[str, Any] = {}
         if isinstance(exc, IncompleteReply):
             # What came of the reply before it stopped: no answer, but worth an operator's look.
-            extra["partial_reply"] = _short(self._text(exc.partial))
+            extra["partial_reply"] = short(self._text(exc.partial))
         if self.phase == "final":
             reason = (
                 "no whole answer after the final '.' by the send's deadline (evq cut the exchange)"
@@ -663,7 +550,7 @@ class _Conversation:
             if error_class == "SSLCertVerificationError":
                 reason += " (a private CA? set EVQ_SMTP_CA_FILE)"
         else:
-            reason = f"{error_class} at {self.phase}: {_short(detail)}"
+            reason = f"{error_class} at {self.phase}: {short(detail)}"
         # A TLS handshake that fails (an untrusted certificate, no common protocol or
         # cipher, a client certificate the server wants) fails every message alike.
         tls_setup = (isinstance(exc, ssl.SSLError) or error_class.startswith("SSL")) and self.phase in (
@@ -674,7 +561,7 @@ class _Conversation:
             self.p.secrets.scrub(reason),
             misconfigured=tls_setup and not self.cut,
             response=self._evidence(None, detail, error_class=error_class, **extra),
-            fault=None if self.cut else _transport_fault(exc, self.phase),
+            fault=None if self.cut else transport_fault(exc, self.phase),
         )
 
     def _evidence(
@@ -713,83 +600,8 @@ class _Conversation:
             _quietly(conn.close)
 
 
-def _journal_forms(journal: str | None, tagged: str | None) -> list[re.Pattern[str]]:
-    """What a server may echo of the journal recipient (the tagged address, the tag alone,
-    the journal address), longest first, matched whatever the case."""
-    if journal is None or tagged is None:
-        return []
-    tag = tagged.rsplit("@", 1)[0].rsplit("+", 1)[1]
-    return [re.compile(re.escape(form), re.I) for form in (tagged, journal, tag)]
-
-
-def _helo_refused(code: int, reply: str, helo: str) -> bool:
-    """Whether a 5yz reply refuses our HELO/EHLO name rather than the address it answers."""
-    if not 500 <= code < 600:
-        return False
-    return bool(_HELO_REFUSED.search(reply)) or (bool(helo) and f"<{helo.lower()}>:" in reply.lower())
-
-
-def _temporary(code: int) -> bool:
-    return not 500 <= code < 600 or code in _CONFIG_CODES
-
-
-def _dot_stuff(data: bytes) -> bytes:
-    data = re.sub(rb"\r\n|\r|\n", b"\r\n", data)
-    data = re.sub(rb"(?m)^\.", b"..", data)
-    return data if data.endswith(b"\r\n") else data + b"\r\n"
-
-
 def _quietly(call: Any) -> None:
     try:
         call()
     except Exception:  # the outcome is already decided
         pass
-
-
-def _config_fault(code: int, reply: str) -> str | None:
-    """A refusal of the session itself (worker/circuit.py): every message would get it."""
-    if code in _CONFIG_CODES:
-        # 530 is "must issue STARTTLS" or "authentication required"; 538 wants TLS for AUTH.
-        return "starttls_required" if code == 538 or "tls" in reply.lower() else "auth_failed"
-    return None
-
-
-def _transport_fault(exc: BaseException, phase: str) -> str | None:
-    """Nothing listening (refused) or a TLS handshake that fails: the provider, or our
-    settings, not this message. A timeout or a reset stays an ordinary temporary failure."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) and phase == "connect":
-            return "connection_refused"
-        if isinstance(seen, ssl.SSLError):
-            return "tls_failed"
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _root_class(exc: BaseException) -> str:
-    # smtplib wraps socket errors in SMTPServerDisconnected; the evidence should say
-    # "TimeoutError" or "ConnectionResetError", which is what an operator acts on.
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and not isinstance(seen, smtplib.SMTPException):
-            return type(seen).__name__
-        seen = seen.__cause__ or seen.__context__
-    return type(exc).__name__
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def tls_context(
-    ca_file: str | None = None, client_cert: str | None = None, client_key: str | None = None
-) -> ssl.SSLContext:
-    """The client TLS context: the system's trust store, or only ``ca_file`` (a private
-    CA's bundle) when given; a client certificate for servers that ask for one. Always
-    verifies the server's certificate and name: there is no setting to turn that off."""
-    context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
-    if client_cert:
-        context.load_cert_chain(client_cert, client_key or None)
-    return context

@@ -22,9 +22,10 @@ from typing import Any
 
 from email_validator import EmailNotValidError
 
+from evq.worker.addresses import validate_address
 from evq.worker.delivery import KEY_TAG, key_tag
 from evq.worker.ports import SendRequest
-from evq.worker.request import ALLOWED_HEADERS, validate_address
+from evq.worker.request import ALLOWED_HEADERS
 
 _POLICY_7BIT = email_policy.SMTP.clone(cte_type="7bit")
 

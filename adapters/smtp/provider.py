@@ -21,8 +21,9 @@ from typing import Any
 
 from evq.adapters.smtp.config import RELAYS, SmtpConfig
 from evq.adapters.smtp.config import profile as smtp_profile
-from evq.adapters.smtp.conversation import _Conversation, _Secrets
+from evq.adapters.smtp.conversation import _Conversation
 from evq.adapters.smtp.message import BuildError, build_message
+from evq.adapters.smtp.replies import Secrets
 from evq.adapters.smtp.witness import WitnessTags
 from evq.worker import deadline as limits
 from evq.worker.logs import get_logger, register_secrets
@@ -98,7 +99,7 @@ class SmtpProvider:
             # providers that have a lookup, and without a witness this one has none.
             self.lookup = self._lookup
         self.ssl_context = ssl_context or ssl.create_default_context()
-        self.secrets = _Secrets(username, password)
+        self.secrets = Secrets(username, password)
         register_secrets([password])
         # At most max_workers conversations at once. A slot is held by a send, not by its
         # thread: a conversation cut off at its deadline gives its slot back at once.

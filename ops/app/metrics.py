@@ -27,7 +27,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, ma
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from evq.ops.settings import ADAPTERS
+from evq.ops.option_catalogue import ADAPTERS
 from evq.worker.circuit import STATE_VALUES, CircuitState
 from evq.worker.logs import get_logger
 from evq.worker.metrics import UNKNOWN_AGE_BUCKETS

@@ -15,12 +15,12 @@ from evq.ops.cli.auth import Credential
 from evq.ops.cli.common import command, load_settings, run
 from evq.ops.cli.output import Output, table
 from evq.ops.cli.table import from_table, table_group
+from evq.worker.addresses import notify_address
 from evq.worker.approval_policy import KeyApproval
 from evq.worker.callbacks import check_url
 from evq.worker.errors import AuthFailed, Conflict, InvalidRequest, NotFound
 from evq.worker.keys import PREFIX, Role, check_name, default_approval, generate
 from evq.worker.logs import register_secrets
-from evq.worker.request import notify_address
 
 keys = table_group("keys")
 

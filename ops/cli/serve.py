@@ -9,7 +9,7 @@ from evq.ops.cli.admin import admin
 from evq.ops.cli.common import command, load_settings
 from evq.ops.cli.output import Output
 from evq.ops.cli.table import from_table
-from evq.ops.settings import OPTION_BY_NAME
+from evq.ops.option_catalogue import OPTION_BY_NAME
 from evq.worker.errors import ConfigError
 from evq.worker.logs import get_logger
 

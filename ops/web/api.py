@@ -136,12 +136,15 @@ def _responses(command: str, *ok: int, **more: str) -> dict[int | str, Any]:
     }
     out.update(
         {
-            400: _error("a malformed request: NUL in the path or query, a bad Content-Length (E_INVALID_ARG)"),
+            400: _error(
+                "a malformed request: NUL in the path or query, a bad Content-Length, or a query parameter the "
+                "route does not take or cannot read; error.context.fields names each (E_INVALID_ARG)"
+            ),
             401: _error("no key, or a wrong or revoked one (E_AUTH_FAILED)"),
             403: _error("the key's role may not do this (E_AUTH_FAILED)"),
             408: _error("the request's headers or body did not arrive in time (E_INVALID_ARG)"),
             413: _error("the body is larger than EVQ_SERVE_MAX_BODY (E_INVALID_ARG)"),
-            422: _error("invalid parameters or body; error.context.fields names each (E_INVALID_ARG)"),
+            422: _error("an invalid body or path parameter; error.context.fields names each (E_INVALID_ARG)"),
             429: _error(
                 "this address presented too many wrong keys lately; Retry-After says when to try again (E_AUTH_FAILED)"
             ),
@@ -219,6 +222,7 @@ async def list_steps(
         None, description="The same as search (the ops page's search box).", max_length=_LIST.param("search").max_length
     ),
     search: str | None = query("search"),
+    subject: str | None = query("subject"),
     limit: int = query("limit"),
     # At most a 32-bit offset over HTTP: a larger one is a mistake, not a page (check_arguments' bound too).
     offset: int = query("offset", le=2**31 - 1),
@@ -232,6 +236,7 @@ async def list_steps(
         "older_than": older_than,
         "recipient_domain": recipient_domain,
         "search": q if q is not None else search,
+        "subject": subject,
     }
     reply = await service.list_steps(
         state.store,

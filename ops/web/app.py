@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from evq.ops.app.metrics import render
 from evq.ops.web import api, page, webhooks
 from evq.ops.web.openapi import components
-from evq.ops.web.protocol import Guard, error_body
+from evq.ops.web.protocol import Guard, about_the_query, error_body
 from evq.ops.web.state import AppState
 from evq.worker.errors import EvqError, InvalidRequest, NotFound
 from evq.worker.logs import get_logger
@@ -131,6 +131,10 @@ def _handlers(app: FastAPI) -> None:
 
 
 async def _error(request: Request, exc: EvqError) -> Response:
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    names = {p.alias for p in dependant.query_params} if dependant is not None else set()
+    exc = about_the_query(request.method, request.url.path, names | set(request.query_params), exc)
     status, body, headers = error_body(exc, getattr(request.state, "timer", None))
     if request.url.path.startswith("/ops") and request.url.path != "/ops/static/ops.css":
         session = await page.shown_session(request)

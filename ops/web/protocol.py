@@ -3,7 +3,8 @@ every request passes (size limit, timing, security headers).
 
 Every bad request gets a 4xx with the contract's error (E_INVALID_ARG naming what is
 wrong), never a 500: malformed JSON 400, too deep 400, wrong content type 415, too
-large 413, unknown or mistyped fields 422, bad path or query parameters 422.
+large 413, unknown or mistyped fields 422, a bad path parameter 422; a GET's unknown or unreadable
+query parameter 400 (:class:`BadQuery`), as the ops page answers a bad list address.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ class BadRequest(InvalidRequest):
         self.http_status = status
 
 
+class BadQuery(InvalidRequest):
+    """E_INVALID_ARG about a GET's query string (a parameter the route does not take, or a value
+    it cannot read): HTTP 400, never a list read as if the filter were not there. Its fields
+    already carry their JSON names."""
+
+    http_status = 400
+
+
 class TooManyFailures(AuthFailed):
     """E_AUTH_FAILED as HTTP 429: this client address presented too many wrong keys lately
     (ops/web/throttle.py); nothing was looked up. ``retry_after``: whole seconds."""
@@ -66,8 +75,20 @@ class TooManyFailures(AuthFailed):
         self.retry_after = retry_after
 
 
+def about_the_query(method: str, path: str, query_names: set[str], exc: EvqError) -> EvqError:
+    """``exc`` as a :class:`BadQuery` when it is a GET's field error about its query string
+    only (each field one of the request's or the route's query parameters); else as it is. A
+    path parameter's error (``/v1/steps/abc``) stays a 422, a refused value's code its own."""
+    if method != "GET" or not path.startswith("/v1/") or type(exc) is not InvalidRequest:
+        return exc
+    named = json_field_names(exc)
+    if all(f["field"].split(".")[0] in query_names for f in named.errors):
+        return BadQuery(named.errors, hint=named.hint)
+    return exc
+
+
 def http_status(exc: EvqError) -> int:
-    if isinstance(exc, BadRequest):
+    if isinstance(exc, (BadRequest, BadQuery)):
         return exc.http_status
     if isinstance(exc, TooManyFailures):
         return 429
@@ -78,7 +99,7 @@ def http_status(exc: EvqError) -> int:
 
 def error_body(exc: EvqError, timer: Timer | None) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, the contract's error body, headers) for an error."""
-    if isinstance(exc, InvalidRequest) and not isinstance(exc, BadRequest):
+    if isinstance(exc, InvalidRequest) and not isinstance(exc, (BadRequest, BadQuery)):
         exc = json_field_names(exc)
     if isinstance(exc, TooManyFailures):
         headers = {"Retry-After": str(exc.retry_after)}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from evq.adapters.smtp import SmtpProvider
-from evq.adapters.smtp import conversation as smtp_conversation
+from evq.adapters.smtp import client as smtp_client
 from evq.ops.settings import Settings
 from evq.ops.wiring import build_providers
 from evq.worker import metrics
@@ -122,7 +122,7 @@ def test_the_default_greeting_passes_reject_non_fqdn_helo_hostname(postfix: Post
     assert isinstance(outcome, Accepted), outcome
     [delivered] = postfix.delivered(req.message_id, expect=1)
     # Postfix's Received: header names the HELO it was given first.
-    expected = smtp_conversation._default_helo() or "[127.0.0.1]"
+    expected = smtp_client.default_helo() or "[127.0.0.1]"
     assert delivered["Received"].startswith(f"from {expected} (")
 
 

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from evq.ops.settings import time_zone
+from evq.ops.time_zones import time_zone
 from evq.ops.web.page.bulk_actions import cli_commands
 
 

@@ -16,7 +16,8 @@ from evq.adapters.http import config as http
 from evq.adapters.ses import config as ses
 from evq.adapters.smtp import config as smtp
 from evq.adapters.webhooks import config as webhooks
-from evq.ops.settings import CONSTANT_OPTIONS, OPTION_BY_NAME, OPTIONS, Settings
+from evq.ops.option_catalogue import CONSTANT_OPTIONS, OPTION_BY_NAME, OPTIONS
+from evq.ops.settings import Settings
 from evq.worker.config import PACE_OPTIONS, RECONCILE_OPTIONS, RETENTION_OPTIONS, WORKER_OPTIONS, WorkerConfig
 from evq.worker.errors import ConfigError
 

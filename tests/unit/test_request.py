@@ -174,7 +174,7 @@ def test_plain_address_shortcut_agrees_with_email_validator(local, labels, extra
 def assert_agrees_with_email_validator(addr: str) -> None:
     from email_validator import EmailNotValidError, validate_email
 
-    from evq.worker.request import _checked_address
+    from evq.worker.addresses import _checked_address
 
     try:
         expected = (validate_email(addr, check_deliverability=False).normalized, None)
@@ -184,7 +184,7 @@ def assert_agrees_with_email_validator(addr: str) -> None:
 
 
 def test_plain_address_shortcut_is_taken():
-    from evq.worker import request as r
+    from evq.worker import addresses as r
 
     assert r._plain_address("user7@Example.COM") == "user7@example.com"
     assert r._plain_address("user7@xn--bcher-kva.de") == "user7@bücher.de"

@@ -69,3 +69,30 @@ def test_by_step_groups_in_first_seen_order_on_one_axis_and_keeps_the_latest_thr
     assert second["earlier"] == [] and [e["x"] for e in second["recent"]] == [25.0, 100.0]
     assert (first["x0"], first["x1"], first["lasted"]) == (0.0, 75.0, "30.0 s")
     assert by_step([]) == []
+
+
+def test_a_steps_own_timeline_puts_every_kind_on_its_axis_and_folds_all_but_the_latest_five():
+    """The step page's timeline (issue 34): the decision, the enqueue and every evidence kind
+    (hold, approval, attempts, answers, a webhook's report, a notice) in time order on the step's
+    own axis (0 at its first event, 100 at its last); the latest five open, the rest folded."""
+    from datetime import UTC, datetime, timedelta
+
+    from evq.ops.web.page.timeline import SHOWN_STEP_EVENTS, step_timeline
+
+    t0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+    step = {"id": 7, "step_id": "s-7", "decision_id": 3, "created_at": t0, "payload": {"to": [{"email": "a@b.c"}]}}
+    decision = {"id": 3, "created_at": t0, "actor": "bot"}
+    kinds = ["held", "approved", "attempt_started", "provider_response", "delivery_event", "notice_enqueued"]
+    evidence = [
+        {"id": i + 1, "step_id": 7, "kind": k, "created_at": t0 + timedelta(seconds=10 * (i + 1))}
+        for i, k in enumerate(kinds)
+    ]
+    shown = step_timeline(step, decision, evidence)
+    assert shown is not None and SHOWN_STEP_EVENTS == 5
+    assert [e["kind"] for e in shown["events"]] == ["decision", "enqueued", *kinds]
+    assert [e["kind"] for e in shown["recent"]] == kinds[1:]
+    assert [e["kind"] for e in shown["earlier"]] == ["decision", "enqueued", "held"]
+    assert [e["x"] for e in shown["events"]] == [0.0, 0.0, 16.67, 33.33, 50.0, 66.67, 83.33, 100.0]
+    assert (shown["start"], shown["end"], shown["lasted"]) == (t0, t0 + timedelta(seconds=60), "1m")
+    only = step_timeline(step, None, [])
+    assert only is not None and [e["kind"] for e in only["recent"]] == ["enqueued"] and only["earlier"] == []

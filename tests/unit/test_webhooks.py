@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from evq.adapters.webhooks import receivers
 from evq.adapters.webhooks.config import WebhookConfig
-from evq.ops.settings import CONSTANTS, Settings
+from evq.ops.option_catalogue import CONSTANTS
+from evq.ops.settings import Settings
 from evq.worker.delivery import key_digest
 from evq.worker.errors import ConfigError
 from evq.worker.ports.webhooks import WebhookRefused

@@ -46,7 +46,7 @@ def test_operators_list_unmatched_events_and_agents_only_their_own_steps(db_url)
             refused = api.client(key).get("/v1/deliveries", params=params)
             assert refused.status_code == 403 and checked(refused)["error"]["code"] == "E_AUTH_FAILED"
         wrong = api.client(operator).get("/v1/deliveries", params={"unmatched": "true", "step": mine["id"]})
-        assert wrong.status_code == 422 and checked(wrong)["error"]["code"] == "E_INVALID_ARG"
+        assert wrong.status_code == 400 and checked(wrong)["error"]["code"] == "E_INVALID_ARG"
         shown = checked(api.client(agent).get(f"/v1/steps/{mine['id']}"))["data"]
         assert shown["step"]["delivery"]["state"] == "delivered" and shown["deliveries"][0]["event_id"] == "pm-1"
         listed = checked(api.client(agent).get("/v1/steps", params={"run_id": "r-d"}))["data"]

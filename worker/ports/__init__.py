@@ -52,11 +52,21 @@ from evq.worker.ports.reconcile import ReconcileStore
 from evq.worker.ports.redact import RedactStore
 from evq.worker.ports.refusals import RefusalStore
 from evq.worker.ports.services import Service
-from evq.worker.ports.steps import COUNT_CAP, EnqueueStore, ResolveStore, StatusCount, StepFilter, StepReader
+from evq.worker.ports.steps import (
+    COUNT_CAP,
+    SUBJECT_SCAN_CAP,
+    EnqueueStore,
+    ResolveStore,
+    StatusCount,
+    StepFilter,
+    StepReader,
+    SubjectPage,
+)
 from evq.worker.ports.wakeup import Wakeup
 
 __all__ = [
     "COUNT_CAP",
+    "SUBJECT_SCAN_CAP",
     "AppStore",
     "ApprovalStore",
     "CallbackStore",
@@ -94,6 +104,7 @@ __all__ = [
     "StepFilter",
     "StepReader",
     "Store",
+    "SubjectPage",
     "Wakeup",
     "WorkerStore",
     "profile_of",

@@ -17,6 +17,11 @@ from evq.worker.states import Status
 # million rows a full count costs more than the page itself. A store counts at most
 # COUNT_CAP + 1 rows; a figure above COUNT_CAP means "more than COUNT_CAP".
 COUNT_CAP = 10_000
+# How many of the newest steps the other filters leave a subject filter reads at most
+# (docs/design.md, "Search by subject"): no index answers a substring of the subject, and
+# email_steps (the hot table) gets none for it; 100,000 steps read in about 0.3 s at a million
+# (docs/benchmarks.md). An operator narrows an older search by run, provider, age or state.
+SUBJECT_SCAN_CAP = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,9 @@ class StepFilter:
     # step id, a recipient (address or @domain), Message-ID, provider message id, idempotency
     # key, run id and the enqueuing API key's name; any of them matching is a match.
     search: str | None = None
+    # A case-insensitive substring of the request's subject, matched in the newest
+    # SUBJECT_SCAN_CAP steps the other filters leave (StepReader.list_by_subject).
+    subject: str | None = None
     limit: int | None = 50  # None: every matching row
     offset: int = 0
 
@@ -83,6 +91,26 @@ class EnqueueStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SubjectPage:
+    """A subject filter's answer: the page (newest first), how many steps the scan read
+    (``scanned`` equal to ``cap``: older steps were not searched), and each state's hits among
+    them (every state a key, 0 included)."""
+
+    rows: list[StepSummary]
+    scanned: int
+    cap: int
+    by_status: dict[str, int]
+
+    @property
+    def cut(self) -> bool:
+        return self.scanned >= self.cap
+
+    def total(self, statuses: Sequence[Status]) -> int:
+        wanted = {str(s) for s in statuses} or set(self.by_status)
+        return sum(n for status, n in self.by_status.items() if status in wanted)
+
+
 class StepReader(Protocol):
     async def get_step(self, step_id: int) -> StepDetail: ...
 
@@ -95,6 +123,12 @@ class StepReader(Protocol):
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
         """The page of steps ``where`` matches, and their total counted up to COUNT_CAP + 1
         (StatusCount.capped reads it)."""
+        ...
+
+    async def list_by_subject(self, where: StepFilter, *, now: datetime | None = None) -> SubjectPage:
+        """The page of steps ``where`` matches, ``where.subject`` included, newest first, from
+        the newest SUBJECT_SCAN_CAP steps its other filters (and states) leave. list_steps and
+        count_by_status answer a filter with a subject from it, so no caller ignores it."""
         ...
 
     async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:

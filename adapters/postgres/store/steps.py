@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +16,7 @@ from evq.worker.approval_policy import ApprovalPolicy, gated
 from evq.worker.deadline import DEADLINE_SHARE
 from evq.worker.errors import NotFound, StateConflict
 from evq.worker.logs import get_logger
-from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
+from evq.worker.ports import COUNT_CAP, SUBJECT_SCAN_CAP, StatusCount, StepFilter, SubjectPage
 from evq.worker.pruner import step_not_found
 from evq.worker.records import (
     EnqueueResult,
@@ -168,7 +169,34 @@ class PostgresSteps(PostgresBase):
         rows = await self._fetch("list_facts", Q["step_list_facts"], {"ids": list(step_ids)})
         return {r["id"]: r for r in rows}
 
+    async def list_by_subject(self, where: StepFilter, *, now: datetime | None = None) -> SubjectPage:
+        """step_subject_scan: the newest SUBJECT_SCAN_CAP steps the other filters leave, read
+        once, matched against the subject there (docs/design.md, "Search by subject")."""
+        assert where.subject is not None
+        params = {
+            **_filter_params(where),
+            "now": now,
+            "statuses": [str(s) for s in where.statuses] or None,
+            "subject": where.subject.lower(),
+            "scan_cap": SUBJECT_SCAN_CAP,
+            "limit": where.limit,
+            "offset": where.offset,
+        }
+        rows = await self._tuned_read("list_by_subject", Q["list_settings"], Q["step_subject_scan"], params)
+        head = rows[0]
+        counted = head["by_status"] or {}
+        return SubjectPage(
+            rows=[StepSummary.from_row(r) for r in rows if r["id"] is not None],
+            scanned=head["scanned"],
+            cap=SUBJECT_SCAN_CAP,
+            by_status={str(s): int(counted.get(str(s), 0)) for s in Status},
+        )
+
     async def list_steps(self, where: StepFilter, *, now: datetime | None = None) -> tuple[list[StepSummary], int]:
+        if where.subject is not None:
+            # Every caller (a bulk close's selection too) honours the subject: never more rows.
+            found = await self.list_by_subject(where, now=now)
+            return found.rows, found.total(where.statuses)
         window = None if where.limit is None else where.limit + where.offset
         params = {
             **_filter_params(where),
@@ -201,6 +229,12 @@ class PostgresSteps(PostgresBase):
         return [StepSummary.from_row(r) for r in rows if r["id"] is not None], total
 
     async def count_by_status(self, where: StepFilter) -> dict[str, StatusCount]:
+        if where.subject is not None:
+            found = await self.list_by_subject(replace(where, statuses=(), limit=0, offset=0))
+            # A cut scan's counts are "at least": older steps were not searched.
+            return {
+                s: StatusCount(min(n, COUNT_CAP), n <= COUNT_CAP and not found.cut) for s, n in found.by_status.items()
+            }
         rows = await self._tuned_read(
             "count_by_status", Q["list_settings"], Q["step_count_by_status"], _filter_params(where)
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from evq.ops.app.commands.model import Command, Effect, Kind, Param, Risk, Route
 from evq.ops.app.commands.params import _DATABASE, _PROCESS, BENCH_MODES, DATABASE_URL, DRY_RUN, OUTPUT, _setting
-from evq.ops.settings import OPTIONS
+from evq.ops.option_catalogue import OPTIONS
 
 TABLE: tuple[Command, ...] = (
     Command(

@@ -44,7 +44,7 @@ class Param:
     ``dest`` is the keyword the command body receives. ``flags`` default to ``--dest``
     with dashes (none for an argument), ``property`` to the first flag (or the argument)
     as a JSON name. ``default`` is what applies when the parameter is not given;
-    with ``setting`` it is applied by the settings loader (worker/settings.py), which
+    with ``setting`` it is applied by the settings loader (ops/settings.py), which
     reads ``env`` first, so the flag parser must not fill it in. ``local``: the command
     line's only (the key, the output format, the database URL): the HTTP API and the
     MCP server take those from their own request or environment.

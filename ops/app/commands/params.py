@@ -19,10 +19,10 @@ from evq.ops.app.service import (
     SEND_AT_HELP,
 )
 from evq.ops.app.service import REQUEST_FIELDS as SEND_FIELDS
-from evq.ops.settings import Option
 from evq.worker.approval_policy import PRIORITIES
 from evq.worker.circuit import FAULTS
 from evq.worker.keys import ALLOWED, Permission
+from evq.worker.options import Option
 
 # -- parameters several commands share -------------------------------------------
 

@@ -19,8 +19,8 @@ from evq.worker.errors import (
     Unresolvable,
 )
 from evq.worker.keys import ALLOWED, CLI_KEY_SOURCE, Identity, Permission, authenticate, authorize
-from evq.worker.ports import COUNT_CAP, KeyLookup
-from evq.worker.search import SEARCH_MAX
+from evq.worker.ports import COUNT_CAP, SUBJECT_SCAN_CAP, KeyLookup
+from evq.worker.search import SEARCH_MAX, SUBJECT_MAX
 from evq.worker.verdict import verdict
 
 # The request's fields as every interface describes them: (field, repeatable, description).
@@ -72,10 +72,17 @@ FILTERS: tuple[tuple[str, str | None, str], ...] = (
         "example.com), a Message-ID (with or without <>), the provider's message id, an idempotency "
         f"key, a run id, or the name of the API key that enqueued it. At most {SEARCH_MAX} characters.",
     ),
+    (
+        "subject",
+        "TEXT",
+        "Only rows whose subject contains this, in any case. Reads the newest "
+        f"{SUBJECT_SCAN_CAP:,} steps the other filters leave, newest first (meta.subject_scanned: how many "
+        f"it read; {SUBJECT_SCAN_CAP:,}: older ones were not searched). At most {SUBJECT_MAX} characters.",
+    ),
 )
 # The filters whose length the service bounds (search_text): the command table states it to
 # every interface (the JSON schemas' maxLength, the HTTP query's bound, the CLI's help).
-FILTER_MAX_LENGTH: dict[str, int] = {"search": SEARCH_MAX}
+FILTER_MAX_LENGTH: dict[str, int] = {"search": SEARCH_MAX, "subject": SUBJECT_MAX}
 # The filters' names: the keyword each interface passes them under (a command's dest).
 FILTER_NAMES = tuple(name for name, _, _ in FILTERS)
 LIST_LIMIT_MAX = 1000

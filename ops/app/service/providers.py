@@ -8,7 +8,8 @@ from typing import Any
 
 from evq.ops.app.labels import REASON_LABELS, STATE_LABELS, label
 from evq.ops.app.service.common import Caller, Reply, page_meta
-from evq.ops.settings import ADAPTERS, Settings
+from evq.ops.option_catalogue import ADAPTERS
+from evq.ops.settings import Settings
 from evq.worker.keys import Permission
 from evq.worker.ports import AppStore
 from evq.worker.ports.providers import ProviderProfile

@@ -12,6 +12,7 @@ from evq.ops.app.labels import REASON_LABELS, STATUS_LABELS, label, with_labels
 from evq.ops.app.service.common import _DURATION, _UNITS, MAX_DURATION, Caller, Reply, page_meta, verdict_view
 from evq.ops.app.service.enqueue import approval_view
 from evq.ops.app.service.feeds import DELIVERIES_SHOWN, delivery_view, public_deliveries
+from evq.worker.domains import unicode_domain
 from evq.worker.errors import (
     InvalidRequest,
 )
@@ -19,8 +20,7 @@ from evq.worker.keys import Permission
 from evq.worker.outcomes import refused_recipients
 from evq.worker.ports import AppStore, StatusCount, StepFilter
 from evq.worker.records import StepDetail, StepSummary
-from evq.worker.request import unicode_domain
-from evq.worker.search import SEARCH_MAX
+from evq.worker.search import SEARCH_MAX, SUBJECT_MAX
 from evq.worker.states import Status
 from evq.worker.timeline import run_events
 
@@ -56,6 +56,7 @@ def step_filter(now: datetime, statuses: Sequence[str], filters: Mapping[str, An
         # Addresses are stored with Unicode domains; an operator may paste the xn-- form from a log.
         recipient_domain=unicode_domain(filters["recipient_domain"]) if filters.get("recipient_domain") else None,
         search=search_text(filters.get("search")),
+        subject=subject_text(filters.get("subject")),
         **paging,
     )
 
@@ -67,6 +68,16 @@ def search_text(raw: str | None) -> str | None:
     text = raw.strip()
     if len(text) > SEARCH_MAX:
         raise InvalidRequest([{"field": "--search", "message": f"at most {SEARCH_MAX} characters, got {len(text)}"}])
+    return text
+
+
+def subject_text(raw: str | None) -> str | None:
+    """The subject filter's string, trimmed; None when there is nothing to look for."""
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    if len(text) > SUBJECT_MAX:
+        raise InvalidRequest([{"field": "--subject", "message": f"at most {SUBJECT_MAX} characters, got {len(text)}"}])
     return text
 
 
@@ -121,10 +132,17 @@ async def list_steps(
     now = now or datetime.now(UTC)
     where = step_filter(now, statuses, filters or {}, limit=limit, offset=offset, ids=ids)
     await caller.identify(store, Permission.READ)
-    rows, total = await store.list_steps(where, now=now)
+    scanned: dict[str, Any] = {}
+    if where.subject is not None:
+        found = await store.list_by_subject(where, now=now)
+        rows, total = found.rows, found.total(where.statuses)
+        # A cut scan's total is "at least": the older steps were not searched.
+        scanned = {"subject_scanned": found.scanned, **({"total_exact": False} if found.cut else {})}
+    else:
+        rows, total = await store.list_steps(where, now=now)
     states = await store.delivery_states([r.id for r in rows])
     data = [summary(r, states.get(r.id), unresolvable=unresolvable) for r in rows]
-    return Reply(data, page_meta(data, total, limit=limit, offset=offset))
+    return Reply(data, {**page_meta(data, total, limit=limit, offset=offset), **scanned})
 
 
 async def count_by_status(

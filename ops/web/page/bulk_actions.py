@@ -44,7 +44,7 @@ ALL = "all"
 # Each action's command in the command table (ops/app/commands.py), so the lines shown are its own words and flags.
 COMMANDS = {"close": "steps.resolve", "retry": "steps.resolve", "cancel": "steps.cancel"}
 COMMANDS |= {"approve": "steps.approve", "deny": "steps.deny"}
-FILTER_DESTS = ("run_id", "provider", "older_than", "recipient_domain")
+FILTER_DESTS = ("run_id", "provider", "older_than", "recipient_domain", "subject")
 TO = {"retry": str(Status.RETRYABLE), "cancel": str(Status.REJECTED), "approve": str(Status.PENDING)}
 TO["deny"] = str(Status.REJECTED)
 # The verdicts the bulk close form offers (steps.html): every verdict but retry.

@@ -24,7 +24,7 @@ from evq.ops.app.age import age
 from evq.ops.app.commands import CREDENTIAL, Kind, command
 from evq.ops.app.contract import to_json
 from evq.ops.app.service import Caller, Selection
-from evq.ops.settings import time_zone
+from evq.ops.time_zones import time_zone
 from evq.ops.web.session import COOKIE, Session
 from evq.ops.web.state import AppState
 from evq.worker.errors import AuthFailed, BadKey, EvqError, InvalidRequest, StateConflict
@@ -37,7 +37,7 @@ ENDED = {
     "revoked": "That key was revoked: sign in with another.",
     "signed-out": "This session was signed out: sign in again.",
 }
-FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain")
+FILTER_KEYS = ("run_id", "provider", "older_than", "recipient_domain", "subject")
 OVERVIEW_REFUSALS = 10  # the latest refused enqueues on the overview
 PAGE_SIZE = 100
 HELD_PAGE_SIZE = 25  # each held send is shown whole (its message and the decision), so fewer a page

@@ -53,6 +53,10 @@ async def _decided(request: Request, step_id: int, action: str, decide: Any) -> 
     except (InvalidRequest, StateConflict, AuthFailed) as exc:
         status, shown = refusal(exc)
         return await step_page(request, session, step_id, {}, status=status, error=shown, posted=values)
+    if action == "approved" and values.get("back") == "held":
+        # Approved from the held inbox (its "Correct and approve" form): back to the inbox, whose
+        # notice is shown only if this step's latest decision is that approval (queues.py).
+        return RedirectResponse(f"/ops/held?approved={step_id}", status_code=303)
     return RedirectResponse(f"/ops/steps/{step_id}?done={action}", status_code=303)
 
 

@@ -29,6 +29,7 @@ from evq.ops.web.page.common import (
     signed_in,
 )
 from evq.worker.errors import InvalidRequest
+from evq.worker.ports import SUBJECT_SCAN_CAP
 from evq.worker.resolution import Verdict
 from evq.worker.states import Status
 
@@ -116,6 +117,8 @@ async def steps(request: Request) -> HTMLResponse:
         facts=await state.store.list_facts(ids),
         answers=answers,
         total=(reply.meta["total"], reply.meta["total_exact"]),
+        scanned=reply.meta.get("subject_scanned"),
+        scan_cap=SUBJECT_SCAN_CAP,
         counts=counts,
         actions=[a for a, states in BULK_ACTIONS.items() if tab == ALL or tab in states] if reply.data else [],
         **page,

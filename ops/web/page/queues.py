@@ -8,6 +8,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from evq.ops.app import service
+from evq.ops.app.service import MAX_ID
 from evq.ops.web.page.common import (
     BULK_ACTIONS,
     FILTER_KEYS,
@@ -28,7 +29,9 @@ from evq.ops.web.page.common import (
     router,
     signed_in,
 )
+from evq.ops.web.page.step import done_notice
 from evq.worker.errors import InvalidRequest
+from evq.worker.ports import SUBJECT_SCAN_CAP
 from evq.worker.resolution import Verdict
 from evq.worker.states import Status
 
@@ -94,6 +97,8 @@ async def unknown(request: Request) -> HTMLResponse:
         facts=facts,
         pick_page=params.get("pick") == "page",
         total=reply.meta["total"],
+        scanned=reply.meta.get("subject_scanned"),
+        scan_cap=SUBJECT_SCAN_CAP,
         offset=offset,
         page_size=PAGE_SIZE,
         query=query_string(filters),
@@ -108,11 +113,20 @@ async def held(request: Request) -> HTMLResponse:
     and its rationale, the message as it would go out, when it expires), so a person decides
     on what would be sent and not on a summary."""
     session = await signed_in(request)
-    offset = page_offset(request.query_params, ("offset", "pick"))
+    offset = page_offset(request.query_params, ("offset", "pick", "approved"))
     if request.query_params.get("pick", "page") != "page":
         raise PageError(BadRequest([{"field": "pick", "message": "page or absent"}]), 400)
+    approved = request.query_params.get("approved")
+    if approved is not None and not (approved.isascii() and approved.isdigit() and 0 < int(approved) <= MAX_ID):
+        raise PageError(BadRequest([{"field": "approved", "message": "a step id"}]), 400)
     state = app_state(request)
     who = caller_of(session)
+    # The notice of an approval made from this inbox, only if that step's latest decision is
+    # an approval (a hand-made address cannot claim one that did not happen).
+    notice = None
+    if approved is not None:
+        evidence = (await service.show_steps(state.store, who, [int(approved)])).data
+        notice = done_notice("approved", evidence[0]["evidence"]) if evidence else None
     reply = await service.list_steps(state.store, who, statuses=[str(Status.HELD)], limit=HELD_PAGE_SIZE, offset=offset)
     # show_step of the whole page in one read, as the step page shows one: the message's text
     # only for roles that see content; a step pruned between the two reads is left out.
@@ -135,6 +149,8 @@ async def held(request: Request) -> HTMLResponse:
         tab=str(Status.HELD),
         filters={},
         pick_page=request.query_params.get("pick") == "page",
+        approved=int(approved) if notice else None,
+        approved_notice=notice,
     )
 
 

@@ -28,7 +28,7 @@ from evq.ops.web.page.common import (
     router,
     signed_in,
 )
-from evq.ops.web.page.timeline import by_step, trace_rows
+from evq.ops.web.page.timeline import by_step, step_timeline, trace_rows
 from evq.ops.web.session import Session
 from evq.worker.errors import AuthFailed, InvalidRequest, StateConflict
 from evq.worker.resolution import Verdict, requeueable
@@ -100,6 +100,7 @@ async def step_page(
         own=session.identity.enqueued(reply.data["decision"]),
         requeueable=requeueable(reply.data["step"]["status"], reply.data["step"].get("reason")),
         html_source=request.query_params.get("html") == "source",
+        timeline=step_timeline(reply.data["step"], reply.data["decision"], reply.data["evidence"]),
         **context,
     )
 

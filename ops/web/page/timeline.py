@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from evq.ops.app.age import age
+from evq.worker.timeline import run_events
 
 # What each evidence kind (and the timeline's own "decision" and "enqueued") means, for a person.
 # A kind a newer evq writes and this does not know is shown as itself.
@@ -140,3 +141,23 @@ def by_step(rows: Sequence[Mapping[str, Any]], keep: int = SHOWN_EVENTS) -> list
             }
         )
     return out
+
+
+# How many of a step's latest events its own page shows open (an unknown row's story ends with
+# its last attempts and answers); the earlier ones are inside a closed <details>.
+SHOWN_STEP_EVENTS = 5
+
+
+def step_timeline(
+    step: Mapping[str, Any], decision: Mapping[str, Any] | None, evidence: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """One step's events (the decision, the enqueue, then its evidence: holds, approvals,
+    attempts, answers, webhooks' reports, notices) as one by_step group on the step's own time
+    axis (0: its first event, 100: its last), the latest SHOWN_STEP_EVENTS open; None when
+    there is nothing to show (a step always has at least its enqueue)."""
+    events = trace_rows(run_events([step], [decision] if decision else [], evidence))
+    groups = by_step(events, keep=SHOWN_STEP_EVENTS)
+    if not groups:
+        return None
+    group = groups[0]
+    return {**group, "start": events[0]["at"], "end": events[-1]["at"]}

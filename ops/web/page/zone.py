@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from evq.ops.settings import time_zone, zone_names
+from evq.ops.time_zones import time_zone, zone_names
 from evq.ops.web.page.common import app_state, posted, render, router, set_cookie, signed_in, zone_of
 from evq.ops.web.session import Session
 from evq.worker.errors import InvalidRequest
