@@ -1591,10 +1591,12 @@ FROM (VALUES
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), scanned AS MATERIALIZED (
-    SELECT s.id, s.status, strpos(lower(s.payload ->> 'subject'), %(subject)s::text) > 0 AS hit
+    -- In flight: a lease on the queue row (a pending or retryable step's only).
+    SELECT s.id, CASE WHEN s.status IN ('pending', 'retryable') THEN CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = s.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE s.status END ELSE s.status END AS status,
+           strpos(lower(s.payload ->> 'subject'), %(subject)s::text) > 0 AS hit
     FROM email_steps s
     WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
-      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+      AND (%(statuses)s::text[] IS NULL OR CASE WHEN s.status IN ('pending', 'retryable') THEN CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = s.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE s.status END ELSE s.status END = ANY(%(statuses)s::text[]))
       AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
       AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
       AND (%(created_before)s::timestamptz IS NULL
@@ -1632,7 +1634,7 @@ SELECT c.scanned, c.by_status,
        extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
 FROM counted c
 CROSS JOIN t
-LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+LEFT JOIN (page JOIN steps_now s ON s.id = page.id) ON true
 ORDER BY s.id DESC;
 
 
