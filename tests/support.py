@@ -87,8 +87,11 @@ def put_in_state(url: str, step_id: int, status: str, assignments: str = "") -> 
     if status == "in_flight":
         rows(url, f"UPDATE step_queue SET {', '.join(queue)} WHERE id = %s RETURNING id", (step_id,))
         return
-    rows(url, f"UPDATE email_steps SET {', '.join(['status = %s', *steps])} WHERE id = %s RETURNING id",
-         (status, step_id))
+    rows(
+        url,
+        f"UPDATE email_steps SET {', '.join(['status = %s', *steps])} WHERE id = %s RETURNING id",
+        (status, step_id),
+    )
     if status in ("pending", "retryable"):
         if queue:
             rows(url, f"UPDATE step_queue SET {', '.join(queue)} WHERE id = %s RETURNING id", (step_id,))

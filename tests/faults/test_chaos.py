@@ -63,9 +63,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     deadline = time.monotonic() + 120
 
     def open_rows() -> int:
-        return rows(db_url, "SELECT count(*)::int AS n FROM steps_now WHERE status IN ('pending', 'retryable')")[0][
-            "n"
-        ]
+        return rows(db_url, "SELECT count(*)::int AS n FROM steps_now WHERE status IN ('pending', 'retryable')")[0]["n"]
 
     def in_flight() -> dict[int, set[int]]:
         """The rows in flight, by the pid of the worker whose lease holds them."""
@@ -133,8 +131,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
             lambda: (
                 rows(
                     db_url,
-                    "SELECT count(*)::int AS n FROM steps_now "
-                    "WHERE status NOT IN ('accepted', 'rejected', 'unknown')",
+                    "SELECT count(*)::int AS n FROM steps_now WHERE status NOT IN ('accepted', 'rejected', 'unknown')",
                 )[0]["n"]
                 == 0
             ),
@@ -216,9 +213,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     )
     assert not unexplained, (unexplained[:5], stories_of, (tmp_path / "workers.log").read_text()[-3000:])
     # Every accepted row was received by the server, exactly once.
-    accepted_ids = {
-        r["message_id"] for r in rows(db_url, "SELECT message_id FROM steps_now WHERE status = 'accepted'")
-    }
+    accepted_ids = {r["message_id"] for r in rows(db_url, "SELECT message_id FROM steps_now WHERE status = 'accepted'")}
     assert accepted_ids <= set(delivered)
     # Evidence tells each story: one start per attempt, one answer or rescue per attempt.
     stories = rows(

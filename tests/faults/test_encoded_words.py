@@ -107,8 +107,7 @@ def test_a_stored_encoded_word_never_reaches_the_smtp_server_as_a_header(db_url,
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     states = {
-        r["step_id"]: (r["status"], r["reason"])
-        for r in rows(db_url, "SELECT step_id, status, reason FROM steps_now")
+        r["step_id"]: (r["status"], r["reason"]) for r in rows(db_url, "SELECT step_id, status, reason FROM steps_now")
     }
     assert states == {
         "subject": ("rejected", "policy_refused"),

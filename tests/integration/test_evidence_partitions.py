@@ -291,8 +291,9 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
             "UPDATE email_steps SET status = 'retryable', closed_at = NULL, next_attempt_at = now() WHERE id = %s",
             (first[0],),
         )
-        holder.execute("INSERT INTO step_queue (id, provider) SELECT id, provider FROM email_steps WHERE id = %s",
-                       (first[0],))
+        holder.execute(
+            "INSERT INTO step_queue (id, provider) SELECT id, provider FROM email_steps WHERE id = %s", (first[0],)
+        )
         holder.execute(
             "INSERT INTO evidence (step_id, run_id, kind, actor, from_status, to_status) "
             "SELECT id, run_id, 'operator_resolved', 'operator', 'rejected', 'retryable' FROM steps_now WHERE id = %s",

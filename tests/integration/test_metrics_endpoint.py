@@ -32,8 +32,8 @@ from tests.support import (
     ScriptedProvider,
     evidence_kinds,
     execute,
-    put_in_state,
     free_port,
+    put_in_state,
     rows,
     sample,
     scrape,
@@ -237,7 +237,9 @@ def test_collector_query_reads_the_partial_indexes_not_the_table(db_url):
     ran = {n.get("Index Name") for n in nodes if n["Actual Loops"] > 0}
     assert {"ix_email_steps_unknown_since", "ix_email_steps_held"} <= ran, ran
     queue = [n for n in _plan_nodes(plan[0]["Plan"]) if n.get("Relation Name") == "step_queue"]
-    assert queue and sum(n["Actual Rows"] for n in queue) <= 3 * sum(filled[s] for s in ("pending", "retryable", "in_flight"))
+    assert queue and sum(n["Actual Rows"] for n in queue) <= 3 * sum(
+        filled[s] for s in ("pending", "retryable", "in_flight")
+    )
     # The only full-table index read is the (status, created_at) range of the two live states
     # without a partial index of their own; the terminal states' exact count never runs.
     for n in nodes:

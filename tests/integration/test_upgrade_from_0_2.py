@@ -148,7 +148,9 @@ def _columns(url: str) -> dict[str, list[str]]:
     }
 
 
-def _snapshot(url: str, columns: dict[str, list[str]], read: dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def _snapshot(
+    url: str, columns: dict[str, list[str]], read: dict[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Every row of 0.2's tables, by the columns 0.2 gave them; ``read``: where 1.0 shows a table's rows
     (a step as it is now, with the attempt its queue row holds: steps_now)."""
     read = read or {}
