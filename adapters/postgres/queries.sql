@@ -294,7 +294,7 @@ ON CONFLICT DO NOTHING;
 -- Only the narrow queue row is written (step_queue: its lease and the attempt's counters);
 -- email_steps is read for the request and keeps the state the step was claimed from until
 -- the answer is written (step_record). A queue row whose step is not pending or retryable
--- there (a closed step: never claimed again, whatever wrote the row) is passed over.
+-- there (a closed step: never claimed again, whatever wrote the row) is deleted unclaimed.
 -- A row that may already have been delivered is only retried while the provider's
 -- dedupe window still covers the whole lease; otherwise the rescuer makes it unknown.
 WITH t AS (
@@ -344,6 +344,12 @@ WITH t AS (
               q.attempts, s.max_attempts, q.lease_token, q.dedupe_until, q.maybe_delivered,
               s.created_at, s.uncharged_attempts, coalesce(s.retry_from, s.created_at) AS retry_from,
               s.status AS from_status, t.now AS claimed_at
+), stray AS (
+    -- A picked row whose step is not owed a send (no writer of evq leaves one) is deleted, not
+    -- passed over: left, it would stay due and wake every claim for nothing.
+    DELETE FROM step_queue q
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.id = q.id AND s.status IN ('pending', 'retryable'))
 ), started AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token, created_at)
     SELECT c.id, c.run_id, c.attempts, 'attempt_started', %(owner)s, c.from_status, 'in_flight', c.lease_token,

@@ -134,7 +134,7 @@ email_steps = Table(
     UniqueConstraint("idempotency_key"),
     # The Message-ID's uniqueness and the webhook matcher's key digest are the key ledger's
     # (step_keys, below), written once at enqueue: an index here gets a new entry on every
-    # transition of the row (each one a non-HOT update), two per send.
+    # transition of the row (each one a non-HOT update), one per send (the claim writes step_queue).
     UniqueConstraint("run_id", "step_id"),
     # Never in_flight: an attempt under way is its step_queue row's lease (below), and this row
     # keeps the state it was claimed from until the attempt's answer is written.
