@@ -29,9 +29,11 @@ def drain_once(bench: Bench, processes: int, *, url: str | None = None, run_id: 
         results = run_children(
             [evq_worker_spec(db_url, concurrency=c.drain_concurrency, batch_size=c.batch_size)] * processes
         )
-        bench.footprints.setdefault(processes, []).append(
-            footprint.per_step(before, footprint.snapshot(db_url), c.steps)
-        )
+        after = footprint.snapshot(db_url)
+        # This database's own WAL records when pg_walinspect is there (the server's position
+        # counts every other session's writes too).
+        wal = footprint.database_wal(db_url, before, after)
+        bench.footprints.setdefault(processes, []).append(footprint.per_step(before, after, c.steps, wal=wal))
         check_drained(db_url, c.steps, run_id)
         return c.steps / span(results), max(r.rss_mb for r in results)
 
