@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from evq.adapters.http import HttpProvider
-from evq.adapters.postgres.enqueue import enqueue_op, run_sync
+from evq.adapters.postgres.op_runner import run_sync
+from evq.adapters.postgres.single_enqueue import enqueue_op
 from evq.ops.dev.http import DevHttpServer
 from evq.worker.outcomes import Rejected
 from evq.worker.ports import SendRequest

@@ -225,7 +225,9 @@ def test_a_batch_of_a_key_at_always_writes_what_one_at_a_time_writes(db_url):
     """held_many_op (every statement sent for the whole batch at once) against gated_op one
     request at a time: the same held rows, holds (first contact included) and held evidence; a
     key repeated in the batch is answered as its first step, one with another payload refused."""
-    from evq.adapters.postgres.enqueue import enqueue_many_op, gated_op, run_sync
+    from evq.adapters.postgres.batch_enqueue import enqueue_many_op
+    from evq.adapters.postgres.op_runner import run_sync
+    from evq.adapters.postgres.single_enqueue import gated_op
     from evq.worker.enqueue import validate_many
     from evq.worker.errors import IdempotencyConflict
     from evq.worker.request import Actor

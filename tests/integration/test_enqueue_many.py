@@ -7,8 +7,10 @@ import asyncio
 import psycopg
 import pytest
 
-from evq.adapters.postgres import enqueue as enqueue_api
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_own, run_sync, validate_many
+from evq.adapters.postgres.batch_enqueue import MANY_CHUNK, enqueue_many_op
+from evq.adapters.postgres.enqueue import enqueue_own
+from evq.adapters.postgres.op_runner import run_sync
+from evq.worker.enqueue import validate_many
 from evq.worker.errors import Conflict, IdempotencyConflict, InvalidRequest
 from tests.support import POLICY, request, rows, valid
 
@@ -156,7 +158,7 @@ def test_every_request_is_validated_before_anything_is_written(db_url):
 
 
 def test_large_batches_span_several_statements_in_one_transaction(db_url):
-    size = enqueue_api.MANY_CHUNK + 7
+    size = MANY_CHUNK + 7
     valid_requests = [valid(run_id="big", step_id=f"s{i}") for i in range(size)]
     with psycopg.connect(db_url) as conn:
         results = run_sync(conn, enqueue_many_op(valid_requests))
