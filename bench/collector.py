@@ -40,27 +40,39 @@ LIVE = {
 _FILL = """
 WITH d AS (
     INSERT INTO decisions (run_id, step_id, intent) VALUES ('bench', %(tag)s::text, 'collector benchmark') RETURNING id
+), s AS (
+    -- In flight is a lease on the queue row; the step's row keeps pending (docs/design.md, "The queue").
+    INSERT INTO email_steps (
+        run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
+        status, reason, attempts, first_attempt_at, next_attempt_at,
+        unknown_since, closed_at, created_at, updated_at
+    )
+    SELECT 'bench', %(tag)s::text || g, d.id, 'bench:' || %(tag)s::text || g,
+           '<' || %(tag)s::text || g || '@bench.example>', 'smtp',
+           jsonb_build_object('to', jsonb_build_array(jsonb_build_object('email', 'u' || g || '@example.com')),
+                              'subject', 'benchmark row ' || g, 'text', 'hello'),
+           repeat('0', 64),
+           CASE WHEN %(status)s::text = 'in_flight' THEN 'pending' ELSE %(status)s::text END, NULL,
+           CASE WHEN %(status)s::text IN ('pending', 'in_flight') THEN 0 ELSE 1 END,
+           CASE WHEN %(status)s::text IN ('pending', 'in_flight') THEN NULL
+                ELSE now() - make_interval(secs => g %% 86400) END,
+           now() + make_interval(secs => %(due_in)s),
+           CASE WHEN %(status)s::text = 'unknown' THEN now() - make_interval(secs => g * 997 %% 604800) END,
+           CASE WHEN %(status)s::text IN ('accepted', 'rejected') THEN now() - make_interval(secs => g %% 86400) END,
+           now() - make_interval(secs => g %% 604800), now()
+    FROM d, generate_series(1, %(n)s) AS g
+    RETURNING id, provider, status, attempts, first_attempt_at, next_attempt_at
 )
-INSERT INTO email_steps (
-    run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
-    status, reason, attempts, first_attempt_at, next_attempt_at, lease_owner, lease_token, lease_expires_at,
-    unknown_since, closed_at, created_at, updated_at
-)
-SELECT 'bench', %(tag)s::text || g, d.id, 'bench:' || %(tag)s::text || g, '<' || %(tag)s::text || g || '@bench.example>', 'smtp',
-       jsonb_build_object('to', jsonb_build_array(jsonb_build_object('email', 'u' || g || '@example.com')),
-                          'subject', 'benchmark row ' || g, 'text', 'hello'),
-       repeat('0', 64),
-       %(status)s::text, NULL,
-       CASE WHEN %(status)s::text = 'pending' THEN 0 ELSE 1 END,
-       CASE WHEN %(status)s::text = 'pending' THEN NULL ELSE now() - make_interval(secs => g %% 86400) END,
-       now() + make_interval(secs => %(due_in)s),
+INSERT INTO step_queue (id, provider, next_attempt_at, attempts, first_attempt_at, lease_owner, lease_token,
+                        lease_expires_at)
+SELECT s.id, s.provider, s.next_attempt_at,
+       CASE WHEN %(status)s::text = 'in_flight' THEN 1 ELSE s.attempts END,
+       CASE WHEN %(status)s::text = 'in_flight' THEN now() ELSE s.first_attempt_at END,
        CASE WHEN %(status)s::text = 'in_flight' THEN 'bench-worker' END,
        CASE WHEN %(status)s::text = 'in_flight' THEN gen_random_uuid() END,
-       CASE WHEN %(status)s::text = 'in_flight' THEN now() + make_interval(secs => %(lease_in)s) END,
-       CASE WHEN %(status)s::text = 'unknown' THEN now() - make_interval(secs => g * 997 %% 604800) END,
-       CASE WHEN %(status)s::text IN ('accepted', 'rejected') THEN now() - make_interval(secs => g %% 86400) END,
-       now() - make_interval(secs => g %% 604800), now()
-FROM d, generate_series(1, %(n)s) AS g
+       CASE WHEN %(status)s::text = 'in_flight' THEN now() + make_interval(secs => %(lease_in)s) END
+FROM s
+WHERE s.status IN ('pending', 'retryable')
 """
 
 
@@ -86,6 +98,7 @@ def fill(url: str, *, terminal: int, live: dict[str, int] | None = None) -> dict
                 conn.execute(_FILL, {"tag": f"b{i}-", "status": status, "n": n, "due_in": due_in, "lease_in": lease_in})
         # Index-only scans need the visibility map; the planner needs statistics.
         conn.execute("VACUUM ANALYZE email_steps")
+        conn.execute("VACUUM ANALYZE step_queue")
     totals: dict[str, int] = {}
     for status, n, _, _ in batches:
         totals[status] = totals.get(status, 0) + n

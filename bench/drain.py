@@ -25,13 +25,16 @@ def drain_once(bench: Bench, processes: int, *, url: str | None = None, run_id: 
     def measure(db_url: str) -> tuple[float, float]:
         write = bench.prefill.enqueue(db_url, c.steps, run_id=run_id)
         bench.batch_enqueue_seconds.append(write)
-        before = footprint.snapshot(db_url)
-        results = run_children(
-            [evq_worker_spec(db_url, concurrency=c.drain_concurrency, batch_size=c.batch_size)] * processes
-        )
-        bench.footprints.setdefault(processes, []).append(
-            footprint.per_step(before, footprint.snapshot(db_url), c.steps)
-        )
+        with footprint.wal_kept(db_url):
+            before = footprint.snapshot(db_url)
+            results = run_children(
+                [evq_worker_spec(db_url, concurrency=c.drain_concurrency, batch_size=c.batch_size)] * processes
+            )
+            after = footprint.snapshot(db_url)
+            # This database's own WAL records when pg_walinspect is there (the server's position
+            # counts every other session's writes too).
+            wal = footprint.database_wal(db_url, before, after)
+        bench.footprints.setdefault(processes, []).append(footprint.per_step(before, after, c.steps, wal=wal))
         check_drained(db_url, c.steps, run_id)
         return c.steps / span(results), max(r.rss_mb for r in results)
 

@@ -6,14 +6,18 @@ insert and every update that is not HOT writes one entry into each index of its 
 pg_index says how many there are. The WAL is this database's: pg_walinspect reads the records
 written between the two snapshots, and those that touch this database's relations count, with
 the commit records of their transactions (full-page images included); other sessions on a
-shared server do not. Without pg_walinspect (it needs a superuser to install), the server's WAL
-position is read instead, everyone's writes counted, and the figure says so.
+shared server do not. While the drain runs, a temporary replication slot (:func:`wal_kept`) keeps
+the server from recycling the WAL before it is read (a busy shared server fills max_wal_size in
+seconds); it goes with its session. Without pg_walinspect or the slot (both need a superuser), the
+server's WAL position is read instead, everyone's writes counted, and the figure says so.
 The backends' own CPU is not read: the server's processes are not this process's children, and
 on a shared server their total is everyone's."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +48,18 @@ class Snapshot:
     tables: dict[str, tuple[int, int, int, int, int]]  # ins, upd, hot, del, indexes
     lsn: str = ""
     walinspect: bool = False
+
+
+@contextlib.contextmanager
+def wal_kept(url: str) -> Iterator[None]:
+    """Keep the server's WAL from here until the block ends (a temporary physical replication
+    slot reserving it, dropped with this session however the block ends), when the role may."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (f"evq_bench_{id(conn)}",))
+        except psycopg.Error:
+            pass  # not a superuser or no slots free: the WAL may be recycled, and is then not read
+        yield
 
 
 def snapshot(url: str, *, settle: float = 3.0) -> Snapshot:
@@ -78,7 +94,12 @@ def database_wal(url: str, before: Snapshot, after: Snapshot) -> float | None:
     with psycopg.connect(url, autocommit=True) as conn:
         oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
         params = {"start": before.lsn, "end": after.lsn, "rel": f"% rel %/{oid}/%"}
-        return float(conn.execute(_WAL_OF_DATABASE, params).fetchone()[0])
+        try:
+            return float(conn.execute(_WAL_OF_DATABASE, params).fetchone()[0])
+        except psycopg.errors.UndefinedFile:
+            # The segments were recycled meanwhile (a busy shared server, a small max_wal_size):
+            # the server's position is all there is.
+            return None
 
 
 def per_step(before: Snapshot, after: Snapshot, steps: int, *, wal: float | None = None) -> dict[str, Any]:

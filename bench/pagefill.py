@@ -163,23 +163,22 @@ FROM ({_BASE}) b
 
 STEPS = f"""
 INSERT INTO email_steps (id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
-    payload_sha256, status, reason, attempts, next_attempt_at, lease_owner, lease_token, lease_expires_at,
+    payload_sha256, status, reason, attempts, next_attempt_at,
     maybe_delivered, provider_message_id, created_at, updated_at, first_attempt_at, unknown_since, closed_at,
     held_since, hold_expires_at, hold)
 SELECT b.g, 'run-' || (b.g / 4), 's' || b.g, b.g, 'bench:' || b.g, '<m' || b.g || '@mail.bench.example.org>',
        CASE WHEN b.g %% 5 < 3 THEN 'smtp' ELSE 'http' END, p.payload,
-       encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), b.status,
+       encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'),
+       -- In flight is a lease on the queue row (QUEUE); the step's row keeps pending, unattempted.
+       CASE WHEN b.status = 'in_flight' THEN 'pending' ELSE b.status END,
        CASE b.status WHEN 'accepted' THEN 'provider_accepted' WHEN 'rejected' THEN 'provider_rejected'
             WHEN 'unknown' THEN CASE WHEN b.g %% 2 = 0 THEN 'lease_expired' ELSE 'ambiguous_response' END
             WHEN 'retryable' THEN 'provider_temporary' WHEN 'held' THEN 'approval_required' END,
-       b.attempts,
+       CASE WHEN b.status = 'in_flight' THEN 0 ELSE b.attempts END,
        CASE WHEN b.status = 'retryable' THEN b.created + interval '5 minutes' ELSE b.created END,
-       CASE WHEN b.status = 'in_flight' THEN 'bench-worker' END,
-       CASE WHEN b.status = 'in_flight' THEN gen_random_uuid() END,
-       CASE WHEN b.status = 'in_flight' THEN now() + interval '1 hour' END,
        b.status = 'unknown' AND b.g %% 2 = 1,
        CASE WHEN b.status = 'accepted' THEN 'pm-' || md5(b.g::text) END,
-       b.created, coalesce(t.done, b.created), t.first,
+       b.created, coalesce(t.done, b.created), CASE WHEN b.status <> 'in_flight' THEN t.first END,
        CASE WHEN b.status = 'unknown' THEN b.created + interval '1.8 seconds' END,
        CASE WHEN b.status IN ('accepted', 'rejected') THEN t.done END,
        CASE WHEN b.status = 'held' THEN b.created END,
@@ -199,7 +198,22 @@ CROSS JOIN LATERAL (SELECT
          WHEN b.attempts = 1 AND b.status <> 'in_flight' THEN b.created + interval '1.8 seconds' END AS done) t
 """
 
-# Each attempted step's evidence, sorted by time. The lease token of an attempt is derived from
+# The queue: a row for each step owed a send or under an attempt (in flight: its lease).
+QUEUE = f"""
+INSERT INTO step_queue (id, provider, next_attempt_at, attempts, first_attempt_at, lease_owner, lease_token,
+                        lease_expires_at)
+SELECT b.g, CASE WHEN b.g %% 5 < 3 THEN 'smtp' ELSE 'http' END,
+       CASE WHEN b.status = 'retryable' THEN b.created + interval '5 minutes' ELSE b.created END,
+       b.attempts, CASE WHEN b.attempts > 0 THEN b.created + interval '1 second' END,
+       CASE WHEN b.status = 'in_flight' THEN 'bench-worker' END,
+       CASE WHEN b.status = 'in_flight' THEN gen_random_uuid() END,
+       CASE WHEN b.status = 'in_flight' THEN now() + interval '1 hour' END
+FROM ({_BASE}) b
+WHERE b.status IN ('pending', 'retryable', 'in_flight')
+"""
+
+# Each attempted step's evidence, sorted by time (steps_now: an in-flight step's attempt is its
+# queue row's). The lease token of an attempt is derived from
 # the step and the attempt, so its start and its answer share it and no two answers do.
 EVIDENCE = """
 INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, outcome, reason,
@@ -207,7 +221,7 @@ INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_sta
 SELECT s.id, s.run_id, e.attempt, e.kind, e.actor, e.from_status, e.to_status, e.outcome, e.reason,
        e.pmid, CASE WHEN e.kind <> 'lease_expired' THEN md5('lease:' || s.id || ':' || e.attempt)::uuid END,
        e.latency, s.first_attempt_at + e.after
-FROM email_steps s
+FROM steps_now s
 CROSS JOIN LATERAL (VALUES
     (1, 'attempt_started', 'bench-worker', 'pending', 'in_flight', NULL, NULL, NULL, NULL::float8,
      interval '0', true),
@@ -300,6 +314,7 @@ def fill(url: str, steps: int, *, progress: Callable[[str], None] = lambda _: No
             with conn.transaction():
                 conn.execute(DECISIONS, params)
                 conn.execute(STEPS, params)
+                conn.execute(QUEUE, params)
                 conn.execute(EVIDENCE, params)
             progress(f"ops-pages: {b:,} of {steps:,} steps ({time.perf_counter() - started:.0f}s)")
         conn.execute(SAMPLES, {"days": DAYS})

@@ -53,7 +53,8 @@ class Prefill:
 
     def enqueue(self, url: str, n: int, *, run_id: str = "bench") -> float:
         """Batch-enqueue n steps; the seconds the write took (one transaction)."""
-        from evq.adapters.postgres.enqueue import enqueue_many_op, run_sync
+        from evq.adapters.postgres.batch_enqueue import enqueue_many_op
+        from evq.adapters.postgres.op_runner import run_sync
         from evq.worker.request import default_idempotency_key
 
         valid = self.valid(n)

@@ -53,7 +53,7 @@ def evq_spawn_once(bench: Bench) -> float:
         if done.returncode != 0:
             raise EvqError("spawn: `evq worker run --drain` failed", context={"stderr": done.stderr[-2000:]})
         with psycopg.connect(url) as conn:
-            [claimed] = conn.execute("SELECT first_attempt_at FROM email_steps WHERE run_id = 'spawn'").fetchone()
+            [claimed] = conn.execute("SELECT first_attempt_at FROM steps_now WHERE run_id = 'spawn'").fetchone()
     if claimed is None:
         raise EvqError("spawn: the worker never claimed its step")
     return claimed.timestamp() - started

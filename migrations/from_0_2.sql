@@ -20,19 +20,38 @@ FROM evq_0_2.decisions;
 
 -- name: email_steps
 -- Every state as it was: a pending step is claimed by the next worker; an in-flight one keeps
--- its lease, so the rescuer finds it when the lease expires and makes it unknown (the 0.2
--- worker that held it may have sent it); retryable, unknown and closed steps keep their
--- attempts, deadlines, dedupe window and maybe_delivered.
+-- its lease (in the queue, below), so the rescuer finds it when the lease expires and makes it
+-- unknown (the 0.2 worker that held it may have sent it); retryable, unknown and closed steps
+-- keep their attempts, deadlines, dedupe window and maybe_delivered. 1.0 keeps an attempt under
+-- way on the queue row only: an in-flight step's row here says what it was claimed from
+-- (pending for a first attempt, else retryable) with the counters it had before that attempt.
 INSERT INTO email_steps (id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
                          payload_sha256, status, reason, detail, attempts, max_attempts, next_attempt_at,
-                         lease_owner, lease_token, lease_expires_at, dedupe_until, maybe_delivered,
+                         dedupe_until, maybe_delivered,
                          provider_message_id, notify, notice_of, reconcile_after, reconcile_checks, created_at,
                          updated_at, first_attempt_at, unknown_since, closed_at, uncharged_attempts, retry_from)
-SELECT id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256, status,
-       reason, detail, attempts, max_attempts, next_attempt_at, lease_owner, lease_token, lease_expires_at,
-       dedupe_until, maybe_delivered, provider_message_id, notify, notice_of, reconcile_after, reconcile_checks,
-       created_at, updated_at, first_attempt_at, unknown_since, closed_at, uncharged_attempts, retry_from
+SELECT id, run_id, step_id, decision_id, idempotency_key, message_id, provider, payload, payload_sha256,
+       CASE WHEN status <> 'in_flight' THEN status WHEN attempts > 1 THEN 'retryable' ELSE 'pending' END,
+       reason, detail,
+       CASE WHEN status = 'in_flight' THEN attempts - 1 ELSE attempts END, max_attempts, next_attempt_at,
+       CASE WHEN status = 'in_flight' AND attempts = 1 THEN NULL ELSE dedupe_until END,
+       CASE WHEN status = 'in_flight' AND attempts = 1 THEN false ELSE maybe_delivered END,
+       provider_message_id, notify, notice_of, reconcile_after, reconcile_checks,
+       created_at, updated_at,
+       CASE WHEN status = 'in_flight' AND attempts = 1 THEN NULL ELSE first_attempt_at END,
+       unknown_since, closed_at, least(uncharged_attempts, CASE WHEN status = 'in_flight' THEN attempts - 1
+                                                               ELSE attempts END), retry_from
 FROM evq_0_2.email_steps;
+
+-- name: step_queue
+-- The queue: every step owed a send (pending, retryable) and every one under an attempt (in
+-- flight, with its lease and the attempt's counters).
+INSERT INTO step_queue (id, provider, next_attempt_at, attempts, first_attempt_at, dedupe_until, maybe_delivered,
+                        lease_owner, lease_token, lease_expires_at, updated_at)
+SELECT id, provider, next_attempt_at, attempts, first_attempt_at, dedupe_until, maybe_delivered,
+       lease_owner, lease_token, lease_expires_at, updated_at
+FROM evq_0_2.email_steps
+WHERE status IN ('pending', 'retryable', 'in_flight');
 
 -- name: key_ledger
 -- Derived: the key ledger (invariant 12) holds every key a step of this database holds, as

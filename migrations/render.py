@@ -1,5 +1,6 @@
 """The baseline's tables, rendered from the model: ``python -m evq.migrations.render`` writes
-``migrations/baseline/tables.sql`` from ``adapters/postgres/schema.py``.
+``migrations/baseline/tables.sql`` from ``adapters/postgres/schema.py``, which gathers the tables of
+``adapters/postgres/tables/`` (one module per group) on one ``metadata``.
 
 The model is the one source of the tables, their constraints and indexes; the baseline runs
 the rendered text, so what it builds does not change when the model changes later (a revision
@@ -19,6 +20,8 @@ from evq.adapters.postgres.schema import metadata
 
 TABLES = Path(__file__).resolve().parent / "baseline" / "tables.sql"
 
+# Names schema.py, the module a reader opens first: it says which module of tables/ holds each
+# group. Part of the rendered text, so changing it changes tables.sql.
 HEADER = """\
 -- Generated from adapters/postgres/schema.py by `python -m evq.migrations.render`: do not edit
 -- (docs/design.md, "Data model", says what each table holds; the model says why each index is

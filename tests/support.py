@@ -59,7 +59,44 @@ def rows(url: str, sql: str, params: Any = None) -> list[dict[str, Any]]:
 
 
 def step_row(url: str, step_id: int) -> dict[str, Any]:
-    return rows(url, "SELECT * FROM email_steps WHERE id = %s", (step_id,))[0]
+    return rows(url, "SELECT * FROM steps_now WHERE id = %s", (step_id,))[0]
+
+
+QUEUE_COLUMNS = frozenset(
+    {"attempts", "first_attempt_at", "dedupe_until", "maybe_delivered", "next_attempt_at", "priority", "updated_at"}
+)
+LEASE_COLUMNS = frozenset({"lease_owner", "lease_token", "lease_expires_at"})
+
+
+def put_in_state(url: str, step_id: int, status: str, assignments: str = "") -> None:
+    """Raw SQL puts one step straight into a state as the tables hold it (the tests' privilege; no
+    runtime path does this): in flight is its queue row's lease (email_steps keeps the state it was
+    claimed from, pending); pending and retryable keep the queue row, which takes the assignments
+    to its columns too; every other state has no queue row. ``assignments``: a SET clause."""
+    pairs, depth, start = [], 0, 0
+    for i, ch in enumerate(assignments):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            pairs.append(assignments[start:i].strip())
+            start = i + 1
+    pairs = [p for p in [*pairs, assignments[start:].strip()] if p]
+    named = {p.split("=", 1)[0].strip(): p for p in pairs}
+    queue = [p for c, p in named.items() if c in QUEUE_COLUMNS | LEASE_COLUMNS]
+    steps = [p for c, p in named.items() if c not in LEASE_COLUMNS]
+    if status == "in_flight":
+        rows(url, f"UPDATE step_queue SET {', '.join(queue)} WHERE id = %s RETURNING id", (step_id,))
+        return
+    rows(
+        url,
+        f"UPDATE email_steps SET {', '.join(['status = %s', *steps])} WHERE id = %s RETURNING id",
+        (status, step_id),
+    )
+    if status in ("pending", "retryable"):
+        if queue:
+            rows(url, f"UPDATE step_queue SET {', '.join(queue)} WHERE id = %s RETURNING id", (step_id,))
+    else:
+        rows(url, "DELETE FROM step_queue WHERE id = %s RETURNING id", (step_id,))
 
 
 def evidence_kinds(url: str, step_id: int) -> list[str]:
@@ -429,6 +466,8 @@ async def held_steps(
                 "hold_expires_at = %s, hold = %s::jsonb WHERE id = %s",
                 (at, expires_at, json.dumps(hold), m.id),
             )
+            # A held step is owed no send: it has no queue row until it is approved.
+            await conn.execute("DELETE FROM step_queue WHERE id = %s", (m.id,))
             await conn.execute(
                 "INSERT INTO evidence (step_id, run_id, attempt, kind, actor, to_status, reason, detail, created_at) "
                 "VALUES (%s, %s, 0, 'held', 'enqueue', 'held', 'approval_required', %s::jsonb, %s)",

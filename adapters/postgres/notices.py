@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from evq.adapters.postgres.enqueue import Op, run_sync
+from evq.adapters.postgres.op_runner import Op, run_sync
 from evq.adapters.postgres.queries import Q
 from evq.worker import metrics
 from evq.worker.enqueue import new_message_id

@@ -44,7 +44,7 @@ WITH t AS (
     )
     SELECT k.id, %(run_id)s, %(step_id)s, ids.decision_id, %(idempotency_key)s, %(message_id)s, %(provider)s,
            %(payload)s::jsonb, %(payload_sha256)s, %(max_attempts)s, %(notify)s,
-           greatest(t.now, coalesce(%(send_at)s::timestamptz, t.now)), t.now, t.now,
+           greatest(t.now, %(send_at)s::timestamptz), t.now, t.now,
            CASE WHEN %(held)s::bool THEN 'held' ELSE 'pending' END,
            CASE WHEN %(held)s::bool THEN 'approval_required' END,
            CASE WHEN %(held)s::bool THEN t.now END,
@@ -53,7 +53,13 @@ WITH t AS (
            CASE WHEN %(send_at)s::timestamptz > t.now THEN %(send_at)s::timestamptz END
     FROM k, ids, t
     RETURNING id, run_id, step_id, idempotency_key, message_id, status, payload_sha256, decision_id, provider,
-              created_at, hold, requested_sha256, hold_expires_at
+              created_at, hold, requested_sha256, hold_expires_at, priority, next_attempt_at
+), queued AS (
+    -- Owed a send: its queue row (a held step gets one when it is approved).
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT step.id, step.provider, step.priority, step.next_attempt_at
+    FROM step
+    WHERE step.status <> 'held'
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -75,7 +81,7 @@ UNION ALL
 -- retry of the agent's request still matches (worker/enqueue.py, existing_or_conflict).
 SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.payload_sha256, s.provider,
        s.created_at, s.hold, false, s.requested_sha256, s.reason, s.maybe_delivered, false, s.hold_expires_at
-FROM email_steps s
+FROM steps_now s
 WHERE s.idempotency_key = %(idempotency_key)s AND NOT EXISTS (SELECT 1 FROM step)
 UNION ALL
 -- A pruned step's key: answered as the step ended (step_get_by_key's second part).
@@ -139,10 +145,13 @@ WITH t AS (
         retry_from
     )
     SELECT r.id, r.run_id, r.step_id, r.decision_id, r.idempotency_key, r.message_id, r.provider, r.payload,
-           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, coalesce(r.send_at, t.now)), t.now, t.now,
+           r.payload_sha256, r.max_attempts, r.notify, greatest(t.now, r.send_at), t.now, t.now,
            r.priority, r.send_at, CASE WHEN r.send_at > t.now THEN r.send_at END
     FROM r JOIN k ON k.id = r.id, t
-    RETURNING id, decision_id, provider
+    RETURNING id, decision_id, provider, priority, next_attempt_at
+), queued AS (
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT id, provider, priority, next_attempt_at FROM step
 ), decision AS (
     INSERT INTO decisions (
         id, run_id, step_id, intent, instruction_version, prompt_version, model, tool,
@@ -165,7 +174,7 @@ LEFT JOIN step ON step.id = r.id
 LEFT JOIN LATERAL (
     SELECT s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.status, s.reason, s.maybe_delivered,
            s.payload_sha256, s.provider, s.hold, s.requested_sha256, false AS pruned, s.hold_expires_at
-    FROM email_steps s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key
+    FROM steps_now s WHERE step.id IS NULL AND s.idempotency_key = r.idempotency_key
     UNION ALL
     SELECT p.id, p.run_id, p.step_id, p.idempotency_key, p.message_id, p.status, p.reason,
            coalesce(p.maybe_delivered, false), encode(coalesce(p.corrected_sha256, p.payload_sha256), 'hex'),
@@ -183,7 +192,7 @@ LEFT JOIN LATERAL (
 SELECT * FROM (
     SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, maybe_delivered, payload_sha256,
            provider, created_at, hold, false AS created, requested_sha256, false AS pruned, hold_expires_at
-    FROM email_steps
+    FROM steps_now
     WHERE idempotency_key = %(idempotency_key)s OR (run_id = %(run_id)s AND step_id = %(step_id)s)
     UNION ALL
     SELECT id, run_id, step_id, idempotency_key, message_id, status, reason, coalesce(maybe_delivered, false),
@@ -282,55 +291,65 @@ ON CONFLICT DO NOTHING;
 -- start their attempt (attempts+1, a fresh lease token, the dedupe deadline counted
 -- from the first attempt) and write the attempt_started evidence. When it commits, the
 -- attempt is on record before any adapter is called (invariant 2).
+-- Only the narrow queue row is written (step_queue: its lease and the attempt's counters);
+-- email_steps is read for the request and keeps the state the step was claimed from until
+-- the answer is written (step_record). A queue row whose step is not pending or retryable
+-- there (a closed step: never claimed again, whatever wrote the row) is deleted unclaimed.
 -- A row that may already have been delivered is only retried while the provider's
 -- dedupe window still covers the whole lease; otherwise the rescuer makes it unknown.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), picked AS (
-    SELECT s.id, s.status AS from_status
-    FROM email_steps s
-    WHERE s.status IN ('pending', 'retryable')
-      AND s.next_attempt_at <= (SELECT now FROM t)
-      AND s.provider = ANY(%(providers)s::text[])
-      AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= (SELECT now FROM t)
+    SELECT q.id
+    FROM step_queue q
+    WHERE q.lease_token IS NULL
+      AND q.next_attempt_at <= (SELECT now FROM t)
+      AND q.provider = ANY(%(providers)s::text[])
+      AND NOT (q.maybe_delivered AND coalesce(q.dedupe_until <= (SELECT now FROM t)
                + make_interval(secs => %(lease_seconds)s), true))
       -- A provider whose circuit is not closed gets nothing, but the probe the caller
       -- won (circuit_probe_take) for it (worker/circuit.py).
       AND (%(probe)s::bool OR NOT EXISTS (
-          SELECT 1 FROM provider_circuits c WHERE c.provider = s.provider AND c.state <> 'closed'))
+          SELECT 1 FROM provider_circuits c WHERE c.provider = q.provider AND c.state <> 'closed'))
     -- Higher priority first (a verification code is not queued behind a newsletter), then
-    -- oldest due: ix_email_steps_claimable's order.
-    ORDER BY s.priority DESC, s.next_attempt_at, s.id
+    -- oldest due: ix_step_queue_claimable's order.
+    ORDER BY q.priority DESC, q.next_attempt_at, q.id
     LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    FOR UPDATE OF q SKIP LOCKED
 ), claimed AS (
-    UPDATE email_steps s
-    SET status = 'in_flight',
-        attempts = s.attempts + 1,
+    UPDATE step_queue q
+    SET attempts = q.attempts + 1,
         lease_owner = %(owner)s,
         -- Derived from the worker's claim id, not random: a worker whose claim answer
         -- was lost knows exactly which tokens that claim could have given, so it hands
         -- back those rows only (step_orphan_claims), never one it may have sent.
-        lease_token = md5(%(claim_id)s || ':' || s.id::text)::uuid,
+        lease_token = md5(%(claim_id)s || ':' || q.id::text)::uuid,
         lease_expires_at = t.now + make_interval(secs => %(lease_seconds)s),
-        first_attempt_at = coalesce(s.first_attempt_at, t.now),
+        first_attempt_at = coalesce(q.first_attempt_at, t.now),
         -- The provider counts its window from the first request it saw with our key,
         -- which is no earlier than our first attempt: counting from there is safe even
         -- if the first attempts never reached it. least() ignores NULL, so a window
         -- learnt only at a later attempt is still counted from the first, and a
         -- window that shrinks in the configuration shrinks here; it never grows.
         dedupe_until = least(
-            s.dedupe_until,
-            coalesce(s.first_attempt_at, t.now)
-                + make_interval(secs => (%(dedupe_windows)s::jsonb ->> s.provider)::float8)
+            q.dedupe_until,
+            coalesce(q.first_attempt_at, t.now)
+                + make_interval(secs => (%(dedupe_windows)s::jsonb ->> q.provider)::float8)
         ),
         updated_at = t.now
-    FROM picked, t
-    WHERE s.id = picked.id
-    RETURNING s.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload,
-              s.attempts, s.max_attempts, s.lease_token, s.dedupe_until, s.maybe_delivered,
+    FROM t, email_steps s
+    -- By the primary key, whatever the queue's size (a join with `picked` may hash the whole queue).
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked)) AND s.id = q.id AND s.status IN ('pending', 'retryable')
+    RETURNING q.id, s.run_id, s.step_id, s.idempotency_key, s.message_id, s.provider, s.payload,
+              q.attempts, s.max_attempts, q.lease_token, q.dedupe_until, q.maybe_delivered,
               s.created_at, s.uncharged_attempts, coalesce(s.retry_from, s.created_at) AS retry_from,
-              picked.from_status, t.now AS claimed_at
+              s.status AS from_status, t.now AS claimed_at
+), stray AS (
+    -- A picked row whose step is not owed a send (no writer of evq leaves one) is deleted, not
+    -- passed over: left, it would stay due and wake every claim for nothing.
+    DELETE FROM step_queue q
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.id = q.id AND s.status IN ('pending', 'retryable'))
 ), started AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token, created_at)
     SELECT c.id, c.run_id, c.attempts, 'attempt_started', %(owner)s, c.from_status, 'in_flight', c.lease_token,
@@ -349,11 +368,14 @@ ORDER BY id;
 
 
 -- name: step_record
--- The fenced completion (invariant 3): a row changes only if it is still in flight
--- under the lease this attempt was given. Outcomes of many sends are applied in one
+-- The fenced completion (invariant 3): a row changes only if its queue row still holds
+-- the lease this attempt was given. Outcomes of many sends are applied in one
 -- statement (group commit); rows that do not match are handed to step_record_late.
 -- The outcomes arrive as one JSON array of objects: one document to encode and
 -- parse instead of a dozen typed arrays, which cost more than the update itself.
+-- A step that leaves the queue (accepted, rejected, unknown) loses its queue row; a
+-- retryable one keeps it, unleased, due after its backoff. Either way email_steps is
+-- written once, with the state and the attempt's counters the queue row held.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), o AS (
@@ -361,9 +383,33 @@ WITH t AS (
         id bigint, lease_token uuid, attempt int, to_status text, reason text, outcome text,
         provider_message_id text, retry_delay float8, maybe_delivered bool, latency_ms float8, detail jsonb,
         message text, charged bool)
+), dequeued AS (
+    DELETE FROM step_queue q
+    USING o
+    -- The ids again as an array: the rows are found by the primary key, never a scan of the queue.
+    WHERE q.id = ANY(ARRAY(SELECT o.id FROM o)) AND q.id = o.id AND q.lease_token = o.lease_token
+      AND q.attempts = o.attempt AND o.to_status <> 'retryable'
+    RETURNING q.id, q.attempts, q.first_attempt_at, q.dedupe_until
+), requeued AS (
+    UPDATE step_queue q
+    SET lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        next_attempt_at = t.now + make_interval(secs => o.retry_delay),
+        maybe_delivered = o.maybe_delivered,
+        updated_at = t.now
+    FROM o, t
+    WHERE q.id = ANY(ARRAY(SELECT o.id FROM o)) AND q.id = o.id AND q.lease_token = o.lease_token
+      AND q.attempts = o.attempt AND o.to_status = 'retryable'
+    RETURNING q.id, q.attempts, q.first_attempt_at, q.dedupe_until
+), leased AS (
+    SELECT * FROM dequeued UNION ALL SELECT * FROM requeued
 ), applied AS (
     UPDATE email_steps s
     SET status = o.to_status,
+        attempts = l.attempts,
+        first_attempt_at = l.first_attempt_at,
+        dedupe_until = l.dedupe_until,
         -- An attempt that hit a provider-level fault is not counted against the message.
         uncharged_attempts = s.uncharged_attempts + CASE WHEN o.charged THEN 0 ELSE 1 END,
         reason = o.reason,
@@ -373,17 +419,11 @@ WITH t AS (
         next_attempt_at = CASE WHEN o.to_status = 'retryable'
                                THEN t.now + make_interval(secs => o.retry_delay)
                                ELSE s.next_attempt_at END,
-        lease_owner = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
         unknown_since = CASE WHEN o.to_status = 'unknown' THEN t.now END,
         closed_at = CASE WHEN o.to_status IN ('accepted', 'rejected') THEN t.now END,
         updated_at = t.now
-    FROM o, t
-    WHERE s.id = o.id
-      AND s.status = 'in_flight'
-      AND s.lease_token = o.lease_token
-      AND s.attempts = o.attempt
+    FROM leased l JOIN o ON o.id = l.id, t
+    WHERE s.id = l.id AND s.status IN ('pending', 'retryable')
     RETURNING s.id, s.run_id
 ), answered AS (
     INSERT INTO evidence (
@@ -412,15 +452,23 @@ WITH t AS (
     SELECT * FROM jsonb_to_recordset(%(transitions)s::jsonb) AS o(
         id bigint, lease_token uuid, attempt int, to_status text, reason text, outcome text,
         provider_message_id text, latency_ms float8, detail jsonb, message text)
+), queued AS MATERIALIZED (
+    -- The queue row first (every writer locks it before the step's row): a retryable step's,
+    -- so no claim starts another attempt while this answer settles it.
+    SELECT q.id, q.attempts, q.lease_token IS NOT NULL AS leased
+    FROM step_queue q JOIN o ON o.id = q.id
+    FOR UPDATE OF q
 ), cur AS (
-    SELECT s.id, s.run_id, s.status, s.attempts,
+    SELECT s.id, s.run_id, CASE WHEN q.leased THEN 'in_flight' ELSE s.status END AS status,
+           coalesce(q.attempts, s.attempts) AS attempts,
            (o.to_status IN ('accepted', 'rejected')
             AND s.status IN ('unknown', 'retryable')
-            AND s.attempts = o.attempt
+            AND NOT coalesce(q.leased, false)
+            AND coalesce(q.attempts, s.attempts) = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
                             WHERE e.step_id = o.id AND e.lease_token = o.lease_token
                               AND e.kind IN ('provider_response', 'late_response'))) AS settles
-    FROM email_steps s JOIN o ON o.id = s.id
+    FROM email_steps s JOIN o ON o.id = s.id LEFT JOIN queued q ON q.id = s.id
     FOR UPDATE OF s
 ), late AS (
     INSERT INTO evidence (
@@ -448,6 +496,8 @@ WITH t AS (
     FROM late JOIN o ON o.id = late.step_id, t
     WHERE s.id = late.step_id AND late.to_status IS NOT NULL
     RETURNING s.id
+), dequeued AS (
+    DELETE FROM step_queue q USING late WHERE q.id = late.step_id AND late.to_status IS NOT NULL
 )
 SELECT o.id, late.step_id IS NOT NULL AS recorded, settled.id IS NOT NULL AS settled
 FROM o
@@ -457,32 +507,38 @@ LEFT JOIN settled ON settled.id = o.id;
 
 -- name: step_release
 -- Hand back rows claimed but never sent (graceful shutdown). The attempt is
--- uncounted because the adapter was never called; evidence says so.
+-- uncounted because the adapter was never called; evidence says so. The queue row gives
+-- up its lease; email_steps still holds the state the step was claimed from.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), o AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(attempts)s::int[])
         AS o(id, lease_token, attempt)
 ), released AS (
-    UPDATE email_steps s
-    SET status = CASE WHEN s.attempts = 1 THEN 'pending' ELSE 'retryable' END,
-        attempts = s.attempts - 1,
-        first_attempt_at = CASE WHEN s.attempts = 1 THEN NULL ELSE s.first_attempt_at END,
-        dedupe_until = CASE WHEN s.attempts = 1 THEN NULL ELSE s.dedupe_until END,
-        reason = 'released',
+    UPDATE step_queue q
+    SET attempts = q.attempts - 1,
+        first_attempt_at = CASE WHEN q.attempts = 1 THEN NULL ELSE q.first_attempt_at END,
+        dedupe_until = CASE WHEN q.attempts = 1 THEN NULL ELSE q.dedupe_until END,
         lease_owner = NULL,
         lease_token = NULL,
         lease_expires_at = NULL,
         next_attempt_at = t.now,
         updated_at = t.now
     FROM o, t
-    WHERE s.id = o.id AND s.status = 'in_flight' AND s.lease_token = o.lease_token AND s.attempts = o.attempt
-    RETURNING s.id, s.run_id, s.status, s.provider, o.attempt, o.lease_token, t.now AS at
+    WHERE q.id = o.id AND q.lease_token = o.lease_token AND q.attempts = o.attempt
+    RETURNING q.id, q.provider, o.attempt, o.lease_token, t.now AS at
+), noted AS (
+    -- Why it waits again (a shutdown is rare: the wide row's one write here).
+    UPDATE email_steps s
+    SET reason = 'released', next_attempt_at = r.at, updated_at = r.at
+    FROM released r
+    WHERE s.id = r.id
+    RETURNING s.id, s.run_id, s.status
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, lease_token, created_at)
-    SELECT r.id, r.run_id, r.attempt, 'attempt_released', %(actor)s, 'in_flight', r.status, 'released',
+    SELECT r.id, n.run_id, r.attempt, 'attempt_released', %(actor)s, 'in_flight', n.status, 'released',
            r.lease_token, r.at
-    FROM released r
+    FROM released r JOIN noted n ON n.id = r.id
 )
 SELECT r.id, pg_notify('evq_steps', r.provider)::text IS NULL AS woke
 FROM released r;
@@ -495,40 +551,52 @@ FROM released r;
 -- (step_claim derives every token from its claim id): a row of any other claim may
 -- have reached an adapter, whatever the worker's memory says. Tokens the worker
 -- holds or has begun sending are excluded too. step_release re-checks the lease.
-SELECT s.id, s.lease_token, s.attempts
-FROM email_steps s
+SELECT q.id, q.lease_token, q.attempts
+FROM step_queue q
 JOIN unnest(%(claims)s::text[]) AS c(claim_id)
-  ON s.lease_token = md5(c.claim_id || ':' || s.id::text)::uuid
-WHERE s.status = 'in_flight' AND s.lease_owner = %(owner)s
-  AND NOT (s.lease_token = ANY(%(held)s::uuid[]));
+  ON q.lease_token = md5(c.claim_id || ':' || q.id::text)::uuid
+WHERE q.lease_owner = %(owner)s
+  AND NOT (q.lease_token = ANY(%(held)s::uuid[]));
 
 
 -- name: step_rescue
 -- Rows whose lease expired while in flight: the worker died or stalled, and the
--- attempt may have reached the provider (invariant 4). They become unknown, or
--- retryable only while the provider's dedupe window covers another whole lease.
--- SKIP LOCKED lets every worker run the rescuer without doing the same row twice.
+-- attempt may have reached the provider (invariant 4). They become unknown (leaving
+-- the queue), or retryable only while the provider's dedupe window covers another
+-- whole lease. SKIP LOCKED lets every worker run the rescuer without doing the same row twice.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), expired AS (
-    SELECT s.id, s.lease_token, s.lease_owner, s.lease_expires_at,
-           CASE WHEN s.dedupe_until > (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s)
-                     AND s.attempts - s.uncharged_attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
+    SELECT q.id, q.lease_token, q.lease_owner, q.lease_expires_at, q.attempts, q.first_attempt_at, q.dedupe_until,
+           CASE WHEN q.dedupe_until > (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s)
+                     AND q.attempts - s.uncharged_attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
                 THEN 'retryable' ELSE 'unknown' END AS to_status
-    FROM email_steps s
-    WHERE s.status = 'in_flight' AND s.lease_expires_at < (SELECT now FROM t)
-    ORDER BY s.lease_expires_at
+    FROM step_queue q JOIN email_steps s ON s.id = q.id
+    WHERE q.lease_token IS NOT NULL AND q.lease_expires_at < (SELECT now FROM t)
+    ORDER BY q.lease_expires_at
     LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    FOR UPDATE OF q SKIP LOCKED
+), dequeued AS (
+    DELETE FROM step_queue q USING expired e WHERE q.id = e.id AND e.to_status = 'unknown'
+), requeued AS (
+    UPDATE step_queue q
+    SET lease_owner = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        maybe_delivered = true,
+        next_attempt_at = t.now,
+        updated_at = t.now
+    FROM expired e, t
+    WHERE q.id = e.id AND e.to_status = 'retryable'
 ), rescued AS (
     UPDATE email_steps s
     SET status = e.to_status,
+        attempts = e.attempts,
+        first_attempt_at = e.first_attempt_at,
+        dedupe_until = e.dedupe_until,
         reason = 'lease_expired',
-        detail = 'lease held by ' || e.lease_owner || ' expired during attempt ' || s.attempts,
+        detail = 'lease held by ' || e.lease_owner || ' expired during attempt ' || e.attempts,
         maybe_delivered = true,
-        lease_owner = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
         unknown_since = CASE WHEN e.to_status = 'unknown' THEN t.now END,
         next_attempt_at = t.now,
         updated_at = t.now
@@ -549,16 +617,18 @@ SELECT id, status FROM rescued;
 -- name: step_close_windows
 -- Retryable rows that may already have been delivered, whose provider no longer
 -- dedupes our key for a whole lease: another request could send a second copy,
--- so they wait for reconciliation or an operator as unknown.
+-- so they leave the queue and wait for reconciliation or an operator as unknown.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), closing AS (
-    SELECT s.id
-    FROM email_steps s
-    WHERE s.status = 'retryable' AND s.maybe_delivered
-      AND coalesce(s.dedupe_until <= (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s), true)
+    SELECT q.id, q.dedupe_until
+    FROM step_queue q
+    WHERE q.lease_token IS NULL AND q.maybe_delivered
+      AND coalesce(q.dedupe_until <= (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s), true)
     LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
+    FOR UPDATE OF q SKIP LOCKED
+), dequeued AS (
+    DELETE FROM step_queue q USING closing c WHERE q.id = c.id
 ), closed AS (
     UPDATE email_steps s
     SET status = 'unknown',
@@ -567,8 +637,8 @@ WITH t AS (
         unknown_since = t.now,
         updated_at = t.now
     FROM closing c, t
-    WHERE s.id = c.id
-    RETURNING s.id, s.run_id, s.attempts, s.dedupe_until, t.now AS at
+    WHERE s.id = c.id AND s.status = 'retryable'
+    RETURNING s.id, s.run_id, s.attempts, c.dedupe_until, t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
     SELECT c.id, c.run_id, c.attempts, 'window_closed', %(actor)s, 'retryable', 'unknown', 'dedupe_window_closed',
@@ -580,16 +650,16 @@ SELECT id FROM closed;
 
 -- name: step_claimable_exists
 SELECT EXISTS (
-    SELECT 1 FROM email_steps s
-    WHERE s.status IN ('pending', 'retryable')
-      AND s.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
-      AND s.provider = ANY(%(providers)s::text[])
-      AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= coalesce(%(now)s::timestamptz, now())
+    SELECT 1 FROM step_queue q
+    WHERE q.lease_token IS NULL
+      AND q.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+      AND q.provider = ANY(%(providers)s::text[])
+      AND NOT (q.maybe_delivered AND coalesce(q.dedupe_until <= coalesce(%(now)s::timestamptz, now())
                + make_interval(secs => %(lease_seconds)s), true))
       -- Held by its provider's circuit: nothing to do until a probe is due.
       AND NOT EXISTS (
           SELECT 1 FROM provider_circuits c
-          WHERE c.provider = s.provider AND c.state <> 'closed'
+          WHERE c.provider = q.provider AND c.state <> 'closed'
             AND NOT (c.state = 'open' AND c.probe_at <= coalesce(%(now)s::timestamptz, now()))
             AND NOT (c.state = 'half_open' AND c.probe_expires_at < coalesce(%(now)s::timestamptz, now())))
 ) AS claimable;
@@ -598,18 +668,26 @@ SELECT EXISTS (
 
 -- name: steps_waiting
 -- What a drain leaves behind (`evq worker run --drain`, worker/runner.py): per provider, the
--- steps still owed a send: due now (pending or retryable, their time come: a circuit that is
--- not closed holds them), due later (a send_at or a retry's backoff, with the earliest) and
--- held for approval. Read once, when a drain ends, through the claim index's columns.
-SELECT s.provider,
-       count(*) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at <= t.now)::int AS due,
-       count(*) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at > t.now)::int AS later,
-       min(s.next_attempt_at) FILTER (WHERE s.status <> 'held' AND s.next_attempt_at > t.now) AS next_at,
-       count(*) FILTER (WHERE s.status = 'held')::int AS held
-FROM email_steps s, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
-WHERE s.status IN ('pending', 'retryable', 'held') AND s.provider = ANY(%(providers)s::text[])
-GROUP BY s.provider
-ORDER BY s.provider;
+-- steps still owed a send: due now (in the queue, not under a lease, their time come: a
+-- circuit that is not closed holds them), due later (a send_at or a retry's backoff, with
+-- the earliest) and held for approval. Read once, when a drain ends.
+SELECT w.provider, sum(w.due)::int AS due, sum(w.later)::int AS later, min(w.next_at) AS next_at,
+       sum(w.held)::int AS held
+FROM (SELECT q.provider,
+             count(*) FILTER (WHERE q.next_attempt_at <= t.now) AS due,
+             count(*) FILTER (WHERE q.next_attempt_at > t.now) AS later,
+             min(q.next_attempt_at) FILTER (WHERE q.next_attempt_at > t.now) AS next_at,
+             0 AS held
+      FROM step_queue q, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS t
+      WHERE q.lease_token IS NULL AND q.provider = ANY(%(providers)s::text[])
+      GROUP BY q.provider
+      UNION ALL
+      SELECT s.provider, 0, 0, NULL, count(*)
+      FROM email_steps s
+      WHERE s.status = 'held' AND s.provider = ANY(%(providers)s::text[])
+      GROUP BY s.provider) AS w
+GROUP BY w.provider
+ORDER BY w.provider;
 
 
 -- name: rate_limit_take
@@ -767,9 +845,9 @@ WITH t AS (
     WHERE c.provider = %(provider)s
       AND ((c.state = 'open' AND c.probe_at <= t.now) OR (c.state = 'half_open' AND c.probe_expires_at < t.now))
       AND EXISTS (
-          SELECT 1 FROM email_steps s
-          WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= t.now AND s.provider = c.provider
-            AND NOT (s.maybe_delivered AND coalesce(s.dedupe_until <= t.now
+          SELECT 1 FROM step_queue q
+          WHERE q.lease_token IS NULL AND q.next_attempt_at <= t.now AND q.provider = c.provider
+            AND NOT (q.maybe_delivered AND coalesce(q.dedupe_until <= t.now
                      + make_interval(secs => %(lease_seconds)s), true)))
     FOR UPDATE OF c
 ), taken AS (
@@ -904,7 +982,10 @@ WITH t AS (
            n.payload_sha256, n.notice_of, t.now, t.now, t.now
     FROM n JOIN k ON k.id = n.id, t
     ON CONFLICT DO NOTHING
-    RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload
+    RETURNING id, run_id, step_id, idempotency_key, decision_id, provider, notice_of, payload, next_attempt_at
+), queued AS (
+    INSERT INTO step_queue (id, provider, next_attempt_at)
+    SELECT step.id, step.provider, step.next_attempt_at FROM step
 ), decision AS (
     INSERT INTO decisions (id, run_id, step_id, intent, tool, rationale, decided_at, created_at)
     SELECT step.decision_id, step.run_id, step.step_id, n.intent, 'evq-notice', n.rationale, t.now, t.now
@@ -1089,7 +1170,7 @@ WITH t AS (
                'recipient', %(recipient)s::text, 'message', %(message)s::text),
            t.now
     FROM ins
-    JOIN email_steps s ON s.id = ins.step_id
+    JOIN steps_now s ON s.id = ins.step_id
     LEFT JOIN closed c ON c.id = s.id
     CROSS JOIN t
     RETURNING id
@@ -1098,7 +1179,7 @@ SELECT ins.id, ins.step_id, ins.received_at, coalesce((SELECT c.id IS NOT NULL F
        (SELECT c.created_at FROM closed c) AS created_at, (SELECT c.at FROM closed c) AS closed_at,
        s.status, s.closed_at AS accepted_at
 FROM ins
-LEFT JOIN email_steps s ON s.id = ins.step_id;
+LEFT JOIN steps_now s ON s.id = ins.step_id;
 
 
 -- name: delivery_get
@@ -1167,14 +1248,14 @@ ORDER BY d.step_id, coalesce(d.occurred_at, d.received_at) DESC, d.id DESC;
 
 -- name: step_get
 SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
-FROM email_steps s
+FROM steps_now s
 WHERE s.id = %(id)s;
 
 
 -- name: steps_get
 -- get_steps: several steps at once (the held queue's page), as step_get reads one.
 SELECT s.*, extract(epoch FROM now() - s.created_at)::float8 AS age_seconds
-FROM email_steps s
+FROM steps_now s
 WHERE s.id = ANY(%(ids)s::bigint[]);
 
 
@@ -1244,6 +1325,10 @@ WHERE s.id = ANY(%(ids)s::bigint[]);
 -- The total counts at most count_cap + 1 rows (more than count_cap: the caller says
 -- "count_cap+"; docs/design.md, "Search").
 -- A new state needs its branch here and in step_count_by_status (worker/states.py's Status).
+-- In flight is not a state email_steps holds (the claim writes only the queue row, and the
+-- step keeps the state it was claimed from): its branch reads the queue's leased rows
+-- (few: one per send under way), pending's and retryable's leave them out, and a search's
+-- hits are named in flight by the same test.
 -- The total is counted apart from the page, so it stays right when the offset
 -- runs past the end (then the one row back carries the total and no step).
 WITH t AS (
@@ -1277,7 +1362,6 @@ WITH t AS (
     WHERE %(search_since)s::timestamptz IS NULL
        OR m.status = 'unknown' OR m.status = 'held'
        OR (m.status = 'pending' AND m.created_at >= %(search_since)s::timestamptz)
-       OR (m.status = 'in_flight' AND m.created_at >= %(search_since)s::timestamptz)
        OR (m.status = 'retryable' AND m.created_at >= %(search_since)s::timestamptz)
        OR (m.status = 'accepted' AND m.created_at >= %(search_since)s::timestamptz)
        OR (m.status = 'rejected' AND m.created_at >= %(search_since)s::timestamptz)
@@ -1292,13 +1376,17 @@ WITH t AS (
     FROM matched m
     WHERE %(search_since)s::timestamptz IS NOT NULL
       AND m.status <> 'unknown' AND m.status <> 'held' AND m.created_at < %(search_since)s::timestamptz
-      AND (%(statuses)s::text[] IS NULL OR m.status = ANY(%(statuses)s::text[]))
+      AND (%(statuses)s::text[] IS NULL
+           OR CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = m.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE m.status END
+              = ANY(%(statuses)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM keyed k WHERE k.id = m.id)
     LIMIT %(count_cap)s::int + 1
-), hits AS NOT MATERIALIZED (
-    SELECT f.id, f.status, f.unknown_since, f.held_since, f.created_at FROM found f
-    UNION ALL
-    SELECT k.id, k.status, k.unknown_since, k.held_since, k.created_at FROM keyed k
+), hits AS MATERIALIZED (
+    SELECT h.id, CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = h.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE h.status END AS status,
+           h.unknown_since, h.held_since, h.created_at
+    FROM (SELECT f.id, f.status, f.unknown_since, f.held_since, f.created_at FROM found f
+          UNION ALL
+          SELECT k.id, k.status, k.unknown_since, k.held_since, k.created_at FROM keyed k) h
 ), firsts AS (
     (SELECT m.id, m.status, m.unknown_since AS waiting_since, m.created_at FROM base m
      WHERE m.status = 'unknown' AND (%(statuses)s::text[] IS NULL OR 'unknown' = ANY(%(statuses)s::text[]))
@@ -1310,14 +1398,16 @@ WITH t AS (
     UNION ALL
     (SELECT m.id, m.status, NULL, m.created_at FROM base m
      WHERE m.status = 'pending' AND (%(statuses)s::text[] IS NULL OR 'pending' = ANY(%(statuses)s::text[]))
+       AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = m.id AND q.lease_token IS NOT NULL)
      ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
     UNION ALL
-    (SELECT m.id, m.status, NULL, m.created_at FROM base m
-     WHERE m.status = 'in_flight' AND (%(statuses)s::text[] IS NULL OR 'in_flight' = ANY(%(statuses)s::text[]))
+    (SELECT m.id, 'in_flight', NULL, m.created_at FROM step_queue q JOIN base m ON m.id = q.id
+     WHERE q.lease_token IS NOT NULL AND (%(statuses)s::text[] IS NULL OR 'in_flight' = ANY(%(statuses)s::text[]))
      ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
     UNION ALL
     (SELECT m.id, m.status, NULL, m.created_at FROM base m
      WHERE m.status = 'retryable' AND (%(statuses)s::text[] IS NULL OR 'retryable' = ANY(%(statuses)s::text[]))
+       AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = m.id AND q.lease_token IS NOT NULL)
      ORDER BY m.created_at DESC, m.id DESC LIMIT CASE WHEN %(search)s::text IS NULL THEN %(window)s::bigint ELSE 0 END)
     UNION ALL
     (SELECT m.id, m.status, NULL, m.created_at FROM base m
@@ -1364,12 +1454,15 @@ FROM (SELECT count(*)::int AS n
                       UNION ALL
                       SELECT m.status FROM base m WHERE m.status = 'pending'
                         AND (%(statuses)s::text[] IS NULL OR 'pending' = ANY(%(statuses)s::text[]))
+                        AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = m.id AND q.lease_token IS NOT NULL)
                       UNION ALL
-                      SELECT m.status FROM base m WHERE m.status = 'in_flight'
+                      SELECT 'in_flight' FROM step_queue q JOIN base m ON m.id = q.id
+                      WHERE q.lease_token IS NOT NULL
                         AND (%(statuses)s::text[] IS NULL OR 'in_flight' = ANY(%(statuses)s::text[]))
                       UNION ALL
                       SELECT m.status FROM base m WHERE m.status = 'retryable'
                         AND (%(statuses)s::text[] IS NULL OR 'retryable' = ANY(%(statuses)s::text[]))
+                        AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = m.id AND q.lease_token IS NOT NULL)
                       UNION ALL
                       SELECT m.status FROM base m WHERE m.status = 'accepted'
                         AND (%(statuses)s::text[] IS NULL OR 'accepted' = ANY(%(statuses)s::text[]))
@@ -1384,7 +1477,7 @@ FROM (SELECT count(*)::int AS n
                      SELECT NULL FROM older) u
             LIMIT %(count_cap)s::int + 1) c) AS total
 CROSS JOIN t
-LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+LEFT JOIN (page JOIN steps_now s ON s.id = page.id) ON true
 -- The page's order again (a join does not keep it).
 ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since, s.held_since) END ASC NULLS LAST,
          CASE WHEN s.status IN ('unknown', 'held') THEN s.id END ASC, s.created_at DESC, s.id DESC;
@@ -1403,6 +1496,7 @@ ORDER BY CASE WHEN s.status IN ('unknown', 'held') THEN coalesce(s.unknown_since
 -- accepted's hits up to the cap (accepted is where nearly every step ends up: the one state
 -- whose hits are most of a big search's). A step both arms find is counted once (UNION).
 -- A new state needs its line here (and in `searched`'s states if it is not accepted).
+-- In flight is the queue's leased rows (step_list says why); pending and retryable leave them out.
 WITH base AS NOT MATERIALIZED (
     SELECT s.id, s.status, s.unknown_since, s.held_since, s.created_at, s.payload, s.message_id,
            s.provider_message_id, s.idempotency_key, s.run_id, s.decision_id
@@ -1420,11 +1514,12 @@ WITH base AS NOT MATERIALIZED (
     WHERE %(search)s::text IS NOT NULL
       AND b.decision_id = ANY(ARRAY(SELECT d.id FROM decisions d WHERE d.actor = %(search)s::text))
 ), searched AS (
-    SELECT u.status, count(*)::int AS n
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = u.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE u.status END AS status,
+           count(*)::int AS n
     FROM (SELECT b.id, b.status
           FROM base b
           WHERE %(search)s::text IS NOT NULL
-            AND (b.status = 'held' OR b.status = 'pending' OR b.status = 'in_flight' OR b.status = 'retryable'
+            AND (b.status = 'held' OR b.status = 'pending' OR b.status = 'retryable'
                  OR b.status = 'unknown' OR b.status = 'rejected')
             AND ((%(search_id)s::bigint IS NOT NULL AND b.id = %(search_id)s::bigint)
                OR (%(search_recipient)s::text IS NOT NULL
@@ -1436,7 +1531,7 @@ WITH base AS NOT MATERIALIZED (
                OR b.run_id = %(search)s::text)
           UNION
           SELECT k.id, k.status FROM keyed k WHERE k.status <> 'accepted') u
-    GROUP BY u.status
+    GROUP BY 1
     UNION ALL
     SELECT 'accepted', count(*)::int
     FROM ((SELECT b.id
@@ -1461,12 +1556,15 @@ FROM (VALUES
                  LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
              + coalesce((SELECT f.n FROM searched f WHERE f.status = 'held'), 0)),
     ('pending', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'pending'
+                 AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = b.id AND q.lease_token IS NOT NULL)
                  LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
              + coalesce((SELECT f.n FROM searched f WHERE f.status = 'pending'), 0)),
-    ('in_flight', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'in_flight'
+    ('in_flight', (SELECT count(*)::int FROM (SELECT 1 FROM step_queue q JOIN base b ON b.id = q.id
+                 WHERE q.lease_token IS NOT NULL
                  LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
              + coalesce((SELECT f.n FROM searched f WHERE f.status = 'in_flight'), 0)),
     ('retryable', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'retryable'
+                 AND NOT EXISTS (SELECT 1 FROM step_queue q WHERE q.id = b.id AND q.lease_token IS NOT NULL)
                  LIMIT CASE WHEN %(search)s::text IS NULL THEN %(count_cap)s::int + 1 ELSE 0 END) c)
              + coalesce((SELECT f.n FROM searched f WHERE f.status = 'retryable'), 0)),
     ('unknown', (SELECT count(*)::int FROM (SELECT 1 FROM base b WHERE b.status = 'unknown'
@@ -1499,10 +1597,12 @@ FROM (VALUES
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), scanned AS MATERIALIZED (
-    SELECT s.id, s.status, strpos(lower(s.payload ->> 'subject'), %(subject)s::text) > 0 AS hit
+    -- In flight: a lease on the queue row (a pending or retryable step's only).
+    SELECT s.id, CASE WHEN s.status IN ('pending', 'retryable') THEN CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = s.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE s.status END ELSE s.status END AS status,
+           strpos(lower(s.payload ->> 'subject'), %(subject)s::text) > 0 AS hit
     FROM email_steps s
     WHERE (%(ids)s::bigint[] IS NULL OR s.id = ANY(%(ids)s::bigint[]))
-      AND (%(statuses)s::text[] IS NULL OR s.status = ANY(%(statuses)s::text[]))
+      AND (%(statuses)s::text[] IS NULL OR CASE WHEN s.status IN ('pending', 'retryable') THEN CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = s.id AND q.lease_token IS NOT NULL) THEN 'in_flight' ELSE s.status END ELSE s.status END = ANY(%(statuses)s::text[]))
       AND (%(run_id)s::text IS NULL OR s.run_id = %(run_id)s)
       AND (%(provider)s::text IS NULL OR s.provider = %(provider)s)
       AND (%(created_before)s::timestamptz IS NULL
@@ -1540,7 +1640,7 @@ SELECT c.scanned, c.by_status,
        extract(epoch FROM t.now - coalesce(s.unknown_since, s.created_at))::float8 AS age_seconds
 FROM counted c
 CROSS JOIN t
-LEFT JOIN (page JOIN email_steps s ON s.id = page.id) ON true
+LEFT JOIN (page JOIN steps_now s ON s.id = page.id) ON true
 ORDER BY s.id DESC;
 
 
@@ -1564,7 +1664,11 @@ ORDER BY s.id DESC;
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), cur AS (
-    SELECT s.id, s.run_id, s.status, s.reason, s.detail, s.attempts, s.max_attempts, s.unknown_since,
+    -- A step under an attempt is shown as in flight (its queue row's lease): never unknown.
+    SELECT s.id, s.run_id,
+           CASE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id = s.id AND q.lease_token IS NOT NULL)
+                THEN 'in_flight' ELSE s.status END AS status,
+           s.reason, s.detail, s.attempts, s.max_attempts, s.unknown_since,
            s.provider_message_id, s.closed_at, s.updated_at, s.created_at,
            CASE WHEN s.reason = 'lease_expired' THEN (
                SELECT x.expired + (x.expired - x.started) * %(deadline_share)s::float8
@@ -1620,7 +1724,15 @@ WITH t AS (
             AND NOT (%(to_status)s = 'retryable' AND coalesce(cur.retry_not_before > t.now, false)))
            OR (cur.requeueable AND %(to_status)s = 'retryable'))
     RETURNING s.id, s.run_id, s.status, s.attempts, s.max_attempts, s.uncharged_attempts, s.provider, s.closed_at,
-              t.now AS at
+              t.now AS at, s.priority, s.next_attempt_at, s.first_attempt_at, s.dedupe_until, s.maybe_delivered
+), queued AS (
+    -- Back in the queue, with the counters the step has.
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at, attempts, first_attempt_at, dedupe_until,
+                            maybe_delivered)
+    SELECT c.id, c.provider, c.priority, c.next_attempt_at, c.attempts, c.first_attempt_at, c.dedupe_until,
+           c.maybe_delivered
+    FROM closed c
+    WHERE c.status = 'retryable'
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason,
                           provider_message_id, detail, created_at)
@@ -1700,7 +1812,11 @@ WITH t AS (
     FROM cur, t
     WHERE s.id = cur.id AND cur.status = 'held' AND NOT cur.asked
       AND (%(from_sha256)s::text IS NULL OR cur.payload_sha256 = %(from_sha256)s)
-    RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at
+    RETURNING s.id, s.run_id, s.attempts, s.provider, s.payload, s.payload_sha256, s.requested_sha256, t.now AS at,
+              s.priority, s.next_attempt_at
+), queued AS (
+    INSERT INTO step_queue (id, provider, priority, next_attempt_at)
+    SELECT d.id, d.provider, d.priority, d.next_attempt_at FROM done d
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
     SELECT d.id, d.run_id, d.attempts, 'approved', %(actor)s, 'held', 'pending', 'approved',
@@ -1781,11 +1897,25 @@ LEFT JOIN ev ON true;
 -- cancelled step is never claimed.
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), queued AS MATERIALIZED (
+    -- The queue row first, as every writer locks it: it waits for a claim under way.
+    SELECT q.id, q.lease_token IS NOT NULL AS leased, q.attempts, q.maybe_delivered
+    FROM step_queue q
+    WHERE q.id = %(id)s
+    FOR UPDATE
 ), cur AS (
-    SELECT s.id, s.run_id, s.status, s.reason, s.payload_sha256, s.maybe_delivered, s.attempts, s.held_since
+    SELECT s.id, s.run_id,
+           CASE WHEN coalesce((SELECT q.leased FROM queued q), false) THEN 'in_flight' ELSE s.status END AS status,
+           s.reason, s.payload_sha256,
+           coalesce((SELECT q.maybe_delivered FROM queued q), s.maybe_delivered) AS maybe_delivered,
+           coalesce((SELECT q.attempts FROM queued q), s.attempts) AS attempts, s.held_since
     FROM email_steps s
     WHERE s.id = %(id)s
     FOR UPDATE
+), dequeued AS (
+    DELETE FROM step_queue q
+    USING cur
+    WHERE q.id = cur.id AND cur.status IN ('pending', 'retryable') AND NOT cur.maybe_delivered
 ), done AS (
     UPDATE email_steps s
     SET status = 'rejected', reason = 'cancelled', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
@@ -1879,7 +2009,7 @@ FROM (SELECT p.step_id
       WHERE p.run_id = %(run_id)s
       ORDER BY p.step_id
       LIMIT %(limit)s OFFSET %(offset)s) AS page
-JOIN email_steps s ON s.run_id = %(run_id)s AND s.step_id = page.step_id
+JOIN steps_now s ON s.run_id = %(run_id)s AND s.step_id = page.step_id
 ORDER BY s.step_id;
 
 
@@ -2224,14 +2354,14 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 -- name: queue_stats
 -- The metrics collector's one read at scrape time; each part is read from an index
 -- whose size follows the live backlog, never the terminal history:
--- - queue lag and the waiting times of every row claimable now: the claim's own index
---   (ix_email_steps_claimable, whose rows are the live backlog; it leads with priority, so
+-- - queue lag and the waiting times of every row claimable now: the queue (step_queue,
+--   whose rows are the live backlog; ix_step_queue_claimable leads with priority, so
 --   the oldest due is the least over it, not its first entry);
 -- - held rows and the oldest one's age: ix_email_steps_held;
--- - in flight and expired leases: ix_email_steps_lease_expiry, index only;
+-- - in flight and expired leases: the queue's leased rows (ix_step_queue_lease_expiry);
 -- - unknown rows and their ages: ix_email_steps_unknown_since, index only;
--- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only
---   (a partial index without in-flight rows, which have their own).
+-- - pending and retryable counts: their range of ix_email_steps_status_created_at, index only,
+--   less the in-flight ones (email_steps keeps the state a step was claimed from).
 -- Terminal states are counted the same way while the planner's estimate for them is
 -- under %(exact_limit)s rows; above it the estimate is the answer (Oban Met's
 -- estimate_limit), because an exact count of a million accepted rows would read a
@@ -2241,18 +2371,23 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 WITH t AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), lag AS (
-    SELECT min(s.next_attempt_at) AS oldest_due
-    FROM email_steps s
-    WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= (SELECT now FROM t)
+    SELECT min(q.next_attempt_at) AS oldest_due
+    FROM step_queue q
+    WHERE q.lease_token IS NULL AND q.next_attempt_at <= (SELECT now FROM t)
+), leased AS MATERIALIZED (
+    SELECT s.status AS claimed_from, q.lease_expires_at < (SELECT now FROM t) AS expired
+    FROM step_queue q JOIN email_steps s ON s.id = q.id
+    WHERE q.lease_token IS NOT NULL
 ), in_flight AS (
-    SELECT count(*) AS n, count(*) FILTER (WHERE s.lease_expires_at < (SELECT now FROM t)) AS expired
-    FROM email_steps s
-    WHERE s.status = 'in_flight'
+    SELECT count(*) AS n, count(*) FILTER (WHERE l.expired) AS expired,
+           count(*) FILTER (WHERE l.claimed_from = 'pending') AS from_pending,
+           count(*) FILTER (WHERE l.claimed_from = 'retryable') AS from_retryable
+    FROM leased l
 ), due AS MATERIALIZED (
     -- Rows claimable now and how long each has waited since it became due (the queue lag's rows).
-    SELECT extract(epoch FROM (SELECT now FROM t) - s.next_attempt_at)::float8 AS age
-    FROM email_steps s
-    WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= (SELECT now FROM t)
+    SELECT extract(epoch FROM (SELECT now FROM t) - q.next_attempt_at)::float8 AS age
+    FROM step_queue q
+    WHERE q.lease_token IS NULL AND q.next_attempt_at <= (SELECT now FROM t)
 ), due_buckets AS (
     SELECT array_agg(b.n ORDER BY b.le) AS counts
     FROM (
@@ -2301,8 +2436,8 @@ SELECT (SELECT count(*) FROM email_steps s WHERE s.status = 'held') AS held,
        -- The approval queue's oldest (ix_email_steps_held: held rows only, oldest first).
        coalesce(extract(epoch FROM (SELECT now FROM t)
                 - (SELECT min(s.held_since) FROM email_steps s WHERE s.status = 'held'))::float8, 0) AS held_oldest_age,
-       (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') AS pending,
-       (SELECT count(*) FROM email_steps s WHERE s.status = 'retryable') AS retryable,
+       (SELECT count(*) FROM email_steps s WHERE s.status = 'pending') - f.from_pending AS pending,
+       (SELECT count(*) FROM email_steps s WHERE s.status = 'retryable') - f.from_retryable AS retryable,
        f.n AS in_flight, f.expired AS in_flight_expired,
        (SELECT count(*) FROM unknown) AS unknown,
        coalesce((SELECT max(age) FROM unknown), 0) AS unknown_oldest_age,
@@ -2462,11 +2597,11 @@ DELETE FROM worker_heartbeats WHERE owner = %(owner)s;
 
 -- name: providers_waiting
 -- The providers that steps wait for now (pending, or retryable and due): `evq admin health`
--- checks that a worker seen recently sends through each. Through the claim index's columns.
-SELECT DISTINCT s.provider
-FROM email_steps s
-WHERE s.status IN ('pending', 'retryable') AND s.next_attempt_at <= now()
-ORDER BY s.provider;
+-- checks that a worker seen recently sends through each. From the queue.
+SELECT DISTINCT q.provider
+FROM step_queue q
+WHERE q.lease_token IS NULL AND q.next_attempt_at <= now()
+ORDER BY q.provider;
 
 
 -- name: heartbeats_seen

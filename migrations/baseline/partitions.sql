@@ -155,8 +155,8 @@ BEGIN
         CONTINUE WHEN EXISTS (SELECT 1 FROM email_steps s
                               WHERE s.status IN ('held', 'pending', 'retryable', 'unknown')
                                 AND s.id >= p.lo AND s.id < p.hi);
-        CONTINUE WHEN EXISTS (SELECT 1 FROM email_steps s
-                              WHERE s.status = 'in_flight' AND s.id >= p.lo AND s.id < p.hi);
+        -- A step under an attempt is pending or retryable there, and in the queue.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM step_queue q WHERE q.id >= p.lo AND q.id < p.hi);
         CONTINUE WHEN EXISTS (SELECT 1 FROM email_steps n
                               WHERE n.notice_of >= p.lo AND n.notice_of < p.hi
                                 AND NOT (n.status IN ('accepted', 'rejected') AND n.created_at < p_cutoff

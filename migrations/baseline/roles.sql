@@ -71,6 +71,7 @@ BEGIN
             WHEN 'prune_log' THEN 'SELECT'                 -- written by evq_prune_batch only
             WHEN 'alembic_version' THEN 'SELECT'           -- the schema check reads it
             WHEN 'email_steps' THEN 'SELECT, INSERT, UPDATE'  -- steps go only through evq_prune_batch
+            WHEN 'steps_now' THEN 'SELECT'                 -- a view
             WHEN 'api_keys' THEN 'SELECT, INSERT, UPDATE'  -- revoked, never deleted
             ELSE 'SELECT, INSERT, UPDATE, DELETE'
         END;

@@ -264,6 +264,31 @@ CREATE INDEX ix_step_keys_id ON step_keys (id);
 CREATE INDEX ix_step_keys_key_sha256 ON step_keys USING hash (sha256(decode(replace(idempotency_key, '\', '\\'), 'escape'))) WHERE pruned_at IS NULL;
 CREATE UNIQUE INDEX uq_step_keys_message_id ON step_keys (message_id) WHERE pruned_at IS NULL;
 
+CREATE TABLE step_queue (
+    id BIGINT NOT NULL,
+    provider TEXT NOT NULL,
+    priority SMALLINT DEFAULT '0' NOT NULL,
+    next_attempt_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+    attempts INTEGER DEFAULT '0' NOT NULL,
+    first_attempt_at TIMESTAMP WITH TIME ZONE,
+    dedupe_until TIMESTAMP WITH TIME ZONE,
+    maybe_delivered BOOLEAN DEFAULT false NOT NULL,
+    lease_owner TEXT,
+    lease_token UUID,
+    lease_expires_at TIMESTAMP WITH TIME ZONE,
+    updated_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+    CONSTRAINT pk_step_queue PRIMARY KEY (id),
+    CONSTRAINT ck_step_queue_lease_whole CHECK ((lease_token IS NULL) = (lease_owner IS NULL) AND (lease_token IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT ck_step_queue_lease_counts_attempt CHECK (lease_token IS NULL OR attempts >= 1),
+    CONSTRAINT ck_step_queue_attempts_nonnegative CHECK (attempts >= 0),
+    CONSTRAINT ck_step_queue_first_attempt_iff_attempted CHECK ((attempts = 0) = (first_attempt_at IS NULL)),
+    CONSTRAINT ck_step_queue_maybe_delivered_after_attempt CHECK (NOT maybe_delivered OR attempts >= 1),
+    CONSTRAINT ck_step_queue_priority_range CHECK (priority BETWEEN -1 AND 1)
+);
+CREATE INDEX ix_step_queue_claimable ON step_queue (priority DESC, next_attempt_at, id) WHERE lease_token IS NULL;
+CREATE INDEX ix_step_queue_lease_expiry ON step_queue (lease_expires_at) WHERE lease_token IS NOT NULL;
+CREATE INDEX ix_step_queue_maybe_delivered ON step_queue (dedupe_until) WHERE maybe_delivered AND lease_token IS NULL;
+
 CREATE TABLE worker_heartbeats (
     owner TEXT NOT NULL,
     providers TEXT[] DEFAULT '{}' NOT NULL,
@@ -309,9 +334,6 @@ CREATE TABLE email_steps (
     attempts INTEGER DEFAULT '0' NOT NULL,
     max_attempts INTEGER,
     next_attempt_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
-    lease_owner TEXT,
-    lease_token UUID,
-    lease_expires_at TIMESTAMP WITH TIME ZONE,
     dedupe_until TIMESTAMP WITH TIME ZONE,
     maybe_delivered BOOLEAN DEFAULT false NOT NULL,
     provider_message_id TEXT,
@@ -336,11 +358,9 @@ CREATE TABLE email_steps (
     CONSTRAINT pk_email_steps PRIMARY KEY (id),
     CONSTRAINT uq_email_steps_idempotency_key UNIQUE (idempotency_key),
     CONSTRAINT uq_email_steps_run_id_step_id UNIQUE (run_id, step_id),
-    CONSTRAINT ck_email_steps_status CHECK (status IN ('held', 'pending', 'in_flight', 'retryable', 'unknown', 'accepted', 'rejected')),
+    CONSTRAINT ck_email_steps_status CHECK (status IN ('held', 'pending', 'retryable', 'unknown', 'accepted', 'rejected')),
     CONSTRAINT ck_email_steps_closed_iff_terminal CHECK ((status IN ('accepted', 'rejected')) = (closed_at IS NOT NULL)),
-    CONSTRAINT ck_email_steps_lease_iff_in_flight CHECK ((status = 'in_flight') = (lease_token IS NOT NULL AND lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CONSTRAINT ck_email_steps_unknown_since_iff_unknown CHECK ((status = 'unknown') = (unknown_since IS NOT NULL)),
-    CONSTRAINT ck_email_steps_in_flight_counts_attempt CHECK (status <> 'in_flight' OR attempts >= 1),
     CONSTRAINT ck_email_steps_attempts_nonnegative CHECK (attempts >= 0),
     CONSTRAINT ck_email_steps_max_attempts_positive CHECK (max_attempts IS NULL OR max_attempts >= 1),
     CONSTRAINT ck_email_steps_first_attempt_iff_attempted CHECK ((attempts = 0) = (first_attempt_at IS NULL)),
@@ -360,15 +380,13 @@ CREATE TABLE email_steps (
     CONSTRAINT fk_email_steps_decision_id_decisions FOREIGN KEY(decision_id) REFERENCES decisions (id),
     CONSTRAINT fk_email_steps_notice_of_email_steps FOREIGN KEY(notice_of) REFERENCES email_steps (id)
 );
-CREATE INDEX ix_email_steps_claimable ON email_steps (priority DESC, next_attempt_at, id) WHERE status IN ('pending', 'retryable');
 CREATE INDEX ix_email_steps_content_due ON email_steps (closed_at, id) WHERE status IN ('accepted', 'rejected') AND content_redacted_at IS NULL;
 CREATE INDEX ix_email_steps_decision_id ON email_steps (decision_id) INCLUDE (status, created_at, unknown_since, held_since, id);
 CREATE INDEX ix_email_steps_held ON email_steps (held_since, id) WHERE status = 'held';
-CREATE INDEX ix_email_steps_lease_expiry ON email_steps (lease_expires_at) WHERE status = 'in_flight';
 CREATE INDEX ix_email_steps_notice_of ON email_steps (notice_of) WHERE notice_of IS NOT NULL;
 CREATE INDEX ix_email_steps_provider_message_id ON email_steps (provider_message_id) WHERE provider_message_id IS NOT NULL;
 CREATE INDEX ix_email_steps_recipient_keys ON email_steps USING gin (evq_recipient_keys(payload));
-CREATE INDEX ix_email_steps_status_created_at ON email_steps (status, created_at) WHERE status <> 'in_flight';
+CREATE INDEX ix_email_steps_status_created_at ON email_steps (status, created_at);
 CREATE INDEX ix_email_steps_unknown_since ON email_steps (unknown_since, id) WHERE status = 'unknown';
 
 CREATE TABLE evidence (

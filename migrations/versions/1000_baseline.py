@@ -15,6 +15,7 @@ What it runs, in this order, from migrations/baseline/:
 - search.sql: evq_recipient_keys, the function the search index is built on;
 - tables.sql: every table, constraint and index, rendered from adapters/postgres/schema.py
   (`python -m evq.migrations.render`): the model is their one source;
+- views.sql: steps_now, a step with the attempt its queue row holds (every reader's view);
 - append_only.sql, guards.sql, key_events.sql: the triggers that keep history append-only,
   a step's request fixed and a closed step closed, and each key's event feed written;
 - prune.sql, partitions.sql: retention (prune, content redaction, evidence partitions) and
@@ -43,6 +44,7 @@ BASELINE = Path(__file__).resolve().parent.parent / "baseline"
 FILES = (
     "search.sql",
     "tables.sql",
+    "views.sql",
     "append_only.sql",
     "guards.sql",
     "key_events.sql",

@@ -194,7 +194,7 @@ def test_every_way_a_send_fails_reaches_the_keys_feed_its_callback_and_its_addre
     assert ("evq.step.unknown", ids["unknown"]) in posted
     assert {(f"evq.step.{e['kind']}", e["step"]) for e in feed} <= posted
     # The key's address: a notice of each rejection (the operator's close too), none of the unknown.
-    notices = {r["notice_of"] for r in rows(db_url, "SELECT notice_of FROM email_steps WHERE notice_of IS NOT NULL")}
+    notices = {r["notice_of"] for r in rows(db_url, "SELECT notice_of FROM steps_now WHERE notice_of IS NOT NULL")}
     assert notices == {ids[w] for w in ids}
     mailed = [m for m in smtp.messages if m["rcpt_tos"] == [INBOX]]
     assert len(mailed) == len(ids)

@@ -88,7 +88,7 @@ def test_http_wait_returns_early_when_the_worker_finishes(evq, db_url, smtp):
         assert time.monotonic() - started >= 1
         assert late["meta"]["timed_out"] is True and late["data"]["step"]["next_action"] == "wait"
         bad = http.get(f"/v1/steps/{step_id}", params={"wait": "2h"})
-        assert bad.status_code == 422 and checked(bad)["error"]["code"] == "E_INVALID_ARG"
+        assert bad.status_code == 400 and checked(bad)["error"]["code"] == "E_INVALID_ARG"
         assert checked(bad)["error"]["context"]["fields"][0]["field"] == "wait"
 
         answers: list = []

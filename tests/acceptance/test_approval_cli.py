@@ -16,7 +16,7 @@ def test_flags_hold_schedule_and_prioritise_a_send(evq: Evq, db_url):
     args = ("enqueue", "--run-id", "r", "--step-id", "code", "--to", "bob@example.com", *FLAGS)
     out = evq.json(*args, "--require-approval", "--send-at", later, "--priority", "high")["data"]
     assert out["status"] == "held" and [r["rule"] for r in out["hold"]["rules"]] == ["requested"]
-    [row] = rows(db_url, "SELECT status, priority, send_at, next_attempt_at FROM email_steps")
+    [row] = rows(db_url, "SELECT status, priority, send_at, next_attempt_at FROM steps_now")
     assert (row["status"], row["priority"]) == ("held", 1)
     assert row["send_at"] == row["next_attempt_at"] and row["send_at"].isoformat() == later
     human = evq.run("enqueue", "--run-id", "r", "--step-id", "code", "--to", "bob@example.com", *FLAGS,

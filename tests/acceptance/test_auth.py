@@ -24,7 +24,7 @@ REQUEST = {
 def counts(db_url: str) -> dict:
     return rows(
         db_url,
-        """SELECT (SELECT count(*) FROM email_steps) AS steps, (SELECT count(*) FROM evidence) AS evidence,
+        """SELECT (SELECT count(*) FROM steps_now) AS steps, (SELECT count(*) FROM evidence) AS evidence,
                                   (SELECT count(*) FROM api_keys) AS keys,
                                   (SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL) AS revoked,
                                   (SELECT count(*) FROM email_steps WHERE status = 'unknown') AS unknown""",

@@ -108,7 +108,7 @@ def test_repeat_returns_the_same_step_and_a_changed_request_is_refused(evq: Evq,
     assert again == {**first, "created": False}
     changed = evq.json("enqueue", "--file", "-", input=json.dumps({**REQUEST, "text": "other"}), expect=3)
     assert changed["error"]["code"] == "E_CONFLICT"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 1
     assert rows(db_url, "SELECT count(*) AS n FROM decisions")[0]["n"] == 1
 
 
@@ -145,7 +145,7 @@ def test_validation_errors_are_field_named_and_write_nothing(evq: Evq, db_url):
     ]
     human = evq.run("enqueue", "--file", "-", input=json.dumps(bad))
     assert human.returncode == 2 and "to[0]" in human.stderr and human.stdout == ""
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
 
 def test_jsonl_file_enqueues_many_or_none(evq: Evq, db_url, tmp_path):
@@ -157,7 +157,7 @@ def test_jsonl_file_enqueues_many_or_none(evq: Evq, db_url, tmp_path):
     path.write_text("\n".join([*lines[:2], json.dumps({**REQUEST, "step_id": "bad", "to": []})]))
     out = evq.json("enqueue", "--file", str(path), expect=2)
     assert out["error"]["context"]["fields"][0]["field"].startswith("[2].")
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 5
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 5
 
 
 def test_lost_reply_4yz_and_5yz_over_real_smtp(evq: Evq, smtp, db_url):
@@ -331,7 +331,7 @@ def test_a_repeat_is_the_same_message_under_the_same_key_and_the_first_settings_
         "decision": {**REQUEST["decision"], "model": "m-2"},
     }
     assert evq.json("enqueue", "--file", "-", input=json.dumps(repeat))["data"] == {**first, "created": False}
-    row = rows(db_url, "SELECT notify, max_attempts FROM email_steps")
+    row = rows(db_url, "SELECT notify, max_attempts FROM steps_now")
     assert row == [{"notify": None, "max_attempts": None}]
     assert rows(db_url, "SELECT model FROM decisions") == [{"model": "m-1"}]
 
@@ -462,7 +462,7 @@ def test_recipient_domains_and_the_size_limit_come_from_the_settings(evq: Evq, s
     assert "not in the allowed domains" in refused({"EVQ_ALLOWED_DOMAINS": "example.org"})["to[0]"]
     assert "blocked" in refused({"EVQ_BLOCKED_DOMAINS": "example.com"}, cc=["x@EXAMPLE.com"])["cc[0]"]
     assert "over the limit" in refused({"EVQ_MAX_MESSAGE_BYTES": "2048"}, text="x" * 3000)["text"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
     # Enqueued while allowed, refused at send time once the settings block it: nothing leaves.
     step = evq.json("enqueue", "--file", "-", input=json.dumps(REQUEST))["data"]
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp, EVQ_BLOCKED_DOMAINS="example.com"))
@@ -532,7 +532,7 @@ def test_a_refused_enqueue_is_recorded_and_listed_and_a_database_away_changes_no
     bad = {**REQUEST, "decision": {"instruction_version": "v1"}}
     out = evq.json("enqueue", "--file", "-", input=json.dumps(bad), expect=2, **env)
     assert [f["field"] for f in out["error"]["context"]["fields"]] == ["decision.model"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
     listed = evq.json("refusals", "list", "--interface", "cli")
     [row] = listed["data"]
     assert (row["key_name"], row["interface"], row["reasons"]) == ("test-admin", "cli", ["decision"])

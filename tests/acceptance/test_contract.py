@@ -380,7 +380,7 @@ def test_an_unexpected_failure_is_e_internal_exit_1_with_the_traceback_on_stderr
     E_INTERNAL and exit 1, with the detail in the log on stderr, never on stdout."""
     from tests.support import execute
 
-    execute(db_url, "ALTER TABLE email_steps RENAME COLUMN reason TO reason_gone")
+    execute(db_url, "ALTER TABLE email_steps RENAME COLUMN held_since TO held_since_gone")
     evq = Evq(db_url)
     out = evq.json("steps", "list", expect=1)
     assert out["error"]["code"] == "E_INTERNAL" and "see the log on stderr" in out["error"]["message"]

@@ -67,10 +67,10 @@ def test_sigterm_lets_in_flight_sends_finish_then_exits_0(evq: Evq, smtp, db_url
     worker = evq.popen("worker", "run", "--concurrency", "3", **smtp_env(smtp, EVQ_SHUTDOWN_GRACE=str(GRACE)))
     try:
         wait_until(
-            lambda: rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status = 'in_flight'")[0]["n"] == 3,
+            lambda: rows(db_url, "SELECT count(*)::int AS n FROM steps_now WHERE status = 'in_flight'")[0]["n"] == 3,
             what="three sends in flight",
         )
-        in_flight = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps WHERE status = 'in_flight'")}
+        in_flight = {r["id"] for r in rows(db_url, "SELECT id FROM steps_now WHERE status = 'in_flight'")}
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(GRACE)  # a wait past the grace would raise: the worker must be gone by then
     finally:

@@ -118,9 +118,9 @@ def test_a_paused_worker_sends_nothing_after_its_lease_and_a_retry_waits_for_it(
         pause(zombie.pid)
         server.release()  # its 354 waits in the paused worker's socket
         wait_until(
-            lambda: rows(
-                db_url, "SELECT lease_expires_at < now() AS gone FROM email_steps WHERE id = %s", (step["id"],)
-            )[0]["gone"],
+            lambda: rows(db_url, "SELECT lease_expires_at < now() AS gone FROM steps_now WHERE id = %s", (step["id"],))[
+                0
+            ]["gone"],
             timeout=60,
             what="the lease to run out",
         )

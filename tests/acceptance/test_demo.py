@@ -65,4 +65,4 @@ def test_demo_refuses_a_database_that_holds_other_steps(evq: Evq, db_url):
     out = evq.json("demo", expect=3)
     assert out["error"]["code"] == "E_CONFLICT" and "EVQ_DATABASE_URL" in out["error"]["hint"]
     assert out["error"]["context"] == {"foreign_steps": 1}
-    assert rows(db_url, "SELECT id, status FROM email_steps") == [{"id": theirs.id, "status": "pending"}]
+    assert rows(db_url, "SELECT id, status FROM steps_now") == [{"id": theirs.id, "status": "pending"}]

@@ -346,7 +346,7 @@ def test_a_send_closed_as_rejected_tells_the_notify_address_named_at_enqueue(evq
     again = evq.json("steps", "resolve", str(bounced), "--as", "rejected", "--note", "again", expect=3)
     assert again["error"]["code"] == "E_CONFLICT"
 
-    [notice] = rows(db_url, "SELECT * FROM email_steps WHERE notice_of IS NOT NULL")
+    [notice] = rows(db_url, "SELECT * FROM steps_now WHERE notice_of IS NOT NULL")
     assert notice["notice_of"] == bounced and notice["step_id"] == "evq:notice:rejected:bounced"
     assert notice["payload"]["to"] == [{"email": "agent-inbox@example.org", "name": None}]
     assert notice["payload"]["subject"] == "[delivery failed] About bounced"

@@ -29,7 +29,7 @@ PROFILE_ENV = {
 
 
 def steps(db_url: str) -> int:
-    return rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"]
+    return rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"]
 
 
 def test_providers_list_shows_each_profile_rate_limit_and_circuit(db_url):
@@ -195,7 +195,7 @@ def test_a_replay_under_the_refusal_answers_the_stored_step_and_another_provider
         assert out["error"]["context"]["existing_provider"] == "smtp"
         [dry] = cli.json("steps", "enqueue", "--file", "-", "--dry-run", input=via_http, **env)["data"]["plan"]
         assert (dry["action"], dry["existing_id"]) == ("refuse_conflict", first["id"])
-    [row] = rows(db_url, "SELECT id, provider, status FROM email_steps")
+    [row] = rows(db_url, "SELECT id, provider, status FROM steps_now")
     assert (row["id"], row["provider"], row["status"]) == (first["id"], "smtp", "pending")
 
     # A batch mixing the stored step with new ones: only a new unresolvable one is refused ...
@@ -247,4 +247,4 @@ def test_the_http_api_and_the_python_api_answer_a_held_key_under_the_refusal(db_
     with pytest.raises(evq_api.Unresolvable):
         evq_api.enqueue_own(db_url, request(run_id="run-16h", step_id="py-new"), policy=refusing)
     assert steps(db_url) == 2
-    assert rows(db_url, "SELECT provider FROM email_steps WHERE id = %s", (first["id"],)) == [{"provider": "smtp"}]
+    assert rows(db_url, "SELECT provider FROM steps_now WHERE id = %s", (first["id"],)) == [{"provider": "smtp"}]

@@ -49,7 +49,7 @@ def test_prune_dry_run_then_prune(evq: Evq, db_url, tmp_path):
     assert (dry["dry_run"], dry["steps"], dry["evidence"], dry["decisions"]) == (True, 3, 6, 3)
     # The run's counter is not counted: its steps are still there when a dry run looks.
     assert dry["budgets"] == 1
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 3
     assert rows(db_url, "SELECT count(*) AS n FROM send_budgets")[0]["n"] == 5
 
     done = evq.run("prune", "--older-than", "90d", "--batch-size", "2", "-o", "json")
@@ -150,7 +150,7 @@ def test_a_client_clock_a_year_ahead_prunes_nothing_recent(evq: Evq, db_url, tmp
     # The cutoff is the database's now() minus a day, not the client's.
     cutoff = datetime.fromisoformat(data["cutoff"])
     assert abs(cutoff - (db_now - timedelta(days=1))) < timedelta(minutes=10)
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE status = 'accepted'")[0]["n"] == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE status = 'accepted'")[0]["n"] == 3
     assert rows(db_url, "SELECT count(*) AS n FROM prune_log")[0]["n"] == 0
 
 
@@ -164,7 +164,7 @@ def test_an_ambiguous_unit_is_refused_and_deletes_nothing(evq: Evq, db_url, tmp_
         error = evq.json("prune", "--older-than", ambiguous, expect=2)["error"]
         assert error["code"] == "E_INVALID_ARG" and "min" in error["message"] and "mo" in error["message"], error
         assert evq.json("prune", "--older-than", ambiguous, "--dry-run", expect=2)["error"]["code"] == "E_INVALID_ARG"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 3
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 3
     # The units say what they mean: a month keeps them, a minute (spelled out) does not.
     assert evq.json("prune", "--older-than", "1mo")["data"]["steps"] == 0
     assert evq.json("prune", "--older-than", "1min")["data"]["steps"] == 3
@@ -203,7 +203,7 @@ def test_the_first_interrupt_commits_the_batch_in_progress_and_answers_e_aborted
     contract.check(("prune",), out)
     assert out["error"]["code"] == "E_ABORTED"
     done = out["error"]["context"]
-    left = rows(db_url, "SELECT count(*)::int AS n FROM email_steps")[0]["n"]
+    left = rows(db_url, "SELECT count(*)::int AS n FROM steps_now")[0]["n"]
     logged = rows(db_url, "SELECT count(*)::int AS batches, coalesce(sum(steps), 0)::int AS steps FROM prune_log")[0]
     assert 0 < done["steps"] < 20000 and left == 20000 - done["steps"]
     assert logged == {"batches": done["batches"], "steps": done["steps"]}
@@ -225,17 +225,17 @@ def test_a_send_retried_after_prune_is_answered_as_it_ended_and_never_sent_again
     assert smtp.by_message_id() == {first["message_id"]: 1}
     # Closed more than a second ago on the database's clock (the prune's cutoff is its now() - 1s).
     wait_until(
-        lambda: rows(db_url, "SELECT closed_at < now() - interval '1.1 seconds' AS old FROM email_steps")[0]["old"],
+        lambda: rows(db_url, "SELECT closed_at < now() - interval '1.1 seconds' AS old FROM steps_now")[0]["old"],
         what="the step to be closed more than a second ago",
     )
     pruned = evq.json("steps", "prune", "--older-than", "1s")["data"]
-    assert pruned["steps"] == 1 and rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert pruned["steps"] == 1 and rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
     again = evq.json("steps", "enqueue", "--file", "-", input=asked)["data"]
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(smtp.messages) == 1 and smtp.by_message_id() == {first["message_id"]: 1}
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
     assert (again["id"], again["message_id"], again["created"]) == (first["id"], first["message_id"], False)
     assert (again["status"], again["pruned"], again["next_action"]) == ("accepted", True, "none")
     told = evq.run("steps", "enqueue", "--file", "-", input=asked)  # the people's output says so too
@@ -250,4 +250,4 @@ def test_a_send_retried_after_prune_is_answered_as_it_ended_and_never_sent_again
     assert gone["code"] == "E_NOT_FOUND" and "pruned" in gone["message"]
     assert (gone["context"]["pruned"], gone["context"]["status"]) == (True, "accepted")
     assert gone["context"]["message_id"] == first["message_id"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0 and len(smtp.messages) == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0 and len(smtp.messages) == 1

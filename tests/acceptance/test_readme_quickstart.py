@@ -113,7 +113,7 @@ def test_the_quickstart_delivers_one_send_on_your_own_postgresql(pg_server, fres
 
     url = psycopg.conninfo.make_conninfo(pg_server, dbname=fresh_name)
     with psycopg.connect(url) as conn:
-        steps = conn.execute("SELECT run_id, step_id, status, message_id FROM email_steps").fetchall()
+        steps = conn.execute("SELECT run_id, step_id, status, message_id FROM steps_now").fetchall()
         keys = conn.execute("SELECT name, role FROM api_keys WHERE revoked_at IS NULL ORDER BY name").fetchall()
     assert steps == [(request["run_id"], request["step_id"], "accepted", steps[0][3])]
     assert steps[0][3] in received[0]  # the sink got this step's Message-ID

@@ -45,7 +45,7 @@ def enqueue(evq: Evq, tmp_path, step_id: str) -> None:
 
 
 def step(db_url: str) -> dict:
-    [row] = rows(db_url, "SELECT * FROM email_steps")
+    [row] = rows(db_url, "SELECT * FROM steps_now")
     return row
 
 

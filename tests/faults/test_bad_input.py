@@ -169,7 +169,7 @@ def test_hostile_identifiers_are_refused_or_stored_safely(db_url, run_id, accept
             step = enqueue(conn, data, policy=POLICY)
             conn.commit()
             assert getattr(step, field) == value
-    stored = rows(db_url, f"SELECT {field} AS value FROM email_steps")
+    stored = rows(db_url, f"SELECT {field} AS value FROM steps_now")
     assert stored == ([{"value": value}] if accepted else [])
     assert rows(db_url, "SELECT count(*)::int AS n FROM decisions")[0]["n"] == (1 if accepted else 0)
 
@@ -202,7 +202,7 @@ def test_hostile_notes_are_refused_or_stored_safely(db_url, note, accepted):
         with_store(db_url, lambda store: store.resolve(step.id, resolution, actor="alice", default_max_attempts=3))
     stored = rows(db_url, "SELECT detail ->> 'note' AS note FROM evidence WHERE kind = 'operator_resolved'")
     assert stored == ([{"note": note.strip()}] if accepted else [])
-    assert rows(db_url, "SELECT status FROM email_steps")[0]["status"] == ("rejected" if accepted else "unknown")
+    assert rows(db_url, "SELECT status FROM steps_now")[0]["status"] == ("rejected" if accepted else "unknown")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -34,7 +34,7 @@ def _text(number: str, **overrides) -> str:
 
 
 def _nothing_written(db_url: str) -> None:
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
     assert rows(db_url, "SELECT count(*)::int AS n FROM decisions") == [{"n": 0}]
 
 
@@ -131,5 +131,5 @@ def test_a_worker_refuses_a_setting_that_is_not_a_finite_number(db_url, admin_ke
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
     error = json.loads(done.stdout)["error"]
     assert error["code"] == "E_INVALID_ARG" and name in error["message"], error
-    assert rows(db_url, "SELECT status, attempts FROM email_steps") == [{"status": "pending", "attempts": 0}]
+    assert rows(db_url, "SELECT status, attempts FROM steps_now") == [{"status": "pending", "attempts": 0}]
     assert smtp.messages == []

@@ -27,7 +27,7 @@ def _address_space_limit() -> None:
 
 
 def _nothing_written(db_url: str) -> None:
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
 
 
 @pytest.mark.parametrize("source", ["file", "stdin"])
@@ -65,4 +65,4 @@ def test_json_lines_over_the_limit_are_refused_whole_and_under_it_enqueued(db_ur
     few = tmp_path / "few.jsonl"
     few.write_text("".join(json.dumps(request(run_id="bound", step_id=f"s{i}")) + "\n" for i in range(2)))
     evq.json("enqueue", "--file", str(few))
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 2}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 2}]

@@ -63,14 +63,12 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     deadline = time.monotonic() + 120
 
     def open_rows() -> int:
-        return rows(db_url, "SELECT count(*)::int AS n FROM email_steps WHERE status IN ('pending', 'retryable')")[0][
-            "n"
-        ]
+        return rows(db_url, "SELECT count(*)::int AS n FROM steps_now WHERE status IN ('pending', 'retryable')")[0]["n"]
 
     def in_flight() -> dict[int, set[int]]:
         """The rows in flight, by the pid of the worker whose lease holds them."""
         held: dict[int, set[int]] = {}
-        for r in rows(db_url, "SELECT id, lease_owner AS owner FROM email_steps WHERE status = 'in_flight'"):
+        for r in rows(db_url, "SELECT id, lease_owner AS owner FROM steps_now WHERE status = 'in_flight'"):
             held.setdefault(int(r["owner"].split(":")[1]), set()).add(r["id"])
         return held
 
@@ -133,8 +131,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
             lambda: (
                 rows(
                     db_url,
-                    "SELECT count(*)::int AS n FROM email_steps "
-                    "WHERE status NOT IN ('accepted', 'rejected', 'unknown')",
+                    "SELECT count(*)::int AS n FROM steps_now WHERE status NOT IN ('accepted', 'rejected', 'unknown')",
                 )[0]["n"]
                 == 0
             ),
@@ -155,11 +152,11 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
 
     delivered = smtp.by_message_id()
     status = {
-        r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+        r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status")
     }
     unknown = rows(
         db_url,
-        "SELECT s.id, s.message_id, s.reason, e.detail ->> 'lease_owner' AS owner FROM email_steps s "
+        "SELECT s.id, s.message_id, s.reason, e.detail ->> 'lease_owner' AS owner FROM steps_now s "
         "LEFT JOIN evidence e ON e.step_id = s.id AND e.kind = 'lease_expired' WHERE s.status = 'unknown'",
     )
     # A live worker whose server said nothing within EVQ_SMTP_TIMEOUT after the final '.'
@@ -216,9 +213,7 @@ def test_sigkill_chaos(evq: Evq, db_url, smtp, tmp_path):
     )
     assert not unexplained, (unexplained[:5], stories_of, (tmp_path / "workers.log").read_text()[-3000:])
     # Every accepted row was received by the server, exactly once.
-    accepted_ids = {
-        r["message_id"] for r in rows(db_url, "SELECT message_id FROM email_steps WHERE status = 'accepted'")
-    }
+    accepted_ids = {r["message_id"] for r in rows(db_url, "SELECT message_id FROM steps_now WHERE status = 'accepted'")}
     assert accepted_ids <= set(delivered)
     # Evidence tells each story: one start per attempt, one answer or rescue per attempt.
     stories = rows(

@@ -76,13 +76,13 @@ def test_postgres_restart_mid_run_loses_and_duplicates_nothing(private_pg, smtp)
         logs = [w.communicate()[1] for w in workers]
     assert codes == [0, 0], logs[0][-3000:]
     assert any('"claim_failed"' in log or '"record_retry"' in log for log in logs)
-    counts = rows(private_pg.url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    counts = rows(private_pg.url, "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status")
     assert counts == [{"status": "accepted", "n": 150}]
     assert len(smtp.by_message_id()) == 150 and set(smtp.by_message_id().values()) == {1}
     # One attempt and one answer per step. A claim answered past its send-by limit (it waited
     # for a connection while the server restarted) is handed back unsent, uncounted, not sent
     # to be cut off before connecting: that once made 8 steps take a second attempt.
-    assert rows(private_pg.url, "SELECT DISTINCT attempts FROM email_steps") == [{"attempts": 1}]
+    assert rows(private_pg.url, "SELECT DISTINCT attempts FROM steps_now") == [{"attempts": 1}]
     answers = rows(
         private_pg.url,
         "SELECT step_id, count(*)::int AS n FROM evidence"
@@ -157,11 +157,11 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
         # The first claim's sends finish and are recorded: only the lost claim is in flight.
         wait_until(
             lambda: (
-                rows(cluster.url(), "SELECT count(*)::int AS n FROM email_steps WHERE status = 'accepted'")[0]["n"] == 2
+                rows(cluster.url(), "SELECT count(*)::int AS n FROM steps_now WHERE status = 'accepted'")[0]["n"] == 2
             ),
             what="first claim recorded",
         )
-        lost = rows(cluster.url(), "SELECT id FROM email_steps WHERE status = 'in_flight'")
+        lost = rows(cluster.url(), "SELECT id FROM steps_now WHERE status = 'in_flight'")
         cluster.restart(down_for=5.0)  # longer than the lease
         code = worker.wait(90)
     finally:
@@ -171,7 +171,7 @@ def test_rows_claimed_as_postgresql_stops_are_handed_back_and_sent_once(cluster,
         proxy.stop()
     assert code == 0, log[-3000:]
     assert len(lost) == 2
-    statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status")
     assert statuses == [{"status": "accepted", "n": 12}], statuses
     assert len(smtp.by_message_id()) == 12 and set(smtp.by_message_id().values()) == {1}
     kinds = rows(
@@ -260,6 +260,6 @@ def test_read_only_database(evq: Evq, db_url, smtp):
         log = err.join()
         worker.stdout.close()
     assert '"read_only": true' in log and "not claiming" in log
-    assert rows(db_url, "SELECT step_id FROM email_steps ORDER BY id") == [{"step_id": "before"}]
+    assert rows(db_url, "SELECT step_id FROM steps_now ORDER BY id") == [{"step_id": "before"}]
     assert rows(db_url, "SELECT step_id FROM decisions") == [{"step_id": "before"}]  # the refused enqueue: nothing
     assert smtp.by_message_id() == {ready["message_id"]: 1}

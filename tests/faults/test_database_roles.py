@@ -276,6 +276,24 @@ def test_the_runtime_role_cannot_rewrite_history(roles):
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute("UPDATE enqueue_refusal_counts SET total = 0 WHERE field = 'to'")
         conn.rollback()
+    # The queue is the runtime role's to write (every claim and answer does), but a queue row
+    # made for a closed step never gets it sent: the claim takes only a step still pending or
+    # retryable in email_steps, which the guard keeps closed.
+    closed = {
+        x["message_id"] for x in rows(r.admin_url, "SELECT message_id FROM email_steps WHERE closed_at IS NOT NULL")
+    }
+    with psycopg.connect(r.app_url) as conn:
+        forged = conn.execute(
+            "INSERT INTO step_queue (id, provider) SELECT id, provider FROM email_steps "
+            "WHERE closed_at IS NOT NULL ON CONFLICT DO NOTHING"
+        ).rowcount
+    assert forged >= 1
+    with DevSmtpServer() as smtp:
+        done = Evq(r.app_url).run("worker", "run", "--drain", **smtp_env(smtp))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not closed & set(smtp.by_message_id()), "a closed step was sent again"
+    # The claim deleted the forged rows it took, unclaimed: nothing is left due for nothing.
+    assert rows(r.admin_url, "SELECT count(*)::int AS n FROM step_queue") == [{"n": 0}]
 
 
 def run_as_runtime_role(r: Roles) -> dict:

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from evq.adapters.http import HttpProvider
-from evq.adapters.postgres.enqueue import enqueue_op, run_sync
+from evq.adapters.postgres.op_runner import run_sync
+from evq.adapters.postgres.single_enqueue import enqueue_op
 from evq.ops.dev.http import DevHttpServer
 from evq.worker.outcomes import Rejected
 from evq.worker.ports import SendRequest
@@ -46,7 +47,7 @@ def _hostile(n: int, overrides: dict) -> dict:
 
 
 def _nothing_written(db_url: str) -> None:
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
 
 
 def test_the_cli_refuses_every_encoded_word_naming_its_field(db_url, admin_key):
@@ -107,8 +108,7 @@ def test_a_stored_encoded_word_never_reaches_the_smtp_server_as_a_header(db_url,
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
     states = {
-        r["step_id"]: (r["status"], r["reason"])
-        for r in rows(db_url, "SELECT step_id, status, reason FROM email_steps")
+        r["step_id"]: (r["status"], r["reason"]) for r in rows(db_url, "SELECT step_id, status, reason FROM steps_now")
     }
     assert states == {
         "subject": ("rejected", "policy_refused"),

@@ -39,7 +39,7 @@ def test_the_notice_of_a_refused_send_never_shows_its_bcc_recipients(evq, db_url
     evq.json("enqueue", "--file", "-", input=json.dumps(data))
     done = evq.run("worker", "run", "--drain", **smtp_env(smtp))
     assert done.returncode == 0, done.stderr[-2000:]
-    [original] = rows(db_url, "SELECT status, detail FROM email_steps WHERE step_id = 's'")
+    [original] = rows(db_url, "SELECT status, detail FROM steps_now WHERE step_id = 's'")
     assert original["status"] == "rejected", original
     body = _arrived_notice(smtp)
     assert "Bcc:         2 recipients, not listed" in body, body

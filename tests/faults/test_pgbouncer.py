@@ -101,7 +101,7 @@ def test_workers_behind_pgbouncer_in_transaction_mode(pgbouncer: str, db_url: st
     assert codes == [0, 0], logs[0][-2000:]
     # Prepared statements would fail here ("prepared statement ... does not exist") after
     # five executions; many claims and records ran, so none were used.
-    assert rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status") == [
+    assert rows(db_url, "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status") == [
         {"status": "accepted", "n": 60}
     ]
     assert set(smtp.by_message_id().values()) == {1} and len(smtp.by_message_id()) == 60
@@ -158,7 +158,7 @@ def test_two_workers_behind_pgbouncer_with_evq_pooler_unset_send_each_message_on
     assert all('"pooler_detected"' in log for log in logs)
     delivered = smtp.by_message_id()
     assert len(delivered) == sends and set(delivered.values()) == {1}
-    assert rows(db_url, "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status") == [
+    assert rows(db_url, "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status") == [
         {"status": "accepted", "n": sends}
     ]
     # A hand-back is of an attempt never sent: no released lease has an answer. (A claim answered

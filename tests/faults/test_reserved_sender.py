@@ -72,7 +72,7 @@ def test_every_look_alike_of_the_notice_sender_is_refused(db_url, sender):
     with psycopg.connect(db_url) as conn:
         for n, fine in enumerate(FINE):
             enqueue(conn, request(run_id="rs", step_id=f"ok{n}", **{"from": fine}))
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": len(FINE)}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": len(FINE)}]
 
 
 def test_the_cli_refuses_look_alikes_of_the_configured_notice_sender(db_url, admin_key):
@@ -118,7 +118,7 @@ def test_the_cli_refuses_look_alikes_of_the_configured_notice_sender(db_url, adm
         "--text",
         "t",
     )
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 1}]
 
 
 def test_evq_itself_may_still_send_its_notices():

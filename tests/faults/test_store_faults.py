@@ -160,7 +160,7 @@ def check(url: str, sink: DevSmtpServer, case: Case) -> None:
     # The sink is shared by cases run side by side; Message-IDs are unique to each step.
     for m in sink.messages:
         received.setdefault(m["message_id"], []).append(m["received_at"])
-    steps = rows(url, "SELECT id, step_id, status, reason, message_id FROM email_steps ORDER BY id")
+    steps = rows(url, "SELECT id, step_id, status, reason, message_id FROM steps_now ORDER BY id")
     released = rows(url, "SELECT step_id, created_at FROM evidence WHERE kind = 'attempt_released'")
     for step in steps:
         got = received.get(step["message_id"], [])
@@ -259,7 +259,7 @@ async def test_a_stop_asked_while_a_claims_answer_is_lost_hands_its_rows_back(db
             await store.close()
         assert sink.messages == []
     assert len(lossy.lost) == SETTINGS.batch_size
-    got = rows(db_url, "SELECT id, status FROM email_steps WHERE id = ANY(%s) ORDER BY id", (lossy.lost,))
+    got = rows(db_url, "SELECT id, status FROM steps_now WHERE id = ANY(%s) ORDER BY id", (lossy.lost,))
     assert [r["status"] for r in got] == ["pending"] * len(lossy.lost), got
     released = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'attempt_released'")[0]["n"]
     assert released == len(lossy.lost)

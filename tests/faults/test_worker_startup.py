@@ -69,7 +69,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it_then_sends(clu
     assert [w["level"] for w in waits[:2]] == ["warning", "debug"] and "EVQ_STARTUP_WAIT" in waits[0]["note"]
     assert '"database_available"' in log
     wait_until(lambda: len(smtp.messages) == 5, what="the five sends")
-    statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM email_steps GROUP BY status")
+    statuses = rows(cluster.url(), "SELECT status, count(*)::int AS n FROM steps_now GROUP BY status")
     assert statuses == [{"status": "accepted", "n": 5}]
 
 

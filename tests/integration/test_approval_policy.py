@@ -26,7 +26,7 @@ def gated(**approval) -> object:
 
 
 def held_rules(url: str, step_id: int) -> list[str]:
-    [row] = rows(url, "SELECT status, reason, held_since, hold FROM email_steps WHERE id = %s", (step_id,))
+    [row] = rows(url, "SELECT status, reason, held_since, hold FROM steps_now WHERE id = %s", (step_id,))
     assert (row["status"], row["reason"]) == ("held", "approval_required") and row["held_since"] is not None
     return [r["rule"] for r in row["hold"]["rules"]]
 
@@ -82,7 +82,7 @@ async def test_held_rows_are_never_claimed_and_priority_and_send_at_order_the_cl
             policy=POLICY,
             now=NOW,
         )
-    conn_rows = rows(db_url, "SELECT step_id, priority, next_attempt_at FROM email_steps ORDER BY id")
+    conn_rows = rows(db_url, "SELECT step_id, priority, next_attempt_at FROM steps_now ORDER BY id")
     assert [(r["step_id"], r["priority"]) for r in conn_rows] == [
         ("held", 0),
         ("low", -1),
@@ -102,7 +102,7 @@ async def test_send_at_starts_the_step_later(db_url, store):
     with psycopg.connect(db_url, autocommit=True) as conn:
         made = enqueue(conn, request(step_id="s", send_at=soon.isoformat()), policy=POLICY)
         past = enqueue(conn, request(step_id="p", send_at="2020-01-01T00:00:00+00:00"), policy=POLICY)
-    [row] = rows(db_url, "SELECT send_at, next_attempt_at, retry_from FROM email_steps WHERE id = %s", (made.id,))
+    [row] = rows(db_url, "SELECT send_at, next_attempt_at, retry_from FROM steps_now WHERE id = %s", (made.id,))
     assert row["send_at"] == row["next_attempt_at"] == row["retry_from"] == soon
     assert [c.id for c in await claim(store, now=datetime.now(UTC) + timedelta(minutes=1))] == [past.id]
     assert [c.id for c in await claim(store, now=soon + timedelta(seconds=1))] == [made.id]
@@ -135,7 +135,7 @@ def test_a_stranger_as_the_notify_address_is_a_first_contact_too(db_url):
     lured = request(step_id="b", to=["bob@example.com"], notify="Stranger@victim.example.org")
     made = enqueue_own(db_url, lured, policy=strict)
     assert made.status == Status.HELD and held_rules(db_url, made.id) == ["first_contact"]
-    [row] = rows(db_url, "SELECT hold FROM email_steps WHERE id = %s", (made.id,))
+    [row] = rows(db_url, "SELECT hold FROM steps_now WHERE id = %s", (made.id,))
     assert "stranger@victim.example.org" in str(row["hold"]).lower()
 
 
@@ -159,12 +159,12 @@ def test_a_budget_holds_under_20_concurrent_enqueues_and_never_passes_its_cap(db
     for t in threads:
         t.join(60)
     assert errors == [] and len(results) == 20
-    statuses = rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status ORDER BY status")
+    statuses = rows(db_url, "SELECT status, count(*) AS n FROM steps_now GROUP BY status ORDER BY status")
     assert {r["status"]: r["n"] for r in statuses} == {"held": 10, "pending": 10}
     used = {r["budget"]: r["used"] for r in rows(db_url, "SELECT budget, used FROM send_budgets")}
     # The run's cap stopped the rest; the domain counter holds only what passed both.
     assert used == {"run_recipients": 10, "domain_hourly": 10}
-    holds = rows(db_url, "SELECT hold FROM email_steps WHERE status = 'held'")
+    holds = rows(db_url, "SELECT hold FROM steps_now WHERE status = 'held'")
     assert {(h["hold"]["rules"][0]["budget"], h["hold"]["rules"][0]["cap"]) for h in holds} == {("run_recipients", 10)}
 
 
@@ -175,7 +175,7 @@ def test_refuse_mode_is_an_e_budget_refusal_recorded_and_nothing_charged(db_url)
         enqueue_own(db_url, request(step_id="over"), policy=policy, actor="agent")
     assert refused.value.code == "E_BUDGET"
     assert refused.value.errors[0]["field"] == "budget.key_daily"
-    assert rows(db_url, "SELECT step_id FROM email_steps") == [{"step_id": "ok"}]
+    assert rows(db_url, "SELECT step_id FROM steps_now") == [{"step_id": "ok"}]
     assert rows(db_url, "SELECT scope, used FROM send_budgets") == [{"scope": "agent", "used": 2}]
     [refusal] = rows(db_url, "SELECT interface, errors FROM enqueue_refusals")
     assert refusal["interface"] == "python"
@@ -225,7 +225,9 @@ def test_a_batch_of_a_key_at_always_writes_what_one_at_a_time_writes(db_url):
     """held_many_op (every statement sent for the whole batch at once) against gated_op one
     request at a time: the same held rows, holds (first contact included) and held evidence; a
     key repeated in the batch is answered as its first step, one with another payload refused."""
-    from evq.adapters.postgres.enqueue import enqueue_many_op, gated_op, run_sync
+    from evq.adapters.postgres.batch_enqueue import enqueue_many_op
+    from evq.adapters.postgres.op_runner import run_sync
+    from evq.adapters.postgres.single_enqueue import gated_op
     from evq.worker.enqueue import validate_many
     from evq.worker.errors import IdempotencyConflict
     from evq.worker.request import Actor
@@ -240,7 +242,7 @@ def test_a_batch_of_a_key_at_always_writes_what_one_at_a_time_writes(db_url):
     def stored(run_id: str) -> list:
         return rows(
             db_url,
-            "SELECT s.step_id, s.status, s.reason, s.hold, e.kind, e.actor, e.detail FROM email_steps s "
+            "SELECT s.step_id, s.status, s.reason, s.hold, e.kind, e.actor, e.detail FROM steps_now s "
             "JOIN evidence e ON e.step_id = s.id WHERE s.run_id = %s ORDER BY s.step_id, e.id",
             (run_id,),
         )

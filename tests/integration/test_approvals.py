@@ -55,6 +55,7 @@ def hold(db_url: str, step_id: int) -> None:
         'hold = \'{"rules": [{"rule": "requested"}]}\' WHERE id = %s',
         (step_id,),
     )
+    execute(db_url, "DELETE FROM step_queue WHERE id = %s", (step_id,))  # a held step is owed no send yet
 
 
 async def drain(store, sink: DevSmtpServer, settings: Settings = SETTINGS) -> None:

@@ -63,7 +63,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> No
 
 
 def statuses(db_url: str) -> dict[str, int]:
-    return {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status")}
+    return {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*) AS n FROM steps_now GROUP BY status")}
 
 
 def failed_probes(db_url: str, provider: str = "smtp") -> int:
@@ -84,7 +84,7 @@ def outage_outlasted(db_url: str, probes: int = 3) -> bool:
 
 
 def charged(db_url: str) -> list[int]:
-    return [r["n"] for r in rows(db_url, "SELECT attempts - uncharged_attempts AS n FROM email_steps ORDER BY id")]
+    return [r["n"] for r in rows(db_url, "SELECT attempts - uncharged_attempts AS n FROM steps_now ORDER BY id")]
 
 
 def events(db_url: str, provider: str = "smtp") -> list[tuple[str, str, str | None]]:
@@ -164,7 +164,7 @@ async def test_a_wrong_smtp_password_opens_the_circuit_at_once_and_evq_says_why(
         counts = statuses(db_url)
         assert counts.get("rejected", 0) == 0 and sum(counts.values()) == len(ids), counts
         assert sum(charged(db_url)) == 0
-        attempted = rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE attempts > 0")[0]["n"]
+        attempted = rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE attempts > 0")[0]["n"]
         assert attempted < len(ids)  # most messages were never tried against the wall
         [circuit] = rows(db_url, "SELECT * FROM provider_circuits")
         assert circuit["reason"] == "auth_failed" and "535" in circuit["detail"]
@@ -300,7 +300,7 @@ async def test_a_probe_claim_whose_answer_is_lost_is_handed_back_and_sent_once(s
         assert await asyncio.wait_for(task, 30) == 0
         await provider.close()
         server.stop()
-    [row] = rows(db_url, "SELECT status, reason FROM email_steps WHERE id = %s", (step,))
+    [row] = rows(db_url, "SELECT status, reason FROM steps_now WHERE id = %s", (step,))
     assert row == {"status": "accepted", "reason": "provider_accepted"}, row
     assert list(server.by_message_id().values()) == [1]
     released = rows(db_url, "SELECT count(*) AS n FROM evidence WHERE kind = 'attempt_released'")[0]["n"]
@@ -345,7 +345,7 @@ async def test_a_worker_stopped_as_it_takes_a_probe_gives_the_probe_back(store, 
     finally:
         await provider.close()
     assert stopping.probes == 1
-    assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (step,)) == [{"status": "retryable"}]
+    assert rows(db_url, "SELECT status FROM steps_now WHERE id = %s", (step,)) == [{"status": "retryable"}]
     [circuit] = rows(db_url, "SELECT state, probe_owner FROM provider_circuits WHERE provider = 'smtp'")
     assert circuit == {"state": "open", "probe_owner": None}, circuit
     assert events(db_url)[-2:] == [("open", "half_open", "probe"), ("half_open", "open", "connection_refused")]

@@ -171,7 +171,7 @@ async def test_the_runtime_role_records_and_reads_delivery_events(roles):
     app = await PostgresStore.open(roles.app_url, max_size=2)
     try:
         [lost] = await unknown_steps(app)
-        row = rows(roles.admin_url, "SELECT idempotency_key, message_id FROM email_steps WHERE id = %s", (lost.id,))[0]
+        row = rows(roles.admin_url, "SELECT idempotency_key, message_id FROM steps_now WHERE id = %s", (lost.id,))[0]
         done = await app.delivery_record(
             delivered("rt-1", key_digest=key_tag(row["idempotency_key"], row["message_id"])),
             step_providers=RELAYED,

@@ -14,7 +14,7 @@ from tests.support import POLICY, request, rows
 
 
 def count(url: str) -> tuple[int, int]:
-    r = rows(url, "SELECT (SELECT count(*) FROM email_steps) AS s, (SELECT count(*) FROM decisions) AS d")[0]
+    r = rows(url, "SELECT (SELECT count(*) FROM steps_now) AS s, (SELECT count(*) FROM decisions) AS d")[0]
     return r["s"], r["d"]
 
 
@@ -31,7 +31,7 @@ def test_psycopg_transaction_commits_and_rolls_back_with_the_caller(db_url):
             enqueue(conn, request(step_id="rolled-back"), policy=POLICY)
             raise RuntimeError("the caller's own work failed")
     assert count(db_url) == (1, 1)
-    assert rows(db_url, "SELECT step_id FROM email_steps") == [{"step_id": "kept"}]
+    assert rows(db_url, "SELECT step_id FROM steps_now") == [{"step_id": "kept"}]
     assert rows(db_url, "SELECT id FROM orders") == [{"id": 1}]
 
 

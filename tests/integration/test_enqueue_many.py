@@ -7,8 +7,10 @@ import asyncio
 import psycopg
 import pytest
 
-from evq.adapters.postgres import enqueue as enqueue_api
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_own, run_sync, validate_many
+from evq.adapters.postgres.batch_enqueue import MANY_CHUNK, enqueue_many_op
+from evq.adapters.postgres.enqueue import enqueue_own
+from evq.adapters.postgres.op_runner import run_sync
+from evq.worker.enqueue import validate_many
 from evq.worker.errors import Conflict, IdempotencyConflict, InvalidRequest
 from tests.support import POLICY, request, rows, valid
 
@@ -24,7 +26,7 @@ def enqueue_many_own(url: str, requests: list, *, policy=POLICY):
 
 def counts(url: str) -> tuple[int, int]:
     return (
-        rows(url, "SELECT count(*) AS n FROM email_steps")[0]["n"],
+        rows(url, "SELECT count(*) AS n FROM steps_now")[0]["n"],
         rows(url, "SELECT count(*) AS n FROM decisions")[0]["n"],
     )
 
@@ -38,7 +40,7 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     # Each step points at the decision written for it, not a neighbour's.
     mismatched = rows(
         db_url,
-        "SELECT s.id FROM email_steps s JOIN decisions d ON d.id = s.decision_id "
+        "SELECT s.id FROM steps_now s JOIN decisions d ON d.id = s.decision_id "
         "WHERE d.run_id <> s.run_id OR d.step_id <> s.step_id",
     )
     assert mismatched == []
@@ -46,7 +48,7 @@ def test_many_requests_become_steps_with_their_decisions_in_order(db_url):
     # The stored request is exactly the validated one (the digest was made from it).
     from evq.worker.request import parse
 
-    stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM email_steps")}
+    stored = {r["step_id"]: r["payload"] for r in rows(db_url, "SELECT step_id, payload FROM steps_now")}
     assert all(stored[q["step_id"]] == parse(q, POLICY).payload for q in reqs)
 
 
@@ -156,7 +158,7 @@ def test_every_request_is_validated_before_anything_is_written(db_url):
 
 
 def test_large_batches_span_several_statements_in_one_transaction(db_url):
-    size = enqueue_api.MANY_CHUNK + 7
+    size = MANY_CHUNK + 7
     valid_requests = [valid(run_id="big", step_id=f"s{i}") for i in range(size)]
     with psycopg.connect(db_url) as conn:
         results = run_sync(conn, enqueue_many_op(valid_requests))
@@ -181,7 +183,7 @@ async def test_the_store_enqueues_many_in_one_transaction(store, db_url):
     outs = await asyncio.gather(*(store.enqueue_many(batch) for _ in range(3)), return_exceptions=True)
     done = [o for o in outs if not isinstance(o, BaseException)]
     assert done and all(not isinstance(o, BaseException) or isinstance(o, Conflict) for o in outs)
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE run_id = 'race'")[0]["n"] == 20
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE run_id = 'race'")[0]["n"] == 20
     assert sum(r.created for o in done for r in o) == 20
 
 
@@ -201,7 +203,7 @@ def test_a_batch_writes_the_same_decision_as_a_single_enqueue(db_url):
     columns = "intent, instruction_version, prompt_version, model, tool, rationale, decided_at"
     one, many = (rows(db_url, f"SELECT {columns} FROM decisions WHERE run_id = %s", (r,))[0] for r in ("one", "many"))
     assert one == many and many["rationale"] == {"why": "asked", "score": 0.9}
-    notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM email_steps")
+    notify = rows(db_url, "SELECT DISTINCT notify, max_attempts FROM steps_now")
     assert notify == [{"notify": "ops@example.org", "max_attempts": None}]
 
 

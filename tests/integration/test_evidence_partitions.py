@@ -85,7 +85,7 @@ async def test_a_partition_whose_steps_all_closed_before_the_cutoff_goes_whole_a
     # the second partition's closed steps went row by row, its unknown one stayed.
     assert counts.partitions == 6
     assert (counts.steps, counts.evidence, counts.decisions) == (18, 36, 18)
-    left = rows(db_url, "SELECT id FROM email_steps ORDER BY id")
+    left = rows(db_url, "SELECT id FROM steps_now ORDER BY id")
     assert [r["id"] for r in left] == unknown + recent
     assert {i: evidence_of(db_url, [i]) for i in unknown + recent} == kept_before
     assert rows(db_url, "SELECT count(*) AS n FROM evidence")[0]["n"] == total_before - 36
@@ -102,7 +102,7 @@ async def test_the_newest_partition_and_one_closed_after_the_cutoff_are_never_se
     with psycopg.connect(db_url) as conn:
         conn.execute(
             "INSERT INTO evidence (step_id, run_id, kind, actor, created_at) "
-            "SELECT id, run_id, 'delivery_event', 'webhook', %s FROM email_steps WHERE id = %s",
+            "SELECT id, run_id, 'delivery_event', 'webhook', %s FROM steps_now WHERE id = %s",
             (NOW - timedelta(days=1), late[0]),
         )
     before = rows(db_url, "SELECT count(*) AS n FROM evidence")[0]["n"]
@@ -129,7 +129,7 @@ async def test_a_sealed_partition_refuses_new_history_and_the_next_prune_finishe
     # run takes the sealed partition first.
     counts = await pruner(store, batch=100).run_once()
     assert counts.partitions == 6 and f"evidence_steps_{BASE}" not in partitions(db_url)
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE id = ANY(%s)", (first,))[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE id = ANY(%s)", (first,))[0]["n"] == 0
 
 
 async def test_a_step_found_open_after_the_seal_gives_the_partition_back_untouched(store, db_url):
@@ -212,7 +212,7 @@ async def test_a_writer_holding_the_partition_keeps_it_from_being_sealed(store, 
     with psycopg.connect(db_url) as writer:
         writer.execute(
             "INSERT INTO evidence (step_id, run_id, kind, actor, created_at) "
-            "SELECT id, run_id, 'delivery_event', 'webhook', %s FROM email_steps WHERE id = %s",
+            "SELECT id, run_id, 'delivery_event', 'webhook', %s FROM steps_now WHERE id = %s",
             (OLD, first[0]),
         )
         assert rows(db_url, f"SELECT * FROM evq_evidence_seal({CUTOFF}, %s)", (BASE - 1,)) == []
@@ -292,14 +292,17 @@ async def test_a_seal_taken_away_while_the_drop_checks_keeps_the_partition(store
             (first[0],),
         )
         holder.execute(
+            "INSERT INTO step_queue (id, provider) SELECT id, provider FROM email_steps WHERE id = %s", (first[0],)
+        )
+        holder.execute(
             "INSERT INTO evidence (step_id, run_id, kind, actor, from_status, to_status) "
-            "SELECT id, run_id, 'operator_resolved', 'operator', 'rejected', 'retryable' FROM email_steps WHERE id = %s",
+            "SELECT id, run_id, 'operator_resolved', 'operator', 'rejected', 'retryable' FROM steps_now WHERE id = %s",
             (first[0],),
         )
 
     outcome = _drop_behind(db_url, part, reopen)
     assert outcome == [[(False, 0, BASE, BASE + SIZE)]], outcome
-    assert rows(db_url, "SELECT status FROM email_steps WHERE id = %s", (first[0],))[0]["status"] == "retryable"
+    assert rows(db_url, "SELECT status FROM steps_now WHERE id = %s", (first[0],))[0]["status"] == "retryable"
     assert part in partitions(db_url), outcome
     assert evidence_of(db_url, [first[0]]) == 3
 

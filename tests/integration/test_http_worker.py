@@ -113,11 +113,12 @@ async def test_a_window_that_closes_before_the_retry_sends_nothing_more(store, d
     assert step_row(db_url, e.id)["status"] == "retryable"
     # Time passes: the retry is due, but the provider's window no longer covers a lease.
     now = datetime.now(UTC)
-    rows(
-        db_url,
-        "UPDATE email_steps SET next_attempt_at = %s, dedupe_until = %s WHERE id = %s RETURNING id",
-        (now, now + timedelta(seconds=10), e.id),
-    )
+    for table in ("email_steps", "step_queue"):
+        rows(
+            db_url,
+            f"UPDATE {table} SET next_attempt_at = %s, dedupe_until = %s WHERE id = %s RETURNING id",
+            (now, now + timedelta(seconds=10), e.id),
+        )
     assert await drain(store, provider, settings) == 0
     row = step_row(db_url, e.id)
     assert row["status"] == "unknown" and row["reason"] == "dedupe_window_closed"
@@ -136,7 +137,7 @@ async def test_spent_attempts_after_a_possible_delivery_end_unknown_not_rejected
         ("retryable", "unknown", "attempts_exhausted"),
     ]
     # Not rejected, so its sender is not told it did not go out.
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE notice_of IS NOT NULL")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE notice_of IS NOT NULL")[0]["n"] == 0
 
 
 async def test_spent_attempts_that_never_reached_the_provider_end_rejected(store, db_url, api, provider):

@@ -28,7 +28,7 @@ OLD = datetime.now(UTC) - timedelta(days=30)
 
 
 def steps(db_url: str) -> list[dict]:
-    return rows(db_url, "SELECT id, idempotency_key, status FROM email_steps ORDER BY id")
+    return rows(db_url, "SELECT id, idempotency_key, status FROM steps_now ORDER BY id")
 
 
 def a_step_as_an_older_evq_wrote_it(db_url: str, req: dict) -> int:

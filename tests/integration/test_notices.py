@@ -41,7 +41,7 @@ NOTIFY = "agent-inbox@example.org"
 
 
 def notices(db_url: str) -> list[dict]:
-    return rows(db_url, "SELECT * FROM email_steps WHERE notice_of IS NOT NULL ORDER BY id")
+    return rows(db_url, "SELECT * FROM steps_now WHERE notice_of IS NOT NULL ORDER BY id")
 
 
 async def run(store, provider, settings: Settings = SETTINGS) -> None:
@@ -114,7 +114,7 @@ async def test_a_notice_that_fails_causes_no_notice(store, db_url):
     await run(store, provider)
     [notice] = notices(db_url)
     assert notice["status"] == "rejected"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 2
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 2
 
 
 async def test_a_transition_recorded_twice_sends_one_notice(store, db_url):

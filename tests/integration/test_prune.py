@@ -72,7 +72,7 @@ async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_eac
 
     assert (counts.steps, counts.evidence, counts.decisions, counts.batches) == (6, 12, 6, 3)
     assert [p.steps for p in progress] == [2, 4, 6]
-    left = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")}
+    left = {r["id"] for r in rows(db_url, "SELECT id FROM steps_now")}
     assert left == set(made["old_unknown"] + made["old_pending"] + made["recent_accepted"])
     assert count(db_url, "SELECT count(*) AS n FROM evidence WHERE step_id = ANY(%s)", (doomed,)) == 0
     # Decisions go with their steps; the others keep theirs.
@@ -80,7 +80,7 @@ async def test_prune_removes_old_terminal_steps_with_their_evidence_and_logs_eac
     assert (
         count(
             db_url,
-            "SELECT count(*) AS n FROM email_steps s LEFT JOIN decisions d ON d.id = s.decision_id WHERE d.id IS NULL",
+            "SELECT count(*) AS n FROM steps_now s LEFT JOIN decisions d ON d.id = s.decision_id WHERE d.id IS NULL",
         )
         == 0
     )
@@ -125,13 +125,13 @@ async def test_an_interrupted_prune_keeps_its_finished_batches_and_nothing_else(
         await Pruner(
             store, PrunerConfig(older_than=timedelta(days=90), batch=2), actor="a", progress=interrupt
         ).run_once()
-    assert count(db_url, "SELECT count(*) AS n FROM email_steps") == 9 - 2
+    assert count(db_url, "SELECT count(*) AS n FROM steps_now") == 9 - 2
     assert [(r["batch"], r["steps"]) for r in rows(db_url, "SELECT * FROM prune_log")] == [(1, 2)]
 
 
 async def test_a_batch_cancelled_midway_rolls_back_whole(store, db_url):
     await history(store)
-    steps_before = count(db_url, "SELECT count(*) AS n FROM email_steps")
+    steps_before = count(db_url, "SELECT count(*) AS n FROM steps_now")
     evidence_before = count(db_url, "SELECT count(*) AS n FROM evidence")
     async with await psycopg.AsyncConnection.connect(db_url) as blocker:
         # The batch deletes, then waits to write its prune_log row: cancel it there.
@@ -145,7 +145,7 @@ async def test_a_batch_cancelled_midway_rolls_back_whole(store, db_url):
         with pytest.raises(asyncio.CancelledError):
             await task
         await blocker.rollback()
-    assert count(db_url, "SELECT count(*) AS n FROM email_steps") == steps_before
+    assert count(db_url, "SELECT count(*) AS n FROM steps_now") == steps_before
     assert count(db_url, "SELECT count(*) AS n FROM evidence") == evidence_before
     assert count(db_url, "SELECT count(*) AS n FROM prune_log") == 0
 
@@ -236,7 +236,7 @@ async def with_notice(store: PostgresStore, db_url: str, *, at: datetime, notice
     """An original rejected at `at` whose failure notice (a step of its own, notice_of
     pointing at it) is answered with `notice_outcome` at `notice_at` (None: still pending)."""
     original = await settled(store, Rejected("550 no such user"), at=at, notify=NOTIFY)
-    [notice] = rows(db_url, "SELECT id FROM email_steps WHERE notice_of = %s", (original,))
+    [notice] = rows(db_url, "SELECT id FROM steps_now WHERE notice_of = %s", (original,))
     if notice_outcome is not None:
         [claimed] = await store.claim(
             owner="w", providers=["smtp"], limit=1, lease_seconds=60, dedupe_windows={}, now=notice_at
@@ -275,7 +275,7 @@ async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_
     # The dry run counted exactly what the run deleted.
     assert (dry.steps, dry.evidence, dry.decisions) == (counts.steps, counts.evidence, counts.decisions)
     assert counts.steps == 3 and counts.decisions == 3 and counts.evidence > 0
-    left = {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")}
+    left = {r["id"] for r in rows(db_url, "SELECT id FROM steps_now")}
     assert left == {*notice_pending, *notice_recent}
     assert evidence_of(doomed) == 0 and evidence_of(left) > 0
     log = rows(db_url, "SELECT steps, first_step_id, last_step_id FROM prune_log ORDER BY batch")
@@ -289,7 +289,7 @@ async def test_a_step_a_notice_points_at_is_pruned_with_its_notice_never_before_
             "UPDATE email_steps SET status = 'accepted', closed_at = %s WHERE id = %s", (OLD, notice_pending[1])
         )
     assert (await pruner(store, batch=1).run_once()).steps == 2
-    assert {r["id"] for r in rows(db_url, "SELECT id FROM email_steps")} == set(notice_recent)
+    assert {r["id"] for r in rows(db_url, "SELECT id FROM steps_now")} == set(notice_recent)
 
 
 async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(store, db_url):
@@ -307,7 +307,7 @@ async def test_the_cutoff_is_the_databases_clock_and_a_future_cutoff_is_refused(
             batch=1,
         )
     assert await pruner(store).run_once() == PruneCounts()
-    assert rows(db_url, "SELECT id FROM email_steps") == [{"id": fresh}]
+    assert rows(db_url, "SELECT id FROM steps_now") == [{"id": fresh}]
 
 
 async def test_old_refusals_are_pruned_with_the_same_cutoff_and_their_counts_stay(store, db_url):

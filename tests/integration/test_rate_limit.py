@@ -116,7 +116,7 @@ async def enqueue(store: PostgresStore, n: int, prefix: str = "s") -> list[int]:
 
 
 def statuses(db_url: str) -> dict[str, int]:
-    return {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status")}
+    return {r["status"]: r["n"] for r in rows(db_url, "SELECT status, count(*) AS n FROM steps_now GROUP BY status")}
 
 
 # -- across processes ------------------------------------------------------------------
@@ -215,7 +215,7 @@ async def test_a_429_with_retry_after_pauses_every_worker_for_that_provider(db_u
     assert min(r["at"] for r in later) >= until - 0.01, min(r["at"] for r in later) - until
     assert sorted(api.by_message_id().values()) == [1] * 21
     # The step that got the 429 waited its Retry-After too, and its evidence says why.
-    [first] = rows(db_url, "SELECT id FROM email_steps WHERE step_id = 'first-0'")
+    [first] = rows(db_url, "SELECT id FROM steps_now WHERE step_id = 'first-0'")
     answers = rows(
         db_url,
         "SELECT outcome, to_status, detail FROM evidence WHERE step_id = %s AND kind = 'provider_response' ORDER BY id",

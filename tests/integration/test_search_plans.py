@@ -277,16 +277,16 @@ def scattered(db_url: str) -> str:
             FROM generate_series(1, 12500) g;
             INSERT INTO email_steps (id, run_id, step_id, decision_id, idempotency_key, message_id, provider,
                                      payload, payload_sha256, status, closed_at, attempts, first_attempt_at,
-                                     unknown_since, held_since, provider_message_id, created_at,
-                                     lease_token, lease_owner, lease_expires_at)
+                                     unknown_since, held_since, provider_message_id, created_at)
             SELECT g, 'run' || (g % 7), 's' || g, g,
                    CASE WHEN g = 11 THEN 'u1@hot.example' ELSE 'k' || g END, '<m' || g || '@x>', 'smtp',
                    jsonb_build_object('to', jsonb_build_array(jsonb_build_object('email',
                        CASE WHEN g % 13 = 0 THEN 'u1@hot.example' ELSE 'u' || g || '@hot.example' END))),
-                   repeat('a', 64), st,
+                   -- In flight: the queue row's lease (below); the step keeps pending, unattempted.
+                   repeat('a', 64), CASE WHEN st = 'in_flight' THEN 'pending' ELSE st END,
                    CASE WHEN st IN ('accepted', 'rejected') THEN now() END,
-                   CASE WHEN st = 'held' THEN 0 ELSE 1 END,
-                   CASE WHEN st = 'held' THEN NULL ELSE now() END,
+                   CASE WHEN st IN ('held', 'in_flight') THEN 0 ELSE 1 END,
+                   CASE WHEN st IN ('held', 'in_flight') THEN NULL ELSE now() END,
                    CASE WHEN st = 'unknown' THEN now() - g * interval '1 second' END,
                    CASE WHEN st = 'held' THEN now() - g * interval '1 second' END,
                    CASE WHEN st = 'accepted' THEN 'pm' || g END,
@@ -294,14 +294,21 @@ def scattered(db_url: str) -> str:
                               WHEN 1 THEN now() - g * interval '0.2 second'
                               WHEN 2 THEN now() - interval '2 hours' - g * interval '5 second'
                               WHEN 3 THEN now() + interval '10 years' + (g % 97) * interval '1 second'
-                              ELSE now() - interval '3 days' - (g % 50) * interval '1 second' END,
+                              ELSE now() - interval '3 days' - (g % 50) * interval '1 second' END
+            FROM (SELECT g, (ARRAY['held', 'pending', 'in_flight', 'retryable', 'unknown', 'accepted', 'rejected',
+                                   'accepted', 'accepted'])[1 + (g * 7919) % 9] AS st
+                  FROM generate_series(1, 12500) g) x;
+            INSERT INTO step_queue (id, provider, attempts, first_attempt_at, lease_token, lease_owner,
+                                    lease_expires_at)
+            SELECT g, 'smtp', 1, now(),
                    CASE WHEN st = 'in_flight' THEN gen_random_uuid() END,
                    CASE WHEN st = 'in_flight' THEN 'w' END,
                    CASE WHEN st = 'in_flight' THEN now() + interval '1 hour' END
             FROM (SELECT g, (ARRAY['held', 'pending', 'in_flight', 'retryable', 'unknown', 'accepted', 'rejected',
                                    'accepted', 'accepted'])[1 + (g * 7919) % 9] AS st
-                  FROM generate_series(1, 12500) g) x;
-            ANALYZE email_steps; ANALYZE decisions;
+                  FROM generate_series(1, 12500) g) x
+            WHERE st IN ('pending', 'in_flight', 'retryable');
+            ANALYZE email_steps; ANALYZE decisions; ANALYZE step_queue;
             """
         )
     return db_url
@@ -373,7 +380,7 @@ async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scatt
         edges = [
             r[0]
             for r in conn.execute(
-                "SELECT created_at FROM email_steps WHERE status NOT IN ('unknown', 'held')"
+                "SELECT created_at FROM steps_now WHERE status NOT IN ('unknown', 'held')"
                 " AND id IN (7, 12, 101, 2002, 4004, 9999) ORDER BY id"
             ).fetchall()
         ]

@@ -82,6 +82,6 @@ async def test_throttling_leaves_the_step_retryable_and_opens_no_circuit(store, 
         finally:
             await ses.close()
         assert len(peer.requests) == 1
-    [row] = rows(db_url, "SELECT * FROM email_steps WHERE id = %s", (step,))
+    [row] = rows(db_url, "SELECT * FROM steps_now WHERE id = %s", (step,))
     assert (row["status"], row["reason"], row["maybe_delivered"]) == ("retryable", "provider_temporary", False), row
     assert rows(db_url, "SELECT count(*) AS n FROM provider_circuits")[0]["n"] == 0

@@ -42,7 +42,7 @@ async def test_enqueue_is_idempotent_and_conflicts_write_nothing(store: Postgres
     with pytest.raises(IdempotencyConflict) as err:
         await store.enqueue(changed, now=T0)
     assert err.value.code == "E_CONFLICT"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 1
     # No orphan decision from the repeat or the refused conflicting request.
     assert rows(db_url, "SELECT count(*) AS n FROM decisions")[0]["n"] == 1
 
@@ -139,7 +139,7 @@ async def test_zombie_answer_is_fenced_and_kept(store, db_url):
     [zombie] = await claim(store, owner="zombie")
     later = T0 + timedelta(seconds=LEASE + 1)
     # The row is rescued under a dedupe window, so it may retry, and another worker claims it.
-    await rows_exec(db_url, "UPDATE email_steps SET dedupe_until = %s WHERE id = %s", (T0 + timedelta(days=1), e.id))
+    await rows_exec(db_url, "UPDATE step_queue SET dedupe_until = %s WHERE id = %s", (T0 + timedelta(days=1), e.id))
     counts = await store.rescue(limit=10, lease_seconds=LEASE, default_max_attempts=5, actor="r", now=later)
     assert counts.retryable == 1
     [fresh] = await claim(store, owner="w2", now=later)
@@ -278,7 +278,8 @@ async def test_evidence_and_decisions_refuse_update_and_delete(store, db_url):
     "sql",
     [
         "UPDATE email_steps SET status = 'accepted'",  # terminal without closed_at
-        "UPDATE email_steps SET status = 'in_flight'",  # in flight without a lease
+        "UPDATE email_steps SET status = 'in_flight'",  # in flight is the queue's lease, never a stored state
+        "UPDATE step_queue SET lease_token = gen_random_uuid()",  # a lease without its owner and expiry
         "UPDATE email_steps SET status = 'unknown'",  # unknown without unknown_since
         "UPDATE email_steps SET status = 'lost'",  # not a state
         "UPDATE email_steps SET payload_sha256 = 'nope'",
@@ -292,7 +293,8 @@ async def test_check_constraints_hold_the_invariants(store, db_url, sql):
 
 
 def test_claim_uses_its_partial_index(db_url):
-    """The claim's filter and order match ix_email_steps_claimable, even with many terminal rows."""
+    """The claim's filter and order match ix_step_queue_claimable (a backlog of 2,000 among 20,000
+    steps), and the terminal rows are never read: they have no queue row."""
     with psycopg.connect(db_url) as conn:
         conn.execute(
             """
@@ -300,12 +302,14 @@ def test_claim_uses_its_partial_index(db_url):
             INSERT INTO email_steps (run_id, step_id, decision_id, idempotency_key, message_id, provider, payload,
                                      payload_sha256, status, closed_at, attempts, first_attempt_at)
             SELECT 'r', 's' || g, g, 'k' || g, '<m' || g || '@x>', 'smtp', '{}', repeat('a', 64),
-                   CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'accepted' END,
-                   CASE WHEN g % 100 = 0 THEN NULL ELSE now() END,
-                   CASE WHEN g % 100 = 0 THEN 0 ELSE 1 END,
-                   CASE WHEN g % 100 = 0 THEN NULL ELSE now() END
+                   CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'accepted' END,
+                   CASE WHEN g % 10 = 0 THEN NULL ELSE now() END,
+                   CASE WHEN g % 10 = 0 THEN 0 ELSE 1 END,
+                   CASE WHEN g % 10 = 0 THEN NULL ELSE now() END
             FROM generate_series(1, 20000) g;
+            INSERT INTO step_queue (id, provider) SELECT id, provider FROM email_steps WHERE status = 'pending';
             ANALYZE email_steps;
+            ANALYZE step_queue;
             """
         )
         from evq.adapters.postgres.queries import Q
@@ -324,7 +328,7 @@ def test_claim_uses_its_partial_index(db_url):
             },
         ).fetchone()[0]
         conn.rollback()
-    assert "ix_email_steps_claimable" in str(plan)
+    assert "ix_step_queue_claimable" in str(plan)
     # provider_circuits holds a row per provider at most: a scan of it is the right plan.
     assert not [
         n

@@ -148,9 +148,16 @@ def _columns(url: str) -> dict[str, list[str]]:
     }
 
 
-def _snapshot(url: str, columns: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
-    """Every row of 0.2's tables, by the columns 0.2 gave them."""
-    return {t: rows(url, f"SELECT {', '.join(c)} FROM {t} ORDER BY {TABLES_0_2[t]}") for t, c in columns.items()}
+def _snapshot(
+    url: str, columns: dict[str, list[str]], read: dict[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every row of 0.2's tables, by the columns 0.2 gave them; ``read``: where 1.0 shows a table's rows
+    (a step as it is now, with the attempt its queue row holds: steps_now)."""
+    read = read or {}
+    return {
+        t: rows(url, f"SELECT {', '.join(c)} FROM {read.get(t, t)} ORDER BY {TABLES_0_2[t]}")
+        for t, c in columns.items()
+    }
 
 
 def _keys(url: str) -> dict[str, str]:
@@ -193,7 +200,8 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert done["runtime_roles"] == [r.app] and done["from_0_2"]["runtime_roles"] == [r.app]
     copied = done["from_0_2"]["copied"]
     assert copied == {
-        "decisions": 15, "email_steps": 15, "key_ledger": 15, "evidence": len(before["evidence"]), "api_keys": 4,
+        "decisions": 15, "email_steps": 15, "step_queue": 4, "key_ledger": 15, "evidence": len(before["evidence"]),
+        "api_keys": 4,
         "api_key_pepper": 1, "prune_log": 1, "provider_rate_limits": 1, "provider_circuits": 1,
         "provider_circuit_events": 1,
     }  # fmt: skip
@@ -201,7 +209,7 @@ def test_a_filled_0_2_database_is_upgraded_once_and_its_pending_sends_go_exactly
     assert done["from_0_2"]["pruned_steps_without_keys"] == 3
 
     # Every row where it was, every column as it was.
-    assert _snapshot(r.admin_url, columns) == before
+    assert _snapshot(r.admin_url, columns, {"email_steps": "steps_now"}) == before
     assert rows(r.admin_url, "SELECT nspname FROM pg_namespace WHERE nspname = 'evq_0_2'") == []
     # What 1.0 added to a step, as its enqueue would have left a step of 0.2's kind.
     assert rows(

@@ -46,7 +46,7 @@ async def test_many_workers_send_every_row_exactly_once(store: PostgresStore, db
     assert len(provider.calls) == 300 and set(provider.sent.values()) == {1}
     assert sum(w.stats.claimed for w in workers) == 300
     assert all(w.stats.claimed > 0 for w in workers), [w.stats.claimed for w in workers]
-    counts = rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status")
+    counts = rows(db_url, "SELECT status, count(*) AS n FROM steps_now GROUP BY status")
     assert counts == [{"status": "accepted", "n": 300}]
     # Every step: one attempt started, one answer.
     per_step = rows(db_url, "SELECT step_id, count(*) AS n FROM evidence GROUP BY step_id HAVING count(*) <> 2")
@@ -106,7 +106,7 @@ async def test_worker_survives_its_connections_being_killed(store, db_url):
     code = await asyncio.wait_for(task, 60)
     await own.close()
     assert killed > 0 and code == 0
-    statuses = rows(db_url, "SELECT status, count(*) AS n FROM email_steps GROUP BY status ORDER BY status")
+    statuses = rows(db_url, "SELECT status, count(*) AS n FROM steps_now GROUP BY status ORDER BY status")
     assert sum(r["n"] for r in statuses) == 200
     # Nothing sent twice, nothing lost: outcomes that met a dead connection were
     # retried and recorded once the worker reconnected.

@@ -27,7 +27,7 @@ def test_a_send_to_a_new_recipient_is_held_and_says_why(db_url):
         assert again.status_code == 200 and checked(again)["data"] == {**step, "created": False}
         policy = checked(agent.get("/v1/policy"))["data"]
         assert (policy["first_contact"], policy["active"], policy["usage"]) == ("address", True, [])
-    [row] = rows(db_url, "SELECT status, priority, send_at FROM email_steps")
+    [row] = rows(db_url, "SELECT status, priority, send_at FROM steps_now")
     assert (row["status"], row["priority"]) == ("held", 1) and row["send_at"].isoformat() == later
     [held] = rows(db_url, "SELECT kind, actor FROM evidence")
     assert (held["kind"], held["actor"]) == ("held", "bot")
@@ -48,4 +48,4 @@ def test_over_a_budget_in_refuse_mode_is_e_budget_recorded_as_a_refusal(db_url):
         assert refusal["errors"][0]["field"] == "budget.run_recipients"
         usage = checked(agent.get("/v1/policy"))["data"]["usage"]
         assert [(u["budget"], u["scope"], u["used"], u["cap"]) for u in usage] == [("run_recipients", "r", 1, 1)]
-    assert [r["step_id"] for r in rows(db_url, "SELECT step_id FROM email_steps")] == ["one"]
+    assert [r["step_id"] for r in rows(db_url, "SELECT step_id FROM steps_now")] == ["one"]

@@ -208,7 +208,7 @@ def test_a_first_contact_is_held_approved_in_chromium_and_delivered_once_a_denia
         assert denied["actor"] == "alice" and denied["detail"]["note"] == "not to cold contacts"
         # A notice is enqueued in the denial's own transaction, or never.
         assert evidence(db_url, second["id"], "notice_enqueued") == []
-        assert rows(db_url, "SELECT id FROM email_steps WHERE notice_of = %s", (second["id"],)) == []
+        assert rows(db_url, "SELECT id FROM steps_now WHERE notice_of = %s", (second["id"],)) == []
         [feed] = rows(db_url, "SELECT * FROM key_events WHERE step = %s AND kind = 'rejected'", (second["id"],))
         assert feed["reason"] == "denied" and feed["actor"] == "alice"
         driver.get(served.url + "/ops/held")

@@ -24,6 +24,7 @@ def held(db_url: str, step_id: int) -> None:
         "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = now() WHERE id = %s",
         (step_id,),
     )
+    execute(db_url, "DELETE FROM step_queue WHERE id = %s", (step_id,))  # a held step is owed no send yet
 
 
 def test_approve_deny_and_cancel_over_http(api, db_url):

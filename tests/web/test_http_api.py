@@ -51,7 +51,7 @@ def test_an_agent_with_only_http_enqueues_once_and_follows_its_send(api, keys, d
     changed = agent.post("/v1/steps", json={**sent, "subject": "something else"})
     assert changed.status_code == 409
     assert checked(changed)["error"]["code"] == "E_CONFLICT"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 1
 
     shown = checked(agent.get(f"/v1/steps/{step['id']}"))["data"]
     assert shown["step"]["message_id"] == step["message_id"] and "lease_token" not in shown["step"]
@@ -68,7 +68,7 @@ def test_many_requests_in_one_transaction_and_a_dry_run(api, keys, db_url):
     planned = agent.post("/v1/steps", params={"dry_run": "true"}, json=batch)
     assert planned.status_code == 200
     assert [p["action"] for p in checked(planned)["data"]["plan"]] == ["create", "create"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
     made = agent.post("/v1/steps", json=batch)
     assert made.status_code == 201
@@ -77,7 +77,7 @@ def test_many_requests_in_one_transaction_and_a_dry_run(api, keys, db_url):
     # One bad request in a batch writes nothing.
     bad = agent.post("/v1/steps", json=[request(run_id="run-many"), {**request(), "to": []}])
     assert bad.status_code == 422 and checked(bad)["error"]["context"]["fields"][0]["field"].startswith("[1]")
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 2
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 2
 
 
 def test_list_filters_and_paging_as_the_cli(api, keys, db_url):
@@ -287,7 +287,7 @@ def test_every_kind_of_bad_request_is_a_clear_4xx(api, keys, db_url, what, metho
     out = answer.json()
     assert out["status"] == "error" and out["error"]["code"] == "E_INVALID_ARG", what
     assert out["error"]["context"]["fields"][0]["field"] == field, (what, out)
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
 
 def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(api, keys):
@@ -390,7 +390,7 @@ def test_every_route_but_healthz_and_metrics_needs_a_key(api, keys, db_url):
             assert answer.status_code == 401, (method, path, answer.status_code)
             assert checked(answer)["error"]["code"] == "E_AUTH_FAILED"
     assert step_row(db_url, step.id)["status"] == "unknown"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 1
 
 
 def test_the_api_binds_loopback_by_default():
@@ -420,7 +420,7 @@ def test_a_read_only_database_is_a_clear_503_and_nothing_is_written(db_url, keys
         error = checked(answer)["error"]
         assert error["code"] == "E_DB_UNAVAILABLE" and "read-only" in error["message"]
     assert listed.status_code == 200 and [s["id"] for s in checked(listed)["data"]] == [step.id]
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 1}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 1}]
     assert step_row(db_url, step.id)["status"] == "unknown"
 
 
@@ -436,7 +436,7 @@ def test_a_refused_enqueue_is_recorded_with_its_key_counted_and_shown(db_url, ke
         assert refused.status_code == 422
         fields = [f["field"] for f in checked(refused)["error"]["context"]["fields"]]
         assert fields == ["decision.model", "decision.instruction_version"]
-        assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+        assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
         ok = agent.post("/v1/steps", json={**sent, "decision": {"model": "m-1", "instruction_version": "v1"}})
         assert ok.status_code == 201
 
@@ -476,7 +476,7 @@ def test_a_key_pruned_since_is_answered_over_http_as_its_step_ended(api, keys, d
     agent = api.client(keys["agent"])
 
     again = agent.post("/v1/steps", json=sent)
-    assert again.status_code == 200 and rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert again.status_code == 200 and rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
     data = checked(again)["data"]
     assert (data["id"], data["message_id"], data["created"]) == (first.id, first.message_id, False)
     assert (data["status"], data["pruned"], data["next_action"]) == ("accepted", True, "none")
@@ -493,4 +493,4 @@ def test_a_key_pruned_since_is_answered_over_http_as_its_step_ended(api, keys, d
     assert gone.status_code == 404
     error = checked(gone)["error"]
     assert (error["code"], error["context"]["pruned"], error["context"]["status"]) == ("E_NOT_FOUND", True, "accepted")
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0

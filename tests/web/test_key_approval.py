@@ -109,7 +109,7 @@ def test_the_python_api_without_a_key_keeps_the_installations_rules_and_a_key_is
         assert "api_key=" in (wrong.value.hint or "") and made["never"] not in str(wrong.value.to_dict())
         with pytest.raises(TypeError):
             enqueue(conn, request(run_id="py"), policy=none, api_key=made["never"], actor="someone")
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps WHERE run_id = 'py'")[0]["n"] == 2
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now WHERE run_id = 'py'")[0]["n"] == 2
 
 
 def test_never_drops_the_rules_that_ask_a_person_but_a_budget_still_caps_it(db_url):

@@ -157,7 +157,7 @@ async def test_an_agent_with_only_mcp_sends_once_and_follows_it(db_url):
         assert none["data"] == [] and none["meta"]["total"] == 0
         planned = await call(c, "evq_steps_enqueue", {**request(run_id="run-mcp"), "dry_run": True}, "steps.enqueue")
         assert planned["data"]["plan"][0]["action"] == "create"
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 1
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 1
 
 
 @pytest.mark.parametrize(
@@ -187,7 +187,7 @@ async def test_a_refused_call_is_an_error_result_with_the_contract_code(db_url, 
     assert body["status"] == "error" and body["error"]["code"] == code
     if field:
         assert body["error"]["context"]["fields"][0]["field"] == field
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
 
 async def test_the_key_comes_from_the_server_and_its_role_counts(db_url):
@@ -238,6 +238,7 @@ async def test_an_agent_over_mcp_never_approves_its_held_send_and_may_cancel_it(
             "UPDATE email_steps SET status = 'held', reason = 'approval_required', held_since = now() WHERE id = %s",
             (made["data"]["id"],),
         )
+        execute(db_url, "DELETE FROM step_queue WHERE id = %s", (made["data"]["id"],))
     ask = {"step_id": held["data"]["id"], "note": "mine", "dry_run": False}
     async with client(db_url, agent, mcp_approve=True) as c:
         refused = await call(c, "evq_steps_approve", ask, "steps.approve")
@@ -296,7 +297,7 @@ async def test_a_revoked_key_stops_working_at_the_next_call(db_url, store):
         await store.revoke_key("bot", actor="root")
         refused = await call(c, "evq_steps_enqueue", request(), "steps.enqueue")
         assert refused["error"]["code"] == "E_AUTH_FAILED" and "revoked" in refused["error"]["message"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
 
 async def test_a_refused_send_is_recorded_with_the_servers_key_and_required_provenance(db_url):
@@ -322,7 +323,7 @@ async def test_an_agent_over_mcp_is_answered_as_its_pruned_step_ended(db_url, st
     async with client(db_url, agent) as c:
         again = (await call(c, "evq_steps_enqueue", sent, "steps.enqueue"))["data"]
         gone = (await call(c, "evq_steps_show", {"step_id": first.id}, "steps.show"))["error"]
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
     assert (again["id"], again["message_id"], again["created"]) == (first.id, first.message_id, False)
     assert (again["status"], again["pruned"], again["next_action"]) == ("accepted", True, "none")
     assert (gone["code"], gone["context"]["pruned"]) == ("E_NOT_FOUND", True)

@@ -139,7 +139,7 @@ def test_raw_bad_numbers_in_tool_arguments_are_a_field_error(wire, db_url, numbe
         body = answer["result"]["structuredContent"]
         assert body["status"] == "error" and body["error"]["code"] == "E_INVALID_ARG", body
         assert body["error"]["context"]["fields"][0]["field"] == "decision.rationale.score"
-    assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+    assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
 
 
 def _peak_kib(pid: int) -> int:

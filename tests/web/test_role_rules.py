@@ -481,7 +481,7 @@ VIA: dict[str, Callable[[World, Row, int | None], Said]] = {
 
 
 def step_now(w: World, step: int) -> tuple[str, list[dict[str, Any]]]:
-    [s] = rows(w.db, "SELECT status FROM email_steps WHERE id = %s", (step,))
+    [s] = rows(w.db, "SELECT status FROM steps_now WHERE id = %s", (step,))
     return s["status"], rows(w.db, "SELECT kind, actor FROM evidence WHERE step_id = %s ORDER BY id", (step,))
 
 
@@ -576,7 +576,7 @@ def test_one_key_is_one_identity_on_every_interface(world):
     decisions = {
         name: rows(
             world.db,
-            "SELECT d.actor, d.actor_key_id, d.interface FROM email_steps s JOIN decisions d ON d.id = s.decision_id "
+            "SELECT d.actor, d.actor_key_id, d.interface FROM steps_now s JOIN decisions d ON d.id = s.decision_id "
             "WHERE s.id = %s",
             (made["id"],),
         )[0]

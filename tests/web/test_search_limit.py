@@ -57,7 +57,7 @@ def test_the_http_api_states_search_max_and_refuses_one_character_more(db_url):
         body = {"status": ["unknown"], "search": TOO_LONG, "as": "accepted", "note": "n", "dry_run": True}
         bulk = operator.post("/v1/steps/resolve", json=body)
         assert bulk.status_code == 422 and _field(checked(bulk), "search")["message"] == SAYS
-    assert rows(db_url, "SELECT count(*) AS n FROM email_steps")[0]["n"] == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM steps_now")[0]["n"] == 0
 
 
 def test_the_cli_states_search_max_and_refuses_one_character_more(db_url):

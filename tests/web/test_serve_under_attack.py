@@ -410,7 +410,7 @@ def test_a_client_trickling_its_body_gets_408_and_is_closed(db_url):
         ).encode()
         sock.sendall(head)
         got = _trickled_answer(url, sock, b'{"run_id": "' + b"r" * 380)
-        assert rows(db_url, "SELECT count(*)::int AS n FROM email_steps") == [{"n": 0}]
+        assert rows(db_url, "SELECT count(*)::int AS n FROM steps_now") == [{"n": 0}]
         assert refusals(url, "body_timeout") == 1
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
     assert b"EVQ_SERVE_BODY_TIMEOUT" in got

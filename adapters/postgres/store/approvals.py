@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from evq.adapters.postgres.enqueue import run_async
 from evq.adapters.postgres.notices import notice_op
+from evq.adapters.postgres.op_runner import run_async
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics

@@ -6,8 +6,8 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from evq.adapters.postgres.enqueue import run_async
 from evq.adapters.postgres.notices import delivery_notice_op
+from evq.adapters.postgres.op_runner import run_async
 from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all, json_text
 from evq.worker import metrics

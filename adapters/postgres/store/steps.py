@@ -7,9 +7,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from evq.adapters.postgres.enqueue import enqueue_many_op, enqueue_op, gated_op, preview_op, run_async
+from evq.adapters.postgres.batch_enqueue import enqueue_many_op
 from evq.adapters.postgres.notices import notice_op
+from evq.adapters.postgres.op_runner import run_async
 from evq.adapters.postgres.queries import Q
+from evq.adapters.postgres.single_enqueue import enqueue_op, gated_op, preview_op
 from evq.adapters.postgres.store.base import PostgresBase, fetch_all
 from evq.worker import metrics
 from evq.worker.approval_policy import ApprovalPolicy, gated
@@ -78,7 +80,7 @@ class PostgresSteps(PostgresBase):
             async with self._op("enqueue") as conn:
                 return await run_async(conn, enqueue_op(request, now))
         # The policy's reads, the budgets' charges and the step commit together (their row
-        # locks held until then): adapters/postgres/enqueue.py, gated_op.
+        # locks held until then): adapters/postgres/single_enqueue.py, gated_op.
         async with self._op("enqueue") as conn, conn.transaction():
             return await run_async(conn, gated_op(request, approval, now))
 

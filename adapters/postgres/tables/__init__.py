@@ -1,0 +1,1 @@
+"""The tables of adapters/postgres/schema.py, one module per group, by what they hold."""
