@@ -57,11 +57,11 @@ def test_quick_bench_runs_every_mode_and_reports_json(evq: Evq, pg_server):
     assert {t["target"] for t in report["targets"]} >= {
         "batch enqueue / pgqueuer batch >= 0.8",
         "collector query < 50 ms",
-        "drain 1 process / pgqueuer default >= 2",
-        "drain 2 processes / pgqueuer best >= 1",
-        "single enqueue p50 / pgqueuer single p50 <= 1",
+        "drain 1 process / pgqueuer default >= 1.5",
+        "drain 2 processes / pgqueuer best >= 0.7",
+        "single enqueue p50 / pgqueuer single p50 <= 1.2",
         "worker RSS at concurrency 500 <= 100 MB",
-        "drain with 20,000 terminal rows present / empty-table drain >= 0.9",
+        "drain with 20,000 terminal rows present / empty-table drain >= 0.95",
     }
     assert all(t["met"] in (True, False, None) for t in report["targets"])
     if peer:
@@ -109,7 +109,7 @@ def test_quick_peer_mode_measures_every_peer_alternated_with_evq(evq: Evq, pg_se
     assert report["machine"]["dbos"] is not None, report["notes"]
     check_peer_figures(report)
     targets = {t["target"]: t for t in report["targets"]}
-    assert targets["drain 2 processes / pgqueuer best >= 1"]["met"] in (True, False)
+    assert targets["drain 2 processes / pgqueuer best >= 0.7"]["met"] in (True, False)
     assert targets["drain 1 process / pgqueuer default >= 2"]["met"] in (True, False)
     assert targets["collector query < 50 ms"]["met"] is None
 
