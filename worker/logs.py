@@ -51,8 +51,20 @@ def merge_step(_logger: WrappedLogger, _name: str, event: EventDict) -> EventDic
     """The processor for :func:`bind_step`; a field the call names itself wins."""
     fields = _STEP.get()
     if fields:
-        for key, value in fields.items():
-            event.setdefault(key, value)
+        if fields.keys().isdisjoint(event):  # the usual line: none of the fields named by the call
+            event.update(fields)
+        else:
+            for key, value in fields.items():
+                event.setdefault(key, value)
+    return event
+
+
+def _format_exc_info(logger: WrappedLogger, name: str, event: EventDict) -> EventDict:
+    """structlog's format_exc_info, called only for a line that has an exception to format (it
+    does nothing to any other, at the price of a call and a pop on every line)."""
+    if "exc_info" in event:
+        formatted: EventDict = structlog.processors.format_exc_info(logger, name, event)
+        return formatted
     return event
 
 
@@ -124,7 +136,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             merge_step,
             structlog.processors.add_log_level,
             _timestamp,
-            structlog.processors.format_exc_info,
+            _format_exc_info,
             _redact_processor,
             renderer,
         ],

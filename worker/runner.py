@@ -67,7 +67,12 @@ def _domain(payload: Mapping[str, Any]) -> str | None:
     """The first recipient's domain: enough to tell where a send went, not to whom."""
     to = payload.get("to") or []
     first = to[0] if to else None
-    address = str(first.get("email") or "") if isinstance(first, Mapping) else str(first or "")
+    # type() before isinstance(): an ABC check costs more than the rest of this, once a send.
+    address = (
+        str(first.get("email") or "")
+        if type(first) is dict or isinstance(first, Mapping)
+        else str(first or "")
+    )
     return address.rsplit("@", 1)[1].rstrip(">").lower() if "@" in address else None
 
 
@@ -202,7 +207,8 @@ class Worker:
         self._waiting: list[dict[str, Any]] = []  # what a drain left, and why (_drain_report)
         self._held: dict[int, _Held] = {}
         # Lease tokens whose adapter call has begun and whose outcome is not yet written.
-        self._began: set[Any] = set()
+        # Keyed by the held row (an identity hash: a UUID's is computed in Python, twice a send).
+        self._began: dict[_Held, Any] = {}
         # Claims whose answer never arrived (claim id -> monotonic time of the claim), and
         # the ids of the claim statements of the claim now under way.
         self._lost_claims: dict[str, float] = {}
@@ -442,7 +448,7 @@ class Worker:
         if not self._lost_claims:
             return 0
         claims = list(self._lost_claims)
-        keep = {h.step.lease_token for h in self._held.values()} | self._began
+        keep = {h.step.lease_token for h in self._held.values()} | set(self._began.values())
         # Cleared before the wait, not after: a claim lost while this pass waits (the claim
         # loop runs meanwhile) sets it again, and the loop must still hand that one back
         # before it claims again (cleared after, a drain found nothing claimable and ended
@@ -622,7 +628,7 @@ class Worker:
             if held.released:
                 return
             held.started = True
-            self._began.add(step.lease_token)
+            self._began[held] = step.lease_token
             provider = self.providers[step.provider]
             bounds = held.bounds
             # SendRequest's fields in order: step_id, run_id, idempotency_key, message_id,
@@ -676,7 +682,7 @@ class Worker:
             self._slot_freed.set()
             result = await self.recorder.submit(transition)
             # Written (or fenced out: the row is no longer this lease's): no longer ours to guard.
-            self._began.discard(step.lease_token)
+            self._began.pop(held, None)
             if (result.applied and transition.to_status in TERMINAL) or result.settled:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
                 metrics.observe_closed_now(step.created_at)

@@ -32,9 +32,13 @@ _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 # What tells whether a text holds a secret in any form, without the pattern: the forms that hold
 # no shorter form (a text holding a form holds each form inside it), each looked for by str's own
-# search. On a log line's few hundred characters that is several times faster than the pattern's
-# alternation, tried at every position; the pattern still does every replacement.
-_detect: tuple[str, ...] = ()
+# search (several times faster than the pattern's alternation, tried at every position; the
+# pattern still does every replacement); and the texts already found to hold none of them, a
+# bounded memo: most texts of a worker's log lines recur (their keys, the event, the run and the
+# provider), and each is then searched once, not on every line. One tuple, replaced whole when a
+# secret is registered, so the memo never outlives the forms it was checked against.
+_detect: tuple[tuple[str, ...], dict[str, None]] = ((), {})
+_CLEAN_MAX = 4096
 
 
 def encoded_forms(secret: str) -> set[str]:
@@ -79,16 +83,23 @@ def register(values: Iterable[str | None]) -> None:
             if not any(shorter in form for shorter in minimal):
                 minimal.append(form)
         # Before the pattern: a reader that sees the new pattern sees these forms too.
-        _detect = tuple(minimal)
+        _detect = (tuple(minimal), {})
         _pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
 
 
-def _holds_secret(text: str) -> bool:
-    """Whether ``text`` holds a registered secret in any of its forms (as ``_pattern`` would find)."""
-    for form in _detect:
+def _all_clean(texts: list[str], forms: tuple[str, ...], clean: dict[str, None]) -> bool:
+    """Whether none of ``texts`` (not yet in ``clean``) holds any of ``forms``, as the pattern
+    would find; when none does, they are remembered in ``clean``. One search of them joined: a
+    form found in one text is found in the joined text too, and a match across two of them only
+    answers False (the caller then scrubs the long way, which replaces nothing)."""
+    text = "\n".join(texts)
+    for form in forms:
         if form in text:
-            return True
-    return False
+            return False
+    if len(clean) > _CLEAN_MAX:
+        clean.clear()
+    clean.update(dict.fromkeys(texts))
+    return True
 
 
 def registered() -> frozenset[str]:
@@ -118,28 +129,32 @@ def scrub(value: Any) -> Any:
 
 
 _PLAIN = (int, float, bool, type(None))
-# The value types whose text a log event's fast path searches whole (str() of a number cannot hold a
-# secret the long way would replace: scrub() leaves numbers as they are).
+# The value types a log event's fast path takes: texts, searched, and numbers, which scrub() leaves
+# as they are.
 _FLAT = frozenset((str, int, float, bool, type(None)))
 
 
 def scrub_event(event: Mapping[str, Any]) -> Any:
     """:func:`scrub` of a log event: the same result, sooner. Every line a worker logs on its hot
     path passes here, and nearly none holds a secret: when the event's keys are text and its values
-    text and numbers only, one search of its texts joined tells so (a form found in any one text is
-    found in the joined text too; a match across two of them only sends the event the long way).
-    The checks run in C (a set of the values' types, str.join), not a Python loop per field."""
-    pattern = _pattern
-    if pattern is None:
+    text and numbers only (scrub() leaves numbers as they are), the texts not already known to be
+    clean are searched once, joined; the event goes the long way only when that finds a form."""
+    if _pattern is None:
         return event
-    values = event.values()
-    if not _FLAT.issuperset(map(type, values)):
-        return scrub(event)
-    try:
-        text = "\n".join(event) + "\n" + "\n".join(map(str, values))
-    except TypeError:  # a key that is not text
-        return scrub(event)
-    if not _holds_secret(text):
+    forms, clean = _detect
+    unseen: list[str] = []
+    for key, value in event.items():
+        if key not in clean:
+            if type(key) is not str:
+                return scrub(event)
+            unseen.append(key)
+        kind = type(value)
+        if kind is str:
+            if value not in clean:
+                unseen.append(value)
+        elif kind not in _FLAT:
+            return scrub(event)
+    if not unseen or _all_clean(unseen, forms, clean):
         return event
     return scrub(event)
 
@@ -185,19 +200,21 @@ def scrub_record(record: Any) -> Any:
     values_of = _values_of(kind)
     if values_of is None:
         return record
+    forms, clean = _detect
     texts: list[str] = []
     # The common outcome holds a few texts and an empty response: those are taken here, and
     # anything else is walked by _flat_text.
     for value in values_of(record):
         kind = type(value)
         if kind is str:
-            texts.append(value)
+            if value not in clean:
+                texts.append(value)
         elif kind in _PLAIN or (kind is dict and not value):
             continue
         elif not _flat_text(value, texts):
             break
     else:
-        if not _holds_secret("\n".join(texts)):
+        if not texts or _all_clean(texts, forms, clean):
             return record
     changes = {}
     for f in fields(record):
