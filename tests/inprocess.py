@@ -49,7 +49,14 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     overrides: dict[str, str | None] = {k: None for k in os.environ if k not in env}
     overrides.update(env)
     root = logging.getLogger()
-    saved = (structlog.get_config(), list(root.handlers), root.level, set(scrub._secrets), scrub._pattern, scrub._detect)
+    saved = (
+        structlog.get_config(),
+        list(root.handlers),
+        root.level,
+        set(scrub._secrets),
+        scrub._pattern,
+        scrub._detect,
+    )
     code: int
     # The warnings a process says once: a fresh process has said none.
     cli_enqueue._said.clear()

@@ -68,11 +68,7 @@ def _domain(payload: Mapping[str, Any]) -> str | None:
     to = payload.get("to") or []
     first = to[0] if to else None
     # type() before isinstance(): an ABC check costs more than the rest of this, once a send.
-    address = (
-        str(first.get("email") or "")
-        if type(first) is dict or isinstance(first, Mapping)
-        else str(first or "")
-    )
+    address = str(first.get("email") or "") if type(first) is dict or isinstance(first, Mapping) else str(first or "")
     return address.rsplit("@", 1)[1].rstrip(">").lower() if "@" in address else None
 
 
