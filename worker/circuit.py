@@ -11,7 +11,7 @@ The state lives in PostgreSQL (``provider_circuits``, one row per provider, and 
 append-only ``provider_circuit_events``), so every worker on every host sees it: the
 claim statement skips the steps of a provider whose circuit is not closed. This module
 holds the rules, pure so they are tested without I/O; the worker applies them
-(worker/runner.py) and the store writes them (adapters/postgres/queries.sql).
+(worker/circuit_sharing.py) and the store writes them (adapters/postgres/queries.sql).
 
 - A provider-level fault (``Retryable.fault``, set by the adapter, named in
   :data:`FAULTS`) opens the circuit at once when ``EVQ_CIRCUIT_FAULTS`` names it, and

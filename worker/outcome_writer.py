@@ -16,7 +16,7 @@ answers, but holds the row until its outcome is written and never holds more
 than twice its concurrency, so a slow database slows claiming instead of letting
 answers pile up. A waiting row's lease token stays in the worker's "send began" set
 until its outcome is written, and the orphan check hands back only rows of claims
-whose answer was lost (worker/runner.py), so it can never release a row already sent.
+whose answer was lost (worker/held_rows.py), so it can never release a row already sent.
 The claim and the record use separate pool connections, so one batch's outcomes
 are written while the next batch is being claimed.
 Every error is retried with backoff, not only "database unavailable" (unlike Oban,

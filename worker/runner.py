@@ -18,6 +18,11 @@ unstarted rows at shutdown, and rows of claims whose answer was lost (their leas
 tokens derive from the claim id, so the worker names exactly those, and they were
 never passed to an adapter). Any error while claiming counts as such a lost claim;
 any error while recording is retried (worker/outcome_writer.py).
+
+Here: the worker's setup, its run, the claim loop and the claim. One send is
+worker/sending.py, the providers' circuits worker/circuit_sharing.py, the held rows and
+the hand-back of lost claims worker/held_rows.py, the stop and the drain's report
+worker/stopping.py.
 """
 
 from __future__ import annotations
@@ -31,45 +36,36 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from evq.worker import deadline as limits
-from evq.worker import executor, logs, metrics, streaks
+from evq.worker import metrics, streaks
 from evq.worker.approval_actions import ExpirerConfig, HoldExpirer
 from evq.worker.backoff import Backoff, reconnect_delay
-from evq.worker.circuit import CircuitBook, CircuitState, Verdict
+from evq.worker.circuit import CircuitBook, CircuitState
+from evq.worker.circuit_sharing import CIRCUIT_READ, CircuitSharing
 from evq.worker.config import WorkerConfig
 from evq.worker.content_retention import Redactor, RedactorConfig
 from evq.worker.errors import DatabaseUnavailable, ReadOnlyDatabase
+from evq.worker.held_rows import Held, HeldRows
 from evq.worker.logs import get_logger
 from evq.worker.outcome_writer import Recorder
-from evq.worker.ports import Lookup, Provider, SendRequest, Service, Wakeup, WorkerStore
+from evq.worker.ports import Lookup, Provider, Service, Wakeup, WorkerStore
 from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
-from evq.worker.records import ClaimedStep, positional_builder
+from evq.worker.records import ClaimedStep
 from evq.worker.rescuer import Rescuer, RescuerConfig
+from evq.worker.sending import Sending
 from evq.worker.service import run_periodically
-from evq.worker.states import TERMINAL
+from evq.worker.stopping import Stopping
 from evq.worker.streaks import FailureStreaks
-from evq.worker.transitions import decide
+
+# Still importable from here, as before the split (the circuits' reads live in
+# worker/circuit_sharing.py, and that module's value is the one they read).
+__all__ = ["CIRCUIT_READ", "PollOnly", "RunStats", "Worker", "new_owner"]
 
 log = get_logger("worker")
-
-_build_request = positional_builder(SendRequest)
-
-# Seconds between reads of the providers' circuits while none is due for a probe: how
-# soon a worker probes a circuit another worker opened, if that one went away.
-CIRCUIT_READ = 5.0
-
-
-def _domain(payload: Mapping[str, Any]) -> str | None:
-    """The first recipient's domain: enough to tell where a send went, not to whom."""
-    to = payload.get("to") or []
-    first = to[0] if to else None
-    # type() before isinstance(): an ABC check costs more than the rest of this, once a send.
-    address = str(first.get("email") or "") if type(first) is dict or isinstance(first, Mapping) else str(first or "")
-    return address.rsplit("@", 1)[1].rstrip(">").lower() if "@" in address else None
 
 
 class PollOnly:
@@ -102,20 +98,6 @@ class _RescueAfterOrphans:
         return await self.worker.rescuer.run_once()
 
 
-@dataclass(slots=True, eq=False)
-class _Held:
-    step: ClaimedStep
-    claimed_at: float  # monotonic
-    # The send's limits (worker/deadline.py), counted from a monotonic instant taken before the
-    # claim was asked for: no later than the database's start of the lease, so they end before
-    # the real lease does. One object for every row of a claim.
-    bounds: limits.Limits
-    started: bool = False
-    released: bool = False
-    probe: bool = False  # the one step let through to probe its provider's open circuit
-    answered: bool = False  # the adapter has answered; the outcome waits for the recorder
-
-
 @dataclass
 class RunStats:
     claimed: int = 0
@@ -125,7 +107,10 @@ class RunStats:
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
-class Worker:
+# The worker's other parts are mixins, split out of this class by what they do (one send,
+# the circuits it shares, its held rows, its stop): their methods are the worker's own,
+# found on the class as before, so no send pays for the split with a call.
+class Worker(Sending, CircuitSharing, HeldRows, Stopping):
     def __init__(
         self,
         store: WorkerStore,
@@ -201,10 +186,10 @@ class Worker:
         self.stats = RunStats()
         self.streaks = FailureStreaks(hints=self._fix_hint)
         self._waiting: list[dict[str, Any]] = []  # what a drain left, and why (_drain_report)
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, Held] = {}
         # Lease tokens whose adapter call has begun and whose outcome is not yet written.
         # Keyed by the held row (an identity hash: a UUID's is computed in Python, twice a send).
-        self._began: dict[_Held, Any] = {}
+        self._began: dict[Held, Any] = {}
         # Claims whose answer never arrived (claim id -> monotonic time of the claim), and
         # the ids of the claim statements of the claim now under way.
         self._lost_claims: dict[str, float] = {}
@@ -213,7 +198,7 @@ class Worker:
         self._answered = 0  # held rows whose outcome waits for the recorder
         # The send task of each held row whose send was started: the send removes its own
         # entry when it ends (a task cancelled before it ran leaves a done one behind).
-        self._tasks: dict[_Held, asyncio.Task[None]] = {}
+        self._tasks: dict[Held, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._signals = 0
@@ -352,7 +337,7 @@ class Worker:
             tasks = self._tasks
             create_task = asyncio.create_task
             for step in claimed:
-                held = held_rows[step.id] = _Held(step, now, bounds, probe=step.id in probe_ids)
+                held = held_rows[step.id] = Held(step, now, bounds, probe=step.id in probe_ids)
                 if start:
                     # Unnamed: naming a task costs a share of a send (the step's identity
                     # is in every log line of the send instead). The send takes itself out
@@ -431,140 +416,6 @@ class Worker:
         self._claiming.append(claim_id)
         return await self.store.claim(claim_id=claim_id, **kwargs)
 
-    def _lost(self, claim_ids: list[str]) -> None:
-        now = time.monotonic()
-        for claim_id in claim_ids:
-            self._lost_claims[claim_id] = now
-        if claim_ids:
-            self._lost_unchecked = True
-
-    async def _release_lost_claims(self) -> int:
-        """Hand back the rows of claims whose answer was lost; never a row whose send began.
-        Returns how many rows this call handed back."""
-        if not self._lost_claims:
-            return 0
-        claims = list(self._lost_claims)
-        keep = {h.step.lease_token for h in self._held.values()} | set(self._began.values())
-        # Cleared before the wait, not after: a claim lost while this pass waits (the claim
-        # loop runs meanwhile) sets it again, and the loop must still hand that one back
-        # before it claims again (cleared after, a drain found nothing claimable and ended
-        # with that claim's rows in flight, then handed back unsent at the stop).
-        self._lost_unchecked = False
-        try:
-            released = await self.store.release_orphans(owner=self.owner, held=list(keep), claims=claims)
-        except BaseException:
-            self._lost_unchecked = True
-            raise
-        if released:
-            self.stats.released += released
-            log.warning("orphan_claims_released", count=released, claims=len(claims))
-        # A claim statement can still commit after its client gave up on it: its ids are
-        # asked about again at each rescuer pass until its lease has surely ended.
-        horizon = time.monotonic() - 2 * self.settings.lease_seconds
-        for claim_id in claims:
-            if self._lost_claims.get(claim_id, horizon) <= horizon:
-                self._lost_claims.pop(claim_id, None)
-        return released
-
-    # -- provider circuits (worker/circuit.py) ---------------------------------------
-
-    async def _circuit_pass(self) -> list[ClaimedStep]:
-        """Learn the circuits' states; take and claim the probe of each open one that is due."""
-        now = time.monotonic()
-        if now < self._circuits_read_at:
-            return []
-        s = self.settings
-        rows = [r for r in await self.store.circuits() if r["provider"] in self.providers]
-        self.circuits.learn((r["provider"], CircuitState(r["state"])) for r in rows)
-        self._circuits_read_at = now + CIRCUIT_READ
-        probes: list[ClaimedStep] = []
-        for r in rows:
-            if r["state"] == CircuitState.OPEN and r["probe_in"] > 0:
-                self._circuits_read_at = min(self._circuits_read_at, now + r["probe_in"])
-                continue
-            if r["state"] == CircuitState.HALF_OPEN and (r["probe_hold_left"] or 0) > 0:
-                self._circuits_read_at = min(self._circuits_read_at, now + r["probe_hold_left"])
-                continue
-            if r["state"] == CircuitState.CLOSED or self._stopping.is_set():
-                continue
-            provider = r["provider"]
-            if not await self.store.circuit_probe_take(
-                provider=provider, owner=self.owner, hold_seconds=s.lease_seconds, lease_seconds=s.lease_seconds
-            ):
-                continue  # another worker took it, or no step waits
-            metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "half_open").inc()
-            # Through _claim_statement, so the probe's claim is named too: if its answer is
-            # lost (or a later statement of this pass fails and the probe is dropped), the
-            # row, never sent, is handed back instead of waiting in flight for the rescuer.
-            claimed = await self._claim_statement(
-                providers=[provider],
-                limit=1,
-                probe=True,
-                owner=self.owner,
-                lease_seconds=s.lease_seconds,
-                dedupe_windows=self.dedupe_windows,
-            )
-            if not claimed:
-                await self.store.circuit_probe_idle(
-                    provider=provider, owner=self.owner, probe_base=s.circuit_probe_base
-                )
-                continue
-            log.info(
-                "circuit_probe",
-                provider=provider,
-                step=claimed[0].id,
-                probes=r["probes"],
-                note="one step let through to see whether the provider is back",
-            )
-            probes.extend(claimed)
-        return probes
-
-    async def _circuit_act(self, provider: str, verdict: Verdict, *, probe: bool) -> None:
-        """Write what an outcome means for the provider's circuit; never in the way of recording it."""
-        if verdict.trip is None and not verdict.close:
-            return
-        s = self.settings
-        try:
-            if verdict.trip is not None:
-                row = await self.store.circuit_trip(
-                    provider=provider,
-                    reason=verdict.trip.reason,
-                    detail=verdict.trip.detail,
-                    actor=self.owner,
-                    probe_base=s.circuit_probe_base,
-                    probe_max=s.circuit_probe_max,
-                )
-                if row is not None:
-                    metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "open").inc()
-                    self._circuits_read_at = min(self._circuits_read_at, time.monotonic() + row["probe_in"])
-                    log.warning(
-                        "circuit_opened",
-                        provider=provider,
-                        reason=verdict.trip.reason,
-                        detail=verdict.trip.detail,
-                        from_state=row["from_state"],
-                        probe_in=round(row["probe_in"], 2),
-                        failed_probes=row["probes"],
-                        note="no worker sends to this provider until a probe gets through; attempts are not charged",
-                    )
-            elif await self.store.circuit_close(
-                provider=provider,
-                reason="probe_succeeded" if probe else "provider_answered",
-                detail="the provider answered a send",
-                actor=self.owner,
-            ):
-                metrics.labelled(metrics.CIRCUIT_CHANGES, provider, "closed").inc()
-                log.info("circuit_closed", provider=provider, probe=probe)
-        except Exception as exc:
-            # Every worker still stops for itself (its own view says open); the others
-            # learn of it from their own failures.
-            log.warning(
-                "circuit_not_shared",
-                provider=provider,
-                error_class=type(exc).__name__,
-                error=getattr(exc, "message", None) or str(exc)[:200],
-            )
-
     async def _run_once(self, service: Service | None) -> None:
         if service is None:
             return
@@ -601,182 +452,6 @@ class Worker:
         except TimeoutError:
             pass
 
-    # -- one send -----------------------------------------------------------------
-
-    async def _send(self, held: _Held) -> None:
-        step = held.step
-        # Bound in this task's own context (a copy made when the task was created, gone
-        # with it, so nothing needs unbinding): every line logged during the send, the
-        # adapter's included, carries the step's identity.
-        logs.bind_step(
-            {
-                "run_id": step.run_id,
-                "step_id": step.step_id,
-                "step": step.id,
-                "attempt": step.attempt,
-                "idempotency_key": step.idempotency_key,
-                "provider": step.provider,
-            }
-        )
-        try:
-            # A task first runs on the loop's next turn: a shutdown in between has
-            # already handed the row back.
-            if held.released:
-                return
-            held.started = True
-            self._began[held] = step.lease_token
-            provider = self.providers[step.provider]
-            bounds = held.bounds
-            # SendRequest's fields in order: step_id, run_id, idempotency_key, message_id,
-            # attempt, payload, deadline, send_by.
-            request = _build_request(
-                step.id,
-                step.run_id,
-                step.idempotency_key,
-                step.message_id,
-                step.attempt,
-                step.payload,
-                bounds.deadline,
-                bounds.send_by,
-            )
-            if self._debug:
-                self._log.debug("send_started")
-            outcome, latency_ms = await executor.attempt(
-                provider, request, deadline=max(0.0, bounds.deadline - time.monotonic())
-            )
-            window_open = (
-                provider.dedupe_window is not None
-                and step.dedupe_remaining is not None
-                and held.claimed_at + step.dedupe_remaining - time.monotonic() > self.settings.lease_seconds
-            )
-            verdict = self.circuits.observe(step.provider, outcome, probe=held.probe)
-            streak = self.streaks.observe(step.provider, outcome)
-            if streak is not None:
-                log.warning("sends_failing", message=streaks.message(streak), **streak.fields())
-            transition = decide(
-                step,
-                outcome,
-                default_max_attempts=self.settings.max_attempts,
-                backoff=self.backoff,
-                dedupe_window_open=window_open,
-                latency_ms=latency_ms,
-                retry_for=self.settings.retry_for,
-                charged=verdict.charged,
-            )
-            if not verdict.charged:
-                metrics.labelled(metrics.UNCHARGED_ATTEMPTS, step.provider).inc()
-            if verdict.trip is not None or verdict.close:
-                await self._circuit_act(step.provider, verdict, probe=held.probe)
-            kind = outcome.kind
-            if kind == "retryable" and outcome.throttled:  # type: ignore[union-attr]
-                await self._throttled(step.provider, outcome.retry_after)  # type: ignore[union-attr]
-            stats = self.stats
-            stats.sent += 1
-            stats.outcomes[kind] = stats.outcomes.get(kind, 0) + 1
-            held.answered = True
-            self._answered += 1
-            self._slot_freed.set()
-            result = await self.recorder.submit(transition)
-            # Written (or fenced out: the row is no longer this lease's): no longer ours to guard.
-            self._began.pop(held, None)
-            if (result.applied and transition.to_status in TERMINAL) or result.settled:
-                # created_at is the database's clock and now is this host's: only NTP-sized skew.
-                metrics.observe_closed_now(step.created_at)
-            if result.applied:
-                if kind == "accepted":
-                    # One line per accepted send, so a working worker shows it works: who
-                    # (step) went where (provider, its message id); the recipient only by
-                    # its domain and never the subject (the evidence holds the rest).
-                    self._log.info(
-                        "send_accepted",
-                        provider_message_id=transition.provider_message_id,
-                        to_domain=_domain(step.payload),
-                        latency_ms=round(latency_ms, 1),
-                    )
-                else:
-                    self._log.info(
-                        "send_recorded",
-                        outcome=kind,
-                        status=str(transition.to_status),
-                        reason=str(transition.reason),
-                        provider_message_id=transition.provider_message_id,
-                        latency_ms=round(latency_ms, 1),
-                    )
-            else:
-                stats.fenced += 1
-                metrics.FENCE_REJECTIONS.inc()
-                if result.settled:
-                    metrics.LATE_SETTLEMENTS.inc()
-                log.warning(
-                    "late_answer",
-                    outcome=kind,
-                    settled=result.settled,
-                    duplicate=result.duplicate,
-                    note="the lease was lost before the answer was recorded; kept as evidence",
-                )
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # A bug between the adapter's answer and the recorder (the recorder itself
-            # retries every error). If the send began, its token stays in _began for good:
-            # no path of this worker hands the row back; the rescuer makes it unknown.
-            log.exception("send_not_recorded", send_began=held.started)
-        finally:
-            # The slot is freed; the guard against handing the row back is _began.
-            if self._held.pop(step.id, None) is not None and held.answered:
-                self._answered -= 1
-            self._tasks.pop(held, None)
-            self._slot_freed.set()
-
-    async def _drain_report(self) -> None:
-        """What a drain leaves unsent, and why, for its summary: per provider, the steps due now
-        that its circuit holds back (a drain after the cause was fixed claims nothing until the
-        circuit's probe is due: it must not read as "nothing to send"), the steps scheduled
-        later (send_at, a retry's backoff) and the steps waiting for approval. Best effort: the
-        drain's work is done, and a summary without it still says what was sent."""
-        try:
-            counts = await self.store.waiting(providers=sorted(self.providers))
-            circuits = {r["provider"]: r for r in await self.store.circuits()}
-        except Exception as exc:
-            log.warning(
-                "drain_report_failed",
-                error_class=type(exc).__name__,
-                error=getattr(exc, "message", None) or str(exc)[:300],
-            )
-            return
-        self._waiting = []
-        for c in counts:
-            row: dict[str, Any] = {
-                "provider": c["provider"],
-                "due": c["due"],
-                "later": c["later"],
-                "next_at": _iso(c["next_at"]),
-                "held": c["held"],
-                "circuit": None,
-            }
-            circuit = circuits.get(c["provider"])
-            if circuit is not None and circuit["state"] != CircuitState.CLOSED:
-                # Half-open: a probe is out; the next one may start when its hold ends.
-                probe_at = circuit["probe_at"] or circuit["probe_expires_at"]
-                row["circuit"] = {
-                    "state": str(circuit["state"]),
-                    "reason": circuit["reason"],
-                    "detail": circuit["detail"],
-                    "since": _iso(circuit["opened_at"]),
-                    "next_probe_at": _iso(probe_at),
-                }
-                if c["due"] or c["later"]:
-                    log.warning(
-                        "steps_wait_for_circuit",
-                        provider=c["provider"],
-                        due=c["due"],
-                        later=c["later"],
-                        **row["circuit"],
-                        note="the circuit lets one step through at next_probe_at; until a probe gets through "
-                        "no worker sends to this provider",
-                    )
-            self._waiting.append(row)
-
     def _fix_hint(self, provider: str, cause: str) -> str | None:
         hint = getattr(self.providers.get(provider), "fix_hint", None)
         return hint(cause) if callable(hint) else None
@@ -795,99 +470,3 @@ class Worker:
             # Due steps left unsent because their provider's circuit is not closed.
             "circuit_held": sum(w["due"] for w in self._waiting if w["circuit"] is not None),
         }
-
-    async def _hand_back_lost_claims(self, until: float) -> None:
-        """A stop asked while a claim's answer was lost (the database went away, often the
-        very reason for the restart): those rows were never sent. Hand them back while the
-        grace lasts, as the database may be coming back; a worker started later does not
-        know their claim ids, and its rescuer would make them ``unknown``."""
-        failures = 0
-        while self._lost_claims:
-            left = until - time.monotonic()
-            try:
-                await asyncio.wait_for(self._release_lost_claims(), timeout=max(0.1, left))
-                return
-            except Exception as exc:
-                failures += 1
-                left = until - time.monotonic()
-                if left <= 0:
-                    log.warning(
-                        "lost_claims_not_released",
-                        claims=len(self._lost_claims),
-                        error_class=type(exc).__name__,
-                        error=getattr(exc, "message", None) or str(exc)[:300],
-                        note="never sent; past their lease the rescuer makes them unknown",
-                    )
-                    return
-                await asyncio.sleep(min(left, reconnect_delay(failures)))
-
-    async def _throttled(self, provider: str, retry_after: float | None) -> None:
-        try:
-            await self.rates.throttled(provider, retry_after)
-        except Exception as exc:
-            # This worker pauses anyway (in memory); the others learn of it from their own 429s.
-            # Never let it keep the outcome from being recorded.
-            log.warning(
-                "provider_pause_not_shared",
-                provider=provider,
-                error_class=type(exc).__name__,
-                error=getattr(exc, "message", None) or str(exc)[:200],
-            )
-
-    # -- shutdown -------------------------------------------------------------------
-
-    async def _shutdown(self) -> bool:
-        until = time.monotonic() + self.settings.shutdown_grace
-        unstarted = [h for h in self._held.values() if not h.started]
-        for h in unstarted:
-            h.released = True
-        clean = True
-        if unstarted:
-            try:
-                n = await self.store.release([h.step for h in unstarted], actor=self.owner)
-                self.stats.released += n
-                log.info("claims_released", count=n)
-            except Exception as exc:
-                # Left in flight: the rescuer makes them unknown (a look for an operator, never a resend).
-                log.warning(
-                    "release_failed",
-                    count=len(unstarted),
-                    error_class=type(exc).__name__,
-                    error=getattr(exc, "message", None) or str(exc)[:300],
-                )
-        for h in unstarted:
-            if h.probe:
-                # The probe never went out: its hold would keep every worker from the
-                # provider for a whole lease; back to open, probed again after the base delay.
-                try:
-                    await self.store.circuit_probe_idle(
-                        provider=h.step.provider,
-                        owner=self.owner,
-                        probe_base=self.settings.circuit_probe_base,
-                        detail="the worker stopped before sending the probe; its step was handed back",
-                    )
-                except Exception as exc:
-                    log.warning(
-                        "circuit_probe_not_returned",
-                        provider=h.step.provider,
-                        error_class=type(exc).__name__,
-                        error=getattr(exc, "message", None) or str(exc)[:200],
-                    )
-        pending = [t for t in self._tasks.values() if not t.done()]
-        if pending:
-            log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)
-            _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace)
-            if still:
-                clean = False
-                log.warning("grace_expired", left_in_flight=len(still))
-                for task in still:
-                    task.cancel()
-                await asyncio.gather(*still, return_exceptions=True)
-        await self._hand_back_lost_claims(until)
-        await self.recorder.stop()
-        await self.wakeup.close()
-        return clean
-
-
-def _iso(at: datetime | None) -> str | None:
-    return at.astimezone(UTC).isoformat().replace("+00:00", "Z") if at is not None else None

@@ -202,8 +202,9 @@ async def test_every_recent_attempt_failing_the_same_way_opens_the_circuit(store
 
 async def test_a_probe_claim_whose_answer_is_lost_is_handed_back_and_sent_once(store, monkeypatch):
     # The lost probe's hold (a lease) must lapse before a worker probes again, and the worker
-    # looks at the circuits every CIRCUIT_READ seconds: both shortened, to keep this fast.
-    monkeypatch.setattr("evq.worker.runner.CIRCUIT_READ", 0.1)
+    # looks at the circuits every CIRCUIT_READ seconds (read in worker/circuit_sharing.py):
+    # both shortened, to keep this fast.
+    monkeypatch.setattr("evq.worker.circuit_sharing.CIRCUIT_READ", 0.1)
     [one] = await enqueue(store, 1)
     provider = Outage()
     watched = Circuits(store)
