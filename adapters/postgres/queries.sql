@@ -464,6 +464,10 @@ WITH t AS (
            (o.to_status IN ('accepted', 'rejected')
             AND s.status IN ('unknown', 'retryable')
             AND NOT coalesce(q.leased, false)
+            -- A retryable step has its queue row; one this statement did not see (and so could
+            -- not lock) was put back after its snapshot (an operator's requeue, which FOR UPDATE
+            -- reads as it left the row), and a worker may be sending it now: it has moved on.
+            AND (s.status = 'unknown' OR q.id IS NOT NULL)
             AND coalesce(q.attempts, s.attempts) = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
                             WHERE e.step_id = o.id AND e.lease_token = o.lease_token

@@ -6,7 +6,7 @@ moment the approval commits. Each race is staged with explicit transactions, in 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg.rows import dict_row
@@ -15,7 +15,7 @@ from evq.adapters.postgres.queries import Q
 from evq.adapters.postgres.store import PostgresStore
 from evq.worker.errors import StateConflict
 from evq.worker.resolution import Resolution
-from tests.support import held_steps, rows, step_row, unknown_steps, wait_for_lock_waiters
+from tests.support import held_steps, rows, step_row, unknown_steps, valid, wait_for_lock_waiters
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 T1 = datetime(2030, 1, 1, 15, 0, tzinfo=UTC)
@@ -134,3 +134,60 @@ async def test_cancel_through_the_store_after_a_racing_approval_cancels_or_says_
         assert step_row(db_url, step.id)["status"] == "rejected"
         assert [c.id for c in claimed if c.id == step.id] == []
         assert rows(db_url, "SELECT * FROM step_queue WHERE id = %s", (step.id,)) == []
+
+
+async def test_a_late_answer_racing_an_operator_requeue_never_closes_a_step_a_worker_claims(store, db_url):
+    """A worker's answer arrives late (its lease expired, the rescuer made the step unknown) just as an
+    operator requeues the step: the late answer's statement waits for the step's row, whose new queue
+    row it cannot see; a worker claims that row before the late answer commits. The late answer must not
+    close the step (accepted) under the attempt now going out, which would leave a closed step with a
+    leased queue row (shown in flight, and a CHECK violation for the rescuer when that lease expires)."""
+    from evq.adapters.postgres.store.queue import _transitions_json
+    from evq.worker.backoff import Backoff
+    from evq.worker.outcomes import Accepted
+    from evq.worker.transitions import decide
+
+    lease = 60.0
+    made = await store.enqueue(valid(), now=T0)
+    [first] = await store.claim(
+        owner="w-slow", providers=["smtp"], limit=1, lease_seconds=lease, dedupe_windows={}, now=T0
+    )
+    later = T0 + timedelta(seconds=lease + 1)
+    rescued = await store.rescue(limit=10, lease_seconds=lease, default_max_attempts=3, actor="r", now=later)
+    assert rescued.unknown == 1
+    answer = decide(first, Accepted("pm-late"), default_max_attempts=3, backoff=Backoff(1, 1), dedupe_window_open=False)
+
+    requeue = await psycopg.AsyncConnection.connect(db_url, application_name="evq", row_factory=dict_row)
+    late = await psycopg.AsyncConnection.connect(db_url, application_name="evq", row_factory=dict_row)
+    try:
+        await requeue.execute(Q["step_resolve"], _resolve_params(made.id))  # T1: past the retry guard
+        answering = asyncio.create_task(
+            late.execute(
+                Q["step_record_late"], {"transitions": _transitions_json([answer]), "actor": "w-slow", "now": T1}
+            )
+        )
+        await asyncio.to_thread(wait_for_lock_waiters, db_url, 1)
+        await requeue.commit()
+        [late_row] = await (await answering).fetchall()
+        claiming = asyncio.create_task(
+            store.claim(owner="w-next", providers=["smtp"], limit=10, lease_seconds=lease, dedupe_windows={}, now=T1)
+        )
+        await asyncio.to_thread(wait_for_lock_waiters, db_url, 1)
+        await late.commit()
+        claimed = await claiming
+    finally:
+        await requeue.close()
+        await late.close()
+    now = step_row(db_url, made.id)
+    queue = rows(db_url, "SELECT * FROM step_queue WHERE id = %s", (made.id,))
+    in_flight = [c for c in claimed if c.id == made.id]
+    assert not (in_flight and late_row["settled"]), (
+        f"the late answer closed step {made.id} ({now['status']}) while attempt {in_flight[0].attempt} "
+        f"was claimed; queue row {queue}"
+    )
+    if now["status"] in ("accepted", "rejected", "unknown"):
+        assert queue == []
+    # The attempt under way, if any, can still be rescued when its lease expires.
+    await store.rescue(
+        limit=10, lease_seconds=lease, default_max_attempts=3, actor="r", now=T1 + timedelta(seconds=lease + 1)
+    )
