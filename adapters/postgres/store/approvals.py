@@ -111,6 +111,14 @@ class PostgresApprovals(PostgresBase):
             if not (rows and rows[0]["requeued_meanwhile"]):
                 break
             log.info("cancel_requeued_meanwhile", step=step_id)
+            if self._pinned():
+                # Inside a caller's transaction the step's row lock outlives this try, and a
+                # second try would wait for the queue row while holding it: the caller retries.
+                raise StateConflict(
+                    f"step {step_id} was put back in the queue while the cancel waited for it",
+                    hint="cancel it again: it is cancelled unless a worker has begun sending it",
+                    context={"id": step_id, "status": rows[0]["current_status"]},
+                )
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
         row = rows[0]
