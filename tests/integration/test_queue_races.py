@@ -125,6 +125,11 @@ async def test_cancel_through_the_store_after_a_racing_approval_cancels_or_says_
         outcome = await asyncio.gather(cancelled, return_exceptions=True)
     finally:
         await requeue.close()
+    # Before any claim: a cancelled step keeps no queue row (the requeue's was inserted after the
+    # cancel's first snapshot; only a cancel that locks it, from a later snapshot, removes it).
+    queue = rows(db_url, "SELECT * FROM step_queue WHERE id = %s", (step.id,))
+    if not isinstance(outcome[0], BaseException):
+        assert queue == [], f"cancelled step {step.id} keeps its queue row {queue}"
     claimed = await store.claim(
         owner="w-race", providers=["smtp"], limit=10, lease_seconds=60, dedupe_windows={}, now=T1
     )
