@@ -442,7 +442,7 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
     http = settings.http_config()
     poster = CallbackPoster(timeout=http.callback_timeout, allow_private=http.callback_allow_private)
     try:
-        with metrics_endpoint(settings, url):
+        with metrics_endpoint(settings, url), _worker_gc():
             async with open_store(settings, url=url, patient=True) as store:
                 pepper = await store.server_pepper() if needs_pepper(settings) else None
                 keyed_from = await store.wire_keys_from() if "http" in settings.adapter else None
@@ -468,6 +468,27 @@ async def prepared_worker(settings: Settings, *, url: str | None = None) -> Asyn
             await provider.close()
         if wakeup is not None:
             await wakeup.close()
+
+
+# The cyclic collector's young-generation threshold while a worker runs (CPython's default: 700).
+WORKER_GC_THRESHOLD = 10_000
+
+
+@contextmanager
+def _worker_gc() -> Iterator[None]:
+    """A worker makes a few dozen objects a send (its task, coroutine, records, log line) and
+    keeps hundreds of sends in flight: at the default threshold every young collection walks the
+    objects of every send in flight again, about a twentieth of a send's CPU in a drain. Collected
+    fourteen times less often, the same garbage (nearly none of it cyclic: freed when its last
+    reference goes, as ever) goes a little later. The process's setting is given back after."""
+    import gc
+
+    saved = gc.get_threshold()
+    gc.set_threshold(max(saved[0], WORKER_GC_THRESHOLD), *saved[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
 
 
 async def run_worker(

@@ -49,7 +49,14 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
     overrides: dict[str, str | None] = {k: None for k in os.environ if k not in env}
     overrides.update(env)
     root = logging.getLogger()
-    saved = (structlog.get_config(), list(root.handlers), root.level, set(scrub._secrets), scrub._pattern)
+    saved = (
+        structlog.get_config(),
+        list(root.handlers),
+        root.level,
+        set(scrub._secrets),
+        scrub._pattern,
+        scrub._detect,
+    )
     code: int
     # The warnings a process says once: a fresh process has said none.
     cli_enqueue._said.clear()
@@ -69,12 +76,13 @@ def run(argv: list[str], args: Sequence[str], input: str | None, env: Mapping[st
             stdout = out.getvalue().decode("utf-8", "replace")
             stderr = err.getvalue().decode("utf-8", "replace")
     finally:
-        config, handlers, level, secrets, pattern = saved
+        config, handlers, level, secrets, pattern, detect = saved
         structlog.configure(**config)
         root.handlers[:] = handlers
         root.setLevel(level)
         with scrub._lock:
             scrub._secrets.clear()
             scrub._secrets.update(secrets)
+            scrub._detect = detect
             scrub._pattern = pattern
     return subprocess.CompletedProcess(argv, code, stdout, stderr)

@@ -105,6 +105,11 @@ class Verdict:
     close: bool = False
 
 
+# The verdicts of nearly every send, made once (they are frozen): an accepted send's.
+_NOTHING = Verdict()
+_CLOSE = Verdict(close=True)
+
+
 @dataclass
 class _Provider:
     state: CircuitState = CircuitState.CLOSED
@@ -122,7 +127,11 @@ class CircuitBook:
         return self._get(provider).state
 
     def _get(self, provider: str) -> _Provider:
-        return self._providers.setdefault(provider, _Provider())
+        # A lookup first: setdefault would build a _Provider on every call (every send).
+        p = self._providers.get(provider)
+        if p is None:
+            p = self._providers[provider] = _Provider()
+        return p
 
     def learn(self, states: Iterable[tuple[str, CircuitState]]) -> None:
         """What the database says now (every provider not named is closed)."""
@@ -142,14 +151,14 @@ class CircuitBook:
         p = self._get(provider)
         if isinstance(outcome, Retryable) and outcome.throttled:
             # Too fast is the rate limit's business (worker/ratelimit.py), not an outage.
-            return Verdict()
+            return _NOTHING
         if outcome.kind == "accepted" or (isinstance(outcome, Rejected) and not outcome.before_send):
             # The provider answered about this message: it is up and our settings work.
             p.consecutive = 0
-            close = probe or p.state is not CircuitState.CLOSED
-            if close:
+            if probe or p.state is not CircuitState.CLOSED:
                 p.state = CircuitState.CLOSED
-            return Verdict(close=close)
+                return _CLOSE
+            return _NOTHING
         if not isinstance(outcome, Retryable):
             # Unknown (the provider may have acted) says nothing for sure; a policy refusal
             # never reached it. A probe that ends so has not shown the provider works.

@@ -63,7 +63,9 @@ class NoticeConfig:
     def due(self, to_statuses: Sequence[Status], reasons: Sequence[str] = ()) -> bool:
         """Whether a batch moving steps to these states (for these reasons) may owe a
         notice (the rare case): a partial refusal is accepted, and owes one too."""
-        return any(status in self.statuses for status in to_statuses) or Reason.PARTIALLY_REFUSED in reasons
+        # Asked for every batch of outcomes: the statuses read once, not per transition.
+        statuses = self.statuses
+        return any(status in statuses for status in to_statuses) or Reason.PARTIALLY_REFUSED in reasons
 
     def sender_for(self, original_sender: str) -> str:
         return self.sender or f"{NOTICE_LOCAL_PART}@{original_sender.rsplit('@', 1)[1]}"

@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
 
 from evq.worker.states import Reason, Status
+
+_Record = TypeVar("_Record")
+
+
+def positional_builder(cls: type[_Record]) -> Callable[..., _Record]:
+    """A constructor of ``cls``, a frozen slots dataclass without ``__post_init__``, that takes
+    every field's value in field order (no defaults) and makes the same instance (same class,
+    equal, hashed, frozen) for a fifth of the cost: a frozen class's ``__init__`` sets each field
+    through ``object.__setattr__`` (about 1,500 machine instructions a field on CPython 3.11),
+    while this sets them on a twin class of the same slots, as plain attribute stores, and then
+    gives the object its class (``__class__`` assignment, allowed between identical layouts).
+    For the few records a send makes (the claimed row, its request, its transition, its result)."""
+    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    if getattr(cls, "__slots__", None) != names or hasattr(cls, "__post_init__") or "_b_" in "".join(names):
+        raise TypeError(f"{cls.__name__} is not a slots dataclass without __post_init__ (and fields without _b_)")
+    twin = type(f"_{cls.__name__}Parts", (), {"__slots__": names})
+    stores = "".join(f"    _b_record.{name} = {name}\n" for name in names)
+    source = (
+        f"def build({', '.join(names)}):\n    _b_record = _b_new(_b_twin)\n{stores}"
+        "    _b_record.__class__ = _b_cls\n    return _b_record\n"
+    )
+    namespace: dict[str, Any] = {"_b_new": object.__new__, "_b_twin": twin, "_b_cls": cls}
+    exec(source, namespace)  # the names are the dataclass's own field names, checked above
+    build: Callable[..., _Record] = namespace["build"]
+    build.__qualname__ = f"positional_builder({cls.__name__})"
+    return build
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,3 +400,9 @@ class Grant:
     paused_for: float = 0.0
     # Seconds until the bucket holds its next whole token (0 when it holds one now).
     next_token_in: float = 0.0
+
+
+# The hot path's constructors (positional_builder): every field's value, in field order.
+build_claimed_step = positional_builder(ClaimedStep)
+build_transition = positional_builder(Transition)
+build_record_result = positional_builder(RecordResult)

@@ -47,7 +47,7 @@ from evq.worker.outcome_writer import Recorder
 from evq.worker.ports import Lookup, Provider, SendRequest, Service, Wakeup, WorkerStore
 from evq.worker.ratelimit import RateGate
 from evq.worker.reconciler import Reconciler, ReconcilerConfig
-from evq.worker.records import ClaimedStep
+from evq.worker.records import ClaimedStep, positional_builder
 from evq.worker.rescuer import Rescuer, RescuerConfig
 from evq.worker.service import run_periodically
 from evq.worker.states import TERMINAL
@@ -55,6 +55,8 @@ from evq.worker.streaks import FailureStreaks
 from evq.worker.transitions import decide
 
 log = get_logger("worker")
+
+_build_request = positional_builder(SendRequest)
 
 # Seconds between reads of the providers' circuits while none is due for a probe: how
 # soon a worker probes a circuit another worker opened, if that one went away.
@@ -65,7 +67,8 @@ def _domain(payload: Mapping[str, Any]) -> str | None:
     """The first recipient's domain: enough to tell where a send went, not to whom."""
     to = payload.get("to") or []
     first = to[0] if to else None
-    address = str(first.get("email") or "") if isinstance(first, Mapping) else str(first or "")
+    # type() before isinstance(): an ABC check costs more than the rest of this, once a send.
+    address = str(first.get("email") or "") if type(first) is dict or isinstance(first, Mapping) else str(first or "")
     return address.rsplit("@", 1)[1].rstrip(">").lower() if "@" in address else None
 
 
@@ -99,13 +102,14 @@ class _RescueAfterOrphans:
         return await self.worker.rescuer.run_once()
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Held:
     step: ClaimedStep
     claimed_at: float  # monotonic
-    # Monotonic, taken before the claim was asked for: no later than the database's start
-    # of the lease, so limits counted from it end before the real lease does.
-    lease_from: float = 0.0
+    # The send's limits (worker/deadline.py), counted from a monotonic instant taken before the
+    # claim was asked for: no later than the database's start of the lease, so they end before
+    # the real lease does. One object for every row of a claim.
+    bounds: limits.Limits
     started: bool = False
     released: bool = False
     probe: bool = False  # the one step let through to probe its provider's open circuit
@@ -199,14 +203,17 @@ class Worker:
         self._waiting: list[dict[str, Any]] = []  # what a drain left, and why (_drain_report)
         self._held: dict[int, _Held] = {}
         # Lease tokens whose adapter call has begun and whose outcome is not yet written.
-        self._began: set[Any] = set()
+        # Keyed by the held row (an identity hash: a UUID's is computed in Python, twice a send).
+        self._began: dict[_Held, Any] = {}
         # Claims whose answer never arrived (claim id -> monotonic time of the claim), and
         # the ids of the claim statements of the claim now under way.
         self._lost_claims: dict[str, float] = {}
         self._lost_unchecked = False
         self._claiming: list[str] = []
         self._answered = 0  # held rows whose outcome waits for the recorder
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The send task of each held row whose send was started: the send removes its own
+        # entry when it ends (a task cancelled before it ran leaves a done one behind).
+        self._tasks: dict[_Held, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._signals = 0
@@ -324,7 +331,8 @@ class Worker:
                 await self._sleep(delay)
                 continue
             now = time.monotonic()
-            if claimed and now >= limits.limits(claim_started, s.lease_seconds).send_by:
+            bounds = limits.limits(claim_started, s.lease_seconds)
+            if claimed and now >= bounds.send_by:
                 # Answered too late to send (the claim waited for a connection while the
                 # database restarted): by this worker's count of the lease no send may begin,
                 # and each would be cut off before connecting, an attempt spent and the
@@ -340,14 +348,16 @@ class Worker:
             # releases every held row whose send has not begun).
             start = not self._stopping.is_set()
             probe_ids = {p.id for p in probes}
+            held_rows = self._held
+            tasks = self._tasks
+            create_task = asyncio.create_task
             for step in claimed:
-                held = self._held[step.id] = _Held(step, now, claim_started, probe=step.id in probe_ids)
+                held = held_rows[step.id] = _Held(step, now, bounds, probe=step.id in probe_ids)
                 if start:
                     # Unnamed: naming a task costs a share of a send (the step's identity
-                    # is in every log line of the send instead).
-                    task = asyncio.create_task(self._send(held))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    # is in every log line of the send instead). The send takes itself out
+                    # of _tasks when it ends (no done callback: one more loop turn a send).
+                    tasks[held] = create_task(self._send(held))
             self.stats.claimed += len(claimed)
             if len(claimed) == limit:
                 await asyncio.sleep(0)  # let the new sends start before claiming more
@@ -434,7 +444,7 @@ class Worker:
         if not self._lost_claims:
             return 0
         claims = list(self._lost_claims)
-        keep = {h.step.lease_token for h in self._held.values()} | self._began
+        keep = {h.step.lease_token for h in self._held.values()} | set(self._began.values())
         # Cleared before the wait, not after: a claim lost while this pass waits (the claim
         # loop runs meanwhile) sets it again, and the loop must still hand that one back
         # before it claims again (cleared after, a drain found nothing claimable and ended
@@ -608,30 +618,29 @@ class Worker:
                 "provider": step.provider,
             }
         )
-        await self._send_bound(held)
-
-    async def _send_bound(self, held: _Held) -> None:
-        step = held.step
         try:
             # A task first runs on the loop's next turn: a shutdown in between has
             # already handed the row back.
             if held.released:
                 return
             held.started = True
-            self._began.add(step.lease_token)
+            self._began[held] = step.lease_token
             provider = self.providers[step.provider]
-            bounds = limits.limits(held.lease_from, self.settings.lease_seconds)
-            request = SendRequest(
-                step_id=step.id,
-                run_id=step.run_id,
-                idempotency_key=step.idempotency_key,
-                message_id=step.message_id,
-                attempt=step.attempt,
-                payload=step.payload,
-                deadline=bounds.deadline,
-                send_by=bounds.send_by,
+            bounds = held.bounds
+            # SendRequest's fields in order: step_id, run_id, idempotency_key, message_id,
+            # attempt, payload, deadline, send_by.
+            request = _build_request(
+                step.id,
+                step.run_id,
+                step.idempotency_key,
+                step.message_id,
+                step.attempt,
+                step.payload,
+                bounds.deadline,
+                bounds.send_by,
             )
-            self._log.debug("send_started")
+            if self._debug:
+                self._log.debug("send_started")
             outcome, latency_ms = await executor.attempt(
                 provider, request, deadline=max(0.0, bounds.deadline - time.monotonic())
             )
@@ -656,22 +665,25 @@ class Worker:
             )
             if not verdict.charged:
                 metrics.labelled(metrics.UNCHARGED_ATTEMPTS, step.provider).inc()
-            await self._circuit_act(step.provider, verdict, probe=held.probe)
-            if outcome.kind == "retryable" and outcome.throttled:
-                await self._throttled(step.provider, outcome.retry_after)
-            self.stats.sent += 1
-            self.stats.outcomes[outcome.kind] = self.stats.outcomes.get(outcome.kind, 0) + 1
+            if verdict.trip is not None or verdict.close:
+                await self._circuit_act(step.provider, verdict, probe=held.probe)
+            kind = outcome.kind
+            if kind == "retryable" and outcome.throttled:  # type: ignore[union-attr]
+                await self._throttled(step.provider, outcome.retry_after)  # type: ignore[union-attr]
+            stats = self.stats
+            stats.sent += 1
+            stats.outcomes[kind] = stats.outcomes.get(kind, 0) + 1
             held.answered = True
             self._answered += 1
             self._slot_freed.set()
             result = await self.recorder.submit(transition)
             # Written (or fenced out: the row is no longer this lease's): no longer ours to guard.
-            self._began.discard(step.lease_token)
+            self._began.pop(held, None)
             if (result.applied and transition.to_status in TERMINAL) or result.settled:
                 # created_at is the database's clock and now is this host's: only NTP-sized skew.
-                metrics.observe_closed(step.created_at, datetime.now(UTC))
+                metrics.observe_closed_now(step.created_at)
             if result.applied:
-                if outcome.kind == "accepted":
+                if kind == "accepted":
                     # One line per accepted send, so a working worker shows it works: who
                     # (step) went where (provider, its message id); the recipient only by
                     # its domain and never the subject (the evidence holds the rest).
@@ -684,20 +696,20 @@ class Worker:
                 else:
                     self._log.info(
                         "send_recorded",
-                        outcome=outcome.kind,
+                        outcome=kind,
                         status=str(transition.to_status),
                         reason=str(transition.reason),
                         provider_message_id=transition.provider_message_id,
                         latency_ms=round(latency_ms, 1),
                     )
             else:
-                self.stats.fenced += 1
+                stats.fenced += 1
                 metrics.FENCE_REJECTIONS.inc()
                 if result.settled:
                     metrics.LATE_SETTLEMENTS.inc()
                 log.warning(
                     "late_answer",
-                    outcome=outcome.kind,
+                    outcome=kind,
                     settled=result.settled,
                     duplicate=result.duplicate,
                     note="the lease was lost before the answer was recorded; kept as evidence",
@@ -713,6 +725,7 @@ class Worker:
             # The slot is freed; the guard against handing the row back is _began.
             if self._held.pop(step.id, None) is not None and held.answered:
                 self._answered -= 1
+            self._tasks.pop(held, None)
             self._slot_freed.set()
 
     async def _drain_report(self) -> None:
@@ -860,7 +873,7 @@ class Worker:
                         error_class=type(exc).__name__,
                         error=getattr(exc, "message", None) or str(exc)[:200],
                     )
-        pending = [t for t in self._tasks if not t.done()]
+        pending = [t for t in self._tasks.values() if not t.done()]
         if pending:
             log.info("waiting_for_in_flight", count=len(pending), grace=self.settings.shutdown_grace)
             _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace)

@@ -16,9 +16,10 @@ import base64
 import json
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, is_dataclass, replace
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -29,6 +30,15 @@ MIN_SECRET = 4
 _lock = threading.Lock()
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
+# What tells whether a text holds a secret in any form, without the pattern: the forms that hold
+# no shorter form (a text holding a form holds each form inside it), each looked for by str's own
+# search (several times faster than the pattern's alternation, tried at every position; the
+# pattern still does every replacement); and the texts already found to hold none of them, a
+# bounded memo: most texts of a worker's log lines recur (their keys, the event, the run and the
+# provider), and each is then searched once, not on every line. One tuple, replaced whole when a
+# secret is registered, so the memo never outlives the forms it was checked against.
+_detect: tuple[tuple[str, ...], dict[str, None]] = ((), {})
+_CLEAN_MAX = 4096
 
 
 def encoded_forms(secret: str) -> set[str]:
@@ -59,7 +69,7 @@ def encoded_forms(secret: str) -> set[str]:
 
 
 def register(values: Iterable[str | None]) -> None:
-    global _pattern
+    global _pattern, _detect
     new = {v for v in values if v and len(v) >= MIN_SECRET} - _secrets
     if not new:
         return
@@ -68,7 +78,28 @@ def register(values: Iterable[str | None]) -> None:
         forms: set[str] = set()
         for secret in _secrets:
             forms |= encoded_forms(secret)
+        minimal: list[str] = []
+        for form in sorted(forms, key=len):
+            if not any(shorter in form for shorter in minimal):
+                minimal.append(form)
+        # Before the pattern: a reader that sees the new pattern sees these forms too.
+        _detect = (tuple(minimal), {})
         _pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+
+
+def _all_clean(texts: list[str], forms: tuple[str, ...], clean: dict[str, None]) -> bool:
+    """Whether none of ``texts`` (not yet in ``clean``) holds any of ``forms``, as the pattern
+    would find; when none does, they are remembered in ``clean``. One search of them joined: a
+    form found in one text is found in the joined text too, and a match across two of them only
+    answers False (the caller then scrubs the long way, which replaces nothing)."""
+    text = "\n".join(texts)
+    for form in forms:
+        if form in text:
+            return False
+    if len(clean) > _CLEAN_MAX:
+        clean.clear()
+    clean.update(dict.fromkeys(texts))
+    return True
 
 
 def registered() -> frozenset[str]:
@@ -98,28 +129,32 @@ def scrub(value: Any) -> Any:
 
 
 _PLAIN = (int, float, bool, type(None))
-# The value types whose text a log event's fast path searches whole (str() of a number cannot hold a
-# secret the long way would replace: scrub() leaves numbers as they are).
+# The value types a log event's fast path takes: texts, searched, and numbers, which scrub() leaves
+# as they are.
 _FLAT = frozenset((str, int, float, bool, type(None)))
 
 
 def scrub_event(event: Mapping[str, Any]) -> Any:
     """:func:`scrub` of a log event: the same result, sooner. Every line a worker logs on its hot
     path passes here, and nearly none holds a secret: when the event's keys are text and its values
-    text and numbers only, one search of its texts joined tells so (a form found in any one text is
-    found in the joined text too; a match across two of them only sends the event the long way).
-    The checks run in C (a set of the values' types, str.join), not a Python loop per field."""
-    pattern = _pattern
-    if pattern is None:
+    text and numbers only (scrub() leaves numbers as they are), the texts not already known to be
+    clean are searched once, joined; the event goes the long way only when that finds a form."""
+    if _pattern is None:
         return event
-    values = event.values()
-    if not _FLAT.issuperset(map(type, values)):
-        return scrub(event)
-    try:
-        text = "\n".join(event) + "\n" + "\n".join(map(str, values))
-    except TypeError:  # a key that is not text
-        return scrub(event)
-    if pattern.search(text) is None:
+    forms, clean = _detect
+    unseen: list[str] = []
+    for key, value in event.items():
+        if key not in clean:
+            if type(key) is not str:
+                return scrub(event)
+            unseen.append(key)
+        kind = type(value)
+        if kind is str:
+            if value not in clean:
+                unseen.append(value)
+        elif kind not in _FLAT:
+            return scrub(event)
+    if not unseen or _all_clean(unseen, forms, clean):
         return event
     return scrub(event)
 
@@ -141,8 +176,16 @@ def _flat_text(value: Any, out: list[str]) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(kind))
+def _values_of(kind: Any) -> Callable[[Any], tuple[Any, ...]] | None:
+    """A function giving a dataclass's field values as a tuple (one C call, not a getattr per
+    field); None for a type that is no dataclass."""
+    if not is_dataclass(kind):
+        return None
+    names = tuple(f.name for f in fields(kind))
+    if len(names) == 1:
+        get = attrgetter(names[0])
+        return lambda record: (get(record),)
+    return attrgetter(*names) if names else lambda _record: ()
 
 
 def scrub_record(record: Any) -> Any:
@@ -150,13 +193,29 @@ def scrub_record(record: Any) -> Any:
     outcome passes here: when one search of all its texts joined finds no secret, the record
     is returned as it is, without a field-by-field copy."""
     pattern = _pattern
-    if pattern is None or not is_dataclass(record) or isinstance(record, type):
+    if pattern is None:
         return record
+    # type(record), not record: a dataclass itself (a class) is no record to scrub.
+    kind: Any = type(record)
+    values_of = _values_of(kind)
+    if values_of is None:
+        return record
+    forms, clean = _detect
     texts: list[str] = []
-    if all(_flat_text(getattr(record, name), texts) for name in _field_names(type(record))) and (
-        pattern.search("\n".join(texts)) is None
-    ):
-        return record
+    # The common outcome holds a few texts and an empty response: those are taken here, and
+    # anything else is walked by _flat_text.
+    for value in values_of(record):
+        kind = type(value)
+        if kind is str:
+            if value not in clean:
+                texts.append(value)
+        elif kind in _PLAIN or (kind is dict and not value):
+            continue
+        elif not _flat_text(value, texts):
+            break
+    else:
+        if not texts or _all_clean(texts, forms, clean):
+            return record
     changes = {}
     for f in fields(record):
         value = getattr(record, f.name)

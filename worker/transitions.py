@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from evq.worker.backoff import Backoff
 from evq.worker.outcomes import Accepted, Outcome, Rejected, Retryable, Unknown, refused_recipients
-from evq.worker.records import ClaimedStep, Transition
+from evq.worker.records import ClaimedStep, Transition, build_transition
 from evq.worker.states import Reason, Status
 
 
@@ -33,6 +33,25 @@ def decide(
     retry_for: float = float("inf"),
     charged: bool = True,
 ) -> Transition:
+    if type(outcome) is Accepted and not outcome.response:
+        # Nearly every send: accepted with nothing more said (no refused recipients, so no
+        # message), made without the general path's copies and closure.
+        # Every field in Transition's order: step_id, lease_token, attempt, to_status, reason,
+        # outcome, provider_message_id, retry_delay, maybe_delivered, latency_ms, detail, charged.
+        return build_transition(
+            step.id,
+            step.lease_token,
+            step.attempt,
+            Status.ACCEPTED,
+            Reason.PROVIDER_ACCEPTED,
+            "accepted",
+            outcome.provider_message_id,
+            None,
+            step.maybe_delivered,
+            latency_ms,
+            {},
+            True,
+        )
     max_attempts = step.max_attempts or default_max_attempts
     charged_attempts = step.charged_attempts - (0 if charged else 1)
     attempts_left = charged_attempts < max_attempts

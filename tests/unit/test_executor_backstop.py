@@ -57,6 +57,32 @@ def test_an_adapter_that_misses_its_deadline_is_unknown():
     assert outcome.response["error_class"] == "DeadlineExceeded"
 
 
+def test_the_backstop_takes_back_its_own_cancellation_and_no_other():
+    """The backstop cancels the attempt's task (as asyncio.timeout would): once it answered, the
+    task carries no cancellation request of it; a cancellation from outside (a shutdown's) still
+    reaches the caller, whether or not the backstop fired too."""
+
+    async def wedged_then_count():
+        outcome, _ = await executor.attempt(_Wedged(), REQUEST, deadline=0.01)
+        return outcome, asyncio.current_task().cancelling()
+
+    outcome, cancelling = asyncio.run(wedged_then_count())
+    assert outcome.response["error_class"] == "DeadlineExceeded" and cancelling == 0
+
+    async def cancelled_from_outside(after: float):
+        task = asyncio.create_task(executor.attempt(_Wedged(), REQUEST, deadline=0.01))
+        await asyncio.sleep(after)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "answered"
+
+    assert asyncio.run(cancelled_from_outside(0.05)) == "cancelled"  # before the grace ran out
+    assert asyncio.run(cancelled_from_outside(0.0)) == "cancelled"  # before the attempt began
+
+
 def test_an_unclassified_error_makes_the_step_unknown_not_retryable():
     outcome, _ = asyncio.run(executor.attempt(_Raising(), REQUEST, deadline=5))
     transition = decide(_claimed(), outcome, default_max_attempts=5, backoff=Backoff(), dedupe_window_open=False)

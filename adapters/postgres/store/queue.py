@@ -17,6 +17,8 @@ from evq.worker.records import (
     RecordResult,
     RescueCounts,
     Transition,
+    build_claimed_step,
+    build_record_result,
 )
 from evq.worker.states import Status
 
@@ -50,13 +52,16 @@ class PostgresQueue(PostgresBase):
             "dedupe_windows": json.dumps(dict(dedupe_windows)),
         }
         # The hot path: rows as tuples in ClaimedStep's own field order (step_claim's select
-        # list), one constructor call each, instead of a dict per row read back by key. The
-        # column names are checked against the fields, so a reordered select list fails loudly.
+        # list), one builder call each (records.positional_builder), instead of a dict per row
+        # read back by key. The column names are checked against the fields, so a reordered
+        # select list fails loudly.
         async with self._op("claim") as conn, conn.cursor() as cur:
             await cur.execute(Q["step_claim"], params)
-            if cur.description is None or tuple(c.name for c in cur.description) != _CLAIM_COLUMNS:
-                raise RuntimeError("step_claim's columns are not ClaimedStep's fields in order")
-            return [ClaimedStep(*row) for row in await cur.fetchall()]
+            # Checked at the first answer only: the statement is one text for the process's life,
+            # and reading the description builds a column object per column at every claim.
+            if not _claim_columns_checked:
+                _check_claim_columns(cur)
+            return [build_claimed_step(*row) for row in await cur.fetchall()]
 
     async def record(
         self, transitions: Sequence[Transition], *, actor: str, now: datetime | None = None
@@ -78,7 +83,11 @@ class PostgresQueue(PostgresBase):
             "record", Q["step_record"], {"transitions": _transitions_json(transitions), "actor": actor, "now": now}
         )
         not_applied = set(rows[0]["fenced"])
-        results = [RecordResult(step_id=t.step_id, applied=True) for t in transitions if t.step_id not in not_applied]
+        if not not_applied:  # the common batch: every transition took effect
+            return [build_record_result(t.step_id, True, False, False) for t in transitions]
+        results = [
+            build_record_result(t.step_id, True, False, False) for t in transitions if t.step_id not in not_applied
+        ]
         fenced = [t for t in transitions if t.step_id in not_applied]
         if fenced:
             late = await self._fetch(
@@ -204,20 +213,36 @@ _CLAIM_COLUMNS = (
 )
 
 
+_claim_columns_checked = False
+
+
+def _check_claim_columns(cur: Any) -> None:
+    global _claim_columns_checked
+    if cur.description is None or tuple(c.name for c in cur.description) != _CLAIM_COLUMNS:
+        raise RuntimeError("step_claim's columns are not ClaimedStep's fields in order")
+    _claim_columns_checked = True
+
+
 def new_claim_id() -> str:
     """Random and unguessable, so two claims never derive the same lease token."""
     return uuid.uuid4().hex
 
 
+# One encoder for every batch of outcomes (json.dumps with options builds one per call). Lease
+# tokens (UUIDs) go through ``default=str``; statuses and reasons are str enums, written as the
+# text they are: no str() call per field in Python.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, default=str).encode
+
+
 def _transitions_json(transitions: Sequence[Transition]) -> str:
-    return json.dumps(
+    return _ENCODE(
         [
             {
                 "id": t.step_id,
-                "lease_token": str(t.lease_token),
+                "lease_token": t.lease_token,
                 "attempt": t.attempt,
-                "to_status": str(t.to_status),
-                "reason": str(t.reason),
+                "to_status": t.to_status,
+                "reason": t.reason,
                 "outcome": t.outcome,
                 "provider_message_id": t.provider_message_id,
                 "retry_delay": t.retry_delay,
@@ -228,9 +253,7 @@ def _transitions_json(transitions: Sequence[Transition]) -> str:
                 "charged": t.charged,
             }
             for t in transitions
-        ],
-        ensure_ascii=False,
-        default=str,
+        ]
     )
 
 
