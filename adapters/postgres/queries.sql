@@ -464,6 +464,10 @@ WITH t AS (
            (o.to_status IN ('accepted', 'rejected')
             AND s.status IN ('unknown', 'retryable')
             AND NOT coalesce(q.leased, false)
+            -- A retryable step has its queue row; one this statement did not see (and so could
+            -- not lock) was put back after its snapshot (an operator's requeue, which FOR UPDATE
+            -- reads as it left the row), and a worker may be sending it now: it has moved on.
+            AND (s.status = 'unknown' OR q.id IS NOT NULL)
             AND coalesce(q.attempts, s.attempts) = o.attempt
             AND NOT EXISTS (SELECT 1 FROM evidence e
                             WHERE e.step_id = o.id AND e.lease_token = o.lease_token
@@ -1908,7 +1912,15 @@ WITH t AS (
            CASE WHEN coalesce((SELECT q.leased FROM queued q), false) THEN 'in_flight' ELSE s.status END AS status,
            s.reason, s.payload_sha256,
            coalesce((SELECT q.maybe_delivered FROM queued q), s.maybe_delivered) AS maybe_delivered,
-           coalesce((SELECT q.attempts FROM queued q), s.attempts) AS attempts, s.held_since
+           coalesce((SELECT q.attempts FROM queued q), s.attempts) AS attempts, s.held_since,
+           -- Put back in the queue after this statement's snapshot (an approval, an operator's
+           -- requeue: FOR UPDATE reads the row as they left it): its queue row is one this
+           -- statement can neither see nor lock, and a worker may already have claimed it (the
+           -- claim reads email_steps unlocked). Nothing is changed; the caller runs the cancel
+           -- again, whose new snapshot sees the queue row and locks it first.
+           (s.status IN ('pending', 'retryable') AND NOT EXISTS (SELECT 1 FROM queued)
+            AND NOT EXISTS (SELECT 1 FROM email_steps s0
+                            WHERE s0.id = s.id AND s0.status IN ('pending', 'retryable'))) AS requeued_meanwhile
     FROM email_steps s
     WHERE s.id = %(id)s
     FOR UPDATE
@@ -1916,12 +1928,14 @@ WITH t AS (
     DELETE FROM step_queue q
     USING cur
     WHERE q.id = cur.id AND cur.status IN ('pending', 'retryable') AND NOT cur.maybe_delivered
+      AND NOT cur.requeued_meanwhile
 ), done AS (
     UPDATE email_steps s
     SET status = 'rejected', reason = 'cancelled', detail = %(note)s, held_since = NULL, hold_expires_at = NULL,
         closed_at = t.now, updated_at = t.now
     FROM cur, t
     WHERE s.id = cur.id AND cur.status IN ('held', 'pending', 'retryable') AND NOT cur.maybe_delivered
+      AND NOT cur.requeued_meanwhile
     RETURNING s.id, s.run_id, s.attempts, s.created_at, t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, detail, created_at)
@@ -1934,7 +1948,7 @@ WITH t AS (
 )
 SELECT cur.id, cur.run_id, cur.status AS current_status, cur.reason AS current_reason,
        cur.maybe_delivered, done.id IS NOT NULL AS changed, cur.payload_sha256, done.created_at,
-       ev.id AS evidence_id, ev.created_at AS decided_at
+       ev.id AS evidence_id, ev.created_at AS decided_at, cur.requeued_meanwhile
 FROM cur
 LEFT JOIN done ON true
 LEFT JOIN ev ON true;

@@ -95,12 +95,30 @@ class PostgresApprovals(PostgresBase):
         return _decided(row, Status.REJECTED, "denied", row["payload_sha256"])
 
     async def cancel(self, step_id: int, *, actor: str, note: str | None, now: datetime | None = None) -> Decided:
-        async with self._op("cancel") as conn, conn.transaction():
-            rows = await fetch_all(conn, Q["step_cancel"], {"now": now, "id": step_id, "actor": actor, "note": note})
-            if rows and rows[0]["changed"]:
-                # A cancelled send is a failed one: its sender is told, as of any rejection
-                # (docs/design.md, "Failure notices"), in the transaction of the cancel.
-                await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
+        params = {"now": now, "id": step_id, "actor": actor, "note": note}
+        # A step put back in the queue while the cancel waited for its row (approved, requeued)
+        # has a queue row the statement could not lock: it changed nothing, and runs again in a
+        # new transaction (the step's row lock given up, so the queue row is locked first, as
+        # every writer locks them). A second race needs a second requeue, which only a held,
+        # unknown or rejected step gets: one that is pending now is not requeued again.
+        for _ in range(3):
+            async with self._op("cancel") as conn, conn.transaction():
+                rows = await fetch_all(conn, Q["step_cancel"], params)
+                if rows and rows[0]["changed"]:
+                    # A cancelled send is a failed one: its sender is told, as of any rejection
+                    # (docs/design.md, "Failure notices"), in the transaction of the cancel.
+                    await run_async(conn, notice_op([step_id], self.notices, actor=actor, now=now))
+            if not (rows and rows[0]["requeued_meanwhile"]):
+                break
+            log.info("cancel_requeued_meanwhile", step=step_id)
+            if self._pinned():
+                # Inside a caller's transaction the step's row lock outlives this try, and a
+                # second try would wait for the queue row while holding it: the caller retries.
+                raise StateConflict(
+                    f"step {step_id} was put back in the queue while the cancel waited for it",
+                    hint="cancel it again: it is cancelled unless a worker has begun sending it",
+                    context={"id": step_id, "status": rows[0]["current_status"]},
+                )
         if not rows:
             raise NotFound(f"no step with id {step_id}", hint="`evq steps list` shows the ids")
         row = rows[0]

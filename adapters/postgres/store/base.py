@@ -119,6 +119,11 @@ class PostgresBase:
         finally:
             metrics.labelled(metrics.STORE_SECONDS, name, outcome).observe(time.perf_counter() - started)
 
+    def _pinned(self) -> bool:
+        """Whether this task's calls run in a transaction of this store's (:meth:`transaction`)."""
+        pinned = _PINNED.get()
+        return pinned is not None and pinned[0] is self
+
     @asynccontextmanager
     async def transaction(self, name: str) -> AsyncIterator[psycopg.AsyncConnection]:
         """One transaction: every call on this store inside it (in this task) runs in it."""
