@@ -575,7 +575,8 @@ WITH t AS (
            CASE WHEN q.dedupe_until > (SELECT now FROM t) + make_interval(secs => %(lease_seconds)s)
                      AND q.attempts - s.uncharged_attempts < coalesce(s.max_attempts, %(default_max_attempts)s)
                 THEN 'retryable' ELSE 'unknown' END AS to_status
-    FROM step_queue q JOIN email_steps s ON s.id = q.id
+    -- LEFT: a queue row whose step is gone (none should be) is still taken, and deleted.
+    FROM step_queue q LEFT JOIN email_steps s ON s.id = q.id
     WHERE q.lease_token IS NOT NULL AND q.lease_expires_at < (SELECT now FROM t)
     ORDER BY q.lease_expires_at
     LIMIT %(limit)s
@@ -605,7 +606,9 @@ WITH t AS (
         next_attempt_at = t.now,
         updated_at = t.now
     FROM expired e, t
-    WHERE s.id = e.id
+    -- A lease left on a step that is not owed a send (no writer of evq leaves one) only loses
+    -- its queue row: the step's own row, closed or waiting for a person, is not touched.
+    WHERE s.id = e.id AND s.status IN ('pending', 'retryable')
     RETURNING s.id, s.run_id, s.attempts, s.status, e.lease_token, e.lease_owner, e.lease_expires_at, t.now AS at
 ), ev AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, reason, lease_token, detail, created_at)
