@@ -64,11 +64,15 @@ def _pickup_once(bench: Bench, listen: str) -> tuple[float, float, float]:
             with psycopg.connect(url) as conn:
                 for request in bench_requests(samples, run_id="pickup"):
                     step = enqueue(conn, request, policy=validation_policy)
-                    conn.commit()
                     # From the commit, when the step exists for a worker: the row's
                     # created_at is its transaction's start, which would also count the
-                    # enqueue itself. Same host, same clock as the server's now().
+                    # enqueue itself. Same host, same clock as the server's now(). Read
+                    # just before COMMIT is sent, not after it returns: the worker's claim
+                    # starts only once the commit is visible, so the lag is never negative,
+                    # whereas a clock read after the answer (this process descheduled on a
+                    # loaded machine) came after the claim: -0.7 ms, an impossible figure.
                     committed[step.id] = time.time()
+                    conn.commit()
                     # A random phase against the poll interval; never two in flight.
                     time.sleep(random.uniform(0.01, c.poll_interval) if listen == "off" else 0.02)
                 deadline = time.monotonic() + 10 * c.poll_interval + 5
