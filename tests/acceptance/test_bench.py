@@ -182,6 +182,7 @@ def test_ops_pages_mode_reads_every_page_and_reports_its_server_time(evq: Evq, p
     assert "ops pages: 3,000 steps filled in" in table.stdout
 
 
+@pytest.mark.slow
 def test_quick_retention_mode_drops_partitions_and_keeps_every_open_steps_evidence(evq: Evq, pg_server):
     """`--mode retention --quick`: a small fill over many evidence partitions, pruned by the real
     Pruner. The mode itself refuses to report when a kept step (unknown, closed recently) lost a

@@ -385,6 +385,8 @@ def every_hit_sorted(
 _NOWS = [None, datetime(2001, 1, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(days=20 * 365), datetime.now(UTC)]
 
 
+# Slow (tens of seconds loaded): started first under xdist (tests/conftest.py), not in a run's last minute.
+@pytest.mark.slow
 @pytest.mark.parametrize("now", _NOWS, ids=["now", "before-all", "after-all", "explicit"])
 async def test_a_windowed_search_agrees_with_every_hit_sorted_whatever_the_data(scattered, every_hit_sorted, now):
     cases: list[StepFilter] = []
@@ -443,6 +445,8 @@ def test_the_cli_and_the_http_api_page_a_windowed_search_as_the_store(
     assert page["meta"]["total_exact"] == cli["meta"]["total_exact"] == (want_total <= COUNT_CAP)
 
 
+# Slow (tens of seconds loaded): started first under xdist (tests/conftest.py), not in a run's last minute.
+@pytest.mark.slow
 async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scattered, every_hit_sorted):
     # `now` put so that a window's edge (now less an hour, less a day) is some hit's created_at
     # to the microsecond: that hit is in the window (>=), never both kept and counted as cut.

@@ -267,6 +267,8 @@ def readme_image(driver: Any) -> None:
         (ROOT / "docs" / "images" / "ops-overview.png").write_bytes(png)
 
 
+# Slow (tens of seconds loaded): started first under xdist (tests/conftest.py), not in a run's last minute.
+@pytest.mark.slow
 def test_every_page_is_accessible_and_readable_at_1280_and_narrow(server, driver, db_url):
     """Login, overview, the unknown queue, each state's tab of the step list, search results, a step
     (unknown, held, accepted with an HTML email), a trace, the held queue, both bulk forms' preview
