@@ -21,7 +21,7 @@ def _with_database(url: str, name: str) -> str:
 # buffers written: 0.1 s idle, 1.5 s and more on a loaded machine), and drops that wait together
 # share one. A run's small scratch databases (a clone per drain, per pickup, per peer's drain)
 # are dropped this many at once, between runs (never while one is measured), not one by one:
-# about 30 checkpoints in a --quick run became 4. A big one (scale, ops-pages, retention) is
+# a --quick run's thirty or so drops, a checkpoint each, became a handful of batches. A big one (scale, ops-pages, retention) is
 # dropped as soon as it is done with (at_once), so its disk is back before the next fill.
 DROP_BATCH = 8
 

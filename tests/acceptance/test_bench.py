@@ -3,8 +3,9 @@
 The numbers are not asserted (they depend on the machine and its load); the
 shape, the ratios' presence and the revision are. The drains run 500 steps (--steps; --quick
 alone runs 2,000): every figure is still measured and refused if it cannot be right (bench/config.py,
-ImpossibleFigure), each worker still claims several batches of 100, and the two runs cost the
-suite half a minute less (the peers' drains, DBOS's at a few hundred workflows a second, scale with N).
+ImpossibleFigure), each worker still claims several batches of 100, and the two runs take less
+(the peers' drains, DBOS's at a few hundred workflows a second, scale with N: 117 s and 42 s
+before, 89 s and 19 s after, on a loaded 2-core machine).
 """
 
 from __future__ import annotations
