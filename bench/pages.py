@@ -256,4 +256,4 @@ def mode_ops_pages(bench: Bench) -> None:
             "rows": [m.row() for m in measured],
         }
     finally:
-        bench.db.drop(name)
+        bench.db.drop(name, at_once=True)

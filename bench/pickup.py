@@ -66,10 +66,11 @@ def _pickup_once(bench: Bench, listen: str) -> tuple[float, float, float]:
                     step = enqueue(conn, request, policy=validation_policy)
                     # From the commit, when the step exists for a worker: the row's
                     # created_at is its transaction's start, which would also count the
-                    # enqueue itself. Same host, same clock as the server's now(). Read as
-                    # the commit is sent, not when its answer is back: a worker woken by the
-                    # commit's notification can claim the step before this process is
-                    # scheduled again (a figure below zero), so the commit's round trip counts.
+                    # enqueue itself. Same host, same clock as the server's now(). Read
+                    # just before COMMIT is sent, not after it returns: the worker's claim
+                    # starts only once the commit is visible, so the lag is never negative,
+                    # whereas a clock read after the answer (this process descheduled on a
+                    # loaded machine) came after the claim: -0.7 ms, an impossible figure.
                     committed[step.id] = time.time()
                     conn.commit()
                     # A random phase against the poll interval; never two in flight.

@@ -448,7 +448,7 @@ def mode_retention(bench: Bench) -> None:
             [size["step_bytes"] / size["steps"]],
         )
     )
-    bench.db.drop(few_name)  # the few-partitions database: done with
+    bench.db.drop(few_name, at_once=True)  # the few-partitions database: done with
 
     # The prune: Pruner.run_once, as evq prune --older-than 90d runs it.
     bench.progress("retention: evq prune (Pruner.run_once) on the filled database")
@@ -487,7 +487,7 @@ def mode_retention(bench: Bench) -> None:
             note=f"evq_prune_batch, {BATCH} steps a batch",
         )
     )
-    bench.db.drop(many_name)
+    bench.db.drop(many_name, at_once=True)
 
     # The comparison: one partition's worth of steps pruned by rows alone, on the same machine.
     slice_name = bench.db.create(bench.db.template)
@@ -501,7 +501,7 @@ def mode_retention(bench: Bench) -> None:
             f"retention: the row-by-row prune took {rows_total.steps:,} steps and {rows_total.evidence:,} rows of "
             f"{rows_before.eligible['steps']:,} and {rows_before.eligible['evidence']:,}"
         )
-    bench.db.drop(slice_name)
+    bench.db.drop(slice_name, at_once=True)
     per_partition = timed.partition_seconds / len(filled) if filled else None
     measured = bench.add(
         Figure(

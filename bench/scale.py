@@ -46,7 +46,7 @@ def mode_scale(bench: Bench) -> None:
             )
         )
     finally:
-        bench.db.drop(name)
+        bench.db.drop(name, at_once=True)
 
 
 def time_collector(url: str, *, repeat: int) -> list[float]:

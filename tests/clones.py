@@ -28,6 +28,13 @@ AHEAD = 2
 DROP_BATCH = 16
 
 
+def database_url(server_url: str, name: str) -> str:
+    """``server_url`` with its database ``name``."""
+    info = psycopg.conninfo.conninfo_to_dict(server_url)
+    info["dbname"] = name
+    return psycopg.conninfo.make_conninfo(**info)
+
+
 def _admin(server_url: str, sql: str) -> None:
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql)
@@ -131,3 +138,30 @@ class ClonePool:
                 self._ready.put(exc)
                 continue
             self._ready.put(name)
+
+
+class Filled:
+    """A database filled once from the session's template (a module's data set of thousands of
+    rows), cloned again for each test that asks: a test gets a copy of the same rows, its
+    planner statistics included (ANALYZE's pg_statistic is copied with the database), and may
+    change it as it likes. Cloning 30,000 steps costs about 0.3 s where filling them again
+    cost 3 s idle and 10 s loaded, for every test."""
+
+    def __init__(self, server_url: str, base: str, name: str, dropper: Dropper) -> None:
+        self._server = server_url
+        self.name = name
+        self._dropper = dropper
+        self._clones = (f"{name}_{n}" for n in itertools.count())
+        _admin(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{base}"')
+
+    def clone(self) -> str:
+        """A new database holding this one's rows (dropped with the dropper's batches by :meth:`give_back`)."""
+        name = next(self._clones)
+        _admin(self._server, f'CREATE DATABASE "{name}" TEMPLATE "{self.name}"')
+        return name
+
+    def give_back(self, name: str) -> None:
+        self._dropper.give_back(name)
+
+    def close(self) -> None:
+        self._dropper.give_back(self.name)

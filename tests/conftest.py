@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests.clones import ClonePool, Dropper
+from tests.clones import ClonePool, Dropper, database_url
 
 if TYPE_CHECKING:  # imported inside the fixture at run time, so collecting tests does not load the store
     from evq.adapters.postgres.store import PostgresStore
@@ -157,12 +157,6 @@ def pg_server() -> Iterator[str]:
         cleanup()
 
 
-def _with_database(url: str, name: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**info)
-
-
 @pytest.fixture(scope="session")
 def _dropper(pg_server: str) -> Iterator[Dropper]:
     """Drops the session's databases in batches behind the tests; the last batch at the end."""
@@ -187,7 +181,7 @@ def template_db(pg_server: str, _dropper: Dropper) -> Iterator[str]:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        upgrade(_with_database(pg_server, name))
+        upgrade(database_url(pg_server, name))
         yield name
     finally:
         _dropper.give_back(name)  # after every clone of it: _clones ends first
@@ -207,7 +201,7 @@ def db_url(pg_server: str, _clones: ClonePool) -> Iterator[str]:
     """A fresh database at head, for this test only (cloned before the test asked, dropped after)."""
     name = _clones.take()
     try:
-        yield _with_database(pg_server, name)
+        yield database_url(pg_server, name)
     finally:
         _clones.give_back(name)
 
@@ -219,7 +213,7 @@ def empty_db_url(pg_server: str, _dropper: Dropper) -> Iterator[str]:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield _with_database(pg_server, name)
+        yield database_url(pg_server, name)
     finally:
         _dropper.give_back(name)
 

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.acceptance.conftest import Evq, smtp_env
 from tests.support import evidence_kinds, pause, rows, step_row
 
@@ -35,6 +37,8 @@ def wait_until(predicate, timeout: float = 20, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+# Slow: each waits out a real lease (LEASE + 0.5 s), so it starts first under xdist (tests/conftest.py).
+@pytest.mark.slow
 def test_worker_killed_mid_send_leaves_unknown_and_never_resends(evq: Evq, smtp, db_url):
     step = enqueue(evq, "killed")
     worker = evq.popen("worker", "run", **smtp_env(smtp))
@@ -119,6 +123,7 @@ def test_second_signal_exits_130_and_leaves_the_row_to_the_rescuer(evq: Evq, smt
     assert step_row(db_url, step["id"])["status"] == "in_flight"
 
 
+@pytest.mark.slow
 def test_paused_worker_answers_late_its_answer_is_kept_and_changes_nothing(evq: Evq, smtp, db_url):
     """A zombie (SIGSTOP past its lease): the rescuer makes the row unknown. When the
     zombie wakes, its SMTP read has long timed out after the final dot, so its answer
@@ -152,6 +157,7 @@ def test_paused_worker_answers_late_its_answer_is_kept_and_changes_nothing(evq: 
     assert smtp.by_message_id() == {step["message_id"]: 1}
 
 
+@pytest.mark.slow
 def test_paused_worker_whose_row_moved_on_changes_nothing(evq: Evq, smtp, db_url):
     """When the row has moved on since the rescue (here an operator closed it), the
     zombie's answer is evidence only."""

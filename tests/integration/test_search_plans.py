@@ -7,6 +7,9 @@ would there."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,16 +23,16 @@ from evq.adapters.postgres.store.steps import SEARCH_WINDOWS, _filter_params
 from evq.worker.ports import COUNT_CAP, StatusCount, StepFilter
 from evq.worker.states import Status
 from tests.acceptance.conftest import Evq, make_key
+from tests.clones import Dropper, Filled, database_url
 from tests.web.support import serving
 
 ROWS = 30_000
 
 
-@pytest.fixture
-def many(db_url: str) -> str:
+def _fill_many(url: str) -> None:
     """ROWS steps: every 100th unknown, every 200th held, the rest accepted; a domain every
     10th row; the decisions named by 20 keys."""
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(url) as conn:
         conn.execute(  # no parameters: a script of several statements, sent as text
             f"""
             INSERT INTO decisions (id, run_id, step_id, actor)
@@ -59,7 +62,38 @@ def many(db_url: str) -> str:
             ANALYZE email_steps; ANALYZE decisions; ANALYZE step_keys;
             """
         )
-    return db_url
+
+
+# Each data set is filled once per module (per xdist worker that runs its tests) and cloned for
+# every test that asks (tests/clones.py, Filled): each test still has its own copy to change, the
+# planner statistics of the fill included, and the module no longer fills 30,000 rows per test
+# (10 s each on a loaded machine; about 0.3 s a clone).
+def _data(pg_server: str, base: str, what: str, dropper: Dropper, fill: Callable[[str], None]) -> Iterator[Filled]:
+    filled = Filled(pg_server, base, f"evq_{what}_{os.getpid()}_{secrets.token_hex(3)}", dropper)
+    try:
+        fill(database_url(pg_server, filled.name))
+        yield filled
+    finally:
+        filled.close()
+
+
+def _clone(pg_server: str, data: Filled) -> Iterator[str]:
+    name = data.clone()
+    try:
+        yield database_url(pg_server, name)
+    finally:
+        data.give_back(name)
+
+
+@pytest.fixture(scope="module")
+def _many_data(pg_server: str, template_db: str, _dropper: Dropper) -> Iterator[Filled]:
+    yield from _data(pg_server, template_db, "many", _dropper, _fill_many)
+
+
+@pytest.fixture
+def many(pg_server: str, _many_data: Filled) -> Iterator[str]:
+    """A database of its own holding _fill_many's rows."""
+    yield from _clone(pg_server, _many_data)
 
 
 def _params(where: StepFilter, since: datetime | None = None) -> dict[str, Any]:
@@ -195,16 +229,28 @@ async def test_a_total_past_the_cap_is_counted_only_that_far(many):
         await store.close()
 
 
-@pytest.fixture
-def recent(many: str) -> str:
-    """`many`, its steps created one a second up to now (the newest hour: 3,600 of them), and
+def _make_recent(url: str) -> None:
+    """`many`'s rows, its steps created one a second up to now (the newest hour: 3,600 of them), and
     four decisions named r7 (two of them run r7's, 701 and 702)."""
-    with psycopg.connect(many) as conn:
+    with psycopg.connect(url) as conn:
         conn.execute(f"UPDATE email_steps SET created_at = now() - ({ROWS} - id) * interval '1 second'")
         conn.execute("SET session_replication_role = replica")  # decisions are append-only
         conn.execute("UPDATE decisions SET actor = 'r7' WHERE id IN (701, 702, 1234, 1301)")
         conn.execute("ANALYZE email_steps")
-    return many
+
+
+@pytest.fixture(scope="module")
+def _recent_data(pg_server: str, _many_data: Filled, _dropper: Dropper) -> Iterator[Filled]:
+    # "Up to now" is when the module's first such test ran: the tests after it see the newest
+    # hour shifted by the module's minutes at most, and the checks below hold for any shift
+    # well under the hour (the pages are compared with every hit read and sorted at that moment).
+    yield from _data(pg_server, _many_data.name, "recent", _dropper, _make_recent)
+
+
+@pytest.fixture
+def recent(pg_server: str, _recent_data: Filled) -> Iterator[str]:
+    """A database of its own holding _make_recent's rows."""
+    yield from _clone(pg_server, _recent_data)
 
 
 def _unwindowed(url: str, where: StepFilter) -> tuple[list[int], int]:
@@ -264,12 +310,11 @@ def test_a_big_searchs_first_window_reads_its_newest_hits_only(recent):
     assert cut and sum(cut) <= COUNT_CAP + 1, cut
 
 
-@pytest.fixture
-def scattered(db_url: str) -> str:
+def _fill_scattered(url: str) -> None:
     """12,500 steps of one domain in every state, created far in the past, in the last hour
     and day, and far in the future; run ids that are also key names (a step found twice),
     and an idempotency key that is also an address's step's search text."""
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(url) as conn:
         conn.execute(
             """
             INSERT INTO decisions (id, run_id, step_id, actor)
@@ -311,14 +356,46 @@ def scattered(db_url: str) -> str:
             ANALYZE email_steps; ANALYZE decisions; ANALYZE step_queue;
             """
         )
-    return db_url
+
+
+@pytest.fixture(scope="module")
+def _scattered_data(pg_server: str, template_db: str, _dropper: Dropper) -> Iterator[Filled]:
+    yield from _data(pg_server, template_db, "scattered", _dropper, _fill_scattered)
+
+
+@pytest.fixture
+def scattered(pg_server: str, _scattered_data: Filled) -> Iterator[str]:
+    """A database of its own holding _fill_scattered's rows."""
+    yield from _clone(pg_server, _scattered_data)
+
+
+@pytest.fixture(scope="module")
+def every_hit_sorted(
+    pg_server: str, _scattered_data: Filled
+) -> Iterator[Callable[[StepFilter], tuple[list[int], int]]]:
+    """_unwindowed on _fill_scattered's rows, read once per filter in the module, on a clone of
+    its own: the tests that compare with it only read their clones, which hold the same rows
+    (one fill, cloned), so a filter's every hit sorted is one answer for all of them. The tests
+    ask the same filters under four `now`s and at many window edges: each read once, not each time."""
+    url = next(clone := _clone(pg_server, _scattered_data))
+    memo: dict[StepFilter, tuple[list[int], int]] = {}
+
+    def read(where: StepFilter) -> tuple[list[int], int]:
+        if where not in memo:
+            memo[where] = _unwindowed(url, where)
+        return memo[where]
+
+    yield read
+    clone.close()
 
 
 _NOWS = [None, datetime(2001, 1, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(days=20 * 365), datetime.now(UTC)]
 
 
+# Slow (tens of seconds loaded): started first under xdist (tests/conftest.py), not in a run's last minute.
+@pytest.mark.slow
 @pytest.mark.parametrize("now", _NOWS, ids=["now", "before-all", "after-all", "explicit"])
-async def test_a_windowed_search_agrees_with_every_hit_sorted_whatever_the_data(scattered, now):
+async def test_a_windowed_search_agrees_with_every_hit_sorted_whatever_the_data(scattered, every_hit_sorted, now):
     cases: list[StepFilter] = []
     for text in ("hot.example", "u1@hot.example", "run3", "run4", "key"):
         for statuses in ((), (Status.UNKNOWN, Status.ACCEPTED), (Status.HELD, Status.PENDING), (Status.REJECTED,)):
@@ -329,7 +406,7 @@ async def test_a_windowed_search_agrees_with_every_hit_sorted_whatever_the_data(
         bad = []
         for where in cases:
             rows, total = await store.list_steps(where, now=now)
-            want = _unwindowed(scattered, where)
+            want = every_hit_sorted(where)
             if ([r.id for r in rows], total) != want:
                 bad.append((where, total, want[1]))
     finally:
@@ -347,10 +424,12 @@ async def test_a_windowed_search_agrees_with_every_hit_sorted_whatever_the_data(
         ("run3", ("rejected",), 10, 5),
     ],
 )
-def test_the_cli_and_the_http_api_page_a_windowed_search_as_the_store(scattered, search, statuses, limit, offset):
+def test_the_cli_and_the_http_api_page_a_windowed_search_as_the_store(
+    scattered, every_hit_sorted, search, statuses, limit, offset
+):
     evq = Evq(scattered, api_key=make_key(scattered, "test-admin", "admin", created_by=None))
     where = StepFilter(search=search, statuses=tuple(Status(s) for s in statuses), limit=limit, offset=offset)
-    want_ids, want_total = _unwindowed(scattered, where)
+    want_ids, want_total = every_hit_sorted(where)
     status_args = [a for s in statuses for a in ("--status", s)]
     # Read as JSON, not through the contract's check: these hand-made rows (no subject, no sender) are
     # not what enqueue writes; what matters here is which ids and which total.
@@ -373,7 +452,9 @@ def test_the_cli_and_the_http_api_page_a_windowed_search_as_the_store(scattered,
     assert page["meta"]["total_exact"] == cli["meta"]["total_exact"] == (want_total <= COUNT_CAP)
 
 
-async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scattered):
+# Slow (tens of seconds loaded): started first under xdist (tests/conftest.py), not in a run's last minute.
+@pytest.mark.slow
+async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scattered, every_hit_sorted):
     # `now` put so that a window's edge (now less an hour, less a day) is some hit's created_at
     # to the microsecond: that hit is in the window (>=), never both kept and counted as cut.
     with psycopg.connect(scattered) as conn:
@@ -392,6 +473,6 @@ async def test_a_hit_created_exactly_at_a_windows_edge_is_on_the_page_once(scatt
                 for limit, offset in ((50, 0), (5, 100), (1, 2499), (10, 7000)):
                     where = StepFilter(search="hot.example", limit=limit, offset=offset)
                     rows, total = await store.list_steps(where, now=now)
-                    assert ([r.id for r in rows], total) == _unwindowed(scattered, where), (edge, hours, where)
+                    assert ([r.id for r in rows], total) == every_hit_sorted(where), (edge, hours, where)
     finally:
         await store.close()

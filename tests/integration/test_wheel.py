@@ -55,7 +55,10 @@ PACKAGE_DATA = [
     "evq/ops/web/static/desk.js",
 ]
 
-pytestmark = pytest.mark.slow
+# One worker for the module under pytest-xdist (--dist loadgroup): its fixtures are module-scoped,
+# so tests spread over workers each built the wheel and installed the bare venv again (the full
+# run's two ~55 s setups); together they build it once and share it.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 
 def run(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:

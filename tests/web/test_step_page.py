@@ -21,7 +21,7 @@ import pytest
 
 from tests.acceptance.conftest import make_key
 from tests.support import free_port, rows, serve_process, step_row, valid, with_store
-from tests.web.test_ops_page import _csrf, _signed_in, browser, server, shot, sign_in, unknown  # noqa: F401  (fixtures)
+from tests.web.test_ops_page import _csrf, _signed_in, absent, browser, server, shot, sign_in, unknown  # noqa: F401  (fixtures)
 
 
 def _titles(html: str) -> list[tuple[str, str]]:
@@ -190,7 +190,7 @@ def test_the_email_renders_in_a_sandboxed_frame_that_runs_and_loads_nothing(serv
     # The same HTML as escaped source, on request.
     browser.find_element(By.ID, "html-source-link").click()
     assert browser.find_element(By.ID, "html-source").text == email_html
-    assert not browser.find_elements(By.CSS_SELECTOR, "iframe.email-html")
+    assert absent(browser, By.CSS_SELECTOR, "iframe.email-html")  # asked once: the source's page is there
     assert _Counter.seen == []
 
 
