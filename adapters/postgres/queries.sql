@@ -347,9 +347,10 @@ WITH t AS (
 ), stray AS (
     -- A picked row whose step is not owed a send (no writer of evq leaves one) is deleted, not
     -- passed over: left, it would stay due and wake every claim for nothing.
+    -- The picked rows `claimed` did not take (it already read each one's step): no second look-up.
     DELETE FROM step_queue q
     WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-      AND NOT EXISTS (SELECT 1 FROM email_steps s WHERE s.id = q.id AND s.status IN ('pending', 'retryable'))
+      AND NOT q.id = ANY(ARRAY(SELECT id FROM claimed))
 ), started AS (
     INSERT INTO evidence (step_id, run_id, attempt, kind, actor, from_status, to_status, lease_token, created_at)
     SELECT c.id, c.run_id, c.attempts, 'attempt_started', %(owner)s, c.from_status, 'in_flight', c.lease_token,
